@@ -1,0 +1,99 @@
+// Byte readers: the narrow interface between weight files and staging memory.
+//
+// A Reader moves exact byte ranges of open files into caller-owned memory. It is
+// asynchronous by shape (submit, then poll for completions) so that a pipeline can
+// keep many reads in flight; `read_all` is the synchronous convenience on top.
+//
+// Contract for every implementation:
+//  - A submitted op completes exactly once, reported by poll() with its tag.
+//  - Success means all `nbytes` were read. Short reads are resubmitted for the
+//    remainder; EINTR/EAGAIN are retried. A read that meets end-of-file before
+//    `nbytes` is an error ("file truncated"), never a silent short result.
+//  - Ops larger than ReaderOptions::chunk_bytes are split into chunk-sized reads.
+//  - At most ReaderOptions::queue_depth reads are in flight; more are queued.
+//  - O_DIRECT files (File::direct()) take any offset, length and destination:
+//    the reader widens unaligned ranges to the file's alignment, reads into its own
+//    aligned bounce memory and copies the requested bytes out. Aligned ranges into
+//    aligned destinations are read in place.
+//  - A Reader is used from one thread at a time (not thread-safe). Files passed to
+//    submit() must outlive the op.
+//  - Errors are ferry::Error(Stage::kRead) naming the file, carried in Completion.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "io/fault_injection.hpp"
+#include "io/file.hpp"
+
+namespace ferry::io {
+
+struct ReadOp {
+  const File* file = nullptr;
+  std::uint64_t offset = 0;  // absolute byte offset in the file
+  std::size_t nbytes = 0;
+  std::byte* dst = nullptr;  // at least nbytes writable
+  std::uint64_t tag = 0;     // returned in the Completion
+};
+
+struct Completion {
+  std::uint64_t tag = 0;
+  std::exception_ptr error;  // null on success
+};
+
+// Counters every reader keeps; readers only add to them.
+struct ReaderStats {
+  std::uint64_t bytes_requested = 0;  // bytes asked of the kernel, alignment included
+  std::uint64_t reads_issued = 0;     // system reads / SQEs submitted
+  std::uint64_t short_reads = 0;      // reads that returned fewer bytes than asked
+  std::uint64_t retries = 0;          // EINTR / EAGAIN retries
+};
+
+enum class Engine { kUring, kPread, kMmap };
+
+struct ReaderOptions {
+  Engine engine = Engine::kUring;               // io_uring, falling back to pread
+  unsigned queue_depth = 16;                    // reads in flight (uring)
+  std::size_t chunk_bytes = 4u << 20;           // largest single read
+  bool register_buffers = false;                // io_uring fixed buffers for bounce memory
+  std::shared_ptr<FaultInjector> faults;        // tests only: perturbs system read results
+};
+
+class Reader {
+ public:
+  virtual ~Reader() = default;
+
+  // Queues one read. May perform it at once (pread does); never blocks on the
+  // completion of other ops beyond what queue depth requires.
+  virtual void submit(const ReadOp& op) = 0;
+  // Appends completed ops to `out`. Waits up to `wait` for at least one when none
+  // is ready and some are outstanding. Returns how many were appended.
+  virtual std::size_t poll(std::vector<Completion>& out, std::chrono::milliseconds wait) = 0;
+  // Ops submitted and not yet returned by poll().
+  virtual std::size_t outstanding() const = 0;
+  virtual const ReaderStats& stats() const = 0;
+  // "uring", "pread", "mmap", or a decorator's name.
+  virtual std::string name() const = 0;
+};
+
+// Creates the reader `options.engine` asks for. kUring probes io_uring once per
+// process; when unavailable it logs the reason and returns a pread reader.
+std::unique_ptr<Reader> make_reader(const ReaderOptions& options);
+std::unique_ptr<Reader> make_pread_reader(const ReaderOptions& options);
+// Returns nullptr (and the reason) when io_uring cannot be set up here.
+std::unique_ptr<Reader> make_uring_reader(const ReaderOptions& options, std::string* why = nullptr);
+std::unique_ptr<Reader> make_mmap_reader(const ReaderOptions& options);
+
+// Whether io_uring works in this process (probed once, cached); `why` gets the reason.
+bool uring_available(std::string* why = nullptr);
+
+// Submits every op, waits for all, and rethrows the first error (after draining).
+void read_all(Reader& reader, std::span<const ReadOp> ops);
+
+}  // namespace ferry::io

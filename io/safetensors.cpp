@@ -1,0 +1,489 @@
+// safetensors header and index parsing, validated with the reference
+// implementation's rules, and the cross-file CheckpointIndex.
+#include "io/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <unordered_set>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+
+namespace ferry::io {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void header_error(const std::string& file, const std::string& tensor,
+                               const std::string& rule) {
+  throw Error(Stage::kHeader, file, tensor, rule);
+}
+
+// Parses JSON text rejecting duplicate keys at every depth (nlohmann keeps the last
+// one silently; the reference implementation refuses them).
+json parse_json_no_duplicates(std::string_view text, Stage stage, const std::string& file) {
+  std::vector<std::unordered_set<std::string>> keys;
+  std::string duplicate;
+  json::parser_callback_t cb = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        keys.emplace_back();
+        break;
+      case json::parse_event_t::object_end:
+        if (!keys.empty()) {
+          keys.pop_back();
+        }
+        break;
+      case json::parse_event_t::key:
+        if (!keys.empty() && !keys.back().insert(parsed.get<std::string>()).second &&
+            duplicate.empty()) {
+          duplicate = parsed.get<std::string>();
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  // nlohmann stops at a NUL byte as if the input ended there; JSON never contains
+  // a raw NUL, so refuse it rather than accept "{}\0garbage".
+  if (auto nul = text.find('\0'); nul != std::string_view::npos) {
+    throw Error(stage, file, "",
+                "JSON does not parse (NUL byte at offset " + std::to_string(nul) + ")");
+  }
+  json doc;
+  try {
+    doc = json::parse(text.begin(), text.end(), cb);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    // nlohmann reports ill-formed UTF-8 as a lexer error; say so plainly.
+    if (what.find("UTF-8") != std::string::npos || what.find("utf-8") != std::string::npos) {
+      throw Error(stage, file, "", "JSON is not valid UTF-8 (" + what + ")");
+    }
+    throw Error(stage, file, "", "JSON does not parse (" + what + ")");
+  }
+  if (!duplicate.empty()) {
+    throw Error(stage, file, "", "duplicate key '" + duplicate + "' in JSON");
+  }
+  return doc;
+}
+
+std::string describe(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 40) {
+    s = s.substr(0, 37) + "...";
+  }
+  return s;
+}
+
+// A non-negative integer that fits in 64 bits, or an error naming what it is.
+std::uint64_t unsigned_field(const json& v, const std::string& file, const std::string& tensor,
+                             const std::string& what) {
+  if (v.is_number_unsigned()) {
+    return v.get<std::uint64_t>();
+  }
+  if (v.is_number_integer()) {
+    header_error(file, tensor, what + " " + describe(v) + " is negative");
+  }
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && d >= 0) {
+      header_error(file, tensor, what + " " + describe(v) + " does not fit in 64 bits");
+    }
+    header_error(file, tensor, what + " " + describe(v) + " is not an integer");
+  }
+  header_error(file, tensor, what + " " + describe(v) + " is not a number");
+}
+
+bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
+  return __builtin_mul_overflow(a, b, out);
+}
+
+std::string shape_text(const std::vector<std::uint64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) {
+      s += ", ";
+    }
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+struct RawEntry {
+  TensorInfo info;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+};
+
+RawEntry parse_entry(const std::string& name, const json& v, const std::string& file) {
+  if (!v.is_object()) {
+    header_error(file, name, "entry is not an object (got " + describe(v) + ")");
+  }
+  RawEntry e;
+  e.info.name = name;
+  e.info.file = file;
+  auto dt = v.find("dtype");
+  if (dt == v.end() || !dt->is_string()) {
+    header_error(file, name, "missing or non-string \"dtype\"");
+  }
+  auto parsed = parse_dtype(dt->get<std::string>());
+  if (!parsed) {
+    header_error(file, name, "unknown dtype '" + dt->get<std::string>() + "'");
+  }
+  e.info.dtype = *parsed;
+  auto sh = v.find("shape");
+  if (sh == v.end() || !sh->is_array()) {
+    header_error(file, name, "missing or non-array \"shape\"");
+  }
+  std::uint64_t elements = 1;
+  for (const auto& d : *sh) {
+    std::uint64_t dim = unsigned_field(d, file, name, "shape dimension");
+    e.info.shape.push_back(dim);
+    if (mul_overflows(elements, dim, &elements)) {
+      header_error(file, name, "element count of shape " + describe(*sh) + " overflows 64 bits");
+    }
+  }
+  std::uint64_t nbytes = 0;
+  if (mul_overflows(elements, dtype_size(e.info.dtype), &nbytes)) {
+    header_error(file, name, "byte size of shape " + describe(*sh) + " overflows 64 bits");
+  }
+  auto off = v.find("data_offsets");
+  if (off == v.end() || !off->is_array() || off->size() != 2) {
+    header_error(file, name, "missing \"data_offsets\" or not a [begin, end] pair");
+  }
+  e.begin = unsigned_field((*off)[0], file, name, "data_offsets begin");
+  e.end = unsigned_field((*off)[1], file, name, "data_offsets end");
+  if (e.end < e.begin) {
+    header_error(file, name,
+                 "data_offsets end " + std::to_string(e.end) + " is before begin " +
+                     std::to_string(e.begin));
+  }
+  if (e.end - e.begin != nbytes) {
+    header_error(file, name,
+                 "data_offsets span " + std::to_string(e.end - e.begin) + " bytes but " +
+                     std::string(dtype_name(e.info.dtype)) + " x " + shape_text(e.info.shape) +
+                     " needs " + std::to_string(nbytes));
+  }
+  e.info.nbytes = nbytes;
+  return e;
+}
+
+std::string read_text_file(const std::string& path, Stage stage, const std::string& display) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw_errno(stage, display, "open", errno);
+  }
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// pread until `n` bytes or end of file; returns bytes read.
+std::size_t pread_full(int fd, char* dst, std::size_t n, std::uint64_t off,
+                       const std::string& display) {
+  std::size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(off + done));
+    if (r < 0) {
+      if (errno == EINTR || errno == EAGAIN) {
+        continue;
+      }
+      throw_errno(Stage::kHeader, display, "pread", errno);
+    }
+    if (r == 0) {
+      break;
+    }
+    done += static_cast<std::size_t>(r);
+  }
+  return done;
+}
+
+}  // namespace
+
+std::uint64_t TensorInfo::elements() const {
+  std::uint64_t n = 1;
+  for (auto d : shape) {
+    n *= d;
+  }
+  return n;
+}
+
+SafetensorsHeader parse_safetensors_header(std::string_view text, std::uint64_t file_size,
+                                           const std::string& display) {
+  const std::uint64_t n = text.size();
+  if (n > kMaxHeaderBytes) {
+    header_error(display, "",
+                 "header length " + std::to_string(n) + " exceeds the limit of " +
+                     std::to_string(kMaxHeaderBytes) + " bytes");
+  }
+  if (8 + n > file_size) {
+    header_error(display, "",
+                 "header length " + std::to_string(n) + " runs past the end of the file (" +
+                     std::to_string(file_size) + " bytes)");
+  }
+  json doc = parse_json_no_duplicates(text, Stage::kHeader, display);
+  if (!doc.is_object()) {
+    header_error(display, "", "header JSON is not an object (got " + describe(doc) + ")");
+  }
+  SafetensorsHeader h;
+  h.file = display;
+  h.file_size = file_size;
+  h.header_bytes = 8 + n;
+  std::vector<RawEntry> entries;
+  entries.reserve(doc.size());
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (!it->is_object()) {
+        header_error(display, "", "__metadata__ is not an object of strings");
+      }
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string()) {
+          header_error(display, "",
+                       "__metadata__ must map strings to strings (key '" + m.key() + "' is " +
+                           describe(*m) + ")");
+        }
+        h.metadata[m.key()] = m->get<std::string>();
+      }
+      continue;
+    }
+    entries.push_back(parse_entry(it.key(), *it, display));
+  }
+  std::stable_sort(entries.begin(), entries.end(), [](const RawEntry& a, const RawEntry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  const std::uint64_t data_size = file_size - 8 - n;
+  std::uint64_t expected = 0;
+  const RawEntry* prev = nullptr;
+  for (auto& e : entries) {
+    if (e.begin > expected) {
+      header_error(display, e.info.name,
+                   "gap of " + std::to_string(e.begin - expected) + " bytes before its data (at " +
+                       std::to_string(expected) + "): tensors must tile the data region");
+    }
+    if (e.begin < expected) {
+      header_error(display, e.info.name,
+                   "data [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
+                       ") overlaps tensor '" + (prev ? prev->info.name : std::string()) + "'");
+    }
+    if (e.end > data_size) {
+      header_error(display, e.info.name,
+                   "data_offsets end " + std::to_string(e.end) + " is past the end of the file (" +
+                       "data region holds " + std::to_string(data_size) + " bytes)");
+    }
+    expected = e.end;
+    prev = &e;
+  }
+  if (expected != data_size) {
+    header_error(display, "",
+                 std::to_string(data_size - expected) +
+                     " trailing bytes after the last tensor's data (file is " +
+                     std::to_string(file_size) + " bytes, tensors end at " +
+                     std::to_string(8 + n + expected) + ")");
+  }
+  h.tensors.reserve(entries.size());
+  for (auto& e : entries) {
+    e.info.offset = h.header_bytes + e.begin;
+    h.tensors.push_back(std::move(e.info));
+  }
+  return h;
+}
+
+SafetensorsHeader read_safetensors_header(const std::string& path, const std::string& display) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw_errno(Stage::kHeader, display, "open", errno);
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    throw_errno(Stage::kHeader, display, "fstat", errno);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    header_error(display, "", "not a regular file");
+  }
+  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  unsigned char len_bytes[8];
+  if (file_size < 8 ||
+      pread_full(fd, reinterpret_cast<char*>(len_bytes), 8, 0, display) != 8) {
+    header_error(display, "",
+                 "file is " + std::to_string(file_size) +
+                     " bytes, too short for the 8-byte header length");
+  }
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) {
+    n = (n << 8) | len_bytes[i];
+  }
+  if (n > kMaxHeaderBytes) {
+    header_error(display, "",
+                 "header length " + std::to_string(n) + " exceeds the limit of " +
+                     std::to_string(kMaxHeaderBytes) + " bytes");
+  }
+  if (n > file_size - 8) {
+    header_error(display, "",
+                 "header length " + std::to_string(n) + " runs past the end of the file (" +
+                     std::to_string(file_size) + " bytes)");
+  }
+  std::string text(n, '\0');
+  if (pread_full(fd, text.data(), n, 8, display) != n) {
+    header_error(display, "", "file ended while reading the header (truncated)");
+  }
+  return parse_safetensors_header(text, file_size, display);
+}
+
+WeightIndex parse_weight_index(std::string_view text, const std::string& display) {
+  json doc = parse_json_no_duplicates(text, Stage::kIndex, display);
+  if (!doc.is_object()) {
+    throw Error(Stage::kIndex, display, "", "index is not a JSON object");
+  }
+  auto wm = doc.find("weight_map");
+  if (wm == doc.end() || !wm->is_object()) {
+    throw Error(Stage::kIndex, display, "", "index has no \"weight_map\" object");
+  }
+  WeightIndex index;
+  index.file = display;
+  for (auto it = wm->begin(); it != wm->end(); ++it) {
+    if (!it->is_string()) {
+      throw Error(Stage::kIndex, display, it.key(),
+                  "weight_map value " + describe(*it) + " is not a file name");
+    }
+    index.weight_map[it.key()] = it->get<std::string>();
+  }
+  auto md = doc.find("metadata");
+  if (md != doc.end() && md->is_object()) {
+    auto ts = md->find("total_size");
+    if (ts != md->end()) {
+      if (ts->is_number_unsigned()) {
+        index.total_size = ts->get<std::uint64_t>();
+      } else if (ts->is_number_float() && ts->get<double>() >= 0 &&
+                 ts->get<double>() == std::floor(ts->get<double>())) {
+        index.total_size = static_cast<std::uint64_t>(ts->get<double>());
+      }
+    }
+  }
+  return index;
+}
+
+WeightIndex read_weight_index(const std::string& path, const std::string& display) {
+  return parse_weight_index(read_text_file(path, Stage::kIndex, display), display);
+}
+
+const TensorInfo* CheckpointIndex::find(std::string_view name) const {
+  auto it = by_name.find(std::string(name));
+  return it == by_name.end() ? nullptr : &tensors[it->second];
+}
+
+CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const IndexOptions& options) {
+  if (source.format == FileFormat::kPickle) {
+    const std::string first = source.files.empty() ? source.folder : source.files.front().name;
+    throw Error(Stage::kRead, first, "",
+                "reading pickled PyTorch weights (" + source.pattern +
+                    ") is not supported yet; convert the checkpoint to safetensors");
+  }
+  CheckpointIndex ci;
+  for (std::size_t i = 0; i < source.files.size(); ++i) {
+    const WeightFile& wf = source.files[i];
+    SafetensorsHeader h = read_safetensors_header(wf.path, wf.name);
+    CheckpointFile cf;
+    cf.path = wf.path;
+    cf.name = wf.name;
+    cf.reason = wf.reason;
+    cf.size = h.file_size;
+    cf.header_bytes = h.header_bytes;
+    cf.tensor_count = h.tensors.size();
+    cf.metadata = std::move(h.metadata);
+    ci.header_bytes_read += h.header_bytes;
+    ci.files.push_back(std::move(cf));
+    for (auto& t : h.tensors) {
+      t.file_index = static_cast<std::uint32_t>(i);
+      auto [it, inserted] = ci.by_name.emplace(t.name, ci.tensors.size());
+      if (!inserted) {
+        throw Error(Stage::kIndex, wf.name, t.name,
+                    "the same tensor name is in two shards: " +
+                        ci.tensors[it->second].file + " and " + wf.name);
+      }
+      ci.total_bytes += t.nbytes;
+      ci.tensors.push_back(std::move(t));
+    }
+  }
+  if (!source.index_file) {
+    return ci;
+  }
+  const std::string index_path = source.folder + "/" + *source.index_file;
+  WeightIndex index = read_weight_index(index_path, *source.index_file);
+  std::set<std::string> indexed_files;
+  for (const auto& [name, shard] : index.weight_map) {
+    indexed_files.insert(shard);
+  }
+  std::vector<std::string> unlisted;
+  std::uint64_t indexed_bytes = 0;
+  for (const auto& t : ci.tensors) {
+    if (!indexed_files.count(t.file)) {
+      continue;  // a file discovery added outside the index (e.g. GLM's mtp.safetensors)
+    }
+    indexed_bytes += t.nbytes;
+    auto it = index.weight_map.find(t.name);
+    if (it == index.weight_map.end()) {
+      unlisted.push_back(t.name);
+      continue;
+    }
+    if (it->second != t.file) {
+      throw Error(Stage::kIndex, t.file, t.name,
+                  *source.index_file + " places it in " + it->second + " but it is in " + t.file);
+    }
+  }
+  std::vector<std::string> missing;
+  for (const auto& [name, shard] : index.weight_map) {
+    if (!ci.by_name.count(name)) {
+      missing.push_back(name);
+    }
+  }
+  auto list = [](const std::vector<std::string>& names) {
+    std::string s;
+    for (std::size_t i = 0; i < names.size() && i < 10; ++i) {
+      s += (i ? ", " : "") + names[i];
+    }
+    if (names.size() > 10) {
+      s += ", ... (" + std::to_string(names.size() - 10) + " more)";
+    }
+    return s;
+  };
+  if (!missing.empty()) {
+    throw Error(Stage::kIndex, *source.index_file, missing.size() == 1 ? missing[0] : "",
+                std::to_string(missing.size()) +
+                    " tensor(s) listed by the index are in no shard: " + list(missing));
+  }
+  if (!unlisted.empty()) {
+    std::string rule = std::to_string(unlisted.size()) + " tensor(s) in the shards are not listed by " +
+                       *source.index_file + ": " + list(unlisted);
+    if (options.strict) {
+      throw Error(Stage::kIndex, *source.index_file, unlisted.size() == 1 ? unlisted[0] : "",
+                  rule + " (load.strict)");
+    }
+    ci.warnings.push_back(rule);
+    log::warn(rule);
+  }
+  if (index.total_size && *index.total_size != indexed_bytes) {
+    std::string w = *source.index_file + ": metadata.total_size is " +
+                    std::to_string(*index.total_size) + " but the indexed tensors hold " +
+                    std::to_string(indexed_bytes) + " bytes";
+    ci.warnings.push_back(w);
+    log::warn(w);
+  }
+  return ci;
+}
+
+}  // namespace ferry::io

@@ -1,0 +1,95 @@
+// The safetensors format: header parsing and validation with the reference
+// implementation's rules, the sharded index file, and the CheckpointIndex that
+// maps every tensor of a checkpoint to its file, dtype, shape and byte range.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "io/discover.hpp"
+
+namespace ferry::io {
+
+inline constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<std::uint64_t> shape;
+  std::string file;          // the file's name as shown to the user
+  std::uint32_t file_index = 0;  // index into CheckpointIndex::files (0 for one header)
+  std::uint64_t offset = 0;  // absolute byte offset of the data in the file
+  std::uint64_t nbytes = 0;
+
+  std::uint64_t elements() const;
+};
+
+struct SafetensorsHeader {
+  std::string file;                // display name
+  std::uint64_t file_size = 0;
+  std::uint64_t header_bytes = 0;  // 8 + JSON length: where the data region starts
+  std::map<std::string, std::string> metadata;
+  std::vector<TensorInfo> tensors;  // sorted by offset
+};
+
+// Validates a header's JSON text for a file of `file_size` bytes whose JSON is
+// `json.size()` bytes long. Throws ferry::Error(Stage::kHeader) naming `display`,
+// the tensor when there is one, and the rule broken.
+SafetensorsHeader parse_safetensors_header(std::string_view json, std::uint64_t file_size,
+                                           const std::string& display);
+
+// Reads (8 + n bytes with pread) and validates the header of the file at `path`.
+SafetensorsHeader read_safetensors_header(const std::string& path, const std::string& display);
+
+// model.safetensors.index.json (or consolidated.safetensors.index.json).
+struct WeightIndex {
+  std::string file;                                  // display name
+  std::map<std::string, std::string> weight_map;     // tensor -> shard name
+  std::optional<std::uint64_t> total_size;           // metadata.total_size when present
+};
+
+// Throws ferry::Error(Stage::kIndex) naming the file when it does not parse, is not an
+// object, has no `weight_map` object, or maps a tensor to something not a string.
+WeightIndex parse_weight_index(std::string_view json, const std::string& display);
+WeightIndex read_weight_index(const std::string& path, const std::string& display);
+
+struct CheckpointFile {
+  std::string path;
+  std::string name;  // relative to the folder
+  std::string reason;
+  std::uint64_t size = 0;
+  std::uint64_t header_bytes = 0;
+  std::size_t tensor_count = 0;
+  std::map<std::string, std::string> metadata;
+};
+
+// Every tensor of a checkpoint, validated across files.
+struct CheckpointIndex {
+  std::vector<CheckpointFile> files;
+  std::vector<TensorInfo> tensors;  // file order, then offset order
+  std::vector<std::string> warnings;
+  std::uint64_t total_bytes = 0;  // sum of tensor data bytes
+  std::uint64_t header_bytes_read = 0;
+
+  const TensorInfo* find(std::string_view name) const;
+
+  std::unordered_map<std::string, std::size_t> by_name;  // name -> position in tensors
+};
+
+struct IndexOptions {
+  bool strict = false;  // a tensor the index does not list is an error, not a warning
+};
+
+// Reads every chosen file's header and cross-checks them with the index. Errors
+// (Stage::kHeader / kIndex) name the files and tensors involved. Pickled formats
+// fail with "not supported yet".
+CheckpointIndex build_checkpoint_index(const ResolvedSource& source,
+                                       const IndexOptions& options = {});
+
+}  // namespace ferry::io

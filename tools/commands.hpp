@@ -1,0 +1,16 @@
+// The verbs of the `ferry` command line. Each takes the arguments after the verb
+// and returns the process exit status; errors are printed to standard error.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace ferry::tools {
+
+using Args = std::vector<std::string>;
+
+int cmd_synth(const Args& args);    // tools/cmd_synth.cpp
+int cmd_inspect(const Args& args);  // tools/cmd_inspect.cpp
+int cmd_demo(const Args& args);     // tools/cmd_demo.cpp
+
+}  // namespace ferry::tools
