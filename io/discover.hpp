@@ -51,20 +51,49 @@ struct ResolvedSource {
   std::string pattern;  // the glob that matched, e.g. "*.safetensors"
   std::optional<std::string> index_file;  // name of the index in the folder, when used
   std::vector<WeightFile> files;          // in load order
-  std::vector<SkippedFile> skipped;       // files that matched a pattern but are not weights
+  std::vector<SkippedFile> skipped;       // matched a pattern but not chosen (by name)
   std::vector<std::string> warnings;
   std::vector<std::string> decisions;     // the order rule applied, etc. (shown by inspect)
   std::string prefix;                     // prepended to every tensor name (empty today)
 };
 
-// Resolves the weight files of `folder`. Throws ferry::Error(Stage::kDiscovery)
-// naming the folder (and the files) on: no such folder, no weights found (the error
-// lists the patterns tried), index shards missing on disk (all listed), index paths
-// that are absolute or contain "..", an index that does not parse.
+// Resolves the weight files of `folder` (top level only; symbolic links are followed,
+// so a Hugging Face cache snapshot works). Rules, in order:
+//  - patterns: the format's patterns are tried in order and the first that matches a
+//    weight candidate wins; hidden files never match (as Python's glob). Training state
+//    (training_args.bin, optimizer.*, scheduler.pt, scaler.pt) and entries that are not
+//    files (directories, fifos) are listed in `skipped`, never chosen.
+//  - index (safetensors files only; consolidated.safetensors.index.json for kMistral,
+//    model.safetensors.index.json otherwise): exactly the shards its weight_map names are
+//    chosen, the other matches are skipped. A shard name is a relative path inside the
+//    folder: absolute names and "..", "." or empty components are refused. A subfolder
+//    name ("sub/x.safetensors") is allowed and chosen even though the top-level listing
+//    never matched it, because the index names it (the check is lexical: a symbolic link
+//    inside the folder may point anywhere, as the HF cache's links do). Every shard named
+//    but not a file on disk (absent, dangling link, directory) is listed in one error.
+//    An index that is a dangling link or not a file is an error, not "no index".
+//  - no index: every match is chosen, except that exactly {consolidated.safetensors,
+//    model.safetensors} keeps model.safetensors. A match that is a dangling link is an
+//    error here (nothing says whether it held weights).
+//  - GLM-4 MoE: with an index, an unindexed top-level mtp.safetensors is added (with a
+//    warning) when config.json names Glm4MoeForCausalLM or Glm4MoeLiteForCausalLM and
+//    num_nextn_predict_layers > 0. config.json is read only in that case; when it is
+//    absent or does not parse, the rule does not apply and `decisions` says so.
+//  - order: order_weight_files over the chosen names. For -1 the list order is kept:
+//    indexed top-level shards in directory order, then subfolder shards sorted, then the
+//    GLM mtp.safetensors.
+// Throws ferry::Error(Stage::kConfig) for bad ordering options (before touching the
+// disk), ferry::Error(Stage::kIndex) from read_weight_index for an index that does not
+// parse, and ferry::Error(Stage::kDiscovery) naming the folder or index (and tensor) for
+// everything else above and for: no such folder, not a folder, no weights found (the
+// error lists the patterns tried), an index whose weight_map is empty.
 ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions& options = {});
 
-// The ordering rule alone (exposed for tests): `names` sorted/staggered per options.
-// `directory_order` is used as is when sort_weight_files == -1.
+// The ordering rule alone (exposed for tests): -1 returns `names` as given (directory
+// order); 0 sorts bytewise; k > 0 sorts, then when tp_size > 1 replaces each consecutive
+// group of n <= tp_size * k names with group[(j + tp_rank * k) % n]. Throws
+// ferry::Error(Stage::kConfig) for sort_weight_files < -1, tp_size < 1 or tp_rank
+// outside [0, tp_size).
 std::vector<std::string> order_weight_files(std::vector<std::string> names,
                                             int sort_weight_files, int tp_size, int tp_rank);
 

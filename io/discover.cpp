@@ -1,0 +1,572 @@
+// Weight-file discovery: lists the top level of a checkpoint folder, picks the files
+// of the requested load format, filters them with the index when there is one, applies
+// the few packaging rules SGLang knows about, orders them for the tensor-parallel rank,
+// and records a reason for every choice so that `ferry inspect` can show it.
+#include "io/discover.hpp"
+
+#include <fnmatch.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <system_error>
+#include <utility>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "io/safetensors.hpp"
+
+namespace ferry::io {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kModelIndex = "model.safetensors.index.json";
+constexpr const char* kMistralIndex = "consolidated.safetensors.index.json";
+constexpr const char* kMtpFile = "mtp.safetensors";
+constexpr const char* kConfigFile = "config.json";
+// config.json is a few kilobytes; anything this large is not a model config.
+constexpr std::uintmax_t kMaxConfigBytes = 64u << 20;
+
+// Written by trainers next to the weights; never weights themselves.
+constexpr std::array<std::string_view, 5> kTrainingState = {
+    "training_args.bin", "optimizer.bin", "optimizer.pt", "scheduler.pt", "scaler.pt"};
+
+// Architectures whose checkpoints ship an mtp.safetensors the index forgets.
+constexpr std::array<std::string_view, 2> kGlmMoeArchitectures = {"Glm4MoeForCausalLM",
+                                                                  "Glm4MoeLiteForCausalLM"};
+
+// What a path is once symbolic links are followed.
+enum class Kind {
+  kFile,      // a regular file, or a link to one
+  kMissing,   // nothing there
+  kDangling,  // a symbolic link whose target cannot be reached
+  kOther,     // a directory, fifo, socket, device, or a link to one of those
+};
+
+struct Probe {
+  Kind kind = Kind::kMissing;
+  std::string detail;  // why it is not a file, e.g. "dangling symbolic link to ../blobs/ab"
+};
+
+std::string describe_type(const fs::file_status& status) {
+  switch (status.type()) {
+    case fs::file_type::directory:
+      return "a directory";
+    case fs::file_type::fifo:
+      return "a fifo";
+    case fs::file_type::socket:
+      return "a socket";
+    case fs::file_type::block:
+      return "a block device";
+    case fs::file_type::character:
+      return "a character device";
+    default:
+      return "not a regular file";
+  }
+}
+
+Probe probe(const fs::path& path) {
+  std::error_code ec;
+  const fs::file_status target = fs::status(path, ec);
+  if (!ec && fs::is_regular_file(target)) {
+    return {Kind::kFile, ""};
+  }
+  std::error_code link_ec;
+  const fs::file_status link = fs::symlink_status(path, link_ec);
+  if (!link_ec && fs::is_symlink(link)) {
+    if (ec || !fs::exists(target)) {
+      std::error_code read_ec;
+      const fs::path to = fs::read_symlink(path, read_ec);
+      std::string detail = "dangling symbolic link";
+      if (!read_ec) {
+        detail += " to " + to.string();
+      }
+      return {Kind::kDangling, detail};
+    }
+    return {Kind::kOther, "symbolic link to " + describe_type(target)};
+  }
+  if (!ec && !fs::exists(target)) {
+    return {Kind::kMissing, ""};
+  }
+  if (ec) {
+    // ENOENT / ENOTDIR mean "not there"; anything else (EACCES, ...) is worth showing.
+    if (ec == std::errc::no_such_file_or_directory || ec == std::errc::not_a_directory) {
+      return {Kind::kMissing, ""};
+    }
+    return {Kind::kOther, ec.message()};
+  }
+  return {Kind::kOther, describe_type(target)};
+}
+
+struct Entry {
+  std::string name;
+  Probe probe;
+};
+
+// Top-level entries in the order the directory returns them.
+std::vector<Entry> list_folder(const std::string& folder) {
+  std::error_code ec;
+  fs::directory_iterator it(folder, ec);
+  if (ec) {
+    throw Error(Stage::kDiscovery, folder, "", "cannot list the folder: " + ec.message());
+  }
+  std::vector<Entry> out;
+  const fs::directory_iterator end;
+  while (it != end) {
+    out.push_back({it->path().filename().string(), probe(it->path())});
+    it.increment(ec);
+    if (ec) {
+      throw Error(Stage::kDiscovery, folder, "", "cannot list the folder: " + ec.message());
+    }
+  }
+  return out;
+}
+
+std::vector<const char*> patterns_for(LoadFormat format) {
+  switch (format) {
+    case LoadFormat::kAuto:
+      return {"*.safetensors", "*.bin"};
+    case LoadFormat::kSafetensors:
+      return {"*.safetensors"};
+    case LoadFormat::kMistral:
+      return {"consolidated*.safetensors"};
+    case LoadFormat::kPt:
+      return {"*.pt"};
+  }
+  return {};
+}
+
+// Shell-style match as Python's glob does it: a leading dot must be matched literally,
+// so hidden files are never weights.
+bool matches(const char* pattern, const std::string& name) {
+  return fnmatch(pattern, name.c_str(), FNM_PERIOD) == 0;
+}
+
+bool is_training_state(const std::string& name) {
+  return std::find(kTrainingState.begin(), kTrainingState.end(), name) != kTrainingState.end();
+}
+
+bool ends_with(std::string_view text, std::string_view suffix) {
+  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
+}
+
+std::string join(const std::vector<std::string>& parts, std::string_view sep) {
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (i > 0) {
+      out += sep;
+    }
+    out += parts[i];
+  }
+  return out;
+}
+
+std::string count_files(std::size_t n) {
+  return std::to_string(n) + (n == 1 ? " file" : " files");
+}
+
+// Why a shard name from an index may not be used, or empty when it may. Names are
+// paths relative to the folder; "." and empty components are refused too, so one file
+// cannot be named twice under two spellings.
+std::string bad_shard_name(const std::string& name) {
+  if (name.empty()) {
+    return "is empty";
+  }
+  if (name.find('\0') != std::string::npos) {
+    return "contains a NUL character";
+  }
+  if (name.front() == '/') {
+    return "is an absolute path";
+  }
+  std::size_t start = 0;
+  while (start <= name.size()) {
+    std::size_t slash = name.find('/', start);
+    if (slash == std::string::npos) {
+      slash = name.size();
+    }
+    const std::string_view part(name.data() + start, slash - start);
+    if (part == "..") {
+      return "has a '..' component";
+    }
+    if (part == "." || part.empty()) {
+      return "has an empty or '.' component";
+    }
+    start = slash + 1;
+  }
+  return "";
+}
+
+void check_order_options(int sort_weight_files, int tp_size, int tp_rank) {
+  if (sort_weight_files < -1) {
+    throw Error(Stage::kConfig, "", "",
+                "load.sort_weight_files must be -1 (directory order), 0 (sorted) or a positive "
+                "group factor (got " +
+                    std::to_string(sort_weight_files) + ")");
+  }
+  if (tp_size < 1) {
+    throw Error(Stage::kConfig, "", "",
+                "tp_size must be at least 1 (got " + std::to_string(tp_size) + ")");
+  }
+  if (tp_rank < 0 || tp_rank >= tp_size) {
+    throw Error(Stage::kConfig, "", "",
+                "tp_rank must be in [0, tp_size) (got tp_rank " + std::to_string(tp_rank) +
+                    " with tp_size " + std::to_string(tp_size) + ")");
+  }
+}
+
+std::string order_decision(int sort_weight_files, int tp_size, int tp_rank) {
+  const std::string setting = "load.sort_weight_files=" + std::to_string(sort_weight_files);
+  if (sort_weight_files == -1) {
+    return "order: directory order (" + setting + ")";
+  }
+  if (sort_weight_files == 0) {
+    return "order: sorted bytewise (" + setting + ")";
+  }
+  if (tp_size == 1) {
+    return "order: sorted bytewise, no staggering with tp_size=1 (" + setting + ")";
+  }
+  const auto group = static_cast<std::int64_t>(tp_size) * sort_weight_files;
+  const auto shift = static_cast<std::int64_t>(tp_rank) * sort_weight_files;
+  return "order: staggered in groups of " + std::to_string(group) + ", rank " +
+         std::to_string(tp_rank) + " rotated by " + std::to_string(shift) + " (sorted first; " +
+         setting + ", tp_size=" + std::to_string(tp_size) + ")";
+}
+
+// Reads the generic fields of config.json the GLM-4 MoE rule needs. Returns the
+// architecture that triggers the rule and num_nextn_predict_layers, or nullopt with a
+// line in `decisions` saying why the rule does not apply.
+struct GlmMtp {
+  std::string architecture;
+  std::int64_t nextn_layers = 0;
+};
+
+std::optional<GlmMtp> glm_mtp_rule(const std::string& folder, const std::string& index_name,
+                                   std::vector<std::string>& decisions) {
+  const std::string prefix = std::string(kMtpFile) + " is not in " + index_name + "; ";
+  const fs::path path = fs::path(folder) / kConfigFile;
+  const Probe config = probe(path);
+  if (config.kind != Kind::kFile) {
+    decisions.push_back(prefix + "config.json " +
+                        (config.kind == Kind::kMissing ? "is absent" : config.detail) +
+                        ", so the GLM-4 MoE rule does not apply: not added");
+    return std::nullopt;
+  }
+  std::error_code ec;
+  const std::uintmax_t size = fs::file_size(path, ec);
+  nlohmann::json json;
+  if (!ec && size <= kMaxConfigBytes) {
+    std::ifstream in(path, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  }
+  if (ec || size > kMaxConfigBytes || json.is_discarded() || !json.is_object()) {
+    decisions.push_back(prefix +
+                        "config.json cannot be read as a JSON object, so the GLM-4 MoE rule "
+                        "does not apply: not added");
+    return std::nullopt;
+  }
+  std::string architecture;
+  const auto archs = json.find("architectures");
+  if (archs != json.end() && archs->is_array()) {
+    for (const auto& arch : *archs) {
+      if (arch.is_string() && std::find(kGlmMoeArchitectures.begin(), kGlmMoeArchitectures.end(),
+                                        arch.get<std::string>()) != kGlmMoeArchitectures.end()) {
+        architecture = arch.get<std::string>();
+        break;
+      }
+    }
+  }
+  if (architecture.empty()) {
+    decisions.push_back(prefix + "config.json architectures name no GLM-4 MoE model: not added");
+    return std::nullopt;
+  }
+  std::int64_t nextn = 0;
+  const auto layers = json.find("num_nextn_predict_layers");
+  if (layers != json.end() && layers->is_number_integer()) {
+    nextn = layers->get<std::int64_t>();
+  }
+  if (nextn <= 0) {
+    decisions.push_back(prefix + architecture +
+                        " without num_nextn_predict_layers > 0 has no MTP layers: not added");
+    return std::nullopt;
+  }
+  return GlmMtp{architecture, nextn};
+}
+
+}  // namespace
+
+std::string_view to_string(LoadFormat format) {
+  switch (format) {
+    case LoadFormat::kAuto:
+      return "auto";
+    case LoadFormat::kSafetensors:
+      return "safetensors";
+    case LoadFormat::kMistral:
+      return "mistral";
+    case LoadFormat::kPt:
+      return "pt";
+  }
+  return "unknown";
+}
+
+std::optional<LoadFormat> parse_load_format(std::string_view text) {
+  for (LoadFormat format :
+       {LoadFormat::kAuto, LoadFormat::kSafetensors, LoadFormat::kMistral, LoadFormat::kPt}) {
+    if (text == to_string(format)) {
+      return format;
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<std::string> order_weight_files(std::vector<std::string> names, int sort_weight_files,
+                                            int tp_size, int tp_rank) {
+  check_order_options(sort_weight_files, tp_size, tp_rank);
+  if (sort_weight_files == -1) {
+    return names;
+  }
+  std::sort(names.begin(), names.end());
+  if (sort_weight_files == 0 || tp_size == 1) {
+    return names;
+  }
+  // Ranks reading a shared file system start on different files of each group.
+  const std::size_t group = static_cast<std::size_t>(tp_size) * sort_weight_files;
+  const std::size_t shift = static_cast<std::size_t>(tp_rank) * sort_weight_files;
+  std::vector<std::string> out;
+  out.reserve(names.size());
+  for (std::size_t start = 0; start < names.size(); start += group) {
+    const std::size_t n = std::min(group, names.size() - start);
+    for (std::size_t j = 0; j < n; ++j) {
+      out.push_back(std::move(names[start + (j + shift) % n]));
+    }
+  }
+  return out;
+}
+
+ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions& options) {
+  check_order_options(options.sort_weight_files, options.tp_size, options.tp_rank);
+
+  ResolvedSource out;
+  out.folder = folder;
+  out.load_format = options.format;
+  const std::string format_name(to_string(options.format));
+
+  if (folder.empty()) {
+    throw Error(Stage::kDiscovery, "", "", "no model folder given");
+  }
+  const Probe where = probe(folder);
+  if (where.kind == Kind::kMissing) {
+    throw Error(Stage::kDiscovery, folder, "", "no such folder");
+  }
+  if (where.kind == Kind::kDangling) {
+    throw Error(Stage::kDiscovery, folder, "", "not a folder: " + where.detail);
+  }
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec)) {
+    throw Error(Stage::kDiscovery, folder, "",
+                "not a folder (" +
+                    (where.kind == Kind::kFile ? std::string("a regular file") : where.detail) +
+                    ")");
+  }
+  const std::vector<Entry> entries = list_folder(folder);
+
+  // ---- the first pattern that matches a weight candidate wins --------------------------
+  std::vector<std::string> tried;
+  const char* pattern = nullptr;
+  std::vector<const Entry*> candidates;  // files and dangling links, in directory order
+  std::set<std::string> skipped_names;
+  auto skip = [&](const std::string& name, std::string reason) {
+    if (skipped_names.insert(name).second) {
+      out.skipped.push_back({name, std::move(reason)});
+    }
+  };
+  for (const char* p : patterns_for(options.format)) {
+    tried.emplace_back(p);
+    for (const Entry& entry : entries) {
+      if (!matches(p, entry.name)) {
+        continue;
+      }
+      if (is_training_state(entry.name)) {
+        skip(entry.name, "training state, not weights");
+      } else if (entry.probe.kind == Kind::kOther) {
+        skip(entry.name, "not a regular file (" + entry.probe.detail + ")");
+      } else {
+        candidates.push_back(&entry);
+      }
+    }
+    if (!candidates.empty()) {
+      pattern = p;
+      break;
+    }
+    out.decisions.push_back("load format " + format_name + ": " + p + " matched no weight file");
+  }
+  if (pattern == nullptr) {
+    std::string rule = "no weight files found (tried " + join(tried, ", ") + ")";
+    if (!out.skipped.empty()) {
+      std::vector<std::string> parts;
+      for (const SkippedFile& s : out.skipped) {
+        parts.push_back(s.name + " (" + s.reason + ")");
+      }
+      rule += "; skipped " + join(parts, ", ");
+    }
+    throw Error(Stage::kDiscovery, folder, "", rule);
+  }
+  out.pattern = pattern;
+  out.format =
+      ends_with(out.pattern, ".safetensors") ? FileFormat::kSafetensors : FileFormat::kPickle;
+  out.decisions.push_back("load format " + format_name + ": " + out.pattern + " matched " +
+                          count_files(candidates.size()));
+
+  std::set<std::string> matched;
+  for (const Entry* entry : candidates) {
+    matched.insert(entry->name);
+  }
+
+  // ---- the index, for safetensors files only -----------------------------------------
+  const std::string index_name =
+      options.format == LoadFormat::kMistral ? kMistralIndex : kModelIndex;
+  const fs::path index_path = fs::path(folder) / index_name;
+  bool use_index = false;
+  if (out.format == FileFormat::kSafetensors) {
+    const Probe index = probe(index_path);
+    if (index.kind == Kind::kDangling || index.kind == Kind::kOther) {
+      // Guessing without it could load duplicate or stale files; say so instead.
+      throw Error(
+          Stage::kDiscovery, index_path.string(), "",
+          "the index is not a readable file (" + index.detail + "), so the shard list is unknown");
+    }
+    use_index = index.kind == Kind::kFile;
+  } else if (probe(index_path).kind != Kind::kMissing) {
+    out.decisions.push_back(index_name + " is present but " + out.pattern +
+                            " matched, so it is not used");
+  }
+
+  // The names chosen, in list order (the order -1 keeps), with their reasons.
+  std::vector<std::string> chosen;
+  std::map<std::string, std::string> reasons;
+  auto choose = [&](const std::string& name, std::string reason) {
+    chosen.push_back(name);
+    reasons[name] = std::move(reason);
+  };
+
+  if (use_index) {
+    const WeightIndex index = read_weight_index(index_path.string(), index_path.string());
+    if (index.weight_map.empty()) {
+      throw Error(Stage::kDiscovery, index_path.string(), "",
+                  "the index names no shard files (weight_map is empty)");
+    }
+    std::set<std::string> shards;
+    for (const auto& [tensor, shard] : index.weight_map) {
+      const std::string why = bad_shard_name(shard);
+      if (!why.empty()) {
+        throw Error(Stage::kDiscovery, index_path.string(), tensor,
+                    "shard name '" + shard + "' " + why +
+                        "; shard names must be relative paths inside the folder");
+      }
+      shards.insert(shard);
+    }
+    out.index_file = index_name;
+    out.decisions.push_back("index " + index_name + ": " + std::to_string(index.weight_map.size()) +
+                            " tensors in " + std::to_string(shards.size()) + " shard " +
+                            (shards.size() == 1 ? "file" : "files"));
+
+    std::vector<std::string> missing;
+    for (const std::string& shard : shards) {
+      const Probe p = probe(fs::path(folder) / shard);
+      if (p.kind != Kind::kFile) {
+        missing.push_back(p.detail.empty() ? shard : shard + " (" + p.detail + ")");
+      }
+    }
+    if (!missing.empty()) {
+      throw Error(Stage::kDiscovery, index_path.string(), "",
+                  std::to_string(missing.size()) + " of " + std::to_string(shards.size()) +
+                      " shard files named by the index are missing: " + join(missing, ", "));
+    }
+
+    const std::string named = "named by " + index_name;
+    for (const Entry& entry : entries) {
+      if (shards.count(entry.name) != 0) {
+        choose(entry.name, matched.count(entry.name) != 0
+                               ? named
+                               : named + " (does not match " + out.pattern + ")");
+      }
+    }
+    // A subfolder shard is not seen by the top-level listing; the index vouches for it.
+    for (const std::string& shard : shards) {
+      if (shard.find('/') != std::string::npos) {
+        choose(shard, named + " (in a subfolder)");
+      }
+    }
+
+    for (const Entry* entry : candidates) {
+      if (shards.count(entry->name) != 0) {
+        continue;
+      }
+      if (entry->name == kMtpFile && entry->probe.kind == Kind::kFile) {
+        if (const auto glm = glm_mtp_rule(folder, index_name, out.decisions)) {
+          const std::string nextn = "num_nextn_predict_layers=" + std::to_string(glm->nextn_layers);
+          choose(entry->name,
+                 std::string(kMtpFile) + " added for " + glm->architecture + " (" + nextn + ")");
+          const std::string warning = std::string(kMtpFile) + " is not in " + index_name +
+                                      " (a packaging bug of " + glm->architecture +
+                                      " checkpoints); added it because config.json has " + nextn;
+          out.warnings.push_back(warning);
+          log::warn("discovery: " + folder + ": " + warning);
+          continue;
+        }
+      }
+      skip(entry->name, entry->probe.kind == Kind::kFile
+                            ? "not in " + index_name
+                            : "not in " + index_name + " (" + entry->probe.detail + ")");
+    }
+  } else {
+    if (out.format == FileFormat::kSafetensors) {
+      out.decisions.push_back("no index (" + index_name + " is absent): every file matching " +
+                              out.pattern + " is a weight file");
+    }
+    // Some Mistral repositories ship the same weights twice under these two names.
+    const bool duplicate_pair = candidates.size() == 2 && matched.count("model.safetensors") != 0 &&
+                                matched.count("consolidated.safetensors") != 0;
+    std::vector<std::string> dangling;
+    for (const Entry* entry : candidates) {
+      if (duplicate_pair && entry->name == "consolidated.safetensors") {
+        skip(entry->name,
+             "duplicates model.safetensors (both present, no index): kept model.safetensors");
+        continue;
+      }
+      if (entry->probe.kind != Kind::kFile) {
+        dangling.push_back(entry->name + " (" + entry->probe.detail + ")");
+        continue;
+      }
+      choose(entry->name, "matches " + out.pattern + " (no index)");
+    }
+    if (!dangling.empty()) {
+      // Without an index nothing says whether these were weights; loading the rest would
+      // silently drop tensors.
+      throw Error(Stage::kDiscovery, folder, "",
+                  std::to_string(dangling.size()) + " files matching " + out.pattern +
+                      " cannot be opened: " + join(dangling, ", "));
+    }
+  }
+
+  std::sort(out.skipped.begin(), out.skipped.end(),
+            [](const SkippedFile& a, const SkippedFile& b) { return a.name < b.name; });
+
+  chosen = order_weight_files(std::move(chosen), options.sort_weight_files, options.tp_size,
+                              options.tp_rank);
+  out.decisions.push_back(
+      order_decision(options.sort_weight_files, options.tp_size, options.tp_rank));
+  for (const std::string& name : chosen) {
+    out.files.push_back({(fs::path(folder) / name).string(), name, reasons[name]});
+  }
+  return out;
+}
+
+}  // namespace ferry::io
