@@ -1,0 +1,256 @@
+// SafetensorsWriter: header layout as the reference implementation writes it,
+// data streamed through a small coalescing buffer with short-write-safe write(2).
+#include "io/safetensors_writer.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+
+#include "common/error.hpp"
+
+namespace ferry::io {
+namespace {
+
+// Small tensors (norms, biases) would otherwise cost one system call each.
+constexpr std::size_t kBufferBytes = std::size_t{1} << 20;
+constexpr std::uint64_t kAlignment = 8;
+
+[[noreturn]] void fail(const std::string& file, const std::string& tensor, std::string rule) {
+  throw Error(Stage::kSynth, file, tensor, std::move(rule));
+}
+
+// Data bytes of one tensor; throws when elements × dtype size overflows 64 bits.
+std::uint64_t tensor_bytes(const SafetensorsEntry& entry, const std::string& file) {
+  std::uint64_t n = dtype_size(entry.dtype);
+  for (std::uint64_t dim : entry.shape) {
+    if (dim != 0 && n > std::numeric_limits<std::uint64_t>::max() / dim) {
+      fail(file, entry.name, "byte size of the shape overflows 64 bits");
+    }
+    n *= dim;
+  }
+  return n;
+}
+
+std::uint64_t checked_add(std::uint64_t a, std::uint64_t b, const std::string& file,
+                          const std::string& tensor) {
+  if (a > std::numeric_limits<std::uint64_t>::max() - b) {
+    fail(file, tensor, "data offsets overflow 64 bits");
+  }
+  return a + b;
+}
+
+void check_name(const std::string& name, const std::string& file) {
+  if (name.empty()) {
+    fail(file, "", "tensor names must not be empty");
+  }
+  if (name == "__metadata__") {
+    fail(file, name, "'__metadata__' is reserved for the metadata map");
+  }
+}
+
+}  // namespace
+
+std::string safetensors_header_text(const std::vector<SafetensorsEntry>& entries,
+                                    const std::map<std::string, std::string>& metadata,
+                                    const std::string& file) {
+  // ordered_json keeps insertion order: metadata first, then declaration order,
+  // which is also offset order (the reference writes tensors sorted by offset).
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : metadata) {
+      meta[key] = value;
+    }
+    header["__metadata__"] = std::move(meta);
+  }
+  std::set<std::string_view> seen;
+  std::uint64_t offset = 0;
+  for (const auto& entry : entries) {
+    check_name(entry.name, file);
+    if (!seen.insert(entry.name).second) {
+      fail(file, entry.name, "tensor declared twice");
+    }
+    std::uint64_t end = checked_add(offset, tensor_bytes(entry, file), file, entry.name);
+    header[entry.name] = {{"dtype", std::string(dtype_name(entry.dtype))},
+                          {"shape", entry.shape},
+                          {"data_offsets", {offset, end}}};
+    offset = end;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {
+    // The only way dump() fails is a string that is not valid UTF-8.
+    fail(file, "", std::string("header is not valid UTF-8: ") + e.what());
+  }
+  text.append((kAlignment - text.size() % kAlignment) % kAlignment, ' ');
+  return text;
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string path) : path_(std::move(path)) {}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (state_ == State::kWriting || state_ == State::kFailed) {
+    if (fd_ >= 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+    ::unlink(path_.c_str());
+  }
+}
+
+void SafetensorsWriter::add(std::string name, DType dtype, std::vector<std::uint64_t> shape) {
+  if (state_ != State::kDeclaring) {
+    fail(path_, name, "add() after begin(): every tensor must be declared before data is written");
+  }
+  check_name(name, path_);
+  if (names_.count(name) != 0) {
+    fail(path_, name, "tensor declared twice");
+  }
+  SafetensorsEntry entry{std::move(name), dtype, std::move(shape)};
+  std::uint64_t end = checked_add(data_bytes_, tensor_bytes(entry, path_), path_, entry.name);
+  names_.insert(entry.name);
+  entries_.push_back(std::move(entry));
+  ends_.push_back(end);
+  data_bytes_ = end;
+}
+
+void SafetensorsWriter::set_metadata(std::map<std::string, std::string> metadata) {
+  if (state_ != State::kDeclaring) {
+    fail(path_, "", "set_metadata() after begin(): the header is already written");
+  }
+  metadata_ = std::move(metadata);
+}
+
+void SafetensorsWriter::begin() {
+  if (state_ != State::kDeclaring) {
+    fail(path_, "", "begin() called twice");
+  }
+  std::string text = safetensors_header_text(entries_, metadata_, path_);
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    throw_errno(Stage::kSynth, path_, "cannot create the file", errno);
+  }
+  state_ = State::kWriting;
+  buffer_.reserve(kBufferBytes);
+  std::uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) {
+    buffer_.push_back(static_cast<std::byte>((n >> (8 * i)) & 0xff));
+  }
+  const auto* p = reinterpret_cast<const std::byte*>(text.data());
+  if (text.size() > kBufferBytes) {
+    flush_buffer();
+    write_all(p, text.size());
+  } else {
+    buffer_.insert(buffer_.end(), p, p + text.size());
+  }
+  header_bytes_ = 8 + n;
+}
+
+void SafetensorsWriter::write(std::span<const std::byte> bytes) {
+  if (state_ != State::kWriting) {
+    fail(path_, "",
+         state_ == State::kDeclaring ? "write() before begin()"
+                                     : "write() after finish() or a failed write");
+  }
+  if (bytes.size() > data_bytes_ - written_) {
+    fail(path_, tensor_at(written_),
+         "write of " + std::to_string(bytes.size()) + " bytes at data offset " +
+             std::to_string(written_) + " exceeds the declared " + std::to_string(data_bytes_) +
+             " data bytes");
+  }
+  if (buffer_.size() + bytes.size() > kBufferBytes) {
+    flush_buffer();
+  }
+  if (bytes.size() >= kBufferBytes) {
+    write_all(bytes.data(), bytes.size());
+  } else {
+    buffer_.insert(buffer_.end(), bytes.begin(), bytes.end());
+  }
+  written_ += bytes.size();
+}
+
+void SafetensorsWriter::finish(Sync sync) {
+  if (state_ != State::kWriting) {
+    fail(path_, "",
+         state_ == State::kDeclaring ? "finish() before begin()"
+                                     : "finish() after finish() or a failed write");
+  }
+  if (written_ != data_bytes_) {
+    std::size_t i = static_cast<std::size_t>(
+        std::upper_bound(ends_.begin(), ends_.end(), written_) - ends_.begin());
+    std::uint64_t begin = i == 0 ? 0 : ends_[i - 1];
+    fail(path_, entries_[i].name,
+         "only " + std::to_string(written_) + " of " + std::to_string(data_bytes_) +
+             " declared data bytes were written (this tensor has " +
+             std::to_string(written_ - begin) + " of " + std::to_string(ends_[i] - begin) + ")");
+  }
+  flush_buffer();
+  if (sync == Sync::kFsync && ::fsync(fd_) != 0) {
+    int err = errno;
+    fail_and_close();
+    throw_errno(Stage::kSynth, path_, "fsync failed", err);
+  }
+  int fd = std::exchange(fd_, -1);
+  if (::close(fd) != 0) {
+    int err = errno;
+    state_ = State::kFailed;
+    throw_errno(Stage::kSynth, path_, "close failed", err);
+  }
+  state_ = State::kFinished;
+}
+
+void SafetensorsWriter::flush_buffer() {
+  if (!buffer_.empty()) {
+    write_all(buffer_.data(), buffer_.size());
+    buffer_.clear();
+  }
+}
+
+void SafetensorsWriter::write_all(const std::byte* data, std::size_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd_, data, size);
+    if (n < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      int err = errno;
+      fail_and_close();
+      throw_errno(Stage::kSynth, path_, "write failed", err);
+    }
+    // write(2) on a regular file returns 0 only for a 0-byte request; treat it
+    // as a failure rather than spinning.
+    if (n == 0) {
+      fail_and_close();
+      fail(path_, "", "write returned 0 bytes");
+    }
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+}
+
+std::string SafetensorsWriter::tensor_at(std::uint64_t offset) const {
+  auto it = std::upper_bound(ends_.begin(), ends_.end(), offset);
+  if (it == ends_.end()) {
+    return {};
+  }
+  return entries_[static_cast<std::size_t>(it - ends_.begin())].name;
+}
+
+void SafetensorsWriter::fail_and_close() {
+  state_ = State::kFailed;
+  buffer_.clear();
+  if (fd_ >= 0) {
+    ::close(fd_);
+    fd_ = -1;
+  }
+}
+
+}  // namespace ferry::io

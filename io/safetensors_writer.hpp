@@ -1,0 +1,93 @@
+// A streaming writer for one safetensors file: declare every tensor first, then
+// stream the data bytes in declaration order. Nothing but a small coalescing buffer
+// is held in memory, so files of any size (the medium synthetic preset is > 2 GiB)
+// are written in constant memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+#include "common/dtype.hpp"
+
+namespace ferry::io {
+
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<std::uint64_t> shape;
+};
+
+// The header exactly as the writer lays it out: the JSON text padded with spaces
+// to a multiple of 8 bytes (as the reference implementation does, so the data
+// region starts 8-aligned), "__metadata__" first when `metadata` is not empty,
+// then the tensors in the given order with consecutive data offsets.
+// Throws ferry::Error(Stage::kSynth) naming `file` and the tensor for an empty or
+// duplicate name, or a byte size that overflows 64 bits.
+std::string safetensors_header_text(const std::vector<SafetensorsEntry>& entries,
+                                    const std::map<std::string, std::string>& metadata,
+                                    const std::string& file);
+
+// Call order: add()... set_metadata()? begin() write()... finish().
+// Not thread-safe. Every misuse and every failed system call throws
+// ferry::Error(Stage::kSynth, path, tensor, rule).
+class SafetensorsWriter {
+ public:
+  // The file is created (truncated) by begin(), not here.
+  explicit SafetensorsWriter(std::string path);
+  // An unfinished file has a header promising bytes it does not hold: the
+  // destructor closes and removes it so no truncated file is left behind.
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  // Declares the next tensor; its data follows the previous tensor's.
+  void add(std::string name, DType dtype, std::vector<std::uint64_t> shape);
+  // Replaces the "__metadata__" string map (none is written when empty).
+  void set_metadata(std::map<std::string, std::string> metadata);
+
+  // Creates the file and writes the 8-byte little-endian length and the header.
+  void begin();
+  // Appends data bytes. Writing past the declared total is an error (nothing of
+  // the offending call is written).
+  void write(std::span<const std::byte> bytes);
+  // Checks that every declared byte was written, optionally fsyncs, and closes.
+  enum class Sync { kNone, kFsync };
+  void finish(Sync sync = Sync::kNone);
+
+  const std::string& path() const { return path_; }
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  // Sum of the declared tensors' data bytes.
+  std::uint64_t data_bytes() const { return data_bytes_; }
+  // 8 + padded JSON length: where the data region starts (valid after begin()).
+  std::uint64_t header_bytes() const { return header_bytes_; }
+  // Data bytes accepted by write() so far.
+  std::uint64_t written() const { return written_; }
+
+ private:
+  enum class State { kDeclaring, kWriting, kFinished, kFailed };
+
+  void flush_buffer();
+  void write_all(const std::byte* data, std::size_t size);
+  // The tensor whose data holds data offset `offset` (for error messages).
+  std::string tensor_at(std::uint64_t offset) const;
+  void fail_and_close();
+
+  std::string path_;
+  std::vector<SafetensorsEntry> entries_;
+  std::vector<std::uint64_t> ends_;  // end data offset of each entry
+  std::unordered_set<std::string> names_;
+  std::map<std::string, std::string> metadata_;
+  std::uint64_t data_bytes_ = 0;
+  std::uint64_t header_bytes_ = 0;
+  std::uint64_t written_ = 0;
+  std::vector<std::byte> buffer_;  // coalesces small writes into large ones
+  int fd_ = -1;
+  State state_ = State::kDeclaring;
+};
+
+}  // namespace ferry::io

@@ -1,0 +1,953 @@
+// Synthetic checkpoints: per-family tensor lists and config.json, the value
+// function and its encoders, shard planning, and the write-to-temp-then-rename
+// of a whole checkpoint folder.
+#include "tools/synth.hpp"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <utility>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "io/safetensors_writer.hpp"
+
+namespace ferry::tools {
+
+static_assert(std::endian::native == std::endian::little,
+              "safetensors is little-endian; the encoders store host order");
+
+namespace fs = std::filesystem;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& file, std::string rule) {
+  throw Error(Stage::kSynth, file, "", std::move(rule));
+}
+
+// ---- values ----------------------------------------------------------------
+
+// Encoded forms of the 255 possible values, so the hot loop is a hash and a load.
+template <typename T>
+struct ValueTable {
+  std::array<T, 255> bits{};
+};
+
+float value_of(std::uint64_t k) {
+  return (static_cast<float>(k) - 127.0f) / 128.0f;
+}
+
+const ValueTable<std::uint16_t>& bf16_table() {
+  static const ValueTable<std::uint16_t> table = [] {
+    ValueTable<std::uint16_t> t;
+    for (std::uint64_t k = 0; k < 255; ++k) {
+      t.bits[k] = float_to_bf16_bits(value_of(k));
+    }
+    return t;
+  }();
+  return table;
+}
+
+const ValueTable<std::uint16_t>& f16_table() {
+  static const ValueTable<std::uint16_t> table = [] {
+    ValueTable<std::uint16_t> t;
+    for (std::uint64_t k = 0; k < 255; ++k) {
+      t.bits[k] = float_to_f16_bits(value_of(k));
+    }
+    return t;
+  }();
+  return table;
+}
+
+const ValueTable<std::uint32_t>& f32_table() {
+  static const ValueTable<std::uint32_t> table = [] {
+    ValueTable<std::uint32_t> t;
+    for (std::uint64_t k = 0; k < 255; ++k) {
+      t.bits[k] = std::bit_cast<std::uint32_t>(value_of(k));
+    }
+    return t;
+  }();
+  return table;
+}
+
+template <typename T>
+void encode_with(const ValueTable<T>& table, std::uint64_t base, std::span<std::byte> out) {
+  std::byte* p = out.data();
+  std::size_t n = out.size() / sizeof(T);
+  for (std::size_t i = 0; i < n; ++i) {
+    T bits = table.bits[splitmix64(base + i) % 255];
+    std::memcpy(p + i * sizeof(T), &bits, sizeof(T));
+  }
+}
+
+// ---- families and presets ----------------------------------------------------
+
+enum class Family { kLlama, kQwen2, kMixtral, kQwen3Moe, kDeepseekV3 };
+enum class Preset { kTiny, kSmall, kMedium };
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) {
+    out += out.empty() ? "" : ", ";
+    out += n;
+  }
+  return out;
+}
+
+Family parse_family(std::string_view text) {
+  const auto& names = synth_families();
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == text) {
+      return static_cast<Family>(i);
+    }
+  }
+  fail("", "unknown family '" + std::string(text) + "' (expected one of " + joined(names) + ")");
+}
+
+Preset parse_preset(std::string_view text) {
+  const auto& names = synth_presets();
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == text) {
+      return static_cast<Preset>(i);
+    }
+  }
+  fail("", "unknown preset '" + std::string(text) + "' (expected one of " + joined(names) + ")");
+}
+
+void check_dtype(DType dtype) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16 && dtype != DType::kF32) {
+    fail("", "synthetic weights are BF16, F16 or F32, not " + std::string(dtype_name(dtype)));
+  }
+}
+
+// Sizes of one preset. Attention heads × head_dim equals hidden for the families
+// whose configs imply head_dim = hidden / heads (Llama, Qwen2, Mixtral); Qwen3-MoE
+// medium and small deliberately differ, as the real Qwen3 models do.
+struct Dims {
+  std::uint64_t hidden = 0;
+  std::uint64_t intermediate = 0;
+  std::uint64_t layers = 0;
+  std::uint64_t heads = 0;
+  std::uint64_t kv_heads = 0;
+  std::uint64_t head_dim = 0;
+  std::uint64_t vocab = 0;
+  std::uint64_t experts = 0;
+  std::uint64_t experts_per_tok = 0;
+  std::uint64_t moe_intermediate = 0;
+  // DeepSeek-V3 (MLA and routing)
+  std::uint64_t q_lora_rank = 0;
+  std::uint64_t kv_lora_rank = 0;
+  std::uint64_t qk_nope = 0;
+  std::uint64_t qk_rope = 0;
+  std::uint64_t v_head = 0;
+  std::uint64_t shared_experts = 0;
+  std::uint64_t first_k_dense = 0;
+  std::uint64_t n_group = 0;
+  std::uint64_t topk_group = 0;
+};
+
+// Tiny vocabularies are 1000 (not a multiple of 64) so vocab padding gets tested;
+// medium sizes put every family between 2 and 3 GiB in BF16 (untied).
+// Kept compact: each preset reads as one row of a table.
+// clang-format off
+Dims dims_for(Family family, Preset preset) {
+  switch (family) {
+    case Family::kLlama:
+    case Family::kQwen2:
+      switch (preset) {
+        case Preset::kTiny:
+          return {.hidden = 128, .intermediate = 256, .layers = 4, .heads = 8, .kv_heads = 2,
+                  .head_dim = 16, .vocab = 1000};
+        case Preset::kSmall:
+          return {.hidden = 512, .intermediate = 1408, .layers = 4, .heads = 8, .kv_heads = 2,
+                  .head_dim = 64, .vocab = 8000};
+        case Preset::kMedium:  // TinyLlama-1.1B's shape
+          return {.hidden = 2048, .intermediate = 5632, .layers = 22, .heads = 32, .kv_heads = 4,
+                  .head_dim = 64, .vocab = 32000};
+      }
+      break;
+    case Family::kMixtral:
+      switch (preset) {
+        case Preset::kTiny:
+          return {.hidden = 128, .intermediate = 128, .layers = 4, .heads = 8, .kv_heads = 2,
+                  .head_dim = 16, .vocab = 1000, .experts = 8, .experts_per_tok = 2};
+        case Preset::kSmall:
+          return {.hidden = 256, .intermediate = 512, .layers = 4, .heads = 8, .kv_heads = 2,
+                  .head_dim = 32, .vocab = 8000, .experts = 8, .experts_per_tok = 2};
+        case Preset::kMedium:
+          return {.hidden = 1024, .intermediate = 2560, .layers = 16, .heads = 16, .kv_heads = 4,
+                  .head_dim = 64, .vocab = 32000, .experts = 8, .experts_per_tok = 2};
+      }
+      break;
+    case Family::kQwen3Moe:
+      switch (preset) {
+        case Preset::kTiny:
+          return {.hidden = 128, .intermediate = 256, .layers = 4, .heads = 8, .kv_heads = 2,
+                  .head_dim = 16, .vocab = 1000, .experts = 8, .experts_per_tok = 2,
+                  .moe_intermediate = 64};
+        case Preset::kSmall:
+          return {.hidden = 256, .intermediate = 768, .layers = 4, .heads = 8, .kv_heads = 2,
+                  .head_dim = 64, .vocab = 8000, .experts = 16, .experts_per_tok = 4,
+                  .moe_intermediate = 128};
+        case Preset::kMedium:
+          return {.hidden = 1024, .intermediate = 2816, .layers = 19, .heads = 16, .kv_heads = 4,
+                  .head_dim = 128, .vocab = 32000, .experts = 32, .experts_per_tok = 4,
+                  .moe_intermediate = 512};
+      }
+      break;
+    case Family::kDeepseekV3:
+      // MLA keeps one key/value head per query head: num_key_value_heads = heads.
+      switch (preset) {
+        case Preset::kTiny:
+          return {.hidden = 128, .intermediate = 256, .layers = 2, .heads = 8, .kv_heads = 8,
+                  .vocab = 1000, .experts = 8, .experts_per_tok = 2, .moe_intermediate = 32,
+                  .q_lora_rank = 64, .kv_lora_rank = 32, .qk_nope = 16, .qk_rope = 8,
+                  .v_head = 16, .shared_experts = 1, .first_k_dense = 1, .n_group = 4,
+                  .topk_group = 2};
+        case Preset::kSmall:
+          return {.hidden = 256, .intermediate = 768, .layers = 4, .heads = 8, .kv_heads = 8,
+                  .vocab = 8000, .experts = 16, .experts_per_tok = 4, .moe_intermediate = 128,
+                  .q_lora_rank = 128, .kv_lora_rank = 64, .qk_nope = 32, .qk_rope = 16,
+                  .v_head = 32, .shared_experts = 1, .first_k_dense = 1, .n_group = 4,
+                  .topk_group = 2};
+        case Preset::kMedium:
+          return {.hidden = 1024, .intermediate = 2816, .layers = 18, .heads = 16,
+                  .kv_heads = 16, .vocab = 32000, .experts = 32, .experts_per_tok = 4,
+                  .moe_intermediate = 512, .q_lora_rank = 384, .kv_lora_rank = 256,
+                  .qk_nope = 64, .qk_rope = 32, .v_head = 64, .shared_experts = 1,
+                  .first_k_dense = 1, .n_group = 8, .topk_group = 4};
+      }
+      break;
+  }
+  fail("", "no sizes for this family and preset");
+}
+// clang-format on
+
+// ---- tensor lists --------------------------------------------------------------
+
+class ListBuilder {
+ public:
+  ListBuilder(DType dtype, const Dims& d) : dtype_(dtype), d_(d) {}
+
+  void add(std::string name, std::vector<std::uint64_t> shape) {
+    add_typed(std::move(name), dtype_, std::move(shape));
+  }
+  void add_typed(std::string name, DType dtype, std::vector<std::uint64_t> shape) {
+    out_.push_back({std::move(name), dtype, std::move(shape)});
+  }
+
+  // Llama-style attention; Qwen2 adds q/k/v biases, Qwen3 adds per-head q/k norms.
+  void attention(const std::string& p, bool bias, bool qk_norm) {
+    std::uint64_t q = d_.heads * d_.head_dim;
+    std::uint64_t kv = d_.kv_heads * d_.head_dim;
+    add(p + "self_attn.q_proj.weight", {q, d_.hidden});
+    if (bias) {
+      add(p + "self_attn.q_proj.bias", {q});
+    }
+    add(p + "self_attn.k_proj.weight", {kv, d_.hidden});
+    if (bias) {
+      add(p + "self_attn.k_proj.bias", {kv});
+    }
+    add(p + "self_attn.v_proj.weight", {kv, d_.hidden});
+    if (bias) {
+      add(p + "self_attn.v_proj.bias", {kv});
+    }
+    add(p + "self_attn.o_proj.weight", {d_.hidden, q});
+    if (qk_norm) {
+      add(p + "self_attn.q_norm.weight", {d_.head_dim});
+      add(p + "self_attn.k_norm.weight", {d_.head_dim});
+    }
+  }
+
+  // DeepSeek multi-head latent attention.
+  void mla(const std::string& p) {
+    std::uint64_t qk_head = d_.qk_nope + d_.qk_rope;
+    add(p + "self_attn.q_a_proj.weight", {d_.q_lora_rank, d_.hidden});
+    add(p + "self_attn.q_a_layernorm.weight", {d_.q_lora_rank});
+    add(p + "self_attn.q_b_proj.weight", {d_.heads * qk_head, d_.q_lora_rank});
+    add(p + "self_attn.kv_a_proj_with_mqa.weight", {d_.kv_lora_rank + d_.qk_rope, d_.hidden});
+    add(p + "self_attn.kv_a_layernorm.weight", {d_.kv_lora_rank});
+    add(p + "self_attn.kv_b_proj.weight", {d_.heads * (d_.qk_nope + d_.v_head), d_.kv_lora_rank});
+    add(p + "self_attn.o_proj.weight", {d_.hidden, d_.heads * d_.v_head});
+  }
+
+  void gated_mlp(const std::string& p, std::uint64_t inter) {
+    add(p + "gate_proj.weight", {inter, d_.hidden});
+    add(p + "up_proj.weight", {inter, d_.hidden});
+    add(p + "down_proj.weight", {d_.hidden, inter});
+  }
+
+  void mixtral_moe(const std::string& p) {
+    add(p + "block_sparse_moe.gate.weight", {d_.experts, d_.hidden});
+    for (std::uint64_t e = 0; e < d_.experts; ++e) {
+      std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      add(x + "w1.weight", {d_.intermediate, d_.hidden});
+      add(x + "w2.weight", {d_.hidden, d_.intermediate});
+      add(x + "w3.weight", {d_.intermediate, d_.hidden});
+    }
+  }
+
+  void qwen3_moe(const std::string& p) {
+    add(p + "mlp.gate.weight", {d_.experts, d_.hidden});
+    for (std::uint64_t e = 0; e < d_.experts; ++e) {
+      gated_mlp(p + "mlp.experts." + std::to_string(e) + ".", d_.moe_intermediate);
+    }
+  }
+
+  // DeepseekV3MoE registers experts, then the gate, then the shared experts.
+  void deepseek_moe(const std::string& p) {
+    for (std::uint64_t e = 0; e < d_.experts; ++e) {
+      gated_mlp(p + "mlp.experts." + std::to_string(e) + ".", d_.moe_intermediate);
+    }
+    add(p + "mlp.gate.weight", {d_.experts, d_.hidden});
+    add_typed(p + "mlp.gate.e_score_correction_bias", DType::kF32, {d_.experts});
+    gated_mlp(p + "mlp.shared_experts.", d_.moe_intermediate * d_.shared_experts);
+  }
+
+  void layer_norms(const std::string& p) {
+    add(p + "input_layernorm.weight", {d_.hidden});
+    add(p + "post_attention_layernorm.weight", {d_.hidden});
+  }
+
+  std::vector<SynthTensor> take() { return std::move(out_); }
+
+ private:
+  DType dtype_;
+  const Dims& d_;
+  std::vector<SynthTensor> out_;
+};
+
+std::string layer_prefix(std::uint64_t i) {
+  return "model.layers." + std::to_string(i) + ".";
+}
+
+std::string_view torch_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+      return "float16";
+    case DType::kF32:
+      return "float32";
+    default:
+      return "bfloat16";
+  }
+}
+
+// ---- files ---------------------------------------------------------------------
+
+void write_text_file(const std::string& path, const std::string& text, bool sync) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw_errno(Stage::kSynth, path, "cannot create the file", errno);
+  }
+  const char* p = text.data();
+  std::size_t left = text.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0 && errno == EINTR) {
+      continue;
+    }
+    if (n <= 0) {
+      int err = n < 0 ? errno : EIO;
+      ::close(fd);
+      throw_errno(Stage::kSynth, path, "write failed", err);
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  if (sync && ::fsync(fd) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw_errno(Stage::kSynth, path, "fsync failed", err);
+  }
+  if (::close(fd) != 0) {
+    throw_errno(Stage::kSynth, path, "close failed", errno);
+  }
+}
+
+// Makes renames inside `dir` durable. Best effort: some file systems refuse
+// fsync on a directory, which is no reason to fail a synth.
+void fsync_dir(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    if (::fsync(fd) != 0) {
+      log::debug("synth: fsync of folder " + dir.string() + " failed: " + std::strerror(errno));
+    }
+    ::close(fd);
+  }
+}
+
+bool is_checkpoint_file_name(const std::string& name) {
+  auto ends_with = [&](std::string_view suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  return ends_with(".safetensors") || ends_with(".json");
+}
+
+enum class Target { kAbsent, kEmpty, kReplace };
+
+// What is at `out` now, and whether this synth may take its place.
+Target inspect_target(const fs::path& out, bool force) {
+  std::error_code ec;
+  fs::file_status st = fs::symlink_status(out, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    fail(out.string(), "cannot inspect the output folder: " + ec.message());
+  }
+  if (!fs::exists(st)) {
+    return Target::kAbsent;
+  }
+  if (fs::is_symlink(st)) {
+    fail(out.string(), "the output is a symbolic link; give the folder it points to");
+  }
+  if (!fs::is_directory(st)) {
+    fail(out.string(), "the output exists and is not a folder");
+  }
+  fs::directory_iterator it(out, ec);
+  if (ec) {
+    fail(out.string(), "cannot list the output folder: " + ec.message());
+  }
+  bool empty = true;
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    if (ec) {
+      fail(out.string(), "cannot list the output folder: " + ec.message());
+    }
+    empty = false;
+    if (!force) {
+      break;
+    }
+    std::string name = it->path().filename().string();
+    if (!it->is_regular_file(ec) || it->is_symlink(ec) || !is_checkpoint_file_name(name)) {
+      fail(out.string(), "refusing to replace the folder: it holds '" + name +
+                             "', which is not a checkpoint file (*.safetensors, *.json)");
+    }
+  }
+  if (ec) {
+    fail(out.string(), "cannot list the output folder: " + ec.message());
+  }
+  if (empty) {
+    return Target::kEmpty;
+  }
+  if (!force) {
+    fail(out.string(), "the output folder exists and is not empty (pass --force to replace it)");
+  }
+  return Target::kReplace;
+}
+
+// A sibling folder made by mkdtemp, removed at scope exit unless released.
+class TempFolder {
+ public:
+  TempFolder(const fs::path& out, std::string_view tag) {
+    std::string tmpl = out.string() + std::string(tag) + "XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      throw_errno(Stage::kSynth, tmpl, "cannot create a temporary folder", errno);
+    }
+    path_ = tmpl;
+    // mkdtemp makes it 0700; the checkpoint folder should read like one mkdir made.
+    ::chmod(tmpl.c_str(), 0755);
+  }
+  ~TempFolder() {
+    if (!path_.empty()) {
+      std::error_code ec;
+      fs::remove_all(path_, ec);
+      if (ec) {
+        log::warn("synth: cannot remove " + path_.string() + ": " + ec.message());
+      }
+    }
+  }
+  TempFolder(const TempFolder&) = delete;
+  TempFolder& operator=(const TempFolder&) = delete;
+
+  const fs::path& path() const { return path_; }
+  void release() { path_.clear(); }
+
+ private:
+  fs::path path_;
+};
+
+// Puts the finished temporary folder at `out`. rename(2) replaces an empty folder
+// atomically; a non-empty one is swapped with RENAME_EXCHANGE so `out` is never
+// missing, and the old contents (now in the temporary folder) are removed.
+void install(TempFolder& tmp, const fs::path& out, Target target) {
+  if (target != Target::kReplace) {
+    if (::rename(tmp.path().c_str(), out.c_str()) != 0) {
+      int err = errno;
+      if (err == ENOTEMPTY || err == EEXIST) {
+        fail(out.string(), "the output folder was filled by someone else while synth ran");
+      }
+      throw_errno(Stage::kSynth, out.string(), "cannot rename the finished checkpoint into place",
+                  err);
+    }
+    tmp.release();
+    return;
+  }
+  if (::renameat2(AT_FDCWD, tmp.path().c_str(), AT_FDCWD, out.c_str(), RENAME_EXCHANGE) == 0) {
+    return;  // `tmp` now holds the old checkpoint; its destructor removes it
+  }
+  if (errno != EINVAL && errno != ENOSYS) {
+    throw_errno(Stage::kSynth, out.string(), "cannot swap the finished checkpoint into place",
+                errno);
+  }
+  // No RENAME_EXCHANGE on this file system: move the old folder aside first.
+  TempFolder old(out, ".old-");
+  if (::rename(out.c_str(), old.path().c_str()) != 0) {
+    throw_errno(Stage::kSynth, out.string(), "cannot move the old checkpoint aside", errno);
+  }
+  if (::rename(tmp.path().c_str(), out.c_str()) != 0) {
+    int err = errno;
+    ::rename(old.path().c_str(), out.c_str());
+    throw_errno(Stage::kSynth, out.string(), "cannot rename the finished checkpoint into place",
+                err);
+  }
+  tmp.release();
+}
+
+// Absolute, without a trailing separator, so the sibling temporary folder is
+// really a sibling.
+fs::path normalize_out(const std::string& out) {
+  if (out.empty()) {
+    fail("", "no output folder given (--out DIR)");
+  }
+  fs::path p = fs::absolute(fs::path(out)).lexically_normal();
+  if (!p.has_filename() && p.has_relative_path()) {
+    p = p.parent_path();
+  }
+  std::string name = p.filename().string();
+  if (name.empty() || name == "." || name == "..") {
+    fail(out, "the output must name a folder (not '/', '.' or '..')");
+  }
+  return p;
+}
+
+}  // namespace
+
+// ---- values (public) -------------------------------------------------------------
+
+std::uint64_t splitmix64(std::uint64_t x) {
+  std::uint64_t z = x + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+std::uint64_t fnv1a64(std::string_view text) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (char c : text) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+float synth_value(std::uint64_t seed, std::string_view tensor_name, std::uint64_t index) {
+  return value_of(splitmix64((seed ^ fnv1a64(tensor_name)) + index) % 255);
+}
+
+std::uint16_t float_to_bf16_bits(float value) {
+  std::uint32_t x = std::bit_cast<std::uint32_t>(value);
+  if ((x & 0x7fffffffU) > 0x7f800000U) {
+    return static_cast<std::uint16_t>((x >> 16) | 0x0040U);  // quiet NaN, sign kept
+  }
+  std::uint32_t rounding = 0x7fffU + ((x >> 16) & 1U);
+  return static_cast<std::uint16_t>((x + rounding) >> 16);
+}
+
+std::uint16_t float_to_f16_bits(float value) {
+  std::uint32_t x = std::bit_cast<std::uint32_t>(value);
+  std::uint32_t sign = (x >> 16) & 0x8000U;
+  std::uint32_t exp = (x >> 23) & 0xffU;
+  std::uint32_t mant = x & 0x7fffffU;
+  if (exp == 0xff) {  // infinity or NaN (kept quiet, top payload bits kept)
+    return static_cast<std::uint16_t>(sign | 0x7c00U | (mant != 0 ? 0x0200U | (mant >> 13) : 0));
+  }
+  int e = static_cast<int>(exp) - 127 + 15;
+  if (e >= 31) {
+    return static_cast<std::uint16_t>(sign | 0x7c00U);
+  }
+  if (e <= 0) {
+    // Half subnormal: value / 2^-24, rounded to nearest even. Below 2^-25 it is 0.
+    if (e < -10) {
+      return static_cast<std::uint16_t>(sign);
+    }
+    std::uint32_t m = mant | 0x800000U;
+    int shift = 14 - e;
+    std::uint32_t half = m >> shift;
+    std::uint32_t rem = m & ((1U << shift) - 1U);
+    std::uint32_t halfway = 1U << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half & 1U) != 0)) {
+      ++half;  // may carry into the smallest normal, which is the right answer
+    }
+    return static_cast<std::uint16_t>(sign | half);
+  }
+  std::uint32_t half = sign | (static_cast<std::uint32_t>(e) << 10) | (mant >> 13);
+  std::uint32_t rem = mant & 0x1fffU;
+  if (rem > 0x1000U || (rem == 0x1000U && (half & 1U) != 0)) {
+    ++half;  // a carry out of the mantissa bumps the exponent, up to infinity
+  }
+  return static_cast<std::uint16_t>(half);
+}
+
+void synth_encode(DType dtype, std::uint64_t seed, std::string_view name, std::uint64_t first_index,
+                  std::span<std::byte> out) {
+  check_dtype(dtype);
+  if (out.size() % dtype_size(dtype) != 0) {
+    throw Error(Stage::kSynth, "", std::string(name),
+                "encode buffer of " + std::to_string(out.size()) +
+                    " bytes is not a whole number of " + std::string(dtype_name(dtype)) +
+                    " elements");
+  }
+  std::uint64_t base = (seed ^ fnv1a64(name)) + first_index;
+  switch (dtype) {
+    case DType::kBF16:
+      encode_with(bf16_table(), base, out);
+      break;
+    case DType::kF16:
+      encode_with(f16_table(), base, out);
+      break;
+    default:
+      encode_with(f32_table(), base, out);
+      break;
+  }
+}
+
+// ---- what a checkpoint holds (public) ------------------------------------------------
+
+const std::vector<std::string>& synth_families() {
+  // Same order as the Family enum.
+  static const std::vector<std::string> names{"llama", "qwen2", "mixtral", "qwen3_moe",
+                                              "deepseek_v3"};
+  return names;
+}
+
+const std::vector<std::string>& synth_presets() {
+  static const std::vector<std::string> names{"tiny", "small", "medium"};
+  return names;
+}
+
+std::optional<DType> parse_synth_dtype(std::string_view text) {
+  if (text == "bf16" || text == "BF16") {
+    return DType::kBF16;
+  }
+  if (text == "f16" || text == "F16") {
+    return DType::kF16;
+  }
+  if (text == "f32" || text == "F32") {
+    return DType::kF32;
+  }
+  return std::nullopt;
+}
+
+std::uint64_t SynthTensor::elements() const {
+  std::uint64_t n = 1;
+  for (std::uint64_t dim : shape) {
+    n *= dim;
+  }
+  return n;
+}
+
+std::uint64_t SynthTensor::nbytes() const {
+  return elements() * dtype_size(dtype);
+}
+
+std::vector<SynthTensor> synth_tensor_list(std::string_view family_name,
+                                           std::string_view preset_name, DType dtype,
+                                           bool tie_embeddings) {
+  Family family = parse_family(family_name);
+  Dims d = dims_for(family, parse_preset(preset_name));
+  check_dtype(dtype);
+  ListBuilder b(dtype, d);
+  b.add("model.embed_tokens.weight", {d.vocab, d.hidden});
+  for (std::uint64_t i = 0; i < d.layers; ++i) {
+    std::string p = layer_prefix(i);
+    switch (family) {
+      case Family::kLlama:
+      case Family::kQwen2:
+        b.attention(p, family == Family::kQwen2, false);
+        b.gated_mlp(p + "mlp.", d.intermediate);
+        break;
+      case Family::kMixtral:
+        b.attention(p, false, false);
+        b.mixtral_moe(p);
+        break;
+      case Family::kQwen3Moe:
+        // decoder_sparse_step 1 and no mlp_only_layers: every layer is sparse.
+        b.attention(p, false, true);
+        b.qwen3_moe(p);
+        break;
+      case Family::kDeepseekV3:
+        b.mla(p);
+        if (i < d.first_k_dense) {
+          b.gated_mlp(p + "mlp.", d.intermediate);
+        } else {
+          b.deepseek_moe(p);
+        }
+        break;
+    }
+    b.layer_norms(p);
+  }
+  if (family == Family::kDeepseekV3) {
+    // The multi-token-prediction layer (num_nextn_predict_layers = 1) is stored as
+    // layer num_hidden_layers: its own embedding, norms and projection, a full MoE
+    // decoder layer and its own head.
+    std::string p = layer_prefix(d.layers);
+    b.add(p + "embed_tokens.weight", {d.vocab, d.hidden});
+    b.add(p + "enorm.weight", {d.hidden});
+    b.add(p + "hnorm.weight", {d.hidden});
+    b.add(p + "eh_proj.weight", {d.hidden, 2 * d.hidden});
+    b.mla(p);
+    b.deepseek_moe(p);
+    b.layer_norms(p);
+    b.add(p + "shared_head.norm.weight", {d.hidden});
+    b.add(p + "shared_head.head.weight", {d.vocab, d.hidden});
+  }
+  b.add("model.norm.weight", {d.hidden});
+  if (!tie_embeddings) {
+    b.add("lm_head.weight", {d.vocab, d.hidden});
+  }
+  return b.take();
+}
+
+nlohmann::json synth_config(std::string_view family_name, std::string_view preset_name, DType dtype,
+                            bool tie_embeddings) {
+  Family family = parse_family(family_name);
+  Dims d = dims_for(family, parse_preset(preset_name));
+  check_dtype(dtype);
+  // nlohmann::json keeps keys sorted, as save_pretrained writes them.
+  nlohmann::json c = {
+      {"attention_dropout", 0.0},
+      {"bos_token_id", 1},
+      {"eos_token_id", 2},
+      {"hidden_act", "silu"},
+      {"hidden_size", d.hidden},
+      {"initializer_range", 0.02},
+      {"intermediate_size", d.intermediate},
+      {"max_position_embeddings", 4096},
+      {"model_type", std::string(family_name)},
+      {"num_attention_heads", d.heads},
+      {"num_hidden_layers", d.layers},
+      {"num_key_value_heads", d.kv_heads},
+      {"tie_word_embeddings", tie_embeddings},
+      {"torch_dtype", std::string(torch_dtype(dtype))},
+      {"use_cache", true},
+      {"vocab_size", d.vocab},
+  };
+  switch (family) {
+    case Family::kLlama:
+      c["architectures"] = {"LlamaForCausalLM"};
+      c["attention_bias"] = false;
+      c["head_dim"] = d.head_dim;
+      c["mlp_bias"] = false;
+      c["pretraining_tp"] = 1;
+      c["rms_norm_eps"] = 1e-5;
+      c["rope_scaling"] = nullptr;
+      c["rope_theta"] = 500000.0;
+      break;
+    case Family::kQwen2:
+      // Qwen2 has q/k/v biases by construction: no attention_bias field.
+      c["architectures"] = {"Qwen2ForCausalLM"};
+      c["max_window_layers"] = d.layers;
+      c["rms_norm_eps"] = 1e-6;
+      c["rope_theta"] = 1000000.0;
+      c["sliding_window"] = 4096;
+      c["use_mrope"] = false;
+      c["use_sliding_window"] = false;
+      break;
+    case Family::kMixtral:
+      c["architectures"] = {"MixtralForCausalLM"};
+      c["num_experts_per_tok"] = d.experts_per_tok;
+      c["num_local_experts"] = d.experts;
+      c["output_router_logits"] = false;
+      c["rms_norm_eps"] = 1e-5;
+      c["rope_theta"] = 1000000.0;
+      c["router_aux_loss_coef"] = 0.02;
+      c["sliding_window"] = nullptr;
+      break;
+    case Family::kQwen3Moe:
+      c["architectures"] = {"Qwen3MoeForCausalLM"};
+      c["attention_bias"] = false;
+      c["decoder_sparse_step"] = 1;
+      c["head_dim"] = d.head_dim;
+      c["max_window_layers"] = d.layers;
+      c["mlp_only_layers"] = nlohmann::json::array();
+      c["moe_intermediate_size"] = d.moe_intermediate;
+      c["norm_topk_prob"] = true;
+      c["num_experts"] = d.experts;
+      c["num_experts_per_tok"] = d.experts_per_tok;
+      c["output_router_logits"] = false;
+      c["rms_norm_eps"] = 1e-6;
+      c["rope_scaling"] = nullptr;
+      c["rope_theta"] = 1000000.0;
+      c["router_aux_loss_coef"] = 0.001;
+      c["sliding_window"] = nullptr;
+      c["use_sliding_window"] = false;
+      break;
+    case Family::kDeepseekV3:
+      // As the real config, less quantization_config (these weights are not FP8)
+      // and auto_map (no remote code ships with a synthetic checkpoint).
+      c["architectures"] = {"DeepseekV3ForCausalLM"};
+      c["attention_bias"] = false;
+      c["ep_size"] = 1;
+      c["first_k_dense_replace"] = d.first_k_dense;
+      c["kv_lora_rank"] = d.kv_lora_rank;
+      c["moe_intermediate_size"] = d.moe_intermediate;
+      c["moe_layer_freq"] = 1;
+      c["n_group"] = d.n_group;
+      c["n_routed_experts"] = d.experts;
+      c["n_shared_experts"] = d.shared_experts;
+      c["norm_topk_prob"] = true;
+      c["num_experts_per_tok"] = d.experts_per_tok;
+      c["num_nextn_predict_layers"] = 1;
+      c["q_lora_rank"] = d.q_lora_rank;
+      c["qk_nope_head_dim"] = d.qk_nope;
+      c["qk_rope_head_dim"] = d.qk_rope;
+      c["rms_norm_eps"] = 1e-6;
+      c["rope_scaling"] = nullptr;  // the real one is YaRN to 160K; 4096 positions need none
+      c["rope_theta"] = 10000;
+      c["routed_scaling_factor"] = 2.5;
+      c["scoring_func"] = "sigmoid";
+      c["topk_group"] = d.topk_group;
+      c["topk_method"] = "noaux_tc";
+      c["v_head_dim"] = d.v_head;
+      break;
+  }
+  return c;
+}
+
+std::uint64_t synth_default_shard_bytes(std::string_view preset_name) {
+  switch (parse_preset(preset_name)) {
+    case Preset::kTiny:
+      return std::uint64_t{512} << 10;
+    case Preset::kSmall:
+      return std::uint64_t{16} << 20;
+    case Preset::kMedium:
+      return std::uint64_t{512} << 20;
+  }
+  return 0;
+}
+
+std::vector<SynthShard> synth_shard_plan(const std::vector<SynthTensor>& tensors,
+                                         std::uint64_t shard_bytes) {
+  if (shard_bytes == 0) {
+    fail("", "the shard size must be at least 1 byte");
+  }
+  std::vector<SynthShard> shards;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    std::uint64_t n = tensors[i].nbytes();
+    if (shards.empty() || (!shards.back().tensors.empty() &&
+                           n > shard_bytes - std::min(shard_bytes, shards.back().data_bytes))) {
+      shards.emplace_back();
+    }
+    shards.back().tensors.push_back(i);
+    shards.back().data_bytes += n;
+  }
+  if (shards.size() > 99999) {
+    fail("", "the shard size gives " + std::to_string(shards.size()) +
+                 " shards; file names have room for 99999");
+  }
+  char name[64];
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    shards[s].file = name;
+  }
+  return shards;
+}
+
+// ---- writing (public) ----------------------------------------------------------------
+
+SynthResult synthesize(const SynthOptions& options) {
+  std::vector<SynthTensor> tensors =
+      synth_tensor_list(options.family, options.preset, options.dtype, options.tie_embeddings);
+  nlohmann::json config =
+      synth_config(options.family, options.preset, options.dtype, options.tie_embeddings);
+  std::uint64_t shard_bytes =
+      options.shard_bytes != 0 ? options.shard_bytes : synth_default_shard_bytes(options.preset);
+  std::vector<SynthShard> plan = synth_shard_plan(tensors, shard_bytes);
+
+  fs::path out = normalize_out(options.out);
+  inspect_target(out, options.force);  // refuse early, before any byte is written
+  std::error_code ec;
+  fs::create_directories(out.parent_path(), ec);
+  if (ec) {
+    fail(out.parent_path().string(), "cannot create the parent folder: " + ec.message());
+  }
+
+  std::uint64_t total = 0;
+  for (const auto& t : tensors) {
+    total += t.nbytes();
+  }
+
+  TempFolder tmp(out, ".tmp-");
+  constexpr std::size_t kBlockBytes = std::size_t{4} << 20;
+  std::vector<std::byte> block(kBlockBytes);
+  const std::map<std::string, std::string> metadata{
+      {"format", "pt"},
+      {"ferry_synth",
+       options.family + "/" + options.preset + " seed " + std::to_string(options.seed)}};
+  nlohmann::json weight_map = nlohmann::json::object();
+  std::uint64_t done = 0;
+  for (const auto& shard : plan) {
+    io::SafetensorsWriter writer((tmp.path() / shard.file).string());
+    for (std::size_t i : shard.tensors) {
+      writer.add(tensors[i].name, tensors[i].dtype, tensors[i].shape);
+      weight_map[tensors[i].name] = shard.file;
+    }
+    writer.set_metadata(metadata);
+    writer.begin();
+    for (std::size_t i : shard.tensors) {
+      const SynthTensor& t = tensors[i];
+      std::uint64_t esize = dtype_size(t.dtype);
+      std::uint64_t per_block = kBlockBytes / esize;
+      std::uint64_t n = t.elements();
+      for (std::uint64_t first = 0; first < n; first += per_block) {
+        std::size_t count = static_cast<std::size_t>(std::min(per_block, n - first));
+        std::span<std::byte> bytes(block.data(), count * esize);
+        synth_encode(t.dtype, options.seed, t.name, first, bytes);
+        writer.write(bytes);
+      }
+    }
+    writer.finish(options.fsync ? io::SafetensorsWriter::Sync::kFsync
+                                : io::SafetensorsWriter::Sync::kNone);
+    done += shard.data_bytes;
+    if (options.progress) {
+      options.progress(done, total);
+    }
+  }
+
+  nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  write_text_file((tmp.path() / "model.safetensors.index.json").string(), index.dump(2) + "\n",
+                  options.fsync);
+  write_text_file((tmp.path() / "config.json").string(), config.dump(2) + "\n", options.fsync);
+  if (options.fsync) {
+    fsync_dir(tmp.path());
+  }
+
+  // Look again: the folder may have changed while the shards were written.
+  install(tmp, out, inspect_target(out, options.force));
+  if (options.fsync) {
+    fsync_dir(out.parent_path());
+  }
+
+  SynthResult result;
+  for (const auto& shard : plan) {
+    result.files.push_back((out / shard.file).string());
+  }
+  result.files.push_back((out / "model.safetensors.index.json").string());
+  result.files.push_back((out / "config.json").string());
+  result.total_bytes = total;
+  result.tensors = tensors.size();
+  result.shards = plan.size();
+  return result;
+}
+
+}  // namespace ferry::tools
