@@ -1,11 +1,200 @@
-// Placeholder until the verb lands.
+// `ferry inspect PATH [--load-format F] [--json] [--strict]`: which files of a
+// checkpoint are weights and why, and every tensor's dtype, shape and byte range.
+// The JSON form is a stable interface, documented in docs/inspect-json.md.
 #include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "common/dtype.hpp"
+#include "common/error.hpp"
+#include "io/discover.hpp"
+#include "io/safetensors.hpp"
 #include "tools/commands.hpp"
+#include "tools/inspect.hpp"
 
 namespace ferry::tools {
-int cmd_inspect(const Args&) {
-  std::fputs("ferry inspect: not built yet\n", stderr);
-  return 1;
+namespace {
+
+constexpr const char kUsage[] =
+    "usage: ferry inspect PATH [--load-format auto|safetensors|mistral|pt] [--json] [--strict]\n"
+    "  PATH is a checkpoint folder or one .safetensors file (inspected on its own).\n"
+    "  --json     print one JSON document (docs/inspect-json.md); logs go to stderr\n"
+    "  --strict   tensors the index does not list are an error, not a warning\n";
+
+std::string human_bytes(std::uint64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
 }
+
+std::string shape_text(const std::vector<std::uint64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    s += (i ? ", " : "") + std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+}  // namespace
+
+Inspection inspect_path(const std::string& path, const InspectOptions& options) {
+  namespace fs = std::filesystem;
+  Inspection out;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec) && fs::path(path).extension() == ".safetensors") {
+    // One file on its own: no folder index, no discovery rules.
+    fs::path p(path);
+    out.source.folder = p.has_parent_path() ? p.parent_path().string() : ".";
+    out.source.pattern = p.filename().string();
+    out.source.files.push_back({path, p.filename().string(), "inspected on its own (no index)"});
+    out.source.decisions.push_back("single file: the folder's index is not consulted");
+  } else {
+    out.source = io::resolve_source(path, options.discovery);
+  }
+  out.index = io::build_checkpoint_index(out.source, options.index);
+  return out;
+}
+
+nlohmann::json inspection_json(const Inspection& in) {
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& f : in.index.files) {
+    files.push_back(
+        {{"path", f.name}, {"bytes", f.size}, {"tensors", f.tensor_count}, {"reason", f.reason}});
+  }
+  nlohmann::json skipped = nlohmann::json::array();
+  for (const auto& s : in.source.skipped) {
+    skipped.push_back({{"path", s.name}, {"reason", s.reason}});
+  }
+  nlohmann::json warnings = nlohmann::json::array();
+  for (const auto& w : in.source.warnings) {
+    warnings.push_back(w);
+  }
+  for (const auto& w : in.index.warnings) {
+    warnings.push_back(w);
+  }
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const auto& t : in.index.tensors) {
+    tensors.push_back({{"name", t.name},
+                       {"dtype", std::string(dtype_name(t.dtype))},
+                       {"shape", t.shape},
+                       {"file", t.file},
+                       {"offset", t.offset},
+                       {"nbytes", t.nbytes}});
+  }
+  return {{"files", files},
+          {"skipped", skipped},
+          {"warnings", warnings},
+          {"tensors", tensors},
+          {"total_bytes", in.index.total_bytes}};
+}
+
+void print_inspection(const Inspection& in, std::FILE* out) {
+  const auto& src = in.source;
+  std::fprintf(out, "checkpoint: %s\n", src.folder.c_str());
+  for (const auto& d : src.decisions) {
+    std::fprintf(out, "  %s\n", d.c_str());
+  }
+  std::fprintf(out, "files (%zu):\n", in.index.files.size());
+  for (const auto& f : in.index.files) {
+    std::fprintf(out, "  %-40s %10s %6zu tensors  (%s)\n", f.name.c_str(),
+                 human_bytes(f.size).c_str(), f.tensor_count, f.reason.c_str());
+  }
+  if (!src.skipped.empty()) {
+    std::fprintf(out, "skipped (%zu):\n", src.skipped.size());
+    for (const auto& s : src.skipped) {
+      std::fprintf(out, "  %-40s (%s)\n", s.name.c_str(), s.reason.c_str());
+    }
+  }
+  std::size_t nwarn = src.warnings.size() + in.index.warnings.size();
+  if (nwarn > 0) {
+    std::fprintf(out, "warnings (%zu):\n", nwarn);
+    for (const auto& w : src.warnings) std::fprintf(out, "  %s\n", w.c_str());
+    for (const auto& w : in.index.warnings) std::fprintf(out, "  %s\n", w.c_str());
+  }
+  std::fprintf(out, "tensors (%zu):\n", in.index.tensors.size());
+  for (const auto& t : in.index.tensors) {
+    std::fprintf(out, "  %-56s %-7s %-18s %s @%llu +%llu\n", t.name.c_str(),
+                 std::string(dtype_name(t.dtype)).c_str(), shape_text(t.shape).c_str(),
+                 t.file.c_str(), static_cast<unsigned long long>(t.offset),
+                 static_cast<unsigned long long>(t.nbytes));
+  }
+  std::fprintf(out, "total: %zu tensors, %s of tensor data (%llu bytes) in %zu files\n",
+               in.index.tensors.size(), human_bytes(in.index.total_bytes).c_str(),
+               static_cast<unsigned long long>(in.index.total_bytes), in.index.files.size());
+}
+
+int cmd_inspect(const Args& args) {
+  std::string path;
+  bool as_json = false;
+  InspectOptions options;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    std::string value;
+    auto take = [&](const std::string& flag) {
+      if (a == flag) {
+        if (i + 1 >= args.size()) {
+          throw Error(Stage::kConfig, "", "", flag + " needs a value");
+        }
+        value = args[++i];
+        return true;
+      }
+      if (a.rfind(flag + "=", 0) == 0) {
+        value = a.substr(flag.size() + 1);
+        return true;
+      }
+      return false;
+    };
+    if (a == "-h" || a == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (a == "--json") {
+      as_json = true;
+    } else if (a == "--strict") {
+      options.index.strict = true;
+    } else if (take("--load-format")) {
+      auto f = io::parse_load_format(value);
+      if (!f) {
+        std::fprintf(stderr, "ferry inspect: unknown load format '%s'\n%s", value.c_str(), kUsage);
+        return 2;
+      }
+      options.discovery.format = *f;
+    } else if (!a.empty() && a[0] == '-') {
+      std::fprintf(stderr, "ferry inspect: unknown option '%s'\n%s", a.c_str(), kUsage);
+      return 2;
+    } else if (path.empty()) {
+      path = a;
+    } else {
+      std::fprintf(stderr, "ferry inspect: more than one PATH given\n%s", kUsage);
+      return 2;
+    }
+  }
+  if (path.empty()) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  Inspection in;
+  try {
+    in = inspect_path(path, options);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry inspect: %s: error: %s\n", path.c_str(), e.what());
+    return 1;
+  }
+  if (as_json) {
+    std::cout << inspection_json(in).dump(2) << "\n";
+  } else {
+    print_inspection(in, stdout);
+  }
+  return 0;
+}
+
 }  // namespace ferry::tools
