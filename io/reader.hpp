@@ -49,7 +49,10 @@ struct Completion {
 
 // Counters every reader keeps; readers only add to them.
 struct ReaderStats {
-  std::uint64_t bytes_requested = 0;  // bytes asked of the kernel, alignment included
+  // Bytes asked of the kernel, summed over system reads: O_DIRECT widening is
+  // included, and a resubmitted remainder (after a short read, EAGAIN or EINTR)
+  // counts again at its own length, so retries make this exceed the bytes delivered.
+  std::uint64_t bytes_requested = 0;
   std::uint64_t reads_issued = 0;     // system reads / SQEs submitted
   std::uint64_t short_reads = 0;      // reads that returned fewer bytes than asked
   std::uint64_t retries = 0;          // EINTR / EAGAIN retries
@@ -60,7 +63,7 @@ enum class Engine { kUring, kPread, kMmap };
 struct ReaderOptions {
   Engine engine = Engine::kUring;               // io_uring, falling back to pread
   unsigned queue_depth = 16;                    // reads in flight (uring)
-  std::size_t chunk_bytes = 4u << 20;           // largest single read
+  std::size_t chunk_bytes = 4u << 20;           // largest single read (O_DIRECT: whole blocks)
   bool register_buffers = false;                // io_uring fixed buffers for bounce memory
   std::shared_ptr<FaultInjector> faults;        // tests only: perturbs system read results
 };
@@ -83,7 +86,9 @@ class Reader {
 };
 
 // Creates the reader `options.engine` asks for. kUring probes io_uring once per
-// process; when unavailable it logs the reason and returns a pread reader.
+// process; when unavailable it logs the reason and returns a pread reader. Every
+// factory throws ferry::Error(Stage::kConfig) when chunk_bytes is 0 or queue_depth
+// is outside 1..32768.
 std::unique_ptr<Reader> make_reader(const ReaderOptions& options);
 std::unique_ptr<Reader> make_pread_reader(const ReaderOptions& options);
 // Returns nullptr (and the reason) when io_uring cannot be set up here.
@@ -91,9 +96,13 @@ std::unique_ptr<Reader> make_uring_reader(const ReaderOptions& options, std::str
 std::unique_ptr<Reader> make_mmap_reader(const ReaderOptions& options);
 
 // Whether io_uring works in this process (probed once, cached); `why` gets the reason.
+// FERRY_DISABLE_URING=1 in the environment makes it report unavailable, so the
+// pread fallback can be exercised on machines that have io_uring.
 bool uring_available(std::string* why = nullptr);
 
 // Submits every op, waits for all, and rethrows the first error (after draining).
+// "First" is by position in `ops`; tags are ignored. The reader must have no other
+// outstanding ops (std::logic_error otherwise).
 void read_all(Reader& reader, std::span<const ReadOp> ops);
 
 }  // namespace ferry::io

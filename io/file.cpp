@@ -1,0 +1,93 @@
+// File: the open descriptor of a weight file, its size and its display name.
+#include "io/file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+
+namespace ferry::io {
+
+File File::open(const std::string& path, bool direct, std::string display) {
+  if (display.empty()) {
+    display = path;
+  }
+  int flags = O_RDONLY | O_CLOEXEC;
+  if (direct) {
+    flags |= O_DIRECT;
+  }
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0) {
+    const int err = errno;
+    // tmpfs and some network file systems refuse O_DIRECT with EINVAL: say so.
+    throw_errno(Stage::kRead, display,
+                direct && err == EINVAL ? "open: O_DIRECT refused by the file system" : "open",
+                err);
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw_errno(Stage::kRead, display, "fstat", err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(
+        Stage::kRead, display, "",
+        S_ISDIR(st.st_mode) ? "open: is a directory, not a file" : "open: not a regular file");
+  }
+  File file;
+  file.fd_ = fd;
+  file.size_ = static_cast<std::uint64_t>(st.st_size);
+  file.direct_ = direct;
+  file.path_ = path;
+  file.display_ = std::move(display);
+  return file;
+}
+
+File::File(File&& other) noexcept
+    : fd_(std::exchange(other.fd_, -1)),
+      size_(std::exchange(other.size_, 0)),
+      direct_(std::exchange(other.direct_, false)),
+      path_(std::move(other.path_)),
+      display_(std::move(other.display_)) {}
+
+File& File::operator=(File&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) {
+      ::close(fd_);
+    }
+    fd_ = std::exchange(other.fd_, -1);
+    size_ = std::exchange(other.size_, 0);
+    direct_ = std::exchange(other.direct_, false);
+    path_ = std::move(other.path_);
+    display_ = std::move(other.display_);
+  }
+  return *this;
+}
+
+File::~File() {
+  if (fd_ >= 0) {
+    // A read-only descriptor has nothing to flush; close errors carry no news.
+    ::close(fd_);
+  }
+}
+
+bool drop_page_cache(const File& file) {
+  // len 0 means "to the end of the file", whatever its size is now.
+  const int err = ::posix_fadvise(file.fd(), 0, 0, POSIX_FADV_DONTNEED);
+  if (err != 0) {
+    log::debug("drop_page_cache: " + file.display() +
+               ": posix_fadvise(DONTNEED): " + std::strerror(err));
+    return false;
+  }
+  return true;
+}
+
+}  // namespace ferry::io
