@@ -1,0 +1,315 @@
+// The CUDA backend of gpu::Device: cudaMalloc'd device memory, pinned host memory
+// (cudaHostAlloc / cudaHostRegister, both portable across devices), one
+// non-blocking stream per Stream object, events without timing. Every handle is
+// owned by an RAII object; every runtime call goes through FERRY_CUDA_CHECK, so an
+// error names the device and the call.
+//
+// Device selection: each thread has its own current device (0 for a new thread).
+// bind() makes this device current for the calling thread (the copy worker calls
+// it once); every other method also makes it current for its own duration and
+// restores the previous one, so that a stats query or an allocation from another
+// thread cannot land on the wrong GPU.
+//
+// Releasing never throws: failures in destructors and release functions are logged.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "common/log.hpp"
+#include "gpu/cuda/cuda_check.hpp"
+#include "gpu/cuda/cuda_kernels.hpp"
+#include "gpu/device.hpp"
+#include "gpu/device_internal.hpp"
+#include "gpu/kernels_host.hpp"
+
+namespace ferry::gpu::cuda {
+namespace {
+
+using detail::MemoryKind;
+
+struct CudaDeviceState {
+  std::string name;
+  int index = 0;
+  detail::StatsTracker stats;
+};
+
+// Makes the state's device current for a scope. Throws.
+class DeviceScope {
+ public:
+  explicit DeviceScope(const CudaDeviceState& state) {
+    FERRY_CUDA_CHECK(state.name, cudaGetDevice(&previous_));
+    if (previous_ != state.index) {
+      FERRY_CUDA_CHECK(state.name, cudaSetDevice(state.index));
+      restore_ = true;
+    }
+  }
+  ~DeviceScope() {
+    if (restore_) {
+      (void)cudaSetDevice(previous_);
+    }
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+// Logs a failed call made while releasing something (destructors must not throw).
+void warn_if_failed(cudaError_t err, const char* call, const std::string& device) {
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    log::warn(device + ": " + describe(err, call, "while releasing a resource"));
+  }
+}
+
+// DeviceScope for release paths: never throws.
+class QuietDeviceScope {
+ public:
+  explicit QuietDeviceScope(const CudaDeviceState& state) {
+    if (cudaGetDevice(&previous_) == cudaSuccess && previous_ != state.index) {
+      warn_if_failed(cudaSetDevice(state.index), "cudaSetDevice", state.name);
+      restore_ = true;
+    }
+  }
+  ~QuietDeviceScope() {
+    if (restore_) {
+      (void)cudaSetDevice(previous_);
+    }
+  }
+  QuietDeviceScope(const QuietDeviceScope&) = delete;
+  QuietDeviceScope& operator=(const QuietDeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool restore_ = false;
+};
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(std::shared_ptr<CudaDeviceState> state, cudaStream_t stream)
+      : state_(std::move(state)) {
+    DeviceScope scope(*state_);
+    FERRY_CUDA_CHECK(state_->name, cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    cudaError_t err = cudaEventRecord(event_, stream);
+    if (err != cudaSuccess) {
+      (void)cudaEventDestroy(event_);
+      check(err, "cudaEventRecord", state_->name);
+    }
+    state_->stats.event_created();
+  }
+  ~CudaEvent() override {
+    QuietDeviceScope scope(*state_);
+    warn_if_failed(cudaEventDestroy(event_), "cudaEventDestroy", state_->name);
+    state_->stats.event_destroyed();
+  }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+
+  bool query() override {
+    cudaError_t err = cudaEventQuery(event_);
+    if (err == cudaErrorNotReady) {
+      return false;
+    }
+    FERRY_CUDA_CHECK(state_->name, err);
+    return true;
+  }
+
+  void synchronize() override { FERRY_CUDA_CHECK(state_->name, cudaEventSynchronize(event_)); }
+
+ private:
+  std::shared_ptr<CudaDeviceState> state_;
+  cudaEvent_t event_ = nullptr;
+};
+
+class CudaStream final : public Stream {
+ public:
+  explicit CudaStream(std::shared_ptr<CudaDeviceState> state) : state_(std::move(state)) {
+    DeviceScope scope(*state_);
+    FERRY_CUDA_CHECK(state_->name, cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    state_->stats.stream_created();
+  }
+  // Waits for queued work first: the host buffers it reads may be freed right after.
+  ~CudaStream() override {
+    QuietDeviceScope scope(*state_);
+    warn_if_failed(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", state_->name);
+    warn_if_failed(cudaStreamDestroy(stream_), "cudaStreamDestroy", state_->name);
+    state_->stats.stream_destroyed();
+  }
+  CudaStream(const CudaStream&) = delete;
+  CudaStream& operator=(const CudaStream&) = delete;
+
+  void copy_h2d(std::byte* dst, const std::byte* src_host, std::size_t bytes) override {
+    if (bytes == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    FERRY_CUDA_CHECK(state_->name,
+                     cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, stream_));
+  }
+
+  void copy_h2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src_host,
+                   std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) override {
+    const std::string& name = state_->name;
+    std::size_t span =
+        detail::pitched_span(name, "copy_h2d_2d", "destination", dst_pitch, width_bytes, rows);
+    detail::pitched_span(name, "copy_h2d_2d", "source", src_pitch, width_bytes, rows);
+    if (span == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    FERRY_CUDA_CHECK(name, cudaMemcpy2DAsync(dst, dst_pitch, src_host, src_pitch, width_bytes, rows,
+                                             cudaMemcpyHostToDevice, stream_));
+  }
+
+  void copy_d2h(std::byte* dst_host, const std::byte* src, std::size_t bytes) override {
+    if (bytes == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    FERRY_CUDA_CHECK(state_->name,
+                     cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  }
+
+  void fill(std::byte* dst, std::size_t count, DType dtype, double value) override {
+    std::size_t bytes = detail::check_fill(state_->name, dtype, count);
+    if (bytes == 0) {
+      return;
+    }
+    // The value is converted on the host by the host twin, so both backends store
+    // the same pattern; the kernel only replicates it.
+    std::uint64_t pattern = host::fill_pattern(dtype, value);
+    DeviceScope scope(*state_);
+    check(launch_fill(dst, count, dtype_size(dtype), pattern, stream_), "fill kernel launch",
+          state_->name,
+          std::string(dtype_name(dtype)) + ", " + std::to_string(count) + " elements");
+  }
+
+  void zero(std::byte* dst, std::size_t bytes) override {
+    if (bytes == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    FERRY_CUDA_CHECK(state_->name, cudaMemsetAsync(dst, 0, bytes, stream_));
+  }
+
+  void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
+            std::size_t count) override {
+    detail::CastBytes bytes =
+        detail::check_cast(state_->name, dst, dst_dtype, src, src_dtype, count);
+    if (count == 0 || (dst_dtype == src_dtype && dst == src)) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    if (dst_dtype == src_dtype) {
+      FERRY_CUDA_CHECK(state_->name,
+                       cudaMemcpyAsync(dst, src, bytes.dst, cudaMemcpyDeviceToDevice, stream_));
+      return;
+    }
+    check(launch_cast(dst, dst_dtype, src, src_dtype, count, stream_), "cast kernel launch",
+          state_->name,
+          std::string(dtype_name(src_dtype)) + " -> " + std::string(dtype_name(dst_dtype)) + ", " +
+              std::to_string(count) + " elements");
+  }
+
+  std::unique_ptr<Event> record() override { return std::make_unique<CudaEvent>(state_, stream_); }
+
+  void synchronize() override { FERRY_CUDA_CHECK(state_->name, cudaStreamSynchronize(stream_)); }
+
+ private:
+  std::shared_ptr<CudaDeviceState> state_;
+  cudaStream_t stream_ = nullptr;
+};
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(std::shared_ptr<CudaDeviceState> state) : state_(std::move(state)) {}
+
+  std::string name() const override { return state_->name; }
+
+  void bind() override { FERRY_CUDA_CHECK(state_->name, cudaSetDevice(state_->index)); }
+
+  DeviceAllocation allocate(std::size_t bytes) override {
+    if (bytes == 0) {
+      return {};
+    }
+    DeviceScope scope(*state_);
+    void* p = nullptr;
+    cudaError_t err = cudaMalloc(&p, bytes);
+    if (err != cudaSuccess) {
+      check(err, "cudaMalloc", state_->name,
+            std::to_string(bytes) + " bytes requested, " +
+                std::to_string(state_->stats.snapshot().device.live_bytes) +
+                " bytes held by ferry on this device");
+    }
+    state_->stats.add(MemoryKind::kDevice, bytes);
+    return DeviceAllocation(static_cast<std::byte*>(p), bytes,
+                            [state = state_](std::byte* data, std::size_t size) {
+                              QuietDeviceScope release_scope(*state);
+                              warn_if_failed(cudaFree(data), "cudaFree", state->name);
+                              state->stats.remove(MemoryKind::kDevice, size);
+                            });
+  }
+
+  PinnedAllocation allocate_pinned(std::size_t bytes) override {
+    if (bytes == 0) {
+      return {};
+    }
+    DeviceScope scope(*state_);
+    void* base = nullptr;
+    FERRY_CUDA_CHECK(state_->name, cudaHostAlloc(&base, bytes, cudaHostAllocPortable));
+    std::byte* data = static_cast<std::byte*>(base);
+    if (reinterpret_cast<std::uintptr_t>(base) % kPinnedAlignment != 0) {
+      // The runtime hands out page-aligned blocks in practice but does not promise
+      // it; over-allocate and align by hand if it ever does not.
+      warn_if_failed(cudaFreeHost(base), "cudaFreeHost", state_->name);
+      FERRY_CUDA_CHECK(state_->name,
+                       cudaHostAlloc(&base, bytes + kPinnedAlignment, cudaHostAllocPortable));
+      auto addr = reinterpret_cast<std::uintptr_t>(base);
+      data = static_cast<std::byte*>(base) +
+             (kPinnedAlignment - addr % kPinnedAlignment) % kPinnedAlignment;
+    }
+    state_->stats.add(MemoryKind::kPinned, bytes);
+    return PinnedAllocation(data, bytes, [state = state_, base](std::byte*, std::size_t size) {
+      warn_if_failed(cudaFreeHost(base), "cudaFreeHost", state->name);
+      state->stats.remove(MemoryKind::kPinned, size);
+    });
+  }
+
+  HostRegistration register_host(void* host, std::size_t bytes) override {
+    if (bytes == 0) {
+      return {};
+    }
+    DeviceScope scope(*state_);
+    FERRY_CUDA_CHECK(state_->name, cudaHostRegister(host, bytes, cudaHostRegisterPortable));
+    state_->stats.add(MemoryKind::kRegistered, bytes);
+    return HostRegistration(
+        static_cast<std::byte*>(host), bytes, [state = state_](std::byte* data, std::size_t size) {
+          warn_if_failed(cudaHostUnregister(data), "cudaHostUnregister", state->name);
+          state->stats.remove(MemoryKind::kRegistered, size);
+        });
+  }
+
+  std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(state_); }
+
+  AllocationStats stats() const override { return state_->stats.snapshot(); }
+
+ private:
+  std::shared_ptr<CudaDeviceState> state_;
+};
+
+}  // namespace
+
+// Called by make_cuda_device (gpu/backends.cpp) after it checked the index.
+std::shared_ptr<Device> make_device(int index) {
+  auto state = std::make_shared<CudaDeviceState>();
+  state->name = "cuda:" + std::to_string(index);
+  state->index = index;
+  return std::make_shared<CudaDevice>(std::move(state));
+}
+
+}  // namespace ferry::gpu::cuda

@@ -1,0 +1,28 @@
+// Launchers for the CUDA kernels (gpu/cuda/cuda_kernels.cu). Each returns the
+// launch's cudaError_t; the caller checks it with FERRY_CUDA_CHECK. Their host twins
+// are in gpu/kernels_host.hpp; gpu/cuda/kernels_emulated.hpp runs the very same
+// element code on the CPU so that it can be tested on machines without a GPU.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.hpp"
+
+namespace ferry::gpu::cuda {
+
+// Writes `count` elements of `element_size` bytes (2, 4 or 8) holding the low bytes
+// of `pattern` (computed on the host by host::fill_pattern, so both backends convert
+// the fill value with the same code). Any alignment.
+cudaError_t launch_fill(std::byte* dst, std::size_t count, std::size_t element_size,
+                        std::uint64_t pattern, cudaStream_t stream);
+
+// Elementwise cast among BF16/F16/F32 with the rules of Stream::cast. The dtypes
+// must differ and be castable (checked by the caller). Any alignment; dst == src
+// works for equal element sizes.
+cudaError_t launch_cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
+                        std::size_t count, cudaStream_t stream);
+
+}  // namespace ferry::gpu::cuda

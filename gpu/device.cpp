@@ -1,0 +1,149 @@
+// Shared parts of the device layer: dtype capabilities, allocation counters and the
+// argument checks every backend runs (see gpu/device_internal.hpp).
+#include "gpu/device.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <utility>
+
+#include "common/error.hpp"
+#include "gpu/device_internal.hpp"
+
+namespace ferry::gpu {
+
+bool castable_dtype(DType dtype) {
+  return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32;
+}
+
+bool fillable_dtype(DType dtype) {
+  return castable_dtype(dtype) || dtype == DType::kF64;
+}
+
+namespace detail {
+
+MemoryCounters& StatsTracker::counters(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::kDevice:
+      return stats_.device;
+    case MemoryKind::kPinned:
+      return stats_.pinned;
+    case MemoryKind::kRegistered:
+      break;
+  }
+  return stats_.registered;
+}
+
+void StatsTracker::add(MemoryKind kind, std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  MemoryCounters& c = counters(kind);
+  c.live_bytes += bytes;
+  c.live_count += 1;
+  c.peak_bytes = std::max(c.peak_bytes, c.live_bytes);
+  c.total_bytes += bytes;
+  c.total_count += 1;
+}
+
+void StatsTracker::remove(MemoryKind kind, std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  MemoryCounters& c = counters(kind);
+  c.live_bytes -= bytes;
+  c.live_count -= 1;
+}
+
+void StatsTracker::stream_created() {
+  std::lock_guard lock(mu_);
+  ++stats_.live_streams;
+}
+
+void StatsTracker::stream_destroyed() {
+  std::lock_guard lock(mu_);
+  --stats_.live_streams;
+}
+
+void StatsTracker::event_created() {
+  std::lock_guard lock(mu_);
+  ++stats_.live_events;
+}
+
+void StatsTracker::event_destroyed() {
+  std::lock_guard lock(mu_);
+  --stats_.live_events;
+}
+
+AllocationStats StatsTracker::snapshot() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void fail(const std::string& device, std::string rule) {
+  throw Error(Stage::kCopy, device, "", std::move(rule));
+}
+
+std::string hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return buf;
+}
+
+std::size_t checked_mul(const std::string& device, std::string_view op, std::size_t a,
+                        std::size_t b) {
+  if (a != 0 && b > std::numeric_limits<std::size_t>::max() / a) {
+    fail(device, std::string(op) + ": size overflows (" + std::to_string(a) + " x " +
+                     std::to_string(b) + ")");
+  }
+  return a * b;
+}
+
+std::size_t pitched_span(const std::string& device, std::string_view op, std::string_view which,
+                         std::size_t pitch, std::size_t width_bytes, std::size_t rows) {
+  if (width_bytes > pitch) {
+    fail(device, std::string(op) + ": " + std::string(which) + " pitch " + std::to_string(pitch) +
+                     " is smaller than the row width " + std::to_string(width_bytes));
+  }
+  if (rows == 0 || width_bytes == 0) {
+    return 0;
+  }
+  std::size_t body = checked_mul(device, op, rows - 1, pitch);
+  if (body > std::numeric_limits<std::size_t>::max() - width_bytes) {
+    fail(device, std::string(op) + ": size overflows");
+  }
+  return body + width_bytes;
+}
+
+std::size_t check_fill(const std::string& device, DType dtype, std::size_t count) {
+  if (!fillable_dtype(dtype)) {
+    fail(device, "fill: dtype " + std::string(dtype_name(dtype)) +
+                     " is not supported (BF16, F16, F32, F64 are)");
+  }
+  return checked_mul(device, "fill", count, dtype_size(dtype));
+}
+
+CastBytes check_cast(const std::string& device, const std::byte* dst, DType dst_dtype,
+                     const std::byte* src, DType src_dtype, std::size_t count) {
+  if (!castable_dtype(dst_dtype) || !castable_dtype(src_dtype)) {
+    fail(device, "cast " + std::string(dtype_name(src_dtype)) + " -> " +
+                     std::string(dtype_name(dst_dtype)) + ": only BF16, F16 and F32 are supported");
+  }
+  CastBytes bytes{checked_mul(device, "cast", count, dtype_size(dst_dtype)),
+                  checked_mul(device, "cast", count, dtype_size(src_dtype))};
+  if (count == 0) {
+    return bytes;
+  }
+  auto d = reinterpret_cast<std::uintptr_t>(dst);
+  auto s = reinterpret_cast<std::uintptr_t>(src);
+  bool in_place = dst == src && bytes.dst == bytes.src;
+  bool overlap = d < s + bytes.src && s < d + bytes.dst;
+  if (overlap && !in_place) {
+    fail(device, "cast " + std::string(dtype_name(src_dtype)) + " -> " +
+                     std::string(dtype_name(dst_dtype)) + ": source [" + hex(src) + ", +" +
+                     std::to_string(bytes.src) + ") and destination [" + hex(dst) + ", +" +
+                     std::to_string(bytes.dst) +
+                     ") overlap (only dst == src with equal element sizes may)");
+  }
+  return bytes;
+}
+
+}  // namespace detail
+}  // namespace ferry::gpu

@@ -1,0 +1,230 @@
+// The device interface every backend implements: device memory, pinned host memory,
+// a stream that copies host-to-device (1-D and pitched 2-D) and runs the few kernels
+// post-processing needs (fill, zero, dtype cast), and events that say when the work
+// queued before them is done.
+//
+// The host backend (gpu/host_device.hpp) is the reference: every operation has a
+// plain C++ definition there, and the CUDA backend must produce the same bytes.
+//
+// Errors: every failure throws ferry::Error with Stage::kCopy, the device's name in
+// the `file` slot ("host:0", "cuda:1") and a rule that names the failing operation
+// or runtime call, e.g. "cudaMemcpyAsync: invalid argument (cudaErrorInvalidValue,
+// code 1)".
+//
+// Threading: a Device may be used from any thread (allocation, stats, streams are
+// created under its own locks). A Stream is used by one thread at a time (its copy
+// worker); an Event may be queried and waited on from any thread.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/dtype.hpp"
+
+namespace ferry::gpu {
+
+// Alignment every backend guarantees: device allocations start on a 256-byte
+// boundary (as cudaMalloc does); pinned host allocations on a 4096-byte boundary so
+// that O_DIRECT reads can land in them.
+inline constexpr std::size_t kDeviceAlignment = 256;
+inline constexpr std::size_t kPinnedAlignment = 4096;
+
+// Counters for one kind of memory. `live_*` go back to 0 when everything was
+// released; `peak_bytes` is the high-water mark of live_bytes; `total_*` only grow.
+struct MemoryCounters {
+  std::size_t live_bytes = 0;
+  std::size_t live_count = 0;
+  std::size_t peak_bytes = 0;
+  std::size_t total_bytes = 0;
+  std::size_t total_count = 0;
+};
+
+// What a device has handed out and not yet taken back. Tests use all_released() to
+// prove that a failed or cancelled load gave everything back.
+struct AllocationStats {
+  MemoryCounters device;      // allocate()
+  MemoryCounters pinned;      // allocate_pinned()
+  MemoryCounters registered;  // register_host()
+  std::size_t live_streams = 0;
+  std::size_t live_events = 0;
+
+  bool all_released() const {
+    return device.live_count == 0 && pinned.live_count == 0 && registered.live_count == 0 &&
+           live_streams == 0 && live_events == 0;
+  }
+};
+
+// A move-only handle that owns a block of memory and gives it back when it dies.
+// DeviceAllocation, PinnedAllocation and HostRegistration are the three flavours;
+// the Tag keeps a device pointer from being passed where a host one is expected.
+// A default-constructed or moved-from handle is empty (data() == nullptr, size() == 0).
+// The handle keeps its device's state alive, so it may outlive the Device object.
+template <class Tag>
+class OwnedMemory {
+ public:
+  // Called exactly once with (data, size) when a non-empty handle is destroyed or
+  // reset. Must not throw (backends log failures instead).
+  using Release = std::function<void(std::byte*, std::size_t)>;
+
+  OwnedMemory() = default;
+  OwnedMemory(std::byte* data, std::size_t size, Release release)
+      : data_(data), size_(size), release_(std::move(release)) {}
+  ~OwnedMemory() { reset(); }
+
+  OwnedMemory(OwnedMemory&& other) noexcept
+      : data_(other.data_), size_(other.size_), release_(std::move(other.release_)) {
+    other.data_ = nullptr;
+    other.size_ = 0;
+    other.release_ = nullptr;
+  }
+  OwnedMemory& operator=(OwnedMemory&& other) noexcept {
+    if (this != &other) {
+      reset();
+      data_ = other.data_;
+      size_ = other.size_;
+      release_ = std::move(other.release_);
+      other.data_ = nullptr;
+      other.size_ = 0;
+      other.release_ = nullptr;
+    }
+    return *this;
+  }
+  OwnedMemory(const OwnedMemory&) = delete;
+  OwnedMemory& operator=(const OwnedMemory&) = delete;
+
+  std::byte* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  bool empty() const { return data_ == nullptr; }
+  explicit operator bool() const { return data_ != nullptr; }
+
+  // Gives the memory back now; the handle becomes empty.
+  void reset() noexcept {
+    if (release_) {
+      Release release = std::move(release_);
+      release_ = nullptr;
+      release(data_, size_);
+    }
+    data_ = nullptr;
+    size_ = 0;
+  }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  Release release_;
+};
+
+struct DeviceMemoryTag;
+struct PinnedMemoryTag;
+struct HostRegistrationTag;
+
+// Device memory: data() is a device pointer (on the host backend, host memory that
+// only this device's streams may touch).
+using DeviceAllocation = OwnedMemory<DeviceMemoryTag>;
+// Page-locked host memory, kPinnedAlignment-aligned, directly readable and writable
+// by the host.
+using PinnedAllocation = OwnedMemory<PinnedMemoryTag>;
+// An existing host buffer pinned for fast transfers; destroying it unpins (does not
+// free) the buffer. data() is the caller's pointer.
+using HostRegistration = OwnedMemory<HostRegistrationTag>;
+
+// Marks a point in a stream. Destroying an Event that is not complete is allowed.
+class Event {
+ public:
+  virtual ~Event() = default;
+  // True once every operation queued on the stream before record() has finished.
+  virtual bool query() = 0;
+  // Blocks until query() would return true.
+  virtual void synchronize() = 0;
+};
+
+// An ordered queue of operations on one device. Operations may run asynchronously:
+// host buffers passed to a copy must stay valid and unchanged until an event
+// recorded after the copy completes (or synchronize() returns); pinned memory lets
+// the CUDA backend copy without staging it again.
+//
+// Pointer arguments named dst/src without "host" are device pointers and must lie
+// inside live allocations of this stream's device (the host backend checks this
+// and throws; CUDA may fault). Zero-sized operations do nothing.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+
+  // Host-to-device copy of `bytes` bytes.
+  virtual void copy_h2d(std::byte* dst, const std::byte* src_host, std::size_t bytes) = 0;
+
+  // Copies `rows` rows of `width_bytes` bytes each; row r goes from
+  // src_host + r*src_pitch to dst + r*dst_pitch. Bytes between rows are left as they
+  // were. Both pitches must be >= width_bytes.
+  virtual void copy_h2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src_host,
+                           std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) = 0;
+
+  // Device-to-host copy, for dumps and verification (not throttled, not fast-path).
+  // Asynchronous like the rest: read dst_host after synchronize() or an event.
+  virtual void copy_d2h(std::byte* dst_host, const std::byte* src, std::size_t bytes) = 0;
+
+  // Writes `count` elements of `dtype` holding `value`. The value is rounded to F32
+  // first and then to the element type (round-to-nearest-even, as PyTorch's
+  // torch.full does), except F64, which stores the double as is. Supported dtypes:
+  // BF16, F16, F32, F64; others throw. dst needs no particular alignment.
+  virtual void fill(std::byte* dst, std::size_t count, DType dtype, double value) = 0;
+
+  // Sets `bytes` bytes to zero.
+  virtual void zero(std::byte* dst, std::size_t bytes) = 0;
+
+  // Converts `count` elements between BF16, F16 and F32 (any pair), device to device.
+  // Rounding is to nearest, ties to even; subnormals are kept (no flush to zero);
+  // values beyond the target's range become infinity. A NaN input becomes the
+  // canonical quiet NaN of the target type with the input's sign (0x7FC0 BF16,
+  // 0x7E00 F16, 0x7FC00000 F32, sign bit added), so that all backends agree on the
+  // bytes. Same dtype on both sides is a plain copy (NaN payloads kept). Other
+  // dtypes throw. The ranges must not overlap, except dst == src with equal element
+  // sizes (in place). No alignment needed.
+  virtual void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
+                    std::size_t count) = 0;
+
+  // An event that completes when everything queued so far has finished.
+  virtual std::unique_ptr<Event> record() = 0;
+
+  // Blocks until everything queued so far has finished.
+  virtual void synchronize() = 0;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  // "host:0", "cuda:1": used in every error message.
+  virtual std::string name() const = 0;
+
+  // Called once by each thread that will drive this device (the copy worker, on its
+  // own thread, before anything else). CUDA: cudaSetDevice. Host: nothing. Other
+  // methods also work from an unbound thread; bind() saves them a device switch.
+  virtual void bind() = 0;
+
+  // `bytes` bytes of device memory, kDeviceAlignment-aligned, contents undefined.
+  // bytes == 0 gives an empty handle and counts nothing. Throws when out of memory.
+  virtual DeviceAllocation allocate(std::size_t bytes) = 0;
+
+  // `bytes` bytes of page-locked host memory, kPinnedAlignment-aligned.
+  // bytes == 0 gives an empty handle.
+  virtual PinnedAllocation allocate_pinned(std::size_t bytes) = 0;
+
+  // Pins an existing host buffer (for example a staging pool's) until the handle
+  // dies. The buffer must outlive the handle. bytes == 0 gives an empty handle.
+  virtual HostRegistration register_host(void* host, std::size_t bytes) = 0;
+
+  virtual std::unique_ptr<Stream> create_stream() = 0;
+
+  // A snapshot of the allocation counters.
+  virtual AllocationStats stats() const = 0;
+};
+
+// True for the element types cast() converts: BF16, F16, F32.
+bool castable_dtype(DType dtype);
+// True for the element types fill() writes: BF16, F16, F32, F64.
+bool fillable_dtype(DType dtype);
+
+}  // namespace ferry::gpu

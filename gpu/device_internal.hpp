@@ -1,0 +1,62 @@
+// Pieces the backends share and the pipeline does not need: the allocation
+// counters behind Device::stats(), and the argument checks every Stream runs before
+// it touches memory, so that all backends reject the same calls with the same words.
+#pragma once
+
+#include <cstddef>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "common/dtype.hpp"
+#include "gpu/device.hpp"
+
+namespace ferry::gpu::detail {
+
+enum class MemoryKind { kDevice, kPinned, kRegistered };
+
+// Thread-safe counters; one per device.
+class StatsTracker {
+ public:
+  void add(MemoryKind kind, std::size_t bytes);
+  void remove(MemoryKind kind, std::size_t bytes);
+  void stream_created();
+  void stream_destroyed();
+  void event_created();
+  void event_destroyed();
+  AllocationStats snapshot() const;
+
+ private:
+  MemoryCounters& counters(MemoryKind kind);
+
+  mutable std::mutex mu_;
+  AllocationStats stats_;
+};
+
+// Throws ferry::Error(Stage::kCopy, device, "", rule).
+[[noreturn]] void fail(const std::string& device, std::string rule);
+
+// "0x7f...": for messages.
+std::string hex(const void* p);
+
+// a * b, or fail() with "<op>: size overflows".
+std::size_t checked_mul(const std::string& device, std::string_view op, std::size_t a,
+                        std::size_t b);
+
+// Bytes a pitched region covers: (rows - 1) * pitch + width_bytes (0 if empty).
+// Fails when width_bytes > pitch or the size overflows.
+std::size_t pitched_span(const std::string& device, std::string_view op, std::string_view which,
+                         std::size_t pitch, std::size_t width_bytes, std::size_t rows);
+
+// Checks a fill() call; returns the bytes it writes.
+std::size_t check_fill(const std::string& device, DType dtype, std::size_t count);
+
+struct CastBytes {
+  std::size_t dst = 0;
+  std::size_t src = 0;
+};
+// Checks a cast() call (dtypes, sizes, overlap); returns the bytes read and written.
+CastBytes check_cast(const std::string& device, const std::byte* dst, DType dst_dtype,
+                     const std::byte* src, DType src_dtype, std::size_t count);
+
+}  // namespace ferry::gpu::detail

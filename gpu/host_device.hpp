@@ -1,0 +1,40 @@
+// The host backend: emulated devices whose memory is host RAM and whose copies are
+// memcpy run on the calling thread (the copy worker's). It is the reference every
+// other backend is compared with, and the backend every test runs on.
+//
+// Beyond what a GPU does, it checks: every device pointer a stream is given must
+// lie inside a live allocation of that device (else ferry::Error), so a pipeline
+// bug that would silently corrupt GPU memory fails loudly here. Optional: a capacity
+// (allocation beyond it fails like out-of-memory), a bandwidth cap that makes
+// host-to-device copies no faster than a link of that speed, and poisoning of new
+// allocations so that bytes a load never wrote are visible.
+//
+// All work is synchronous: an event is complete when record() returns.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "gpu/device.hpp"
+
+namespace ferry::gpu {
+
+struct HostDeviceOptions {
+  // Emulated host-to-device link in GB/s (1e9 bytes/s), shared by all streams of
+  // the device; 0 = as fast as memcpy. Device-to-host copies are not capped.
+  double bandwidth_gbps = 0;
+  // Device memory the emulated device has; 0 = unlimited. An allocation that would
+  // take the live total past it throws, like cudaMalloc running out of memory.
+  std::size_t capacity_bytes = 0;
+  // Fill each new device allocation with kPoisonByte (cudaMalloc gives garbage;
+  // fresh host pages would read as zeros and hide missing writes).
+  bool poison_allocations = false;
+};
+
+inline constexpr std::byte kPoisonByte{0xA5};
+
+// Emulated device "host:<index>". Throws ferry::Error (Stage::kConfig) for a
+// negative index or a bandwidth that is negative, infinite or NaN.
+std::shared_ptr<Device> make_host_device(int index, const HostDeviceOptions& options = {});
+
+}  // namespace ferry::gpu

@@ -1,0 +1,211 @@
+#include "gpu/kernels_host.hpp"
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "common/error.hpp"
+
+namespace ferry::gpu::host {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "fill patterns and element loads assume a little-endian host");
+
+bool f32_is_nan(std::uint32_t bits) {
+  return (bits & 0x7FFFFFFFu) > 0x7F800000u;
+}
+
+// Rounds `value >> shift` to nearest, ties to even (shift >= 1).
+std::uint32_t shift_right_rne(std::uint32_t value, unsigned shift) {
+  std::uint32_t quotient = value >> shift;
+  std::uint32_t remainder = value & ((1u << shift) - 1u);
+  std::uint32_t half = 1u << (shift - 1u);
+  if (remainder > half || (remainder == half && (quotient & 1u) != 0)) {
+    ++quotient;
+  }
+  return quotient;
+}
+
+template <class T>
+T load(const std::byte* p) {
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+template <class T>
+void store(std::byte* p, T v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// Element i of a BF16/F16/F32 array, widened to F32 bits.
+std::uint32_t load_as_f32(const std::byte* base, std::size_t i, DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return bf16_to_f32(load<std::uint16_t>(base + 2 * i));
+    case DType::kF16:
+      return f16_to_f32(load<std::uint16_t>(base + 2 * i));
+    default:
+      return load<std::uint32_t>(base + 4 * i);
+  }
+}
+
+void store_from_f32(std::byte* base, std::size_t i, DType dtype, std::uint32_t f32_bits) {
+  switch (dtype) {
+    case DType::kBF16:
+      store(base + 2 * i, f32_to_bf16(f32_bits));
+      break;
+    case DType::kF16:
+      store(base + 2 * i, f32_to_f16(f32_bits));
+      break;
+    default:
+      store(base + 4 * i,
+            f32_is_nan(f32_bits) ? (f32_bits & 0x80000000u) | kF32CanonicalNaN : f32_bits);
+  }
+}
+
+// double -> float, rounding to nearest even, finite values past the float range
+// included (a plain cast of those is undefined behaviour in C++).
+float double_to_float(double value) {
+  constexpr double kRoundsToInfinity = 0x1.ffffffp+127;  // FLT_MAX + half an ulp: tie to inf
+  constexpr float kMax = std::numeric_limits<float>::max();
+  if (std::isfinite(value) && std::fabs(value) >= kRoundsToInfinity) {
+    constexpr float kInf = std::numeric_limits<float>::infinity();
+    return value < 0 ? -kInf : kInf;
+  }
+  if (std::isfinite(value) && std::fabs(value) > kMax) {
+    return value < 0 ? -kMax : kMax;
+  }
+  return static_cast<float>(value);
+}
+
+bool castable(DType d) {
+  return d == DType::kBF16 || d == DType::kF16 || d == DType::kF32;
+}
+
+}  // namespace
+
+std::uint16_t f32_to_bf16(std::uint32_t bits) {
+  auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  if (f32_is_nan(bits)) {
+    return sign | kBF16CanonicalNaN;
+  }
+  // Adding 0x7FFF plus the lowest kept bit rounds ties to even; a carry out of the
+  // mantissa bumps the exponent, which is also right for the largest finite values
+  // (they become infinity) and for subnormals (BF16 shares F32's exponent range).
+  std::uint32_t rounded = bits + 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<std::uint16_t>(rounded >> 16);
+}
+
+std::uint32_t bf16_to_f32(std::uint16_t bits) {
+  if ((bits & 0x7FFFu) > 0x7F80u) {
+    return (static_cast<std::uint32_t>(bits & 0x8000u) << 16) | kF32CanonicalNaN;
+  }
+  return static_cast<std::uint32_t>(bits) << 16;
+}
+
+std::uint16_t f32_to_f16(std::uint32_t bits) {
+  auto sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  std::uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude > 0x7F800000u) {
+    return sign | kF16CanonicalNaN;
+  }
+  // 65520 (0x477FF000) is halfway between the largest F16 (65504) and 2^16; the tie
+  // goes to the even neighbour, which is infinity. Infinity itself lands here too.
+  if (magnitude >= 0x477FF000u) {
+    return sign | 0x7C00u;
+  }
+  if (magnitude < 0x38800000u) {  // below 2^-14: an F16 subnormal or zero
+    // 2^-25 is halfway between 0 and the smallest subnormal 2^-24: ties to 0.
+    if (magnitude <= 0x33000000u) {
+      return sign;
+    }
+    // value = mantissa * 2^(exponent - 150); in units of 2^-24 that is
+    // mantissa >> (126 - exponent), with exponent in [102, 112].
+    std::uint32_t exponent = magnitude >> 23;
+    std::uint32_t mantissa = (magnitude & 0x7FFFFFu) | 0x800000u;
+    // May round up to 0x400, which is the encoding of the smallest normal: correct.
+    return sign | static_cast<std::uint16_t>(shift_right_rne(mantissa, 126u - exponent));
+  }
+  // Normal: rebias the exponent (127 -> 15) and drop 13 mantissa bits. A carry from
+  // rounding moves into the exponent; the overflow test above keeps it finite.
+  std::uint32_t rebiased = magnitude - 0x38000000u;
+  return sign | static_cast<std::uint16_t>(shift_right_rne(rebiased, 13));
+}
+
+std::uint32_t f16_to_f32(std::uint16_t bits) {
+  std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
+  std::uint32_t exponent = (bits >> 10) & 0x1Fu;
+  std::uint32_t mantissa = bits & 0x3FFu;
+  if (exponent == 0x1F) {
+    return mantissa == 0 ? (sign | 0x7F800000u) : (sign | kF32CanonicalNaN);
+  }
+  if (exponent == 0) {
+    if (mantissa == 0) {
+      return sign;
+    }
+    // Subnormal mantissa * 2^-24: normalise so the leading 1 sits at bit 10.
+    int e = -14;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --e;
+    }
+    mantissa &= 0x3FFu;
+    return sign | (static_cast<std::uint32_t>(e + 127) << 23) | (mantissa << 13);
+  }
+  return sign | ((exponent + 112u) << 23) | (mantissa << 13);
+}
+
+std::uint64_t fill_pattern(DType dtype, double value) {
+  if (dtype == DType::kF64) {
+    return std::bit_cast<std::uint64_t>(value);
+  }
+  auto f32 = std::bit_cast<std::uint32_t>(double_to_float(value));
+  switch (dtype) {
+    case DType::kF32:
+      return f32_is_nan(f32) ? ((f32 & 0x80000000u) | kF32CanonicalNaN) : f32;
+    case DType::kBF16:
+      return f32_to_bf16(f32);
+    case DType::kF16:
+      return f32_to_f16(f32);
+    default:
+      throw Error(Stage::kCopy, "", "",
+                  "fill: dtype " + std::string(dtype_name(dtype)) +
+                      " is not supported (BF16, F16, F32, F64 are)");
+  }
+}
+
+void fill(std::byte* dst, std::size_t count, DType dtype, double value) {
+  std::uint64_t pattern = fill_pattern(dtype, value);
+  std::size_t size = dtype_size(dtype);
+  std::byte element[8];
+  std::memcpy(element, &pattern, size);  // little-endian: the low bytes are the element
+  for (std::size_t i = 0; i < count; ++i) {
+    std::memcpy(dst + i * size, element, size);
+  }
+}
+
+void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
+          std::size_t count) {
+  if (!castable(dst_dtype) || !castable(src_dtype)) {
+    throw Error(Stage::kCopy, "", "",
+                "cast " + std::string(dtype_name(src_dtype)) + " -> " +
+                    std::string(dtype_name(dst_dtype)) + ": only BF16, F16 and F32 are supported");
+  }
+  if (dst_dtype == src_dtype) {
+    if (count != 0 && dst != src) {
+      std::memmove(dst, src, count * dtype_size(dst_dtype));
+    }
+    return;
+  }
+  // Every F16 and BF16 value is exact in F32, so going through F32 rounds once.
+  // Forward order keeps dst == src correct for equal element sizes (BF16 <-> F16).
+  for (std::size_t i = 0; i < count; ++i) {
+    store_from_f32(dst, i, dst_dtype, load_as_f32(src, i, src_dtype));
+  }
+}
+
+}  // namespace ferry::gpu::host

@@ -1,0 +1,42 @@
+// Host twins of the device kernels: scalar conversions between F32, F16 and BF16,
+// and the fill and cast loops built on them. These define what every backend must
+// produce bit for bit (the host backend runs them directly; the CUDA kernels are
+// compared against them by the self-test).
+//
+// Rules (see Stream::cast in gpu/device.hpp): round to nearest, ties to even;
+// subnormals are converted exactly, never flushed; overflow goes to infinity; a NaN
+// becomes the canonical quiet NaN of the target type, keeping the sign.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.hpp"
+
+namespace ferry::gpu::host {
+
+inline constexpr std::uint16_t kBF16CanonicalNaN = 0x7FC0;
+inline constexpr std::uint16_t kF16CanonicalNaN = 0x7E00;
+inline constexpr std::uint32_t kF32CanonicalNaN = 0x7FC00000;
+
+// Conversions on bit patterns (the formats' own bits, no host float16 type needed).
+std::uint16_t f32_to_bf16(std::uint32_t f32_bits);
+std::uint32_t bf16_to_f32(std::uint16_t bf16_bits);
+std::uint16_t f32_to_f16(std::uint32_t f32_bits);
+std::uint32_t f16_to_f32(std::uint16_t f16_bits);
+
+// The element pattern fill() writes for `value` (see Stream::fill): the low
+// dtype_size(dtype) bytes of the result, in the machine's byte order. Throws
+// ferry::Error for dtypes fill() does not support.
+std::uint64_t fill_pattern(DType dtype, double value);
+
+// Writes `count` copies of fill_pattern(dtype, value) to dst (any alignment).
+void fill(std::byte* dst, std::size_t count, DType dtype, double value);
+
+// Converts `count` elements (any alignment); same dtype is a memmove. Throws
+// ferry::Error for dtypes outside BF16/F16/F32. `dst == src` works when both
+// element sizes are equal; other overlaps are the caller's business.
+void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
+          std::size_t count);
+
+}  // namespace ferry::gpu::host

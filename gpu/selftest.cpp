@@ -1,0 +1,409 @@
+#include "gpu/selftest.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <utility>
+
+namespace ferry::gpu {
+namespace {
+
+constexpr std::size_t kGuard = 64;         // untouched bytes around every region
+constexpr std::size_t kEdgeCount = 65536;  // elements in a cast source (all 16-bit patterns)
+constexpr std::size_t kLargeCount = (std::size_t{1} << 21) + 7;  // past one grid of threads
+
+// Deterministic bytes (SplitMix64), so that a failure reproduces.
+class Random {
+ public:
+  explicit Random(std::uint64_t seed) : state_(seed) {}
+  std::uint64_t next() {
+    std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+
+ private:
+  std::uint64_t state_;
+};
+
+std::vector<std::byte> random_bytes(std::size_t n, std::uint64_t seed) {
+  Random random(seed);
+  std::vector<std::byte> out(n);
+  for (std::size_t i = 0; i < n; i += 8) {
+    std::uint64_t v = random.next();
+    std::memcpy(out.data() + i, &v, std::min<std::size_t>(8, n - i));
+  }
+  return out;
+}
+
+template <class T>
+void put(std::vector<std::byte>& out, std::size_t i, T v) {
+  std::memcpy(out.data() + i * sizeof v, &v, sizeof v);
+}
+
+// `count` source elements of a cast: for 16-bit types every bit pattern in turn;
+// for F32 the edge cases of all three formats, then random values concentrated
+// where F16 and BF16 rounding happens.
+std::vector<std::byte> cast_source(DType dtype, std::size_t count) {
+  std::vector<std::byte> out(count * dtype_size(dtype));
+  if (dtype != DType::kF32) {
+    for (std::size_t i = 0; i < count; ++i) {
+      put(out, i, static_cast<std::uint16_t>(i));
+    }
+    return out;
+  }
+  const std::uint32_t edges[] = {
+      0x00000000, 0x80000000,              // +-0
+      0x3F800000, 0xBF800000,              // +-1
+      0x00000001, 0x807FFFFF,              // F32 subnormals: smallest, largest (negative)
+      0x00800000, 0x7F7FFFFF, 0xFF7FFFFF,  // smallest normal, +-max
+      0x7F800000, 0xFF800000,              // +-inf
+      0x7FC00000, 0xFFC00001, 0x7F800001, 0x7FBFFFFF,  // quiet and signalling NaNs
+      0x3A83126F,                                      // 1e-3
+      0x3F808000, 0x3F818000, 0x3F808001,  // BF16 ties to even (down, up) and above a tie
+      0x7F7F8000, 0x7F7FFFFF,              // BF16: rounds to max / to inf
+      0x477FE000, 0x477FEFFF, 0x477FF000, 0x47800000,  // F16: 65504, below/at the tie to inf
+      0x38800000, 0x387FFFFF, 0x33800000, 0x33000000, 0x33000001, 0x32FFFFFF,  // F16 subnormals
+      0x3F801000, 0x3F803000, 0x3F801001,  // F16 ties to even (down, up) and above a tie
+      0x38FFE000, 0x387FF000,              // F16 subnormal rounding into the normal range
+      0x40490FDB, 0xC2F6E979,              // pi, -123.456
+  };
+  std::size_t i = 0;
+  for (std::uint32_t e : edges) {
+    if (i < count) {
+      put(out, i++, e);
+    }
+  }
+  Random random(0xF32);
+  for (; i < count; ++i) {
+    auto r = static_cast<std::uint32_t>(random.next());
+    switch (i % 4) {
+      case 0:
+        break;  // any pattern
+      case 1:   // exponent 98..145: F16 underflow, subnormal, normal, overflow
+        r = (r & 0x807FFFFFu) | ((98u + (r >> 8) % 48u) << 23);
+        break;
+      case 2:
+        r = (r & 0xFFFF0000u) | 0x8000u;
+        break;  // an exact BF16 tie
+      default:  // an exact F16 tie in F16 range
+        r = (r & 0x807FE000u) | ((103u + (r >> 8) % 40u) << 23) | 0x1000u;
+        break;
+    }
+    put(out, i, r);
+  }
+  return out;
+}
+
+// One operation sequence run on each device, on a buffer of `bytes` bytes that
+// starts out holding the same random background on both.
+struct Scenario {
+  std::string name;
+  std::size_t bytes = 0;
+  std::function<void(Device&, Stream&, std::byte* base)> run;
+};
+
+std::vector<std::byte> execute(Device& device, const Scenario& scenario,
+                               const std::vector<std::byte>& background) {
+  DeviceAllocation buffer = device.allocate(scenario.bytes);
+  std::unique_ptr<Stream> stream = device.create_stream();
+  stream->copy_h2d(buffer.data(), background.data(), scenario.bytes);
+  scenario.run(device, *stream, buffer.data());
+  std::vector<std::byte> out(scenario.bytes);
+  stream->copy_d2h(out.data(), buffer.data(), scenario.bytes);
+  stream->synchronize();
+  return out;
+}
+
+std::string hex_bytes(const std::vector<std::byte>& v, std::size_t from, std::size_t n) {
+  std::string out;
+  char buf[12];
+  for (std::size_t i = from; i < from + n && i < v.size(); ++i) {
+    std::snprintf(buf, sizeof buf, "%02x", static_cast<unsigned>(v[i]));
+    if (!out.empty()) {
+      out += ' ';
+    }
+    out += buf;
+  }
+  return out;
+}
+
+std::string compare(const std::vector<std::byte>& got, const std::vector<std::byte>& want) {
+  std::size_t differing = 0;
+  std::size_t first = got.size();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != want[i]) {
+      first = std::min(first, i);
+      ++differing;
+    }
+  }
+  if (differing == 0) {
+    return {};
+  }
+  std::size_t from = first - first % 4;
+  return std::to_string(differing) + " of " + std::to_string(got.size()) +
+         " bytes differ; first at byte " + std::to_string(first) + ": bytes " +
+         std::to_string(from) + ".. are [" + hex_bytes(got, from, 8) + "], reference [" +
+         hex_bytes(want, from, 8) + "]";
+}
+
+SelftestCheck run_check(Device& dut, Device& reference, const Scenario& scenario,
+                        std::uint64_t seed) {
+  SelftestCheck check{scenario.name, false, {}};
+  std::vector<std::byte> background = random_bytes(scenario.bytes, seed);
+  std::vector<std::byte> results[2];
+  Device* devices[2] = {&dut, &reference};
+  for (int i = 0; i < 2; ++i) {
+    try {
+      results[i] = execute(*devices[i], scenario, background);
+    } catch (const std::exception& e) {
+      check.detail = devices[i]->name() + " threw: " + e.what();
+      return check;
+    }
+  }
+  check.detail = compare(results[0], results[1]);
+  check.passed = check.detail.empty();
+  return check;
+}
+
+std::string dtype_str(DType dtype) {
+  return std::string(dtype_name(dtype));
+}
+
+void add_copy_scenarios(std::vector<Scenario>& out) {
+  {
+    std::size_t n = 100003;
+    auto src = std::make_shared<std::vector<std::byte>>(random_bytes(n, 1));
+    out.push_back({"copy_h2d", n + 2 * kGuard + 3, [src](Device&, Stream& s, std::byte* base) {
+                     s.copy_h2d(base + kGuard + 3, src->data(), src->size());
+                   }});
+  }
+  {
+    std::size_t n = (std::size_t{4} << 20) + 5;
+    auto src = std::make_shared<std::vector<std::byte>>(random_bytes(n, 2));
+    out.push_back({"copy_h2d 4 MiB", n + 2 * kGuard, [src](Device&, Stream& s, std::byte* base) {
+                     s.copy_h2d(base + kGuard, src->data(), src->size());
+                   }});
+  }
+  {
+    std::size_t n = 65536 + 17;
+    auto src = std::make_shared<std::vector<std::byte>>(random_bytes(n, 3));
+    out.push_back({"copy_h2d from pinned memory", n + 2 * kGuard,
+                   [src](Device& d, Stream& s, std::byte* base) {
+                     PinnedAllocation pinned = d.allocate_pinned(src->size());
+                     std::memcpy(pinned.data(), src->data(), src->size());
+                     s.copy_h2d(base + kGuard, pinned.data(), src->size());
+                     s.synchronize();  // before the pinned buffer goes
+                   }});
+    out.push_back({"copy_h2d from registered memory", n + 2 * kGuard,
+                   [src](Device& d, Stream& s, std::byte* base) {
+                     std::vector<std::byte> host = *src;
+                     HostRegistration pin = d.register_host(host.data(), host.size());
+                     s.copy_h2d(base + kGuard, host.data(), host.size());
+                     s.synchronize();  // before unregistering
+                   }});
+  }
+  struct Shape {
+    const char* name;
+    std::size_t dst_pitch, src_pitch, width, rows;
+  };
+  for (Shape shape : {Shape{"copy_h2d_2d odd pitches", 1031, 997, 513, 77},
+                      Shape{"copy_h2d_2d dense rows", 640, 640, 640, 33},
+                      Shape{"copy_h2d_2d one column", 4099, 7, 1, 300},
+                      Shape{"copy_h2d_2d narrow destination", 515, 4096, 515, 129}}) {
+    std::size_t src_bytes = (shape.rows - 1) * shape.src_pitch + shape.width;
+    std::size_t dst_bytes = (shape.rows - 1) * shape.dst_pitch + shape.width;
+    auto src = std::make_shared<std::vector<std::byte>>(random_bytes(src_bytes, shape.dst_pitch));
+    out.push_back(
+        {shape.name, dst_bytes + 2 * kGuard + 1, [src, shape](Device&, Stream& s, std::byte* base) {
+           s.copy_h2d_2d(base + kGuard + 1, shape.dst_pitch, src->data(), shape.src_pitch,
+                         shape.width, shape.rows);
+         }});
+  }
+  out.push_back({"zero", 20000, [](Device&, Stream& s, std::byte* base) {
+                   s.zero(base + 7, 12345);
+                   s.zero(base + 13000, 1);
+                 }});
+  {
+    std::size_t n = 300001;
+    auto src = std::make_shared<std::vector<std::byte>>(random_bytes(n, 4));
+    out.push_back({"event after copy", n + 2 * kGuard, [src](Device&, Stream& s, std::byte* base) {
+                     s.copy_h2d(base + kGuard, src->data(), src->size());
+                     std::unique_ptr<Event> event = s.record();
+                     event->synchronize();
+                     if (!event->query()) {
+                       throw std::runtime_error("Event::query() is false after synchronize()");
+                     }
+                   }});
+    out.push_back({"two streams", 2 * n + 2 * kGuard, [src](Device& d, Stream& s, std::byte* base) {
+                     // The background was written on `s`; the other stream must not
+                     // race with it.
+                     s.synchronize();
+                     std::unique_ptr<Stream> other = d.create_stream();
+                     s.copy_h2d(base + kGuard, src->data(), src->size());
+                     other->copy_h2d(base + kGuard + src->size(), src->data(), src->size());
+                     other->fill(base + kGuard + src->size(), 1000, DType::kF32, 1e-3);
+                     other->synchronize();
+                   }});
+  }
+}
+
+void add_fill_scenarios(std::vector<Scenario>& out) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> values = {1e-3,  0.0,   -0.0, 1.0,       -2.5, 65504.0, 65520.0,
+                                      1e40,  -1e40, inf,  -inf,      nan,  -nan,    1e-8,
+                                      3e-39, 1e-46, 0.1,  1.0 / 3.0, 1e300};
+  constexpr std::size_t kSegment = 999;  // elements per value: odd, so blocks end ragged
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32, DType::kF64}) {
+    std::size_t size = dtype_size(dtype);
+    for (std::size_t misalign : {std::size_t{0}, std::size_t{1}}) {
+      std::string name = "fill " + dtype_str(dtype) + (misalign ? " unaligned" : "");
+      out.push_back({name, values.size() * kSegment * size + 2 * kGuard + 1,
+                     [values, dtype, size, misalign](Device&, Stream& s, std::byte* base) {
+                       std::byte* p = base + kGuard + misalign;
+                       for (double v : values) {
+                         s.fill(p, kSegment, dtype, v);
+                         p += kSegment * size;
+                       }
+                     }});
+    }
+  }
+  out.push_back(
+      {"fill F32 large", kLargeCount * 4 + 2 * kGuard, [](Device&, Stream& s, std::byte* base) {
+         s.fill(base + kGuard, kLargeCount, DType::kF32, 1e-3);
+       }});
+}
+
+void add_cast_scenarios(std::vector<Scenario>& out) {
+  const DType types[] = {DType::kBF16, DType::kF16, DType::kF32};
+  for (DType from : types) {
+    auto src = std::make_shared<std::vector<std::byte>>(cast_source(from, kEdgeCount));
+    for (DType to : types) {
+      std::size_t src_bytes = src->size();
+      std::size_t dst_bytes = kEdgeCount * dtype_size(to);
+      for (std::size_t misalign : {std::size_t{0}, std::size_t{1}}) {
+        if (misalign != 0 && from == to) {
+          continue;  // a plain copy: alignment does not matter
+        }
+        std::string name =
+            "cast " + dtype_str(from) + " -> " + dtype_str(to) + (misalign ? " unaligned" : "");
+        // [guard][source][guard][destination][guard], both regions shifted by `misalign`.
+        std::size_t src_at = kGuard + misalign;
+        std::size_t dst_at = src_at + src_bytes + kGuard + 2 * misalign;
+        out.push_back({name, dst_at + dst_bytes + kGuard,
+                       [src, from, to, src_at, dst_at](Device&, Stream& s, std::byte* base) {
+                         s.copy_h2d(base + src_at, src->data(), src->size());
+                         s.cast(base + dst_at, to, base + src_at, from, kEdgeCount);
+                       }});
+      }
+    }
+    if (from != DType::kF32) {
+      DType to = from == DType::kBF16 ? DType::kF16 : DType::kBF16;
+      out.push_back({"cast " + dtype_str(from) + " -> " + dtype_str(to) + " in place",
+                     src->size() + 2 * kGuard,
+                     [src, from, to](Device&, Stream& s, std::byte* base) {
+                       s.copy_h2d(base + kGuard, src->data(), src->size());
+                       s.cast(base + kGuard, to, base + kGuard, from, kEdgeCount);
+                     }});
+    }
+  }
+  auto large = std::make_shared<std::vector<std::byte>>(cast_source(DType::kF32, kLargeCount));
+  out.push_back({"cast F32 -> BF16 large", large->size() + kLargeCount * 2 + 3 * kGuard,
+                 [large](Device&, Stream& s, std::byte* base) {
+                   std::byte* src = base + kGuard;
+                   std::byte* dst = src + large->size() + kGuard;
+                   s.copy_h2d(src, large->data(), large->size());
+                   s.cast(dst, DType::kBF16, src, DType::kF32, kLargeCount);
+                 }});
+}
+
+bool same_live(const AllocationStats& a, const AllocationStats& b) {
+  return a.device.live_count == b.device.live_count && a.device.live_bytes == b.device.live_bytes &&
+         a.pinned.live_count == b.pinned.live_count &&
+         a.registered.live_count == b.registered.live_count && a.live_streams == b.live_streams &&
+         a.live_events == b.live_events;
+}
+
+std::string live_summary(const AllocationStats& s) {
+  return std::to_string(s.device.live_count) + " device allocations (" +
+         std::to_string(s.device.live_bytes) + " bytes), " + std::to_string(s.pinned.live_count) +
+         " pinned, " + std::to_string(s.registered.live_count) + " registered, " +
+         std::to_string(s.live_streams) + " streams, " + std::to_string(s.live_events) + " events";
+}
+
+}  // namespace
+
+bool SelftestResult::passed() const {
+  return !checks.empty() && failures() == 0;
+}
+
+std::size_t SelftestResult::failures() const {
+  std::size_t n = 0;
+  for (const SelftestCheck& c : checks) {
+    n += c.passed ? 0 : 1;
+  }
+  return n;
+}
+
+std::string SelftestResult::report() const {
+  std::string out;
+  for (const SelftestCheck& c : checks) {
+    out += c.passed ? "PASS " : "FAIL ";
+    out += c.name;
+    if (!c.passed) {
+      out += ": " + c.detail;
+    }
+    out += '\n';
+  }
+  out += device + " vs " + reference + ": " + std::to_string(checks.size() - failures()) + "/" +
+         std::to_string(checks.size()) + " checks passed\n";
+  return out;
+}
+
+SelftestResult run_selftest(Device& dut, Device& reference) {
+  SelftestResult result;
+  result.device = dut.name();
+  result.reference = reference.name();
+  try {
+    dut.bind();
+    reference.bind();
+  } catch (const std::exception& e) {
+    result.checks.push_back({"bind", false, e.what()});
+    return result;
+  }
+  AllocationStats dut_before = dut.stats();
+  AllocationStats reference_before = reference.stats();
+
+  std::vector<Scenario> scenarios;
+  add_copy_scenarios(scenarios);
+  add_fill_scenarios(scenarios);
+  add_cast_scenarios(scenarios);
+  std::uint64_t seed = 100;
+  for (const Scenario& scenario : scenarios) {
+    result.checks.push_back(run_check(dut, reference, scenario, seed++));
+  }
+
+  SelftestCheck released{"everything released", true, {}};
+  for (auto [device, before] :
+       {std::pair<Device*, AllocationStats>{&dut, dut_before},
+        std::pair<Device*, AllocationStats>{&reference, reference_before}}) {
+    AllocationStats after = device->stats();
+    if (!same_live(before, after)) {
+      released.passed = false;
+      released.detail += device->name() + " holds " + live_summary(after) +
+                         " (before: " + live_summary(before) + ") ";
+    }
+  }
+  result.checks.push_back(std::move(released));
+  return result;
+}
+
+}  // namespace ferry::gpu

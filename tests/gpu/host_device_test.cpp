@@ -1,0 +1,360 @@
+// The host backend: allocation tracking and capacity, bounds checks, copies (1-D
+// and pitched 2-D), fill/zero/cast, events, and the bandwidth cap.
+#include "gpu/host_device.hpp"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "common/error.hpp"
+#include "gpu/kernels_host.hpp"
+#include "gpu/link_throttle.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+std::vector<std::byte> pattern(std::size_t n, unsigned seed) {
+  std::vector<std::byte> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    v[i] = static_cast<std::byte>((i * 131 + seed * 7 + (i >> 8)) & 0xFF);
+  }
+  return v;
+}
+
+// Reads a whole allocation back through the stream.
+std::vector<std::byte> read_back(Stream& s, const DeviceAllocation& a) {
+  std::vector<std::byte> out(a.size());
+  s.copy_d2h(out.data(), a.data(), a.size());
+  s.synchronize();
+  return out;
+}
+
+// Asserts that `f` throws ferry::Error naming `device`, with `words` in its rule.
+template <class F>
+void expect_error(F&& f, const std::string& device, const std::string& words,
+                  Stage stage = Stage::kCopy) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing '" << words << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.stage(), stage) << e.what();
+    EXPECT_EQ(e.file(), device) << e.what();
+    EXPECT_NE(e.rule().find(words), std::string::npos) << e.what();
+  }
+}
+
+TEST(HostDeviceTest, NameCarriesTheIndex) {
+  EXPECT_EQ(make_host_device(3)->name(), "host:3");
+  expect_error([] { make_host_device(-1); }, "host:-1", "negative", Stage::kConfig);
+  expect_error([] { make_host_device(0, {.bandwidth_gbps = -1}); }, "host:0", "bandwidth_gbps",
+               Stage::kConfig);
+  expect_error([] { make_host_device(0, {.bandwidth_gbps = std::nan("")}); }, "host:0",
+               "bandwidth_gbps", Stage::kConfig);
+}
+
+TEST(HostDeviceTest, AllocationsAreAlignedAndTracked) {
+  auto device = make_host_device(0);
+  EXPECT_TRUE(device->stats().all_released());
+  {
+    DeviceAllocation a = device->allocate(1000);
+    DeviceAllocation b = device->allocate(3000);
+    ASSERT_NE(a.data(), nullptr);
+    EXPECT_EQ(a.size(), 1000u);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(a.data()) % kDeviceAlignment, 0u);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(b.data()) % kDeviceAlignment, 0u);
+    AllocationStats s = device->stats();
+    EXPECT_EQ(s.device.live_bytes, 4000u);
+    EXPECT_EQ(s.device.live_count, 2u);
+    EXPECT_FALSE(s.all_released());
+    a.reset();
+    EXPECT_TRUE(a.empty());
+    DeviceAllocation c = device->allocate(500);
+    s = device->stats();
+    EXPECT_EQ(s.device.live_bytes, 3500u);
+    EXPECT_EQ(s.device.peak_bytes, 4000u);
+    EXPECT_EQ(s.device.total_bytes, 4500u);
+    EXPECT_EQ(s.device.total_count, 3u);
+    DeviceAllocation moved = std::move(b);  // moving does not release
+    EXPECT_EQ(device->stats().device.live_count, 2u);
+    EXPECT_EQ(moved.size(), 3000u);
+  }
+  AllocationStats s = device->stats();
+  EXPECT_EQ(s.device.live_bytes, 0u);
+  EXPECT_EQ(s.device.live_count, 0u);
+  EXPECT_EQ(s.device.peak_bytes, 4000u);
+  EXPECT_TRUE(s.all_released());
+}
+
+TEST(HostDeviceTest, ZeroBytesGiveEmptyHandlesThatCountNothing) {
+  auto device = make_host_device(0);
+  DeviceAllocation a = device->allocate(0);
+  PinnedAllocation p = device->allocate_pinned(0);
+  HostRegistration r = device->register_host(nullptr, 0);
+  EXPECT_TRUE(a.empty());
+  EXPECT_TRUE(p.empty());
+  EXPECT_TRUE(r.empty());
+  EXPECT_EQ(device->stats().device.total_count, 0u);
+  EXPECT_EQ(device->stats().pinned.total_count, 0u);
+}
+
+TEST(HostDeviceTest, CapacityIsEnforcedLikeOutOfMemory) {
+  auto device = make_host_device(2, {.capacity_bytes = 1000});
+  DeviceAllocation a = device->allocate(600);
+  expect_error([&] { device->allocate(401); }, "host:2", "out of memory");
+  expect_error([&] { device->allocate(std::numeric_limits<std::size_t>::max()); }, "host:2",
+               "capacity of 1000");
+  DeviceAllocation b = device->allocate(400);  // exactly full
+  EXPECT_EQ(device->stats().device.live_bytes, 1000u);
+  a.reset();
+  DeviceAllocation c = device->allocate(600);  // freed memory is reusable
+  EXPECT_EQ(device->stats().device.live_count, 2u);
+  EXPECT_EQ(device->stats().device.total_count, 3u);  // failed attempts count nothing
+}
+
+TEST(HostDeviceTest, PinnedMemoryIsPageAlignedWritableAndTracked) {
+  auto device = make_host_device(0);
+  PinnedAllocation p = device->allocate_pinned(10000);
+  ASSERT_NE(p.data(), nullptr);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p.data()) % kPinnedAlignment, 0u);
+  std::memset(p.data(), 0x5A, p.size());
+  EXPECT_EQ(device->stats().pinned.live_bytes, 10000u);
+  EXPECT_FALSE(device->stats().all_released());
+  p.reset();
+  EXPECT_EQ(device->stats().pinned.live_bytes, 0u);
+  EXPECT_TRUE(device->stats().all_released());
+}
+
+TEST(HostDeviceTest, RegisteringRefusesOverlapsAndIsTracked) {
+  auto device = make_host_device(0);
+  std::vector<std::byte> buffer(8192);
+  {
+    HostRegistration r = device->register_host(buffer.data() + 100, 1000);
+    EXPECT_EQ(r.data(), buffer.data() + 100);
+    EXPECT_EQ(device->stats().registered.live_bytes, 1000u);
+    expect_error([&] { device->register_host(buffer.data() + 1099, 10); }, "host:0", "overlaps");
+    expect_error([&] { device->register_host(buffer.data(), 101); }, "host:0", "overlaps");
+    HostRegistration next = device->register_host(buffer.data() + 1100, 10);  // adjacent: fine
+    HostRegistration before = device->register_host(buffer.data(), 100);
+    EXPECT_EQ(device->stats().registered.live_count, 3u);
+  }
+  EXPECT_TRUE(device->stats().all_released());
+  HostRegistration again = device->register_host(buffer.data() + 100, 1000);
+  EXPECT_EQ(device->stats().registered.live_count, 1u);
+  expect_error([&] { device->register_host(nullptr, 10); }, "host:0", "null");
+}
+
+TEST(HostDeviceTest, StreamsAndEventsAreTrackedAndEventsCompleteAtOnce) {
+  auto device = make_host_device(0);
+  auto stream = device->create_stream();
+  auto event = stream->record();
+  EXPECT_EQ(device->stats().live_streams, 1u);
+  EXPECT_EQ(device->stats().live_events, 1u);
+  EXPECT_TRUE(event->query());
+  event->synchronize();
+  event.reset();
+  stream.reset();
+  EXPECT_TRUE(device->stats().all_released());
+}
+
+TEST(HostDeviceTest, HandlesMayOutliveTheDevice) {
+  auto device = make_host_device(0);
+  DeviceAllocation a = device->allocate(64);
+  auto stream = device->create_stream();
+  device.reset();
+  std::vector<std::byte> src = pattern(64, 1);
+  stream->copy_h2d(a.data(), src.data(), 64);
+  EXPECT_EQ(read_back(*stream, a), src);
+}
+
+TEST(HostDeviceTest, PoisonMarksBytesNothingWrote) {
+  auto device = make_host_device(0, {.poison_allocations = true});
+  DeviceAllocation a = device->allocate(333);
+  auto stream = device->create_stream();
+  EXPECT_EQ(read_back(*stream, a), std::vector<std::byte>(333, kPoisonByte));
+}
+
+TEST(HostDeviceTest, CopyH2DWritesExactlyTheRange) {
+  auto device = make_host_device(0);
+  auto stream = device->create_stream();
+  DeviceAllocation a = device->allocate(1000);
+  std::vector<std::byte> background = pattern(1000, 1);
+  stream->copy_h2d(a.data(), background.data(), 1000);
+  std::vector<std::byte> src = pattern(333, 2);
+  stream->copy_h2d(a.data() + 17, src.data(), src.size());
+  stream->copy_h2d(a.data() + 999, src.data(), 0);  // nothing
+  std::vector<std::byte> want = background;
+  std::memcpy(want.data() + 17, src.data(), src.size());
+  EXPECT_EQ(read_back(*stream, a), want);
+}
+
+TEST(HostDeviceTest, DevicePointersMustLieInALiveAllocation) {
+  auto device = make_host_device(1);
+  auto stream = device->create_stream();
+  DeviceAllocation a = device->allocate(100);
+  std::vector<std::byte> host(200);
+  expect_error([&] { stream->copy_h2d(a.data() + 1, host.data(), 100); }, "host:1",
+               "not inside a live allocation");
+  expect_error([&] { stream->copy_h2d(host.data(), host.data() + 100, 10); }, "host:1",
+               "copy_h2d: destination");
+  expect_error([&] { stream->copy_d2h(host.data(), a.data() + 50, 51); }, "host:1",
+               "copy_d2h: source");
+  expect_error([&] { stream->zero(a.data() - 1, 2); }, "host:1", "zero: destination");
+  expect_error([&] { stream->fill(a.data(), 26, DType::kF32, 1.0); }, "host:1", "fill");
+  expect_error([&] { stream->cast(host.data(), DType::kF32, a.data(), DType::kF16, 4); }, "host:1",
+               "cast: destination");
+  expect_error([&] { stream->copy_h2d(a.data(), nullptr, 4); }, "host:1", "source is null");
+  // Another device's memory is not this device's.
+  auto other = make_host_device(2);
+  DeviceAllocation b = other->allocate(100);
+  expect_error([&] { stream->copy_h2d(b.data(), host.data(), 10); }, "host:1",
+               "not inside a live allocation");
+  // Nor is memory that was freed.
+  std::byte* stale = a.data();
+  a.reset();
+  expect_error([&] { stream->copy_h2d(stale, host.data(), 10); }, "host:1",
+               "not inside a live allocation");
+}
+
+TEST(HostDeviceTest, Copy2DTouchesOnlyTheRegion) {
+  auto device = make_host_device(0);
+  auto stream = device->create_stream();
+  const std::size_t dst_pitch = 37, src_pitch = 29, width = 23, rows = 11;
+  const std::size_t offset = 3;
+  DeviceAllocation a = device->allocate(offset + rows * dst_pitch + 5);
+  std::vector<std::byte> background = pattern(a.size(), 3);
+  stream->copy_h2d(a.data(), background.data(), a.size());
+  std::vector<std::byte> src = pattern((rows - 1) * src_pitch + width, 4);
+  stream->copy_h2d_2d(a.data() + offset, dst_pitch, src.data(), src_pitch, width, rows);
+  std::vector<std::byte> got = read_back(*stream, a);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    std::byte want = background[i];
+    if (i >= offset) {
+      std::size_t row = (i - offset) / dst_pitch;
+      std::size_t col = (i - offset) % dst_pitch;
+      if (row < rows && col < width) {
+        want = src[row * src_pitch + col];
+      }
+    }
+    ASSERT_EQ(got[i], want) << "byte " << i;
+  }
+}
+
+TEST(HostDeviceTest, Copy2DChecksPitchesAndBounds) {
+  auto device = make_host_device(0);
+  auto stream = device->create_stream();
+  DeviceAllocation a = device->allocate(100);
+  std::vector<std::byte> src(1000);
+  expect_error([&] { stream->copy_h2d_2d(a.data(), 8, src.data(), 16, 9, 2); }, "host:0",
+               "destination pitch 8 is smaller than the row width 9");
+  expect_error([&] { stream->copy_h2d_2d(a.data(), 16, src.data(), 8, 9, 2); }, "host:0",
+               "source pitch 8");
+  // 6 rows of pitch 20 end at 5 * 20 + 1 = 101 > 100.
+  expect_error([&] { stream->copy_h2d_2d(a.data(), 20, src.data(), 20, 1, 6); }, "host:0",
+               "not inside a live allocation");
+  expect_error(
+      [&] {
+        stream->copy_h2d_2d(a.data(), std::size_t{1} << 40, src.data(), 1, 1, std::size_t{1} << 30);
+      },
+      "host:0", "overflows");
+  stream->copy_h2d_2d(a.data(), 20, src.data(), 20, 1, 5);    // exactly fits
+  stream->copy_h2d_2d(a.data(), 20, src.data(), 20, 0, 500);  // empty: nothing, no checks
+  stream->copy_h2d_2d(a.data(), 20, src.data(), 20, 7, 0);
+}
+
+TEST(HostDeviceTest, FillZeroAndCastMatchTheHostTwins) {
+  auto device = make_host_device(0);
+  auto stream = device->create_stream();
+  DeviceAllocation a = device->allocate(4096);
+  std::vector<std::byte> want = pattern(4096, 5);
+  stream->copy_h2d(a.data(), want.data(), want.size());
+
+  stream->fill(a.data() + 1, 100, DType::kBF16, 1e-3);
+  host::fill(want.data() + 1, 100, DType::kBF16, 1e-3);
+  stream->zero(a.data() + 300, 77);
+  std::memset(want.data() + 300, 0, 77);
+  stream->fill(a.data() + 400, 10, DType::kF64, -2.5);
+  host::fill(want.data() + 400, 10, DType::kF64, -2.5);
+  stream->cast(a.data() + 1000, DType::kF32, a.data() + 1, DType::kBF16, 100);
+  host::cast(want.data() + 1000, DType::kF32, want.data() + 1, DType::kBF16, 100);
+  stream->cast(a.data() + 2000, DType::kF16, a.data() + 1000, DType::kF32, 100);
+  host::cast(want.data() + 2000, DType::kF16, want.data() + 1000, DType::kF32, 100);
+  stream->cast(a.data() + 2000, DType::kBF16, a.data() + 2000, DType::kF16, 100);  // in place
+  host::cast(want.data() + 2000, DType::kBF16, want.data() + 2000, DType::kF16, 100);
+  EXPECT_EQ(read_back(*stream, a), want);
+
+  // The F32 written above is exactly BF16 1e-3 widened.
+  std::uint32_t f32;
+  std::memcpy(&f32, want.data() + 1000, 4);
+  EXPECT_EQ(f32, 0x3A830000u);
+}
+
+TEST(HostDeviceTest, FillAndCastRejectBadArguments) {
+  auto device = make_host_device(0);
+  auto stream = device->create_stream();
+  DeviceAllocation a = device->allocate(1024);
+  expect_error([&] { stream->fill(a.data(), 4, DType::kI32, 1.0); }, "host:0",
+               "dtype I32 is not supported");
+  expect_error([&] { stream->cast(a.data(), DType::kU8, a.data() + 512, DType::kF32, 4); },
+               "host:0", "only BF16, F16 and F32");
+  // Overlapping ranges, other than exactly in place with equal sizes.
+  expect_error([&] { stream->cast(a.data(), DType::kF32, a.data(), DType::kBF16, 4); }, "host:0",
+               "overlap");
+  expect_error([&] { stream->cast(a.data() + 2, DType::kF16, a.data(), DType::kBF16, 4); },
+               "host:0", "overlap");
+  expect_error(
+      [&] {
+        stream->cast(a.data(), DType::kF32, a.data() + 512, DType::kF16,
+                     std::numeric_limits<std::size_t>::max() / 2);
+      },
+      "host:0", "overflows");
+  stream->cast(a.data(), DType::kF32, a.data() + 512, DType::kF16, 0);  // nothing
+}
+
+TEST(LinkThrottleTest, TransfersQueueOnTheLinkAtItsSpeed) {
+  using namespace std::chrono;
+  LinkThrottle link(2.0);  // 2 bytes per nanosecond
+  EXPECT_EQ(LinkThrottle::transfer_time(4096, 2.0), nanoseconds(2048));
+  EXPECT_EQ(LinkThrottle::transfer_time(3, 2.0), nanoseconds(2));  // rounded up
+  auto t0 = LinkThrottle::Clock::time_point(seconds(1000));
+  EXPECT_EQ(link.reserve(2'000'000'000, t0), t0 + seconds(1));
+  // A second transfer requested at the same time waits for the first.
+  EXPECT_EQ(link.reserve(1'000'000'000, t0), t0 + milliseconds(1500));
+  // An idle link earns no credit: a later request starts when it is made.
+  EXPECT_EQ(link.reserve(2'000, t0 + seconds(10)), t0 + seconds(10) + microseconds(1));
+  EXPECT_EQ(link.reserve(0, t0 + seconds(20)), t0 + seconds(20));
+}
+
+TEST(HostDeviceTest, CappedCopiesAreNeverFasterThanTheLink) {
+  // Lower bounds only: a throttled copy can be slow on a busy machine, never fast.
+  auto device = make_host_device(0, {.bandwidth_gbps = 1.0});
+  DeviceAllocation a = device->allocate(2 << 20);
+  std::vector<std::byte> src(1 << 20, std::byte{1});
+  auto stream = device->create_stream();
+  auto start = std::chrono::steady_clock::now();
+  stream->copy_h2d(a.data(), src.data(), src.size());
+  stream->copy_h2d_2d(a.data(), 1024, src.data(), 1024, 1024, 1024);
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(elapsed, std::chrono::nanoseconds(2 << 20));  // 2 MiB at 1 byte/ns
+
+  // Two streams on two threads share the device's link.
+  auto second = device->create_stream();
+  start = std::chrono::steady_clock::now();
+  std::thread other([&] { second->copy_h2d(a.data() + (1 << 20), src.data(), src.size()); });
+  stream->copy_h2d(a.data(), src.data(), src.size());
+  other.join();
+  elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(elapsed, std::chrono::nanoseconds(2 << 20));
+  // Device-to-host copies are not capped (no assertion on time: only that they work).
+  std::vector<std::byte> back(16);
+  stream->copy_d2h(back.data(), a.data(), 16);
+  EXPECT_EQ(back[0], std::byte{1});
+}
+
+}  // namespace
+}  // namespace ferry::gpu

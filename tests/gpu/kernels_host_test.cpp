@@ -1,0 +1,298 @@
+// The host twins of the device kernels: conversions against hand-computed bit
+// patterns, against an independent nearest-value oracle, and the fill/cast loops.
+#include "gpu/kernels_host.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/error.hpp"
+
+namespace ferry::gpu::host {
+namespace {
+
+struct Case32to16 {
+  std::uint32_t in;
+  std::uint16_t out;
+};
+
+TEST(KernelsHostTest, F32ToBF16KnownPatterns) {
+  const Case32to16 cases[] = {
+      {0x3F800000, 0x3F80},                        // 1.0
+      {0xBF800000, 0xBF80},                        // -1.0
+      {0x3A83126F, 0x3A83},                        // 1e-3 (low half 0x126F < 0x8000: rounds down)
+      {0x00000000, 0x0000}, {0x80000000, 0x8000},  // +-0
+      {0x3F808000, 0x3F80},                        // tie, lower neighbour even: down
+      {0x3F818000, 0x3F82},                        // tie, lower neighbour odd: up
+      {0x3F808001, 0x3F81},                        // just above a tie: up
+      {0x3F807FFF, 0x3F80},                        // just below a tie: down
+      {0x7F7FFFFF, 0x7F80},                        // F32 max rounds to inf
+      {0x7F7F7FFF, 0x7F7F},                        // stays at BF16 max
+      {0x7F800000, 0x7F80}, {0xFF800000, 0xFF80},  // +-inf
+      {0x00000001, 0x0000},                        // tiny subnormal rounds to 0
+      {0x00008000, 0x0000},  // tie between 0 and the smallest BF16 subnormal: even (0)
+      {0x00018000, 0x0002},  // tie, odd lower neighbour: up
+      {0x00010000, 0x0001},  // smallest BF16 subnormal, exact
+      {0x807FFFFF, 0x8080},  // largest F32 subnormal rounds up to the smallest normal
+      {0x7FC00000, 0x7FC0},  // quiet NaN
+      {0x7F800001, 0x7FC0},  // signalling NaN: canonical quiet NaN
+      {0xFFC00001, 0xFFC0},  // negative NaN keeps its sign
+      {0x7FFFFFFF, 0x7FC0},  // a NaN that a naive rounding add would wrap
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(f32_to_bf16(c.in), c.out) << std::hex << c.in;
+  }
+}
+
+TEST(KernelsHostTest, BF16ToF32IsExactAndCanonicalisesNaN) {
+  EXPECT_EQ(bf16_to_f32(0x3F80), 0x3F800000u);
+  EXPECT_EQ(bf16_to_f32(0x0001), 0x00010000u);
+  EXPECT_EQ(bf16_to_f32(0x8000), 0x80000000u);
+  EXPECT_EQ(bf16_to_f32(0x7F80), 0x7F800000u);
+  EXPECT_EQ(bf16_to_f32(0xFF80), 0xFF800000u);
+  EXPECT_EQ(bf16_to_f32(0x7FC1), 0x7FC00000u);
+  EXPECT_EQ(bf16_to_f32(0x7F81), 0x7FC00000u);
+  EXPECT_EQ(bf16_to_f32(0xFF81), 0xFFC00000u);
+}
+
+TEST(KernelsHostTest, F32ToF16KnownPatterns) {
+  const Case32to16 cases[] = {
+      {0x3F800000, 0x3C00},  // 1.0
+      {0x3A83126F, 0x1419},  // 1e-3 (0x1418 + round up: remainder 0x126F > 0x1000)
+      {0x477FE000, 0x7BFF},  // 65504, the largest F16
+      {0x477FEFFF, 0x7BFF},  // just below the tie with 2^16
+      {0x477FF000, 0x7C00},  // 65520: tie, goes to the even neighbour: inf
+      {0x47C35000, 0x7C00},  // 1e5 overflows
+      {0xC7C35000, 0xFC00},  // -1e5
+      {0x7F800000, 0x7C00}, {0xFF800000, 0xFC00},  // +-inf
+      {0x38800000, 0x0400},                        // 2^-14, the smallest normal
+      {0x33800000, 0x0001},                        // 2^-24, the smallest subnormal
+      {0x33000000, 0x0000},                        // 2^-25: tie between 0 and 2^-24: even (0)
+      {0xB3000000, 0x8000},                        // -2^-25: -0
+      {0x33000001, 0x0001},                        // just above: up
+      {0x33400000, 0x0001},                        // 0.75 * 2^-24: up
+      {0x33C00000, 0x0002},                        // 1.5 * 2^-24: tie, odd lower neighbour: up
+      {0x34200000, 0x0002},                        // 2.5 * 2^-24: tie, even lower neighbour: down
+      {0x387FE000, 0x0400},  // 1023.5 * 2^-24: tie rounds up into the normal range
+      {0x387FC000, 0x03FF},  // 1023 * 2^-24, the largest subnormal
+      {0x3F801000, 0x3C00},  // 1 + 2^-11: tie, even: down
+      {0x3F803000, 0x3C02},  // 1 + 3 * 2^-11: tie, odd: up
+      {0x3F801001, 0x3C01},  // just above a tie
+      {0x3FFFF000, 0x4000},  // 2 - 2^-11: tie, rounding carries into the exponent
+      {0x00000001, 0x0000},  // F32 subnormal
+      {0x80000000, 0x8000}, {0x7FC00000, 0x7E00},  // NaN
+      {0x7F800001, 0x7E00},                        // signalling NaN
+      {0xFFC12345, 0xFE00},                        // negative NaN keeps its sign
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(f32_to_f16(c.in), c.out) << std::hex << c.in;
+  }
+}
+
+TEST(KernelsHostTest, F16ToF32KnownPatterns) {
+  EXPECT_EQ(f16_to_f32(0x3C00), 0x3F800000u);
+  EXPECT_EQ(f16_to_f32(0x0001), 0x33800000u);  // 2^-24
+  EXPECT_EQ(f16_to_f32(0x03FF), 0x387FC000u);  // largest subnormal
+  EXPECT_EQ(f16_to_f32(0x0400), 0x38800000u);
+  EXPECT_EQ(f16_to_f32(0x7BFF), 0x477FE000u);
+  EXPECT_EQ(f16_to_f32(0x8000), 0x80000000u);
+  EXPECT_EQ(f16_to_f32(0x7C00), 0x7F800000u);
+  EXPECT_EQ(f16_to_f32(0xFC00), 0xFF800000u);
+  EXPECT_EQ(f16_to_f32(0x7E01), 0x7FC00000u);
+  EXPECT_EQ(f16_to_f32(0xFD00), 0xFFC00000u);  // negative signalling NaN
+}
+
+bool f16_is_nan(std::uint16_t h) {
+  return (h & 0x7FFF) > 0x7C00;
+}
+bool bf16_is_nan(std::uint16_t h) {
+  return (h & 0x7FFF) > 0x7F80;
+}
+
+TEST(KernelsHostTest, Every16BitValueRoundTripsThroughF32) {
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    auto h = static_cast<std::uint16_t>(i);
+    if (!f16_is_nan(h)) {
+      ASSERT_EQ(f32_to_f16(f16_to_f32(h)), h) << std::hex << i;
+      // The widened value is exactly the F16 value.
+      double want = std::ldexp(((h >> 10) & 0x1F) == 0 ? (h & 0x3FF) : ((h & 0x3FF) | 0x400),
+                               std::max(1, (h >> 10) & 0x1F) - 25);
+      if (((h >> 10) & 0x1F) == 0x1F) {
+        want = std::numeric_limits<double>::infinity();
+      }
+      if (h & 0x8000) {
+        want = -want;
+      }
+      ASSERT_EQ(static_cast<double>(std::bit_cast<float>(f16_to_f32(h))), want) << std::hex << i;
+    }
+    if (!bf16_is_nan(h)) {
+      ASSERT_EQ(f32_to_bf16(bf16_to_f32(h)), h) << std::hex << i;
+    }
+  }
+}
+
+// Nearest-value oracle that knows nothing about bit tricks: `table` holds the
+// positive finite values of a format by code, followed by the "overflow" value
+// 2^(emax+1) standing for infinity (IEEE rounds to infinity exactly when the
+// unbounded-exponent result would reach it).
+std::uint16_t oracle(const std::vector<double>& table, float x) {
+  double a = std::fabs(static_cast<double>(x));
+  std::uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  auto hi = std::upper_bound(table.begin(), table.end(), a);
+  if (hi == table.end()) {
+    return static_cast<std::uint16_t>(sign | (table.size() - 1));  // at or past the overflow value
+  }
+  auto lo = std::prev(hi);
+  double below = a - *lo;
+  double above = *hi - a;
+  auto lo_code = static_cast<std::uint16_t>(lo - table.begin());
+  std::uint16_t code = lo_code;
+  if (above < below || (above == below && (lo_code & 1) != 0)) {
+    code = static_cast<std::uint16_t>(lo_code + 1);
+  }
+  return sign | code;
+}
+
+std::vector<double> format_table(int mantissa_bits, int exponent_bits) {
+  int bias = (1 << (exponent_bits - 1)) - 1;
+  std::uint32_t inf_code = static_cast<std::uint32_t>((1 << exponent_bits) - 1) << mantissa_bits;
+  std::vector<double> table;
+  for (std::uint32_t code = 0; code < inf_code; ++code) {
+    std::uint32_t e = code >> mantissa_bits;
+    std::uint32_t m = code & ((1u << mantissa_bits) - 1);
+    double mant = e == 0 ? m : (m | (1u << mantissa_bits));
+    table.push_back(std::ldexp(mant, static_cast<int>(std::max(e, 1u)) - bias - mantissa_bits));
+  }
+  table.push_back(std::ldexp(1.0, bias + 1));  // code inf_code: infinity
+  return table;
+}
+
+TEST(KernelsHostTest, NarrowingMatchesANearestValueOracle) {
+  const std::vector<double> f16 = format_table(10, 5);
+  const std::vector<double> bf16 = format_table(7, 8);
+  ASSERT_EQ(f16.size(), 0x7C01u);
+  ASSERT_EQ(bf16.size(), 0x7F81u);
+  std::mt19937 rng(42);
+  for (int i = 0; i < 300000; ++i) {
+    std::uint32_t bits = rng();
+    if (i % 2 == 1) {  // most random patterns are far outside F16's range
+      bits = (bits & 0x807FFFFFu) | ((96u + bits % 52u) << 23);
+    }
+    if (i % 5 == 0) {  // force exact ties of either format
+      bits = (i % 10 == 0) ? ((bits & 0xFFFF0000u) | 0x8000u) : ((bits & 0xFFFFE000u) | 0x1000u);
+    }
+    float x = std::bit_cast<float>(bits);
+    if (std::isnan(x)) {
+      continue;
+    }
+    ASSERT_EQ(f32_to_f16(bits), oracle(f16, x)) << std::hex << bits;
+    ASSERT_EQ(f32_to_bf16(bits), oracle(bf16, x)) << std::hex << bits;
+  }
+}
+
+TEST(KernelsHostTest, FillPatternRoundsThroughF32) {
+  EXPECT_EQ(fill_pattern(DType::kBF16, 1e-3), 0x3A83u);
+  EXPECT_EQ(fill_pattern(DType::kF16, 1e-3), 0x1419u);
+  EXPECT_EQ(fill_pattern(DType::kF32, 1e-3), 0x3A83126Fu);
+  EXPECT_EQ(fill_pattern(DType::kF64, 1e-3), 0x3F50624DD2F1A9FCull);
+  EXPECT_EQ(fill_pattern(DType::kF32, -0.0), 0x80000000u);
+  EXPECT_EQ(fill_pattern(DType::kF16, 65520.0), 0x7C00u);
+  EXPECT_EQ(fill_pattern(DType::kF32, 1e40), 0x7F800000u);  // past float's range: inf
+  EXPECT_EQ(fill_pattern(DType::kF32, -1e300), 0xFF800000u);
+  EXPECT_EQ(fill_pattern(DType::kBF16, 1e40), 0x7F80u);
+  EXPECT_EQ(fill_pattern(DType::kF32, std::numeric_limits<double>::quiet_NaN()), 0x7FC00000u);
+  EXPECT_EQ(fill_pattern(DType::kF16, -std::numeric_limits<double>::quiet_NaN()), 0xFE00u);
+  // Just above FLT_MAX but below the rounding midpoint: stays FLT_MAX.
+  EXPECT_EQ(fill_pattern(DType::kF32, 0x1.fffffe8p+127), 0x7F7FFFFFu);
+  EXPECT_EQ(fill_pattern(DType::kF32, 0x1.ffffffp+127), 0x7F800000u);
+  EXPECT_THROW(fill_pattern(DType::kI32, 1.0), Error);
+  EXPECT_THROW(fill_pattern(DType::kF8E4M3, 1.0), Error);
+}
+
+TEST(KernelsHostTest, FillWritesEveryElementAtAnyAlignment) {
+  std::vector<std::byte> buf(2 + 5 * 2 + 2, std::byte{0xEE});
+  fill(buf.data() + 1, 5, DType::kF16, 1e-3);  // odd address
+  EXPECT_EQ(buf[0], std::byte{0xEE});
+  for (int i = 0; i < 5; ++i) {
+    std::uint16_t v;
+    std::memcpy(&v, buf.data() + 1 + 2 * i, 2);
+    EXPECT_EQ(v, 0x1419);
+  }
+  EXPECT_EQ(buf[11], std::byte{0xEE});
+  fill(buf.data(), 0, DType::kF64, 1.0);  // nothing
+  EXPECT_EQ(buf[0], std::byte{0xEE});
+}
+
+template <class T>
+std::vector<std::byte> bytes_of(const std::vector<T>& v) {
+  std::vector<std::byte> out(v.size() * sizeof(T));
+  std::memcpy(out.data(), v.data(), out.size());
+  return out;
+}
+
+TEST(KernelsHostTest, CastConvertsElementwise) {
+  std::vector<std::byte> src =
+      bytes_of(std::vector<std::uint32_t>{0x3F800000, 0x3A83126F, 0x7F800001});
+  std::vector<std::byte> dst(3 * 2 + 1);
+  cast(dst.data() + 1, DType::kF16, src.data(), DType::kF32, 3);  // unaligned destination
+  std::uint16_t out[3];
+  std::memcpy(out, dst.data() + 1, 6);
+  EXPECT_EQ(out[0], 0x3C00);
+  EXPECT_EQ(out[1], 0x1419);
+  EXPECT_EQ(out[2], 0x7E00);
+
+  std::vector<std::byte> back(12);
+  cast(back.data(), DType::kF32, dst.data() + 1, DType::kF16, 3);
+  std::uint32_t wide[3];
+  std::memcpy(wide, back.data(), 12);
+  EXPECT_EQ(wide[0], 0x3F800000u);
+  EXPECT_EQ(wide[1], f16_to_f32(0x1419));
+  EXPECT_EQ(wide[2], 0x7FC00000u);
+}
+
+TEST(KernelsHostTest, CastSameDtypeIsAPlainCopyKeepingNaNPayloads) {
+  std::vector<std::byte> src = bytes_of(std::vector<std::uint32_t>{0x7F800001, 0xFFC12345});
+  std::vector<std::byte> dst(8);
+  cast(dst.data(), DType::kF32, src.data(), DType::kF32, 2);
+  EXPECT_EQ(dst, src);
+}
+
+TEST(KernelsHostTest, CastInPlaceBetweenEqualSizes) {
+  std::vector<std::uint16_t> values(65536);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    values[i] = static_cast<std::uint16_t>(i);
+  }
+  std::vector<std::byte> in_place = bytes_of(values);
+  std::vector<std::byte> separate(in_place.size());
+  cast(separate.data(), DType::kBF16, in_place.data(), DType::kF16, values.size());
+  cast(in_place.data(), DType::kBF16, in_place.data(), DType::kF16, values.size());
+  EXPECT_EQ(in_place, separate);
+  // Spot-check: F16 1.0 is BF16 1.0; F16 65504 rounds to BF16 65536 (0x4780).
+  std::uint16_t v;
+  std::memcpy(&v, separate.data() + 2 * 0x3C00, 2);
+  EXPECT_EQ(v, 0x3F80);
+  std::memcpy(&v, separate.data() + 2 * 0x7BFF, 2);
+  EXPECT_EQ(v, 0x4780);
+}
+
+TEST(KernelsHostTest, CastRejectsOtherDtypes) {
+  std::vector<std::byte> a(16), b(16);
+  EXPECT_THROW(cast(a.data(), DType::kF32, b.data(), DType::kI32, 2), Error);
+  EXPECT_THROW(cast(a.data(), DType::kF64, b.data(), DType::kF32, 2), Error);
+  try {
+    cast(a.data(), DType::kF8E4M3, b.data(), DType::kBF16, 2);
+    FAIL() << "no throw";
+  } catch (const Error& e) {
+    EXPECT_NE(e.rule().find("BF16 -> F8_E4M3"), std::string::npos) << e.rule();
+  }
+}
+
+}  // namespace
+}  // namespace ferry::gpu::host
