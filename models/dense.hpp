@@ -1,0 +1,42 @@
+// Dense decoder families that share Llama's layout: LlamaForCausalLM,
+// MistralForCausalLM and Qwen2ForCausalLM (SGLang's MistralForCausalLM is its
+// Llama; Qwen2 differs by q/k/v biases). Param names and shapes follow SGLang.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "models/model.hpp"
+
+namespace ferry::models {
+
+// The config fields a dense family uses, after defaults.
+struct DenseConfig {
+  std::string family;        // "llama", "mistral", "qwen2"
+  std::string architecture;  // "LlamaForCausalLM", ...
+  std::uint64_t hidden = 0;
+  std::uint64_t heads = 0;
+  std::uint64_t kv_heads = 0;  // num_key_value_heads, default num_attention_heads
+  std::uint64_t head_dim = 0;  // head_dim when present, else hidden / heads
+  std::uint64_t intermediate = 0;
+  std::uint64_t layers = 0;
+  std::uint64_t vocab = 0;
+  bool tie_embeddings = false;  // tie_word_embeddings (default false)
+  bool qkv_bias = false;        // Qwen2 always; Llama/Mistral with attention_bias
+  bool o_bias = false;          // Llama/Mistral attention_bias
+  bool mlp_bias = false;        // Llama/Mistral mlp_bias
+};
+
+// Reads the fields of `architecture` (one of the three above) from config.json.
+// Throws Error(Stage::kConfig) naming a missing or malformed field.
+DenseConfig parse_dense_config(const nlohmann::json& hf_config, const std::string& architecture);
+
+// The model for `config` under `layout` (already normalized) with params of `dtype`.
+// Throws Error(Stage::kPlacement) when the layout cannot split it, Error(kConfig)
+// for ep > 1 or pp > 1.
+std::unique_ptr<Model> make_dense_model(const DenseConfig& config, const ParallelLayout& layout,
+                                        DType dtype, bool strict);
+
+}  // namespace ferry::models

@@ -1,0 +1,92 @@
+#include "models/hf_config.hpp"
+
+#include "common/error.hpp"
+
+namespace ferry::models {
+namespace {
+
+[[noreturn]] void bad(const std::string& rule) {
+  throw Error(Stage::kConfig, kConfigFile, "", rule);
+}
+
+const nlohmann::json* find(const nlohmann::json& config, std::string_view key) {
+  if (!config.is_object()) {
+    bad("config must be a JSON object");
+  }
+  auto it = config.find(std::string(key));
+  if (it == config.end() || it->is_null()) {
+    return nullptr;
+  }
+  return &*it;
+}
+
+}  // namespace
+
+std::optional<std::uint64_t> config_optional_positive(const nlohmann::json& config,
+                                                      std::string_view key) {
+  const nlohmann::json* v = find(config, key);
+  if (v == nullptr) {
+    return std::nullopt;
+  }
+  std::uint64_t n = 0;
+  if (v->is_number_unsigned()) {
+    n = v->get<std::uint64_t>();
+  } else if (v->is_number_integer() && v->get<std::int64_t>() > 0) {
+    n = static_cast<std::uint64_t>(v->get<std::int64_t>());
+  }
+  if (n == 0) {
+    bad("field '" + std::string(key) + "' must be a positive integer (got " + v->dump() + ")");
+  }
+  return n;
+}
+
+std::uint64_t config_positive(const nlohmann::json& config, std::string_view key) {
+  std::optional<std::uint64_t> n = config_optional_positive(config, key);
+  if (!n) {
+    bad("missing field '" + std::string(key) + "'");
+  }
+  return *n;
+}
+
+bool config_bool(const nlohmann::json& config, std::string_view key, bool fallback) {
+  const nlohmann::json* v = find(config, key);
+  if (v == nullptr) {
+    return fallback;
+  }
+  if (!v->is_boolean()) {
+    bad("field '" + std::string(key) + "' must be true or false (got " + v->dump() + ")");
+  }
+  return v->get<bool>();
+}
+
+DType resolve_dtype(const nlohmann::json& config, const std::optional<DType>& requested) {
+  if (requested) {
+    return *requested;
+  }
+  const char* key = "torch_dtype";
+  const nlohmann::json* v = find(config, key);
+  if (v == nullptr) {
+    key = "dtype";
+    v = find(config, key);
+  }
+  if (v == nullptr) {
+    bad("the model dtype is \"auto\" but config.json has no torch_dtype: set the dtype");
+  }
+  if (!v->is_string()) {
+    bad("field '" + std::string(key) + "' must be a string (got " + v->dump() + ")");
+  }
+  std::string text = v->get<std::string>();
+  std::optional<DType> dtype;
+  try {
+    dtype = parse_model_dtype(text);
+  } catch (const Error&) {
+    dtype = std::nullopt;
+  }
+  if (!dtype) {
+    bad("field '" + std::string(key) + "' is \"" + text +
+        "\"; ferry loads bfloat16, float16 or float32 models (set the dtype)");
+  }
+  return *dtype;
+}
+
+}  // namespace ferry::models

@@ -1,0 +1,31 @@
+// Typed reads of Hugging Face config.json fields, with errors that name the field
+// and what was found (Stage::kConfig, file "config.json").
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "common/dtype.hpp"
+#include "models/model.hpp"
+
+namespace ferry::models {
+
+inline constexpr const char* kConfigFile = "config.json";
+
+// A required positive integer.
+std::uint64_t config_positive(const nlohmann::json& config, std::string_view key);
+// A positive integer, or nullopt when the key is absent or null.
+std::optional<std::uint64_t> config_optional_positive(const nlohmann::json& config,
+                                                      std::string_view key);
+// A boolean, `fallback` when absent or null.
+bool config_bool(const nlohmann::json& config, std::string_view key, bool fallback);
+
+// The param dtype: `requested` when set, else config.json's torch_dtype (or the
+// newer `dtype` key). Throws when neither says, or the config's value is not
+// bfloat16, float16 or float32.
+DType resolve_dtype(const nlohmann::json& config, const std::optional<DType>& requested);
+
+}  // namespace ferry::models

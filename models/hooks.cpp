@@ -1,0 +1,99 @@
+#include "models/hooks.hpp"
+
+#include <set>
+#include <string>
+#include <utility>
+
+#include "common/error.hpp"
+
+namespace ferry::models {
+namespace {
+
+[[noreturn]] void bad_hook(const std::string& name, const std::string& rule) {
+  throw Error(Stage::kPostProcess, "", "", "post-load hook '" + name + "': " + rule);
+}
+
+class HookedModel final : public Model {
+ public:
+  HookedModel(std::shared_ptr<const Model> base, std::vector<PostLoadHook> hooks)
+      : base_(std::move(base)), hooks_(std::move(hooks)) {}
+
+  std::string family() const override { return base_->family(); }
+  const ParallelLayout& layout() const override { return base_->layout(); }
+  const std::vector<RankShell>& shells() const override { return base_->shells(); }
+  Route route(const io::TensorInfo& tensor) const override { return base_->route(tensor); }
+  std::vector<Piece> fill_pieces() const override { return base_->fill_pieces(); }
+  std::vector<PostLoadHook> hooks() const override { return hooks_; }
+
+ private:
+  std::shared_ptr<const Model> base_;
+  std::vector<PostLoadHook> hooks_;  // base's, then the extra ones
+};
+
+}  // namespace
+
+void validate_hooks(const Model& model, const std::vector<PostLoadHook>& hooks,
+                    const std::vector<PostLoadHook>& existing) {
+  const auto& shells = model.shells();
+  std::set<std::pair<std::size_t, std::size_t>> filled;  // (local rank, param)
+  for (const PostLoadHook& h : existing) {
+    for (std::size_t out : h.outputs) {
+      filled.emplace(h.local_rank, out);
+    }
+  }
+  for (const PostLoadHook& h : hooks) {
+    if (h.name.empty()) {
+      bad_hook(h.name, "a hook needs a name");
+    }
+    if (!h.run) {
+      bad_hook(h.name, "no function to run");
+    }
+    if (h.local_rank >= shells.size()) {
+      bad_hook(h.name, "local rank " + std::to_string(h.local_rank) + " has no shell (" +
+                           std::to_string(shells.size()) + " local ranks)");
+    }
+    const RankShell& shell = shells[h.local_rank];
+    auto check_index = [&](std::size_t param, const char* what) {
+      if (param >= shell.params.size()) {
+        bad_hook(h.name, std::string(what) + " param index " + std::to_string(param) +
+                             " is outside the shell (" + std::to_string(shell.params.size()) +
+                             " params)");
+      }
+    };
+    std::set<std::size_t> inputs;
+    for (std::size_t in : h.inputs) {
+      check_index(in, "input");
+      inputs.insert(in);
+    }
+    std::set<std::size_t> outputs;
+    for (std::size_t out : h.outputs) {
+      check_index(out, "output");
+      const std::string& name = shell.params[out].name;
+      if (!outputs.insert(out).second) {
+        bad_hook(h.name, "output " + name + " is listed twice");
+      }
+      if (inputs.count(out) != 0) {
+        bad_hook(h.name, "output " + name + " is also an input");
+      }
+      if (!filled.emplace(h.local_rank, out).second) {
+        bad_hook(h.name, "output " + name + " on local rank " + std::to_string(h.local_rank) +
+                             " is already filled by another hook");
+      }
+    }
+  }
+}
+
+std::unique_ptr<Model> with_hooks(std::shared_ptr<const Model> base,
+                                  std::vector<PostLoadHook> extra) {
+  if (!base) {
+    throw Error(Stage::kPostProcess, "", "", "with_hooks: no model");
+  }
+  std::vector<PostLoadHook> all = base->hooks();
+  validate_hooks(*base, extra, all);
+  for (PostLoadHook& h : extra) {
+    all.push_back(std::move(h));
+  }
+  return std::make_unique<HookedModel>(std::move(base), std::move(all));
+}
+
+}  // namespace ferry::models

@@ -1,0 +1,138 @@
+#include "models/model.hpp"
+
+#include <functional>
+#include <map>
+
+#include "common/error.hpp"
+#include "models/dense.hpp"
+#include "models/hf_config.hpp"
+#include "models/table_model.hpp"
+
+namespace ferry::models {
+namespace {
+
+using Factory = std::function<std::unique_ptr<Model>(const nlohmann::json&, const std::string&,
+                                                     const ParallelLayout&, DType, bool)>;
+
+std::unique_ptr<Model> dense(const nlohmann::json& config, const std::string& architecture,
+                             const ParallelLayout& layout, DType dtype, bool strict) {
+  return make_dense_model(parse_dense_config(config, architecture), layout, dtype, strict);
+}
+
+const std::map<std::string, Factory>& factories() {
+  static const std::map<std::string, Factory> table{
+      {"LlamaForCausalLM", dense},
+      {"MistralForCausalLM", dense},
+      {"Qwen2ForCausalLM", dense},
+  };
+  return table;
+}
+
+}  // namespace
+
+std::string format_shape(const Shape& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) {
+      out += ", ";
+    }
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+std::uint64_t Piece::dst_bytes() const {
+  return rows * width_elems * dtype_size(dst_dtype);
+}
+
+std::uint64_t Piece::src_end() const {
+  if (kind == Kind::kZero || rows == 0) {
+    return 0;
+  }
+  return src_offset + (rows - 1) * src_pitch + width_elems * dtype_size(src_dtype);
+}
+
+std::string_view to_string(RouteKind kind) {
+  switch (kind) {
+    case RouteKind::kPlaced:
+      return "placed";
+    case RouteKind::kDropped:
+      return "dropped";
+    case RouteKind::kUnmapped:
+      return "unmapped";
+  }
+  return "?";
+}
+
+std::vector<PostLoadHook> Model::hooks() const {
+  return {};
+}
+
+std::optional<DType> parse_model_dtype(std::string_view text) {
+  if (text == "auto") {
+    return std::nullopt;
+  }
+  if (text == "bfloat16" || text == "bf16" || text == "BF16") {
+    return DType::kBF16;
+  }
+  if (text == "float16" || text == "half" || text == "fp16" || text == "f16" || text == "F16") {
+    return DType::kF16;
+  }
+  if (text == "float32" || text == "float" || text == "fp32" || text == "f32" || text == "F32") {
+    return DType::kF32;
+  }
+  throw Error(
+      Stage::kConfig, "", "",
+      "model dtype \"" + std::string(text) + "\" is not one of auto, bfloat16, float16, float32");
+}
+
+const std::vector<std::string>& supported_architectures() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const auto& [name, factory] : factories()) {
+      out.push_back(name);
+    }
+    return out;
+  }();
+  return names;
+}
+
+std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const ParallelLayout& layout,
+                                  const ModelOptions& options) {
+  if (!hf_config.is_object()) {
+    throw Error(Stage::kConfig, kConfigFile, "", "config must be a JSON object");
+  }
+  auto arch = hf_config.find("architectures");
+  if (arch == hf_config.end() || !arch->is_array() || arch->empty() || !(*arch)[0].is_string()) {
+    throw Error(Stage::kConfig, kConfigFile, "",
+                "field 'architectures' must be a non-empty list of names");
+  }
+  const std::string architecture = (*arch)[0].get<std::string>();
+  auto factory = factories().find(architecture);
+  if (factory == factories().end()) {
+    std::string known;
+    for (const std::string& name : supported_architectures()) {
+      known += (known.empty() ? "" : ", ") + name;
+    }
+    throw Error(Stage::kMapping, kConfigFile, "",
+                "architecture " + architecture + " is not supported (supported: " + known + ")");
+  }
+  if (auto q = hf_config.find("quantization_config"); q != hf_config.end() && !q->is_null()) {
+    std::string method = "unknown";
+    if (q->is_object()) {
+      auto m = q->find("quant_method");
+      if (m != q->end() && m->is_string()) {
+        method = m->get<std::string>();
+      }
+    }
+    throw Error(Stage::kMapping, kConfigFile, "",
+                "quantized checkpoints are not supported yet (quantization_config.quant_method "
+                "is \"" +
+                    method + "\")");
+  }
+  DType dtype = resolve_dtype(hf_config, options.dtype);
+  ParallelLayout normalized = normalize_layout(layout);
+  return factory->second(hf_config, architecture, normalized, dtype, options.strict);
+}
+
+}  // namespace ferry::models

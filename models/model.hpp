@@ -1,0 +1,190 @@
+// What the load pipeline asks of a model family: the parameter shells every local
+// tensor-parallel rank allocates, and for each checkpoint tensor where its bytes go
+// (the route: a list of 2-D copy pieces, or a drop with a reason). Everything here
+// is plain data computed from config.json and the parallel layout; nothing touches
+// a file or a device, so placement is tested element by element on the host.
+//
+// Vocabulary (shared with ARCHITECTURE.md sections 2 and 4):
+//   param  a slot in a rank's shell, allocated once on that rank's device;
+//   piece  one 2-D copy from the checkpoint tensor's bytes into a param (or a zero
+//          fill of a param region, for padding);
+//   route  every piece one checkpoint tensor feeds, over all local ranks, plus the
+//          smallest byte range of the tensor the reader must fetch for them.
+//
+// Invariant the coordinator relies on: the pieces that write one param (over all
+// routes of a checkpoint, fill_pieces() and hook outputs) never overlap, so "this
+// param is complete" is a byte count (see models/coverage.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "io/safetensors.hpp"
+
+namespace ferry::gpu {
+class Stream;
+}  // namespace ferry::gpu
+
+namespace ferry::models {
+
+using Shape = std::vector<std::uint64_t>;
+
+// "[4096, 128]" for messages.
+std::string format_shape(const Shape& shape);
+
+// How the model is split over devices, and which part this process serves.
+struct ParallelLayout {
+  int tp = 1;       // tensor-parallel world size
+  int ep = 1;       // expert-parallel size (MoE families; dense families require 1)
+  int pp = 1;       // pipeline stages (not supported yet: must be 1)
+  int pp_rank = 0;  // this process's stage
+  // TP ranks this process serves, in device order: local rank i drives the i-th
+  // device and holds tp rank local_ranks[i]. Empty means every rank 0..tp-1 (one
+  // process driving all devices); Model::layout() reports the filled-in list.
+  std::vector<int> local_ranks;
+};
+
+struct ParamSpec {
+  std::string name;  // SGLang's parameter name, e.g. model.layers.0.self_attn.qkv_proj.weight
+  DType dtype = DType::kBF16;
+  Shape shape;                         // this rank's local shape
+  std::vector<std::uint64_t> strides;  // in elements; contiguous row-major
+  std::uint64_t nbytes = 0;
+};
+
+// The params of one local rank. Every local rank of a dense family has the same
+// names and shapes; later families (experts, uneven splits) may differ per rank.
+struct RankShell {
+  int tp_rank = 0;
+  std::vector<ParamSpec> params;                         // sorted by name
+  std::unordered_map<std::string, std::size_t> by_name;  // name -> index in params
+};
+
+// One copy: a 2-D block of `rows` rows of `width_elems` elements each.
+// Source offsets are bytes in the checkpoint tensor's dtype, relative to the start
+// of the tensor's data; destination offsets are bytes in the param's dtype,
+// relative to the start of the param's storage. Row i goes from
+// src_offset + i*src_pitch to dst_offset + i*dst_pitch. When src_dtype != dst_dtype
+// the copy casts element by element (only between BF16, F16 and F32). A block that
+// is contiguous on both sides has rows == 1 and pitches equal to the row's bytes.
+// A kZero piece has no source (src_* are 0, src_dtype == dst_dtype): it zero-fills
+// the destination block (vocabulary padding, later padded tails).
+struct Piece {
+  enum class Kind { kCopy, kZero };
+  Kind kind = Kind::kCopy;
+  std::size_t local_rank = 0;  // index into layout().local_ranks and shells()
+  std::size_t param = 0;       // index into that rank's shell params
+  std::uint64_t dst_offset = 0;
+  std::uint64_t dst_pitch = 0;
+  std::uint64_t src_offset = 0;
+  std::uint64_t src_pitch = 0;
+  std::uint64_t rows = 0;
+  std::uint64_t width_elems = 0;
+  DType src_dtype = DType::kBF16;
+  DType dst_dtype = DType::kBF16;
+
+  std::uint64_t dst_bytes() const;  // rows * width_elems * size of dst_dtype
+  // One past the last source byte the piece reads (0 for a zero piece).
+  std::uint64_t src_end() const;
+
+  bool operator==(const Piece&) const = default;
+};
+
+enum class RouteKind { kPlaced, kDropped, kUnmapped };
+std::string_view to_string(RouteKind kind);
+
+struct Route {
+  RouteKind kind = RouteKind::kPlaced;
+  // Stable code. Dropped: "inv_freq" (rotary_emb.inv_freq), "rope_cache"
+  // (rotary_emb.cos_cached / sin_cached), "tied_lm_head" (lm_head.weight with
+  // tie_word_embeddings), "no_local_slice" (the local ranks' slices are all padding);
+  // reserved for the next families: "pp_stage", "remote_expert". Unmapped:
+  // "unknown_name". Empty when placed.
+  std::string reason;
+  std::vector<Piece> pieces;  // copy pieces only, grouped by local rank
+  // Smallest contiguous byte range of the tensor (relative to its data start) that
+  // covers every piece's source; src_begin == src_end when nothing is read.
+  std::uint64_t src_begin = 0;
+  std::uint64_t src_end = 0;
+};
+
+// What a post-load hook may touch while it runs. The pipeline implements it over
+// the hook's device; tests implement it over host buffers.
+class HookContext {
+ public:
+  virtual ~HookContext() = default;
+  // Device pointer to the storage of param `param` (an index into the hook's rank
+  // shell). Only the hook's declared inputs and outputs may be asked for.
+  virtual std::byte* param_data(std::size_t param) = 0;
+  // The stream of the hook's device. The hook only enqueues work; the pipeline
+  // synchronizes the stream before it reports the outputs complete.
+  virtual gpu::Stream& stream() = 0;
+};
+
+// Work that runs on one local rank once every input param is complete and that
+// fills every output param entirely (e.g. MLA kv_b_proj -> w_kc / w_vc). Outputs are
+// written only by the hook: no piece may target them.
+struct PostLoadHook {
+  std::string name;                  // stable, for errors and traces
+  std::size_t local_rank = 0;        // index into shells()
+  std::vector<std::size_t> inputs;   // param indices that must be complete first
+  std::vector<std::size_t> outputs;  // param indices the hook fills
+  std::function<void(HookContext&)> run;
+};
+
+// One per checkpoint + layout. Immutable once made: every method is const and safe
+// to call from several threads at once.
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // "llama", "qwen2", "mistral".
+  virtual std::string family() const = 0;
+  // The layout the model was made for, local_ranks filled in.
+  virtual const ParallelLayout& layout() const = 0;
+  // One shell per local rank, in the order of layout().local_ranks.
+  virtual const std::vector<RankShell>& shells() const = 0;
+  // Where one checkpoint tensor goes. Throws ferry::Error: Stage::kPlacement when the
+  // tensor's shape or dtype cannot go into its param ("Attempted to load weight ...
+  // into parameter ..."), Stage::kMapping for an unknown name in strict mode.
+  virtual Route route(const io::TensorInfo& tensor) const = 0;
+  // Zero pieces that do not depend on any tensor (vocabulary padding rows): run once
+  // per load, in any order relative to the copies (they never overlap them).
+  virtual std::vector<Piece> fill_pieces() const = 0;
+  // Post-load hooks; dense families have none.
+  virtual std::vector<PostLoadHook> hooks() const;
+};
+
+struct ModelOptions {
+  // Param dtype; nullopt = "auto": config.json's torch_dtype (or dtype).
+  std::optional<DType> dtype;
+  // A checkpoint name the model does not know is an error instead of "unmapped".
+  bool strict = false;
+};
+
+// "auto" -> nullopt; "bfloat16"/"bf16", "float16"/"half"/"fp16"/"f16",
+// "float32"/"float"/"fp32"/"f32" (and the safetensors spellings BF16, F16, F32).
+// Throws ferry::Error(Stage::kConfig) for anything else, naming the text.
+std::optional<DType> parse_model_dtype(std::string_view text);
+
+// Architectures make_model knows, e.g. "LlamaForCausalLM".
+const std::vector<std::string>& supported_architectures();
+
+// Builds the model for config.json's architectures[0]. Throws ferry::Error:
+// Stage::kMapping for an unknown architecture (naming it and the supported ones) or
+// a quantization_config ("not supported yet"), Stage::kConfig for a missing or
+// malformed field, Stage::kPlacement when the layout cannot split the model (heads
+// not divisible by tp, ...).
+std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const ParallelLayout& layout,
+                                  const ModelOptions& options = {});
+
+}  // namespace ferry::models

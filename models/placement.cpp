@@ -1,0 +1,313 @@
+#include "models/placement.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "common/error.hpp"
+
+namespace ferry::models {
+namespace {
+
+[[noreturn]] void fail(std::string_view what, const std::string& rule) {
+  throw Error(Stage::kPlacement, "", std::string(what), rule);
+}
+
+std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b, std::string_view what) {
+  std::uint64_t out = 0;
+  if (__builtin_mul_overflow(a, b, &out)) {
+    fail(what, "size overflows 64 bits");
+  }
+  return out;
+}
+
+std::uint64_t product(const Shape& shape, std::size_t first, std::size_t last,
+                      std::string_view what) {
+  std::uint64_t n = 1;
+  for (std::size_t i = first; i < last; ++i) {
+    n = checked_mul(n, shape[i], what);
+  }
+  return n;
+}
+
+void check_parts(int index, int parts, std::string_view what) {
+  if (parts < 1 || index < 0 || index >= parts) {
+    fail("", std::string(what) + ": part " + std::to_string(index) + " of " +
+                 std::to_string(parts) + " does not exist");
+  }
+}
+
+// The shape left after fixing the leading `index` entries; a scalar counts as [1].
+Shape view_of(const Shape& shape, const std::vector<std::uint64_t>& index,
+              std::string_view param_name, const char* side) {
+  if (index.size() > shape.size()) {
+    fail(param_name, std::string("internal: ") + side + " index has " +
+                         std::to_string(index.size()) + " entries for shape " +
+                         format_shape(shape));
+  }
+  for (std::size_t i = 0; i < index.size(); ++i) {
+    if (index[i] >= shape[i]) {
+      fail(param_name, std::string("internal: ") + side + " index " + std::to_string(index[i]) +
+                           " is outside dim " + std::to_string(i) + " of " + format_shape(shape));
+    }
+  }
+  Shape view(shape.begin() + static_cast<std::ptrdiff_t>(index.size()), shape.end());
+  if (view.empty()) {
+    view.push_back(1);
+  }
+  return view;
+}
+
+std::uint64_t base_offset(const Shape& shape, const std::vector<std::uint64_t>& index,
+                          std::string_view what) {
+  std::vector<std::uint64_t> strides = contiguous_strides(shape);
+  std::uint64_t off = 0;
+  for (std::size_t i = 0; i < index.size(); ++i) {
+    off += checked_mul(index[i], strides[i], what);
+  }
+  return off;
+}
+
+}  // namespace
+
+std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple) {
+  if (multiple == 0) {
+    return value;
+  }
+  std::uint64_t rem = value % multiple;
+  return rem == 0 ? value : value + (multiple - rem);
+}
+
+Range even_shard(std::uint64_t total, int index, int parts, std::string_view what) {
+  check_parts(index, parts, what);
+  auto p = static_cast<std::uint64_t>(parts);
+  if (total % p != 0) {
+    fail("", std::string(what) + " (" + std::to_string(total) +
+                 ") is not divisible by tensor parallel size " + std::to_string(parts));
+  }
+  std::uint64_t per = total / p;
+  return {static_cast<std::uint64_t>(index) * per, per};
+}
+
+// ---- QKVParallelLinear -------------------------------------------------------
+
+void check_qkv(const QkvShape& shape, int tp) {
+  if (shape.q_heads == 0 || shape.kv_heads == 0 || shape.head_dim == 0) {
+    fail("", "attention needs num_attention_heads, num_key_value_heads and head_dim > 0");
+  }
+  if (shape.q_heads % shape.kv_heads != 0) {
+    fail("", "num_attention_heads (" + std::to_string(shape.q_heads) +
+                 ") is not a multiple of num_key_value_heads (" + std::to_string(shape.kv_heads) +
+                 ")");
+  }
+  even_shard(shape.q_heads, 0, tp, "num_attention_heads");
+  auto t = static_cast<std::uint64_t>(tp);
+  if (shape.kv_heads >= t) {
+    even_shard(shape.kv_heads, 0, tp, "num_key_value_heads");
+  } else if (t % shape.kv_heads != 0) {
+    fail("", "tensor parallel size " + std::to_string(tp) +
+                 " is not a multiple of num_key_value_heads (" + std::to_string(shape.kv_heads) +
+                 "), so kv heads can be neither split nor replicated evenly");
+  }
+}
+
+Range kv_heads_of_rank(const QkvShape& shape, int rank, int tp) {
+  check_parts(rank, tp, "num_key_value_heads");
+  auto t = static_cast<std::uint64_t>(tp);
+  if (shape.kv_heads >= t) {
+    return even_shard(shape.kv_heads, rank, tp, "num_key_value_heads");
+  }
+  // Fewer kv heads than ranks: each head is replicated on tp / kv_heads
+  // consecutive ranks (SGLang's num_kv_head_replicas).
+  std::uint64_t replicas = t / shape.kv_heads;
+  return {static_cast<std::uint64_t>(rank) / replicas, 1};
+}
+
+std::uint64_t qkv_local_rows(const QkvShape& shape, int tp) {
+  std::uint64_t q = even_shard(shape.q_heads, 0, tp, "num_attention_heads").length;
+  std::uint64_t kv = kv_heads_of_rank(shape, 0, tp).length;
+  return checked_mul(q + 2 * kv, shape.head_dim, "qkv_proj");
+}
+
+std::uint64_t qkv_slot_rows(const QkvShape& shape, QkvSlot slot) {
+  std::uint64_t heads = slot == QkvSlot::kQ ? shape.q_heads : shape.kv_heads;
+  return checked_mul(heads, shape.head_dim, "qkv_proj");
+}
+
+Block qkv_slot(const QkvShape& shape, QkvSlot slot, int rank, int tp) {
+  Range q = even_shard(shape.q_heads, rank, tp, "num_attention_heads");
+  Range kv = kv_heads_of_rank(shape, rank, tp);
+  std::uint64_t hd = shape.head_dim;
+  Block b;
+  b.axis = 0;
+  switch (slot) {
+    case QkvSlot::kQ:
+      b.src_start = q.begin * hd;
+      b.dst_start = 0;
+      b.length = q.length * hd;
+      break;
+    case QkvSlot::kK:
+      b.src_start = kv.begin * hd;
+      b.dst_start = q.length * hd;
+      b.length = kv.length * hd;
+      break;
+    case QkvSlot::kV:
+      b.src_start = kv.begin * hd;
+      b.dst_start = (q.length + kv.length) * hd;
+      b.length = kv.length * hd;
+      break;
+  }
+  return b;
+}
+
+// ---- MergedColumnParallelLinear ------------------------------------------------
+
+Block merged_column_slot(std::span<const std::uint64_t> output_sizes, std::size_t slot, int rank,
+                         int tp) {
+  if (slot >= output_sizes.size()) {
+    fail("", "internal: merged column slot " + std::to_string(slot) + " of " +
+                 std::to_string(output_sizes.size()));
+  }
+  std::uint64_t before = 0;
+  for (std::size_t i = 0; i < slot; ++i) {
+    before += even_shard(output_sizes[i], rank, tp, "merged column output size").length;
+  }
+  Range mine = even_shard(output_sizes[slot], rank, tp, "merged column output size");
+  Block b;
+  b.axis = 0;
+  b.src_start = mine.begin;
+  b.dst_start = before;
+  b.length = mine.length;
+  return b;
+}
+
+// ---- column / row parallel, replicated ------------------------------------------
+
+Block column_parallel(std::uint64_t output_size, int rank, int tp) {
+  Range r = even_shard(output_size, rank, tp, "column parallel output size");
+  Block b;
+  b.axis = 0;
+  b.src_start = r.begin;
+  b.length = r.length;
+  return b;
+}
+
+Block row_parallel(std::uint64_t input_size, int rank, int tp) {
+  Range r = even_shard(input_size, rank, tp, "row parallel input size");
+  Block b;
+  b.axis = 1;
+  b.src_start = r.begin;
+  b.length = r.length;
+  return b;
+}
+
+Block replicated(std::uint64_t dim0) {
+  Block b;
+  b.axis = 0;
+  b.length = dim0;
+  return b;
+}
+
+// ---- padded shards --------------------------------------------------------------
+
+PaddedShard padded_shard(std::size_t axis, std::uint64_t real, std::uint64_t padded, int index,
+                         int parts, std::string_view what) {
+  if (padded < real) {
+    fail("", std::string(what) + ": padded size " + std::to_string(padded) +
+                 " is smaller than the real size " + std::to_string(real));
+  }
+  Range r = even_shard(padded, index, parts, std::string(what) + " padded");
+  std::uint64_t copy = real > r.begin ? std::min(real, r.end()) - r.begin : 0;
+  PaddedShard s;
+  s.copy.kind = Block::Kind::kCopy;
+  s.copy.axis = axis;
+  s.copy.src_start = r.begin;
+  s.copy.dst_start = 0;
+  s.copy.length = copy;
+  s.zero.kind = Block::Kind::kZero;
+  s.zero.axis = axis;
+  s.zero.dst_start = copy;
+  s.zero.length = r.length - copy;
+  return s;
+}
+
+std::uint64_t padded_vocab(std::uint64_t vocab) {
+  return round_up(vocab, kVocabPadding);
+}
+
+PaddedShard vocab_parallel(std::uint64_t vocab, int rank, int tp) {
+  return padded_shard(0, vocab, padded_vocab(vocab), rank, tp, "vocab_size");
+}
+
+// ---- blocks to pieces -----------------------------------------------------------
+
+std::vector<std::uint64_t> contiguous_strides(const Shape& shape) {
+  std::vector<std::uint64_t> strides(shape.size(), 1);
+  for (std::size_t i = shape.size(); i > 1; --i) {
+    strides[i - 2] = checked_mul(strides[i - 1], shape[i - 1], "strides");
+  }
+  return strides;
+}
+
+std::uint64_t element_count(const Shape& shape) {
+  return product(shape, 0, shape.size(), "element count");
+}
+
+Piece block_to_piece(const Block& block, const Shape& src_shape, DType src_dtype,
+                     const Shape& dst_shape, DType dst_dtype, std::string_view param_name) {
+  const bool zero = block.kind == Block::Kind::kZero;
+  Shape dst = view_of(dst_shape, block.dst_index, param_name, "param");
+  Shape src = zero ? dst : view_of(src_shape, block.src_index, param_name, "tensor");
+  if (src.size() != dst.size() || block.axis >= dst.size()) {
+    fail(param_name, "internal: block on axis " + std::to_string(block.axis) + " of tensor " +
+                         format_shape(src) + " and param " + format_shape(dst));
+  }
+  for (std::size_t d = 0; d < dst.size(); ++d) {
+    if (d != block.axis && src[d] != dst[d]) {
+      fail(param_name, "internal: tensor " + format_shape(src) + " and param " + format_shape(dst) +
+                           " differ on axis " + std::to_string(d));
+    }
+  }
+  const std::size_t axis = block.axis;
+  if (block.dst_start > dst[axis] || block.length > dst[axis] - block.dst_start ||
+      (!zero && (block.src_start > src[axis] || block.length > src[axis] - block.src_start))) {
+    fail(param_name, "internal: block [" + std::to_string(block.src_start) + ", +" +
+                         std::to_string(block.length) + ") -> [" + std::to_string(block.dst_start) +
+                         ", +" + std::to_string(block.length) + ") on axis " +
+                         std::to_string(axis) + " exceeds tensor " + format_shape(src) +
+                         " or param " + format_shape(dst));
+  }
+  const std::uint64_t outer = product(dst, 0, axis, param_name);
+  const std::uint64_t inner = product(dst, axis + 1, dst.size(), param_name);
+  const std::uint64_t ses = dtype_size(zero ? dst_dtype : src_dtype);
+  const std::uint64_t des = dtype_size(dst_dtype);
+
+  Piece p;
+  p.kind = zero ? Piece::Kind::kZero : Piece::Kind::kCopy;
+  p.src_dtype = zero ? dst_dtype : src_dtype;
+  p.dst_dtype = dst_dtype;
+  p.rows = outer;
+  p.width_elems = checked_mul(block.length, inner, param_name);
+  const std::uint64_t dst_base = base_offset(dst_shape, block.dst_index, param_name);
+  p.dst_offset = checked_mul(dst_base + block.dst_start * inner, des, param_name);
+  p.dst_pitch = checked_mul(dst[axis] * inner, des, param_name);
+  if (!zero) {
+    const std::uint64_t src_base = base_offset(src_shape, block.src_index, param_name);
+    p.src_offset = checked_mul(src_base + block.src_start * inner, ses, param_name);
+    p.src_pitch = checked_mul(src[axis] * inner, ses, param_name);
+  }
+  // Whole rows on both sides: the block is one contiguous run.
+  const bool full = block.length == dst[axis] && (zero || block.length == src[axis]);
+  if (p.rows == 1 || full) {
+    p.width_elems = checked_mul(p.rows, p.width_elems, param_name);
+    p.rows = 1;
+    p.dst_pitch = checked_mul(p.width_elems, des, param_name);
+    p.src_pitch = zero ? 0 : checked_mul(p.width_elems, ses, param_name);
+  }
+  if (zero) {
+    p.src_offset = 0;
+    p.src_pitch = 0;
+  }
+  return p;
+}
+
+}  // namespace ferry::models

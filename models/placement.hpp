@@ -1,0 +1,145 @@
+// Placement rules: small pure functions that say which part of a checkpoint tensor
+// one tensor-parallel rank keeps and where it lands in the rank's param. Families
+// compose them (models/dense.cpp); rules follow SGLang's parameter weight loaders
+// (QKVParallelLinear, MergedColumnParallelLinear, RowParallelLinear,
+// VocabParallelEmbedding, replicated default_weight_loader).
+//
+// Everything is expressed as Blocks: "along `axis`, copy `length` slices starting
+// at src_start of the tensor to dst_start of the param" (or zero them). A block of a
+// row-major array narrowed on one axis is a 2-D copy, so every block becomes exactly
+// one Piece (block_to_piece).
+//
+// How the next families are meant to use the same pieces (TableModel carries them):
+// - experts (w13 / w2 stacked over local experts, EP): a Block with dst_index
+//   {local expert} and the merged_column_slot / row_parallel of that expert's
+//   tensor; an expert no local rank owns yields no blocks and the target's
+//   empty_reason "remote_expert" drops it unread; EPLB replicas are several blocks
+//   (one per local physical slot) from the same tensor.
+// - fused checkpoint tensors (w13 stored stacked, MLA kv_b_proj): src_index picks
+//   the expert, and one tensor may feed several params (several targets).
+// - pipeline stages: tensors of other stages' layers are drop names ("pp_stage").
+// - padding and uneven TP: padded_shard (a copy block and a zero fill); shapes
+//   may differ per rank (TableModel::ShapeRule takes the tp rank).
+// - post-load hooks: models/model.hpp PostLoadHook, registered on TableModel.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "models/model.hpp"
+
+namespace ferry::models {
+
+// A half-open interval [begin, begin + length) along one axis.
+struct Range {
+  std::uint64_t begin = 0;
+  std::uint64_t length = 0;
+  std::uint64_t end() const { return begin + length; }
+  bool operator==(const Range&) const = default;
+};
+
+struct Block {
+  enum class Kind { kCopy, kZero };
+  Kind kind = Kind::kCopy;
+  // The axis narrowed, counted after the fixed leading indices below.
+  std::size_t axis = 0;
+  // Fixed leading indices: the block lives in tensor[src_index...] and
+  // param[dst_index...] (e.g. one expert of a stacked expert param). Empty for
+  // dense families.
+  std::vector<std::uint64_t> src_index;
+  std::vector<std::uint64_t> dst_index;
+  std::uint64_t src_start = 0;  // ignored for kZero
+  std::uint64_t dst_start = 0;
+  std::uint64_t length = 0;  // 0: nothing to do (the block makes no piece)
+
+  bool operator==(const Block&) const = default;
+};
+
+inline constexpr std::uint64_t kVocabPadding = 64;  // SGLang's DEFAULT_VOCAB_PADDING_SIZE
+
+std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple);
+
+// Part `index` of `total` split evenly into `parts`. Throws Error(Stage::kPlacement)
+// when `total` is not divisible by `parts`; `what` names the dimension in the
+// message ("num_attention_heads (28) is not divisible by tensor parallel size 8").
+Range even_shard(std::uint64_t total, int index, int parts, std::string_view what);
+
+// ---- QKVParallelLinear -------------------------------------------------------
+
+struct QkvShape {
+  std::uint64_t q_heads = 0;
+  std::uint64_t kv_heads = 0;
+  std::uint64_t head_dim = 0;
+};
+
+enum class QkvSlot { kQ, kK, kV };
+
+// Throws Error(Stage::kPlacement) unless q_heads % tp == 0 and either
+// kv_heads % tp == 0 (kv heads split) or tp % kv_heads == 0 (kv heads replicated).
+void check_qkv(const QkvShape& shape, int tp);
+// KV heads rank `rank` holds: heads [rank*kv/tp, ...) when kv_heads >= tp, else
+// the single head rank / (tp / kv_heads).
+Range kv_heads_of_rank(const QkvShape& shape, int rank, int tp);
+// Rows of the local qkv param: (q_heads/tp + 2 * local kv heads) * head_dim.
+std::uint64_t qkv_local_rows(const QkvShape& shape, int tp);
+// Full checkpoint rows of one slot (q: q_heads*head_dim, k/v: kv_heads*head_dim).
+std::uint64_t qkv_slot_rows(const QkvShape& shape, QkvSlot slot);
+// Where the slot's rows of rank `rank` come from and go: q at 0, k after the local
+// q rows, v after the local k rows. Axis 0, so it serves the weight and the bias.
+Block qkv_slot(const QkvShape& shape, QkvSlot slot, int rank, int tp);
+
+// ---- MergedColumnParallelLinear ------------------------------------------------
+
+// Slot `slot` of a param fused from parts of `output_sizes` rows (gate_up_proj:
+// {intermediate, intermediate}, slot 0 gate, 1 up): the rank's share of that part,
+// placed after the shares of the earlier parts. Axis 0.
+Block merged_column_slot(std::span<const std::uint64_t> output_sizes, std::size_t slot, int rank,
+                         int tp);
+
+// ---- column / row parallel, replicated ------------------------------------------
+
+// ColumnParallelLinear: the rank's share of the output dim (axis 0).
+Block column_parallel(std::uint64_t output_size, int rank, int tp);
+// RowParallelLinear: the rank's share of the input dim (axis 1 of the weight, so a
+// 2-D copy with a pitch; the reader needs every row of the tensor).
+Block row_parallel(std::uint64_t input_size, int rank, int tp);
+// The whole tensor, as is (norms, biases of row-parallel layers).
+Block replicated(std::uint64_t dim0);
+
+// ---- padded shards --------------------------------------------------------------
+
+// A dim of `real` entries padded with zeros to `padded` and split evenly over
+// `parts`: part `index` holds padded entries [index*per, (index+1)*per); those below
+// `real` are copied (`copy`), the rest zero-filled (`zero`). Either block may be
+// empty (length 0). Throws when `padded` < `real` or is not divisible by `parts`.
+struct PaddedShard {
+  Block copy;
+  Block zero;
+};
+PaddedShard padded_shard(std::size_t axis, std::uint64_t real, std::uint64_t padded, int index,
+                         int parts, std::string_view what);
+
+// VocabParallelEmbedding / ParallelLMHead: the vocabulary padded to a multiple of
+// kVocabPadding, split evenly over tp (axis 0).
+std::uint64_t padded_vocab(std::uint64_t vocab);
+PaddedShard vocab_parallel(std::uint64_t vocab, int rank, int tp);
+
+// ---- blocks to pieces -----------------------------------------------------------
+
+// Contiguous row-major strides in elements.
+std::vector<std::uint64_t> contiguous_strides(const Shape& shape);
+std::uint64_t element_count(const Shape& shape);
+
+// The one piece that performs `block` from a tensor of `src_shape`/`src_dtype` into
+// a param of `dst_shape`/`dst_dtype`. The shapes after the fixed indices must agree
+// on every axis but `axis`, and the block must lie inside both. A block contiguous
+// on both sides becomes a single row. Violations are bugs in a family's rules and
+// throw Error(Stage::kPlacement) naming `param_name`. local_rank/param are left 0.
+Piece block_to_piece(const Block& block, const Shape& src_shape, DType src_dtype,
+                     const Shape& dst_shape, DType dst_dtype, std::string_view param_name);
+
+}  // namespace ferry::models

@@ -1,0 +1,267 @@
+#include "models/table_model.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "common/error.hpp"
+#include "models/hooks.hpp"
+
+namespace ferry::models {
+namespace {
+
+[[noreturn]] void internal(const std::string& what, const std::string& rule) {
+  throw Error(Stage::kPlacement, "", what, "internal: " + rule);
+}
+
+bool is_float(DType dtype) {
+  return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32;
+}
+
+// What the copy workers can do: a plain copy, or a cast between float types.
+bool castable(DType from, DType to) {
+  return from == to || (is_float(from) && is_float(to));
+}
+
+}  // namespace
+
+ParallelLayout normalize_layout(const ParallelLayout& layout) {
+  auto bad = [](const std::string& rule) {
+    throw Error(Stage::kConfig, "", "", "parallel layout: " + rule);
+  };
+  if (layout.tp < 1) {
+    bad("tp must be >= 1 (got " + std::to_string(layout.tp) + ")");
+  }
+  if (layout.ep < 1) {
+    bad("ep must be >= 1 (got " + std::to_string(layout.ep) + ")");
+  }
+  if (layout.pp < 1) {
+    bad("pp must be >= 1 (got " + std::to_string(layout.pp) + ")");
+  }
+  if (layout.pp_rank < 0 || layout.pp_rank >= layout.pp) {
+    bad("pp_rank " + std::to_string(layout.pp_rank) + " is outside [0, " +
+        std::to_string(layout.pp) + ")");
+  }
+  ParallelLayout out = layout;
+  if (out.local_ranks.empty()) {
+    for (int r = 0; r < out.tp; ++r) {
+      out.local_ranks.push_back(r);
+    }
+  }
+  std::set<int> seen;
+  for (int r : out.local_ranks) {
+    if (r < 0 || r >= out.tp) {
+      bad("local rank " + std::to_string(r) + " is outside [0, tp=" + std::to_string(out.tp) + ")");
+    }
+    if (!seen.insert(r).second) {
+      bad("local rank " + std::to_string(r) + " is listed twice");
+    }
+  }
+  return out;
+}
+
+TableModel::TableModel(std::string family, std::string architecture, ParallelLayout layout,
+                       DType dtype, bool strict)
+    : family_(std::move(family)),
+      architecture_(std::move(architecture)),
+      layout_(std::move(layout)),
+      dtype_(dtype),
+      strict_(strict) {}
+
+void TableModel::add_param(const std::string& name, ShapeRule shape, std::optional<DType> dtype) {
+  if (finished_) {
+    internal(name, "add_param after finish");
+  }
+  param_decls_.push_back({name, std::move(shape), dtype.value_or(dtype_)});
+}
+
+void TableModel::add_param(const std::string& name, Shape shape, std::optional<DType> dtype) {
+  add_param(
+      name, [shape](int) { return shape; }, dtype);
+}
+
+void TableModel::add_target(const std::string& tensor, const std::string& param, Shape src_shape,
+                            BlockRule copy, std::string empty_reason) {
+  if (finished_) {
+    internal(tensor, "add_target after finish");
+  }
+  targets_[tensor].push_back(
+      {param, std::move(src_shape), std::move(copy), std::move(empty_reason)});
+}
+
+void TableModel::add_fill(const std::string& param, BlockRule zero) {
+  if (finished_) {
+    internal(param, "add_fill after finish");
+  }
+  fill_decls_.push_back({param, std::move(zero)});
+}
+
+void TableModel::add_drop_pattern(std::string pattern, std::string reason) {
+  drop_patterns_.emplace_back(std::move(pattern), std::move(reason));
+}
+
+void TableModel::add_drop_name(std::string name, std::string reason) {
+  drop_names_[std::move(name)] = std::move(reason);
+}
+
+void TableModel::finish() {
+  if (finished_) {
+    internal(family_, "finish called twice");
+  }
+  shells_.clear();
+  for (int tp_rank : layout_.local_ranks) {
+    RankShell shell;
+    shell.tp_rank = tp_rank;
+    for (const ParamDecl& decl : param_decls_) {
+      ParamSpec p;
+      p.name = decl.name;
+      p.dtype = decl.dtype;
+      p.shape = decl.shape(tp_rank);
+      p.strides = contiguous_strides(p.shape);
+      std::uint64_t elems = element_count(p.shape);
+      if (__builtin_mul_overflow(elems, dtype_size(p.dtype), &p.nbytes)) {
+        internal(decl.name, "param size overflows 64 bits");
+      }
+      shell.params.push_back(std::move(p));
+    }
+    std::sort(shell.params.begin(), shell.params.end(),
+              [](const ParamSpec& a, const ParamSpec& b) { return a.name < b.name; });
+    for (std::size_t i = 0; i < shell.params.size(); ++i) {
+      if (!shell.by_name.emplace(shell.params[i].name, i).second) {
+        internal(shell.params[i].name, "param declared twice");
+      }
+    }
+    shells_.push_back(std::move(shell));
+  }
+  auto index_of = [&](const RankShell& shell, const std::string& param) {
+    auto it = shell.by_name.find(param);
+    if (it == shell.by_name.end()) {
+      internal(param, "a rule names a param that was not declared");
+    }
+    return it->second;
+  };
+  for (const auto& [tensor, targets] : targets_) {
+    for (const Target& t : targets) {
+      for (const RankShell& shell : shells_) {
+        index_of(shell, t.param);
+      }
+    }
+  }
+  fills_.clear();
+  for (const Fill& f : fill_decls_) {
+    for (std::size_t i = 0; i < shells_.size(); ++i) {
+      std::size_t param = index_of(shells_[i], f.param);
+      const ParamSpec& spec = shells_[i].params[param];
+      for (const Block& b : f.zero(shells_[i].tp_rank)) {
+        if (b.length == 0) {
+          continue;
+        }
+        if (b.kind != Block::Kind::kZero) {
+          internal(f.param, "a fill rule returned a copy block");
+        }
+        Piece p = block_to_piece(b, spec.shape, spec.dtype, spec.shape, spec.dtype, spec.name);
+        p.local_rank = i;
+        p.param = param;
+        fills_.push_back(p);
+      }
+    }
+  }
+  finished_ = true;
+}
+
+void TableModel::add_hook(PostLoadHook hook) {
+  if (!finished_) {
+    internal(hook.name, "add_hook before finish");
+  }
+  validate_hooks(*this, {hook}, hooks_);
+  hooks_.push_back(std::move(hook));
+}
+
+Route TableModel::route(const io::TensorInfo& tensor) const {
+  if (!finished_) {
+    internal(tensor.name, "route before finish");
+  }
+  Route route;
+  if (auto it = drop_names_.find(tensor.name); it != drop_names_.end()) {
+    route.kind = RouteKind::kDropped;
+    route.reason = it->second;
+    return route;
+  }
+  for (const auto& [pattern, reason] : drop_patterns_) {
+    if (tensor.name.find(pattern) != std::string::npos) {
+      route.kind = RouteKind::kDropped;
+      route.reason = reason;
+      return route;
+    }
+  }
+  auto it = targets_.find(tensor.name);
+  if (it == targets_.end()) {
+    if (strict_) {
+      throw Error(Stage::kMapping, tensor.file, tensor.name,
+                  "no parameter of " + architecture_ + " takes this tensor (load.strict is on)");
+    }
+    route.kind = RouteKind::kUnmapped;
+    route.reason = "unknown_name";
+    return route;
+  }
+  for (const Target& t : it->second) {
+    const RankShell& first = shells_.front();
+    const ParamSpec& first_spec = first.params[first.by_name.at(t.param)];
+    if (tensor.shape != t.src_shape) {
+      throw Error(Stage::kPlacement, tensor.file, tensor.name,
+                  "Attempted to load weight " + tensor.name + " " + format_shape(tensor.shape) +
+                      " into parameter " + t.param + " " + format_shape(first_spec.shape) +
+                      " (tp rank " + std::to_string(first.tp_rank) + " of " +
+                      std::to_string(layout_.tp) + "): the checkpoint tensor must be " +
+                      format_shape(t.src_shape));
+    }
+    if (!castable(tensor.dtype, first_spec.dtype)) {
+      throw Error(Stage::kPlacement, tensor.file, tensor.name,
+                  "cannot load a " + std::string(dtype_name(tensor.dtype)) +
+                      " weight into parameter " + t.param + " (" +
+                      std::string(dtype_name(first_spec.dtype)) +
+                      "): only BF16, F16 and F32 convert into each other");
+    }
+    for (std::size_t i = 0; i < shells_.size(); ++i) {
+      const RankShell& shell = shells_[i];
+      std::size_t param = shell.by_name.at(t.param);
+      const ParamSpec& spec = shell.params[param];
+      for (const Block& b : t.copy(shell.tp_rank)) {
+        if (b.length == 0) {
+          continue;
+        }
+        if (b.kind != Block::Kind::kCopy) {
+          internal(t.param, "a target rule returned a zero block (zero blocks are fills)");
+        }
+        Piece p = block_to_piece(b, tensor.shape, tensor.dtype, spec.shape, spec.dtype, spec.name);
+        p.local_rank = i;
+        p.param = param;
+        route.pieces.push_back(p);
+      }
+    }
+  }
+  // Pieces were produced target by target; keep them grouped by local rank.
+  std::stable_sort(route.pieces.begin(), route.pieces.end(),
+                   [](const Piece& a, const Piece& b) { return a.local_rank < b.local_rank; });
+  if (route.pieces.empty()) {
+    route.kind = RouteKind::kDropped;
+    route.reason = it->second.front().empty_reason;
+    return route;
+  }
+  route.kind = RouteKind::kPlaced;
+  route.src_begin = route.pieces.front().src_offset;
+  route.src_end = 0;
+  for (const Piece& p : route.pieces) {
+    route.src_begin = std::min(route.src_begin, p.src_offset);
+    route.src_end = std::max(route.src_end, p.src_end());
+  }
+  if (route.src_end > tensor.nbytes) {
+    // io/ validates nbytes against shape and dtype; this guards hand-made TensorInfos.
+    throw Error(Stage::kPlacement, tensor.file, tensor.name,
+                "the tensor holds " + std::to_string(tensor.nbytes) + " bytes but its shape " +
+                    format_shape(tensor.shape) + " and dtype need at least " +
+                    std::to_string(route.src_end));
+  }
+  return route;
+}
+
+}  // namespace ferry::models

@@ -1,0 +1,111 @@
+// A Model described by tables: the params each local rank holds, which checkpoint
+// names feed which params through which placement rule, which names are dropped,
+// which param regions are zero-filled, and the post-load hooks. Families fill one
+// in their factory (models/dense.cpp) and hand it out as a const Model; tests build
+// toy ones (a param only a hook fills, for instance).
+//
+// Building is single-threaded: declare params, targets, fills and drops, call
+// finish(), then add hooks (they refer to param indices, known after finish()).
+// After that the object is only read, so every Model method is thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/model.hpp"
+#include "models/placement.hpp"
+
+namespace ferry::models {
+
+class TableModel final : public Model {
+ public:
+  // A param's local shape on tp rank `tp_rank`.
+  using ShapeRule = std::function<Shape(int tp_rank)>;
+  // The blocks rank `tp_rank` takes from a tensor (or zero-fills, for fills).
+  using BlockRule = std::function<std::vector<Block>(int tp_rank)>;
+
+  // `layout` must already be normalized (normalize_layout); `architecture` is used
+  // in messages ("no parameter of LlamaForCausalLM takes this tensor").
+  TableModel(std::string family, std::string architecture, ParallelLayout layout, DType dtype,
+             bool strict);
+
+  // ---- building ----------------------------------------------------------------
+  // Declares a param on every local rank, of the model's dtype unless `dtype` says
+  // otherwise (e.g. an F32 router bias in a BF16 model).
+  void add_param(const std::string& name, ShapeRule shape, std::optional<DType> dtype = {});
+  // The same shape on every rank.
+  void add_param(const std::string& name, Shape shape, std::optional<DType> dtype = {});
+  // Checkpoint tensor `tensor`, whose shape must be `src_shape`, feeds `param` with
+  // the blocks `copy` returns for each local rank. A tensor may feed several params.
+  // When no local rank gets a block from any of its targets the tensor is dropped
+  // unread with `empty_reason` (an expert no local device owns: "remote_expert").
+  void add_target(const std::string& tensor, const std::string& param, Shape src_shape,
+                  BlockRule copy, std::string empty_reason = "no_local_slice");
+  // Zero blocks of `param` that no tensor writes (padding).
+  void add_fill(const std::string& param, BlockRule zero);
+  // Tensors whose name contains `pattern` (or equals `name`) are dropped with
+  // `reason`. Drops are checked before targets.
+  void add_drop_pattern(std::string pattern, std::string reason);
+  void add_drop_name(std::string name, std::string reason);
+  // Builds the shells (params sorted by name) and the fill pieces. Throws
+  // Error(Stage::kPlacement) for a duplicate param or a target / fill naming an
+  // undeclared one: those are bugs in a family's tables.
+  void finish();
+  // After finish(): appends a hook after validate_hooks (models/hooks.hpp).
+  void add_hook(PostLoadHook hook);
+
+  // ---- Model ---------------------------------------------------------------------
+  std::string family() const override { return family_; }
+  const ParallelLayout& layout() const override { return layout_; }
+  const std::vector<RankShell>& shells() const override { return shells_; }
+  Route route(const io::TensorInfo& tensor) const override;
+  std::vector<Piece> fill_pieces() const override { return fills_; }
+  std::vector<PostLoadHook> hooks() const override { return hooks_; }
+
+ private:
+  struct Target {
+    std::string param;
+    Shape src_shape;
+    BlockRule copy;
+    std::string empty_reason;
+  };
+  struct Fill {
+    std::string param;
+    BlockRule zero;
+  };
+
+  std::string family_;
+  std::string architecture_;
+  ParallelLayout layout_;
+  DType dtype_;
+  bool strict_;
+  bool finished_ = false;
+
+  struct ParamDecl {
+    std::string name;
+    ShapeRule shape;
+    DType dtype;
+  };
+
+  std::vector<ParamDecl> param_decls_;
+  std::map<std::string, std::vector<Target>> targets_;
+  std::vector<Fill> fill_decls_;
+  std::vector<std::pair<std::string, std::string>> drop_patterns_;
+  std::map<std::string, std::string> drop_names_;
+
+  std::vector<RankShell> shells_;
+  std::vector<Piece> fills_;
+  std::vector<PostLoadHook> hooks_;
+};
+
+// Checks and completes a layout: tp, ep, pp >= 1, 0 <= pp_rank < pp, local ranks
+// distinct and inside [0, tp); empty local ranks become 0..tp-1. Throws
+// Error(Stage::kConfig) naming the field.
+ParallelLayout normalize_layout(const ParallelLayout& layout);
+
+}  // namespace ferry::models

@@ -1,0 +1,241 @@
+// make_model: dispatch on the architecture, the config fields it reads and their
+// defaults, the dtype, the parallel layout, and the errors for each bad input.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/error.hpp"
+#include "models/model.hpp"
+#include "models/reference_util.hpp"
+
+namespace ferry::testing {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+nlohmann::json llama_config() {
+  return tiny_case("llama", DType::kBF16, false).config;
+}
+
+models::ParallelLayout tp_layout(int tp, std::vector<int> local = {}) {
+  models::ParallelLayout l;
+  l.tp = tp;
+  l.local_ranks = std::move(local);
+  return l;
+}
+
+// Runs `fn`, expecting a ferry::Error of `stage`; returns its message.
+std::string error_of(Stage stage, const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.stage(), stage) << e.what();
+    return e.what();
+  }
+  ADD_FAILURE() << "no error";
+  return "";
+}
+
+const models::ParamSpec& param(const models::Model& m, const std::string& name,
+                               std::size_t local = 0) {
+  const auto& shell = m.shells().at(local);
+  return shell.params.at(shell.by_name.at(name));
+}
+
+TEST(MakeModel, DispatchesOnTheArchitecture) {
+  EXPECT_EQ(models::make_model(llama_config(), {})->family(), "llama");
+  EXPECT_EQ(models::make_model(tiny_case("qwen2", DType::kBF16, false).config, {})->family(),
+            "qwen2");
+  EXPECT_EQ(models::make_model(tiny_case("mistral", DType::kBF16, false).config, {})->family(),
+            "mistral");
+  EXPECT_THAT(models::supported_architectures(),
+              ::testing::UnorderedElementsAre("LlamaForCausalLM", "MistralForCausalLM",
+                                              "Qwen2ForCausalLM"));
+}
+
+TEST(MakeModel, UnknownArchitectureNamesItAndTheSupportedOnes) {
+  nlohmann::json c = llama_config();
+  c["architectures"] = {"GPT2LMHeadModel"};
+  std::string msg = error_of(Stage::kMapping, [&] { models::make_model(c, {}); });
+  EXPECT_THAT(msg, AllOf(HasSubstr("GPT2LMHeadModel"), HasSubstr("LlamaForCausalLM"),
+                         HasSubstr("Qwen2ForCausalLM"), HasSubstr("MistralForCausalLM")));
+  c.erase("architectures");
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}); }),
+              HasSubstr("architectures"));
+  c["architectures"] = nlohmann::json::array();
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}); }),
+              HasSubstr("architectures"));
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(nlohmann::json::array(), {}); }),
+              HasSubstr("JSON object"));
+}
+
+TEST(MakeModel, QuantizedCheckpointsAreRefusedByMethod) {
+  nlohmann::json c = llama_config();
+  c["quantization_config"] = {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}};
+  EXPECT_THAT(error_of(Stage::kMapping, [&] { models::make_model(c, {}); }),
+              AllOf(HasSubstr("\"fp8\""), HasSubstr("not supported yet")));
+  c["quantization_config"] = {{"bits", 4}};
+  EXPECT_THAT(error_of(Stage::kMapping, [&] { models::make_model(c, {}); }),
+              HasSubstr("not supported yet"));
+  c["quantization_config"] = nullptr;  // an explicit null is no quantization
+  EXPECT_NO_THROW(models::make_model(c, {}));
+}
+
+TEST(MakeModel, MissingOrMalformedFieldsAreNamed) {
+  for (const char* key : {"hidden_size", "num_attention_heads", "intermediate_size",
+                          "num_hidden_layers", "vocab_size"}) {
+    nlohmann::json c = llama_config();
+    c.erase(key);
+    std::string msg = error_of(Stage::kConfig, [&] { models::make_model(c, {}); });
+    EXPECT_THAT(msg, AllOf(HasSubstr(key), HasSubstr("config.json"))) << key;
+  }
+  nlohmann::json c = llama_config();
+  c["hidden_size"] = "128";
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}); }),
+              HasSubstr("'hidden_size' must be a positive integer (got \"128\")"));
+  c = llama_config();
+  c["num_key_value_heads"] = -2;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}); }),
+              HasSubstr("num_key_value_heads"));
+  c = llama_config();
+  c["intermediate_size"] = 256.5;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}); }),
+              HasSubstr("intermediate_size"));
+  c = llama_config();
+  c["tie_word_embeddings"] = "yes";
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}); }),
+              HasSubstr("tie_word_embeddings"));
+}
+
+TEST(MakeModel, DefaultsForOptionalFields) {
+  nlohmann::json c = llama_config();
+  c.erase("num_key_value_heads");  // default: as many as attention heads
+  c.erase("head_dim");             // default: hidden / heads = 16
+  c.erase("tie_word_embeddings");  // default: untied
+  auto m = models::make_model(c, tp_layout(2));
+  // (4 q + 4 kv + 4 kv heads) * 16 rows at tp 2.
+  EXPECT_EQ(param(*m, "model.layers.0.self_attn.qkv_proj.weight").shape,
+            (std::vector<std::uint64_t>{192, 128}));
+  EXPECT_EQ(m->shells()[0].by_name.count("lm_head.weight"), 1u);
+
+  // An explicit head_dim is honoured even when it is not hidden / heads.
+  c = tiny_case("qwen2", DType::kBF16, false).config;
+  c["head_dim"] = 32;
+  auto q = models::make_model(c, tp_layout(1));
+  EXPECT_EQ(param(*q, "model.layers.0.self_attn.qkv_proj.weight").shape,
+            (std::vector<std::uint64_t>{(8 + 2 + 2) * 32, 128}));
+  EXPECT_EQ(param(*q, "model.layers.0.self_attn.o_proj.weight").shape,
+            (std::vector<std::uint64_t>{128, 8 * 32}));
+  c.erase("head_dim");
+  c["hidden_size"] = 130;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}); }),
+              HasSubstr("not divisible by num_attention_heads"));
+}
+
+TEST(MakeModel, ParamDtypeComesFromTheConfigOrTheOptions) {
+  nlohmann::json c = llama_config();
+  c["torch_dtype"] = "float16";
+  EXPECT_EQ(param(*models::make_model(c, {}), "model.norm.weight").dtype, DType::kF16);
+  models::ModelOptions o;
+  o.dtype = DType::kF32;
+  auto m = models::make_model(c, {}, o);
+  const auto& p = param(*m, "model.norm.weight");
+  EXPECT_EQ(p.dtype, DType::kF32);
+  EXPECT_EQ(p.nbytes, 128u * 4u);
+  // Newer transformers write "dtype".
+  c.erase("torch_dtype");
+  c["dtype"] = "float32";
+  EXPECT_EQ(param(*models::make_model(c, {}), "model.norm.weight").dtype, DType::kF32);
+  c.erase("dtype");
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}); }),
+              HasSubstr("torch_dtype"));
+  EXPECT_NO_THROW(models::make_model(c, {}, o));
+  c["torch_dtype"] = "int8";
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}); }), HasSubstr("\"int8\""));
+}
+
+TEST(MakeModel, ParseModelDtype) {
+  EXPECT_EQ(models::parse_model_dtype("auto"), std::nullopt);
+  EXPECT_EQ(models::parse_model_dtype("bfloat16"), DType::kBF16);
+  EXPECT_EQ(models::parse_model_dtype("half"), DType::kF16);
+  EXPECT_EQ(models::parse_model_dtype("float16"), DType::kF16);
+  EXPECT_EQ(models::parse_model_dtype("float"), DType::kF32);
+  EXPECT_EQ(models::parse_model_dtype("F32"), DType::kF32);
+  EXPECT_THAT(error_of(Stage::kConfig, [] { models::parse_model_dtype("fp8"); }),
+              HasSubstr("\"fp8\""));
+}
+
+TEST(MakeModel, LayoutIsValidatedAndCompleted) {
+  nlohmann::json c = llama_config();
+  auto m = models::make_model(c, tp_layout(4));
+  EXPECT_EQ(m->layout().local_ranks, (std::vector<int>{0, 1, 2, 3}));
+  auto sub = models::make_model(c, tp_layout(4, {3, 1}));
+  ASSERT_EQ(sub->shells().size(), 2u);
+  EXPECT_EQ(sub->shells()[0].tp_rank, 3);
+  EXPECT_EQ(sub->shells()[1].tp_rank, 1);
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, tp_layout(0)); }),
+              HasSubstr("tp must be >= 1"));
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, tp_layout(4, {4})); }),
+              HasSubstr("local rank 4 is outside"));
+  EXPECT_THAT(error_of(Stage::kConfig,
+                       [&] {
+                         models::make_model(c, tp_layout(4, {1, 1}));
+                       }),
+              HasSubstr("listed twice"));
+  models::ParallelLayout l = tp_layout(2);
+  l.ep = 2;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, l); }),
+              HasSubstr("has no experts"));
+  l = tp_layout(2);
+  l.pp = 2;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, l); }),
+              HasSubstr("not supported yet"));
+  l.pp_rank = 2;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, l); }), HasSubstr("pp_rank 2"));
+}
+
+TEST(MakeModel, SplitsThatDoNotDivideAreRefused) {
+  nlohmann::json c = llama_config();
+  // 8 heads over 16 ranks.
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(c, tp_layout(16)); }),
+              HasSubstr("num_attention_heads (8) is not divisible by tensor parallel size 16"));
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(c, tp_layout(3)); }),
+              HasSubstr("not divisible by tensor parallel size 3"));
+  c["intermediate_size"] = 260;
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(c, tp_layout(8)); }),
+              HasSubstr("intermediate_size (260)"));
+}
+
+TEST(MakeModel, ShellsAreSortedWithContiguousStrides) {
+  auto m = models::make_model(llama_config(), tp_layout(2));
+  for (const auto& shell : m->shells()) {
+    // embed, 4 layers x 6 params, norm, lm_head.
+    ASSERT_EQ(shell.params.size(), 1u + 4u * 6u + 2u);
+    ASSERT_EQ(shell.by_name.size(), shell.params.size());
+    for (std::size_t i = 0; i < shell.params.size(); ++i) {
+      const auto& p = shell.params[i];
+      if (i > 0) {
+        EXPECT_LT(shell.params[i - 1].name, p.name);
+      }
+      EXPECT_EQ(shell.by_name.at(p.name), i);
+      ASSERT_EQ(p.strides.size(), p.shape.size());
+      std::uint64_t expect = 1;
+      for (std::size_t d = p.shape.size(); d > 0; --d) {
+        EXPECT_EQ(p.strides[d - 1], expect) << p.name;
+        expect *= p.shape[d - 1];
+      }
+      EXPECT_EQ(p.nbytes, expect * 2) << p.name;
+    }
+  }
+  const auto& shell = m->shells()[0];
+  EXPECT_EQ(param(*m, "model.embed_tokens.weight").shape, (std::vector<std::uint64_t>{512, 128}));
+  EXPECT_EQ(param(*m, "model.layers.3.mlp.gate_up_proj.weight").shape,
+            (std::vector<std::uint64_t>{256, 128}));
+  EXPECT_EQ(param(*m, "model.layers.3.mlp.down_proj.weight").shape,
+            (std::vector<std::uint64_t>{128, 128}));
+  EXPECT_EQ(shell.by_name.count("model.layers.0.self_attn.q_proj.weight"), 0u);
+  EXPECT_EQ(shell.by_name.count("model.layers.0.self_attn.qkv_proj.bias"), 0u);
+}
+
+}  // namespace
+}  // namespace ferry::testing

@@ -1,0 +1,203 @@
+// The placement building blocks on their own: ranges of each rule and the
+// block-to-piece arithmetic, including the errors for splits that do not divide.
+#include "models/placement.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "common/error.hpp"
+
+namespace ferry::models {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Placement, EvenShardSplitsAndRefusesRemainders) {
+  EXPECT_EQ(even_shard(12, 0, 4, "x"), (Range{0, 3}));
+  EXPECT_EQ(even_shard(12, 3, 4, "x"), (Range{9, 3}));
+  EXPECT_THAT(error_of([] { even_shard(28, 0, 8, "num_attention_heads"); }),
+              HasSubstr("num_attention_heads (28) is not divisible by tensor parallel size 8"));
+  EXPECT_THAT(error_of([] { even_shard(8, 4, 4, "x"); }), HasSubstr("does not exist"));
+  EXPECT_THAT(error_of([] { even_shard(8, 0, 0, "x"); }), HasSubstr("does not exist"));
+}
+
+TEST(Placement, KvHeadsAreSplitOrReplicated) {
+  QkvShape s{8, 2, 16};
+  // tp 2: one kv head each.
+  EXPECT_EQ(kv_heads_of_rank(s, 0, 2), (Range{0, 1}));
+  EXPECT_EQ(kv_heads_of_rank(s, 1, 2), (Range{1, 1}));
+  // tp 8, 2 kv heads: ranks 0-3 hold head 0, ranks 4-7 head 1.
+  for (int r = 0; r < 8; ++r) {
+    EXPECT_EQ(kv_heads_of_rank(s, r, 8), (Range{static_cast<std::uint64_t>(r / 4), 1})) << r;
+  }
+  QkvShape wide{32, 8, 128};
+  EXPECT_EQ(kv_heads_of_rank(wide, 1, 2), (Range{4, 4}));
+  EXPECT_EQ(qkv_local_rows(wide, 2), (16u + 8u) * 128u);
+  EXPECT_EQ(qkv_local_rows(s, 8), (1u + 2u) * 16u);
+}
+
+TEST(Placement, CheckQkvRefusesUnevenHeads) {
+  EXPECT_THAT(error_of([] { check_qkv({28, 4, 128}, 8); }), HasSubstr("num_attention_heads (28)"));
+  // 12 heads, 6 kv heads, tp 4: kv neither divisible by 4 nor dividing 4.
+  EXPECT_THAT(error_of([] {
+                check_qkv({12, 6, 64}, 4);
+              }),
+              HasSubstr("num_key_value_heads (6) is not divisible"));
+  EXPECT_THAT(error_of([] {
+                check_qkv({12, 3, 64}, 4);
+              }),
+              HasSubstr("not a multiple of num_key_value_heads (3)"));
+  EXPECT_THAT(error_of([] {
+                check_qkv({12, 5, 64}, 1);
+              }),
+              HasSubstr("num_attention_heads (12) is not a multiple of num_key_value_heads (5)"));
+  EXPECT_NO_THROW(check_qkv({8, 2, 16}, 8));
+}
+
+TEST(Placement, QkvSlotsFollowEachOther) {
+  QkvShape s{8, 2, 16};
+  // tp 2 rank 1: q heads 4..7 (rows 64..127) at 0, k head 1 (rows 16..31) at 64,
+  // v head 1 at 80.
+  Block q = qkv_slot(s, QkvSlot::kQ, 1, 2);
+  Block k = qkv_slot(s, QkvSlot::kK, 1, 2);
+  Block v = qkv_slot(s, QkvSlot::kV, 1, 2);
+  EXPECT_EQ(q.src_start, 64u);
+  EXPECT_EQ(q.dst_start, 0u);
+  EXPECT_EQ(q.length, 64u);
+  EXPECT_EQ(k.src_start, 16u);
+  EXPECT_EQ(k.dst_start, 64u);
+  EXPECT_EQ(k.length, 16u);
+  EXPECT_EQ(v.src_start, 16u);
+  EXPECT_EQ(v.dst_start, 80u);
+  EXPECT_EQ(v.length, 16u);
+}
+
+TEST(Placement, MergedColumnPutsGateBeforeUp) {
+  std::vector<std::uint64_t> sizes{256, 256};
+  Block gate = merged_column_slot(sizes, 0, 3, 4);
+  Block up = merged_column_slot(sizes, 1, 3, 4);
+  EXPECT_EQ(gate.src_start, 192u);
+  EXPECT_EQ(gate.dst_start, 0u);
+  EXPECT_EQ(gate.length, 64u);
+  EXPECT_EQ(up.src_start, 192u);
+  EXPECT_EQ(up.dst_start, 64u);
+  EXPECT_EQ(up.length, 64u);
+  // Unequal parts: the second slot starts after the first part's share.
+  std::vector<std::uint64_t> uneven{8, 16};
+  EXPECT_EQ(merged_column_slot(uneven, 1, 1, 2).dst_start, 4u);
+  EXPECT_EQ(merged_column_slot(uneven, 1, 1, 2).src_start, 8u);
+  EXPECT_THAT(error_of([&] { merged_column_slot(uneven, 2, 0, 2); }), HasSubstr("slot 2"));
+}
+
+TEST(Placement, VocabParallelPadsTheTailWithZeros) {
+  EXPECT_EQ(padded_vocab(1000), 1024u);
+  EXPECT_EQ(padded_vocab(128256), 128256u);
+  // tp 8: 128 rows each; rank 7 holds 896..1023 of which 896..999 are real.
+  PaddedShard last = vocab_parallel(1000, 7, 8);
+  EXPECT_EQ(last.copy.src_start, 896u);
+  EXPECT_EQ(last.copy.length, 104u);
+  EXPECT_EQ(last.zero.kind, Block::Kind::kZero);
+  EXPECT_EQ(last.zero.dst_start, 104u);
+  EXPECT_EQ(last.zero.length, 24u);
+  PaddedShard first = vocab_parallel(1000, 0, 8);
+  EXPECT_EQ(first.copy.length, 128u);
+  EXPECT_EQ(first.zero.length, 0u);
+  // A part entirely in the padding copies nothing.
+  PaddedShard empty = padded_shard(0, 65, 128, 5, 8, "vocab");
+  EXPECT_EQ(empty.copy.length, 0u);
+  EXPECT_EQ(empty.zero.dst_start, 0u);
+  EXPECT_EQ(empty.zero.length, 16u);
+  EXPECT_THAT(error_of([] { padded_shard(0, 10, 8, 0, 2, "x"); }), HasSubstr("smaller"));
+  EXPECT_THAT(error_of([] { vocab_parallel(1000, 0, 3); }), HasSubstr("not divisible"));
+}
+
+TEST(Placement, RowSliceIsOneContiguousPiece) {
+  // Rows 64..127 of a [128, 32] BF16 tensor into rows 0..63 of a [96, 32] F32 param.
+  Block b{Block::Kind::kCopy, 0, {}, {}, 64, 0, 64};
+  Piece p = block_to_piece(b, {128, 32}, DType::kBF16, {96, 32}, DType::kF32, "w");
+  EXPECT_EQ(p.rows, 1u);
+  EXPECT_EQ(p.width_elems, 64u * 32u);
+  EXPECT_EQ(p.src_offset, 64u * 32u * 2u);
+  EXPECT_EQ(p.dst_offset, 0u);
+  EXPECT_EQ(p.src_pitch, 64u * 32u * 2u);
+  EXPECT_EQ(p.dst_pitch, 64u * 32u * 4u);
+  EXPECT_EQ(p.src_end(), 128u * 32u * 2u);
+  EXPECT_EQ(p.dst_bytes(), 64u * 32u * 4u);
+}
+
+TEST(Placement, ColumnSliceIsAPitchedPiece) {
+  // Columns 8..15 of a [4, 16] tensor into a [4, 8] param.
+  Block b = row_parallel(16, 1, 2);
+  Piece p = block_to_piece(b, {4, 16}, DType::kBF16, {4, 8}, DType::kBF16, "o");
+  EXPECT_EQ(p.rows, 4u);
+  EXPECT_EQ(p.width_elems, 8u);
+  EXPECT_EQ(p.src_offset, 16u);
+  EXPECT_EQ(p.src_pitch, 32u);
+  EXPECT_EQ(p.dst_offset, 0u);
+  EXPECT_EQ(p.dst_pitch, 16u);
+  EXPECT_EQ(p.src_end(), 3u * 32u + 16u + 16u);
+}
+
+TEST(Placement, FixedLeadingIndicesSelectASubArray) {
+  // Expert 2's rows 4..7 of a [4, 8, 3] tensor into slot 1 rows 0..3 of a [2, 4, 3]
+  // param: what stacked expert params will need.
+  Block b{Block::Kind::kCopy, 0, {2}, {1}, 4, 0, 4};
+  Piece p = block_to_piece(b, {4, 8, 3}, DType::kF32, {2, 4, 3}, DType::kF32, "w13");
+  EXPECT_EQ(p.rows, 1u);
+  EXPECT_EQ(p.width_elems, 12u);
+  EXPECT_EQ(p.src_offset, (2u * 24u + 4u * 3u) * 4u);
+  EXPECT_EQ(p.dst_offset, (1u * 12u) * 4u);
+}
+
+TEST(Placement, ZeroBlockHasNoSource) {
+  Block z{Block::Kind::kZero, 0, {}, {}, 0, 104, 24};
+  Piece p = block_to_piece(z, {128, 16}, DType::kBF16, {128, 16}, DType::kBF16, "embed");
+  EXPECT_EQ(p.kind, Piece::Kind::kZero);
+  EXPECT_EQ(p.dst_offset, 104u * 16u * 2u);
+  EXPECT_EQ(p.width_elems, 24u * 16u);
+  EXPECT_EQ(p.src_offset, 0u);
+  EXPECT_EQ(p.src_end(), 0u);
+}
+
+TEST(Placement, BlocksOutsideTheirArraysAreRefused) {
+  Block b{Block::Kind::kCopy, 0, {}, {}, 100, 0, 64};
+  EXPECT_THAT(error_of([&] {
+                block_to_piece(b, {128, 32}, DType::kBF16, {64, 32}, DType::kBF16, "w");
+              }),
+              HasSubstr("exceeds"));
+  Block wide{Block::Kind::kCopy, 0, {}, {}, 0, 0, 4};
+  EXPECT_THAT(error_of([&] {
+                block_to_piece(wide, {4, 32}, DType::kBF16, {4, 16}, DType::kBF16, "w");
+              }),
+              HasSubstr("differ on axis 1"));
+  Block axis{Block::Kind::kCopy, 2, {}, {}, 0, 0, 1};
+  EXPECT_THAT(error_of([&] {
+                block_to_piece(axis, {4, 4}, DType::kBF16, {4, 4}, DType::kBF16, "w");
+              }),
+              HasSubstr("axis 2"));
+  Block index{Block::Kind::kCopy, 0, {5}, {}, 0, 0, 1};
+  EXPECT_THAT(error_of([&] {
+                block_to_piece(index, {4, 4}, DType::kBF16, {4}, DType::kBF16, "w");
+              }),
+              HasSubstr("outside dim 0"));
+}
+
+TEST(Placement, StridesAreRowMajor) {
+  EXPECT_EQ(contiguous_strides({2, 3, 4}), (std::vector<std::uint64_t>{12, 4, 1}));
+  EXPECT_EQ(contiguous_strides({}), (std::vector<std::uint64_t>{}));
+  EXPECT_EQ(element_count({2, 3, 4}), 24u);
+  EXPECT_EQ(round_up(1000, 64), 1024u);
+  EXPECT_EQ(round_up(1024, 64), 1024u);
+}
+
+}  // namespace
+}  // namespace ferry::models

@@ -1,0 +1,360 @@
+#include "models/reference_util.hpp"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "tools/synth.hpp"
+
+namespace ferry::testing {
+namespace {
+
+std::uint64_t get_u64(const nlohmann::json& c, const char* key) {
+  return c.at(key).get<std::uint64_t>();
+}
+
+bool get_bool(const nlohmann::json& c, const char* key) {
+  return c.contains(key) && !c.at(key).is_null() && c.at(key).get<bool>();
+}
+
+const HostTensor& at(const TensorMap& m, const std::string& name) {
+  auto it = m.find(name);
+  if (it == m.end()) {
+    throw std::runtime_error("reference: checkpoint has no " + name);
+  }
+  return it->second;
+}
+
+// Element (row, col) of a 2-D tensor, or element `row` of a 1-D one (col 0).
+float elem(const HostTensor& t, std::uint64_t row, std::uint64_t col) {
+  std::uint64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
+  return t.values.at(row * cols + col);
+}
+
+float half_to_float(std::uint16_t h) {
+  std::uint32_t sign = (h >> 15) & 1u;
+  std::uint32_t exp = (h >> 10) & 0x1fu;
+  std::uint32_t man = h & 0x3ffu;
+  float mag = 0;
+  if (exp == 0) {
+    mag = static_cast<float>(man) / 1024.0f / 16384.0f;  // subnormal: man * 2^-24
+  } else if (exp == 31) {
+    mag = man == 0 ? INFINITY : NAN;
+  } else {
+    mag = (1.0f + static_cast<float>(man) / 1024.0f);
+    int e = static_cast<int>(exp) - 15;
+    for (; e > 0; --e) {
+      mag *= 2.0f;
+    }
+    for (; e < 0; ++e) {
+      mag /= 2.0f;
+    }
+  }
+  return sign != 0 ? -mag : mag;
+}
+
+}  // namespace
+
+RefConfig ref_config(const nlohmann::json& config) {
+  RefConfig c;
+  c.hidden = get_u64(config, "hidden_size");
+  c.heads = get_u64(config, "num_attention_heads");
+  c.kv_heads =
+      config.contains("num_key_value_heads") ? get_u64(config, "num_key_value_heads") : c.heads;
+  c.head_dim = config.contains("head_dim") && !config["head_dim"].is_null()
+                   ? get_u64(config, "head_dim")
+                   : c.hidden / c.heads;
+  c.inter = get_u64(config, "intermediate_size");
+  c.layers = get_u64(config, "num_hidden_layers");
+  c.vocab = get_u64(config, "vocab_size");
+  c.tied = get_bool(config, "tie_word_embeddings");
+  std::string arch = config.at("architectures").at(0).get<std::string>();
+  if (arch == "Qwen2ForCausalLM") {
+    c.qkv_bias = true;
+  } else {
+    c.qkv_bias = get_bool(config, "attention_bias");
+    c.o_bias = c.qkv_bias;
+    c.mlp_bias = get_bool(config, "mlp_bias");
+  }
+  return c;
+}
+
+SynthCase tiny_case(const std::string& family, DType dtype, bool tied, bool llama_biases) {
+  const std::string synth_family = family == "mistral" ? "llama" : family;
+  SynthCase out;
+  out.dtype = dtype;
+  out.config = tools::synth_config(synth_family, "tiny", dtype, tied);
+  for (const tools::SynthTensor& t : tools::synth_tensor_list(synth_family, "tiny", dtype, tied)) {
+    out.names.push_back(t.name);
+    out.shapes[t.name] = t.shape;
+  }
+  if (family == "mistral") {
+    out.config["architectures"] = {"MistralForCausalLM"};
+    out.config["model_type"] = "mistral";
+    out.config.erase("head_dim");
+    out.config.erase("attention_bias");
+    out.config.erase("mlp_bias");
+  }
+  if (llama_biases) {
+    out.config["attention_bias"] = true;
+    out.config["mlp_bias"] = true;
+    const RefConfig c = ref_config(out.config);
+    for (std::uint64_t l = 0; l < c.layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      const std::map<std::string, std::uint64_t> biases{
+          {"self_attn.q_proj.bias", c.heads * c.head_dim},
+          {"self_attn.k_proj.bias", c.kv_heads * c.head_dim},
+          {"self_attn.v_proj.bias", c.kv_heads * c.head_dim},
+          {"self_attn.o_proj.bias", c.hidden},
+          {"mlp.gate_proj.bias", c.inter},
+          {"mlp.up_proj.bias", c.inter},
+          {"mlp.down_proj.bias", c.hidden},
+      };
+      for (const auto& [suffix, n] : biases) {
+        out.names.push_back(p + suffix);
+        out.shapes[p + suffix] = {n};
+      }
+    }
+  }
+  return out;
+}
+
+io::TensorInfo tensor_info(const std::string& name, DType dtype,
+                           const std::vector<std::uint64_t>& shape) {
+  io::TensorInfo t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.file = "model-00001-of-00001.safetensors";
+  t.nbytes = dtype_size(dtype);
+  for (std::uint64_t d : shape) {
+    t.nbytes *= d;
+  }
+  return t;
+}
+
+TensorMap make_checkpoint(const std::map<std::string, std::vector<std::uint64_t>>& shapes,
+                          std::uint64_t seed) {
+  TensorMap out;
+  for (const auto& [name, shape] : shapes) {
+    HostTensor t;
+    t.shape = shape;
+    std::uint64_t n = 1;
+    for (std::uint64_t d : shape) {
+      n *= d;
+    }
+    t.values.resize(n);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      t.values[i] = tools::synth_value(seed, name, i);
+    }
+    out.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int, int tp_int) {
+  const auto rank = static_cast<std::uint64_t>(rank_int);
+  const auto tp = static_cast<std::uint64_t>(tp_int);
+  TensorMap out;
+  const std::uint64_t H = c.hidden;
+  const std::uint64_t hd = c.head_dim;
+
+  // Vocabulary: padded to a multiple of 64, rank r holds padded rows
+  // [r*per, (r+1)*per); rows past the real vocabulary are zero.
+  auto vocab_param = [&](const std::string& name) {
+    const std::uint64_t padded = (c.vocab + 63) / 64 * 64;
+    const std::uint64_t per = padded / tp;
+    const HostTensor& full = at(ck, name);
+    HostTensor t;
+    t.shape = {per, H};
+    for (std::uint64_t i = 0; i < per; ++i) {
+      std::uint64_t g = rank * per + i;
+      for (std::uint64_t j = 0; j < H; ++j) {
+        t.values.push_back(g < c.vocab ? elem(full, g, j) : 0.0f);
+      }
+    }
+    out[name] = std::move(t);
+  };
+  vocab_param("model.embed_tokens.weight");
+  if (!c.tied) {
+    vocab_param("lm_head.weight");
+  }
+  auto copy_full = [&](const std::string& name) { out[name] = at(ck, name); };
+  copy_full("model.norm.weight");
+
+  // Heads of this rank: q heads [rank*hq, (rank+1)*hq); kv heads split when there are
+  // at least tp of them, else rank r holds kv head r / (tp / kv).
+  const std::uint64_t hq = c.heads / tp;
+  std::vector<std::uint64_t> kv_list;
+  if (c.kv_heads >= tp) {
+    for (std::uint64_t h = rank * (c.kv_heads / tp); h < (rank + 1) * (c.kv_heads / tp); ++h) {
+      kv_list.push_back(h);
+    }
+  } else {
+    kv_list.push_back(rank / (tp / c.kv_heads));
+  }
+  const std::uint64_t il = c.inter / tp;
+
+  for (std::uint64_t l = 0; l < c.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight"}) {
+      copy_full(p + n);
+    }
+    // qkv_proj: this rank's q heads, then its k heads, then its v heads; each head is
+    // head_dim consecutive rows of the checkpoint tensor.
+    for (bool bias : {false, true}) {
+      if (bias && !c.qkv_bias) {
+        continue;
+      }
+      const std::string suffix = bias ? ".bias" : ".weight";
+      const std::uint64_t cols = bias ? 1 : H;
+      HostTensor t;
+      auto append_head = [&](const std::string& src, std::uint64_t head) {
+        const HostTensor& full = at(ck, p + "self_attn." + src + suffix);
+        for (std::uint64_t d = 0; d < hd; ++d) {
+          for (std::uint64_t j = 0; j < cols; ++j) {
+            t.values.push_back(elem(full, head * hd + d, j));
+          }
+        }
+      };
+      for (std::uint64_t h = 0; h < hq; ++h) {
+        append_head("q_proj", rank * hq + h);
+      }
+      for (std::uint64_t h : kv_list) {
+        append_head("k_proj", h);
+      }
+      for (std::uint64_t h : kv_list) {
+        append_head("v_proj", h);
+      }
+      std::uint64_t rows = (hq + 2 * kv_list.size()) * hd;
+      t.shape = bias ? std::vector<std::uint64_t>{rows} : std::vector<std::uint64_t>{rows, H};
+      out[p + "self_attn.qkv_proj" + suffix] = std::move(t);
+    }
+    // Row-parallel: columns [rank*k, (rank+1)*k) of every row.
+    auto column_slice = [&](const std::string& name, std::uint64_t in_full) {
+      const HostTensor& full = at(ck, name);
+      const std::uint64_t k = in_full / tp;
+      HostTensor t;
+      t.shape = {H, k};
+      for (std::uint64_t i = 0; i < H; ++i) {
+        for (std::uint64_t j = 0; j < k; ++j) {
+          t.values.push_back(elem(full, i, rank * k + j));
+        }
+      }
+      out[name] = std::move(t);
+    };
+    column_slice(p + "self_attn.o_proj.weight", c.heads * hd);
+    if (c.o_bias) {
+      copy_full(p + "self_attn.o_proj.bias");
+    }
+    // gate_up_proj: this rank's gate rows, then its up rows.
+    for (bool bias : {false, true}) {
+      if (bias && !c.mlp_bias) {
+        continue;
+      }
+      const std::string suffix = bias ? ".bias" : ".weight";
+      const std::uint64_t cols = bias ? 1 : H;
+      HostTensor t;
+      for (const char* src : {"gate_proj", "up_proj"}) {
+        const HostTensor& full = at(ck, p + "mlp." + src + suffix);
+        for (std::uint64_t i = 0; i < il; ++i) {
+          for (std::uint64_t j = 0; j < cols; ++j) {
+            t.values.push_back(elem(full, rank * il + i, j));
+          }
+        }
+      }
+      t.shape = bias ? std::vector<std::uint64_t>{2 * il} : std::vector<std::uint64_t>{2 * il, H};
+      out[p + "mlp.gate_up_proj" + suffix] = std::move(t);
+    }
+    column_slice(p + "mlp.down_proj.weight", c.inter);
+    if (c.mlp_bias) {
+      copy_full(p + "mlp.down_proj.bias");
+    }
+  }
+  return out;
+}
+
+void encode_one(float v, DType dtype, std::byte* out) {
+  if (dtype == DType::kF32) {
+    std::memcpy(out, &v, 4);
+  } else if (dtype == DType::kBF16 || dtype == DType::kF16) {
+    std::uint16_t bits =
+        dtype == DType::kBF16 ? tools::float_to_bf16_bits(v) : tools::float_to_f16_bits(v);
+    std::memcpy(out, &bits, 2);
+  } else {
+    throw std::runtime_error("encode: unsupported dtype");
+  }
+}
+
+std::vector<std::byte> encode(const std::vector<float>& values, DType dtype) {
+  std::vector<std::byte> out(values.size() * dtype_size(dtype));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    encode_one(values[i], dtype, out.data() + i * dtype_size(dtype));
+  }
+  return out;
+}
+
+float decode_one(const std::byte* p, DType dtype) {
+  if (dtype == DType::kF32) {
+    float v = 0;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  std::uint16_t bits = 0;
+  std::memcpy(&bits, p, 2);
+  if (dtype == DType::kBF16) {
+    std::uint32_t w = static_cast<std::uint32_t>(bits) << 16;
+    float v = 0;
+    std::memcpy(&v, &w, 4);
+    return v;
+  }
+  if (dtype == DType::kF16) {
+    return half_to_float(bits);
+  }
+  throw std::runtime_error("decode: unsupported dtype");
+}
+
+ParamBuffers make_buffers(const models::Model& model) {
+  ParamBuffers b;
+  for (const models::RankShell& shell : model.shells()) {
+    auto& bytes = b.bytes.emplace_back();
+    auto& writes = b.writes.emplace_back();
+    for (const models::ParamSpec& p : shell.params) {
+      // 0xFF bytes decode as NaN in every float type: an unwritten element never
+      // compares equal to the reference.
+      bytes.emplace_back(p.nbytes, std::byte{0xFF});
+      writes.emplace_back(p.nbytes, 0);
+    }
+  }
+  return b;
+}
+
+void apply_piece(const models::Piece& piece, std::span<const std::byte> window,
+                 std::uint64_t window_begin, ParamBuffers& buffers) {
+  auto& dst = buffers.bytes.at(piece.local_rank).at(piece.param);
+  auto& writes = buffers.writes.at(piece.local_rank).at(piece.param);
+  const std::uint64_t ses = dtype_size(piece.src_dtype);
+  const std::uint64_t des = dtype_size(piece.dst_dtype);
+  for (std::uint64_t r = 0; r < piece.rows; ++r) {
+    for (std::uint64_t e = 0; e < piece.width_elems; ++e) {
+      const std::uint64_t d = piece.dst_offset + r * piece.dst_pitch + e * des;
+      if (d + des > dst.size()) {
+        throw std::runtime_error("piece writes past its param");
+      }
+      float v = 0.0f;
+      if (piece.kind == models::Piece::Kind::kCopy) {
+        const std::uint64_t s = piece.src_offset + r * piece.src_pitch + e * ses;
+        if (s < window_begin || s + ses > window_begin + window.size()) {
+          throw std::runtime_error("piece reads byte " + std::to_string(s) +
+                                   " outside the read range");
+        }
+        v = decode_one(window.data() + (s - window_begin), piece.src_dtype);
+      }
+      encode_one(v, piece.dst_dtype, dst.data() + d);
+      for (std::uint64_t k = 0; k < des; ++k) {
+        ++writes[d + k];
+      }
+    }
+  }
+}
+
+}  // namespace ferry::testing

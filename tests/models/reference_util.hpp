@@ -1,0 +1,89 @@
+// An independent, deliberately naive account of what each tensor-parallel rank of
+// a Llama-like model must hold, and a naive executor of ferry's pieces. Nothing here
+// uses models/ code: the reference reads config.json itself and computes every
+// element of every local param by explicit index arithmetic (Megatron definitions),
+// so a placement test compares two separate derivations element by element.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "io/safetensors.hpp"
+#include "models/model.hpp"
+
+namespace ferry::testing {
+
+struct RefConfig {
+  std::uint64_t hidden = 0;
+  std::uint64_t heads = 0;
+  std::uint64_t kv_heads = 0;
+  std::uint64_t head_dim = 0;
+  std::uint64_t inter = 0;
+  std::uint64_t layers = 0;
+  std::uint64_t vocab = 0;
+  bool tied = false;
+  bool qkv_bias = false;
+  bool o_bias = false;
+  bool mlp_bias = false;
+};
+
+// Reads the fields the reference needs (Qwen2: q/k/v biases; Llama/Mistral:
+// attention_bias, mlp_bias).
+RefConfig ref_config(const nlohmann::json& config);
+
+struct HostTensor {
+  std::vector<std::uint64_t> shape;
+  std::vector<float> values;  // row-major
+};
+using TensorMap = std::map<std::string, HostTensor>;
+
+// Full checkpoint tensors of `shapes` with values tools::synth_value(seed, name, i).
+TensorMap make_checkpoint(const std::map<std::string, std::vector<std::uint64_t>>& shapes,
+                          std::uint64_t seed);
+
+// What tp rank `rank` of `tp` must hold: SGLang param name -> local shape and values.
+TensorMap reference_params(const RefConfig& c, const TensorMap& checkpoint, int rank, int tp);
+
+// A tiny synthetic checkpoint (tools/synth.hpp's "tiny" preset) of "llama", "qwen2"
+// or "mistral" (Llama's tensors under a Mistral config: no head_dim, no bias keys).
+// `llama_biases` turns on attention_bias and mlp_bias and adds those tensors.
+struct SynthCase {
+  nlohmann::json config;
+  std::vector<std::string> names;  // checkpoint order
+  std::map<std::string, std::vector<std::uint64_t>> shapes;
+  DType dtype = DType::kBF16;
+};
+SynthCase tiny_case(const std::string& family, DType dtype, bool tied, bool llama_biases = false);
+
+// A TensorInfo as a validated header would give it (offset 0, nbytes from shape).
+io::TensorInfo tensor_info(const std::string& name, DType dtype,
+                           const std::vector<std::uint64_t>& shape);
+
+// Little-endian encoding of floats as BF16, F16 or F32 (values must be exact in
+// the target type; synth values are), and back.
+std::vector<std::byte> encode(const std::vector<float>& values, DType dtype);
+void encode_one(float value, DType dtype, std::byte* out);
+float decode_one(const std::byte* p, DType dtype);
+
+// Param storage of every local rank, plus how often each byte was written.
+struct ParamBuffers {
+  std::vector<std::vector<std::vector<std::byte>>> bytes;      // [local rank][param]
+  std::vector<std::vector<std::vector<std::uint8_t>>> writes;  // same shape, per byte
+};
+ParamBuffers make_buffers(const models::Model& model);
+
+// Applies one piece the way a copy worker must: row i copies width_elems elements
+// from src_offset + i*src_pitch to dst_offset + i*dst_pitch, converting each element
+// from src_dtype to dst_dtype; a zero piece writes zeros. `window` holds the tensor's
+// bytes [window_begin, window_begin + window.size()): a piece that reads outside it
+// (or writes outside its param) throws std::runtime_error.
+void apply_piece(const models::Piece& piece, std::span<const std::byte> window,
+                 std::uint64_t window_begin, ParamBuffers& buffers);
+
+}  // namespace ferry::testing
