@@ -9,9 +9,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "io/file.hpp"
 #include "io/reader.hpp"
@@ -128,5 +130,18 @@ struct FreeDeleter {
 };
 using AlignedBuffer = std::unique_ptr<std::byte[], FreeDeleter>;
 AlignedBuffer make_aligned_buffer(std::size_t bytes, std::size_t alignment = 4096);
+
+// Moves every finished completion to `out` and lowers `outstanding` by as many;
+// the common tail of every engine's poll().
+inline std::size_t hand_over(std::deque<Completion>& ready, std::vector<Completion>& out,
+                             std::size_t& outstanding) {
+  const std::size_t n = ready.size();
+  for (Completion& c : ready) {
+    out.push_back(std::move(c));
+  }
+  ready.clear();
+  outstanding -= n;
+  return n;
+}
 
 }  // namespace ferry::io::detail

@@ -43,13 +43,7 @@ class MmapReader final : public Reader {
   }
 
   std::size_t poll(std::vector<Completion>& out, std::chrono::milliseconds /*wait*/) override {
-    const std::size_t n = ready_.size();
-    for (Completion& c : ready_) {
-      out.push_back(std::move(c));
-    }
-    ready_.clear();
-    outstanding_ -= n;
-    return n;
+    return detail::hand_over(ready_, out, outstanding_);
   }
 
   std::size_t outstanding() const override { return outstanding_; }

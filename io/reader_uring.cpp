@@ -184,13 +184,7 @@ class UringReader final : public Reader {
         throw_errno(Stage::kRead, "", "io_uring_wait_cqe_timeout", -r);
       }
     }
-    const std::size_t n = ready_.size();
-    for (Completion& c : ready_) {
-      out.push_back(std::move(c));
-    }
-    ready_.clear();
-    outstanding_ -= n;
-    return n;
+    return detail::hand_over(ready_, out, outstanding_);
   }
 
   std::size_t outstanding() const override { return outstanding_; }
