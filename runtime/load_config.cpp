@@ -1,0 +1,924 @@
+// LoadConfig's layered builder: merging sources key by key, then validating the
+// merged keys into the plain struct. The set of known keys is to_json's output for
+// the in-code defaults, so the schema and the report cannot drift apart.
+#include "runtime/load_config.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <charconv>
+#include <climits>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <utility>
+
+#include "common/error.hpp"
+
+namespace ferry::runtime {
+namespace {
+
+constexpr std::string_view kDefaultsSource = "defaults";
+constexpr int kMaxParallel = 4096;     // tp, ep, pp: far beyond any deployment
+constexpr int kMaxCudaOrdinal = 1024;  // keeps "cuda:0-999999999" from allocating
+constexpr std::uint64_t kMaxChunkBytes = std::uint64_t{1} << 30;  // a read returns < 2 GiB
+constexpr std::uint64_t kDirectAlign = 4096;  // O_DIRECT alignment (notes/toolchain.md)
+
+[[noreturn]] void fail(std::string_view source, std::string rule) {
+  throw Error(Stage::kConfig, std::string(source), "", std::move(rule));
+}
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())) != 0) {
+    s.remove_prefix(1);
+  }
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())) != 0) {
+    s.remove_suffix(1);
+  }
+  return s;
+}
+
+std::string json_quoted(std::string_view text) {
+  return nlohmann::json(std::string(text)).dump();
+}
+
+// Known keys, read off to_json(LoadConfig{}): leaves ("io.direct", "devices") and
+// sections ("io").
+struct Schema {
+  std::set<std::string> leaves;
+  std::set<std::string> sections;
+};
+
+const Schema& schema() {
+  static const Schema s = [] {
+    Schema out;
+    const nlohmann::json defaults = to_json(LoadConfig{});  // outlives the loop below
+    for (const auto& [key, value] : defaults.items()) {
+      if (value.is_object()) {
+        out.sections.insert(key);
+        for (const auto& [sub, unused] : value.items()) {
+          out.leaves.insert(key + "." + sub);
+        }
+      } else {
+        out.leaves.insert(key);
+      }
+    }
+    return out;
+  }();
+  return s;
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) {
+    row[j] = j;
+  }
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// "unknown key 'io.chunk_byte' (did you mean 'io.chunk_bytes'?)" for near misses,
+// and "unknown key 'tp' (did you mean 'parallel.tp'?)" for a key without its section.
+std::string unknown_key(const std::string& key) {
+  std::string rule = "unknown key '" + key + "'";
+  std::string best;
+  std::size_t best_distance = std::min<std::size_t>(3, (key.size() + 1) / 2);  // typos only
+  auto consider = [&](const std::string& candidate) {
+    std::size_t d = edit_distance(key, candidate);
+    if (d < best_distance) {
+      best_distance = d;
+      best = candidate;
+    }
+  };
+  for (const auto& k : schema().leaves) {
+    consider(k);
+  }
+  for (const auto& k : schema().sections) {
+    consider(k);
+  }
+  if (key.find('.') == std::string::npos) {
+    for (const auto& k : schema().leaves) {
+      if (std::size_t dot = k.find('.'); dot != std::string::npos && k.substr(dot + 1) == key) {
+        best = k;
+      }
+    }
+  }
+  if (!best.empty()) {
+    rule += " (did you mean '" + best + "'?)";
+  }
+  return rule;
+}
+
+// The rule for --set and environment values: JSON when the text parses as JSON,
+// else the text itself as a string.
+nlohmann::json parse_value_text(std::string_view text) {
+  nlohmann::json value = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  if (value.is_discarded()) {
+    return nlohmann::json(std::string(text));
+  }
+  return value;
+}
+
+// A JSON integer >= 0, whether stored signed (built in code) or unsigned (parsed).
+std::optional<std::uint64_t> as_non_negative(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) {
+    return v.get<std::uint64_t>();
+  }
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0) {
+    return static_cast<std::uint64_t>(v.get<std::int64_t>());
+  }
+  return std::nullopt;
+}
+
+// A non-negative decimal integer made of digits only, at most `limit`.
+std::optional<std::uint64_t> parse_digits(std::string_view s, std::uint64_t limit) {
+  if (s.empty() || !std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  std::uint64_t v = 0;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || end != s.data() + s.size() || v > limit) {
+    return std::nullopt;
+  }
+  return v;
+}
+
+// "0,2", "0-3", "1-2,5": integers in [0, limit) in the order written, no duplicates.
+// `what` names an item ("rank", "device"); `prefix` starts every error rule;
+// `range_rule` explains the limit.
+std::vector<int> parse_int_list(std::string_view text, const std::string& prefix,
+                                std::string_view what, int limit, const std::string& range_rule) {
+  std::vector<int> out;
+  std::set<int> seen;
+  auto add = [&](std::uint64_t v) {
+    if (v >= static_cast<std::uint64_t>(limit)) {
+      fail("", prefix + std::string(what) + " " + std::to_string(v) + " " + range_rule);
+    }
+    int i = static_cast<int>(v);
+    if (!seen.insert(i).second) {
+      fail("", prefix + std::string(what) + " " + std::to_string(i) + " is listed twice");
+    }
+    out.push_back(i);
+  };
+  std::size_t start = 0;
+  while (true) {
+    std::size_t comma = text.find(',', start);
+    std::string_view item = trim(text.substr(
+        start, comma == std::string_view::npos ? std::string_view::npos : comma - start));
+    if (item.empty()) {
+      fail("", prefix + "empty item");
+    }
+    // Digits never exceed INT_MAX here, so comparisons against limit are exact.
+    constexpr std::uint64_t kMax = INT_MAX;
+    std::size_t dash = item.find('-');
+    if (dash == std::string_view::npos) {
+      auto v = parse_digits(item, kMax);
+      if (!v) {
+        fail("", prefix + "'" + std::string(item) + "' is not a " + std::string(what) +
+                     " or a range (a-b)");
+      }
+      add(*v);
+    } else {
+      auto lo = parse_digits(trim(item.substr(0, dash)), kMax);
+      auto hi = parse_digits(trim(item.substr(dash + 1)), kMax);
+      if (!lo || !hi) {
+        fail("", prefix + "'" + std::string(item) + "' is not a " + std::string(what) +
+                     " or a range (a-b)");
+      }
+      if (*lo > *hi) {
+        fail("", prefix + "reversed range " + std::to_string(*lo) + "-" + std::to_string(*hi));
+      }
+      if (*hi >= static_cast<std::uint64_t>(limit)) {
+        add(*hi);  // reports the out-of-range end before expanding anything
+      }
+      for (std::uint64_t v = *lo; v <= *hi; ++v) {
+        add(v);
+      }
+    }
+    if (comma == std::string_view::npos) {
+      break;
+    }
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string join(const std::vector<int>& values) {
+  std::string out;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i > 0) {
+      out += ",";
+    }
+    out += std::to_string(values[i]);
+  }
+  return out;
+}
+
+// "NAME=value" entries (as environ) -> name -> value; entries without '=' are skipped.
+std::map<std::string, std::string> env_map(const char* const* envp) {
+  std::map<std::string, std::string> env;
+  for (; envp != nullptr && *envp != nullptr; ++envp) {
+    std::string_view entry(*envp);
+    std::size_t eq = entry.find('=');
+    if (eq != std::string_view::npos) {
+      env.emplace(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));
+    }
+  }
+  return env;
+}
+
+std::string_view engine_name(io::Engine engine) {
+  switch (engine) {
+    case io::Engine::kUring:
+      return "uring";
+    case io::Engine::kPread:
+      return "pread";
+    case io::Engine::kMmap:
+      return "mmap";
+  }
+  return "unknown";
+}
+
+std::string dtype_key(const std::optional<DType>& dtype) {
+  if (!dtype) {
+    return "auto";
+  }
+  std::string name(dtype_name(*dtype));
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return name;  // "bf16", "f16", "f32" (others never pass build())
+}
+
+// Reads the merged entries over the in-code defaults. Every error names the key
+// and the source that set it; every key read is marked so build() can check that
+// none was left over.
+class Fields {
+ public:
+  struct Entry {
+    const nlohmann::json* value;
+    std::string_view source;
+    const std::optional<std::string>* text;
+  };
+  using Lookup = std::map<std::string, Entry>;
+
+  explicit Fields(Lookup entries) : entries_(std::move(entries)) {}
+
+  const Entry* find(const std::string& key) {
+    read_.insert(key);
+    auto it = entries_.find(key);
+    return it == entries_.end() ? nullptr : &it->second;
+  }
+
+  std::string_view source(const std::string& key) const {
+    auto it = entries_.find(key);
+    return it == entries_.end() ? kDefaultsSource : it->second.source;
+  }
+
+  [[noreturn]] void fail_key(const std::string& key, const std::string& rule) const {
+    fail(source(key), key + ": " + rule);
+  }
+
+  std::string get_string(const std::string& key, std::string fallback) {
+    const Entry* e = find(key);
+    if (e == nullptr) {
+      return fallback;
+    }
+    if (e->value->is_string()) {
+      return e->value->get<std::string>();
+    }
+    // `--set model.path=2024` parsed as a number; the text is what was meant.
+    if (e->text->has_value() && e->value->is_primitive()) {
+      return **e->text;
+    }
+    fail_key(key, "expected a string, got " + e->value->dump());
+  }
+
+  bool get_bool(const std::string& key, bool fallback) {
+    const Entry* e = find(key);
+    if (e == nullptr) {
+      return fallback;
+    }
+    if (!e->value->is_boolean()) {
+      fail_key(key, "expected true or false, got " + e->value->dump());
+    }
+    return e->value->get<bool>();
+  }
+
+  std::int64_t get_int(const std::string& key, std::int64_t lo, std::int64_t hi,
+                       std::int64_t fallback) {
+    const Entry* e = find(key);
+    if (e == nullptr) {
+      return fallback;
+    }
+    const nlohmann::json& v = *e->value;
+    std::string kind = lo == 1   ? "a positive integer"
+                       : lo == 0 ? "a non-negative integer"
+                                 : "an integer";
+    if (!v.is_number_integer()) {
+      fail_key(key, "expected " + kind + ", got " + v.dump());
+    }
+    bool in_range = v.is_number_unsigned()
+                        ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(hi) &&
+                              static_cast<std::int64_t>(v.get<std::uint64_t>()) >= lo
+                        : v.get<std::int64_t>() >= lo && v.get<std::int64_t>() <= hi;
+    if (!in_range) {
+      fail_key(key, "expected an integer from " + std::to_string(lo) + " to " + std::to_string(hi) +
+                        ", got " + v.dump());
+    }
+    return v.is_number_unsigned() ? static_cast<std::int64_t>(v.get<std::uint64_t>())
+                                  : v.get<std::int64_t>();
+  }
+
+  std::uint64_t get_size(const std::string& key, std::uint64_t lo, std::uint64_t hi,
+                         std::uint64_t fallback) {
+    const Entry* e = find(key);
+    if (e == nullptr) {
+      return fallback;
+    }
+    std::uint64_t bytes = 0;
+    try {
+      bytes = parse_size(*e->value);
+    } catch (const Error& err) {
+      fail_key(key, err.rule());
+    }
+    if (bytes < lo || bytes > hi) {
+      fail_key(key, "expected " + std::to_string(lo) + " to " + std::to_string(hi) +
+                        " bytes, got " + e->value->dump());
+    }
+    return bytes;
+  }
+
+  double get_double(const std::string& key, double lo, double hi, double fallback) {
+    const Entry* e = find(key);
+    if (e == nullptr) {
+      return fallback;
+    }
+    if (!e->value->is_number()) {
+      fail_key(key, "expected a number, got " + e->value->dump());
+    }
+    double d = e->value->get<double>();
+    if (!(d >= lo && d <= hi)) {
+      std::ostringstream rule;
+      rule << "expected a number from " << lo << " to " << hi << ", got " << e->value->dump();
+      fail_key(key, rule.str());
+    }
+    return d;
+  }
+
+  // Keys the builder holds that no get_* asked for: a schema/build() mismatch.
+  std::vector<std::string> unread() const {
+    std::vector<std::string> out;
+    for (const auto& [key, unused] : entries_) {
+      if (read_.count(key) == 0) {
+        out.push_back(key);
+      }
+    }
+    return out;
+  }
+
+ private:
+  Lookup entries_;
+  std::set<std::string> read_;
+};
+
+std::vector<int> read_ranks(Fields& f, int tp) {
+  const std::string key = "parallel.ranks";
+  const Fields::Entry* e = f.find(key);
+  try {
+    if (e == nullptr) {
+      return parse_ranks("", tp);
+    }
+    const nlohmann::json& v = *e->value;
+    if (auto one = as_non_negative(v)) {
+      return parse_ranks(std::to_string(*one), tp);
+    }
+    if (v.is_string()) {
+      return parse_ranks(v.get<std::string>(), tp);
+    }
+    // [] means all ranks, as "" does.
+    if (v.is_array() &&
+        std::all_of(v.begin(), v.end(), [](const auto& x) { return as_non_negative(x); })) {
+      std::string text;
+      for (const auto& x : v) {
+        if (!text.empty()) {
+          text += ',';
+        }
+        text += std::to_string(*as_non_negative(x));
+      }
+      return parse_ranks(text, tp);
+    }
+  } catch (const Error& err) {
+    fail(f.source(key), err.rule());
+  }
+  f.fail_key(
+      key, "expected a list of ranks such as \"0,2\", \"0-3\" or [0, 2], got " + e->value->dump());
+}
+
+}  // namespace
+
+// ---- ConfigBuilder -----------------------------------------------------------
+
+void ConfigBuilder::set_key(const std::string& key, const nlohmann::json& value,
+                            const std::string& source, const std::optional<std::string>& text) {
+  if (schema().sections.count(key) != 0) {
+    if (!value.is_object()) {
+      fail(source, key + ": expected an object, got " + value.dump());
+    }
+    for (const auto& [sub, sub_value] : value.items()) {
+      set_key(key + "." + sub, sub_value, source, std::nullopt);
+    }
+    return;
+  }
+  if (schema().leaves.count(key) == 0) {
+    fail(source, unknown_key(key));
+  }
+  entries_[key] = Entry{value, source, text};
+}
+
+void ConfigBuilder::apply_json(const nlohmann::json& object, std::string_view source) {
+  if (!object.is_object()) {
+    fail(source, "expected a JSON object at the top level, got " + object.dump());
+  }
+  for (const auto& [key, value] : object.items()) {
+    set_key(key, value, std::string(source), std::nullopt);
+  }
+}
+
+void ConfigBuilder::apply_json_text(std::string_view text, std::string_view source) {
+  nlohmann::json object;
+  try {
+    object = nlohmann::json::parse(text.begin(), text.end());
+  } catch (const nlohmann::json::parse_error& e) {
+    fail(source, std::string("not valid JSON: ") + e.what());
+  }
+  apply_json(object, source);
+}
+
+void ConfigBuilder::apply_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw_errno(Stage::kConfig, path.string(), "cannot open the config file", errno);
+  }
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) {
+    throw_errno(Stage::kConfig, path.string(), "cannot read the config file", errno);
+  }
+  apply_json_text(text, path.string());
+}
+
+void ConfigBuilder::apply_text(std::string_view key, std::string_view text,
+                               const std::string& source) {
+  set_key(std::string(key), parse_value_text(text), source, std::string(text));
+}
+
+void ConfigBuilder::apply_env(const std::map<std::string, std::string>& env) {
+  constexpr std::string_view kPrefix = "FERRY_";
+  for (const auto& [name, value] : env) {
+    if (name.rfind(kPrefix, 0) != 0 ||
+        std::find(kNonConfigVariables.begin(), kNonConfigVariables.end(), name) !=
+            kNonConfigVariables.end()) {
+      continue;
+    }
+    std::string source = "environment " + name;
+    std::string_view rest = std::string_view(name).substr(kPrefix.size());
+    std::string key;
+    for (std::size_t i = 0; i < rest.size(); ++i) {
+      char c = rest[i];
+      if (!(std::isupper(static_cast<unsigned char>(c)) != 0 ||
+            std::isdigit(static_cast<unsigned char>(c)) != 0 || c == '_')) {
+        fail(source,
+             "not a configuration variable: they are FERRY_ and the key in upper case "
+             "with __ for each dot (FERRY_IO__CHUNK_BYTES is io.chunk_bytes)");
+      }
+      if (c == '_' && i + 1 < rest.size() && rest[i + 1] == '_') {
+        key += '.';
+        ++i;
+      } else {
+        key += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      }
+    }
+    apply_text(key, value, source);
+  }
+}
+
+void ConfigBuilder::apply_env(const char* const* envp) {
+  apply_env(env_map(envp));
+}
+
+void ConfigBuilder::apply_set(std::string_view assignment) {
+  std::size_t eq = assignment.find('=');
+  if (eq == std::string_view::npos) {
+    fail("--set " + std::string(assignment), "expected key=value");
+  }
+  std::string key(trim(assignment.substr(0, eq)));
+  if (key.empty()) {
+    fail("--set " + std::string(assignment), "expected key=value (the key is empty)");
+  }
+  apply_text(key, assignment.substr(eq + 1), "--set " + key);
+}
+
+void ConfigBuilder::apply_flag(std::string_view flag, std::string_view key, std::string_view text) {
+  apply_text(key, text, std::string(flag));
+}
+
+void ConfigBuilder::apply_flag_value(std::string_view flag, std::string_view key,
+                                     const nlohmann::json& value) {
+  set_key(std::string(key), value, std::string(flag), std::nullopt);
+}
+
+LoadConfig ConfigBuilder::build() const {
+  Fields::Lookup lookup;
+  for (const auto& [key, entry] : entries_) {
+    lookup.emplace(key, Fields::Entry{&entry.value, entry.source, &entry.text});
+  }
+  Fields f(std::move(lookup));
+  const LoadConfig d;  // the in-code defaults
+  LoadConfig c;
+
+  // model
+  c.model.path = f.get_string("model.path", d.model.path);
+  {
+    std::string text =
+        f.get_string("model.load_format", std::string(io::to_string(d.model.load_format)));
+    auto format = io::parse_load_format(text);
+    if (!format) {
+      f.fail_key("model.load_format",
+                 "expected auto, safetensors, mistral or pt, got " + json_quoted(text));
+    }
+    c.model.load_format = *format;
+  }
+  {
+    std::string text = f.get_string("model.dtype", dtype_key(d.model.dtype));
+    if (text == "auto") {
+      c.model.dtype = std::nullopt;
+    } else if (text == "bf16") {
+      c.model.dtype = DType::kBF16;
+    } else if (text == "f16") {
+      c.model.dtype = DType::kF16;
+    } else if (text == "f32") {
+      c.model.dtype = DType::kF32;
+    } else {
+      f.fail_key("model.dtype", "expected auto, bf16, f16 or f32, got " + json_quoted(text));
+    }
+  }
+  c.model.draft = f.get_bool("model.draft", d.model.draft);
+  c.model.switch_w13 = f.get_bool("model.switch_w13", d.model.switch_w13);
+  c.model.eplb_map = f.get_string("model.eplb_map", d.model.eplb_map);
+  c.model.fuse_shared_experts =
+      f.get_bool("model.fuse_shared_experts", d.model.fuse_shared_experts);
+  c.model.pad_moe_intermediate_to = static_cast<int>(
+      f.get_int("model.pad_moe_intermediate_to", 0, 1 << 20, d.model.pad_moe_intermediate_to));
+
+  // parallel
+  ParallelConfig& p = c.parallel;
+  p.tp = static_cast<int>(f.get_int("parallel.tp", 1, kMaxParallel, d.parallel.tp));
+  p.ep = static_cast<int>(f.get_int("parallel.ep", 1, kMaxParallel, d.parallel.ep));
+  if (p.tp % p.ep != 0) {
+    f.fail_key("parallel.ep", "expected a divisor of parallel.tp " + std::to_string(p.tp) +
+                                  ", got " + std::to_string(p.ep));
+  }
+  p.pp = static_cast<int>(f.get_int("parallel.pp", 1, kMaxParallel, d.parallel.pp));
+  p.pp_rank = static_cast<int>(f.get_int("parallel.pp_rank", 0, kMaxParallel, d.parallel.pp_rank));
+  if (p.pp_rank >= p.pp) {
+    f.fail_key("parallel.pp_rank", "expected 0 to " + std::to_string(p.pp - 1) + " (parallel.pp " +
+                                       std::to_string(p.pp) + "), got " +
+                                       std::to_string(p.pp_rank));
+  }
+  if (const Fields::Entry* e = f.find("parallel.pp_partition")) {
+    const nlohmann::json& v = *e->value;
+    bool ok = v.is_array() && std::all_of(v.begin(), v.end(), [](const auto& x) {
+                auto n = as_non_negative(x);
+                return n && *n <= (1u << 20);
+              });
+    if (!ok) {
+      f.fail_key("parallel.pp_partition",
+                 "expected an array of layer counts such as [16, 16], got " + v.dump());
+    }
+    p.pp_partition.clear();
+    for (const auto& x : v) {
+      p.pp_partition.push_back(static_cast<int>(*as_non_negative(x)));
+    }
+    if (!p.pp_partition.empty() && p.pp_partition.size() != static_cast<std::size_t>(p.pp)) {
+      f.fail_key("parallel.pp_partition", "expected one layer count per stage (parallel.pp " +
+                                              std::to_string(p.pp) + "), got " +
+                                              std::to_string(p.pp_partition.size()));
+    }
+  }
+  p.ranks = read_ranks(f, p.tp);
+
+  // devices
+  {
+    std::string spec = f.get_string("devices", "");
+    try {
+      c.devices = resolve_devices(spec, p.ranks);
+    } catch (const Error& err) {
+      fail(f.source("devices"), err.rule());
+    }
+  }
+
+  // io
+  {
+    std::string text = f.get_string("io.engine", std::string(engine_name(d.io.engine)));
+    if (text == "uring") {
+      c.io.engine = io::Engine::kUring;
+    } else if (text == "pread") {
+      c.io.engine = io::Engine::kPread;
+    } else {
+      f.fail_key("io.engine", "expected uring or pread, got " + json_quoted(text));
+    }
+  }
+  c.io.queue_depth = static_cast<unsigned>(f.get_int("io.queue_depth", 1, 32768, d.io.queue_depth));
+  c.io.chunk_bytes = f.get_size("io.chunk_bytes", 4096, kMaxChunkBytes, d.io.chunk_bytes);
+  c.io.staging_buffers =
+      static_cast<unsigned>(f.get_int("io.staging_buffers", 1, 4096, d.io.staging_buffers));
+  c.io.direct = f.get_bool("io.direct", d.io.direct);
+  c.io.drop_cache = f.get_bool("io.drop_cache", d.io.drop_cache);
+  if (c.io.direct && c.io.chunk_bytes % kDirectAlign != 0) {
+    f.fail_key("io.chunk_bytes", "with io.direct it must be a multiple of 4096, got " +
+                                     std::to_string(c.io.chunk_bytes));
+  }
+
+  // prefetch
+  c.prefetch.enabled = f.get_bool("prefetch.enabled", d.prefetch.enabled);
+  c.prefetch.threads =
+      static_cast<unsigned>(f.get_int("prefetch.threads", 1, 256, d.prefetch.threads));
+  c.prefetch.block_bytes =
+      f.get_size("prefetch.block_bytes", 4096, kMaxChunkBytes, d.prefetch.block_bytes);
+  c.prefetch.ahead_bytes = f.get_size(
+      "prefetch.ahead_bytes", 0, std::numeric_limits<std::uint64_t>::max(), d.prefetch.ahead_bytes);
+
+  // load
+  c.load.strict = f.get_bool("load.strict", d.load.strict);
+  c.load.sort_weight_files =
+      static_cast<int>(f.get_int("load.sort_weight_files", -1, 1 << 20, d.load.sort_weight_files));
+  c.load.report = f.get_string("load.report", d.load.report);
+  c.load.dump_dir = f.get_string("load.dump_dir", d.load.dump_dir);
+
+  // host, metrics
+  c.host.bandwidth_gbps = f.get_double("host.bandwidth_gbps", 0, 1e6, d.host.bandwidth_gbps);
+  c.metrics.prometheus_file = f.get_string("metrics.prometheus_file", d.metrics.prometheus_file);
+
+  if (auto left = f.unread(); !left.empty()) {
+    // to_json knows a key this function does not read: a bug, not a user error.
+    throw std::logic_error("LoadConfig: build() does not read key '" + left.front() + "'");
+  }
+  return c;
+}
+
+// ---- load_config ---------------------------------------------------------------
+
+LoadConfig load_config(const ConfigSources& sources,
+                       const std::map<std::string, std::string>& env) {
+  ConfigBuilder b;
+  if (!sources.config_file.empty()) {
+    b.apply_file(sources.config_file);
+  } else if (!sources.default_json.empty()) {
+    b.apply_json_text(sources.default_json, sources.default_json_name);
+  }
+  b.apply_env(env);
+  for (const auto& s : sources.sets) {
+    b.apply_set(s);
+  }
+  for (const auto& flag : sources.flags) {
+    b.apply_flag(flag.flag, flag.key, flag.value);
+  }
+  return b.build();
+}
+
+LoadConfig load_config(const ConfigSources& sources, const char* const* envp) {
+  return load_config(sources, env_map(envp));
+}
+
+// ---- to_json -------------------------------------------------------------------
+
+nlohmann::json to_json(const LoadConfig& c) {
+  using nlohmann::json;
+  return json{
+      {"model",
+       {
+           {"path", c.model.path},
+           {"load_format", io::to_string(c.model.load_format)},
+           {"dtype", dtype_key(c.model.dtype)},
+           {"draft", c.model.draft},
+           {"switch_w13", c.model.switch_w13},
+           {"eplb_map", c.model.eplb_map},
+           {"fuse_shared_experts", c.model.fuse_shared_experts},
+           {"pad_moe_intermediate_to", c.model.pad_moe_intermediate_to},
+       }},
+      {"parallel",
+       {
+           {"tp", c.parallel.tp},
+           {"ep", c.parallel.ep},
+           {"pp", c.parallel.pp},
+           {"pp_rank", c.parallel.pp_rank},
+           {"pp_partition", c.parallel.pp_partition},
+           {"ranks", c.parallel.ranks},
+       }},
+      {"devices", to_string(c.devices)},
+      {"io",
+       {
+           {"engine", engine_name(c.io.engine)},
+           {"queue_depth", c.io.queue_depth},
+           {"chunk_bytes", c.io.chunk_bytes},
+           {"staging_buffers", c.io.staging_buffers},
+           {"direct", c.io.direct},
+           {"drop_cache", c.io.drop_cache},
+       }},
+      {"prefetch",
+       {
+           {"enabled", c.prefetch.enabled},
+           {"threads", c.prefetch.threads},
+           {"block_bytes", c.prefetch.block_bytes},
+           {"ahead_bytes", c.prefetch.ahead_bytes},
+       }},
+      {"load",
+       {
+           {"strict", c.load.strict},
+           {"sort_weight_files", c.load.sort_weight_files},
+           {"report", c.load.report},
+           {"dump_dir", c.load.dump_dir},
+       }},
+      {"host", {{"bandwidth_gbps", c.host.bandwidth_gbps}}},
+      {"metrics", {{"prometheus_file", c.metrics.prometheus_file}}},
+  };
+}
+
+// ---- sizes, ranks, devices -------------------------------------------------------
+
+std::uint64_t parse_size(const nlohmann::json& value) {
+  const std::string expected =
+      "expected a size: a number of bytes, or a number with B, KiB, MiB, GiB, KB, MB or GB, got ";
+  if (auto bytes = as_non_negative(value)) {
+    return *bytes;
+  }
+  if (value.is_number() && value.get<double>() < 0) {
+    fail("", "expected a non-negative size, got " + value.dump());
+  }
+  if (value.is_number_float()) {
+    // JSON reads 1e9 as a float; it is still a number of bytes. 2^64 is exact in a double.
+    double d = value.get<double>();
+    if (d >= 18446744073709551616.0) {
+      fail("", value.dump() + " is too large (at most 2^64 - 1 bytes)");
+    }
+    if (d != static_cast<double>(static_cast<std::uint64_t>(d))) {
+      fail("", value.dump() + " is not a whole number of bytes");
+    }
+    return static_cast<std::uint64_t>(d);
+  }
+  if (!value.is_string()) {
+    fail("", expected + value.dump());
+  }
+  const std::string& original = value.get_ref<const std::string&>();
+  std::string_view s = trim(original);
+  auto is_digit = [](char ch) { return ch >= '0' && ch <= '9'; };
+  std::size_t i = 0;
+  while (i < s.size() && is_digit(s[i])) {
+    ++i;
+  }
+  std::string_view whole = s.substr(0, i);
+  std::string_view fraction;
+  if (i < s.size() && s[i] == '.') {
+    std::size_t start = ++i;
+    while (i < s.size() && is_digit(s[i])) {
+      ++i;
+    }
+    fraction = s.substr(start, i - start);
+    if (fraction.empty()) {
+      fail("", expected + value.dump());
+    }
+  }
+  if (whole.empty()) {
+    fail("", expected + value.dump());
+  }
+  std::string_view unit = trim(s.substr(i));
+  static const std::pair<std::string_view, std::uint64_t> kUnits[] = {
+      {"", 1},
+      {"B", 1},
+      {"KiB", std::uint64_t{1} << 10},
+      {"MiB", std::uint64_t{1} << 20},
+      {"GiB", std::uint64_t{1} << 30},
+      {"KB", 1000},
+      {"MB", 1000 * 1000},
+      {"GB", 1000 * 1000 * 1000},
+  };
+  const auto* found = std::find_if(std::begin(kUnits), std::end(kUnits),
+                                   [&](const auto& u) { return u.first == unit; });
+  if (found == std::end(kUnits)) {
+    fail("", expected + value.dump());
+  }
+  while (!fraction.empty() && fraction.back() == '0') {
+    fraction.remove_suffix(1);  // "1.50GiB" is "1.5GiB"
+  }
+  // mantissa = whole and fraction digits as one integer; bytes = mantissa * unit / 10^f.
+  const std::string too_large = value.dump() + " is too large (at most 2^64 - 1 bytes)";
+  std::uint64_t mantissa = 0;
+  std::uint64_t scale = 1;
+  for (char ch : std::string(whole) + std::string(fraction)) {
+    if (__builtin_mul_overflow(mantissa, std::uint64_t{10}, &mantissa) ||
+        __builtin_add_overflow(mantissa, static_cast<std::uint64_t>(ch - '0'), &mantissa)) {
+      fail("", too_large);
+    }
+  }
+  for (std::size_t k = 0; k < fraction.size(); ++k) {
+    if (__builtin_mul_overflow(scale, std::uint64_t{10}, &scale)) {
+      fail("", value.dump() + " has too many decimals");
+    }
+  }
+  std::uint64_t scaled = 0;
+  if (__builtin_mul_overflow(mantissa, found->second, &scaled)) {
+    fail("", too_large);
+  }
+  if (scaled % scale != 0) {
+    fail("", value.dump() + " is not a whole number of bytes");
+  }
+  return scaled / scale;
+}
+
+std::vector<int> parse_ranks(std::string_view text, int tp) {
+  if (tp < 1) {
+    fail("", "parallel.tp must be at least 1, got " + std::to_string(tp));
+  }
+  if (trim(text).empty()) {
+    std::vector<int> all(static_cast<std::size_t>(tp));
+    for (int r = 0; r < tp; ++r) {
+      all[static_cast<std::size_t>(r)] = r;
+    }
+    return all;
+  }
+  return parse_int_list(text, "parallel.ranks " + json_quoted(text) + ": ", "rank", tp,
+                        "is out of range for parallel.tp " + std::to_string(tp) + " (0.." +
+                            std::to_string(tp - 1) + ")");
+}
+
+DeviceSpec resolve_devices(std::string_view spec, std::span<const int> local_ranks) {
+  const std::vector<int> ranks(local_ranks.begin(), local_ranks.end());
+  const std::size_t n = ranks.size();
+  std::string_view s = trim(spec);
+  const std::string prefix = "devices " + json_quoted(s) + ": ";
+  auto check_count = [&](std::size_t given) {
+    if (given != n) {
+      fail("", "devices " + std::string(s) + " gives " + std::to_string(given) +
+                   (given == 1 ? " device" : " devices") + " for " + std::to_string(n) +
+                   (n == 1 ? " local rank" : " local ranks") + " (" + join(ranks) + ")");
+    }
+  };
+  if (n == 0) {
+    fail("", "devices: no local ranks to place");
+  }
+  DeviceSpec out;
+  if (s.empty() || s == "host") {
+    out.kind = DeviceSpec::Kind::kHost;
+    out.ids.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      out.ids[i] = static_cast<int>(i);
+    }
+    return out;
+  }
+  constexpr std::string_view kHost = "host:";
+  constexpr std::string_view kCuda = "cuda:";
+  if (s.rfind(kHost, 0) == 0) {
+    auto count = parse_digits(trim(s.substr(kHost.size())), INT_MAX);
+    if (!count || *count == 0) {
+      fail("", prefix + "expected host:N with N the number of host devices (at least 1)");
+    }
+    check_count(*count);
+    out.kind = DeviceSpec::Kind::kHost;
+    out.ids.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      out.ids[i] = static_cast<int>(i);
+    }
+    return out;
+  }
+  if (s.rfind(kCuda, 0) == 0) {
+    out.kind = DeviceSpec::Kind::kCuda;
+    out.ids = parse_int_list(
+        s.substr(kCuda.size()), prefix, "device", kMaxCudaOrdinal,
+        "is not a CUDA device ordinal (0.." + std::to_string(kMaxCudaOrdinal - 1) + ")");
+    check_count(out.ids.size());
+    return out;
+  }
+  if (s == "cuda") {
+    fail("", prefix + "name one CUDA device per local rank, e.g. cuda:0,1");
+  }
+  fail("", prefix + "expected host, host:N or cuda:<ids> (e.g. cuda:0,2)");
+}
+
+std::string to_string(const DeviceSpec& spec) {
+  if (spec.kind == DeviceSpec::Kind::kHost) {
+    return "host:" + std::to_string(spec.ids.size());
+  }
+  return "cuda:" + join(spec.ids);
+}
+
+}  // namespace ferry::runtime

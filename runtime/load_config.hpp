@@ -1,0 +1,212 @@
+// LoadConfig: every setting of a load, as a plain struct with in-code defaults, and
+// the layered builder that fills it from JSON, the environment and the command line.
+//
+// Precedence, lowest first: the in-code defaults below, the config file (`--config`,
+// else the embedded config/default.json), environment variables (FERRY_IO__CHUNK_BYTES
+// is io.chunk_bytes), `--set key=value`, dedicated flags (`--tp`, `--model`, ...).
+// Every layer merges key by key, so a later layer overrides only the keys it names.
+// Unknown keys are rejected from every source, naming the key's dotted path and the
+// source that introduced it; build() then checks types, enums, sizes and ranges.
+// All errors are ferry::Error(Stage::kConfig) whose file is the source, e.g.
+//   config: --set io.chunk_byte: unknown key 'io.chunk_byte'
+//   config: environment FERRY_IO__FOO: unknown key 'io.foo'
+//   config: c.json: unknown key 'model.pth'
+//   config: --set io.queue_depth: io.queue_depth: expected a positive integer, got "abc"
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "io/discover.hpp"
+#include "io/reader.hpp"
+
+namespace ferry::runtime {
+
+struct ModelConfig {
+  std::string path;                                    // checkpoint folder; "" = none given
+  io::LoadFormat load_format = io::LoadFormat::kAuto;  // which files are weights (io/discover)
+  std::optional<DType> dtype;  // bf16, f16 or f32; nullopt = "auto": the checkpoint's torch_dtype
+  bool draft = false;          // load the draft (speculative) model's weights instead
+  bool switch_w13 = false;     // swap the gate (w1) and up (w3) halves of fused MLPs
+  std::string eplb_map;        // expert-placement (EPLB) map file; "" = identity
+  bool fuse_shared_experts = false;  // fold shared experts into the routed expert tensor
+  int pad_moe_intermediate_to = 0;   // round MoE intermediate size up to this multiple; 0 = off
+  bool operator==(const ModelConfig&) const = default;
+};
+
+struct ParallelConfig {
+  int tp = 1;       // tensor-parallel size; a rank is a tensor-parallel rank 0..tp-1
+  int ep = 1;       // expert-parallel size; must divide tp (experts are split among tp/ep groups)
+  int pp = 1;       // pipeline-parallel size (one stage is loaded per process)
+  int pp_rank = 0;  // the pipeline stage this process loads, 0..pp-1
+  std::vector<int> pp_partition;  // layers per stage (pp entries); empty = even split
+  // The ranks this process serves, in the order devices are given to them. Config
+  // sources spell it "0,2", "0-3" or [0, 2]; "" (the default) means all 0..tp-1.
+  // build() always fills it in; the default here is that of tp 1.
+  std::vector<int> ranks{0};
+  bool operator==(const ParallelConfig&) const = default;
+};
+
+// Where the local ranks live: one device per local rank, in order.
+struct DeviceSpec {
+  enum class Kind { kHost, kCuda };
+  Kind kind = Kind::kHost;  // host devices are arenas in RAM (the reference backend)
+  std::vector<int> ids{0};  // device ordinals; host devices are always 0..n-1
+  bool operator==(const DeviceSpec&) const = default;
+};
+
+struct IoConfig {
+  io::Engine engine = io::Engine::kUring;          // uring (falls back to pread) or pread
+  unsigned queue_depth = 16;                       // reads in flight per reader
+  std::size_t chunk_bytes = std::size_t{4} << 20;  // one read and one staging buffer
+  unsigned staging_buffers = 8;  // host staging memory is staging_buffers x chunk_bytes
+  bool direct = false;           // O_DIRECT reads (skip the page cache)
+  bool drop_cache = false;       // evict the files from the page cache first (cold-cache runs)
+  bool operator==(const IoConfig&) const = default;
+};
+
+struct PrefetchConfig {
+  bool enabled = false;  // warm the page cache ahead of the reader with worker threads
+  unsigned threads = 4;  // prefetch worker threads
+  std::size_t block_bytes = std::size_t{16} << 20;     // one prefetch pread
+  std::uint64_t ahead_bytes = std::uint64_t{1} << 30;  // how far past the reader; 0 = no bound
+  bool operator==(const PrefetchConfig&) const = default;
+};
+
+struct LoadOptions {
+  bool strict = false;  // unmapped or missing tensors are errors rather than warnings
+  int sort_weight_files =
+      0;               // file order: 0 bytewise, -1 directory order, k > 0 staggered (io/discover)
+  std::string report;  // write the JSON load report here; "" = none
+  std::string dump_dir;  // dump the loaded parameters here for debugging; "" = none
+  bool operator==(const LoadOptions&) const = default;
+};
+
+struct HostConfig {
+  double bandwidth_gbps = 0;  // host-device copy cap in GB/s to mimic PCIe; 0 = no cap
+  bool operator==(const HostConfig&) const = default;
+};
+
+struct MetricsConfig {
+  std::string prometheus_file;  // write Prometheus text metrics here at the end; "" = none
+  bool operator==(const MetricsConfig&) const = default;
+};
+
+struct LoadConfig {
+  ModelConfig model;
+  ParallelConfig parallel;
+  // Config sources spell it "" (host:<local ranks>), "host", "host:N" or "cuda:0,2".
+  DeviceSpec devices;
+  IoConfig io;
+  PrefetchConfig prefetch;
+  LoadOptions load;
+  HostConfig host;
+  MetricsConfig metrics;
+  bool operator==(const LoadConfig&) const = default;
+};
+
+// FERRY_ environment variables that are not configuration keys and are ignored by
+// apply_env (every other FERRY_ variable must name a key).
+inline constexpr std::array<std::string_view, 2> kNonConfigVariables = {"FERRY_LOG",
+                                                                        "FERRY_DISABLE_URING"};
+
+// Builds a LoadConfig layer by layer. Each apply_* merges its keys into a JSON tree
+// (later calls override earlier ones key by key) and throws at once for unknown keys
+// or malformed input; build() validates the values. Not thread-safe.
+class ConfigBuilder {
+ public:
+  // `object` must be a JSON object shaped like to_json's output (any subset of it).
+  void apply_json(const nlohmann::json& object, std::string_view source);
+  // Parses `text` as JSON (for the embedded default), then apply_json.
+  void apply_json_text(std::string_view text, std::string_view source);
+  // Reads and parses a config file; its path names it in errors.
+  void apply_file(const std::filesystem::path& path);
+  // Variables starting with FERRY_: the rest, lower-cased with "__" read as ".", is
+  // the key (FERRY_IO__CHUNK_BYTES is io.chunk_bytes). kNonConfigVariables are
+  // skipped; any other FERRY_ variable that names no key is an error. Values are read
+  // as by apply_set. Applied in name order.
+  void apply_env(const std::map<std::string, std::string>& env);
+  // A null-terminated "NAME=value" array such as environ.
+  void apply_env(const char* const* envp);
+  // "key=value": the value is JSON when it parses as JSON, else the text as a string.
+  // A string key given a scalar that parsed as JSON (model.path=2024) keeps the text.
+  void apply_set(std::string_view assignment);
+  // A dedicated flag (`flag` names it in errors, e.g. "--tp") setting `key`; `text`
+  // is read as apply_set reads values.
+  void apply_flag(std::string_view flag, std::string_view key, std::string_view text);
+  // As apply_flag with a typed value.
+  void apply_flag_value(std::string_view flag, std::string_view key, const nlohmann::json& value);
+
+  // Validates the merged keys over the in-code defaults and resolves ranks and
+  // devices. Errors name the key and the source that set it.
+  LoadConfig build() const;
+
+ private:
+  // One key's value and the layer that set it last.
+  struct Entry {
+    nlohmann::json value;
+    std::string source;               // "c.json", "--set io.direct", "environment FERRY_X", ...
+    std::optional<std::string> text;  // the raw text, for values read from text
+  };
+  void apply_text(std::string_view key, std::string_view text, const std::string& source);
+  void set_key(const std::string& key, const nlohmann::json& value, const std::string& source,
+               const std::optional<std::string>& text);
+
+  // The merged tree, flattened: dotted key -> entry. Sections ("io") never appear,
+  // only their keys ("io.direct"), so a layer overrides exactly the keys it names.
+  std::map<std::string, Entry> entries_;
+};
+
+// Where a LoadConfig comes from, as the CLI collected it.
+struct ConfigSources {
+  struct Flag {
+    std::string flag;   // "--tp"
+    std::string key;    // "parallel.tp"
+    std::string value;  // text, read as apply_set reads values
+  };
+  std::string config_file;   // --config; "" = use default_json
+  std::string default_json;  // the text of config/default.json (embedded by the CLI)
+  std::string default_json_name = "config/default.json";  // names it in errors
+  std::vector<std::string> sets;                          // --set key=value, in command-line order
+  std::vector<Flag> flags;                                // dedicated flags, in command-line order
+};
+
+// defaults < config file (or default_json) < environment < --set < flags.
+LoadConfig load_config(const ConfigSources& sources, const std::map<std::string, std::string>& env);
+LoadConfig load_config(const ConfigSources& sources, const char* const* envp);
+
+// The effective configuration with every key (ranks as an array, devices as
+// "host:N" / "cuda:0,2", sizes in bytes), for the load report. Applying it to an
+// empty ConfigBuilder builds an equal LoadConfig.
+nlohmann::json to_json(const LoadConfig& config);
+
+// A size: a non-negative JSON number, or a string "4096", "4KiB", "4 MiB", "1.5GiB",
+// "1GB" (KiB/MiB/GiB binary, KB/MB/GB decimal, B bytes). A fraction (1.5GiB, 1e9) is
+// allowed when the result is a whole number of bytes. Throws Error(kConfig) for anything else,
+// negative values, unknown units and sizes beyond 2^64 - 1.
+std::uint64_t parse_size(const nlohmann::json& value);
+
+// "0,2", "0-3", "1-2,5" (whitespace allowed) -> the ranks in the order written; "" ->
+// 0..tp-1. Throws Error(kConfig) quoting the text for empty items, non-numbers,
+// reversed ranges, ranks >= tp and duplicates.
+std::vector<int> parse_ranks(std::string_view text, int tp);
+
+// Resolves a device spec for the local ranks: "" or "host" -> host:<ranks>; "host:N"
+// needs N == ranks; "cuda:0,2" (ranges allowed) needs one id per rank. Throws
+// Error(kConfig) quoting the spec for a count mismatch, duplicates or bad text.
+DeviceSpec resolve_devices(std::string_view spec, std::span<const int> local_ranks);
+
+// "host:2", "cuda:0,2": a spec resolve_devices maps back to `spec`.
+std::string to_string(const DeviceSpec& spec);
+
+}  // namespace ferry::runtime
