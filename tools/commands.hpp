@@ -12,6 +12,7 @@ using Args = std::vector<std::string>;
 int cmd_synth(const Args& args);    // tools/cmd_synth.cpp
 int cmd_inspect(const Args& args);  // tools/cmd_inspect.cpp
 int cmd_demo(const Args& args);     // tools/cmd_demo.cpp
+int cmd_load(const Args& args);     // tools/cmd_load.cpp
 int cmd_selftest(const Args& args); // tools/cmd_selftest.cpp
 
 }  // namespace ferry::tools

@@ -15,6 +15,7 @@ constexpr const char kUsage[] =
     "  demo      synthesize the embedded default checkpoint (once) and inspect it\n"
     "  synth     write a synthetic checkpoint (ferry synth --help)\n"
     "  inspect   list and validate a checkpoint's weight files and tensors\n"
+    "  load      load a checkpoint onto devices and report (ferry load --help)\n"
     "  selftest  compare every device operation with the host backend, byte for byte\n";
 
 }  // namespace
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
     if (verb == "demo") return ferry::tools::cmd_demo(args);
     if (verb == "synth") return ferry::tools::cmd_synth(args);
     if (verb == "inspect") return ferry::tools::cmd_inspect(args);
+    if (verb == "load") return ferry::tools::cmd_load(args);
     if (verb == "selftest") return ferry::tools::cmd_selftest(args);
     if (verb == "-h" || verb == "--help" || verb == "help") {
       std::fputs(kUsage, stdout);

@@ -1,0 +1,304 @@
+// The copy worker: one per local rank, a detached actor (so one OS thread for its
+// whole life) that binds its device once and owns that rank's stream.
+//
+//   reader ── ChunkMsg ──► copy worker ── LandedMsg, DrainedMsg, HookDoneMsg ──► post-processor
+//   post-processor ── RunHookMsg ──►     (FlushMsg to itself)
+//
+// A chunk's fragments are queued on the stream (1-D and pitched 2-D host-to-device
+// copies; casts go through a device scratch buffer and the device's cast kernel),
+// then an event is recorded and the chunk is parked with its staging buffer. The
+// worker sends itself a FlushMsg; it is queued behind whatever chunks are already
+// waiting, so a busy worker queues several chunks before it waits. The flush waits
+// for the parked events, reports the landed bytes and only then drops the staging
+// buffers: a buffer never returns to the pool while a copy may still read it.
+// Zero fills (vocabulary padding) run once, before the first chunk.
+#include <caf/event_based_actor.hpp>
+#include <caf/stateful_actor.hpp>
+#include <deque>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "actors/messages_internal.hpp"
+#include "common/log.hpp"
+#include "gpu/device.hpp"
+
+namespace ferry::actors {
+namespace {
+
+using Landed = std::map<std::uint32_t, std::uint64_t>;
+
+std::vector<std::pair<std::uint32_t, std::uint64_t>> to_vector(const Landed& landed) {
+  return {landed.begin(), landed.end()};
+}
+
+// What a post-load hook may touch: its own inputs and outputs on this rank's device.
+class WorkerHookContext final : public models::HookContext {
+ public:
+  WorkerHookContext(const models::PostLoadHook& hook, const RankTarget& target, gpu::Stream& stream)
+      : hook_(hook), target_(target), stream_(stream) {}
+
+  std::byte* param_data(std::size_t param) override {
+    bool declared = false;
+    for (std::size_t i : hook_.inputs) {
+      declared = declared || i == param;
+    }
+    for (std::size_t i : hook_.outputs) {
+      declared = declared || i == param;
+    }
+    if (!declared || param >= target_.params.size()) {
+      throw Error(Stage::kPostProcess, "", "",
+                  "post-load hook '" + hook_.name + "' asked for param " + std::to_string(param) +
+                      ", which is not one of its declared inputs or outputs");
+    }
+    return target_.params[param];
+  }
+  gpu::Stream& stream() override { return stream_; }
+
+ private:
+  const models::PostLoadHook& hook_;
+  const RankTarget& target_;
+  gpu::Stream& stream_;
+};
+
+struct CopyWorkerState {
+  std::shared_ptr<Shared> shared;
+  std::size_t rank = 0;
+  caf::actor post_processor;
+  std::vector<models::PostLoadHook> hooks;
+  std::unique_ptr<gpu::Stream> stream;
+  gpu::DeviceAllocation scratch;  // cast staging on the device, one window large
+  struct Parked {
+    std::unique_ptr<gpu::Event> done;
+    std::shared_ptr<io::StagingBuffer> buf;
+    Landed landed;
+  };
+  std::deque<Parked> parked;
+  bool ready = false;
+  bool flush_scheduled = false;
+
+  CopyWorkerState() = default;
+  CopyWorkerState(const CopyWorkerState&) = delete;
+  CopyWorkerState& operator=(const CopyWorkerState&) = delete;
+  // Runs when the actor stops for any reason (done, aborted, failed). Queued
+  // copies may still read staging buffers and write device memory: wait for them
+  // before the buffers go back to the pool and before the caller frees the params.
+  ~CopyWorkerState() {
+    if (stream) {
+      try {
+        stream->synchronize();
+      } catch (const std::exception& e) {
+        log::warn(std::string("copy worker: synchronize at shutdown failed: ") + e.what());
+      }
+    }
+    parked.clear();
+    scratch.reset();
+    stream.reset();
+  }
+
+  const RankTarget& target() const { return shared->input().ranks[rank]; }
+  gpu::Device& device() const { return *target().device; }
+  std::string device_name() const { return target().device->name(); }
+
+  // Binds the device on this thread and runs the rank's zero fills. Lazy, because
+  // chunks (from the reader) and the first message from anyone else are not
+  // ordered with respect to each other.
+  void ensure_ready(caf::event_based_actor* self) {
+    if (ready) {
+      return;
+    }
+    ready = true;
+    device().bind();
+    stream = device().create_stream();
+    hooks = shared->model().hooks();
+    Landed landed;
+    const auto& shell = shared->model().shells()[rank];
+    for (const models::Piece& p : shared->plan().fills) {
+      if (p.local_rank != rank || p.kind != models::Piece::Kind::kZero) {
+        continue;
+      }
+      std::byte* dst = target().params[p.param] + p.dst_offset;
+      const std::uint64_t row = p.width_elems * dtype_size(p.dst_dtype);
+      try {
+        if (p.rows == 1 || p.dst_pitch == row) {
+          stream->zero(dst, p.rows * row);
+        } else {
+          for (std::uint64_t r = 0; r < p.rows; ++r) {
+            stream->zero(dst + r * p.dst_pitch, row);
+          }
+        }
+      } catch (const Error& e) {
+        throw Error(Stage::kCopy, device_name(), shell.params[p.param].name,
+                    std::string("zero fill: ") + e.what());
+      }
+      landed[static_cast<std::uint32_t>(p.param)] += p.dst_bytes();
+    }
+    if (!landed.empty()) {
+      stream->synchronize();
+      self->send(post_processor, LandedMsg{static_cast<std::uint32_t>(rank), to_vector(landed)});
+    }
+  }
+
+  void copy_fragment(const Fragment& f, std::byte* param, const std::byte* staging) {
+    std::byte* dst = param + f.dst_offset;
+    const std::byte* src = staging + f.src_offset;
+    const std::uint64_t rb = f.src_row_bytes();
+    if (f.src_dtype == f.dst_dtype) {
+      if (f.rows == 1) {
+        stream->copy_h2d(dst, src, rb);
+      } else {
+        stream->copy_h2d_2d(dst, f.dst_pitch, src, f.src_pitch, rb, f.rows);
+      }
+      return;
+    }
+    // A cast: the raw rows go to device scratch (contiguous), then the device's
+    // cast kernel writes the param. Scratch is reused in stream order, so no wait.
+    if (!scratch) {
+      scratch = device().allocate(shared->pool->buffer_bytes());
+    }
+    if (f.rows * rb > scratch.size()) {
+      throw Error(Stage::kCopy, device_name(), "",
+                  "internal: a fragment of " + std::to_string(f.rows * rb) +
+                      " bytes exceeds the cast scratch of " + std::to_string(scratch.size()));
+    }
+    if (f.rows == 1) {
+      stream->copy_h2d(scratch.data(), src, rb);
+    } else {
+      stream->copy_h2d_2d(scratch.data(), rb, src, f.src_pitch, rb, f.rows);
+    }
+    if (f.rows == 1 || f.dst_pitch == f.dst_row_bytes()) {
+      stream->cast(dst, f.dst_dtype, scratch.data(), f.src_dtype, f.rows * f.width_elems);
+    } else {
+      for (std::uint64_t r = 0; r < f.rows; ++r) {
+        stream->cast(dst + r * f.dst_pitch, f.dst_dtype, scratch.data() + r * rb, f.src_dtype,
+                     f.width_elems);
+      }
+    }
+  }
+
+  // Queues every fragment of this rank in window `w`; returns the bytes per param.
+  Landed execute(const Window& w, const std::byte* staging) {
+    Landed landed;
+    const PipelineInput& input = shared->input();
+    const auto& shell = shared->model().shells()[rank];
+    for (std::uint32_t i = w.rank_begin[rank]; i < w.rank_begin[rank + 1]; ++i) {
+      const Fragment& f = w.fragments[i];
+      if (shared->aborted()) {
+        break;
+      }
+      shared->check_cancel();
+      const std::string& param = shell.params[f.param].name;
+      try {
+        if (input.before_copy) {
+          input.before_copy(rank, param);
+        }
+        copy_fragment(f, target().params[f.param], staging);
+      } catch (...) {
+        const io::TensorInfo& t = shared->index().tensors[f.tensor];
+        Error e = to_error(std::current_exception(), Stage::kCopy, t.file, t.name, "");
+        if (e.stage() == Stage::kCancelled) {
+          throw e;
+        }
+        throw Error(e.stage(), t.file, t.name,
+                    "into parameter " + param + " on " + device_name() + ": " + e.what());
+      }
+      landed[f.param] += f.dst_bytes();
+      shared->bytes_copied.fetch_add(f.dst_bytes());
+    }
+    return landed;
+  }
+
+  // Waits for every parked chunk, reports its bytes, releases its staging buffer.
+  void flush(caf::event_based_actor* self) {
+    while (!parked.empty()) {
+      Parked& p = parked.front();
+      p.done->synchronize();
+      if (!p.landed.empty()) {
+        self->send(post_processor,
+                   LandedMsg{static_cast<std::uint32_t>(rank), to_vector(p.landed)});
+      }
+      parked.pop_front();  // the last reference to the lease returns the buffer
+    }
+  }
+
+  void run_hook(std::uint32_t index) {
+    const models::PostLoadHook& hook = hooks.at(index);
+    try {
+      shared->check_cancel();
+      WorkerHookContext context(hook, target(), *stream);
+      hook.run(context);
+      stream->synchronize();
+    } catch (...) {
+      Error e = to_error(std::current_exception(), Stage::kPostProcess, device_name(), "", "");
+      if (e.stage() == Stage::kCancelled) {
+        throw e;
+      }
+      throw Error(Stage::kPostProcess, device_name(), "",
+                  "post-load hook '" + hook.name + "' failed: " + e.what());
+    }
+  }
+};
+
+caf::behavior copy_worker(caf::stateful_actor<CopyWorkerState>* self,
+                          std::shared_ptr<Shared> shared, std::size_t rank,
+                          caf::actor post_processor) {
+  self->state.shared = std::move(shared);
+  self->state.rank = rank;
+  self->state.post_processor = std::move(post_processor);
+  self->set_exception_handler([self](std::exception_ptr& ep) -> caf::error {
+    auto& st = self->state;
+    st.shared->fail(to_error(ep, Stage::kCopy, st.device_name(), "", "copy worker: "));
+    return caf::sec::runtime_error;
+  });
+  return {
+      [self](ChunkMsg& msg) {
+        auto& st = self->state;
+        if (st.shared->aborted()) {
+          return;  // dropping the message returns the buffer
+        }
+        st.ensure_ready(self);
+        const Window& w = st.shared->plan().windows.at(msg.window);
+        Landed landed = st.execute(w, msg.buf->data());
+        st.parked.push_back({st.stream->record(), std::move(msg.buf), std::move(landed)});
+        if (!st.flush_scheduled) {
+          st.flush_scheduled = true;
+          self->send(self, FlushMsg{});
+        }
+      },
+      [self](FlushMsg) {
+        auto& st = self->state;
+        st.flush_scheduled = false;
+        st.flush(self);
+      },
+      [self](EndOfStreamMsg) {
+        auto& st = self->state;
+        if (st.shared->aborted()) {
+          return;
+        }
+        st.ensure_ready(self);
+        st.flush(self);
+        self->send(st.post_processor, DrainedMsg{static_cast<std::uint32_t>(st.rank)});
+      },
+      [self](RunHookMsg msg) {
+        auto& st = self->state;
+        if (st.shared->aborted()) {
+          return;
+        }
+        st.ensure_ready(self);
+        st.flush(self);
+        st.run_hook(msg.hook);
+        self->send(st.post_processor, HookDoneMsg{msg.hook});
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_copy_worker(caf::event_based_actor* parent, std::shared_ptr<Shared> shared,
+                             std::size_t rank, caf::actor post_processor) {
+  return parent->spawn<caf::detached>(copy_worker, std::move(shared), rank,
+                                      std::move(post_processor));
+}
+
+}  // namespace ferry::actors

@@ -1,0 +1,84 @@
+// The streaming half of a load: runs a Plan through the actor pipeline (reader,
+// copy workers, post-processor, prefetcher, coordinator) and returns when every
+// param is complete or the load failed. This header is what runtime/ sees of
+// actors/: it names no CAF type, so CAF stays inside actors/*.cpp.
+//
+// The caller owns the param storage (allocated on each rank's device before the
+// call) and frees it when the load failed. run_pipeline returns only after every
+// actor has stopped, every staging buffer went back to its pool and the pool is
+// gone, and every stream and scratch allocation of the copy workers is released,
+// so on return nothing of the pipeline touches device or staging memory any more.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/plan.hpp"
+#include "common/error.hpp"
+#include "gpu/device.hpp"
+#include "io/reader.hpp"
+#include "io/safetensors.hpp"
+#include "io/staging_pool.hpp"
+#include "models/model.hpp"
+
+namespace ferry::actors {
+
+struct PipelineOptions {
+  io::Engine engine = io::Engine::kUring;
+  unsigned queue_depth = 16;  // capped at staging_buffers: a read needs a buffer
+  std::size_t chunk_bytes = std::size_t{4} << 20;
+  unsigned staging_buffers = 8;
+  bool direct = false;  // open the weight files with O_DIRECT
+  bool prefetch = false;
+  unsigned prefetch_threads = 4;
+  std::size_t prefetch_block_bytes = std::size_t{16} << 20;
+  std::uint64_t prefetch_ahead_bytes = std::uint64_t{1} << 30;
+};
+
+// One local rank: its device and the storage of each param of its shell.
+struct RankTarget {
+  std::shared_ptr<gpu::Device> device;
+  std::vector<std::byte*> params;  // indexed like the rank's RankShell::params
+};
+
+struct PipelineInput {
+  const io::CheckpointIndex* index = nullptr;
+  const models::Model* model = nullptr;
+  const Plan* plan = nullptr;
+  std::vector<RankTarget> ranks;  // one per local rank, in shell order
+  PipelineOptions options;
+  // Staging memory; null = aligned host memory (runtime/ passes pinned memory of a
+  // CUDA device when there is one).
+  std::shared_ptr<io::BufferAllocator> staging_allocator;
+  std::shared_ptr<io::FaultInjector> faults;
+  // Called by a copy worker before each fragment; throwing fails the load (a
+  // ferry::Error keeps its stage, anything else becomes Stage::kCopy).
+  std::function<void(std::size_t local_rank, const std::string& param)> before_copy;
+  // Set by another thread to cancel; checked by every actor between steps.
+  const std::atomic<bool>* cancel = nullptr;
+};
+
+struct PipelineResult {
+  std::optional<Error> error;          // the first error of any actor; empty on success
+  std::uint64_t bytes_read = 0;        // bytes the reader requested (O_DIRECT widening included)
+  std::uint64_t bytes_copied = 0;      // param bytes written from checkpoint data
+  std::uint64_t bytes_prefetched = 0;  // page-cache prefetch reads
+  std::uint64_t reads = 0;             // windows read
+  std::uint64_t staging_high_water_bytes = 0;     // most staging memory leased at once
+  std::size_t staging_buffers_leased_at_end = 0;  // 0 unless a lease leaked (a bug)
+  double stream_seconds = 0;                      // start until every copy and fill landed
+  double total_seconds = 0;                       // start until every actor stopped
+  // Bytes landed per param, [local rank][param]: what the post-processor counted.
+  std::vector<std::vector<std::uint64_t>> landed;
+};
+
+// Streams `input.plan` into the params. Never throws: failures are in `error`.
+PipelineResult run_pipeline(const PipelineInput& input);
+
+}  // namespace ferry::actors

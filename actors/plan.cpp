@@ -1,0 +1,319 @@
+#include "actors/plan.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/error.hpp"
+#include "models/coverage.hpp"
+
+namespace ferry::actors {
+namespace {
+
+constexpr std::uint64_t kDirectAlignment = 4096;  // O_DIRECT offsets (notes/toolchain.md)
+constexpr std::size_t kMaxNamesListed = 50;
+
+[[noreturn]] void internal(const std::string& rule) {
+  throw Error(Stage::kPlacement, "", "", "internal: plan: " + rule);
+}
+
+// One placed tensor's read range, absolute in its file.
+struct Span {
+  std::uint32_t file = 0;
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  std::uint32_t tensor = 0;
+  std::size_t route = 0;
+  std::size_t first_window = 0;  // windows [first_window, last_window] hold its bytes
+  std::size_t last_window = 0;
+};
+
+// The smallest contiguous ranges of a tensor (relative to its data) that cover
+// every piece: each piece's extent, merged where they overlap or touch. Ranks 0 and
+// 3 of a row-split tensor give two ranges; a column slice (a pitched piece) spans
+// from its first row's first byte to its last row's last byte.
+std::vector<std::pair<std::uint64_t, std::uint64_t>> read_ranges(const models::Route& route) {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> extents;
+  for (const models::Piece& p : route.pieces) {
+    if (p.kind == models::Piece::Kind::kCopy && p.src_end() > p.src_offset) {
+      extents.emplace_back(p.src_offset, p.src_end());
+    }
+  }
+  std::sort(extents.begin(), extents.end());
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+  for (const auto& e : extents) {
+    if (!out.empty() && e.first <= out.back().second) {
+      out.back().second = std::max(out.back().second, e.second);
+    } else {
+      out.push_back(e);
+    }
+  }
+  return out;
+}
+
+std::string list_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < kMaxNamesListed; ++i) {
+    out += (i ? ", " : "") + names[i];
+  }
+  if (names.size() > kMaxNamesListed) {
+    out += " and " + std::to_string(names.size() - kMaxNamesListed) + " more";
+  }
+  return out;
+}
+
+}  // namespace
+
+void clip_piece(const models::Piece& piece, std::uint64_t tensor_offset,
+                std::uint64_t window_offset, std::uint64_t window_nbytes, std::uint32_t tensor,
+                std::vector<Fragment>& out) {
+  if (piece.kind != models::Piece::Kind::kCopy || piece.rows == 0 || piece.width_elems == 0 ||
+      window_nbytes == 0) {
+    return;
+  }
+  const std::uint64_t ses = dtype_size(piece.src_dtype);
+  const std::uint64_t des = dtype_size(piece.dst_dtype);
+  const std::uint64_t rb = piece.width_elems * ses;
+  const std::uint64_t pitch = piece.rows > 1 ? piece.src_pitch : rb;
+  if (piece.rows > 1 && pitch < rb) {
+    internal("piece source pitch " + std::to_string(pitch) + " is below its row bytes " +
+             std::to_string(rb));
+  }
+  const std::uint64_t base = tensor_offset + piece.src_offset;  // absolute start of row 0
+  const std::uint64_t w0 = window_offset;
+  const std::uint64_t w1 = window_offset + window_nbytes;
+  const std::uint64_t end = base + (piece.rows - 1) * pitch + rb;
+  if (end <= w0 || base >= w1) {
+    return;
+  }
+  std::uint64_t r_first = 0;
+  if (w0 > base) {
+    r_first = (w0 - base) / pitch;
+    if (base + r_first * pitch + rb <= w0) {
+      ++r_first;  // w0 falls in the gap after that row
+    }
+  }
+  std::uint64_t r_last = std::min<std::uint64_t>(piece.rows - 1, (w1 - 1 - base) / pitch);
+  if (r_first > r_last) {
+    return;  // the window lies in a gap between two rows
+  }
+  auto row_start = [&](std::uint64_t r) { return base + r * pitch; };
+  auto full = [&](std::uint64_t r) { return row_start(r) >= w0 && row_start(r) + rb <= w1; };
+  auto fragment = [&](std::uint64_t src_abs, std::uint64_t dst, std::uint64_t rows,
+                      std::uint64_t width, std::uint64_t src_pitch, std::uint64_t dst_pitch) {
+    Fragment f;
+    f.local_rank = static_cast<std::uint32_t>(piece.local_rank);
+    f.param = static_cast<std::uint32_t>(piece.param);
+    f.tensor = tensor;
+    f.src_offset = src_abs - w0;
+    f.dst_offset = dst;
+    f.rows = rows;
+    f.width_elems = width;
+    f.src_pitch = src_pitch;
+    f.dst_pitch = dst_pitch;
+    f.src_dtype = piece.src_dtype;
+    f.dst_dtype = piece.dst_dtype;
+    out.push_back(f);
+  };
+  // The part of row r inside the window, as a one-row fragment.
+  auto partial = [&](std::uint64_t r) {
+    const std::uint64_t a = row_start(r);
+    const std::uint64_t lo = std::max(a, w0);
+    const std::uint64_t hi = std::min(a + rb, w1);
+    if ((lo - a) % ses != 0 || (hi - lo) % ses != 0) {
+      internal("a window edge cuts an element of tensor #" + std::to_string(tensor));
+    }
+    const std::uint64_t width = (hi - lo) / ses;
+    fragment(lo, piece.dst_offset + r * piece.dst_pitch + (lo - a) / ses * des, 1, width,
+             width * ses, width * des);
+  };
+  // Whole rows [m0, m1) as one (possibly 2-D) fragment.
+  auto block = [&](std::uint64_t m0, std::uint64_t m1) {
+    const std::uint64_t rows = m1 - m0;
+    fragment(row_start(m0), piece.dst_offset + m0 * piece.dst_pitch, rows, piece.width_elems,
+             rows > 1 ? pitch : rb, rows > 1 ? piece.dst_pitch : piece.width_elems * des);
+  };
+  if (r_first == r_last) {
+    if (full(r_first)) {
+      block(r_first, r_first + 1);
+    } else {
+      partial(r_first);
+    }
+    return;
+  }
+  std::uint64_t m0 = r_first;
+  if (!full(r_first)) {
+    partial(r_first);
+    ++m0;
+  }
+  const bool tail_partial = !full(r_last);
+  const std::uint64_t m1 = tail_partial ? r_last : r_last + 1;
+  if (m1 > m0) {
+    block(m0, m1);
+  }
+  if (tail_partial) {
+    partial(r_last);
+  }
+}
+
+Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
+               const PlanOptions& options, const std::string& folder) {
+  if (options.chunk_bytes < 4096) {
+    throw Error(Stage::kConfig, "", "",
+                "io.chunk_bytes must be at least 4096, got " + std::to_string(options.chunk_bytes));
+  }
+  Plan plan;
+  plan.local_ranks = model.shells().size();
+  for (const io::CheckpointFile& f : index.files) {
+    plan.file_plan_offset.push_back(plan.plan_bytes);
+    plan.plan_bytes += f.size;
+  }
+
+  // Route every tensor before reading anything.
+  std::vector<models::Route> routes;
+  std::vector<Span> spans;
+  for (std::size_t i = 0; i < index.tensors.size(); ++i) {
+    const io::TensorInfo& t = index.tensors[i];
+    models::Route route = model.route(t);
+    switch (route.kind) {
+      case models::RouteKind::kPlaced: {
+        ++plan.placed;
+        plan.pieces += route.pieces.size();
+        for (const auto& [begin, end] : read_ranges(route)) {
+          Span s;
+          s.file = t.file_index;
+          s.begin = t.offset + begin;
+          s.end = t.offset + end;
+          s.tensor = static_cast<std::uint32_t>(i);
+          s.route = routes.size();
+          plan.bytes_planned += end - begin;
+          spans.push_back(s);
+        }
+        routes.push_back(std::move(route));
+        break;
+      }
+      case models::RouteKind::kDropped:
+        ++plan.dropped;
+        break;
+      case models::RouteKind::kUnmapped:
+        ++plan.unmapped;
+        plan.unmapped_names.push_back(t.name);
+        break;
+    }
+  }
+  plan.bytes_skipped =
+      index.total_bytes >= plan.bytes_planned ? index.total_bytes - plan.bytes_planned : 0;
+
+  // An unfillable param fails now, before a byte of tensor data is read.
+  std::vector<models::CoverageGap> gaps = models::check_coverage(model, routes);
+  if (!gaps.empty()) {
+    std::vector<std::string> names = models::gap_names(gaps);
+    throw Error(Stage::kMapping, folder, "",
+                std::to_string(names.size()) +
+                    " parameter(s) that neither the checkpoint nor a post-load hook fills: " +
+                    list_names(names));
+  }
+  plan.fills = model.fill_pieces();
+
+  // Cut the spans into windows: coalesce adjacent ones, split long ones.
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.file != b.file ? a.file < b.file : a.begin < b.begin;
+  });
+  const std::uint64_t chunk = options.chunk_bytes;
+  bool open = false;
+  for (Span& s : spans) {
+    const io::TensorInfo& t = index.tensors[s.tensor];
+    const std::uint64_t es = dtype_size(t.dtype);
+    std::uint64_t pos = s.begin;
+    bool first = true;
+    while (pos < s.end) {
+      if (open) {
+        const Window& w = plan.windows.back();
+        if (w.file != s.file || w.offset + w.nbytes != pos || w.nbytes >= chunk) {
+          open = false;
+        }
+      }
+      if (!open) {
+        Window w;
+        w.file = s.file;
+        w.offset = pos;
+        w.first_tensor = s.tensor;
+        plan.windows.push_back(std::move(w));
+        open = true;
+      }
+      Window& w = plan.windows.back();
+      std::uint64_t take = std::min(s.end, pos + (chunk - w.nbytes));
+      if (take < s.end) {
+        // Split inside this tensor: at an element boundary, 4096-aligned if direct.
+        take = t.offset + (take - t.offset) / es * es;
+        if (options.direct) {
+          std::uint64_t aligned = take / kDirectAlignment * kDirectAlignment;
+          if (aligned > pos && (aligned - t.offset) % es == 0) {
+            take = aligned;
+          }
+        }
+        if (take <= pos) {
+          if (w.nbytes == 0) {
+            internal("a window of " + std::to_string(chunk) + " bytes cannot hold one element");
+          }
+          open = false;  // no room for one element here: start the next window
+          continue;
+        }
+      }
+      w.nbytes += take - pos;
+      w.tensor_count = s.tensor - w.first_tensor + 1;
+      if (first) {
+        s.first_window = plan.windows.size() - 1;
+        first = false;
+      }
+      s.last_window = plan.windows.size() - 1;
+      pos = take;
+      if (take < s.end) {
+        open = false;
+      }
+    }
+  }
+  // Clip every piece to the windows of its tensor's spans. Spans are sorted, so a
+  // tensor's spans are consecutive; a window may hold several spans (of this or of
+  // neighbouring tensors), hence the check that a window is visited once.
+  for (std::size_t a = 0; a < spans.size();) {
+    std::size_t b = a;
+    while (b < spans.size() && spans[b].route == spans[a].route) {
+      ++b;
+    }
+    const io::TensorInfo& t = index.tensors[spans[a].tensor];
+    std::vector<std::size_t> windows;
+    for (std::size_t k = a; k < b; ++k) {
+      for (std::size_t w = spans[k].first_window; w <= spans[k].last_window; ++w) {
+        if (windows.empty() || windows.back() != w) {
+          windows.push_back(w);
+        }
+      }
+    }
+    for (const models::Piece& p : routes[spans[a].route].pieces) {
+      for (std::size_t w : windows) {
+        Window& win = plan.windows[w];
+        clip_piece(p, t.offset, win.offset, win.nbytes, spans[a].tensor, win.fragments);
+      }
+    }
+    a = b;
+  }
+  for (Window& w : plan.windows) {
+    std::stable_sort(
+        w.fragments.begin(), w.fragments.end(),
+        [](const Fragment& a, const Fragment& b) { return a.local_rank < b.local_rank; });
+    w.rank_begin.assign(plan.local_ranks + 1, 0);
+    std::size_t f = 0;
+    for (std::size_t r = 0; r <= plan.local_ranks; ++r) {
+      while (r < plan.local_ranks && f < w.fragments.size() && w.fragments[f].local_rank < r) {
+        ++f;
+      }
+      w.rank_begin[r] = static_cast<std::uint32_t>(r == plan.local_ranks ? w.fragments.size() : f);
+    }
+    w.plan_end = plan.file_plan_offset[w.file] + w.offset + w.nbytes;
+  }
+  return plan;
+}
+
+}  // namespace ferry::actors

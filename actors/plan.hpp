@@ -1,0 +1,114 @@
+// The load plan: every checkpoint tensor routed before any byte of it is read, and
+// the reads cut into staging-buffer-sized windows with the copy pieces clipped to
+// them. Plain C++ (no actors, no files, no devices), so that the arithmetic the
+// pipeline depends on is unit-tested on its own; the actors only walk the plan.
+//
+// From routes to windows:
+//  - a placed tensor contributes its read spans: the smallest contiguous byte ranges
+//    of its data that cover every piece of every local rank (each piece's extent,
+//    merged where they overlap or touch: a row slice is its own range, so ranks 0
+//    and 3 of a row-split tensor read two ranges; a column slice of a row-major
+//    tensor spans nearly the whole tensor). Dropped and unmapped tensors contribute
+//    nothing; their bytes are "skipped".
+//  - spans are walked in file order and coalesced while they are adjacent in the
+//    file, up to `chunk_bytes` per window; a span longer than the room left is split
+//    across windows at an element boundary of its tensor (so a cast never sees half
+//    an element). With `direct`, a split is moved down to a 4096-byte file offset
+//    when that is also an element boundary, so the next window reads in place.
+//  - each piece is clipped to every window it overlaps: the rows that lie wholly
+//    inside become one 2-D fragment, a row cut by a window edge becomes a 1-D
+//    fragment for its part (a row larger than a window is split within the row).
+//    Fragments never overlap, and together they write exactly what the pieces do.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "io/safetensors.hpp"
+#include "models/model.hpp"
+
+namespace ferry::actors {
+
+// A piece clipped to one window. The source is relative to the window's first byte
+// (that is, to the staging buffer the window is read into); the destination is
+// relative to the param's storage, as in models::Piece.
+struct Fragment {
+  std::uint32_t local_rank = 0;
+  std::uint32_t param = 0;
+  std::uint32_t tensor = 0;  // index into CheckpointIndex::tensors (for messages)
+  std::uint64_t dst_offset = 0;
+  std::uint64_t dst_pitch = 0;
+  std::uint64_t src_offset = 0;
+  std::uint64_t src_pitch = 0;
+  std::uint64_t rows = 0;
+  std::uint64_t width_elems = 0;
+  DType src_dtype = DType::kBF16;
+  DType dst_dtype = DType::kBF16;
+
+  std::uint64_t src_row_bytes() const { return width_elems * dtype_size(src_dtype); }
+  std::uint64_t dst_row_bytes() const { return width_elems * dtype_size(dst_dtype); }
+  std::uint64_t dst_bytes() const { return rows * dst_row_bytes(); }
+  // One past the last source byte, relative to the window.
+  std::uint64_t src_end() const {
+    return rows == 0 ? src_offset : src_offset + (rows - 1) * src_pitch + src_row_bytes();
+  }
+  bool operator==(const Fragment&) const = default;
+};
+
+// One read into one staging buffer: bytes [offset, offset + nbytes) of one file.
+struct Window {
+  std::uint32_t file = 0;           // index into CheckpointIndex::files
+  std::uint64_t offset = 0;         // absolute file offset
+  std::uint64_t nbytes = 0;         // <= chunk_bytes
+  std::uint64_t plan_end = 0;       // plan-byte position after this window (for the prefetcher)
+  std::uint32_t first_tensor = 0;   // tensors whose bytes it holds: [first, first + count)
+  std::uint32_t tensor_count = 0;   //   (indices into CheckpointIndex::tensors)
+  std::vector<Fragment> fragments;  // sorted by local rank
+  std::vector<std::uint32_t> rank_begin;  // fragments of rank r: [rank_begin[r], rank_begin[r+1])
+
+  bool has_rank(std::size_t rank) const { return rank_begin[rank] != rank_begin[rank + 1]; }
+};
+
+struct PlanOptions {
+  std::size_t chunk_bytes = std::size_t{4} << 20;  // largest window (>= 4096)
+  bool direct = false;  // O_DIRECT reads: prefer 4096-aligned window splits
+};
+
+struct Plan {
+  std::size_t local_ranks = 0;
+  // What the router decided, per checkpoint tensor.
+  std::size_t placed = 0;
+  std::size_t dropped = 0;
+  std::size_t unmapped = 0;
+  std::vector<std::string> unmapped_names;  // in checkpoint order
+  std::uint64_t bytes_planned = 0;          // tensor bytes the windows read
+  std::uint64_t bytes_skipped = 0;          // tensor bytes no window reads
+  std::size_t pieces = 0;                   // copy pieces of all routes (before clipping)
+  std::vector<models::Piece> fills;         // zero pieces (models::Model::fill_pieces)
+  std::vector<Window> windows;              // in read order: file order, then offset
+  // Plan-byte coordinate of each file's first byte (sizes of the earlier files).
+  std::vector<std::uint64_t> file_plan_offset;
+  std::uint64_t plan_bytes = 0;  // sum of the file sizes
+};
+
+// Routes every tensor of `index` with `model` and cuts the reads into windows.
+// Throws what Model::route throws (Stage::kPlacement for a shape or dtype that does
+// not fit its param, Stage::kMapping for an unknown name in strict mode), and
+// Error(Stage::kMapping) naming the checkpoint folder and listing every param that
+// neither a tensor, a fill nor a post-load hook would fill, before anything is read.
+// Error(Stage::kConfig) for chunk_bytes < 4096.
+Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
+               const PlanOptions& options, const std::string& folder = {});
+
+// Clips `piece` (of a tensor whose data starts at file offset `tensor_offset`) to
+// the window [window_offset, window_offset + window_nbytes) and appends the
+// fragments to `out`. Window edges inside the piece's rows must be element
+// boundaries of the source dtype relative to the tensor start. Exposed for tests.
+void clip_piece(const models::Piece& piece, std::uint64_t tensor_offset,
+                std::uint64_t window_offset, std::uint64_t window_nbytes, std::uint32_t tensor,
+                std::vector<Fragment>& out);
+
+}  // namespace ferry::actors

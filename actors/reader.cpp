@@ -1,0 +1,215 @@
+// The reader: walks the plan's windows in order, reads each into a staging buffer
+// and hands the buffer to every copy worker that has fragments in it.
+//
+//   reader ── ChunkMsg{lease, window} ──► copy workers (then EndOfStreamMsg)
+//   reader ── AdvanceMsg ──► prefetcher          reader ── ReaderDoneMsg ──► coordinator
+//
+// The bridge between the mailbox and io_uring: the reader is a blocking actor on
+// its own thread that owns the io::Reader (ring) outright, and loops: drain the
+// mailbox without blocking (an exit message stops it), issue reads while a staging
+// buffer is free, then wait for completions for at most kPollWait. One thread owns
+// the ring, so a SINGLE_ISSUER ring would work and no lock guards the Reader (it is
+// not thread-safe); the cost is that a message waits up to kPollWait, which only
+// delays cancellation by milliseconds. (The alternative, an I/O thread posting
+// completions to an event-based actor, needs a second thread and a handoff for the
+// same result.)
+//
+// Credits: a read is issued only into a leased staging buffer, so reads in flight
+// plus chunks queued at or held by the copy workers never exceed the pool's buffer
+// count; when none is free the reader waits on the pool (bounded, so it still sees
+// its mailbox). The lease travels as shared_ptr and returns when the last worker
+// that used the chunk has finished copying from it.
+//
+// On any exit the reader first waits for its in-flight reads: the kernel must not
+// write into a buffer that went back to the pool.
+#include "io/reader.hpp"
+
+#include <algorithm>
+#include <caf/after.hpp>
+#include <caf/blocking_actor.hpp>
+#include <caf/event_based_actor.hpp>
+#include <caf/system_messages.hpp>
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/messages_internal.hpp"
+#include "common/log.hpp"
+#include "io/file.hpp"
+
+namespace ferry::actors {
+namespace {
+
+constexpr std::chrono::milliseconds kPollWait{2};
+
+class ReadLoop {
+ public:
+  ReadLoop(caf::blocking_actor* self, std::shared_ptr<Shared> shared,
+           std::vector<caf::actor> workers, caf::actor prefetcher)
+      : self_(self),
+        shared_(std::move(shared)),
+        workers_(std::move(workers)),
+        prefetcher_(std::move(prefetcher)) {}
+
+  ReadLoop(const ReadLoop&) = delete;
+  ReadLoop& operator=(const ReadLoop&) = delete;
+
+  // Waits for reads still in flight before the buffers and files go away.
+  ~ReadLoop() {
+    if (reader_) {
+      std::vector<io::Completion> done;
+      while (reader_->outstanding() > 0) {
+        done.clear();
+        reader_->poll(done, std::chrono::milliseconds(50));
+      }
+      shared_->bytes_read.store(reader_->stats().bytes_requested);
+    }
+    in_flight_.clear();
+  }
+
+  // True when every window was read and dispatched; false when stopped early.
+  bool run() {
+    const PipelineInput& input = shared_->input();
+    const PipelineOptions& o = input.options;
+    for (const io::CheckpointFile& f : shared_->index().files) {
+      files_.push_back(io::File::open(f.path, o.direct, f.name));
+    }
+    io::ReaderOptions ro;
+    ro.engine = o.engine;
+    ro.queue_depth = std::max(1u, std::min(o.queue_depth, o.staging_buffers));
+    ro.chunk_bytes = o.chunk_bytes;
+    ro.faults = input.faults;
+    reader_ = io::make_reader(ro);
+
+    const std::vector<Window>& windows = shared_->plan().windows;
+    std::size_t next = 0;
+    std::vector<io::Completion> done;
+    while (true) {
+      if (!drain_mailbox() || shared_->aborted()) {
+        return false;
+      }
+      shared_->check_cancel();
+      while (next < windows.size()) {
+        std::optional<io::StagingBuffer> lease = take_buffer();
+        if (!lease) {
+          break;
+        }
+        const Window& w = windows[next];
+        auto buf = std::make_shared<io::StagingBuffer>(std::move(*lease));
+        reader_->submit(
+            {&files_[w.file], w.offset, static_cast<std::size_t>(w.nbytes), buf->data(), next});
+        in_flight_.emplace(next, std::move(buf));
+        ++next;
+      }
+      if (next == windows.size() && in_flight_.empty()) {
+        break;
+      }
+      if (!in_flight_.empty()) {
+        done.clear();
+        reader_->poll(done, kPollWait);
+        for (const io::Completion& c : done) {
+          dispatch(c);
+        }
+      } else {
+        // Every buffer is with the copy workers: wait (bounded) for one to return.
+        spare_ = shared_->pool->acquire_for(kPollWait);
+      }
+    }
+    shared_->bytes_read.store(reader_->stats().bytes_requested);
+    for (const caf::actor& w : workers_) {
+      self_->send(w, EndOfStreamMsg{});
+    }
+    return true;
+  }
+
+ private:
+  // Handles what is in the mailbox now; false when an exit message arrived.
+  bool drain_mailbox() {
+    bool more = true;
+    bool stop = false;
+    while (more && !stop) {
+      self_->receive([&](caf::exit_msg&) { stop = true; },
+                     caf::after(std::chrono::seconds(0)) >> [&] { more = false; });
+    }
+    return !stop;
+  }
+
+  std::optional<io::StagingBuffer> take_buffer() {
+    if (spare_) {
+      std::optional<io::StagingBuffer> out = std::move(spare_);
+      spare_.reset();
+      return out;
+    }
+    return shared_->pool->try_acquire();
+  }
+
+  void dispatch(const io::Completion& c) {
+    auto it = in_flight_.find(c.tag);
+    std::shared_ptr<io::StagingBuffer> buf = std::move(it->second);
+    in_flight_.erase(it);
+    const std::uint32_t index = static_cast<std::uint32_t>(c.tag);
+    const Window& w = shared_->plan().windows[index];
+    if (c.error) {
+      const io::TensorInfo& t = shared_->index().tensors[w.first_tensor];
+      Error e = to_error(c.error, Stage::kRead, t.file, t.name, "");
+      std::string more =
+          w.tensor_count > 1
+              ? " (the read also held " + std::to_string(w.tensor_count - 1) + " more tensor(s))"
+              : "";
+      throw Error(e.stage(), t.file, t.name,
+                  e.rule() + " [reading bytes " + std::to_string(w.offset) + " to " +
+                      std::to_string(w.offset + w.nbytes) + "]" + more);
+    }
+    shared_->reads.fetch_add(1);
+    for (std::size_t r = 0; r < workers_.size(); ++r) {
+      if (w.has_rank(r)) {
+        self_->send(workers_[r], ChunkMsg{buf, index});
+      }
+    }
+    position_ = std::max(position_, w.plan_end);
+    if (prefetcher_) {
+      self_->send(prefetcher_, AdvanceMsg{position_});
+    }
+  }
+
+  caf::blocking_actor* self_;
+  std::shared_ptr<Shared> shared_;
+  std::vector<caf::actor> workers_;
+  caf::actor prefetcher_;
+  // Declaration order matters for the destructor: the reader (drained there) goes
+  // before the buffers its reads write into, and both before the files.
+  std::vector<io::File> files_;
+  std::optional<io::StagingBuffer> spare_;
+  std::map<std::uint64_t, std::shared_ptr<io::StagingBuffer>> in_flight_;
+  std::unique_ptr<io::Reader> reader_;
+  std::uint64_t position_ = 0;
+};
+
+void reader(caf::blocking_actor* self, std::shared_ptr<Shared> shared,
+            std::vector<caf::actor> workers, caf::actor prefetcher, caf::actor coordinator) {
+  bool finished = false;
+  try {
+    ReadLoop loop(self, shared, std::move(workers), std::move(prefetcher));
+    finished = loop.run();
+  } catch (...) {
+    // A closed pool after an abort is the abort's echo, not a new error; fail()
+    // keeps the first error anyway.
+    shared->fail(to_error(std::current_exception(), Stage::kRead, "", "", "reader: "));
+  }
+  if (finished) {
+    self->send(coordinator, ReaderDoneMsg{});
+  }
+}
+
+}  // namespace
+
+caf::actor spawn_reader(caf::event_based_actor* parent, std::shared_ptr<Shared> shared,
+                        std::vector<caf::actor> workers, caf::actor prefetcher,
+                        caf::actor coordinator) {
+  return parent->spawn(reader, std::move(shared), std::move(workers), std::move(prefetcher),
+                       std::move(coordinator));
+}
+
+}  // namespace ferry::actors

@@ -1,0 +1,118 @@
+// What every actor of one load shares: the immutable input (plan, model, params),
+// the staging pool, the first error, the abort flag and the counters that end up in
+// the load report. Plain C++ (no CAF), internal to actors/.
+//
+// The first error wins: an actor that fails records its error here and stops; the
+// coordinator sees the actor go down (or notices on its tick), finds the error and
+// aborts everything else. `aborted` tells the other actors to stop doing work at
+// once (drop chunks, issue no reads), before the exit messages reach them.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "actors/pipeline.hpp"
+#include "common/error.hpp"
+#include "io/staging_pool.hpp"
+
+namespace ferry::actors {
+
+using Clock = std::chrono::steady_clock;
+
+class Shared {
+ public:
+  explicit Shared(const PipelineInput& input) : input_(input), start_(Clock::now()) {}
+
+  const PipelineInput& input() const { return input_; }
+  const Plan& plan() const { return *input_.plan; }
+  const io::CheckpointIndex& index() const { return *input_.index; }
+  const models::Model& model() const { return *input_.model; }
+
+  // Records `error` when it is the first; always sets aborted().
+  void fail(const Error& error) {
+    {
+      std::lock_guard lock(mu_);
+      if (!error_) {
+        error_ = error;
+      }
+    }
+    aborted_.store(true);
+  }
+  std::optional<Error> error() const {
+    std::lock_guard lock(mu_);
+    return error_;
+  }
+  bool failed() const {
+    std::lock_guard lock(mu_);
+    return error_.has_value();
+  }
+
+  // Stop working: an error happened somewhere or the load is being torn down.
+  bool aborted() const { return aborted_.load(); }
+  void abort() { aborted_.store(true); }
+
+  // The embedder asked to cancel.
+  bool cancel_requested() const { return input_.cancel != nullptr && input_.cancel->load(); }
+  // Throws Error(Stage::kCancelled) when the embedder asked to cancel.
+  void check_cancel() const {
+    if (cancel_requested()) {
+      throw Error(Stage::kCancelled, "", "", "the load was cancelled");
+    }
+  }
+
+  // The pool is created by run_pipeline before any actor starts and outlives them.
+  std::shared_ptr<io::StagingPool> pool;
+
+  std::atomic<std::uint64_t> bytes_read{0};
+  std::atomic<std::uint64_t> bytes_copied{0};
+  std::atomic<std::uint64_t> bytes_prefetched{0};
+  std::atomic<std::uint64_t> reads{0};
+
+  double seconds_since_start() const {
+    return std::chrono::duration<double>(Clock::now() - start_).count();
+  }
+  // When every copy and fill had landed (set once by the post-processor).
+  std::atomic<double> stream_done_seconds{-1.0};
+
+  // The post-processor's byte counts, published when it stops.
+  void publish_landed(std::vector<std::vector<std::uint64_t>> landed) {
+    std::lock_guard lock(mu_);
+    landed_ = std::move(landed);
+  }
+  std::vector<std::vector<std::uint64_t>> landed() const {
+    std::lock_guard lock(mu_);
+    return landed_;
+  }
+
+ private:
+  const PipelineInput& input_;
+  Clock::time_point start_;
+  mutable std::mutex mu_;
+  std::optional<Error> error_;
+  std::atomic<bool> aborted_{false};
+  std::vector<std::vector<std::uint64_t>> landed_;
+};
+
+// Turns whatever was thrown into a ferry::Error: a ferry::Error as is, anything
+// else as `fallback` with the given file and tensor and the exception's text.
+inline Error to_error(std::exception_ptr ep, Stage fallback, const std::string& file,
+                      const std::string& tensor, const std::string& context) {
+  try {
+    std::rethrow_exception(ep);
+  } catch (const Error& e) {
+    return e;
+  } catch (const std::exception& e) {
+    return Error(fallback, file, tensor, context + e.what());
+  } catch (...) {
+    return Error(fallback, file, tensor, context + "unknown exception");
+  }
+}
+
+}  // namespace ferry::actors

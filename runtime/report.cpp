@@ -1,0 +1,77 @@
+// The load report: its JSON form (`ferry load --report FILE`) and the few human
+// lines the CLI prints.
+#include <cstdio>
+#include <string>
+
+#include "runtime/runtime.hpp"
+
+namespace ferry::runtime {
+namespace {
+
+std::string human_bytes(std::uint64_t n) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::string fixed(double v, int digits) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+}  // namespace
+
+nlohmann::json LoadReport::to_json() const {
+  return nlohmann::json{
+      {"bytes_read", bytes_read},
+      {"bytes_skipped", bytes_skipped},
+      {"bytes_copied", bytes_copied},
+      {"bytes_prefetched", bytes_prefetched},
+      {"seconds", seconds},
+      {"phases",
+       {{"resolve", phases.resolve},
+        {"plan", phases.plan},
+        {"stream", phases.stream},
+        {"postprocess", phases.postprocess},
+        {"verify", phases.verify}}},
+      {"gbps", gbps},
+      {"peak_rss_bytes", peak_rss_bytes},
+      {"staging_high_water_bytes", staging_high_water_bytes},
+      {"files", files},
+      {"tensors",
+       {{"placed", tensors.placed}, {"dropped", tensors.dropped}, {"unmapped", tensors.unmapped}}},
+      {"warnings", warnings},
+  };
+}
+
+std::string LoadReport::summary() const {
+  std::string s;
+  s += "loaded " + std::to_string(tensors.placed) + " tensors from " + std::to_string(files) +
+       " file(s) in " + fixed(seconds, 3) + " s (" + std::to_string(tensors.dropped) +
+       " dropped, " + std::to_string(tensors.unmapped) + " unmapped)\n";
+  s += "read " + human_bytes(bytes_read) + " at " + fixed(gbps, 2) + " GB/s, skipped " +
+       human_bytes(bytes_skipped) + ", copied " + human_bytes(bytes_copied) + " to devices";
+  if (bytes_prefetched > 0) {
+    s += ", prefetched " + human_bytes(bytes_prefetched);
+  }
+  s += "\n";
+  s += "phases: resolve " + fixed(phases.resolve, 3) + " s, plan " + fixed(phases.plan, 3) +
+       " s, stream " + fixed(phases.stream, 3) + " s, postprocess " + fixed(phases.postprocess, 3) +
+       " s, verify " + fixed(phases.verify, 3) + " s\n";
+  s += "host memory: staging high water " + human_bytes(staging_high_water_bytes) + ", peak RSS " +
+       human_bytes(peak_rss_bytes) + "\n";
+  for (const std::string& w : warnings) {
+    s += "warning: " + w + "\n";
+  }
+  return s;
+}
+
+}  // namespace ferry::runtime

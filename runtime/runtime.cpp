@@ -1,0 +1,486 @@
+// ferry::Runtime: one load, in phases whose wall-clock boundaries make the report.
+//
+//   resolve      discovery, every header (validated), config.json
+//   plan         the model's shells, every tensor routed (placed / dropped /
+//                unmapped), coverage checked, reads cut into windows, devices made,
+//                every param allocated, page cache dropped when asked
+//   stream       the actor pipeline (actors/pipeline.hpp) until every copy landed
+//   postprocess  the rest of the pipeline: hooks that ran after the last copy,
+//                teardown of the actors
+//   verify       every param written exactly once over (byte counts)
+//
+// Everything a load allocates lives in a LoadedModel::State from the start. On
+// failure that state is dropped after the pipeline has stopped every actor, which
+// frees the device memory; on success it becomes the LoadedModel.
+#include "runtime/runtime.hpp"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "actors/pipeline.hpp"
+#include "actors/plan.hpp"
+#include "common/log.hpp"
+#include "gpu/backends.hpp"
+#include "gpu/device.hpp"
+#include "io/discover.hpp"
+#include "io/file.hpp"
+#include "io/safetensors.hpp"
+#include "io/safetensors_writer.hpp"
+#include "io/staging_pool.hpp"
+#include "models/model.hpp"
+
+namespace ferry::runtime {
+
+struct LoadedModel::State {
+  std::vector<std::shared_ptr<gpu::Device>> devices;        // per local rank
+  std::vector<std::vector<gpu::DeviceAllocation>> storage;  // [rank][param]; freed first
+  std::vector<LoadedRank> ranks;
+  LoadReport report;
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::uint64_t peak_rss_bytes() {
+  struct rusage usage {};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) {
+    return 0;
+  }
+  return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+ErrorInfo to_info(const Error& e) {
+  return ErrorInfo{e.stage(), e.file(), e.tensor(), e.rule(), e.what()};
+}
+
+// Staging memory that CUDA copies read without staging it again: pinned host
+// memory of a CUDA device (portable, so every device's copies may use it).
+class PinnedStagingAllocator final : public io::BufferAllocator {
+ public:
+  explicit PinnedStagingAllocator(std::shared_ptr<gpu::Device> device)
+      : device_(std::move(device)) {}
+
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    if (alignment > gpu::kPinnedAlignment) {
+      return nullptr;
+    }
+    gpu::PinnedAllocation a = device_->allocate_pinned(bytes);
+    void* p = a.data();
+    std::lock_guard lock(mu_);
+    live_.emplace(p, std::move(a));
+    return p;
+  }
+  void deallocate(void* p, std::size_t /*bytes*/) noexcept override {
+    std::lock_guard lock(mu_);
+    live_.erase(p);
+  }
+  std::string name() const override { return "pinned memory of " + device_->name(); }
+
+ private:
+  std::shared_ptr<gpu::Device> device_;
+  std::mutex mu_;
+  std::map<void*, gpu::PinnedAllocation> live_;
+};
+
+nlohmann::json read_hf_config(const std::string& folder) {
+  std::filesystem::path path = std::filesystem::path(folder) / "config.json";
+  std::ifstream in(path);
+  if (!in) {
+    throw Error(Stage::kConfig, path.string(), "",
+                "cannot open the model's config.json (every checkpoint folder needs one)");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(Stage::kConfig, path.string(), "", std::string("does not parse: ") + e.what());
+  }
+}
+
+bool contiguous(const LoadedParam& p) {
+  std::uint64_t expect = 1;
+  for (std::size_t i = p.shape.size(); i-- > 0;) {
+    if (p.shape[i] != 1 && p.strides[i] != expect) {
+      return false;
+    }
+    expect *= p.shape[i];
+  }
+  return true;
+}
+
+std::string join_names(const std::vector<std::string>& names, std::size_t limit) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < limit; ++i) {
+    out += (i ? ", " : "") + names[i];
+  }
+  if (names.size() > limit) {
+    out += " and " + std::to_string(names.size() - limit) + " more";
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- LoadedRank / LoadedModel ----------------------------------------------------
+
+const LoadedParam* LoadedRank::find(const std::string& name) const {
+  auto it = std::lower_bound(params.begin(), params.end(), name,
+                             [](const LoadedParam& p, const std::string& n) { return p.name < n; });
+  return it != params.end() && it->name == name ? &*it : nullptr;
+}
+
+LoadedModel::LoadedModel(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+const std::vector<LoadedRank>& LoadedModel::ranks() const {
+  return state_->ranks;
+}
+
+const LoadReport& LoadedModel::report() const {
+  return state_->report;
+}
+
+std::vector<std::byte> LoadedModel::read_param(std::size_t rank_index,
+                                               const std::string& name) const {
+  if (rank_index >= state_->ranks.size()) {
+    throw Error(Stage::kConfig, "", name,
+                "read_param: local rank " + std::to_string(rank_index) + " does not exist (" +
+                    std::to_string(state_->ranks.size()) + " local ranks)");
+  }
+  const LoadedRank& rank = state_->ranks[rank_index];
+  const LoadedParam* p = rank.find(name);
+  if (p == nullptr) {
+    throw Error(Stage::kConfig, rank.device, name, "read_param: no such parameter");
+  }
+  std::vector<std::byte> out(p->nbytes);
+  auto stream = state_->devices[rank_index]->create_stream();
+  stream->copy_d2h(out.data(), p->data, p->nbytes);
+  stream->synchronize();
+  return out;
+}
+
+void LoadedModel::dump(const std::string& dir) const {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    throw Error(Stage::kConfig, dir, "", "cannot create the dump folder: " + ec.message());
+  }
+  constexpr std::size_t kBlock = std::size_t{16} << 20;  // bounded host memory per copy
+  for (std::size_t r = 0; r < state_->ranks.size(); ++r) {
+    const LoadedRank& rank = state_->ranks[r];
+    io::SafetensorsWriter writer(
+        (fs::path(dir) / ("rank-" + std::to_string(rank.tp_rank) + ".safetensors")).string());
+    writer.set_metadata({{"format", "pt"},
+                         {"ferry.tp_rank", std::to_string(rank.tp_rank)},
+                         {"ferry.device", rank.device}});
+    for (const LoadedParam& p : rank.params) {
+      writer.add(p.name, p.dtype, p.shape);
+    }
+    writer.begin();
+    auto stream = state_->devices[r]->create_stream();
+    std::vector<std::byte> buf;
+    for (const LoadedParam& p : rank.params) {
+      const std::size_t es = dtype_size(p.dtype);
+      if (contiguous(p)) {
+        std::uint64_t logical = es;
+        for (std::uint64_t d : p.shape) {
+          logical *= d;
+        }
+        for (std::uint64_t off = 0; off < logical; off += kBlock) {
+          std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, logical - off));
+          buf.resize(n);
+          stream->copy_d2h(buf.data(), p.data + off, n);
+          stream->synchronize();
+          writer.write(buf);
+        }
+        continue;
+      }
+      // Strided storage (e.g. a transposed view): gather the logical order.
+      std::vector<std::byte> all = read_param(r, p.name);
+      std::vector<std::uint64_t> index(p.shape.size(), 0);
+      std::uint64_t count = 1;
+      for (std::uint64_t d : p.shape) {
+        count *= d;
+      }
+      buf.clear();
+      for (std::uint64_t i = 0; i < count; ++i) {
+        std::uint64_t off = 0;
+        for (std::size_t d = 0; d < index.size(); ++d) {
+          off += index[d] * p.strides[d];
+        }
+        buf.insert(buf.end(), all.begin() + static_cast<std::ptrdiff_t>(off * es),
+                   all.begin() + static_cast<std::ptrdiff_t>((off + 1) * es));
+        for (std::size_t d = index.size(); d-- > 0;) {
+          if (++index[d] < p.shape[d]) {
+            break;
+          }
+          index[d] = 0;
+        }
+      }
+      writer.write(buf);
+    }
+    writer.finish();
+  }
+}
+
+// ---- Runtime ------------------------------------------------------------------------
+
+struct Runtime::Impl {
+  LoadConfig config;
+  RuntimeHooks hooks;
+  std::atomic<bool> cancel{false};
+  std::mutex load_mu;  // one load at a time per Runtime
+
+  void check_cancel() const {
+    if (cancel.load()) {
+      throw Error(Stage::kCancelled, "", "", "the load was cancelled");
+    }
+  }
+
+  LoadResult load(LoadReport& report);
+};
+
+Runtime::Runtime(LoadConfig config, RuntimeHooks hooks) : impl_(std::make_unique<Impl>()) {
+  impl_->config = std::move(config);
+  impl_->hooks = std::move(hooks);
+}
+
+Runtime::~Runtime() = default;
+
+void Runtime::cancel() {
+  impl_->cancel.store(true);
+}
+
+LoadResult Runtime::load() {
+  std::lock_guard lock(impl_->load_mu);
+  impl_->cancel.store(false);
+  LoadReport report;
+  try {
+    return impl_->load(report);
+  } catch (const Error& e) {
+    LoadResult r;
+    r.error = to_info(e);
+    return r;
+  } catch (const std::exception& e) {
+    LoadResult r;
+    r.error = to_info(Error(Stage::kConfig, "", "", std::string("unexpected: ") + e.what()));
+    return r;
+  }
+}
+
+LoadResult Runtime::Impl::load(LoadReport& report) {
+  const LoadConfig& c = config;
+  const Clock::time_point t0 = Clock::now();
+
+  // ---- resolve
+  if (c.model.path.empty()) {
+    throw Error(Stage::kConfig, "", "", "model.path is not set (ferry load --model DIR)");
+  }
+  io::DiscoveryOptions discovery;
+  discovery.format = c.model.load_format;
+  discovery.sort_weight_files = c.load.sort_weight_files;
+  discovery.tp_size = c.parallel.tp;
+  discovery.tp_rank = c.parallel.ranks.empty() ? 0 : c.parallel.ranks.front();
+  io::ResolvedSource source = io::resolve_source(c.model.path, discovery);
+  io::IndexOptions index_options;
+  index_options.strict = c.load.strict;
+  io::CheckpointIndex index = io::build_checkpoint_index(source, index_options);
+  nlohmann::json hf_config = read_hf_config(source.folder);
+  report.files = index.files.size();
+  for (const std::string& w : source.warnings) {
+    report.warnings.push_back(w);
+  }
+  for (const std::string& w : index.warnings) {
+    report.warnings.push_back(w);
+  }
+  check_cancel();
+  const Clock::time_point t1 = Clock::now();
+
+  // ---- plan
+  models::ParallelLayout layout;
+  layout.tp = c.parallel.tp;
+  layout.ep = c.parallel.ep;
+  layout.pp = c.parallel.pp;
+  layout.pp_rank = c.parallel.pp_rank;
+  layout.local_ranks = c.parallel.ranks;
+  models::ModelOptions model_options;
+  model_options.dtype = c.model.dtype;
+  model_options.strict = c.load.strict;
+  std::shared_ptr<const models::Model> model = models::make_model(hf_config, layout, model_options);
+  if (hooks.wrap_model) {
+    model = hooks.wrap_model(model);
+    if (!model) {
+      throw Error(Stage::kConfig, "", "", "RuntimeHooks::wrap_model returned no model");
+    }
+  }
+  actors::PlanOptions plan_options;
+  plan_options.chunk_bytes = c.io.chunk_bytes;
+  plan_options.direct = c.io.direct;
+  actors::Plan plan = actors::make_plan(index, *model, plan_options, source.folder);
+  report.tensors.placed = plan.placed;
+  report.tensors.dropped = plan.dropped;
+  report.tensors.unmapped = plan.unmapped;
+  report.bytes_skipped = plan.bytes_skipped;
+  if (plan.unmapped > 0) {
+    std::string w = std::to_string(plan.unmapped) +
+                    " checkpoint tensor(s) map to no parameter of " + model->family() +
+                    " and were not read (load.strict makes this an error): " +
+                    join_names(plan.unmapped_names, 20);
+    log::warn(w);
+    report.warnings.push_back(w);
+  }
+
+  const auto& shells = model->shells();
+  auto state = std::make_shared<LoadedModel::State>();
+  if (!hooks.devices.empty()) {
+    state->devices = hooks.devices;
+  } else {
+    gpu::HostDeviceOptions host;
+    host.bandwidth_gbps = c.host.bandwidth_gbps;
+    state->devices = gpu::make_devices(to_string(c.devices), host);
+  }
+  if (state->devices.size() != shells.size()) {
+    throw Error(Stage::kConfig, "", "",
+                std::to_string(state->devices.size()) + " device(s) for " +
+                    std::to_string(shells.size()) +
+                    " local rank(s): each local rank needs exactly one device");
+  }
+  for (std::size_t r = 0; r < shells.size(); ++r) {
+    if (!state->devices[r]) {
+      throw Error(Stage::kConfig, "", "", "device of local rank " + std::to_string(r) + " is null");
+    }
+  }
+  std::vector<actors::RankTarget> targets(shells.size());
+  state->storage.resize(shells.size());
+  for (std::size_t r = 0; r < shells.size(); ++r) {
+    gpu::Device& device = *state->devices[r];
+    LoadedRank rank;
+    rank.tp_rank = shells[r].tp_rank;
+    rank.pp_rank = c.parallel.pp_rank;
+    rank.device = device.name();
+    targets[r].device = state->devices[r];
+    for (const models::ParamSpec& spec : shells[r].params) {
+      gpu::DeviceAllocation a;
+      try {
+        a = device.allocate(spec.nbytes);
+      } catch (const Error& e) {
+        throw Error(Stage::kCopy, device.name(), spec.name,
+                    "allocating " + std::to_string(spec.nbytes) + " bytes: " + e.rule());
+      }
+      LoadedParam p;
+      p.name = spec.name;
+      p.dtype = spec.dtype;
+      p.shape = spec.shape;
+      p.strides = spec.strides;
+      p.data = a.data();
+      p.nbytes = spec.nbytes;
+      targets[r].params.push_back(a.data());
+      rank.params.push_back(std::move(p));
+      state->storage[r].push_back(std::move(a));
+    }
+    state->ranks.push_back(std::move(rank));
+  }
+  if (c.io.drop_cache) {
+    for (const io::CheckpointFile& f : index.files) {
+      io::drop_page_cache(io::File::open(f.path, false, f.name));
+    }
+  }
+  check_cancel();
+  const Clock::time_point t2 = Clock::now();
+
+  // ---- stream (+ postprocess)
+  actors::PipelineInput input;
+  input.index = &index;
+  input.model = model.get();
+  input.plan = &plan;
+  input.ranks = std::move(targets);
+  input.options.engine = c.io.engine;
+  input.options.queue_depth = c.io.queue_depth;
+  input.options.chunk_bytes = c.io.chunk_bytes;
+  input.options.staging_buffers = c.io.staging_buffers;
+  input.options.direct = c.io.direct;
+  input.options.prefetch = c.prefetch.enabled;
+  input.options.prefetch_threads = c.prefetch.threads;
+  input.options.prefetch_block_bytes = c.prefetch.block_bytes;
+  input.options.prefetch_ahead_bytes = c.prefetch.ahead_bytes;
+  input.staging_allocator = hooks.staging_allocator;
+  if (!input.staging_allocator) {
+    for (const auto& d : state->devices) {
+      if (d->name().rfind("cuda", 0) == 0) {
+        input.staging_allocator = std::make_shared<PinnedStagingAllocator>(d);
+        break;
+      }
+    }
+  }
+  input.faults = hooks.faults;
+  input.before_copy = hooks.before_copy;
+  input.cancel = &cancel;
+  actors::PipelineResult streamed = actors::run_pipeline(input);
+  report.bytes_read = index.header_bytes_read + streamed.bytes_read;
+  report.bytes_copied = streamed.bytes_copied;
+  report.bytes_prefetched = streamed.bytes_prefetched;
+  report.staging_high_water_bytes = streamed.staging_high_water_bytes;
+  if (streamed.error) {
+    throw *streamed.error;  // `state` (and with it every allocation) goes with the stack
+  }
+  if (streamed.staging_buffers_leased_at_end != 0) {
+    throw Error(Stage::kStaging, "", "",
+                "internal: " + std::to_string(streamed.staging_buffers_leased_at_end) +
+                    " staging buffer(s) still leased after the pipeline stopped");
+  }
+  const Clock::time_point t3 = Clock::now();
+
+  // ---- verify: every param written exactly once over
+  std::vector<std::string> short_params;
+  for (std::size_t r = 0; r < shells.size(); ++r) {
+    for (std::size_t p = 0; p < shells[r].params.size(); ++p) {
+      std::uint64_t landed =
+          r < streamed.landed.size() && p < streamed.landed[r].size() ? streamed.landed[r][p] : 0;
+      if (landed != shells[r].params[p].nbytes) {
+        short_params.push_back(shells[r].params[p].name + " (tp rank " +
+                               std::to_string(shells[r].tp_rank) + ": " + std::to_string(landed) +
+                               " of " + std::to_string(shells[r].params[p].nbytes) + " bytes)");
+      }
+    }
+  }
+  if (!short_params.empty()) {
+    throw Error(Stage::kVerify, source.folder, "",
+                std::to_string(short_params.size()) +
+                    " parameter(s) not completely written: " + join_names(short_params, 20));
+  }
+  const Clock::time_point t4 = Clock::now();
+
+  report.phases.resolve = seconds_between(t0, t1);
+  report.phases.plan = seconds_between(t1, t2);
+  const double pipeline = seconds_between(t2, t3);
+  report.phases.stream = std::min(streamed.stream_seconds, pipeline);
+  report.phases.postprocess = pipeline - report.phases.stream;
+  report.phases.verify = seconds_between(t3, t4);
+  report.seconds = report.phases.resolve + report.phases.plan + report.phases.stream +
+                   report.phases.postprocess + report.phases.verify;
+  report.gbps = report.phases.stream > 0
+                    ? static_cast<double>(report.bytes_read) / report.phases.stream / 1e9
+                    : 0;
+  report.peak_rss_bytes = peak_rss_bytes();
+  state->report = report;
+
+  LoadResult result;
+  result.model = std::make_shared<LoadedModel>(std::move(state));
+  return result;
+}
+
+}  // namespace ferry::runtime

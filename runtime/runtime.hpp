@@ -1,0 +1,150 @@
+// ferry's embedding API. An inference engine builds a Runtime from a LoadConfig,
+// calls load() (from any thread; cancel() from another), and receives a
+// LoadedModel: for each local rank, its parameters by name with device, pointer,
+// dtype, shape and strides. No CAF type appears here, and nothing throws across
+// this boundary: load() returns a LoadResult that holds either the model or the
+// error (stage, file, tensor, rule).
+//
+// Lifetime: the LoadedModel owns its devices' allocations and stays valid after
+// the Runtime (and its actor system) is gone, until the last reference to it is
+// released. A failed or cancelled load hands nothing over and frees everything it
+// allocated.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/dtype.hpp"
+#include "common/error.hpp"
+#include "runtime/load_config.hpp"
+
+namespace ferry::io {
+class BufferAllocator;
+class FaultInjector;
+}  // namespace ferry::io
+namespace ferry::gpu {
+class Device;
+}  // namespace ferry::gpu
+namespace ferry::models {
+class Model;
+}  // namespace ferry::models
+
+namespace ferry::runtime {
+
+struct LoadedParam {
+  std::string name;                    // SGLang's parameter name
+  DType dtype = DType::kBF16;
+  std::vector<std::uint64_t> shape;    // logical shape
+  std::vector<std::uint64_t> strides;  // in elements (may be non-contiguous, e.g. MLA w_kc)
+  std::byte* data = nullptr;           // device pointer (host backend: host memory)
+  std::size_t nbytes = 0;              // bytes of storage
+};
+
+struct LoadedRank {
+  int tp_rank = 0;
+  int pp_rank = 0;
+  std::string device;               // "host:0", "cuda:1"
+  std::vector<LoadedParam> params;  // sorted by name
+  const LoadedParam* find(const std::string& name) const;
+};
+
+// What happened during a load (`--report FILE` writes to_json()).
+struct LoadReport {
+  std::uint64_t bytes_read = 0;        // every byte requested from weight files: headers,
+                                       // tensor data, O_DIRECT alignment
+  std::uint64_t bytes_skipped = 0;     // tensor bytes never read
+  std::uint64_t bytes_copied = 0;      // bytes written to devices
+  std::uint64_t bytes_prefetched = 0;  // page-cache prefetch reads (not in bytes_read)
+  double seconds = 0;
+  struct Phases {
+    double resolve = 0, plan = 0, stream = 0, postprocess = 0, verify = 0;
+  } phases;                            // add up to `seconds`
+  double gbps = 0;                     // bytes_read / stream seconds / 1e9
+  std::uint64_t peak_rss_bytes = 0;
+  std::uint64_t staging_high_water_bytes = 0;
+  std::size_t files = 0;
+  struct Tensors {
+    std::size_t placed = 0, dropped = 0, unmapped = 0;
+  } tensors;
+  std::vector<std::string> warnings;
+
+  nlohmann::json to_json() const;
+  std::string summary() const;  // a few human lines for the CLI
+};
+
+class LoadedModel {
+ public:
+  struct State;  // devices, allocations, params (runtime/runtime.cpp)
+  explicit LoadedModel(std::shared_ptr<State> state);
+
+  const std::vector<LoadedRank>& ranks() const;
+  const LoadReport& report() const;
+  // Copies one parameter back to host memory in its storage layout (nbytes bytes).
+  std::vector<std::byte> read_param(std::size_t rank_index, const std::string& name) const;
+  // Writes DIR/rank-<tp rank>.safetensors per local rank: every parameter in its
+  // logical shape, contiguous, names as keys. Creates DIR when missing.
+  void dump(const std::string& dir) const;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+struct ErrorInfo {
+  Stage stage = Stage::kConfig;
+  std::string file;
+  std::string tensor;
+  std::string rule;
+  std::string message;  // what() of the error: "stage: file: tensor 'x': rule"
+};
+
+struct LoadResult {
+  std::shared_ptr<LoadedModel> model;  // null on failure
+  std::optional<ErrorInfo> error;      // set on failure
+  explicit operator bool() const { return model != nullptr; }
+};
+
+// Test and experiment hooks; an engine leaves these empty.
+struct RuntimeHooks {
+  std::shared_ptr<io::FaultInjector> faults;  // perturbs every system read of the reader
+  // Use these devices instead of creating them from the config (one per local rank),
+  // e.g. host devices whose allocation stats a test inspects after a failed load.
+  std::vector<std::shared_ptr<gpu::Device>> devices;
+  // Called by the copy workers before each piece; throwing fails the load at the
+  // copy stage (tests use it to inject copy failures and to cancel at random points).
+  std::function<void(std::size_t local_rank, const std::string& param)> before_copy;
+  // Staging memory comes from here instead of aligned host memory (or pinned memory
+  // of the first CUDA device), e.g. a counting allocator that proves a failed load
+  // gave every staging buffer back.
+  std::shared_ptr<io::BufferAllocator> staging_allocator;
+  // Replaces the model made from config.json before planning, e.g. with
+  // models::with_hooks(base, extra) to add post-load hooks.
+  std::function<std::shared_ptr<const models::Model>(std::shared_ptr<const models::Model>)>
+      wrap_model;
+};
+
+class Runtime {
+ public:
+  explicit Runtime(LoadConfig config, RuntimeHooks hooks = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Runs one load to completion. Never throws.
+  LoadResult load();
+  // Asks a running load() to stop; it returns an error with Stage::kCancelled.
+  // Thread-safe; harmless when no load runs.
+  void cancel();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry::runtime

@@ -1,0 +1,416 @@
+// The load plan: windows, coalescing, splitting and clipped fragments. A naive
+// executor applies a plan's fragments to host buffers and must produce exactly what
+// the unsplit route pieces produce, each param byte written once.
+#include "actors/plan.hpp"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "io/discover.hpp"
+#include "io/safetensors.hpp"
+#include "models/model.hpp"
+#include "testing/temp_dir.hpp"
+#include "tools/synth.hpp"
+
+namespace ferry::actors {
+namespace {
+
+using models::Piece;
+using testing::TempDir;
+
+// ---- naive executors ---------------------------------------------------------
+
+float bf16_to_float(const std::byte* p) {
+  std::uint16_t bits;
+  std::memcpy(&bits, p, 2);
+  std::uint32_t f = static_cast<std::uint32_t>(bits) << 16;
+  float out;
+  std::memcpy(&out, &f, 4);
+  return out;
+}
+
+// Writes one element: a byte copy, or BF16 -> F32 (the only cast these tests use).
+void put(std::byte* dst, DType dd, const std::byte* src, DType sd) {
+  if (dd == sd) {
+    std::memcpy(dst, src, dtype_size(dd));
+  } else {
+    ASSERT_EQ(sd, DType::kBF16);
+    ASSERT_EQ(dd, DType::kF32);
+    float v = bf16_to_float(src);
+    std::memcpy(dst, &v, 4);
+  }
+}
+
+// Applies a fragment or piece element by element; counts writes per dst byte.
+template <class P>
+void apply(const P& p, const std::byte* src, std::vector<std::byte>& dst,
+           std::vector<int>& writes) {
+  const std::size_t ses = dtype_size(p.src_dtype);
+  const std::size_t des = dtype_size(p.dst_dtype);
+  for (std::uint64_t r = 0; r < p.rows; ++r) {
+    for (std::uint64_t e = 0; e < p.width_elems; ++e) {
+      std::uint64_t d = p.dst_offset + r * p.dst_pitch + e * des;
+      ASSERT_LE(d + des, dst.size());
+      put(dst.data() + d, p.dst_dtype, src + p.src_offset + r * p.src_pitch + e * ses, p.src_dtype);
+      for (std::size_t b = 0; b < des; ++b) {
+        ++writes[d + b];
+      }
+    }
+  }
+}
+
+// ---- clip_piece -------------------------------------------------------------------
+
+// A [6, 10] BF16 tensor at file offset 100; the piece takes columns [6, 10) of
+// every row into a [6, 4] param.
+Piece column_piece() {
+  Piece p;
+  p.rows = 6;
+  p.width_elems = 4;
+  p.src_offset = 6 * 2;
+  p.src_pitch = 10 * 2;
+  p.dst_offset = 0;
+  p.dst_pitch = 4 * 2;
+  return p;
+}
+
+std::vector<std::byte> pattern(std::size_t n) {
+  std::vector<std::byte> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    v[i] = static_cast<std::byte>((i * 7 + 3) & 0xff);
+  }
+  return v;
+}
+
+// Cuts [base, base + size) at `cuts` (file offsets) and checks the fragments
+// reproduce the piece exactly.
+void check_cuts(const Piece& piece, std::uint64_t base, std::uint64_t size,
+                std::vector<std::uint64_t> cuts, std::size_t dst_bytes) {
+  std::vector<std::byte> file = pattern(base + size);
+  std::vector<std::byte> want(dst_bytes), got(dst_bytes);
+  std::vector<int> want_w(dst_bytes), got_w(dst_bytes);
+  apply(piece, file.data() + base, want, want_w);
+  cuts.insert(cuts.begin(), base);
+  cuts.push_back(base + size);
+  for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+    std::vector<Fragment> frags;
+    clip_piece(piece, base, cuts[i], cuts[i + 1] - cuts[i], 0, frags);
+    for (const Fragment& f : frags) {
+      EXPECT_LE(f.src_end(), cuts[i + 1] - cuts[i]);
+      apply(f, file.data() + cuts[i], got, got_w);
+    }
+  }
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got_w, want_w);
+}
+
+TEST(ClipPiece, EveryTwoWaySplitOfAColumnSlice) {
+  const Piece p = column_piece();
+  for (std::uint64_t cut = 100; cut <= 220; cut += 2) {
+    SCOPED_TRACE(cut);
+    check_cuts(p, 100, 120, {cut}, 48);
+  }
+}
+
+TEST(ClipPiece, RandomMultiWaySplits) {
+  std::mt19937 rng(5);
+  const Piece p = column_piece();
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<std::uint64_t> cuts;
+    for (std::uint64_t c = 100; c < 220; c += 2) {
+      if (rng() % 5 == 0) {
+        cuts.push_back(c);
+      }
+    }
+    check_cuts(p, 100, 120, cuts, 48);
+  }
+}
+
+TEST(ClipPiece, OneRowLargerThanAWindowAndCasts) {
+  Piece p;
+  p.rows = 1;
+  p.width_elems = 40;
+  p.src_offset = 4;
+  p.src_pitch = 80;
+  p.dst_offset = 8;
+  p.dst_pitch = 160;
+  p.src_dtype = DType::kBF16;
+  p.dst_dtype = DType::kF32;
+  check_cuts(p, 0, 84, {10, 20, 22, 60}, 168);
+}
+
+TEST(ClipPiece, WindowInAGapBetweenRowsHasNoFragment) {
+  const Piece p = column_piece();
+  std::vector<Fragment> frags;
+  // Row 0 covers file [112, 120), row 1 [132, 140): [120, 132) holds no piece byte.
+  clip_piece(p, 100, 120, 12, 0, frags);
+  EXPECT_TRUE(frags.empty());
+  clip_piece(p, 100, 0, 100, 0, frags);   // before the tensor
+  clip_piece(p, 100, 220, 50, 0, frags);  // after it
+  EXPECT_TRUE(frags.empty());
+  clip_piece(p, 100, 100, 120, 7, frags);  // the whole tensor: one 2-D fragment
+  ASSERT_EQ(frags.size(), 1u);
+  EXPECT_EQ(frags[0].rows, 6u);
+  EXPECT_EQ(frags[0].src_offset, 12u);
+  EXPECT_EQ(frags[0].tensor, 7u);
+}
+
+// ---- make_plan over a real checkpoint ----------------------------------------------
+
+struct Loaded {
+  io::CheckpointIndex index;
+  std::unique_ptr<models::Model> model;
+};
+
+Loaded open(const std::string& dir, int tp, std::vector<int> ranks,
+            std::optional<DType> dtype = std::nullopt, bool strict = false) {
+  Loaded l;
+  l.index = io::build_checkpoint_index(io::resolve_source(dir));
+  nlohmann::json config = nlohmann::json::parse(testing::read_file(dir + "/config.json"));
+  models::ParallelLayout layout;
+  layout.tp = tp;
+  layout.local_ranks = std::move(ranks);
+  l.model = models::make_model(config, layout, {dtype, strict});
+  return l;
+}
+
+// Executes the plan's windows and, separately, the unsplit pieces of every route,
+// straight from the files' bytes; both must agree and write each byte once.
+void check_plan(const Loaded& l, const PlanOptions& options) {
+  const Plan plan = make_plan(l.index, *l.model, options);
+  const auto& shells = l.model->shells();
+  std::vector<std::string> files;
+  for (const io::CheckpointFile& f : l.index.files) {
+    files.push_back(testing::read_file(f.path));
+  }
+  auto fresh = [&] {
+    std::vector<std::vector<std::vector<std::byte>>> out;
+    for (const auto& s : shells) {
+      out.emplace_back();
+      for (const auto& p : s.params) {
+        out.back().emplace_back(p.nbytes);
+      }
+    }
+    return out;
+  };
+  auto fresh_counts = [&] {
+    std::vector<std::vector<std::vector<int>>> out;
+    for (const auto& s : shells) {
+      out.emplace_back();
+      for (const auto& p : s.params) {
+        out.back().emplace_back(p.nbytes, 0);
+      }
+    }
+    return out;
+  };
+  auto want = fresh(), got = fresh();
+  auto want_w = fresh_counts(), got_w = fresh_counts();
+  for (const io::TensorInfo& t : l.index.tensors) {
+    models::Route route = l.model->route(t);
+    const auto* src = reinterpret_cast<const std::byte*>(files[t.file_index].data()) + t.offset;
+    for (const Piece& p : route.pieces) {
+      apply(p, src, want[p.local_rank][p.param], want_w[p.local_rank][p.param]);
+    }
+  }
+  std::uint64_t read = 0;
+  std::vector<std::uint64_t> last_end(files.size(), 0);
+  for (const Window& w : plan.windows) {
+    EXPECT_LE(w.nbytes, options.chunk_bytes);
+    EXPECT_GT(w.nbytes, 0u);
+    EXPECT_GE(w.offset, last_end[w.file]) << "windows overlap or go backwards";
+    last_end[w.file] = w.offset + w.nbytes;
+    read += w.nbytes;
+    ASSERT_EQ(w.rank_begin.size(), shells.size() + 1);
+    EXPECT_FALSE(w.fragments.empty());
+    const auto* src = reinterpret_cast<const std::byte*>(files[w.file].data()) + w.offset;
+    for (std::size_t r = 0; r < shells.size(); ++r) {
+      for (std::uint32_t i = w.rank_begin[r]; i < w.rank_begin[r + 1]; ++i) {
+        const Fragment& f = w.fragments[i];
+        EXPECT_EQ(f.local_rank, r);
+        EXPECT_LE(f.src_end(), w.nbytes);
+        apply(f, src, got[r][f.param], got_w[r][f.param]);
+      }
+    }
+  }
+  EXPECT_EQ(read, plan.bytes_planned);
+  EXPECT_EQ(plan.bytes_planned + plan.bytes_skipped, l.index.total_bytes);
+  for (const Piece& p : plan.fills) {
+    std::vector<std::byte> zeros(p.src_end() + p.dst_bytes() + 1, std::byte{0});
+    apply(p, zeros.data(), want[p.local_rank][p.param], want_w[p.local_rank][p.param]);
+  }
+  for (std::size_t r = 0; r < shells.size(); ++r) {
+    for (std::size_t i = 0; i < shells[r].params.size(); ++i) {
+      const std::string& name = shells[r].params[i].name;
+      EXPECT_EQ(got[r][i], want[r][i]) << name;
+      // Fragments + fills write every byte exactly once.
+      std::vector<int> total = got_w[r][i];
+      for (const Piece& p : plan.fills) {
+        if (p.local_rank == r && p.param == i) {
+          for (std::uint64_t b = p.dst_offset; b < p.dst_offset + p.dst_bytes(); ++b) {
+            ++total[b];
+          }
+        }
+      }
+      EXPECT_EQ(total, std::vector<int>(total.size(), 1)) << name;
+    }
+  }
+}
+
+class PlanTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    for (const char* family : {"llama", "qwen2"}) {
+      tools::SynthOptions o;
+      o.family = family;
+      o.preset = "tiny";
+      o.out = dir_->file(family);
+      o.fsync = false;
+      tools::synthesize(o);
+    }
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static std::string ck(const char* family) { return dir_->file(family); }
+  static TempDir* dir_;
+};
+TempDir* PlanTest::dir_ = nullptr;
+
+TEST_F(PlanTest, WindowsReproduceThePiecesForEveryChunkSize) {
+  Loaded l = open(ck("llama"), 4, {});
+  for (std::size_t chunk :
+       {std::size_t{4096}, std::size_t{4100}, std::size_t{65536}, std::size_t{1} << 22}) {
+    SCOPED_TRACE(chunk);
+    check_plan(l, {chunk, false});
+    check_plan(l, {chunk, true});
+  }
+}
+
+TEST_F(PlanTest, SubsetsCastsAndBiases) {
+  check_plan(open(ck("qwen2"), 8, {6}), {4096, false});
+  check_plan(open(ck("qwen2"), 8, {}, DType::kF32), {8192, false});
+  check_plan(open(ck("llama"), 2, {1}, DType::kF32), {4096, true});
+}
+
+TEST_F(PlanTest, CoalescesAdjacentTensorsAndReadsEachByteOnce) {
+  Loaded l = open(ck("llama"), 4, {});
+  Plan plan = make_plan(l.index, *l.model, {std::size_t{4} << 20, false});
+  // All ranks local: every tensor byte is read, once, one window per file.
+  EXPECT_EQ(plan.bytes_skipped, 0u);
+  EXPECT_EQ(plan.bytes_planned, l.index.total_bytes);
+  EXPECT_EQ(plan.windows.size(), l.index.files.size());
+  EXPECT_EQ(plan.placed, l.index.tensors.size());
+  EXPECT_EQ(plan.windows[0].first_tensor, 0u);
+  EXPECT_EQ(plan.windows[0].tensor_count, l.index.files[0].tensor_count);
+}
+
+TEST_F(PlanTest, OneRankReadsRowSlicesButWholeColumnSlicedTensors) {
+  Loaded l = open(ck("llama"), 4, {2});
+  Plan plan = make_plan(l.index, *l.model, {std::size_t{4} << 20, false});
+  EXPECT_GT(plan.bytes_skipped, 0u);
+  const io::TensorInfo* embed = l.index.find("model.embed_tokens.weight");
+  const io::TensorInfo* o_proj = l.index.find("model.layers.0.self_attn.o_proj.weight");
+  ASSERT_NE(embed, nullptr);
+  ASSERT_NE(o_proj, nullptr);
+  std::uint64_t embed_read = 0;
+  std::uint64_t o_read = 0;
+  for (const Window& w : plan.windows) {
+    auto overlap = [&](const io::TensorInfo& t) {
+      if (w.file != t.file_index) {
+        return std::uint64_t{0};
+      }
+      std::uint64_t a = std::max(w.offset, t.offset);
+      std::uint64_t b = std::min(w.offset + w.nbytes, t.offset + t.nbytes);
+      return b > a ? b - a : 0;
+    };
+    embed_read += overlap(*embed);
+    o_read += overlap(*o_proj);
+  }
+  // Rank 2 of 4 keeps vocabulary rows [512, 768) of 1000 (padded 1024): 256 rows.
+  EXPECT_EQ(embed_read, 256u * 128 * 2);
+  // o_proj [128, 128] is split by columns (rank 2: columns [64, 96)): the range
+  // from row 0 column 64 to row 127 column 96 is read, all but the ends.
+  EXPECT_EQ(o_read, (127u * 128 + 32) * 2);
+}
+
+TEST_F(PlanTest, RanksZeroAndThreeReadTwoRangesOfARowSplitTensor) {
+  Loaded l = open(ck("llama"), 4, {0, 3});
+  check_plan(l, {4096, false});
+  Plan plan = make_plan(l.index, *l.model, {std::size_t{4} << 20, false});
+  const io::TensorInfo* embed = l.index.find("model.embed_tokens.weight");
+  ASSERT_NE(embed, nullptr);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;  // tensor-relative
+  for (const Window& w : plan.windows) {
+    if (w.file != embed->file_index) {
+      continue;
+    }
+    std::uint64_t a = std::max(w.offset, embed->offset);
+    std::uint64_t b = std::min(w.offset + w.nbytes, embed->offset + embed->nbytes);
+    if (b > a) {
+      ranges.emplace_back(a - embed->offset, b - embed->offset);
+    }
+  }
+  // Rank 0 keeps rows [0, 256), rank 3 rows [768, 1000) (padded to 1024): rows
+  // [256, 768) are never read.
+  const std::uint64_t row = 128 * 2;
+  ASSERT_EQ(ranges.size(), 2u);
+  EXPECT_EQ(ranges[0], std::make_pair(std::uint64_t{0}, 256 * row));
+  EXPECT_EQ(ranges[1], std::make_pair(768 * row, 1000 * row));
+}
+
+TEST_F(PlanTest, DirectSplitsInsideTensorsAre4096Aligned) {
+  Loaded l = open(ck("llama"), 2, {});
+  Plan plan = make_plan(l.index, *l.model, {8192, true});
+  std::size_t inside = 0;
+  for (const Window& w : plan.windows) {
+    for (const io::TensorInfo& t : l.index.tensors) {
+      if (t.file_index == w.file && w.offset > t.offset && w.offset < t.offset + t.nbytes) {
+        EXPECT_EQ(w.offset % 4096, 0u) << "window at " << w.offset << " inside " << t.name;
+        ++inside;
+      }
+    }
+  }
+  EXPECT_GT(inside, 10u);
+}
+
+TEST_F(PlanTest, Errors) {
+  Loaded l = open(ck("llama"), 2, {});
+  try {
+    make_plan(l.index, *l.model, {1000, false});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.stage(), Stage::kConfig);
+  }
+  // A checkpoint without one tensor: the param it fills is listed, up front.
+  io::CheckpointIndex partial = l.index;
+  const std::string gone = "model.layers.3.mlp.up_proj.weight";
+  std::erase_if(partial.tensors, [&](const io::TensorInfo& t) { return t.name == gone; });
+  try {
+    make_plan(partial, *l.model, {4096, false}, "the-folder");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.stage(), Stage::kMapping);
+    EXPECT_EQ(e.file(), "the-folder");
+    EXPECT_NE(e.rule().find("model.layers.3.mlp.gate_up_proj.weight"), std::string::npos)
+        << e.what();
+  }
+  // Strict: an unknown name fails; otherwise it is unmapped and skipped.
+  io::CheckpointIndex extra = l.index;
+  io::TensorInfo t = extra.tensors.back();
+  t.name = "model.unknown.weight";
+  extra.tensors.push_back(t);
+  extra.total_bytes += t.nbytes;
+  Plan plan = make_plan(extra, *l.model, {4096, false});
+  EXPECT_EQ(plan.unmapped, 1u);
+  EXPECT_EQ(plan.unmapped_names, std::vector<std::string>{"model.unknown.weight"});
+  Loaded strict = open(ck("llama"), 2, {}, std::nullopt, true);
+  EXPECT_THROW(make_plan(extra, *strict.model, {4096, false}), Error);
+}
+
+}  // namespace
+}  // namespace ferry::actors

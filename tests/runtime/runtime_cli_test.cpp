@@ -1,0 +1,116 @@
+// `ferry load` through the built binary: exit status, the JSON report, the dump
+// files (readable by ferry's own header parser, params in logical shape with the
+// reference's values), and a failing load that exits non-zero and dumps nothing.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.hpp"
+#include "runtime/runtime_test_util.hpp"
+#include "testing/run.hpp"
+#include "testing/temp_dir.hpp"
+
+namespace ferry::runtime {
+namespace {
+
+using testing::Checkpoint;
+using testing::read_file;
+using testing::run;
+using testing::synth_checkpoint;
+using testing::TempDir;
+
+TEST(LoadCli, LoadsReportsAndDumps) {
+  TempDir dir;
+  Checkpoint ck = synth_checkpoint(dir.file("ck"), "qwen2");
+  const std::string report = dir.file("r.json");
+  const std::string dump = dir.file("d/nested");
+  testing::RunResult r = run({FERRY_BINARY, "load", "--model", ck.dir, "--tp", "2", "--report",
+                              report, "--dump-dir", dump});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("loaded " + std::to_string(ck.shapes.size()) + " tensors"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("tp rank 1 on host:1"), std::string::npos) << r.out;
+
+  nlohmann::json j = nlohmann::json::parse(read_file(report));
+  for (const char* key :
+       {"bytes_read", "bytes_skipped", "bytes_copied", "seconds", "phases", "gbps",
+        "peak_rss_bytes", "staging_high_water_bytes", "files", "tensors"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["tensors"]["placed"], ck.shapes.size());
+  EXPECT_EQ(j["bytes_read"].get<std::uint64_t>(), ck.file_bytes());
+  for (const char* phase : {"resolve", "plan", "stream", "postprocess", "verify"}) {
+    EXPECT_TRUE(j["phases"].contains(phase)) << phase;
+  }
+
+  for (int rank : {0, 1}) {
+    const std::string file = dump + "/rank-" + std::to_string(rank) + ".safetensors";
+    ASSERT_TRUE(std::filesystem::exists(file)) << file;
+    io::SafetensorsHeader h = io::read_safetensors_header(file, file);
+    std::map<std::string, testing::RefTensor> ref = testing::reference_rank(ck, 2, rank);
+    ASSERT_EQ(h.tensors.size(), ref.size());
+    const std::string bytes = read_file(file);
+    for (const io::TensorInfo& t : h.tensors) {
+      ASSERT_TRUE(ref.count(t.name)) << t.name;
+      EXPECT_EQ(t.shape, ref[t.name].shape) << t.name;
+      EXPECT_EQ(t.dtype, DType::kBF16);
+      std::vector<std::byte> want = testing::encode(DType::kBF16, ref[t.name].values);
+      ASSERT_EQ(t.nbytes, want.size()) << t.name;
+      EXPECT_EQ(std::memcmp(bytes.data() + t.offset, want.data(), want.size()), 0) << t.name;
+    }
+  }
+}
+
+TEST(LoadCli, RanksFlagDumpsOnlyLocalRanks) {
+  TempDir dir;
+  Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama", true);
+  const std::string dump = dir.file("d");
+  testing::RunResult r = run({FERRY_BINARY, "load", "--model", ck.dir, "--tp=4", "--ranks", "3",
+                              "--dump-dir", dump, "--set", "io.chunk_bytes=64KiB"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_TRUE(std::filesystem::exists(dump + "/rank-3.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dump + "/rank-0.safetensors"));
+  EXPECT_NE(r.out.find("tp rank 3 on host:0"), std::string::npos) << r.out;
+}
+
+TEST(LoadCli, FailingLoadExitsNonZeroAndDumpsNothing) {
+  TempDir dir;
+  Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
+  const std::string shard = ck.dir + "/model-00003-of-00004.safetensors";
+  std::filesystem::resize_file(shard, 1000);
+  const std::string dump = dir.file("d");
+  const std::string report = dir.file("r.json");
+  testing::RunResult r = run({FERRY_BINARY, "load", "--model", ck.dir, "--tp", "2", "--dump-dir",
+                              dump, "--report", report});
+  EXPECT_EQ(r.status, 1) << r.out;
+  EXPECT_NE(r.err.find("error"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("model-00003-of-00004.safetensors"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dump));
+  EXPECT_FALSE(std::filesystem::exists(report));
+}
+
+TEST(LoadCli, UsageErrors) {
+  testing::RunResult r = run({FERRY_BINARY, "load"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--model"), std::string::npos) << r.err;
+  r = run({FERRY_BINARY, "load", "--model"});
+  EXPECT_EQ(r.status, 2);
+  r = run({FERRY_BINARY, "load", "--bogus", "x"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--bogus"), std::string::npos) << r.err;
+  r = run({FERRY_BINARY, "load", "--model", "/nonexistent", "--set", "io.chunk_byte=4096"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("io.chunk_byte"), std::string::npos) << r.err;
+  r = run({FERRY_BINARY, "load", "--help"});
+  EXPECT_EQ(r.status, 0);
+  EXPECT_NE(r.out.find("--dump-dir"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ferry::runtime

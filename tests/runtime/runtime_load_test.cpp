@@ -1,0 +1,283 @@
+// End-to-end loads through ferry::Runtime on host devices: every element of every
+// param of every local rank is compared with an independent reference computed
+// from the synthetic checkpoint's values (tests/runtime/runtime_test_util.hpp).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gpu/host_device.hpp"
+#include "runtime/runtime.hpp"
+#include "runtime/runtime_test_util.hpp"
+#include "testing/temp_dir.hpp"
+
+namespace ferry::runtime {
+namespace {
+
+using testing::Checkpoint;
+using testing::expect_matches_reference;
+using testing::make_config;
+using testing::synth_checkpoint;
+using testing::TempDir;
+
+LoadResult load(const LoadConfig& config, RuntimeHooks hooks = {}) {
+  Runtime rt(config, std::move(hooks));
+  LoadResult r = rt.load();
+  EXPECT_TRUE(r) << (r.error ? r.error->message : "");
+  return r;
+}
+
+std::string tp(int n) {
+  return "parallel.tp=" + std::to_string(n);
+}
+
+class LoadTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    llama_ = new Checkpoint(synth_checkpoint(dir_->file("llama"), "llama"));
+    llama_tied_ = new Checkpoint(synth_checkpoint(dir_->file("llama-tied"), "llama", true, 7));
+    qwen2_ = new Checkpoint(synth_checkpoint(dir_->file("qwen2"), "qwen2", false, 3));
+  }
+  static void TearDownTestSuite() {
+    delete llama_;
+    delete llama_tied_;
+    delete qwen2_;
+    delete dir_;
+  }
+  static TempDir* dir_;
+  static Checkpoint* llama_;
+  static Checkpoint* llama_tied_;
+  static Checkpoint* qwen2_;
+};
+TempDir* LoadTest::dir_ = nullptr;
+Checkpoint* LoadTest::llama_ = nullptr;
+Checkpoint* LoadTest::llama_tied_ = nullptr;
+Checkpoint* LoadTest::qwen2_ = nullptr;
+
+TEST_F(LoadTest, LlamaEveryTpSizeAllRanksLocal) {
+  for (int t : {1, 2, 4, 8}) {
+    SCOPED_TRACE("tp " + std::to_string(t));
+    LoadResult r = load(make_config(llama_->dir, {tp(t)}));
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r.model->ranks().size(), static_cast<std::size_t>(t));
+    for (int i = 0; i < t; ++i) {
+      EXPECT_EQ(r.model->ranks()[i].tp_rank, i);
+      EXPECT_EQ(r.model->ranks()[i].device, "host:" + std::to_string(i));
+    }
+    // 4 layers x 6 params + embed, norm, lm_head, per rank.
+    EXPECT_EQ(expect_matches_reference(*r.model, *llama_, t, DType::kBF16), 27u * t);
+    const LoadReport& rep = r.model->report();
+    EXPECT_EQ(rep.tensors.placed, 39u);
+    EXPECT_EQ(rep.tensors.dropped, 0u);
+    EXPECT_EQ(rep.tensors.unmapped, 0u);
+    EXPECT_EQ(rep.files, 4u);
+  }
+}
+
+TEST_F(LoadTest, Qwen2BiasesWithKvReplicationAtTp8) {
+  for (int t : {2, 8}) {
+    SCOPED_TRACE("tp " + std::to_string(t));
+    LoadResult r = load(make_config(qwen2_->dir, {tp(t)}));
+    ASSERT_TRUE(r);
+    // Qwen2 adds one qkv bias per layer.
+    EXPECT_EQ(expect_matches_reference(*r.model, *qwen2_, t, DType::kBF16), 31u * t);
+    ASSERT_NE(r.model->ranks()[0].find("model.layers.0.self_attn.qkv_proj.bias"), nullptr);
+  }
+}
+
+TEST_F(LoadTest, TiedEmbeddingsHaveNoLmHead) {
+  LoadResult r = load(make_config(llama_tied_->dir, {tp(2)}));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(expect_matches_reference(*r.model, *llama_tied_, 2, DType::kBF16), 26u * 2);
+  EXPECT_EQ(r.model->ranks()[0].find("lm_head.weight"), nullptr);
+}
+
+TEST_F(LoadTest, SubsetsOfRanksGetTheirOwnShards) {
+  {
+    LoadResult r = load(make_config(llama_->dir, {tp(4), "parallel.ranks=1,3"}));
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r.model->ranks().size(), 2u);
+    EXPECT_EQ(r.model->ranks()[0].tp_rank, 1);
+    EXPECT_EQ(r.model->ranks()[1].tp_rank, 3);
+    EXPECT_EQ(r.model->ranks()[1].device, "host:1");
+    EXPECT_EQ(expect_matches_reference(*r.model, *llama_, 4, DType::kBF16), 27u * 2);
+  }
+  {
+    LoadResult r = load(make_config(qwen2_->dir, {tp(8), "parallel.ranks=5"}));
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r.model->ranks().size(), 1u);
+    EXPECT_EQ(r.model->ranks()[0].tp_rank, 5);
+    EXPECT_EQ(expect_matches_reference(*r.model, *qwen2_, 8, DType::kBF16), 31u);
+  }
+}
+
+TEST_F(LoadTest, CastsBf16CheckpointToF32AndF16Params) {
+  LoadResult r = load(make_config(llama_->dir, {tp(2), "model.dtype=f32"}));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(expect_matches_reference(*r.model, *llama_, 2, DType::kF32), 27u * 2);
+  // Param bytes are twice the checkpoint's: bytes_copied counts what landed.
+  const LoadReport& rep = r.model->report();
+  EXPECT_GT(rep.bytes_copied, rep.bytes_read);
+  LoadResult h = load(make_config(qwen2_->dir, {tp(4), "model.dtype=f16"}));
+  ASSERT_TRUE(h);
+  EXPECT_EQ(expect_matches_reference(*h.model, *qwen2_, 4, DType::kF16), 31u * 4);
+}
+
+TEST_F(LoadTest, ReadsEachByteOnceWhenAllRanksAreLocal) {
+  LoadResult r = load(make_config(llama_->dir, {tp(4)}));
+  ASSERT_TRUE(r);
+  const LoadReport& rep = r.model->report();
+  // Headers plus tensor data, nothing twice although four devices need most bytes.
+  EXPECT_LE(rep.bytes_read, llama_->file_bytes());
+  EXPECT_EQ(rep.bytes_read, llama_->file_bytes());
+  EXPECT_EQ(rep.bytes_skipped, 0u);
+  EXPECT_GT(rep.bytes_copied, rep.bytes_read);  // replicated norms land four times
+}
+
+TEST_F(LoadTest, OneRankOfFourSkipsWhatItDoesNotKeep) {
+  LoadResult r = load(make_config(llama_->dir, {tp(4), "parallel.ranks=2"}));
+  ASSERT_TRUE(r);
+  const LoadReport& rep = r.model->report();
+  EXPECT_GT(rep.bytes_skipped, 0u);
+  EXPECT_LT(rep.bytes_read, llama_->file_bytes());
+  // Every tensor byte is either read or skipped (headers are read, never skipped).
+  std::uint64_t tensor_bytes = 0;
+  for (const auto& [name, shape] : llama_->shapes) {
+    std::uint64_t n = 2;
+    for (std::uint64_t d : shape) {
+      n *= d;
+    }
+    tensor_bytes += n;
+  }
+  const std::uint64_t headers = llama_->file_bytes() - tensor_bytes;
+  EXPECT_EQ(rep.bytes_read - headers + rep.bytes_skipped, tensor_bytes);
+  EXPECT_EQ(expect_matches_reference(*r.model, *llama_, 4, DType::kBF16), 27u);
+}
+
+TEST_F(LoadTest, SmallChunksSplitTensorsAndStagingStaysBounded) {
+  for (const char* chunk : {"4096", "12288"}) {
+    SCOPED_TRACE(chunk);
+    LoadResult r = load(make_config(
+        llama_->dir, {tp(2), std::string("io.chunk_bytes=") + chunk, "io.staging_buffers=2"}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(expect_matches_reference(*r.model, *llama_, 2, DType::kBF16), 27u * 2);
+    const LoadReport& rep = r.model->report();
+    EXPECT_LE(rep.staging_high_water_bytes, 2u * std::stoull(chunk));
+    EXPECT_GT(rep.staging_high_water_bytes, 0u);
+    EXPECT_EQ(rep.bytes_read, llama_->file_bytes());
+  }
+  // A cast across chunk edges, with the reader's split rows.
+  LoadResult r = load(make_config(
+      qwen2_->dir, {tp(8), "io.chunk_bytes=4096", "io.staging_buffers=3", "model.dtype=f32"}));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(expect_matches_reference(*r.model, *qwen2_, 8, DType::kF32), 31u * 8);
+  EXPECT_LE(r.model->report().staging_high_water_bytes, 3u * 4096);
+}
+
+TEST_F(LoadTest, DirectAndPreadEnginesGiveIdenticalParams) {
+  LoadResult a = load(make_config(llama_->dir, {tp(2), "io.direct=true", "io.chunk_bytes=8192"}));
+  LoadResult b = load(make_config(llama_->dir, {tp(2), "io.engine=pread"}));
+  LoadResult c = load(make_config(llama_->dir, {tp(2), "io.engine=pread", "io.direct=true"}));
+  ASSERT_TRUE(a && b && c);
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (const LoadedParam& p : b.model->ranks()[r].params) {
+      EXPECT_EQ(a.model->read_param(r, p.name), b.model->read_param(r, p.name)) << p.name;
+      EXPECT_EQ(c.model->read_param(r, p.name), b.model->read_param(r, p.name)) << p.name;
+    }
+  }
+  EXPECT_EQ(expect_matches_reference(*a.model, *llama_, 2, DType::kBF16), 27u * 2);
+  // O_DIRECT reads whole 4096-byte blocks, so it may read more than the files hold
+  // at tensor-range edges, never less.
+  EXPECT_GE(a.model->report().bytes_read, b.model->report().bytes_read);
+}
+
+TEST_F(LoadTest, PrefetchEnabledLoadsTheSameParams) {
+  LoadResult r =
+      load(make_config(llama_->dir, {tp(2), "prefetch.enabled=true", "prefetch.block_bytes=65536",
+                                     "prefetch.ahead_bytes=131072"}));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(expect_matches_reference(*r.model, *llama_, 2, DType::kBF16), 27u * 2);
+  EXPECT_LE(r.model->report().bytes_prefetched, llama_->file_bytes());
+}
+
+TEST_F(LoadTest, ReportFieldsAreFilledAndPhasesAddUp) {
+  LoadResult r = load(make_config(llama_->dir, {tp(2)}));
+  ASSERT_TRUE(r);
+  const LoadReport& rep = r.model->report();
+  const auto& ph = rep.phases;
+  EXPECT_NEAR(ph.resolve + ph.plan + ph.stream + ph.postprocess + ph.verify, rep.seconds, 1e-9);
+  for (double v : {ph.resolve, ph.plan, ph.stream, ph.postprocess, ph.verify}) {
+    EXPECT_GE(v, 0.0);
+  }
+  EXPECT_GT(rep.seconds, 0.0);
+  EXPECT_GT(rep.gbps, 0.0);
+  EXPECT_GT(rep.peak_rss_bytes, 0u);
+  EXPECT_GT(rep.staging_high_water_bytes, 0u);
+  nlohmann::json j = rep.to_json();
+  for (const char* key :
+       {"bytes_read", "bytes_skipped", "bytes_copied", "bytes_prefetched", "seconds", "phases",
+        "gbps", "peak_rss_bytes", "staging_high_water_bytes", "files", "tensors", "warnings"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["tensors"]["placed"], 39);
+  EXPECT_EQ(j["phases"].size(), 5u);
+  EXPECT_NE(rep.summary().find("loaded 39 tensors"), std::string::npos);
+}
+
+TEST_F(LoadTest, ModelOutlivesTheRuntimeAndOwnsItsMemory) {
+  std::vector<std::shared_ptr<gpu::Device>> devices = {gpu::make_host_device(0),
+                                                       gpu::make_host_device(1)};
+  std::shared_ptr<LoadedModel> model;
+  {
+    RuntimeHooks hooks;
+    hooks.devices = devices;
+    Runtime rt(make_config(llama_->dir, {tp(2)}), hooks);
+    LoadResult r = rt.load();
+    ASSERT_TRUE(r);
+    model = r.model;
+  }
+  EXPECT_EQ(expect_matches_reference(*model, *llama_, 2, DType::kBF16), 27u * 2);
+  EXPECT_EQ(devices[0]->stats().device.live_count, 27u);
+  EXPECT_EQ(devices[0]->stats().live_streams, 0u);
+  model.reset();
+  EXPECT_TRUE(devices[0]->stats().all_released());
+  EXPECT_TRUE(devices[1]->stats().all_released());
+}
+
+TEST_F(LoadTest, ReadParamRejectsUnknownNamesAndRanks) {
+  LoadResult r = load(make_config(llama_->dir, {tp(1)}));
+  ASSERT_TRUE(r);
+  EXPECT_THROW(r.model->read_param(0, "no.such.param"), Error);
+  EXPECT_THROW(r.model->read_param(1, "model.norm.weight"), Error);
+}
+
+TEST_F(LoadTest, TheSameRuntimeLoadsTwice) {
+  Runtime rt(make_config(llama_->dir, {tp(2)}));
+  LoadResult a = rt.load();
+  LoadResult b = rt.load();
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a.model->read_param(1, "lm_head.weight"), b.model->read_param(1, "lm_head.weight"));
+  EXPECT_NE(a.model->ranks()[1].find("lm_head.weight")->data,
+            b.model->ranks()[1].find("lm_head.weight")->data);
+}
+
+TEST_F(LoadTest, UnmappedTensorsAreAWarningUnlessStrict) {
+  TempDir dir;
+  Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
+  const std::string shard = testing::shard_of(ck.dir, "model.norm.weight");
+  testing::rewrite_shard(ck.dir, shard, [](std::vector<testing::ShardEntry>& e) {
+    e.push_back({"model.extra_head.weight", DType::kBF16, {4, 4}, std::string(32, '\0')});
+  });
+  LoadResult r = load(make_config(ck.dir, {tp(2)}));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r.model->report().tensors.unmapped, 1u);
+  EXPECT_EQ(r.model->report().bytes_skipped, 32u);
+  ASSERT_FALSE(r.model->report().warnings.empty());
+  EXPECT_NE(r.model->report().warnings.back().find("model.extra_head.weight"), std::string::npos);
+  EXPECT_EQ(expect_matches_reference(*r.model, ck, 2, DType::kBF16), 27u * 2);
+}
+
+}  // namespace
+}  // namespace ferry::runtime

@@ -1,0 +1,361 @@
+// Helpers for the end-to-end load tests: synthetic checkpoints, an independent
+// naive reference of what each tensor-parallel rank must hold (Megatron index
+// arithmetic written out here, never models/ placement code), element-by-element
+// comparison, checkpoint surgery (rewrite a shard, update the index) and a staging
+// allocator that counts what it handed out.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "io/safetensors.hpp"
+#include "io/safetensors_writer.hpp"
+#include "io/staging_pool.hpp"
+#include "runtime/load_config.hpp"
+#include "runtime/runtime.hpp"
+#include "testing/temp_dir.hpp"
+#include "tools/synth.hpp"
+
+namespace ferry::testing {
+
+// ---- checkpoints -------------------------------------------------------------
+
+struct Checkpoint {
+  std::string dir;
+  std::string family;
+  std::uint64_t seed = 1;
+  bool tied = false;
+  nlohmann::json config;
+  std::map<std::string, std::vector<std::uint64_t>> shapes;  // every checkpoint tensor
+
+  // Element i of tensor `name` as synthesized.
+  float value(const std::string& name, std::uint64_t i) const {
+    return tools::synth_value(seed, name, i);
+  }
+  std::vector<float> values(const std::string& name) const {
+    std::uint64_t n = 1;
+    for (std::uint64_t d : shapes.at(name)) {
+      n *= d;
+    }
+    std::vector<float> out(n);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      out[i] = value(name, i);
+    }
+    return out;
+  }
+  std::uint64_t file_bytes() const {
+    std::uint64_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      if (e.path().extension() == ".safetensors") {
+        n += e.file_size();
+      }
+    }
+    return n;
+  }
+};
+
+inline Checkpoint synth_checkpoint(const std::string& dir, const std::string& family,
+                                   bool tied = false, std::uint64_t seed = 1,
+                                   std::uint64_t shard_bytes = 0) {
+  tools::SynthOptions o;
+  o.family = family;
+  o.preset = "tiny";
+  o.out = dir;
+  o.seed = seed;
+  o.tie_embeddings = tied;
+  o.fsync = false;
+  o.shard_bytes = shard_bytes;
+  tools::synthesize(o);
+  Checkpoint c;
+  c.dir = dir;
+  c.family = family;
+  c.seed = seed;
+  c.tied = tied;
+  std::ifstream in(dir + "/config.json");
+  c.config = nlohmann::json::parse(in);
+  for (const tools::SynthTensor& t : tools::synth_tensor_list(family, "tiny", DType::kBF16, tied)) {
+    c.shapes[t.name] = t.shape;
+  }
+  return c;
+}
+
+// ---- the reference -------------------------------------------------------------
+
+struct RefTensor {
+  std::vector<std::uint64_t> shape;
+  std::vector<float> values;  // row-major; padding is 0
+};
+
+// Every param tp rank `rank` of `tp` must hold, by SGLang name, computed with
+// plain index arithmetic from the checkpoint's values.
+inline std::map<std::string, RefTensor> reference_rank(const Checkpoint& ck, int tp, int rank) {
+  const nlohmann::json& c = ck.config;
+  const std::uint64_t H = c.at("hidden_size");
+  const std::uint64_t heads = c.at("num_attention_heads");
+  const std::uint64_t kv = c.value("num_key_value_heads", heads);
+  const std::uint64_t hd =
+      c.contains("head_dim") ? c.at("head_dim").get<std::uint64_t>() : H / heads;
+  const std::uint64_t I = c.at("intermediate_size");
+  const std::uint64_t L = c.at("num_hidden_layers");
+  const std::uint64_t V = c.at("vocab_size");
+  const bool bias = ck.family == "qwen2";
+  const std::uint64_t T = static_cast<std::uint64_t>(tp);
+  const std::uint64_t R = static_cast<std::uint64_t>(rank);
+
+  std::map<std::string, RefTensor> out;
+  std::map<std::string, std::vector<float>> cache;
+  auto src = [&](const std::string& name) -> const std::vector<float>& {
+    auto it = cache.find(name);
+    if (it == cache.end()) {
+      it = cache.emplace(name, ck.values(name)).first;
+    }
+    return it->second;
+  };
+  // Rows [r0, r0 + n) of a [*, cols] tensor, appended.
+  auto take_rows = [&](std::vector<float>& dst, const std::string& name, std::uint64_t cols,
+                       std::uint64_t r0, std::uint64_t n) {
+    const std::vector<float>& s = src(name);
+    dst.insert(dst.end(), s.begin() + static_cast<std::ptrdiff_t>(r0 * cols),
+               s.begin() + static_cast<std::ptrdiff_t>((r0 + n) * cols));
+  };
+  // Vocabulary-parallel: padded to a multiple of 64, rows of this rank, zeros past V.
+  auto vocab = [&](const std::string& name) {
+    const std::uint64_t padded = (V + 63) / 64 * 64;
+    const std::uint64_t per = padded / T;
+    RefTensor t{{per, H}, {}};
+    for (std::uint64_t i = 0; i < per; ++i) {
+      std::uint64_t g = R * per + i;
+      if (g < V) {
+        take_rows(t.values, name, H, g, 1);
+      } else {
+        t.values.insert(t.values.end(), H, 0.0f);
+      }
+    }
+    out[name] = std::move(t);
+  };
+  vocab("model.embed_tokens.weight");
+  if (!ck.tied) {
+    vocab("lm_head.weight");
+  }
+  out["model.norm.weight"] = {{H}, src("model.norm.weight")};
+
+  const std::uint64_t qh = heads / T;
+  const std::uint64_t kvl = kv >= T ? kv / T : 1;
+  const std::uint64_t kv0 = kv >= T ? R * kvl : R / (T / kv);  // first kv head of this rank
+  const std::uint64_t il = I / T;
+  for (std::uint64_t l = 0; l < L; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string a = p + "self_attn.";
+    RefTensor qkv{{(qh + 2 * kvl) * hd, H}, {}};
+    take_rows(qkv.values, a + "q_proj.weight", H, R * qh * hd, qh * hd);
+    take_rows(qkv.values, a + "k_proj.weight", H, kv0 * hd, kvl * hd);
+    take_rows(qkv.values, a + "v_proj.weight", H, kv0 * hd, kvl * hd);
+    out[a + "qkv_proj.weight"] = std::move(qkv);
+    if (bias) {
+      RefTensor b{{(qh + 2 * kvl) * hd}, {}};
+      take_rows(b.values, a + "q_proj.bias", 1, R * qh * hd, qh * hd);
+      take_rows(b.values, a + "k_proj.bias", 1, kv0 * hd, kvl * hd);
+      take_rows(b.values, a + "v_proj.bias", 1, kv0 * hd, kvl * hd);
+      out[a + "qkv_proj.bias"] = std::move(b);
+    }
+    // o_proj: columns [R*qh*hd, +qh*hd) of [H, heads*hd].
+    RefTensor o{{H, qh * hd}, {}};
+    const std::vector<float>& os = src(a + "o_proj.weight");
+    for (std::uint64_t i = 0; i < H; ++i) {
+      for (std::uint64_t j = 0; j < qh * hd; ++j) {
+        o.values.push_back(os[i * heads * hd + R * qh * hd + j]);
+      }
+    }
+    out[a + "o_proj.weight"] = std::move(o);
+    const std::string m = p + "mlp.";
+    RefTensor gu{{2 * il, H}, {}};
+    take_rows(gu.values, m + "gate_proj.weight", H, R * il, il);
+    take_rows(gu.values, m + "up_proj.weight", H, R * il, il);
+    out[m + "gate_up_proj.weight"] = std::move(gu);
+    RefTensor down{{H, il}, {}};
+    const std::vector<float>& ds = src(m + "down_proj.weight");
+    for (std::uint64_t i = 0; i < H; ++i) {
+      for (std::uint64_t j = 0; j < il; ++j) {
+        down.values.push_back(ds[i * I + R * il + j]);
+      }
+    }
+    out[m + "down_proj.weight"] = std::move(down);
+    for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight"}) {
+      out[p + n] = {{H}, src(p + n)};
+    }
+  }
+  return out;
+}
+
+// The bytes of `v` as `dtype` (BF16, F16 or F32).
+inline std::vector<std::byte> encode(DType dtype, const std::vector<float>& v) {
+  std::vector<std::byte> out(v.size() * dtype_size(dtype));
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (dtype == DType::kF32) {
+      std::memcpy(out.data() + 4 * i, &v[i], 4);
+    } else {
+      std::uint16_t bits =
+          dtype == DType::kBF16 ? tools::float_to_bf16_bits(v[i]) : tools::float_to_f16_bits(v[i]);
+      std::memcpy(out.data() + 2 * i, &bits, 2);
+    }
+  }
+  return out;
+}
+
+// Checks every element of every param of every local rank against the reference,
+// and that the param set is exactly the reference's. Returns the number of params.
+inline std::size_t expect_matches_reference(const runtime::LoadedModel& model, const Checkpoint& ck,
+                                            int tp, DType dtype) {
+  std::size_t checked = 0;
+  for (std::size_t r = 0; r < model.ranks().size(); ++r) {
+    const runtime::LoadedRank& rank = model.ranks()[r];
+    std::map<std::string, RefTensor> ref = reference_rank(ck, tp, rank.tp_rank);
+    std::vector<std::string> names;
+    for (const runtime::LoadedParam& p : rank.params) {
+      names.push_back(p.name);
+    }
+    std::vector<std::string> ref_names;
+    for (const auto& [name, t] : ref) {
+      ref_names.push_back(name);
+    }
+    EXPECT_EQ(names, ref_names) << "tp rank " << rank.tp_rank;
+    for (const auto& [name, t] : ref) {
+      const runtime::LoadedParam* p = rank.find(name);
+      if (p == nullptr) {
+        continue;
+      }
+      EXPECT_EQ(p->shape, t.shape) << name;
+      EXPECT_EQ(p->dtype, dtype) << name;
+      std::vector<std::byte> got = model.read_param(r, name);
+      std::vector<std::byte> want = encode(dtype, t.values);
+      if (got != want) {
+        std::size_t es = dtype_size(dtype);
+        std::size_t i = 0;
+        while (i * es < got.size() && i * es < want.size() &&
+               std::memcmp(got.data() + i * es, want.data() + i * es, es) == 0) {
+          ++i;
+        }
+        ADD_FAILURE() << "tp rank " << rank.tp_rank << " (tp " << tp << ") param " << name
+                      << ": first differing element " << i << " of " << want.size() / es;
+      }
+      ++checked;
+    }
+  }
+  return checked;
+}
+
+// ---- configuration -----------------------------------------------------------
+
+// A LoadConfig from `--set`-style assignments over the in-code defaults.
+inline runtime::LoadConfig make_config(const std::string& model_dir,
+                                       const std::vector<std::string>& sets) {
+  runtime::ConfigBuilder b;
+  b.apply_set("model.path=" + model_dir);
+  for (const std::string& s : sets) {
+    b.apply_set(s);
+  }
+  return b.build();
+}
+
+// ---- checkpoint surgery ------------------------------------------------------
+
+struct ShardEntry {
+  std::string name;
+  DType dtype = DType::kBF16;
+  std::vector<std::uint64_t> shape;
+  std::string bytes;
+};
+
+// Rewrites shard `file` of the checkpoint in `dir` after `edit` changed its
+// entries, and updates model.safetensors.index.json (weight_map and total_size).
+inline void rewrite_shard(const std::string& dir, const std::string& file,
+                          const std::function<void(std::vector<ShardEntry>&)>& edit) {
+  const std::string path = dir + "/" + file;
+  io::SafetensorsHeader h = io::read_safetensors_header(path, file);
+  std::string data = read_file(path);
+  std::vector<ShardEntry> entries;
+  std::uint64_t before = 0;
+  for (const io::TensorInfo& t : h.tensors) {
+    entries.push_back({t.name, t.dtype, t.shape, data.substr(t.offset, t.nbytes)});
+    before += t.nbytes;
+  }
+  std::vector<std::string> old_names;
+  for (const ShardEntry& e : entries) {
+    old_names.push_back(e.name);
+  }
+  edit(entries);
+  std::uint64_t after = 0;
+  io::SafetensorsWriter w(path);
+  for (const ShardEntry& e : entries) {
+    w.add(e.name, e.dtype, e.shape);
+    after += e.bytes.size();
+  }
+  w.begin();
+  for (const ShardEntry& e : entries) {
+    w.write(std::as_bytes(std::span(e.bytes.data(), e.bytes.size())));
+  }
+  w.finish();
+
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  nlohmann::json index = nlohmann::json::parse(read_file(index_path));
+  for (const std::string& n : old_names) {
+    index["weight_map"].erase(n);
+  }
+  for (const ShardEntry& e : entries) {
+    index["weight_map"][e.name] = file;
+  }
+  if (index.contains("metadata") && index["metadata"].contains("total_size")) {
+    std::uint64_t total = index["metadata"]["total_size"];
+    index["metadata"]["total_size"] = total - before + after;
+  }
+  write_file(index_path, index.dump(2));
+}
+
+// The shard that holds tensor `name` (from the index).
+inline std::string shard_of(const std::string& dir, const std::string& name) {
+  nlohmann::json index = nlohmann::json::parse(read_file(dir + "/model.safetensors.index.json"));
+  return index.at("weight_map").at(name);
+}
+
+// ---- staging memory that counts -------------------------------------------------
+
+class CountingAllocator final : public io::BufferAllocator {
+ public:
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    void* p = inner_->allocate(bytes, alignment);
+    if (p != nullptr) {
+      live_.fetch_add(1);
+      total_.fetch_add(1);
+    }
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    live_.fetch_sub(1);
+    inner_->deallocate(p, bytes);
+  }
+  std::string name() const override { return "counting"; }
+
+  int live() const { return live_.load(); }
+  int total() const { return total_.load(); }
+
+ private:
+  std::shared_ptr<io::BufferAllocator> inner_ = io::aligned_host_allocator();
+  std::atomic<int> live_{0};
+  std::atomic<int> total_{0};
+};
+
+}  // namespace ferry::testing
