@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Load benchmark: `ferry load` of a checkpoint onto host devices vs `cat`.
+
+    python3 bench/load_bench.py [--build build/release] [--model DIR] [--runs 5]
+
+On a `medium` Llama checkpoint (synthesized under BUILD/bench-cache unless --model
+is given), interleaving the configurations inside every round:
+
+- `cat FILES > /dev/null` (the raw rate from the page cache);
+- `ferry_read_bench` with the reader settings the load uses (io_uring, QD 16,
+  4 MiB) — the read stage alone;
+- `ferry load` with tp 1 and tp 2 on host devices, uncapped;
+- `ferry load` tp 1 with the host device's bandwidth cap set to the read-alone rate
+  of that round, so reading and copying are equally slow: a serial pipeline would
+  take twice as long as either stage; overlap efficiency = stream seconds / the
+  slower stage alone (1.0 is perfect overlap).
+
+Peak RSS is measured from outside each process (wait4's ru_maxrss); "beyond the
+params" subtracts the bytes of the loaded parameters, which host devices keep in
+RAM. Reports medians, and ratios measured in the same run.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def run_measured(cmd, capture=True):
+    """Runs cmd; returns (seconds, max RSS bytes measured from outside, stdout).
+    Output goes to temporary files (a pipe nobody drains would stall the child)."""
+    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=out_f if capture else subprocess.DEVNULL, stderr=err_f)
+        _, status, usage = os.wait4(p.pid, 0)
+        seconds = time.perf_counter() - t
+        out_f.seek(0)
+        err_f.seek(0)
+        out = out_f.read().decode()
+        err = err_f.read().decode()
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{err}")
+    return seconds, usage.ru_maxrss * 1024, out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build/release")
+    ap.add_argument("--model")
+    ap.add_argument("--runs", type=int, default=5)
+    args = ap.parse_args()
+    ferry = os.path.join(args.build, "ferry")
+    bench = os.path.join(args.build, "ferry_read_bench")
+    model = args.model or os.path.join(args.build, "bench-cache", "llama-medium-seed1")
+    if not os.path.exists(os.path.join(model, "model.safetensors.index.json")):
+        os.makedirs(os.path.dirname(model), exist_ok=True)
+        subprocess.run([ferry, "synth", "--family", "llama", "--preset", "medium", "--out", model],
+                       check=True)
+    files = sorted(os.path.join(model, f) for f in os.listdir(model) if f.endswith(".safetensors"))
+    nbytes = sum(os.path.getsize(f) for f in files)
+    tmp = tempfile.mkdtemp(prefix="ferry-load-bench-")
+    subprocess.run(["cat"] + files, check=True, stdout=subprocess.DEVNULL)  # warm the cache
+
+    def load(name, *extra):
+        report = os.path.join(tmp, name + ".json")
+        seconds, rss, _ = run_measured([ferry, "load", "--model", model, "--report", report, *extra])
+        with open(report) as f:
+            r = json.load(f)
+        return {"wall": seconds, "rss": rss, "report": r}
+
+    rows = {k: [] for k in ("cat", "read", "tp1", "tp2", "capped")}
+    for _ in range(args.runs):
+        s, _, _ = run_measured(["cat"] + files, capture=False)
+        rows["cat"].append(nbytes / s / 1e9)
+        _, _, out = run_measured([bench, "--engine", "uring", "--qd", "16", "--chunk",
+                                  str(4 << 20)] + files)
+        read_gbps = float(dict(kv.split("=") for kv in out.split())["gbps"])
+        rows["read"].append(read_gbps)
+        rows["tp1"].append(load("tp1", "--tp", "1"))
+        rows["tp2"].append(load("tp2", "--tp", "2"))
+        capped = load("capped", "--tp", "1", "--set", f"host.bandwidth_gbps={read_gbps:.3f}")
+        rep = capped["report"]
+        read_alone = rep["bytes_read"] / (read_gbps * 1e9)
+        copy_alone = rep["bytes_copied"] / (read_gbps * 1e9)
+        capped["efficiency"] = rep["phases"]["stream"] / max(read_alone, copy_alone)
+        capped["cap"] = read_gbps
+        rows["capped"].append(capped)
+
+    med = statistics.median
+    cat = med(rows["cat"])
+    print(f"checkpoint: {model} ({len(files)} files, {nbytes / 1e9:.2f} GB), {args.runs} rounds; "
+          "GB/s = 1e9 bytes/s, medians (min-max)")
+    print()
+    print("| run | stream GB/s | whole load s | stream / cat | peak RSS MiB | RSS beyond params MiB | staging pool MiB |")
+    print("|---|---|---|---|---|---|---|")
+    print(f"| cat | {cat:.2f} ({min(rows['cat']):.2f}-{max(rows['cat']):.2f}) | | 1.00 | | | |")
+    print(f"| read stage alone (io_uring QD16 4 MiB) | {med(rows['read']):.2f} | | "
+          f"{med(rows['read']) / cat:.2f} | | | |")
+    for key in ("tp1", "tp2"):
+        rs = rows[key]
+        g = [x["report"]["gbps"] for x in rs]
+        params = rs[0]["report"]["bytes_copied"]
+        beyond = [(x["rss"] - params) / 2**20 for x in rs]
+        pool = rs[0]["report"]["staging_high_water_bytes"] / 2**20
+        print(f"| ferry load {key} | {med(g):.2f} ({min(g):.2f}-{max(g):.2f}) | "
+              f"{med([x['report']['seconds'] for x in rs]):.2f} | {med(g) / cat:.2f} | "
+              f"{med([x['rss'] for x in rs]) / 2**20:.0f} | {med(beyond):.0f} | {pool:.0f} |")
+    eff = [x["efficiency"] for x in rows["capped"]]
+    caps = [x["cap"] for x in rows["capped"]]
+    print()
+    print(f"overlap: cap = read-alone rate of the round (median {med(caps):.2f} GB/s); "
+          f"stream / slower stage alone = {med(eff):.2f} (min {min(eff):.2f}, max {max(eff):.2f}); "
+          "a serial pipeline would be about 2.0")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
