@@ -3,23 +3,11 @@
 #include <cstdio>
 #include <string>
 
+#include "common/format.hpp"
 #include "runtime/runtime.hpp"
 
 namespace ferry::runtime {
 namespace {
-
-std::string human_bytes(std::uint64_t n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
 
 std::string fixed(double v, int digits) {
   char buf[32];

@@ -10,6 +10,7 @@
 
 #include "common/dtype.hpp"
 #include "common/error.hpp"
+#include "common/format.hpp"
 #include "io/discover.hpp"
 #include "io/safetensors.hpp"
 #include "tools/commands.hpp"
@@ -23,19 +24,6 @@ constexpr const char kUsage[] =
     "  PATH is a checkpoint folder or one .safetensors file (inspected on its own).\n"
     "  --json     print one JSON document (docs/inspect-json.md); logs go to stderr\n"
     "  --strict   tensors the index does not list are an error, not a warning\n";
-
-std::string human_bytes(std::uint64_t n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
-  return buf;
-}
 
 std::string shape_text(const std::vector<std::uint64_t>& shape) {
   std::string s = "[";
