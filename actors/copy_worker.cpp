@@ -7,10 +7,12 @@
 // A chunk's fragments are queued on the stream (1-D and pitched 2-D host-to-device
 // copies; casts go through a device scratch buffer and the device's cast kernel),
 // then an event is recorded and the chunk is parked with its staging buffer. The
-// worker sends itself a FlushMsg; it is queued behind whatever chunks are already
-// waiting, so a busy worker queues several chunks before it waits. The flush waits
-// for the parked events, reports the landed bytes and only then drops the staging
-// buffers: a buffer never returns to the pool while a copy may still read it.
+// worker first releases every parked chunk whose event has already fired (on the
+// host backend, all of them); for the rest it sends itself a FlushMsg, queued behind
+// whatever chunks are already waiting, so a busy worker queues several chunks before
+// it waits. The flush waits for the parked events, reports the landed bytes and only
+// then drops the staging buffers: a buffer never returns to the pool while a copy
+// may still read it.
 // Zero fills (vocabulary padding) run once, before the first chunk.
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
@@ -212,14 +214,27 @@ struct CopyWorkerState {
   // Waits for every parked chunk, reports its bytes, releases its staging buffer.
   void flush(caf::event_based_actor* self) {
     while (!parked.empty()) {
-      Parked& p = parked.front();
-      p.done->synchronize();
-      if (!p.landed.empty()) {
-        self->send(post_processor,
-                   LandedMsg{static_cast<std::uint32_t>(rank), to_vector(p.landed)});
-      }
-      parked.pop_front();  // the last reference to the lease returns the buffer
+      parked.front().done->synchronize();
+      release_front(self);
     }
+  }
+
+  // Releases, oldest first and without waiting, the parked chunks whose copies have
+  // already completed, so their buffers go back to the reader at once instead of
+  // after every chunk queued before the flush (which left the reader idle while the
+  // worker drained its queue, and then the worker idle while the reader refilled).
+  void release_completed(caf::event_based_actor* self) {
+    while (!parked.empty() && parked.front().done->query()) {
+      release_front(self);
+    }
+  }
+
+  void release_front(caf::event_based_actor* self) {
+    Parked& p = parked.front();
+    if (!p.landed.empty()) {
+      self->send(post_processor, LandedMsg{static_cast<std::uint32_t>(rank), to_vector(p.landed)});
+    }
+    parked.pop_front();  // the last reference to the lease returns the buffer
   }
 
   void run_hook(std::uint32_t index) {
@@ -261,7 +276,8 @@ caf::behavior copy_worker(caf::stateful_actor<CopyWorkerState>* self,
         const Window& w = st.shared->plan().windows.at(msg.window);
         Landed landed = st.execute(w, msg.buf->data());
         st.parked.push_back({st.stream->record(), std::move(msg.buf), std::move(landed)});
-        if (!st.flush_scheduled) {
+        st.release_completed(self);
+        if (!st.parked.empty() && !st.flush_scheduled) {
           st.flush_scheduled = true;
           self->send(self, FlushMsg{});
         }
