@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -143,5 +144,30 @@ inline std::size_t hand_over(std::deque<Completion>& ready, std::vector<Completi
   outstanding -= n;
   return n;
 }
+
+// Base of the readers that finish every op inside submit() (pread, mmap): they
+// only implement read(); queuing completions for poll() is shared here.
+class InlineReader : public Reader {
+ public:
+  void submit(const ReadOp& op) override {
+    ++outstanding_;
+    ready_.push_back(Completion{op.tag, read(op)});
+  }
+  // Every op finished inside submit(): there is never anything to wait for.
+  std::size_t poll(std::vector<Completion>& out, std::chrono::milliseconds /*wait*/) override {
+    return hand_over(ready_, out, outstanding_);
+  }
+  std::size_t outstanding() const override { return outstanding_; }
+  const ReaderStats& stats() const override { return stats_; }
+
+ protected:
+  // Reads the whole op; returns its error (null on success).
+  virtual std::exception_ptr read(const ReadOp& op) = 0;
+  ReaderStats stats_;
+
+ private:
+  std::deque<Completion> ready_;
+  std::size_t outstanding_ = 0;
+};
 
 }  // namespace ferry::io::detail

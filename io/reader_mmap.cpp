@@ -23,7 +23,7 @@ namespace ferry::io {
 
 namespace {
 
-class MmapReader final : public Reader {
+class MmapReader final : public detail::InlineReader {
  public:
   explicit MmapReader(const ReaderOptions& options)
       : chunk_bytes_(options.chunk_bytes), faults_(options.faults) {}
@@ -37,17 +37,6 @@ class MmapReader final : public Reader {
   MmapReader(const MmapReader&) = delete;
   MmapReader& operator=(const MmapReader&) = delete;
 
-  void submit(const ReadOp& op) override {
-    ++outstanding_;
-    ready_.push_back(Completion{op.tag, read(op)});
-  }
-
-  std::size_t poll(std::vector<Completion>& out, std::chrono::milliseconds /*wait*/) override {
-    return detail::hand_over(ready_, out, outstanding_);
-  }
-
-  std::size_t outstanding() const override { return outstanding_; }
-  const ReaderStats& stats() const override { return stats_; }
   std::string name() const override { return "mmap"; }
 
  private:
@@ -58,7 +47,7 @@ class MmapReader final : public Reader {
     std::size_t length = 0;
   };
 
-  std::exception_ptr read(const ReadOp& op) {
+  std::exception_ptr read(const ReadOp& op) override {
     if (std::exception_ptr bad = detail::check_op(op)) {
       return bad;
     }
@@ -153,9 +142,6 @@ class MmapReader final : public Reader {
   std::size_t chunk_bytes_;
   std::shared_ptr<FaultInjector> faults_;
   std::unordered_map<int, Mapping> maps_;  // by descriptor; checked against dev/inode
-  std::deque<Completion> ready_;
-  std::size_t outstanding_ = 0;
-  ReaderStats stats_;
 };
 
 }  // namespace

@@ -17,28 +17,15 @@ namespace {
 
 using detail::SubRead;
 
-class PreadReader final : public Reader {
+class PreadReader final : public detail::InlineReader {
  public:
   explicit PreadReader(const ReaderOptions& options)
       : chunk_bytes_(options.chunk_bytes), faults_(options.faults) {}
 
-  void submit(const ReadOp& op) override {
-    ++outstanding_;
-    ready_.push_back(Completion{op.tag, read(op)});
-  }
-
-  std::size_t poll(std::vector<Completion>& out, std::chrono::milliseconds /*wait*/) override {
-    // Every op finished inside submit(): there is never anything to wait for.
-    return detail::hand_over(ready_, out, outstanding_);
-  }
-
-  std::size_t outstanding() const override { return outstanding_; }
-  const ReaderStats& stats() const override { return stats_; }
   std::string name() const override { return "pread"; }
 
  private:
-  // Reads the whole op; returns its error (null on success).
-  std::exception_ptr read(const ReadOp& op) {
+  std::exception_ptr read(const ReadOp& op) override {
     if (std::exception_ptr bad = detail::check_op(op)) {
       return bad;
     }
@@ -115,9 +102,6 @@ class PreadReader final : public Reader {
 
   std::size_t chunk_bytes_;
   std::shared_ptr<FaultInjector> faults_;
-  std::deque<Completion> ready_;
-  std::size_t outstanding_ = 0;
-  ReaderStats stats_;
   detail::AlignedBuffer bounce_;
   std::size_t bounce_bytes_ = 0;
 };
