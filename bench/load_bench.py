@@ -28,6 +28,8 @@ import sys
 import tempfile
 import time
 
+from bench_common import medium_checkpoint
+
 
 def run_measured(cmd, capture=True):
     """Runs cmd; returns (seconds, max RSS bytes measured from outside, stdout).
@@ -54,13 +56,7 @@ def main():
     args = ap.parse_args()
     ferry = os.path.join(args.build, "ferry")
     bench = os.path.join(args.build, "ferry_read_bench")
-    model = args.model or os.path.join(args.build, "bench-cache", "llama-medium-seed1")
-    if not os.path.exists(os.path.join(model, "model.safetensors.index.json")):
-        os.makedirs(os.path.dirname(model), exist_ok=True)
-        subprocess.run([ferry, "synth", "--family", "llama", "--preset", "medium", "--out", model],
-                       check=True)
-    files = sorted(os.path.join(model, f) for f in os.listdir(model) if f.endswith(".safetensors"))
-    nbytes = sum(os.path.getsize(f) for f in files)
+    model, files, nbytes = medium_checkpoint(args.build, args.model)
     tmp = tempfile.mkdtemp(prefix="ferry-load-bench-")
     subprocess.run(["cat"] + files, check=True, stdout=subprocess.DEVNULL)  # warm the cache
 

@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 
+from bench_common import medium_checkpoint
+
 MiB = 1 << 20
 
 
@@ -52,15 +54,8 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
 
-    ferry = os.path.join(args.build, "ferry")
     exe = os.path.join(args.build, "ferry_read_bench")
-    model = args.model or os.path.join(args.build, "bench-cache", "llama-medium-seed1")
-    if not os.path.exists(os.path.join(model, "model.safetensors.index.json")):
-        os.makedirs(os.path.dirname(model), exist_ok=True)
-        subprocess.run([ferry, "synth", "--family", "llama", "--preset", "medium", "--out", model],
-                       check=True)
-    files = sorted(os.path.join(model, f) for f in os.listdir(model) if f.endswith(".safetensors"))
-    nbytes = sum(os.path.getsize(f) for f in files)
+    model, files, nbytes = medium_checkpoint(args.build, args.model)
 
     def evict():
         subprocess.run([exe, "--evict"] + files, check=True)
