@@ -7,7 +7,8 @@
 // The bridge between the mailbox and io_uring: the reader is a blocking actor on
 // its own thread that owns the io::Reader (ring) outright, and loops: drain the
 // mailbox without blocking (an exit message stops it), issue reads while a staging
-// buffer is free, then wait for completions for at most kPollWait. One thread owns
+// buffer is free (handing over, after each, whatever has completed), then wait for
+// completions for at most kPollWait. One thread owns
 // the ring, so a SINGLE_ISSUER ring would work and no lock guards the Reader (it is
 // not thread-safe); the cost is that a message waits up to kPollWait, which only
 // delays cancellation by milliseconds. (The alternative, an I/O thread posting
@@ -102,6 +103,15 @@ class ReadLoop {
             {&files_[w.file], w.offset, static_cast<std::size_t>(w.nbytes), buf->data(), next});
         in_flight_.emplace(next, std::move(buf));
         ++next;
+        // Hand over whatever is done before the next read: from the page cache a
+        // read completes inside the submit, and batching several of them before
+        // the first dispatch left the copy workers idle meanwhile (a convoy).
+        // Reads still in the kernel stay there, so the queue depth is kept.
+        done.clear();
+        reader_->poll(done, std::chrono::milliseconds(0));
+        for (const io::Completion& c : done) {
+          dispatch(c);
+        }
       }
       if (next == windows.size() && in_flight_.empty()) {
         break;
