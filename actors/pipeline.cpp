@@ -35,6 +35,13 @@ PipelineResult run_pipeline(const PipelineInput& input) {
       caf::actor_system_config config;
       // No cfg.parse(): an embedded library reads no argv or caf-application.ini.
       config.set("scheduler.max-threads", 2);
+      // The scheduler's actors (coordinator, post-processor, prefetcher) handle a
+      // few messages per second of loading; CAF's default busy-polls and then
+      // sleeps 50 us at a time after every message, which on a small machine
+      // preempts the reader and the copy workers (measured: half the load's
+      // context switches). Idle workers go straight to their condition variable.
+      config.set("work-stealing.aggressive-poll-attempts", 0);
+      config.set("work-stealing.moderate-poll-attempts", 0);
       caf::actor_system system{config};
       {
         caf::scoped_actor self{system};
