@@ -1,6 +1,7 @@
-// The host backend: emulated devices whose memory is host RAM and whose copies are
-// memcpy run on the calling thread (the copy worker's). It is the reference every
-// other backend is compared with, and the backend every test runs on.
+// The host backend: emulated devices whose memory is host RAM and whose copies run
+// on the calling thread (the copy worker's), with non-temporal stores as a DMA
+// engine would write. It is the reference every other backend is compared with,
+// and the backend every test runs on.
 //
 // Beyond what a GPU does, it checks: every device pointer a stream is given must
 // lie inside a live allocation of that device (else ferry::Error), so a pipeline
@@ -9,7 +10,12 @@
 // host-to-device copies no faster than a link of that speed, and poisoning of new
 // allocations so that bytes a load never wrote are visible.
 //
-// All work is synchronous: an event is complete when record() returns.
+// Bytes land synchronously: memory is written when the call returns. Without a
+// bandwidth cap an event is complete when record() returns. With one, each stream
+// books its host-to-device transfers on the device's emulated link (see
+// gpu/link_throttle.hpp) and its events and synchronize() complete when the link
+// has carried everything queued before them, without holding the caller meanwhile:
+// the timing a CUDA stream's copy engine shows the copy worker.
 #pragma once
 
 #include <cstddef>

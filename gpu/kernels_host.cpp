@@ -1,7 +1,12 @@
 #include "gpu/kernels_host.hpp"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -206,6 +211,40 @@ void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype
   for (std::size_t i = 0; i < count; ++i) {
     store_from_f32(dst, i, dst_dtype, load_as_f32(src, i, src_dtype));
   }
+}
+
+void copy_around_caches(std::byte* dst, const std::byte* src, std::size_t bytes) {
+#if defined(__SSE2__)
+  constexpr std::size_t kStreamFrom = std::size_t{64} << 10;
+  if (bytes >= kStreamFrom) {
+    const std::size_t head = (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16;
+    std::memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    bytes -= head;
+    const std::size_t vectors = bytes / 16;
+    auto* d = reinterpret_cast<__m128i*>(dst);
+    const auto* s = reinterpret_cast<const __m128i*>(src);
+    std::size_t i = 0;
+    for (; i + 4 <= vectors; i += 4) {
+      const __m128i v0 = _mm_loadu_si128(s + i);
+      const __m128i v1 = _mm_loadu_si128(s + i + 1);
+      const __m128i v2 = _mm_loadu_si128(s + i + 2);
+      const __m128i v3 = _mm_loadu_si128(s + i + 3);
+      _mm_stream_si128(d + i, v0);
+      _mm_stream_si128(d + i + 1, v1);
+      _mm_stream_si128(d + i + 2, v2);
+      _mm_stream_si128(d + i + 3, v3);
+    }
+    for (; i < vectors; ++i) {
+      _mm_stream_si128(d + i, _mm_loadu_si128(s + i));
+    }
+    _mm_sfence();  // the streamed stores are ordered before whatever follows the copy
+    std::memcpy(dst + vectors * 16, src + vectors * 16, bytes % 16);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, bytes);
 }
 
 }  // namespace ferry::gpu::host

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/error.hpp"
@@ -296,3 +297,33 @@ TEST(KernelsHostTest, CastRejectsOtherDtypes) {
 
 }  // namespace
 }  // namespace ferry::gpu::host
+
+// The streaming copy must equal memcpy for every size (below and above the
+// non-temporal threshold, with odd tails) and every misalignment of either side,
+// and must not write a byte outside [dst, dst + bytes).
+TEST(KernelsHostTest, CopyAroundCachesEqualsMemcpyAtAnySizeAndAlignment) {
+  std::mt19937 rng(7);
+  const std::size_t sizes[] = {0, 1, 15, 16, 17, 4095, (64u << 10) - 1, 64u << 10,
+                               (64u << 10) + 1, (64u << 10) + 63, (1u << 20) + 13};
+  for (std::size_t bytes : sizes) {
+    for (std::size_t src_shift : {0u, 1u, 8u, 15u}) {
+      for (std::size_t dst_shift : {0u, 3u, 16u}) {
+        std::vector<std::byte> src(bytes + 32);
+        for (std::byte& b : src) {
+          b = static_cast<std::byte>(rng());
+        }
+        std::vector<std::byte> dst(bytes + 64, std::byte{0xEE});
+        ferry::gpu::host::copy_around_caches(dst.data() + 16 + dst_shift, src.data() + src_shift, bytes);
+        SCOPED_TRACE("bytes " + std::to_string(bytes) + " src+" + std::to_string(src_shift) +
+                     " dst+" + std::to_string(dst_shift));
+        ASSERT_EQ(std::memcmp(dst.data() + 16 + dst_shift, src.data() + src_shift, bytes), 0);
+        for (std::size_t i = 0; i < 16 + dst_shift; ++i) {
+          ASSERT_EQ(dst[i], std::byte{0xEE}) << "wrote before dst at " << i;
+        }
+        for (std::size_t i = 16 + dst_shift + bytes; i < dst.size(); ++i) {
+          ASSERT_EQ(dst[i], std::byte{0xEE}) << "wrote past the end at " << i;
+        }
+      }
+    }
+  }
+}
