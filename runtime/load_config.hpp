@@ -67,8 +67,11 @@ struct DeviceSpec {
 
 struct IoConfig {
   io::Engine engine = io::Engine::kUring;          // uring (falls back to pread) or pread
-  unsigned queue_depth = 16;                       // reads in flight per reader
-  std::size_t chunk_bytes = std::size_t{4} << 20;  // one read and one staging buffer
+  // Defaults measured best from the page cache (docs/PERFORMANCE.md): 1 MiB
+  // buffers keep the pool (8 MiB) in the CPU caches between the reader's kernel
+  // copy and the copy workers; cold O_DIRECT reads prefer queue_depth 16 x 4 MiB.
+  unsigned queue_depth = 4;                        // reads in flight per reader
+  std::size_t chunk_bytes = std::size_t{1} << 20;  // one read and one staging buffer
   unsigned staging_buffers = 8;  // host staging memory is staging_buffers x chunk_bytes
   bool direct = false;           // O_DIRECT reads (skip the page cache)
   bool drop_cache = false;       // evict the files from the page cache first (cold-cache runs)

@@ -66,8 +66,8 @@ TEST(LoadConfigTest, InCodeDefaults) {
   EXPECT_EQ(c.devices.kind, DeviceSpec::Kind::kHost);
   EXPECT_EQ(c.devices.ids, std::vector<int>{0});
   EXPECT_EQ(c.io.engine, io::Engine::kUring);
-  EXPECT_EQ(c.io.queue_depth, 16u);
-  EXPECT_EQ(c.io.chunk_bytes, std::size_t{4} << 20);
+  EXPECT_EQ(c.io.queue_depth, 4u);
+  EXPECT_EQ(c.io.chunk_bytes, std::size_t{1} << 20);
   EXPECT_EQ(c.io.staging_buffers, 8u);
   EXPECT_FALSE(c.io.direct);
   EXPECT_FALSE(c.io.drop_cache);
@@ -152,7 +152,7 @@ TEST(LoadConfigTest, PrecedenceDefaultsFileEnvSetFlag) {
   EXPECT_EQ(c.prefetch.threads, 3u);                  // file < --set
   EXPECT_EQ(c.io.engine, io::Engine::kPread);         // file only
   EXPECT_EQ(c.parallel.tp, 2);                        // file only
-  EXPECT_EQ(c.io.chunk_bytes, std::size_t{4} << 20);  // in-code default
+  EXPECT_EQ(c.io.chunk_bytes, std::size_t{1} << 20);  // in-code default
   EXPECT_FALSE(c.load.strict);                        // the embedded default was not read
 
   // Later --set arguments override earlier ones; flags override every --set.
