@@ -5,6 +5,7 @@
 #include "common/error.hpp"
 #include "models/hf_config.hpp"
 #include "models/placement.hpp"
+#include "models/stages.hpp"
 #include "models/table_model.hpp"
 
 namespace ferry::models {
@@ -97,16 +98,6 @@ void add_layer(TableModel& m, const DenseConfig& c, const QkvShape& qkv, int tp,
   }
 }
 
-// embed_tokens / lm_head: vocabulary-parallel rows, the padded tail zero-filled.
-void add_vocab_parallel(TableModel& m, const DenseConfig& c, int tp, const std::string& name) {
-  const std::uint64_t local = even_shard(padded_vocab(c.vocab), 0, tp, "padded vocab_size").length;
-  m.add_param(name, Shape{local, c.hidden});
-  m.add_target(name, name, Shape{c.vocab, c.hidden},
-               [v = c.vocab, tp](int rank) { return Blocks{vocab_parallel(v, rank, tp).copy}; });
-  m.add_fill(name,
-             [v = c.vocab, tp](int rank) { return Blocks{vocab_parallel(v, rank, tp).zero}; });
-}
-
 }  // namespace
 
 DenseConfig parse_dense_config(const nlohmann::json& hf_config, const std::string& architecture) {
@@ -159,11 +150,6 @@ std::unique_ptr<Model> make_dense_model(const DenseConfig& c, const ParallelLayo
                 "parallel layout: ep " + std::to_string(layout.ep) + " needs a mixture-of-" +
                     "experts model; " + c.architecture + " has no experts (use ep 1)");
   }
-  if (layout.pp != 1) {
-    throw Error(Stage::kConfig, "", "",
-                "parallel layout: pipeline parallelism (pp " + std::to_string(layout.pp) +
-                    ") is not supported yet");
-  }
   const int tp = layout.tp;
   const QkvShape qkv{c.heads, c.kv_heads, c.head_dim};
   // Check every split up front so the error names the config field, not a tensor.
@@ -171,22 +157,20 @@ std::unique_ptr<Model> make_dense_model(const DenseConfig& c, const ParallelLayo
   even_shard(c.intermediate, 0, tp, "intermediate_size");
   even_shard(padded_vocab(c.vocab), 0, tp, "padded vocab_size");
 
+  // Pipeline stage: only this stage's layers get params; the others' tensors are
+  // dropped unread, and the embedding / final norm / lm_head live on the edges.
+  const Range stage = pp_layers(c.layers, layout.pp, layout.pp_rank, layout.pp_partition);
+
   auto m = std::make_unique<TableModel>(c.family, c.architecture, layout, dtype, strict);
-  add_vocab_parallel(*m, c, tp, "model.embed_tokens.weight");
-  for (std::uint64_t layer = 0; layer < c.layers; ++layer) {
+  for (std::uint64_t layer = stage.begin; layer < stage.end(); ++layer) {
     add_layer(*m, c, qkv, tp, layer);
   }
-  m->add_param("model.norm.weight", Shape{c.hidden});
-  m->add_target("model.norm.weight", "model.norm.weight", Shape{c.hidden},
-                [h = c.hidden](int) { return std::vector<Block>{replicated(h)}; });
-  if (c.tie_embeddings) {
-    // SGLang's tied lm_head shares embed_tokens' storage. Here there is no
-    // lm_head.weight param at all: the engine uses model.embed_tokens.weight for the
-    // output projection, and a checkpoint's lm_head.weight is dropped unread.
-    m->add_drop_name("lm_head.weight", "tied_lm_head");
-  } else {
-    add_vocab_parallel(*m, c, tp, "lm_head.weight");
-  }
+  add_layer_drops(*m, c.layers, stage);
+  StageEdges edges;
+  edges.hidden = c.hidden;
+  edges.vocab = c.vocab;
+  edges.tie_embeddings = c.tie_embeddings;
+  add_stage_edges(*m, edges, layout);
   // A cache older Hugging Face checkpoints saved; the engine computes it.
   m->add_drop_pattern("rotary_emb.inv_freq", "inv_freq");
   // Models trained with ColossalAI may carry rotary caches too (SGLang skips them).

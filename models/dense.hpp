@@ -34,8 +34,10 @@ struct DenseConfig {
 DenseConfig parse_dense_config(const nlohmann::json& hf_config, const std::string& architecture);
 
 // The model for `config` under `layout` (already normalized) with params of `dtype`.
-// Throws Error(Stage::kPlacement) when the layout cannot split it, Error(kConfig)
-// for ep > 1 or pp > 1.
+// A pipeline stage (layout.pp > 1) holds only its layers (models/stages.hpp: the
+// others' tensors are dropped "pp_stage") and the edges that fall to it. Throws
+// Error(Stage::kPlacement) when the layout cannot split it, Error(kConfig) for ep > 1
+// or a bad pp_partition.
 std::unique_ptr<Model> make_dense_model(const DenseConfig& config, const ParallelLayout& layout,
                                         DType dtype, bool strict);
 

@@ -4,19 +4,27 @@
 #include <map>
 
 #include "common/error.hpp"
+#include "models/deepseek.hpp"
 #include "models/dense.hpp"
 #include "models/hf_config.hpp"
+#include "models/moe.hpp"
 #include "models/table_model.hpp"
 
 namespace ferry::models {
 namespace {
 
-using Factory = std::function<std::unique_ptr<Model>(const nlohmann::json&, const std::string&,
-                                                     const ParallelLayout&, DType, bool)>;
+using Factory = std::function<std::unique_ptr<Model>(
+    const nlohmann::json&, const std::string&, const ParallelLayout&, DType, const ModelOptions&)>;
 
 std::unique_ptr<Model> dense(const nlohmann::json& config, const std::string& architecture,
-                             const ParallelLayout& layout, DType dtype, bool strict) {
-  return make_dense_model(parse_dense_config(config, architecture), layout, dtype, strict);
+                             const ParallelLayout& layout, DType dtype,
+                             const ModelOptions& options) {
+  if (options.draft) {
+    throw Error(Stage::kConfig, kConfigFile, "",
+                "model.draft: " + architecture +
+                    " has no MTP (NextN) layers, so there is no draft model to load");
+  }
+  return make_dense_model(parse_dense_config(config, architecture), layout, dtype, options.strict);
 }
 
 const std::map<std::string, Factory>& factories() {
@@ -24,6 +32,14 @@ const std::map<std::string, Factory>& factories() {
       {"LlamaForCausalLM", dense},
       {"MistralForCausalLM", dense},
       {"Qwen2ForCausalLM", dense},
+      // MoE families (models/moe.hpp) and DeepSeek / GLM-4 MoE (models/deepseek.hpp)
+      // are registered below this line, one entry per architecture.
+      {"DeepseekV2ForCausalLM", make_deepseek_family},
+      {"DeepseekV3ForCausalLM", make_deepseek_family},
+      {"Glm4MoeForCausalLM", make_deepseek_family},
+      {"MixtralForCausalLM", make_moe_family},
+      {"Qwen2MoeForCausalLM", make_moe_family},
+      {"Qwen3MoeForCausalLM", make_moe_family},
   };
   return table;
 }
@@ -132,7 +148,7 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
   }
   DType dtype = resolve_dtype(hf_config, options.dtype);
   ParallelLayout normalized = normalize_layout(layout);
-  return factory->second(hf_config, architecture, normalized, dtype, options.strict);
+  return factory->second(hf_config, architecture, normalized, dtype, options);
 }
 
 }  // namespace ferry::models

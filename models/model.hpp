@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -45,19 +46,23 @@ std::string format_shape(const Shape& shape);
 struct ParallelLayout {
   int tp = 1;       // tensor-parallel world size
   int ep = 1;       // expert-parallel size (MoE families; dense families require 1)
-  int pp = 1;       // pipeline stages (not supported yet: must be 1)
+  int pp = 1;       // pipeline stages
   int pp_rank = 0;  // this process's stage
+  // Decoder layers per stage (pp entries summing to num_hidden_layers); empty =
+  // stage s holds layers [s*L/pp, (s+1)*L/pp) (integer division). See pp_layers().
   // TP ranks this process serves, in device order: local rank i drives the i-th
   // device and holds tp rank local_ranks[i]. Empty means every rank 0..tp-1 (one
   // process driving all devices); Model::layout() reports the filled-in list.
   std::vector<int> local_ranks;
+  std::vector<int> pp_partition;
 };
 
 struct ParamSpec {
   std::string name;  // SGLang's parameter name, e.g. model.layers.0.self_attn.qkv_proj.weight
   DType dtype = DType::kBF16;
   Shape shape;                         // this rank's local shape
-  std::vector<std::uint64_t> strides;  // in elements; contiguous row-major
+  std::vector<std::uint64_t> strides;  // in elements; contiguous row-major except
+                                       // where a family says (MLA w_kc / w_vc)
   std::uint64_t nbytes = 0;
 };
 
@@ -104,10 +109,15 @@ std::string_view to_string(RouteKind kind);
 
 struct Route {
   RouteKind kind = RouteKind::kPlaced;
-  // Stable code. Dropped: "inv_freq" (rotary_emb.inv_freq), "rope_cache"
-  // (rotary_emb.cos_cached / sin_cached), "tied_lm_head" (lm_head.weight with
-  // tie_word_embeddings), "no_local_slice" (the local ranks' slices are all padding);
-  // reserved for the next families: "pp_stage", "remote_expert". Unmapped:
+  // Stable code (docs/plan-json.md lists them all). Dropped: "inv_freq"
+  // (rotary_emb.inv_freq), "rope_cache" (rotary_emb.cos_cached / sin_cached),
+  // "tied_lm_head" (lm_head.weight with tie_word_embeddings), "no_local_slice" (the
+  // local ranks' slices are all padding), "pp_stage" (a layer of another pipeline
+  // stage), "first_stage_only" / "last_stage_only" (embed_tokens; norm and lm_head),
+  // "remote_expert" (no local rank owns the expert), "mtp_layer" (an MTP layer when
+  // loading the target model), "draft_target" (a target-model tensor when loading
+  // the draft), "draft_shared" (embed_tokens / shared_head.head of the MTP layer,
+  // shared with the target), "no_indexer" (DeepSeek-V3.2 indexer). Unmapped:
   // "unknown_name". Empty when placed.
   std::string reason;
   std::vector<Piece> pieces;  // copy pieces only, grouped by local rank
@@ -166,9 +176,29 @@ class Model {
 
 struct ModelOptions {
   // Param dtype; nullopt = "auto": config.json's torch_dtype (or dtype).
-  std::optional<DType> dtype;
+  std::optional<DType> dtype{};
   // A checkpoint name the model does not know is an error instead of "unmapped".
   bool strict = false;
+  // Families with MTP (NextN) layers: load only the draft model (the MTP layer),
+  // not the target model. Others refuse it.
+  bool draft = false;
+  // Fused experts: w13 holds up (w3) rows first, then gate (w1).
+  bool switch_w13 = false;
+  // EPLB: for each MoE layer, the physical expert slots of each logical expert.
+  // Empty = physical is logical. Parsed from the model.eplb_map file by
+  // parse_eplb_map (models/experts.hpp).
+  struct Eplb {
+    std::uint64_t num_physical_experts = 0;
+    // layer -> [logical expert] -> physical ids
+    std::map<std::uint64_t, std::vector<std::vector<std::uint64_t>>> layers;
+  };
+  std::optional<Eplb> eplb{};
+  // The shared expert becomes routed expert n_routed_experts, placed after the
+  // local physical routed experts on every rank.
+  bool fuse_shared_experts = false;
+  // Round the per-rank MoE intermediate size up to a multiple of this (0 = off);
+  // the tail is zero-filled.
+  std::uint64_t pad_moe_intermediate_to = 0;
 };
 
 // "auto" -> nullopt; "bfloat16"/"bf16", "float16"/"half"/"fp16"/"f16",

@@ -77,6 +77,44 @@ std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple) {
   return rem == 0 ? value : value + (multiple - rem);
 }
 
+Range pp_layers(std::uint64_t layers, int pp, int pp_rank, const std::vector<int>& partition) {
+  if (pp < 1 || pp_rank < 0 || pp_rank >= pp) {
+    throw Error(Stage::kConfig, "", "",
+                "parallel layout: pp_rank " + std::to_string(pp_rank) + " is not a stage of pp " +
+                    std::to_string(pp));
+  }
+  const auto stages = static_cast<std::uint64_t>(pp);
+  const auto s = static_cast<std::uint64_t>(pp_rank);
+  if (partition.empty()) {
+    const std::uint64_t begin = s * layers / stages;
+    return {begin, (s + 1) * layers / stages - begin};
+  }
+  if (partition.size() != stages) {
+    throw Error(Stage::kConfig, "", "",
+                "parallel.pp_partition has " + std::to_string(partition.size()) +
+                    " entries; expected one layer count per stage (pp " + std::to_string(pp) + ")");
+  }
+  std::uint64_t sum = 0;
+  std::uint64_t begin = 0;
+  for (std::size_t i = 0; i < partition.size(); ++i) {
+    if (partition[i] < 0) {
+      throw Error(Stage::kConfig, "", "",
+                  "parallel.pp_partition[" + std::to_string(i) + "] is negative (" +
+                      std::to_string(partition[i]) + ")");
+    }
+    if (i == s) {
+      begin = sum;
+    }
+    sum += static_cast<std::uint64_t>(partition[i]);
+  }
+  if (sum != layers) {
+    throw Error(Stage::kConfig, "", "",
+                "parallel.pp_partition sums to " + std::to_string(sum) +
+                    " layers but the model has num_hidden_layers " + std::to_string(layers));
+  }
+  return {begin, static_cast<std::uint64_t>(partition[s])};
+}
+
 Range even_shard(std::uint64_t total, int index, int parts, std::string_view what) {
   check_parts(index, parts, what);
   auto p = static_cast<std::uint64_t>(parts);

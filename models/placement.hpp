@@ -68,6 +68,15 @@ std::uint64_t round_up(std::uint64_t value, std::uint64_t multiple);
 // message ("num_attention_heads (28) is not divisible by tensor parallel size 8").
 Range even_shard(std::uint64_t total, int index, int parts, std::string_view what);
 
+// ---- pipeline stages -------------------------------------------------------------
+
+// The decoder layers [begin, begin + length) stage `pp_rank` of `pp` holds out of
+// `layers`: with an empty `partition`, [s*L/pp, (s+1)*L/pp) in integer division;
+// else partition[s] layers after the earlier stages' (the counts must be pp
+// non-negative numbers summing to L). Throws Error(Stage::kConfig) naming the
+// mismatch (wrong count, wrong sum, pp_rank outside [0, pp)).
+Range pp_layers(std::uint64_t layers, int pp, int pp_rank, const std::vector<int>& partition);
+
 // ---- QKVParallelLinear -------------------------------------------------------
 
 struct QkvShape {

@@ -176,7 +176,7 @@ Loaded open(const std::string& dir, int tp, std::vector<int> ranks,
   models::ParallelLayout layout;
   layout.tp = tp;
   layout.local_ranks = std::move(ranks);
-  l.model = models::make_model(config, layout, {dtype, strict});
+  l.model = models::make_model(config, layout, {.dtype = dtype, .strict = strict});
   return l;
 }
 
