@@ -36,6 +36,7 @@
 #include "io/safetensors_writer.hpp"
 #include "io/staging_pool.hpp"
 #include "models/model.hpp"
+#include "runtime/plan_report.hpp"
 
 namespace ferry::runtime {
 
@@ -94,22 +95,6 @@ class PinnedStagingAllocator final : public io::BufferAllocator {
   std::mutex mu_;
   std::map<void*, gpu::PinnedAllocation> live_;
 };
-
-nlohmann::json read_hf_config(const std::string& folder) {
-  std::filesystem::path path = std::filesystem::path(folder) / "config.json";
-  std::ifstream in(path);
-  if (!in) {
-    throw Error(Stage::kConfig, path.string(), "",
-                "cannot open the model's config.json (every checkpoint folder needs one)");
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  try {
-    return nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(Stage::kConfig, path.string(), "", std::string("does not parse: ") + e.what());
-  }
-}
 
 bool contiguous(const LoadedParam& p) {
   std::uint64_t expect = 1;
@@ -287,40 +272,18 @@ LoadResult Runtime::Impl::load(LoadReport& report) {
   const Clock::time_point t0 = Clock::now();
 
   // ---- resolve
-  if (c.model.path.empty()) {
-    throw Error(Stage::kConfig, "", "", "model.path is not set (ferry load --model DIR)");
-  }
-  io::DiscoveryOptions discovery;
-  discovery.format = c.model.load_format;
-  discovery.sort_weight_files = c.load.sort_weight_files;
-  discovery.tp_size = c.parallel.tp;
-  discovery.tp_rank = c.parallel.ranks.empty() ? 0 : c.parallel.ranks.front();
-  io::ResolvedSource source = io::resolve_source(c.model.path, discovery);
-  io::IndexOptions index_options;
-  index_options.strict = c.load.strict;
-  io::CheckpointIndex index = io::build_checkpoint_index(source, index_options);
-  nlohmann::json hf_config = read_hf_config(source.folder);
+  // Shared with `ferry plan` (runtime/plan_report.hpp).
+  ResolvedCheckpoint resolved = resolve_checkpoint(c);
+  const io::ResolvedSource& source = resolved.source;
+  const io::CheckpointIndex& index = resolved.index;
   report.files = index.files.size();
-  for (const std::string& w : source.warnings) {
-    report.warnings.push_back(w);
-  }
-  for (const std::string& w : index.warnings) {
-    report.warnings.push_back(w);
-  }
+  report.warnings = resolved.warnings;
   check_cancel();
   const Clock::time_point t1 = Clock::now();
 
   // ---- plan
-  models::ParallelLayout layout;
-  layout.tp = c.parallel.tp;
-  layout.ep = c.parallel.ep;
-  layout.pp = c.parallel.pp;
-  layout.pp_rank = c.parallel.pp_rank;
-  layout.local_ranks = c.parallel.ranks;
-  models::ModelOptions model_options;
-  model_options.dtype = c.model.dtype;
-  model_options.strict = c.load.strict;
-  std::shared_ptr<const models::Model> model = models::make_model(hf_config, layout, model_options);
+  // The layout and model options from the config (shared with `ferry plan`).
+  std::shared_ptr<const models::Model> model = make_configured_model(c, resolved.hf_config);
   if (hooks.wrap_model) {
     model = hooks.wrap_model(model);
     if (!model) {

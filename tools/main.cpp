@@ -16,6 +16,7 @@ constexpr const char kUsage[] =
     "  synth     write a synthetic checkpoint (ferry synth --help)\n"
     "  inspect   list and validate a checkpoint's weight files and tensors\n"
     "  load      load a checkpoint onto devices and report (ferry load --help)\n"
+    "  plan      show where every tensor would go, reading no tensor data (ferry plan --help)\n"
     "  selftest  compare every device operation with the host backend, byte for byte\n";
 
 }  // namespace
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
     if (verb == "synth") return ferry::tools::cmd_synth(args);
     if (verb == "inspect") return ferry::tools::cmd_inspect(args);
     if (verb == "load") return ferry::tools::cmd_load(args);
+    if (verb == "plan") return ferry::tools::cmd_plan(args);
     if (verb == "selftest") return ferry::tools::cmd_selftest(args);
     if (verb == "-h" || verb == "--help" || verb == "help") {
       std::fputs(kUsage, stdout);

@@ -1,0 +1,250 @@
+#include "runtime/plan_report.hpp"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "actors/plan.hpp"
+#include "common/error.hpp"
+#include "common/format.hpp"
+#include "models/experts.hpp"
+
+namespace ferry::runtime {
+namespace {
+
+nlohmann::json read_hf_config(const std::string& folder) {
+  std::filesystem::path path = std::filesystem::path(folder) / "config.json";
+  std::ifstream in(path);
+  if (!in) {
+    throw Error(Stage::kConfig, path.string(), "",
+                "cannot open the model's config.json (every checkpoint folder needs one)");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  try {
+    return nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(Stage::kConfig, path.string(), "", std::string("does not parse: ") + e.what());
+  }
+}
+
+std::string join(const std::vector<std::string>& items, const char* sep) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    out += (i ? sep : "") + items[i];
+  }
+  return out;
+}
+
+std::string pad(std::string s, std::size_t width) {
+  if (s.size() < width) {
+    s.append(width - s.size(), ' ');
+  }
+  return s;
+}
+
+// "model.layers.0.self_attn.qkv_proj.weight @ tp 0,1": each param once, with the
+// ranks that receive it.
+std::string describe_targets(const std::vector<PlanTarget>& targets) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> by_param;
+  for (const PlanTarget& t : targets) {
+    auto it = std::find_if(by_param.begin(), by_param.end(),
+                           [&](const auto& e) { return e.first == t.param; });
+    if (it == by_param.end()) {
+      by_param.push_back({t.param, {}});
+      it = by_param.end() - 1;
+    }
+    it->second.push_back(std::to_string(t.rank));
+  }
+  std::vector<std::string> parts;
+  for (const auto& [param, ranks] : by_param) {
+    parts.push_back(param + " @ tp " + join(ranks, ","));
+  }
+  return join(parts, "; ");
+}
+
+}  // namespace
+
+// ---- shared with Runtime::load --------------------------------------------------
+
+ResolvedCheckpoint resolve_checkpoint(const LoadConfig& c) {
+  if (c.model.path.empty()) {
+    throw Error(Stage::kConfig, "", "", "model.path is not set (ferry load --model DIR)");
+  }
+  io::DiscoveryOptions discovery;
+  discovery.format = c.model.load_format;
+  discovery.sort_weight_files = c.load.sort_weight_files;
+  discovery.tp_size = c.parallel.tp;
+  discovery.tp_rank = c.parallel.ranks.empty() ? 0 : c.parallel.ranks.front();
+  ResolvedCheckpoint out;
+  out.source = io::resolve_source(c.model.path, discovery);
+  io::IndexOptions index_options;
+  index_options.strict = c.load.strict;
+  out.index = io::build_checkpoint_index(out.source, index_options);
+  out.hf_config = read_hf_config(out.source.folder);
+  out.warnings = out.source.warnings;
+  out.warnings.insert(out.warnings.end(), out.index.warnings.begin(), out.index.warnings.end());
+  return out;
+}
+
+std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& c,
+                                                           const nlohmann::json& hf_config) {
+  models::ParallelLayout layout;
+  layout.tp = c.parallel.tp;
+  layout.ep = c.parallel.ep;
+  layout.pp = c.parallel.pp;
+  layout.pp_rank = c.parallel.pp_rank;
+  layout.local_ranks = c.parallel.ranks;
+  layout.pp_partition = c.parallel.pp_partition;
+  models::ModelOptions model_options;
+  model_options.dtype = c.model.dtype;
+  model_options.strict = c.load.strict;
+  model_options.draft = c.model.draft;
+  model_options.switch_w13 = c.model.switch_w13;
+  model_options.fuse_shared_experts = c.model.fuse_shared_experts;
+  model_options.pad_moe_intermediate_to =
+      static_cast<std::uint64_t>(c.model.pad_moe_intermediate_to);
+  if (!c.model.eplb_map.empty()) {
+    model_options.eplb = models::load_eplb_map(c.model.eplb_map);
+  }
+  return models::make_model(hf_config, layout, model_options);
+}
+
+// ---- the plan report ------------------------------------------------------------
+
+PlanReport make_plan_report(const LoadConfig& config) {
+  ResolvedCheckpoint ck = resolve_checkpoint(config);
+  std::shared_ptr<const models::Model> model = make_configured_model(config, ck.hf_config);
+
+  PlanReport report;
+  report.family = model->family();
+  report.layout = model->layout();
+  report.files = ck.index.files.size();
+  report.warnings = ck.warnings;
+  report.checkpoint_bytes = ck.index.total_bytes;
+
+  const std::vector<models::RankShell>& shells = model->shells();
+  std::uint64_t unread_whole = 0;  // bytes of dropped and unmapped tensors
+  for (const io::TensorInfo& t : ck.index.tensors) {
+    models::Route route = model->route(t);
+    PlannedTensor p;
+    p.name = t.name;
+    p.route = route.kind;
+    p.reason = route.reason;
+    p.nbytes = t.nbytes;
+    switch (route.kind) {
+      case models::RouteKind::kPlaced:
+        ++report.placed;
+        for (const models::Piece& piece : route.pieces) {
+          const models::RankShell& shell = shells[piece.local_rank];
+          PlanTarget target{shell.tp_rank, shell.params[piece.param].name};
+          if (std::find(p.targets.begin(), p.targets.end(), target) == p.targets.end()) {
+            p.targets.push_back(std::move(target));
+          }
+        }
+        break;
+      case models::RouteKind::kDropped:
+        ++report.dropped;
+        break;
+      case models::RouteKind::kUnmapped:
+        ++report.unmapped;
+        break;
+    }
+    if (route.kind != models::RouteKind::kPlaced) {
+      report.skipped_bytes[p.reason] += t.nbytes;
+      unread_whole += t.nbytes;
+    }
+    report.tensors.push_back(std::move(p));
+  }
+
+  // The reader's view: the same routes cut into windows, with the coverage check a
+  // load makes before reading (a param nothing fills fails here too).
+  actors::PlanOptions plan_options;
+  plan_options.chunk_bytes = config.io.chunk_bytes;
+  plan_options.direct = config.io.direct;
+  actors::Plan plan = actors::make_plan(ck.index, *model, plan_options, ck.source.folder);
+  report.read_bytes = plan.bytes_planned;
+  if (plan.bytes_skipped < unread_whole) {
+    throw Error(Stage::kPlacement, ck.source.folder, "",
+                "internal: the plan skips " + std::to_string(plan.bytes_skipped) +
+                    " tensor bytes but dropped and unmapped tensors hold " +
+                    std::to_string(unread_whole));
+  }
+  if (plan.bytes_skipped > unread_whole) {
+    report.skipped_bytes[kRemoteSlicesReason] = plan.bytes_skipped - unread_whole;
+  }
+  if (report.unmapped > 0) {
+    report.warnings.push_back(std::to_string(report.unmapped) +
+                              " checkpoint tensor(s) map to no parameter of " + report.family +
+                              " and would not be read (load.strict makes this an error)");
+  }
+  return report;
+}
+
+nlohmann::json PlanReport::to_json() const {
+  nlohmann::json tensors_json = nlohmann::json::array();
+  for (const PlannedTensor& t : tensors) {
+    nlohmann::json targets_json = nlohmann::json::array();
+    for (const PlanTarget& target : t.targets) {
+      targets_json.push_back({{"rank", target.rank}, {"param", target.param}});
+    }
+    tensors_json.push_back({{"name", t.name},
+                            {"route", std::string(models::to_string(t.route))},
+                            {"reason", t.reason},
+                            {"targets", std::move(targets_json)}});
+  }
+  nlohmann::json skipped = nlohmann::json::object();
+  for (const auto& [reason, bytes] : skipped_bytes) {
+    skipped[reason] = bytes;
+  }
+  return nlohmann::json{{"tensors", std::move(tensors_json)},
+                        {"totals",
+                         {{"checkpoint_bytes", checkpoint_bytes},
+                          {"read_bytes", read_bytes},
+                          {"skipped_bytes", std::move(skipped)}}}};
+}
+
+std::string PlanReport::summary() const {
+  std::vector<std::string> ranks;
+  for (int r : layout.local_ranks) {
+    ranks.push_back(std::to_string(r));
+  }
+  std::string s = family + ": tp " + std::to_string(layout.tp) + " (local ranks " +
+                  join(ranks, ",") + "), ep " + std::to_string(layout.ep) + ", pp stage " +
+                  std::to_string(layout.pp_rank) + " of " + std::to_string(layout.pp) + ", " +
+                  std::to_string(files) + " file(s), " + std::to_string(tensors.size()) +
+                  " tensor(s)\n";
+  std::size_t name_width = 6;
+  for (const PlannedTensor& t : tensors) {
+    name_width = std::max(name_width, t.name.size());
+  }
+  s += pad("route", 9) + pad("reason", 18) + pad("tensor", name_width + 2) + "targets\n";
+  for (const PlannedTensor& t : tensors) {
+    std::string row = pad(std::string(models::to_string(t.route)), 9) + pad(t.reason, 18) +
+                      pad(t.name, name_width + 2) + describe_targets(t.targets);
+    row.erase(row.find_last_not_of(' ') + 1);
+    s += row + "\n";
+  }
+  s += std::to_string(placed) + " placed, " + std::to_string(dropped) + " dropped, " +
+       std::to_string(unmapped) + " unmapped\n";
+  std::uint64_t skipped = 0;
+  std::vector<std::string> by_reason;
+  for (const auto& [reason, bytes] : skipped_bytes) {
+    skipped += bytes;
+    by_reason.push_back(reason + " " + human_bytes(bytes));
+  }
+  s += "checkpoint " + human_bytes(checkpoint_bytes) + ", read " + human_bytes(read_bytes) +
+       ", skipped " + human_bytes(skipped);
+  if (!by_reason.empty()) {
+    s += " (" + join(by_reason, ", ") + ")";
+  }
+  s += "\n";
+  for (const std::string& w : warnings) {
+    s += "warning: " + w + "\n";
+  }
+  return s;
+}
+
+}  // namespace ferry::runtime

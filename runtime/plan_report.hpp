@@ -1,0 +1,96 @@
+// What a load would do, without doing it: the checkpoint resolved as Runtime
+// resolves it, the model made for the configured layout, every tensor routed and
+// the reads planned — but no tensor data read and no device touched. `ferry plan`
+// prints it; tests call make_plan_report directly. The JSON form is a stable
+// interface documented in docs/plan-json.md.
+//
+// The first two functions are the resolve and model steps of Runtime::load
+// (runtime/runtime.cpp calls them too), so a plan and a load can never disagree on
+// which files, which tensors or which params there are.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "io/discover.hpp"
+#include "io/safetensors.hpp"
+#include "models/model.hpp"
+#include "runtime/load_config.hpp"
+
+namespace ferry::runtime {
+
+// ---- shared with Runtime::load --------------------------------------------------
+
+struct ResolvedCheckpoint {
+  io::ResolvedSource source;
+  io::CheckpointIndex index;          // every header read and validated
+  nlohmann::json hf_config;           // the folder's config.json
+  std::vector<std::string> warnings;  // discovery's, then the index's
+};
+
+// Discovery (model.load_format, load.sort_weight_files, the tp rank of the first
+// local rank for per-rank checkpoints), every header (load.strict), config.json.
+// Throws ferry::Error: Stage::kConfig for an empty model.path or an unreadable
+// config.json, and whatever discovery and the header checks throw.
+ResolvedCheckpoint resolve_checkpoint(const LoadConfig& config);
+
+// The model of config.json for the config's parallel layout and model options.
+// Throws what models::make_model throws.
+std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& config,
+                                                           const nlohmann::json& hf_config);
+
+// ---- the plan report ------------------------------------------------------------
+
+struct PlanTarget {
+  int rank = 0;       // tp rank
+  std::string param;  // the param the tensor writes on that rank
+  bool operator==(const PlanTarget&) const = default;
+};
+
+struct PlannedTensor {
+  std::string name;
+  models::RouteKind route = models::RouteKind::kPlaced;
+  std::string reason;               // "" when placed; the drop reason; "unknown_name" when unmapped
+  std::vector<PlanTarget> targets;  // placed only: by local rank, then first piece order
+  std::uint64_t nbytes = 0;         // tensor data bytes
+};
+
+// Unread bytes of placed tensors that only tp ranks outside the local ranks need;
+// a key of PlanReport::skipped_bytes beside the route reasons.
+inline constexpr const char* kRemoteSlicesReason = "remote_slices";
+
+struct PlanReport {
+  std::string family;
+  models::ParallelLayout layout;  // local_ranks filled in
+  std::size_t files = 0;
+  std::vector<PlannedTensor> tensors;  // checkpoint order (files in load order, offsets)
+  std::size_t placed = 0;
+  std::size_t dropped = 0;
+  std::size_t unmapped = 0;
+  std::uint64_t checkpoint_bytes = 0;  // sum of tensor data bytes
+  std::uint64_t read_bytes = 0;        // tensor data the reader will request (no headers,
+                                       // no alignment padding)
+  // Tensor bytes never read, by reason: the reason of each dropped or unmapped
+  // tensor (all its bytes), and kRemoteSlicesReason. checkpoint_bytes == read_bytes +
+  // the sum of these.
+  std::map<std::string, std::uint64_t> skipped_bytes;
+  std::vector<std::string> warnings;
+
+  // {"tensors": [{"name", "route", "reason", "targets": [{"rank", "param"}]}],
+  //  "totals": {"checkpoint_bytes", "read_bytes", "skipped_bytes": {reason: n}}}
+  nlohmann::json to_json() const;
+  // A table of the tensors and a few lines of totals, for the CLI.
+  std::string summary() const;
+};
+
+// Resolves, makes the model, routes every tensor and plans the reads (io.chunk_bytes,
+// io.direct as a load would). Reads headers and config.json only. Throws
+// ferry::Error as Runtime::load would fail before streaming (a shape that does not
+// fit, an unknown name with load.strict, a param nothing fills).
+PlanReport make_plan_report(const LoadConfig& config);
+
+}  // namespace ferry::runtime
