@@ -1,0 +1,368 @@
+#include "models/experts.hpp"
+
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "models/hf_config.hpp"
+#include "models/placement.hpp"
+
+namespace ferry::models {
+namespace {
+
+using Blocks = std::vector<Block>;
+
+// Everything the block rules of one MoE layer need, shared by all its targets (the
+// logical -> physical table is E lists, so each rule holds a pointer, not a copy).
+struct Geometry {
+  int moe_tp = 1;
+  std::uint64_t inter = 0;     // I, unsplit
+  std::uint64_t i_local = 0;   // I / moe_tp: real rows of each w13 half, real w2 columns
+  std::uint64_t i_pad = 0;     // i_local rounded up to pad_moe_intermediate_to
+  std::uint64_t per_rank = 0;  // physical slots of one ep rank
+  std::uint64_t slots = 0;     // local slots: per_rank, plus one for a fused shared expert
+  bool switch_w13 = false;
+  std::vector<std::vector<std::uint64_t>> physical;  // logical expert -> physical slots
+};
+
+enum class Proj { kGate, kUp, kDown };
+
+// The local slots of tp rank `rank` that hold logical expert `expert`: its physical
+// replicas inside the rank's ep range [ep_rank * per_rank, +per_rank).
+std::vector<std::uint64_t> local_slots(const Geometry& g, std::uint64_t expert, int rank) {
+  const auto ep_rank = static_cast<std::uint64_t>(rank / g.moe_tp);
+  std::vector<std::uint64_t> out;
+  for (std::uint64_t p : g.physical[expert]) {
+    if (p / g.per_rank == ep_rank) {
+      out.push_back(p % g.per_rank);
+    }
+  }
+  return out;
+}
+
+// What one projection of one expert contributes to `slot` on tp rank `rank`: the
+// moe-tp rank's rows of gate or up into their half of w13 (axis 0 after the slot
+// index), or its columns of down into w2 (axis 1). `fused` is the expert's index in
+// a fused 3-D tensor (src_index), whose gate_up rows hold up after the I gate rows.
+Block expert_block(const Geometry& g, Proj proj, std::optional<std::uint64_t> fused,
+                   std::uint64_t slot, int rank) {
+  const auto moe_rank = static_cast<std::uint64_t>(rank % g.moe_tp);
+  Block b;
+  b.kind = Block::Kind::kCopy;
+  b.axis = proj == Proj::kDown ? 1 : 0;
+  if (fused) {
+    b.src_index = {*fused};
+  }
+  b.dst_index = {slot};
+  b.src_start = moe_rank * g.i_local;
+  if (fused && proj == Proj::kUp) {
+    b.src_start += g.inter;
+  }
+  // w13 is [gate | up] unless switch_w13 puts up first.
+  const bool second_half = proj == Proj::kUp ? !g.switch_w13 : g.switch_w13;
+  b.dst_start = proj != Proj::kDown && second_half ? g.i_pad : 0;
+  b.length = g.i_local;
+  return b;
+}
+
+std::string proj_tensor(const MoeLayerSpec& spec, std::uint64_t expert, Proj proj) {
+  const std::string& name = proj == Proj::kGate ? spec.gate_name
+                            : proj == Proj::kUp ? spec.up_name
+                                                : spec.down_name;
+  return spec.checkpoint_prefix + std::to_string(expert) + "." + name + ".weight";
+}
+
+[[noreturn]] void eplb_error(const std::string& file, const std::string& what) {
+  throw Error(Stage::kConfig, file, "", "model.eplb_map: " + what);
+}
+
+// A JSON integer >= 0, whichever way it was made (parsed text gives unsigned
+// numbers, code that builds a map from ints gives signed ones).
+std::optional<std::uint64_t> non_negative(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) {
+    return v.get<std::uint64_t>();
+  }
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0) {
+    return static_cast<std::uint64_t>(v.get<std::int64_t>());
+  }
+  return std::nullopt;
+}
+
+std::uint64_t parse_layer_key(const std::string& key, const std::string& file) {
+  if (key.empty() || key.size() > 9 || key.find_first_not_of("0123456789") != std::string::npos) {
+    eplb_error(file, "layer key \"" + key + "\" is not a layer index");
+  }
+  return std::stoull(key);
+}
+
+}  // namespace
+
+ModelOptions::Eplb parse_eplb_map(const nlohmann::json& j, const std::string& file) {
+  if (!j.is_object()) {
+    eplb_error(file, "expected a JSON object with num_physical_experts and layers");
+  }
+  for (const auto& [key, value] : j.items()) {
+    if (key != "num_physical_experts" && key != "layers") {
+      eplb_error(file, "unknown field \"" + key + "\"");
+    }
+  }
+  auto p = j.find("num_physical_experts");
+  const std::optional<std::uint64_t> physical = p == j.end() ? std::nullopt : non_negative(*p);
+  if (!physical || *physical == 0) {
+    eplb_error(file, "num_physical_experts must be a positive integer" +
+                         (p == j.end() ? std::string(" (missing)") : " (got " + p->dump() + ")"));
+  }
+  ModelOptions::Eplb out;
+  out.num_physical_experts = *physical;
+  auto layers = j.find("layers");
+  if (layers == j.end() || !layers->is_object() || layers->empty()) {
+    eplb_error(file, "layers must be a non-empty object of \"<layer>\": [[physical ids], ...]");
+  }
+  for (const auto& [key, experts] : layers->items()) {
+    const std::uint64_t layer = parse_layer_key(key, file);
+    const std::string where = "layers[\"" + key + "\"]";
+    if (!experts.is_array() || experts.empty()) {
+      eplb_error(file, where +
+                           " must be a non-empty list with one list of physical ids per "
+                           "logical expert");
+    }
+    std::vector<int> seen(out.num_physical_experts, -1);
+    std::vector<std::vector<std::uint64_t>> slots;
+    for (std::size_t e = 0; e < experts.size(); ++e) {
+      const nlohmann::json& ids = experts[e];
+      const std::string at = where + "[" + std::to_string(e) + "]";
+      if (!ids.is_array() || ids.empty()) {
+        eplb_error(file, at + " must list at least one physical id of logical expert " +
+                             std::to_string(e));
+      }
+      std::vector<std::uint64_t>& mine = slots.emplace_back();
+      for (const nlohmann::json& id : ids) {
+        const std::optional<std::uint64_t> value = non_negative(id);
+        if (!value || *value >= out.num_physical_experts) {
+          eplb_error(file, at + " holds " + id.dump() + ", not a physical id below " +
+                               "num_physical_experts " + std::to_string(out.num_physical_experts));
+        }
+        const std::uint64_t pid = *value;
+        if (seen[pid] >= 0) {
+          eplb_error(file, where + ": physical id " + std::to_string(pid) +
+                               " is given to logical experts " + std::to_string(seen[pid]) +
+                               " and " + std::to_string(e));
+        }
+        seen[pid] = static_cast<int>(e);
+        mine.push_back(pid);
+      }
+    }
+    for (std::size_t pid = 0; pid < seen.size(); ++pid) {
+      if (seen[pid] < 0) {
+        eplb_error(file, where + ": physical id " + std::to_string(pid) +
+                             " holds no logical expert (every slot in [0, num_physical_experts) "
+                             "must be used once)");
+      }
+    }
+    out.layers.emplace(layer, std::move(slots));
+  }
+  return out;
+}
+
+ModelOptions::Eplb load_eplb_map(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    eplb_error(path, "cannot open the file");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    eplb_error(path, "not valid JSON");
+  }
+  return parse_eplb_map(j, path);
+}
+
+void check_expert_parallel(const ParallelLayout& layout, std::uint64_t num_experts,
+                           const ModelOptions& options, const std::string& architecture,
+                           const std::string& experts_field,
+                           const std::vector<std::uint64_t>& moe_layers) {
+  if (layout.ep < 1 || layout.tp < 1 || layout.tp % layout.ep != 0) {
+    throw Error(Stage::kConfig, "", "",
+                "parallel.ep (" + std::to_string(layout.ep) + ") must divide parallel.tp (" +
+                    std::to_string(layout.tp) +
+                    "): each expert-parallel group holds tp / ep tensor-parallel shards of "
+                    "its experts");
+  }
+  const auto ep = static_cast<std::uint64_t>(layout.ep);
+  if (!options.eplb) {
+    if (num_experts == 0 || num_experts % ep != 0) {
+      throw Error(Stage::kPlacement, kConfigFile, "",
+                  architecture + ": " + experts_field + " (" + std::to_string(num_experts) +
+                      ") is not divisible by the expert-parallel size ep " +
+                      std::to_string(layout.ep) + " (tp " + std::to_string(layout.tp) + ")");
+    }
+    return;
+  }
+  const ModelOptions::Eplb& eplb = *options.eplb;
+  const std::uint64_t physical = eplb.num_physical_experts;
+  if (physical == 0 || physical % ep != 0) {
+    throw Error(Stage::kPlacement, "", "",
+                "model.eplb_map: num_physical_experts (" + std::to_string(physical) +
+                    ") is not divisible by the expert-parallel size ep " +
+                    std::to_string(layout.ep) + " (tp " + std::to_string(layout.tp) + ")");
+  }
+  for (const auto& [layer, logical] : eplb.layers) {
+    if (logical.size() != num_experts) {
+      throw Error(Stage::kConfig, "", "",
+                  "model.eplb_map: layers[\"" + std::to_string(layer) + "\"] lists " +
+                      std::to_string(logical.size()) + " logical experts but " + architecture +
+                      " has " + experts_field + " " + std::to_string(num_experts));
+    }
+  }
+  for (std::uint64_t layer : moe_layers) {
+    if (!eplb.layers.contains(layer)) {
+      throw Error(Stage::kConfig, "", "",
+                  "model.eplb_map: no entry for MoE layer " + std::to_string(layer) +
+                      " (the map must place the experts of every MoE layer of " + architecture +
+                      ")");
+    }
+  }
+}
+
+void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayout& layout,
+                     const ModelOptions& options) {
+  // Families check with their own names first; this keeps the divisions below safe
+  // for any caller.
+  check_expert_parallel(layout, spec.num_experts, options, "the model");
+  const int tp = layout.tp;
+  auto g = std::make_shared<Geometry>();
+  g->moe_tp = tp / layout.ep;
+  g->inter = spec.intermediate;
+  g->switch_w13 = options.switch_w13;
+  const auto moe_tp = static_cast<std::uint64_t>(g->moe_tp);
+  if (spec.intermediate == 0 || spec.intermediate % moe_tp != 0) {
+    throw Error(
+        Stage::kPlacement, kConfigFile, "",
+        spec.intermediate_field + " (" + std::to_string(spec.intermediate) +
+            ") is not divisible by the MoE tensor-parallel size tp / ep = " + std::to_string(tp) +
+            " / " + std::to_string(layout.ep) + " = " + std::to_string(g->moe_tp) +
+            " (model.pad_moe_intermediate_to pads each rank's even share; it does not "
+            "make an uneven split possible)");
+  }
+  g->i_local = spec.intermediate / moe_tp;
+  g->i_pad = round_up(g->i_local, options.pad_moe_intermediate_to);
+
+  // Logical -> physical: the identity without EPLB, else this layer's map.
+  std::uint64_t physical = spec.num_experts;
+  if (options.eplb) {
+    auto it = options.eplb->layers.find(spec.layer);
+    if (it == options.eplb->layers.end()) {  // (its size was checked above)
+      throw Error(Stage::kConfig, "", "",
+                  "model.eplb_map: no entry for MoE layer " + std::to_string(spec.layer));
+    }
+    physical = options.eplb->num_physical_experts;
+    g->physical = it->second;
+  } else {
+    for (std::uint64_t e = 0; e < spec.num_experts; ++e) {
+      g->physical.push_back({e});
+    }
+  }
+  g->per_rank = physical / static_cast<std::uint64_t>(layout.ep);
+  const bool shared = options.fuse_shared_experts && !spec.shared_checkpoint_prefix.empty();
+  g->slots = g->per_rank + (shared ? 1 : 0);
+
+  const std::string w13 = spec.param_prefix + "w13_weight";
+  const std::string w2 = spec.param_prefix + "w2_weight";
+  const std::uint64_t H = spec.hidden;
+  const std::uint64_t I = spec.intermediate;
+  const std::uint64_t E = spec.num_experts;
+  m.add_param(w13, Shape{g->slots, 2 * g->i_pad, H});
+  m.add_param(w2, Shape{g->slots, H, g->i_pad});
+  if (g->i_pad > g->i_local) {
+    // The padded tail of both w13 halves and of w2's columns, in every slot at once
+    // (no leading index: the slot axis becomes the rows of one pitched block).
+    const std::uint64_t tail = g->i_pad - g->i_local;
+    m.add_fill(w13, [g, tail](int) {
+      Blocks out(2);
+      for (std::size_t half = 0; half < 2; ++half) {
+        out[half].kind = Block::Kind::kZero;
+        out[half].axis = 1;
+        out[half].dst_start = half * g->i_pad + g->i_local;
+        out[half].length = tail;
+      }
+      return out;
+    });
+    m.add_fill(w2, [g, tail](int) {
+      Block b;
+      b.kind = Block::Kind::kZero;
+      b.axis = 2;
+      b.dst_start = g->i_local;
+      b.length = tail;
+      return Blocks{b};
+    });
+  }
+
+  // Per-expert tensors: each feeds every local replica of its expert, or nothing
+  // ("remote_expert": never read).
+  constexpr Proj kProjs[] = {Proj::kGate, Proj::kUp, Proj::kDown};
+  for (std::uint64_t e = 0; e < E; ++e) {
+    for (Proj proj : kProjs) {
+      const bool down = proj == Proj::kDown;
+      m.add_target(
+          proj_tensor(spec, e, proj), down ? w2 : w13, down ? Shape{H, I} : Shape{I, H},
+          [g, e, proj](int rank) {
+            Blocks out;
+            for (std::uint64_t slot : local_slots(*g, e, rank)) {
+              out.push_back(expert_block(*g, proj, std::nullopt, slot, rank));
+            }
+            return out;
+          },
+          "remote_expert");
+    }
+  }
+
+  // Fused 3-D tensors: each local replica takes its expert's part (src_index), so a
+  // rank reads only the byte range of its own experts.
+  m.add_target(
+      spec.checkpoint_prefix + "gate_up_proj", w13, Shape{E, 2 * I, H},
+      [g](int rank) {
+        Blocks out;
+        for (std::uint64_t e = 0; e < g->physical.size(); ++e) {
+          for (std::uint64_t slot : local_slots(*g, e, rank)) {
+            out.push_back(expert_block(*g, Proj::kGate, e, slot, rank));
+            out.push_back(expert_block(*g, Proj::kUp, e, slot, rank));
+          }
+        }
+        return out;
+      },
+      "remote_expert");
+  m.add_target(
+      spec.checkpoint_prefix + "down_proj", w2, Shape{E, H, I},
+      [g](int rank) {
+        Blocks out;
+        for (std::uint64_t e = 0; e < g->physical.size(); ++e) {
+          for (std::uint64_t slot : local_slots(*g, e, rank)) {
+            out.push_back(expert_block(*g, Proj::kDown, e, slot, rank));
+          }
+        }
+        return out;
+      },
+      "remote_expert");
+
+  // The fused shared expert: the slot after the routed ones, on every rank.
+  if (shared) {
+    for (Proj proj : kProjs) {
+      const bool down = proj == Proj::kDown;
+      // Shared experts are plain MLPs: always gate_proj / up_proj / down_proj.
+      const char* name = proj == Proj::kGate ? "gate_proj"
+                         : proj == Proj::kUp ? "up_proj"
+                                             : "down_proj";
+      m.add_target(spec.shared_checkpoint_prefix + name + ".weight", down ? w2 : w13,
+                   down ? Shape{H, I} : Shape{I, H}, [g, proj](int rank) {
+                     return Blocks{expert_block(*g, proj, std::nullopt, g->per_rank, rank)};
+                   });
+    }
+  }
+}
+
+}  // namespace ferry::models

@@ -1,0 +1,352 @@
+#include "models/moe.hpp"
+
+#include <array>
+#include <set>
+#include <utility>
+
+#include "common/error.hpp"
+#include "models/experts.hpp"
+#include "models/hf_config.hpp"
+#include "models/placement.hpp"
+#include "models/stages.hpp"
+#include "models/table_model.hpp"
+
+namespace ferry::models {
+namespace {
+
+using Blocks = std::vector<Block>;
+
+constexpr const char* kMixtral = "MixtralForCausalLM";
+constexpr const char* kQwen3Moe = "Qwen3MoeForCausalLM";
+constexpr const char* kQwen2Moe = "Qwen2MoeForCausalLM";
+
+[[noreturn]] void config_error(const std::string& rule) {
+  throw Error(Stage::kConfig, kConfigFile, "", rule);
+}
+
+std::string layer_prefix(std::uint64_t layer) {
+  return "model.layers." + std::to_string(layer) + ".";
+}
+
+// A non-negative integer field, `fallback` when absent or null.
+std::uint64_t config_count(const nlohmann::json& config, const char* key, std::uint64_t fallback) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) {
+    return fallback;
+  }
+  if (it->is_number_unsigned()) {
+    return it->get<std::uint64_t>();
+  }
+  if (it->is_number_integer() && it->get<std::int64_t>() >= 0) {
+    return static_cast<std::uint64_t>(it->get<std::int64_t>());
+  }
+  config_error("field '" + std::string(key) + "' must be a non-negative integer (got " +
+               it->dump() + ")");
+}
+
+// Hugging Face's Qwen-MoE rule: layer l is sparse unless it is in mlp_only_layers
+// or (l + 1) is not a multiple of decoder_sparse_step.
+std::vector<bool> qwen_sparse_layers(const nlohmann::json& config, std::uint64_t layers) {
+  const std::uint64_t step = config_optional_positive(config, "decoder_sparse_step").value_or(1);
+  std::set<std::uint64_t> dense;
+  auto it = config.find("mlp_only_layers");
+  if (it != config.end() && !it->is_null()) {
+    if (!it->is_array()) {
+      config_error("field 'mlp_only_layers' must be a list of layer indices (got " + it->dump() +
+                   ")");
+    }
+    for (const nlohmann::json& v : *it) {
+      if (!v.is_number_integer() || v.get<std::int64_t>() < 0) {
+        config_error("field 'mlp_only_layers' holds " + v.dump() + ", not a layer index");
+      }
+      dense.insert(v.get<std::uint64_t>());
+    }
+  }
+  std::vector<bool> out(layers);
+  for (std::uint64_t l = 0; l < layers; ++l) {
+    out[l] = !dense.contains(l) && (l + 1) % step == 0;
+  }
+  return out;
+}
+
+class Builder {
+ public:
+  Builder(TableModel& m, const MoeConfig& c, const ParallelLayout& layout,
+          const ModelOptions& options)
+      : m_(m), c_(c), layout_(layout), options_(options), tp_(layout.tp) {}
+
+  void layer(std::uint64_t layer) {
+    const std::string p = layer_prefix(layer);
+    attention(p);
+    for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight"}) {
+      replicated_param(p + norm, c_.hidden);
+    }
+    if (!c_.sparse[layer]) {
+      dense_mlp(p + "mlp.", c_.dense_intermediate);
+      return;
+    }
+    const std::string moe = p + (c_.family == "mixtral" ? "block_sparse_moe." : "mlp.");
+    // The router is a ReplicatedLinear: every rank holds all of it.
+    const std::string gate = moe + "gate.weight";
+    m_.add_param(gate, Shape{c_.experts, c_.hidden});
+    m_.add_target(gate, gate, Shape{c_.experts, c_.hidden},
+                  [e = c_.experts](int) { return Blocks{replicated(e)}; });
+
+    MoeLayerSpec spec;
+    spec.layer = layer;
+    spec.num_experts = c_.experts;
+    spec.hidden = c_.hidden;
+    spec.intermediate = c_.moe_intermediate;
+    spec.param_prefix = moe + "experts.";
+    spec.checkpoint_prefix = moe + "experts.";
+    if (c_.family == "mixtral") {
+      spec.gate_name = "w1";
+      spec.up_name = "w3";
+      spec.down_name = "w2";
+    }
+    const bool fuse_shared = c_.shared_intermediate > 0 && options_.fuse_shared_experts;
+    if (fuse_shared) {
+      spec.shared_checkpoint_prefix = moe + "shared_expert.";
+    }
+    spec.intermediate_field = c_.moe_intermediate_field;
+    add_moe_experts(m_, spec, layout_, options_);
+
+    if (c_.shared_intermediate > 0) {
+      if (!fuse_shared) {
+        dense_mlp(moe + "shared_expert.", c_.shared_intermediate);
+      }
+      // The shared expert's sigmoid gate: a [1, H] ReplicatedLinear.
+      const std::string sg = moe + "shared_expert_gate.weight";
+      m_.add_param(sg, Shape{1, c_.hidden});
+      m_.add_target(sg, sg, Shape{1, c_.hidden}, [](int) { return Blocks{replicated(1)}; });
+    }
+  }
+
+ private:
+  void replicated_param(const std::string& name, std::uint64_t size) {
+    m_.add_param(name, Shape{size});
+    m_.add_target(name, name, Shape{size}, [size](int) { return Blocks{replicated(size)}; });
+  }
+
+  // q, k and v fused into qkv_proj (slots q, k, v), o_proj row-parallel; Qwen3's
+  // per-head q/k RMSNorm weights are replicated.
+  void attention(const std::string& p) {
+    const QkvShape qkv{c_.heads, c_.kv_heads, c_.head_dim};
+    const int tp = tp_;
+    const std::uint64_t q_rows = qkv_slot_rows(qkv, QkvSlot::kQ);
+    const std::uint64_t kv_rows = qkv_slot_rows(qkv, QkvSlot::kK);
+    const std::uint64_t rows = qkv_local_rows(qkv, tp);
+    const std::string qkv_w = p + "self_attn.qkv_proj.weight";
+    const std::string qkv_b = p + "self_attn.qkv_proj.bias";
+    m_.add_param(qkv_w, Shape{rows, c_.hidden});
+    if (c_.qkv_bias) {
+      m_.add_param(qkv_b, Shape{rows});
+    }
+    constexpr std::array<std::pair<const char*, QkvSlot>, 3> kSlots{{
+        {"q_proj", QkvSlot::kQ},
+        {"k_proj", QkvSlot::kK},
+        {"v_proj", QkvSlot::kV},
+    }};
+    for (const auto& [name, slot] : kSlots) {
+      const std::string src = p + "self_attn." + name;
+      const std::uint64_t slot_rows = slot == QkvSlot::kQ ? q_rows : kv_rows;
+      auto rule = [qkv, slot = slot, tp](int rank) {
+        return Blocks{qkv_slot(qkv, slot, rank, tp)};
+      };
+      m_.add_target(src + ".weight", qkv_w, Shape{slot_rows, c_.hidden}, rule);
+      if (c_.qkv_bias) {
+        m_.add_target(src + ".bias", qkv_b, Shape{slot_rows}, rule);
+      }
+    }
+    const std::string o_w = p + "self_attn.o_proj.weight";
+    m_.add_param(o_w, Shape{c_.hidden, q_rows / static_cast<std::uint64_t>(tp)});
+    m_.add_target(o_w, o_w, Shape{c_.hidden, q_rows},
+                  [q_rows, tp](int rank) { return Blocks{row_parallel(q_rows, rank, tp)}; });
+    if (c_.o_bias) {
+      // A row-parallel layer's bias is not split.
+      replicated_param(p + "self_attn.o_proj.bias", c_.hidden);
+    }
+    if (c_.qk_norm) {
+      replicated_param(p + "self_attn.q_norm.weight", c_.head_dim);
+      replicated_param(p + "self_attn.k_norm.weight", c_.head_dim);
+    }
+  }
+
+  // A tensor-parallel gated MLP under `p` (dense layers, Qwen2-MoE's shared expert):
+  // gate_up_proj holds this rank's gate rows then its up rows; down_proj is
+  // row-parallel.
+  void dense_mlp(const std::string& p, std::uint64_t inter) {
+    const int tp = tp_;
+    const std::uint64_t local = inter / static_cast<std::uint64_t>(tp);
+    const std::string gu = p + "gate_up_proj.weight";
+    m_.add_param(gu, Shape{2 * local, c_.hidden});
+    const std::array<std::uint64_t, 2> sizes{inter, inter};
+    constexpr std::array<const char*, 2> kMerged{"gate_proj", "up_proj"};
+    for (std::size_t slot = 0; slot < kMerged.size(); ++slot) {
+      m_.add_target(p + kMerged[slot] + ".weight", gu, Shape{inter, c_.hidden},
+                    [sizes, slot, tp](int rank) {
+                      return Blocks{merged_column_slot(sizes, slot, rank, tp)};
+                    });
+    }
+    const std::string down = p + "down_proj.weight";
+    m_.add_param(down, Shape{c_.hidden, local});
+    m_.add_target(down, down, Shape{c_.hidden, inter},
+                  [inter, tp](int rank) { return Blocks{row_parallel(inter, rank, tp)}; });
+  }
+
+  TableModel& m_;
+  const MoeConfig& c_;
+  const ParallelLayout& layout_;
+  const ModelOptions& options_;
+  int tp_;
+};
+
+// Every split the layout needs, checked before any param is declared so the error
+// names the config field rather than a tensor.
+void check_splits(const MoeConfig& c, const ParallelLayout& layout, const ModelOptions& options) {
+  const int tp = layout.tp;
+  check_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, tp);
+  even_shard(padded_vocab(c.vocab), 0, tp, "padded vocab_size");
+  std::vector<std::uint64_t> moe_layers;
+  bool any_dense = false;
+  for (std::uint64_t l = 0; l < c.layers; ++l) {
+    if (c.sparse[l]) {
+      moe_layers.push_back(l);
+    } else {
+      any_dense = true;
+    }
+  }
+  if (any_dense) {
+    even_shard(c.dense_intermediate, 0, tp, "intermediate_size");
+  }
+  check_expert_parallel(layout, c.experts, options, c.architecture, c.experts_field, moe_layers);
+  const int moe_tp = layout.tp / layout.ep;
+  if (!moe_layers.empty() && c.moe_intermediate % static_cast<std::uint64_t>(moe_tp) != 0) {
+    throw Error(Stage::kPlacement, kConfigFile, "",
+                c.moe_intermediate_field + " (" + std::to_string(c.moe_intermediate) +
+                    ") is not divisible by the MoE tensor-parallel size tp / ep = " +
+                    std::to_string(layout.tp) + " / " + std::to_string(layout.ep) + " = " +
+                    std::to_string(moe_tp));
+  }
+  if (c.shared_intermediate > 0 && !moe_layers.empty()) {
+    if (options.fuse_shared_experts) {
+      if (c.shared_intermediate != c.moe_intermediate) {
+        throw Error(Stage::kConfig, kConfigFile, "",
+                    "model.fuse_shared_experts: shared_expert_intermediate_size (" +
+                        std::to_string(c.shared_intermediate) + ") differs from " +
+                        c.moe_intermediate_field + " (" + std::to_string(c.moe_intermediate) +
+                        "), so the shared expert cannot become one more expert slot; turn "
+                        "fuse_shared_experts off");
+      }
+    } else {
+      even_shard(c.shared_intermediate, 0, tp, "shared_expert_intermediate_size");
+    }
+  }
+}
+
+}  // namespace
+
+MoeConfig parse_moe_config(const nlohmann::json& hf_config, const std::string& architecture) {
+  MoeConfig c;
+  c.architecture = architecture;
+  if (architecture == kMixtral) {
+    c.family = "mixtral";
+  } else if (architecture == kQwen3Moe) {
+    c.family = "qwen3_moe";
+  } else if (architecture == kQwen2Moe) {
+    c.family = "qwen2_moe";
+  } else {
+    throw Error(Stage::kMapping, kConfigFile, "",
+                "internal: " + architecture + " is not a Mixtral / Qwen-MoE architecture");
+  }
+  c.hidden = config_positive(hf_config, "hidden_size");
+  c.heads = config_positive(hf_config, "num_attention_heads");
+  c.kv_heads = config_optional_positive(hf_config, "num_key_value_heads").value_or(c.heads);
+  if (auto hd = config_optional_positive(hf_config, "head_dim")) {
+    c.head_dim = *hd;
+  } else {
+    if (c.hidden % c.heads != 0) {
+      config_error("hidden_size (" + std::to_string(c.hidden) +
+                   ") is not divisible by num_attention_heads (" + std::to_string(c.heads) +
+                   ") and there is no head_dim field");
+    }
+    c.head_dim = c.hidden / c.heads;
+  }
+  c.layers = config_positive(hf_config, "num_hidden_layers");
+  c.vocab = config_positive(hf_config, "vocab_size");
+  c.tie_embeddings = config_bool(hf_config, "tie_word_embeddings", false);
+
+  if (c.family == "mixtral") {
+    // Every Mixtral layer is sparse; an expert's width is intermediate_size.
+    c.experts_field = "num_local_experts";
+    c.moe_intermediate_field = "intermediate_size";
+    c.experts = config_positive(hf_config, "num_local_experts");
+    c.moe_intermediate = config_positive(hf_config, "intermediate_size");
+    c.sparse.assign(c.layers, true);
+    return c;
+  }
+  c.experts_field = "num_experts";
+  c.moe_intermediate_field = "moe_intermediate_size";
+  c.experts = config_positive(hf_config, "num_experts");
+  c.moe_intermediate = config_positive(hf_config, "moe_intermediate_size");
+  c.sparse = qwen_sparse_layers(hf_config, c.layers);
+  for (bool sparse : c.sparse) {
+    if (!sparse) {
+      c.dense_intermediate = config_positive(hf_config, "intermediate_size");
+      break;
+    }
+  }
+  if (c.family == "qwen3_moe") {
+    c.qk_norm = true;
+    // Qwen3MoeAttention's attention_bias covers qkv_proj and o_proj.
+    c.qkv_bias = config_bool(hf_config, "attention_bias", false);
+    c.o_bias = c.qkv_bias;
+  } else {
+    c.qkv_bias = true;  // Qwen2MoeAttention: q/k/v biases, none on o_proj
+    c.shared_intermediate = config_count(hf_config, "shared_expert_intermediate_size", 0);
+  }
+  return c;
+}
+
+std::unique_ptr<Model> make_moe_model(const MoeConfig& c, const ParallelLayout& layout, DType dtype,
+                                      const ModelOptions& options) {
+  if (options.draft) {
+    throw Error(Stage::kConfig, kConfigFile, "",
+                "model.draft: " + c.architecture +
+                    " has no MTP (NextN) layers, so there is no draft model to load");
+  }
+  if (c.sparse.size() != c.layers) {
+    throw Error(Stage::kConfig, kConfigFile, "",
+                "internal: the sparse-layer list has " + std::to_string(c.sparse.size()) +
+                    " entries for num_hidden_layers " + std::to_string(c.layers));
+  }
+  check_splits(c, layout, options);
+  const Range stage = pp_layers(c.layers, layout.pp, layout.pp_rank, layout.pp_partition);
+
+  auto m = std::make_unique<TableModel>(c.family, c.architecture, layout, dtype, options.strict);
+  Builder b(*m, c, layout, options);
+  for (std::uint64_t layer = stage.begin; layer < stage.end(); ++layer) {
+    b.layer(layer);
+  }
+  add_layer_drops(*m, c.layers, stage);
+  StageEdges edges;
+  edges.hidden = c.hidden;
+  edges.vocab = c.vocab;
+  edges.tie_embeddings = c.tie_embeddings;
+  add_stage_edges(*m, edges, layout);
+  // Caches older checkpoints saved; the engine computes them.
+  m->add_drop_pattern("rotary_emb.inv_freq", "inv_freq");
+  m->add_drop_pattern("rotary_emb.cos_cached", "rope_cache");
+  m->add_drop_pattern("rotary_emb.sin_cached", "rope_cache");
+  m->finish();
+  return m;
+}
+
+std::unique_ptr<Model> make_moe_family(const nlohmann::json& hf_config,
+                                       const std::string& architecture,
+                                       const ParallelLayout& layout, DType dtype,
+                                       const ModelOptions& options) {
+  return make_moe_model(parse_moe_config(hf_config, architecture), layout, dtype, options);
+}
+
+}  // namespace ferry::models

@@ -1,0 +1,68 @@
+// Mixture-of-experts decoder families with Llama-style attention:
+// MixtralForCausalLM, Qwen3MoeForCausalLM and Qwen2MoeForCausalLM. Attention,
+// norms and the vocabulary edges are placed as in the dense families; each sparse
+// layer has a replicated router (`gate`) and fused experts (models/experts.hpp).
+// Param names and shapes follow SGLang:
+//   Mixtral    block_sparse_moe.gate.weight, block_sparse_moe.experts.w13_weight /
+//              w2_weight (checkpoint experts.<e>.w1 = gate, w3 = up, w2 = down)
+//   Qwen3-MoE  q_norm / k_norm per head ([head_dim], replicated), mlp.gate.weight,
+//              mlp.experts.*; layers in mlp_only_layers or off decoder_sparse_step
+//              are dense (mlp.gate_up_proj / down_proj of intermediate_size)
+//   Qwen2-MoE  q/k/v biases, the same sparse rule, plus one shared expert: a
+//              tensor-parallel MLP mlp.shared_expert.gate_up_proj / down_proj of
+//              shared_expert_intermediate_size (or, with fuse_shared_experts, one
+//              more expert slot) and its [1, H] mlp.shared_expert_gate.weight.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+#include "models/model.hpp"
+
+namespace ferry::models {
+
+// The config fields these families use, after defaults.
+struct MoeConfig {
+  std::string family;        // "mixtral", "qwen3_moe", "qwen2_moe"
+  std::string architecture;  // "MixtralForCausalLM", ...
+  std::uint64_t hidden = 0;
+  std::uint64_t heads = 0;
+  std::uint64_t kv_heads = 0;  // num_key_value_heads, default num_attention_heads
+  std::uint64_t head_dim = 0;  // head_dim when present, else hidden / heads
+  std::uint64_t layers = 0;
+  std::uint64_t vocab = 0;
+  bool tie_embeddings = false;
+  bool qkv_bias = false;                  // Qwen2-MoE always; Qwen3-MoE with attention_bias
+  bool o_bias = false;                    // Qwen3-MoE with attention_bias
+  bool qk_norm = false;                   // Qwen3-MoE
+  std::uint64_t experts = 0;              // routed experts E
+  std::string experts_field;              // num_local_experts (Mixtral) or num_experts
+  std::uint64_t moe_intermediate = 0;     // I of one routed expert
+  std::string moe_intermediate_field;     // intermediate_size (Mixtral) or moe_intermediate_size
+  std::uint64_t dense_intermediate = 0;   // intermediate_size of dense layers (0: none)
+  std::uint64_t shared_intermediate = 0;  // Qwen2-MoE shared expert (0: none)
+  std::vector<bool> sparse;               // per decoder layer: an MoE layer
+};
+
+// Reads the fields of `architecture` (one of the three above) from config.json.
+// Throws Error(Stage::kConfig) naming a missing or malformed field.
+MoeConfig parse_moe_config(const nlohmann::json& hf_config, const std::string& architecture);
+
+// The model for `config` under `layout` (already normalized). Checks every split up
+// front (Stage::kPlacement for heads, intermediate sizes or experts that do not
+// divide; Stage::kConfig for tp % ep, model.draft, or a shared expert that cannot be
+// fused). A pipeline stage holds only its layers (models/stages.hpp).
+std::unique_ptr<Model> make_moe_model(const MoeConfig& config, const ParallelLayout& layout,
+                                      DType dtype, const ModelOptions& options);
+
+// make_model's factory for these architectures (parse, then make).
+std::unique_ptr<Model> make_moe_family(const nlohmann::json& hf_config,
+                                       const std::string& architecture,
+                                       const ParallelLayout& layout, DType dtype,
+                                       const ModelOptions& options);
+
+}  // namespace ferry::models
