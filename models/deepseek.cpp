@@ -1,0 +1,471 @@
+#include "models/deepseek.hpp"
+
+#include <array>
+#include <map>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "common/error.hpp"
+#include "models/experts.hpp"
+#include "models/hf_config.hpp"
+#include "models/mla_hook.hpp"
+#include "models/placement.hpp"
+#include "models/stages.hpp"
+#include "models/table_model.hpp"
+
+namespace ferry::models {
+namespace {
+
+using Blocks = std::vector<Block>;
+
+constexpr const char* kDeepseekV2 = "DeepseekV2ForCausalLM";
+constexpr const char* kDeepseekV3 = "DeepseekV3ForCausalLM";
+constexpr const char* kGlm4Moe = "Glm4MoeForCausalLM";
+
+[[noreturn]] void config_error(const std::string& rule) {
+  throw Error(Stage::kConfig, kConfigFile, "", rule);
+}
+
+// A non-negative integer (first_k_dense_replace and num_nextn_predict_layers may
+// be 0), `fallback` when absent or null.
+std::uint64_t config_count(const nlohmann::json& config, const char* key, std::uint64_t fallback) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) {
+    return fallback;
+  }
+  if (it->is_number_unsigned()) {
+    return it->get<std::uint64_t>();
+  }
+  if (it->is_number_integer() && it->get<std::int64_t>() >= 0) {
+    return static_cast<std::uint64_t>(it->get<std::int64_t>());
+  }
+  config_error("field '" + std::string(key) + "' must be a non-negative integer (got " +
+               it->dump() + ")");
+}
+
+std::string config_string(const nlohmann::json& config, const char* key, std::string fallback) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) {
+    return fallback;
+  }
+  if (!it->is_string()) {
+    config_error("field '" + std::string(key) + "' must be a string (got " + it->dump() + ")");
+  }
+  return it->get<std::string>();
+}
+
+std::string layer_prefix(std::uint64_t layer) {
+  return "model.layers." + std::to_string(layer) + ".";
+}
+
+// The per-rank sizes of an MLA attention module (heads % tp == 0 is checked first).
+MlaDims mla_dims(const DeepseekConfig& c, int tp) {
+  return {c.heads / static_cast<std::uint64_t>(tp), c.qk_nope, c.v_head, c.kv_lora_rank};
+}
+
+// Where one decoder layer's params go and where its tensors come from: the same
+// "model.layers.<i>." for the target model; the draft's MTP layer is read from
+// "model.layers.<num_hidden_layers>." into "model.decoder.".
+struct LayerNames {
+  std::uint64_t index = 0;  // checkpoint layer index (the EPLB map's key)
+  std::string param;
+  std::string tensor;
+};
+
+// Declares params and targets of one model, layer by layer.
+class Builder {
+ public:
+  Builder(TableModel& m, const DeepseekConfig& c, const ParallelLayout& layout,
+          const ModelOptions& options)
+      : m_(m), c_(c), layout_(layout), options_(options), tp_(layout.tp) {}
+
+  // Attention param prefixes whose kv_b_proj the MLA hook splits.
+  const std::vector<std::string>& mla_prefixes() const { return mla_prefixes_; }
+
+  void layer(const LayerNames& n, bool moe) {
+    if (c_.mla) {
+      mla(n.param + "self_attn.", n.tensor + "self_attn.");
+    } else {
+      gqa(n.param + "self_attn.", n.tensor + "self_attn.");
+    }
+    if (moe) {
+      moe_mlp(n);
+    } else {
+      gated_mlp(n.param + "mlp.", n.tensor + "mlp.", c_.intermediate);
+    }
+    for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight"}) {
+      replicated_param(n.param + norm, n.tensor + norm, Shape{c_.hidden});
+    }
+  }
+
+  // The whole tensor into a param of the same shape.
+  void replicated_param(const std::string& param, const std::string& tensor, const Shape& shape,
+                        std::optional<DType> dtype = {}) {
+    m_.add_param(param, shape, dtype);
+    m_.add_target(tensor, param, shape, [d0 = shape[0]](int) { return Blocks{replicated(d0)}; });
+  }
+
+ private:
+  // ColumnParallelLinear: rows split evenly over tp.
+  void column(const std::string& param, const std::string& tensor, std::uint64_t rows,
+              std::uint64_t cols, const char* what) {
+    const std::uint64_t local = even_shard(rows, 0, tp_, what).length;
+    m_.add_param(param, Shape{local, cols});
+    m_.add_target(tensor, param, Shape{rows, cols},
+                  [rows, tp = tp_](int rank) { return Blocks{column_parallel(rows, rank, tp)}; });
+  }
+
+  // RowParallelLinear: the input dim (columns) split evenly over tp.
+  void row(const std::string& param, const std::string& tensor, std::uint64_t out, std::uint64_t in,
+           const char* what) {
+    const std::uint64_t local = even_shard(in, 0, tp_, what).length;
+    m_.add_param(param, Shape{out, local});
+    m_.add_target(tensor, param, Shape{out, in},
+                  [in, tp = tp_](int rank) { return Blocks{row_parallel(in, rank, tp)}; });
+  }
+
+  // gate_proj and up_proj fused into gate_up_proj (this rank's gate rows, then its
+  // up rows), down_proj row-parallel.
+  void gated_mlp(const std::string& param_prefix, const std::string& tensor_prefix,
+                 std::uint64_t inter) {
+    const std::uint64_t local = even_shard(inter, 0, tp_, "MLP intermediate size").length;
+    const std::string gu = param_prefix + "gate_up_proj.weight";
+    m_.add_param(gu, Shape{2 * local, c_.hidden});
+    const std::array<std::uint64_t, 2> sizes{inter, inter};
+    constexpr std::array<const char*, 2> kMerged{"gate_proj", "up_proj"};
+    for (std::size_t slot = 0; slot < kMerged.size(); ++slot) {
+      m_.add_target(tensor_prefix + kMerged[slot] + ".weight", gu, Shape{inter, c_.hidden},
+                    [sizes, slot, tp = tp_](int rank) {
+                      return Blocks{merged_column_slot(sizes, slot, rank, tp)};
+                    });
+    }
+    row(param_prefix + "down_proj.weight", tensor_prefix + "down_proj.weight", c_.hidden, inter,
+        "MLP intermediate size");
+  }
+
+  void mla(const std::string& pa, const std::string& ta) {
+    const std::uint64_t qk_head = c_.qk_nope + c_.qk_rope;
+    const std::uint64_t kv_a_rows = c_.kv_lora_rank + c_.qk_rope;
+    if (c_.q_lora_rank != 0) {
+      // SGLang caches q_a_proj and kv_a_proj_with_mqa and concatenates them along
+      // the output dim: q_a rows first, then kv_a rows. Both go to every rank.
+      const std::string fused = pa + "fused_qkv_a_proj_with_mqa.weight";
+      const std::uint64_t q = c_.q_lora_rank;
+      m_.add_param(fused, Shape{q + kv_a_rows, c_.hidden});
+      m_.add_target(ta + "q_a_proj.weight", fused, Shape{q, c_.hidden},
+                    [q](int) { return Blocks{replicated(q)}; });
+      m_.add_target(ta + "kv_a_proj_with_mqa.weight", fused, Shape{kv_a_rows, c_.hidden},
+                    [q, kv_a_rows](int) {
+                      Block b = replicated(kv_a_rows);
+                      b.dst_start = q;
+                      return Blocks{b};
+                    });
+      replicated_param(pa + "q_a_layernorm.weight", ta + "q_a_layernorm.weight", Shape{q});
+      column(pa + "q_b_proj.weight", ta + "q_b_proj.weight", c_.heads * qk_head, q,
+             "num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim)");
+    } else {
+      column(pa + "q_proj.weight", ta + "q_proj.weight", c_.heads * qk_head, c_.hidden,
+             "num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim)");
+      replicated_param(pa + "kv_a_proj_with_mqa.weight", ta + "kv_a_proj_with_mqa.weight",
+                       Shape{kv_a_rows, c_.hidden});
+    }
+    replicated_param(pa + "kv_a_layernorm.weight", ta + "kv_a_layernorm.weight",
+                     Shape{c_.kv_lora_rank});
+    // Whole heads per rank: heads % tp == 0 was checked, and each head owns
+    // dn + dv consecutive rows (models/mla_hook.hpp).
+    column(pa + "kv_b_proj.weight", ta + "kv_b_proj.weight", c_.heads * (c_.qk_nope + c_.v_head),
+           c_.kv_lora_rank, "num_attention_heads * (qk_nope_head_dim + v_head_dim)");
+    row(pa + "o_proj.weight", ta + "o_proj.weight", c_.hidden, c_.heads * c_.v_head,
+        "num_attention_heads * v_head_dim");
+    // Filled by the post-load hook only.
+    const MlaDims dims = mla_dims(c_, tp_);
+    m_.add_param(pa + "w_kc", mla_w_kc_shape(dims));
+    m_.add_param(pa + "w_vc", mla_w_vc_shape(dims));
+    mla_prefixes_.push_back(pa);
+  }
+
+  // Grouped-query attention as Qwen2's: q, k, v fused into qkv_proj.
+  void gqa(const std::string& pa, const std::string& ta) {
+    const QkvShape qkv{c_.heads, c_.kv_heads, c_.head_dim};
+    const std::uint64_t rows = qkv_local_rows(qkv, tp_);
+    const std::string w = pa + "qkv_proj.weight";
+    const std::string b = pa + "qkv_proj.bias";
+    m_.add_param(w, Shape{rows, c_.hidden});
+    if (c_.qkv_bias) {
+      m_.add_param(b, Shape{rows});
+    }
+    constexpr std::array<std::pair<const char*, QkvSlot>, 3> kSlots{{
+        {"q_proj", QkvSlot::kQ},
+        {"k_proj", QkvSlot::kK},
+        {"v_proj", QkvSlot::kV},
+    }};
+    for (const auto& [name, slot] : kSlots) {
+      const std::string src = ta + name;
+      const std::uint64_t full = qkv_slot_rows(qkv, slot);
+      auto rule = [qkv, slot = slot, tp = tp_](int rank) {
+        return Blocks{qkv_slot(qkv, slot, rank, tp)};
+      };
+      m_.add_target(src + ".weight", w, Shape{full, c_.hidden}, rule);
+      if (c_.qkv_bias) {
+        m_.add_target(src + ".bias", b, Shape{full}, rule);
+      }
+    }
+    row(pa + "o_proj.weight", ta + "o_proj.weight", c_.hidden, c_.heads * c_.head_dim,
+        "num_attention_heads * head_dim");
+    if (c_.qk_norm) {
+      for (const char* norm : {"q_norm.weight", "k_norm.weight"}) {
+        replicated_param(pa + norm, ta + norm, Shape{c_.head_dim});
+      }
+    }
+  }
+
+  void moe_mlp(const LayerNames& n) {
+    const std::string pm = n.param + "mlp.";
+    const std::string tm = n.tensor + "mlp.";
+    replicated_param(pm + "gate.weight", tm + "gate.weight", Shape{c_.experts, c_.hidden});
+    if (c_.gate_bias) {
+      // The router's correction bias stays float32 whatever the model dtype (the
+      // checkpoints store it so, and SGLang declares it so).
+      replicated_param(pm + "gate.e_score_correction_bias", tm + "gate.e_score_correction_bias",
+                       Shape{c_.experts}, DType::kF32);
+    }
+    MoeLayerSpec spec;
+    spec.layer = n.index;
+    spec.num_experts = c_.experts;
+    spec.hidden = c_.hidden;
+    spec.intermediate = c_.moe_intermediate;
+    spec.param_prefix = pm + "experts.";
+    spec.checkpoint_prefix = tm + "experts.";
+    if (options_.fuse_shared_experts) {
+      spec.shared_checkpoint_prefix = tm + "shared_experts.";
+    }
+    add_moe_experts(m_, spec, layout_, options_);
+    if (!options_.fuse_shared_experts && c_.shared_experts > 0) {
+      gated_mlp(pm + "shared_experts.", tm + "shared_experts.",
+                c_.shared_experts * c_.moe_intermediate);
+    }
+  }
+
+  TableModel& m_;
+  const DeepseekConfig& c_;
+  const ParallelLayout& layout_;
+  const ModelOptions& options_;
+  int tp_;
+  std::vector<std::string> mla_prefixes_;
+};
+
+// Every split the layout needs, checked before any table is built so that the error
+// names the config field rather than a tensor.
+void check_splits(const DeepseekConfig& c, const ParallelLayout& layout,
+                  const ModelOptions& options, bool any_dense, bool any_moe,
+                  const std::vector<std::uint64_t>& moe_layers) {
+  const int tp = layout.tp;
+  if (c.mla) {
+    even_shard(c.heads, 0, tp, "num_attention_heads");
+  } else {
+    check_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, tp);
+  }
+  if (any_dense) {
+    even_shard(c.intermediate, 0, tp, "intermediate_size");
+  }
+  if (!any_moe) {
+    if (layout.ep != 1) {
+      throw Error(Stage::kConfig, "", "",
+                  "parallel layout: ep " + std::to_string(layout.ep) + " needs MoE layers; " +
+                      c.architecture + " as configured has none (use ep 1)");
+    }
+    return;
+  }
+  if (options.fuse_shared_experts && c.shared_experts != 1) {
+    throw Error(Stage::kConfig, kConfigFile, "",
+                "model.fuse_shared_experts: n_shared_experts is " +
+                    std::to_string(c.shared_experts) +
+                    "; the shared expert can be folded into the routed experts only when there "
+                    "is exactly one (as SGLang does); turn fuse_shared_experts off");
+  }
+  if (!options.fuse_shared_experts && c.shared_experts > 0) {
+    even_shard(c.shared_experts * c.moe_intermediate, 0, tp,
+               "n_shared_experts * moe_intermediate_size");
+  }
+  check_expert_parallel(layout, c.experts, options, c.architecture, "n_routed_experts", moe_layers);
+}
+
+}  // namespace
+
+DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
+                                     const std::string& architecture) {
+  DeepseekConfig c;
+  c.architecture = architecture;
+  if (architecture == kDeepseekV2) {
+    c.family = "deepseek_v2";
+  } else if (architecture == kDeepseekV3) {
+    c.family = "deepseek_v3";
+  } else if (architecture == kGlm4Moe) {
+    c.family = "glm4_moe";
+  } else {
+    throw Error(Stage::kMapping, kConfigFile, "",
+                "internal: " + architecture + " is not a DeepSeek or GLM-4 MoE architecture");
+  }
+  c.hidden = config_positive(hf_config, "hidden_size");
+  c.layers = config_positive(hf_config, "num_hidden_layers");
+  c.vocab = config_positive(hf_config, "vocab_size");
+  c.heads = config_positive(hf_config, "num_attention_heads");
+  c.tie_embeddings = config_bool(hf_config, "tie_word_embeddings", false);
+  c.intermediate = config_positive(hf_config, "intermediate_size");
+  c.experts = config_optional_positive(hf_config, "n_routed_experts").value_or(0);
+  if (c.experts != 0) {
+    c.moe_intermediate = config_positive(hf_config, "moe_intermediate_size");
+  }
+  c.shared_experts = config_count(hf_config, "n_shared_experts", 0);
+  c.first_k_dense = config_count(hf_config, "first_k_dense_replace", 0);
+  c.nextn_layers = config_count(hf_config, "num_nextn_predict_layers", 0);
+
+  if (c.family == "glm4_moe") {
+    c.mla = false;
+    c.kv_heads = config_optional_positive(hf_config, "num_key_value_heads").value_or(c.heads);
+    if (auto hd = config_optional_positive(hf_config, "head_dim")) {
+      c.head_dim = *hd;
+    } else if (c.hidden % c.heads != 0) {
+      config_error("hidden_size (" + std::to_string(c.hidden) +
+                   ") is not divisible by num_attention_heads (" + std::to_string(c.heads) +
+                   ") and there is no head_dim field");
+    } else {
+      c.head_dim = c.hidden / c.heads;
+    }
+    c.qkv_bias = config_bool(hf_config, "attention_bias", false);
+    c.qk_norm = config_bool(hf_config, "use_qk_norm", false);
+    // GLM-4 MoE has no moe_layer_freq; every layer from first_k_dense_replace on is
+    // sparse, and its router always has the correction bias.
+    c.moe_layer_freq = 1;
+    c.gate_bias = true;
+    return c;
+  }
+  c.mla = true;
+  c.q_lora_rank = config_optional_positive(hf_config, "q_lora_rank").value_or(0);
+  c.kv_lora_rank = config_positive(hf_config, "kv_lora_rank");
+  c.qk_nope = config_positive(hf_config, "qk_nope_head_dim");
+  c.qk_rope = config_positive(hf_config, "qk_rope_head_dim");
+  c.v_head = config_positive(hf_config, "v_head_dim");
+  c.moe_layer_freq = config_optional_positive(hf_config, "moe_layer_freq").value_or(1);
+  // The router has e_score_correction_bias only for noaux_tc routing (DeepSeek-V3's
+  // default; V2's is greedy).
+  const std::string topk_method =
+      config_string(hf_config, "topk_method", c.family == "deepseek_v3" ? "noaux_tc" : "greedy");
+  c.gate_bias = topk_method == "noaux_tc";
+  return c;
+}
+
+bool deepseek_moe_layer(const DeepseekConfig& c, std::uint64_t layer) {
+  return c.experts != 0 && layer >= c.first_k_dense && layer % c.moe_layer_freq == 0;
+}
+
+std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const ParallelLayout& layout,
+                                           DType dtype, const ModelOptions& options) {
+  if (options.draft) {
+    if (c.nextn_layers == 0) {
+      throw Error(Stage::kConfig, kConfigFile, "",
+                  "model.draft: " + c.architecture +
+                      " config has no MTP layer (num_nextn_predict_layers is 0 or missing), so "
+                      "there is no draft model to load");
+    }
+    if (layout.pp != 1) {
+      throw Error(Stage::kConfig, "", "",
+                  "model.draft: the MTP draft model is a single layer and is not split into "
+                  "pipeline stages (parallel.pp is " +
+                      std::to_string(layout.pp) + "; use pp 1)");
+    }
+    if (c.experts == 0) {
+      throw Error(Stage::kConfig, kConfigFile, "",
+                  "model.draft: the MTP layer is a MoE layer but n_routed_experts is not set");
+    }
+  }
+  const Range stage = pp_layers(c.layers, layout.pp, layout.pp_rank, layout.pp_partition);
+  // Dense layers this model holds (for the intermediate_size split); experts are
+  // checked whenever the model has any, so that every pipeline stage of one
+  // layout accepts or refuses the same ep.
+  bool any_dense = false;
+  std::vector<std::uint64_t> moe_layers;  // the MoE layers this model holds
+  if (options.draft) {
+    moe_layers.push_back(c.layers);
+  } else {
+    for (std::uint64_t l = stage.begin; l < stage.end(); ++l) {
+      if (deepseek_moe_layer(c, l)) {
+        moe_layers.push_back(l);
+      } else {
+        any_dense = true;
+      }
+    }
+  }
+  check_splits(c, layout, options, any_dense, c.experts != 0, moe_layers);
+
+  auto m = std::make_unique<TableModel>(c.family, c.architecture, layout, dtype, options.strict);
+  Builder b(*m, c, layout, options);
+  const std::uint64_t mtp = c.layers;  // index of the first MTP layer
+  if (!options.draft) {
+    for (std::uint64_t l = stage.begin; l < stage.end(); ++l) {
+      b.layer({l, layer_prefix(l), layer_prefix(l)}, deepseek_moe_layer(c, l));
+    }
+    add_layer_drops(*m, c.layers, stage);
+    for (std::uint64_t l = mtp; l < mtp + c.nextn_layers; ++l) {
+      m->add_drop_pattern(layer_prefix(l), "mtp_layer");
+    }
+    even_shard(padded_vocab(c.vocab), 0, layout.tp, "padded vocab_size");
+    StageEdges edges;
+    edges.hidden = c.hidden;
+    edges.vocab = c.vocab;
+    edges.tie_embeddings = c.tie_embeddings;
+    add_stage_edges(*m, edges, layout);
+  } else {
+    const std::string t = layer_prefix(mtp);
+    // The NextN-specific weights live directly under model.; eh_proj is a plain
+    // (replicated) nn.Linear from [embedding; hidden] (2 * hidden) to hidden.
+    for (const char* norm : {"enorm.weight", "hnorm.weight", "shared_head.norm.weight"}) {
+      b.replicated_param(std::string("model.") + norm, t + norm, Shape{c.hidden});
+    }
+    b.replicated_param("model.eh_proj.weight", t + "eh_proj.weight", Shape{c.hidden, 2 * c.hidden});
+    m->add_drop_pattern(t + "shared_head.head", "draft_shared");
+    m->add_drop_pattern(t + "embed_tokens", "draft_shared");
+    b.layer({mtp, "model.decoder.", t}, /*moe=*/true);
+    for (std::uint64_t l = 0; l < c.layers; ++l) {
+      m->add_drop_pattern(layer_prefix(l), "draft_target");
+    }
+    for (const char* name : {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}) {
+      m->add_drop_name(name, "draft_target");
+    }
+    for (std::uint64_t l = mtp + 1; l < mtp + c.nextn_layers; ++l) {
+      m->add_drop_pattern(layer_prefix(l), "mtp_layer");
+    }
+  }
+  m->add_drop_pattern("self_attn.indexer.", "no_indexer");
+  m->add_drop_pattern("rotary_emb.inv_freq", "inv_freq");
+  m->finish();
+
+  if (!c.mla) {
+    return m;
+  }
+  std::shared_ptr<const Model> base = std::move(m);
+  const MlaDims dims = mla_dims(c, layout.tp);
+  std::map<std::string, std::vector<std::uint64_t>> strides;
+  std::vector<PostLoadHook> hooks;
+  for (const std::string& pa : b.mla_prefixes()) {
+    strides[pa + "w_kc"] = mla_w_kc_strides(dims);
+    strides[pa + "w_vc"] = mla_w_vc_strides(dims);
+  }
+  for (std::size_t i = 0; i < base->shells().size(); ++i) {
+    for (const std::string& pa : b.mla_prefixes()) {
+      hooks.push_back(make_mla_split_hook(*base, i, pa, dims));
+    }
+  }
+  return with_param_strides(std::move(base), strides, std::move(hooks));
+}
+
+std::unique_ptr<Model> make_deepseek_family(const nlohmann::json& hf_config,
+                                            const std::string& architecture,
+                                            const ParallelLayout& layout, DType dtype,
+                                            const ModelOptions& options) {
+  return make_deepseek_model(parse_deepseek_config(hf_config, architecture), layout, dtype,
+                             options);
+}
+
+}  // namespace ferry::models

@@ -1,0 +1,108 @@
+// DeepSeek-V2 / DeepSeek-V3 (multi-head latent attention, DeepSeekMoE, the MTP
+// layer) and GLM-4 MoE (grouped-query attention with the same MoE and MTP layout),
+// with SGLang's parameter names:
+//
+//   MLA, q_lora_rank set:  self_attn.fused_qkv_a_proj_with_mqa.weight  q_a_proj rows,
+//                          then kv_a_proj_with_mqa rows (replicated)
+//                          self_attn.q_a_layernorm / kv_a_layernorm (replicated)
+//                          self_attn.q_b_proj.weight (column-parallel by heads)
+//   MLA, q_lora_rank null: self_attn.q_proj.weight (column-parallel by heads),
+//                          self_attn.kv_a_proj_with_mqa.weight (replicated)
+//   MLA, both:             self_attn.kv_b_proj.weight (column-parallel by heads),
+//                          self_attn.o_proj.weight (row-parallel), and the post-load
+//                          outputs self_attn.w_kc / w_vc (models/mla_hook.hpp)
+//   GLM-4 MoE:             self_attn.qkv_proj (+ bias with attention_bias),
+//                          o_proj, q_norm / k_norm with use_qk_norm
+//   dense layers:          mlp.gate_up_proj / mlp.down_proj (intermediate_size)
+//   MoE layers:            mlp.gate.weight (replicated), mlp.gate.e_score_correction_bias
+//                          (replicated, F32; DeepSeek only with topk_method noaux_tc),
+//                          mlp.experts.w13_weight / w2_weight (models/experts.hpp),
+//                          mlp.shared_experts.gate_up_proj / down_proj (tensor-parallel,
+//                          n_shared_experts * moe_intermediate_size) unless
+//                          fuse_shared_experts folds them into the experts.
+//
+// A layer is MoE when n_routed_experts is set, its index is >= first_k_dense_replace
+// and (DeepSeek) a multiple of moe_layer_freq; the MTP layer always is.
+//
+// MTP (NextN) layers are stored after the decoder layers, at indices
+// num_hidden_layers .. num_hidden_layers + num_nextn_predict_layers - 1.
+// - Target model (ModelOptions::draft off): their tensors are dropped, "mtp_layer".
+// - Draft model (draft on): only layer num_hidden_layers is loaded. Its enorm, hnorm,
+//   eh_proj (replicated) and shared_head.norm become model.enorm.weight,
+//   model.hnorm.weight, model.eh_proj.weight, model.shared_head.norm.weight; the
+//   rest of it becomes model.decoder.* (placed as a normal MoE layer). Its
+//   shared_head.head and embed_tokens are dropped with "draft_shared" (the draft
+//   uses the target's embedding and head); every tensor of the target model
+//   (decoder layers, model.embed_tokens, model.norm, lm_head) is dropped with
+//   "draft_target"; further MTP layers with "mtp_layer". Refused without an MTP
+//   layer or with pp > 1.
+// DeepSeek-V3.2's sparse-attention indexer (self_attn.indexer.*) is not loaded:
+// "no_indexer".
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/dtype.hpp"
+#include "models/model.hpp"
+
+namespace ferry::models {
+
+// The config fields these families use, after defaults.
+struct DeepseekConfig {
+  std::string family;        // "deepseek_v2", "deepseek_v3", "glm4_moe"
+  std::string architecture;  // "DeepseekV2ForCausalLM", ...
+  std::uint64_t hidden = 0;
+  std::uint64_t layers = 0;  // num_hidden_layers (without the MTP layers)
+  std::uint64_t vocab = 0;
+  std::uint64_t heads = 0;
+  bool tie_embeddings = false;
+  bool mla = true;  // DeepSeek; GLM-4 MoE uses grouped-query attention
+  // MLA
+  std::uint64_t q_lora_rank = 0;  // 0: q_lora_rank null (q_proj, no q_a/q_b)
+  std::uint64_t kv_lora_rank = 0;
+  std::uint64_t qk_nope = 0;  // qk_nope_head_dim
+  std::uint64_t qk_rope = 0;  // qk_rope_head_dim
+  std::uint64_t v_head = 0;   // v_head_dim
+  // Grouped-query attention (GLM-4 MoE)
+  std::uint64_t kv_heads = 0;
+  std::uint64_t head_dim = 0;
+  bool qkv_bias = false;  // attention_bias
+  bool qk_norm = false;   // use_qk_norm
+  // MLP and MoE
+  std::uint64_t intermediate = 0;  // dense layers' intermediate_size
+  std::uint64_t experts = 0;       // n_routed_experts; 0: every layer dense
+  std::uint64_t moe_intermediate = 0;
+  std::uint64_t shared_experts = 0;  // n_shared_experts (0 when null)
+  std::uint64_t first_k_dense = 0;   // first_k_dense_replace
+  std::uint64_t moe_layer_freq = 1;
+  bool gate_bias = false;          // mlp.gate.e_score_correction_bias exists
+  std::uint64_t nextn_layers = 0;  // num_nextn_predict_layers
+};
+
+// Reads the fields of `architecture` (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
+// or Glm4MoeForCausalLM). Throws Error(Stage::kConfig) naming a missing or
+// malformed field.
+DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
+                                     const std::string& architecture);
+
+// Whether decoder layer `layer` (< c.layers) has a MoE MLP.
+bool deepseek_moe_layer(const DeepseekConfig& c, std::uint64_t layer);
+
+// The model for `c` under `layout` (normalized) with params of `dtype` (the gate's
+// correction bias is F32 regardless). Throws Error(Stage::kPlacement) when heads,
+// intermediate sizes or the vocabulary do not split over tp; Error(Stage::kConfig)
+// for a draft request without an MTP layer or with pp > 1, and for
+// fuse_shared_experts unless n_shared_experts is 1 (what SGLang folds).
+std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const ParallelLayout& layout,
+                                           DType dtype, const ModelOptions& options);
+
+// make_model's factory for these architectures (parse, then make).
+std::unique_ptr<Model> make_deepseek_family(const nlohmann::json& hf_config,
+                                            const std::string& architecture,
+                                            const ParallelLayout& layout, DType dtype,
+                                            const ModelOptions& options);
+
+}  // namespace ferry::models

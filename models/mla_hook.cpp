@@ -1,0 +1,223 @@
+#include "models/mla_hook.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "common/error.hpp"
+#include "gpu/device.hpp"
+#include "models/hooks.hpp"
+#include "models/placement.hpp"
+
+namespace ferry::models {
+namespace {
+
+[[noreturn]] void bad_split(const std::string& param, const std::string& rule) {
+  throw Error(Stage::kPostProcess, "", param, "MLA kv_b_proj split: " + rule);
+}
+
+// w_kc's storage: per head, the dn key rows of kv_b (each r long) transposed into r
+// rows of dn. `T` is an unsigned integer as wide as the element: only bytes move.
+template <class T>
+void transpose_keys(const std::byte* kv_b, std::byte* w_kc, const MlaDims& d) {
+  const std::uint64_t dn = d.qk_nope;
+  const std::uint64_t r = d.kv_lora_rank;
+  const std::uint64_t head_rows = d.qk_nope + d.v_head;
+  for (std::uint64_t h = 0; h < d.heads; ++h) {
+    for (std::uint64_t i = 0; i < dn; ++i) {
+      const std::byte* src = kv_b + (h * head_rows + i) * r * sizeof(T);
+      std::byte* dst = w_kc + (h * r * dn + i) * sizeof(T);
+      for (std::uint64_t c = 0; c < r; ++c) {
+        T v;
+        std::memcpy(&v, src + c * sizeof(T), sizeof(T));
+        std::memcpy(dst + c * dn * sizeof(T), &v, sizeof(T));
+      }
+    }
+  }
+}
+
+void transpose_keys_any(const std::byte* kv_b, std::byte* w_kc, const MlaDims& d, std::size_t es) {
+  switch (es) {
+    case 1:
+      transpose_keys<std::uint8_t>(kv_b, w_kc, d);
+      return;
+    case 2:
+      transpose_keys<std::uint16_t>(kv_b, w_kc, d);
+      return;
+    case 4:
+      transpose_keys<std::uint32_t>(kv_b, w_kc, d);
+      return;
+    case 8:
+      transpose_keys<std::uint64_t>(kv_b, w_kc, d);
+      return;
+    default:
+      throw Error(Stage::kPostProcess, "", "",
+                  "MLA kv_b_proj split: unsupported element size " + std::to_string(es));
+  }
+}
+
+class StridedModel final : public Model {
+ public:
+  StridedModel(std::shared_ptr<const Model> base, std::vector<RankShell> shells)
+      : base_(std::move(base)), shells_(std::move(shells)), hooks_(base_->hooks()) {}
+
+  std::string family() const override { return base_->family(); }
+  const ParallelLayout& layout() const override { return base_->layout(); }
+  const std::vector<RankShell>& shells() const override { return shells_; }
+  Route route(const io::TensorInfo& tensor) const override { return base_->route(tensor); }
+  std::vector<Piece> fill_pieces() const override { return base_->fill_pieces(); }
+  std::vector<PostLoadHook> hooks() const override { return hooks_; }
+
+  void add_hooks(std::vector<PostLoadHook> hooks) {
+    validate_hooks(*this, hooks, hooks_);
+    for (PostLoadHook& h : hooks) {
+      hooks_.push_back(std::move(h));
+    }
+  }
+
+ private:
+  std::shared_ptr<const Model> base_;
+  std::vector<RankShell> shells_;  // base's, with some strides replaced
+  std::vector<PostLoadHook> hooks_;
+};
+
+// True when `strides` address every element of `shape` exactly once within
+// element_count(shape) slots: sorted by stride, each dim's stride is the product of
+// the sizes of the dims below it (dims of size 1 may have any stride).
+bool dense_permutation(const Shape& shape, const std::vector<std::uint64_t>& strides) {
+  if (strides.size() != shape.size()) {
+    return false;
+  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> dims;  // (stride, size)
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) {
+      return true;  // no elements: nothing is addressed
+    }
+    if (shape[i] != 1) {
+      dims.emplace_back(strides[i], shape[i]);
+    }
+  }
+  std::sort(dims.begin(), dims.end());
+  std::uint64_t expect = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expect) {
+      return false;
+    }
+    expect *= size;
+  }
+  return true;
+}
+
+}  // namespace
+
+Shape mla_w_kc_shape(const MlaDims& d) {
+  return {d.heads, d.qk_nope, d.kv_lora_rank};
+}
+
+std::vector<std::uint64_t> mla_w_kc_strides(const MlaDims& d) {
+  return {d.kv_lora_rank * d.qk_nope, 1, d.qk_nope};
+}
+
+Shape mla_w_vc_shape(const MlaDims& d) {
+  return {d.heads, d.kv_lora_rank, d.v_head};
+}
+
+std::vector<std::uint64_t> mla_w_vc_strides(const MlaDims& d) {
+  return {d.v_head * d.kv_lora_rank, 1, d.kv_lora_rank};
+}
+
+PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
+                                 const std::string& attn_prefix, const MlaDims& dims) {
+  if (local_rank >= model.shells().size()) {
+    bad_split(attn_prefix, "local rank " + std::to_string(local_rank) + " has no shell");
+  }
+  const RankShell& shell = model.shells()[local_rank];
+  auto find = [&](const std::string& name, const Shape& want) {
+    auto it = shell.by_name.find(name);
+    if (it == shell.by_name.end()) {
+      bad_split(name, "the model declares no such parameter");
+    }
+    const ParamSpec& p = shell.params[it->second];
+    if (p.shape != want) {
+      bad_split(name, "parameter is " + format_shape(p.shape) + ", expected " + format_shape(want) +
+                          " for " + std::to_string(dims.heads) + " local heads, qk_nope_head_dim " +
+                          std::to_string(dims.qk_nope) + ", v_head_dim " +
+                          std::to_string(dims.v_head) + ", kv_lora_rank " +
+                          std::to_string(dims.kv_lora_rank));
+    }
+    return it->second;
+  };
+  const std::size_t kv_b =
+      find(attn_prefix + "kv_b_proj.weight",
+           Shape{dims.heads * (dims.qk_nope + dims.v_head), dims.kv_lora_rank});
+  const std::size_t w_kc = find(attn_prefix + "w_kc", mla_w_kc_shape(dims));
+  const std::size_t w_vc = find(attn_prefix + "w_vc", mla_w_vc_shape(dims));
+  const DType dtype = shell.params[kv_b].dtype;
+  for (std::size_t out : {w_kc, w_vc}) {
+    if (shell.params[out].dtype != dtype) {
+      bad_split(shell.params[out].name, "parameter is " +
+                                            std::string(dtype_name(shell.params[out].dtype)) +
+                                            " but kv_b_proj is " + std::string(dtype_name(dtype)));
+    }
+  }
+
+  PostLoadHook hook;
+  hook.name =
+      "mla_split_kv_b:" + attn_prefix + "kv_b_proj (tp rank " + std::to_string(shell.tp_rank) + ")";
+  hook.local_rank = local_rank;
+  hook.inputs = {kv_b};
+  hook.outputs = {w_kc, w_vc};
+  const std::size_t es = dtype_size(dtype);
+  hook.run = [dims, es, kv_b, w_kc, w_vc](HookContext& ctx) {
+    gpu::Stream& stream = ctx.stream();
+    const std::uint64_t head_rows = dims.qk_nope + dims.v_head;
+    const std::size_t row_bytes = dims.kv_lora_rank * es;
+    std::vector<std::byte> host_kv_b(dims.heads * head_rows * row_bytes);
+    stream.copy_d2h(host_kv_b.data(), ctx.param_data(kv_b), host_kv_b.size());
+    stream.synchronize();
+
+    std::vector<std::byte> host_kc(dims.heads * dims.qk_nope * row_bytes);
+    transpose_keys_any(host_kv_b.data(), host_kc.data(), dims, es);
+    stream.copy_h2d(ctx.param_data(w_kc), host_kc.data(), host_kc.size());
+    // w_vc: each head's dv value rows, already in storage order, one 2-D copy with a
+    // row per head (skipping the head's dn key rows on the source side).
+    const std::size_t vc_head_bytes = dims.v_head * row_bytes;
+    stream.copy_h2d_2d(ctx.param_data(w_vc), vc_head_bytes,
+                       host_kv_b.data() + dims.qk_nope * row_bytes, head_rows * row_bytes,
+                       vc_head_bytes, dims.heads);
+    // The copies read host_kv_b and host_kc, which die with this function.
+    stream.synchronize();
+  };
+  return hook;
+}
+
+std::unique_ptr<Model> with_param_strides(
+    std::shared_ptr<const Model> base,
+    const std::map<std::string, std::vector<std::uint64_t>>& strides,
+    std::vector<PostLoadHook> hooks) {
+  if (!base) {
+    throw Error(Stage::kPlacement, "", "", "with_param_strides: no model");
+  }
+  std::vector<RankShell> shells = base->shells();
+  for (RankShell& shell : shells) {
+    for (const auto& [name, s] : strides) {
+      auto it = shell.by_name.find(name);
+      if (it == shell.by_name.end()) {
+        throw Error(Stage::kPlacement, "", name,
+                    "internal: strides given for a parameter the model does not declare");
+      }
+      ParamSpec& p = shell.params[it->second];
+      if (!dense_permutation(p.shape, s)) {
+        throw Error(Stage::kPlacement, "", name,
+                    "internal: strides " + format_shape(s) + " do not lay out the " +
+                        format_shape(p.shape) + " parameter densely");
+      }
+      p.strides = s;
+    }
+  }
+  auto out = std::make_unique<StridedModel>(std::move(base), std::move(shells));
+  out->add_hooks(std::move(hooks));
+  return out;
+}
+
+}  // namespace ferry::models

@@ -1,0 +1,73 @@
+// Multi-head latent attention (DeepSeek-V2/V3) after loading: kv_b_proj is split
+// per head into the two matrices the absorbed attention kernels read, w_kc and w_vc,
+// in the storage layouts SGLang's post_load_weights leaves them in. Also a Model
+// decorator that gives params non-contiguous strides, which w_kc and w_vc need
+// (TableModel declares every param contiguous).
+//
+// kv_b_proj (a rank's share, column-parallel by heads) is [H * (dn + dv), r] with
+// H local heads, dn = qk_nope_head_dim, dv = v_head_dim, r = kv_lora_rank. As in
+// the DeepSeek-V2 paper, its output rows stack the up-projections of the compressed
+// KV latent head by head: head h owns rows [h*(dn+dv), (h+1)*(dn+dv)), of which the
+// first dn are W^UK (the key's non-rotary part) and the last dv are W^UV (the
+// value). (Not "all key rows, then all value rows": SGLang unflattens the rows into
+// [H, dn + dv] before splitting.) So, with kv_b[row][c]:
+//
+//   w_kc[h, i, c] = kv_b[h*(dn+dv) + i][c]        logical [H, dn, r]
+//                 stored at h*r*dn + c*dn + i     strides (r*dn, 1, dn): per head,
+//                                                 W^UK transposed ([r][dn] rows)
+//   w_vc[h, c, k] = kv_b[h*(dn+dv) + dn + k][c]   logical [H, r, dv]
+//                 stored at h*dv*r + k*r + c      strides (dv*r, 1, r): per head,
+//                                                 W^UV's rows as they are
+//
+// Device work: the Device interface has no device-to-device 2-D copy and no
+// transpose kernel (a same-dtype cast() is a 1-D device copy, enough for w_vc but
+// not for w_kc's per-head transpose), so the hook brings kv_b_proj to the host,
+// transposes there, and writes w_kc with one host-to-device copy and w_vc with one
+// pitched 2-D copy. It synchronizes the stream before returning because its host
+// buffers die with it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/model.hpp"
+
+namespace ferry::models {
+
+struct MlaDims {
+  std::uint64_t heads = 0;         // local heads H (num_attention_heads / tp)
+  std::uint64_t qk_nope = 0;       // dn, qk_nope_head_dim
+  std::uint64_t v_head = 0;        // dv, v_head_dim
+  std::uint64_t kv_lora_rank = 0;  // r
+};
+
+// Logical shapes and storage strides (elements) of the two hook outputs.
+Shape mla_w_kc_shape(const MlaDims& d);                         // [H, dn, r]
+std::vector<std::uint64_t> mla_w_kc_strides(const MlaDims& d);  // (r*dn, 1, dn)
+Shape mla_w_vc_shape(const MlaDims& d);                         // [H, r, dv]
+std::vector<std::uint64_t> mla_w_vc_strides(const MlaDims& d);  // (dv*r, 1, r)
+
+// The hook of one attention module on local rank `local_rank` of `model`:
+// input <attn_prefix>kv_b_proj.weight, outputs <attn_prefix>w_kc and
+// <attn_prefix>w_vc (attn_prefix e.g. "model.layers.3.self_attn."). Throws
+// Error(Stage::kPostProcess) naming the param when one is missing or its shape or
+// dtype does not fit `dims`.
+PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
+                                 const std::string& attn_prefix, const MlaDims& dims);
+
+// A Model that behaves as `base`, except that the params named in `strides` (on
+// every local rank) report those storage strides, and that its hooks are base's
+// followed by `hooks` (validated; they index the same shells). Each stride list
+// must describe a dense permutation of the param's elements (same storage size),
+// else Error(Stage::kPlacement) naming the param. Immutable and thread-safe as
+// `base`.
+std::unique_ptr<Model> with_param_strides(
+    std::shared_ptr<const Model> base,
+    const std::map<std::string, std::vector<std::uint64_t>>& strides,
+    std::vector<PostLoadHook> hooks);
+
+}  // namespace ferry::models

@@ -1,0 +1,428 @@
+// An independent, deliberately naive account of what each rank of a DeepSeek-V2/V3
+// or GLM-4 MoE model must hold, for the contract tests in tests/models and
+// tests/runtime. Nothing here uses models/ code: config.json is read here, and
+// every element of every param is computed by explicit index arithmetic:
+// Megatron splits (column-parallel rows, row-parallel columns, merged gate/up
+// slots, q/k/v heads, padded vocabulary), expert parallelism as documented in
+// models/experts.hpp (ep rank r / (tp/ep) holds experts [ep_rank*E/ep, +E/ep), then
+// the folded shared expert), and the DeepSeek-V2 paper's kv_b_proj layout (per
+// head: qk_nope_head_dim key rows W^UK, then v_head_dim value rows W^UV).
+//
+// Header-only, so that both test executables (models, runtime) can use it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/dtype.hpp"
+
+namespace ferry::testing::ds {
+
+// Element `index` (row-major) of checkpoint tensor `name`.
+using ValueFn = std::function<float(const std::string& name, std::uint64_t index)>;
+
+struct Dims {
+  std::string arch;
+  bool glm = false;
+  std::uint64_t H = 0, L = 0, V = 0, heads = 0;
+  std::uint64_t q_lora = 0, kv_lora = 0, dn = 0, dr = 0, dv = 0;  // MLA
+  std::uint64_t kv_heads = 0, head_dim = 0;                       // GLM
+  bool qkv_bias = false, qk_norm = false;
+  std::uint64_t I = 0, E = 0, moe_I = 0, n_shared = 0, first_k = 0, freq = 1, nextn = 0;
+  bool gate_bias = false, tied = false;
+};
+
+inline std::uint64_t get_or(const nlohmann::json& c, const char* key, std::uint64_t fallback) {
+  return c.contains(key) && !c.at(key).is_null() ? c.at(key).get<std::uint64_t>() : fallback;
+}
+inline bool get_bool_or(const nlohmann::json& c, const char* key, bool fallback) {
+  return c.contains(key) && !c.at(key).is_null() ? c.at(key).get<bool>() : fallback;
+}
+
+inline Dims dims_of(const nlohmann::json& c) {
+  Dims d;
+  d.arch = c.at("architectures").at(0).get<std::string>();
+  d.glm = d.arch == "Glm4MoeForCausalLM";
+  d.H = c.at("hidden_size");
+  d.L = c.at("num_hidden_layers");
+  d.V = c.at("vocab_size");
+  d.heads = c.at("num_attention_heads");
+  d.I = c.at("intermediate_size");
+  d.E = get_or(c, "n_routed_experts", 0);
+  d.moe_I = get_or(c, "moe_intermediate_size", 0);
+  d.n_shared = get_or(c, "n_shared_experts", 0);
+  d.first_k = get_or(c, "first_k_dense_replace", 0);
+  d.nextn = get_or(c, "num_nextn_predict_layers", 0);
+  d.tied = get_bool_or(c, "tie_word_embeddings", false);
+  if (d.glm) {
+    d.kv_heads = get_or(c, "num_key_value_heads", d.heads);
+    d.head_dim = get_or(c, "head_dim", d.H / d.heads);
+    d.qkv_bias = get_bool_or(c, "attention_bias", false);
+    d.qk_norm = get_bool_or(c, "use_qk_norm", false);
+    d.gate_bias = true;
+  } else {
+    d.q_lora = get_or(c, "q_lora_rank", 0);
+    d.kv_lora = c.at("kv_lora_rank");
+    d.dn = c.at("qk_nope_head_dim");
+    d.dr = c.at("qk_rope_head_dim");
+    d.dv = c.at("v_head_dim");
+    d.freq = get_or(c, "moe_layer_freq", 1);
+    std::string method = d.arch == "DeepseekV3ForCausalLM" ? "noaux_tc" : "greedy";
+    if (c.contains("topk_method") && c.at("topk_method").is_string()) {
+      method = c.at("topk_method").get<std::string>();
+    }
+    d.gate_bias = method == "noaux_tc";
+  }
+  return d;
+}
+
+inline bool is_moe(const Dims& d, std::uint64_t layer) {
+  return d.E > 0 && layer >= d.first_k && layer % d.freq == 0;
+}
+
+struct Layout {
+  int tp = 1;
+  int ep = 1;
+  int pp = 1;
+  int pp_rank = 0;
+  bool draft = false;
+  bool fuse_shared = false;
+  bool switch_w13 = false;
+};
+
+// Layers [begin, end) of the stage.
+inline std::pair<std::uint64_t, std::uint64_t> stage_layers(const Dims& d, const Layout& l) {
+  const auto s = static_cast<std::uint64_t>(l.pp_rank);
+  const auto n = static_cast<std::uint64_t>(l.pp);
+  return {s * d.L / n, (s + 1) * d.L / n};
+}
+
+// The experts (checkpoint ids) of tp rank `rank`, in slot order.
+inline std::vector<std::uint64_t> experts_of(const Dims& d, const Layout& l, int rank) {
+  const int moe_tp = l.tp / l.ep;
+  const auto ep_rank = static_cast<std::uint64_t>(rank / moe_tp);
+  const std::uint64_t per = d.E / static_cast<std::uint64_t>(l.ep);
+  std::vector<std::uint64_t> out;
+  for (std::uint64_t e = 0; e < per; ++e) {
+    out.push_back(ep_rank * per + e);
+  }
+  return out;
+}
+
+struct Param {
+  std::vector<std::uint64_t> shape;
+  std::vector<std::uint64_t> strides;  // storage strides in elements
+  bool f32 = false;                    // F32 whatever the model dtype
+  std::vector<float> values;           // logical row-major
+};
+using Params = std::map<std::string, Param>;
+
+inline std::vector<std::uint64_t> row_major(const std::vector<std::uint64_t>& shape) {
+  std::vector<std::uint64_t> s(shape.size(), 1);
+  for (std::size_t i = shape.size(); i > 1; --i) {
+    s[i - 2] = s[i - 1] * shape[i - 1];
+  }
+  return s;
+}
+
+// What tp rank `rank` must hold. Names are SGLang's.
+inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
+                        const ValueFn& value) {
+  const Dims d = dims_of(config);
+  const auto T = static_cast<std::uint64_t>(l.tp);
+  const auto R = static_cast<std::uint64_t>(rank);
+  const std::uint64_t H = d.H;
+  Params out;
+  auto put = [&](const std::string& name, std::vector<std::uint64_t> shape,
+                 std::vector<float> values, bool f32 = false) {
+    std::uint64_t n = 1;
+    for (std::uint64_t x : shape) {
+      n *= x;
+    }
+    if (n != values.size()) {
+      throw std::runtime_error("reference: " + name + " has " + std::to_string(values.size()) +
+                               " values for " + std::to_string(n) + " elements");
+    }
+    Param p;
+    p.strides = row_major(shape);
+    p.shape = std::move(shape);
+    p.values = std::move(values);
+    p.f32 = f32;
+    out[name] = std::move(p);
+  };
+  // Rows [r0, r0 + n) of checkpoint tensor `name` with `cols` columns, appended.
+  auto rows = [&](std::vector<float>& dst, const std::string& name, std::uint64_t cols,
+                  std::uint64_t r0, std::uint64_t n) {
+    for (std::uint64_t i = r0 * cols; i < (r0 + n) * cols; ++i) {
+      dst.push_back(value(name, i));
+    }
+  };
+  auto full = [&](const std::string& param, const std::string& tensor, std::uint64_t r,
+                  std::uint64_t c, bool f32 = false) {
+    std::vector<float> v;
+    rows(v, tensor, c, 0, r);
+    put(param, c == 1 ? std::vector<std::uint64_t>{r} : std::vector<std::uint64_t>{r, c},
+        std::move(v), f32);
+  };
+  // Columns [c0, c0 + n) of every row of a [r, c] tensor.
+  auto cols = [&](const std::string& tensor, std::uint64_t r, std::uint64_t c, std::uint64_t c0,
+                  std::uint64_t n) {
+    std::vector<float> v;
+    for (std::uint64_t i = 0; i < r; ++i) {
+      for (std::uint64_t j = 0; j < n; ++j) {
+        v.push_back(value(tensor, i * c + c0 + j));
+      }
+    }
+    return v;
+  };
+  auto vocab = [&](const std::string& param, const std::string& tensor) {
+    const std::uint64_t padded = (d.V + 63) / 64 * 64;
+    const std::uint64_t per = padded / T;
+    std::vector<float> v;
+    for (std::uint64_t i = 0; i < per; ++i) {
+      const std::uint64_t g = R * per + i;
+      if (g < d.V) {
+        rows(v, tensor, H, g, 1);
+      } else {
+        v.insert(v.end(), H, 0.0f);
+      }
+    }
+    put(param, {per, H}, std::move(v));
+  };
+  // gate_up [2*n, H] = this rank's gate rows then up rows; down [H, n] = its columns.
+  auto mlp = [&](const std::string& p, const std::string& t, std::uint64_t inter) {
+    const std::uint64_t n = inter / T;
+    std::vector<float> gu;
+    rows(gu, t + "gate_proj.weight", H, R * n, n);
+    rows(gu, t + "up_proj.weight", H, R * n, n);
+    put(p + "gate_up_proj.weight", {2 * n, H}, std::move(gu));
+    put(p + "down_proj.weight", {H, n}, cols(t + "down_proj.weight", H, inter, R * n, n));
+  };
+
+  auto attention = [&](const std::string& p, const std::string& t) {
+    if (d.glm) {
+      // Heads of this rank: q heads [R*hq, +hq); kv heads split when there are at
+      // least tp of them, else head R / (tp / kv) replicated.
+      const std::uint64_t hd = d.head_dim;
+      const std::uint64_t hq = d.heads / T;
+      const std::uint64_t kvl = d.kv_heads >= T ? d.kv_heads / T : 1;
+      const std::uint64_t kv0 = d.kv_heads >= T ? R * kvl : R / (T / d.kv_heads);
+      const std::uint64_t qkv_rows = (hq + 2 * kvl) * hd;
+      std::vector<float> w;
+      rows(w, t + "q_proj.weight", H, R * hq * hd, hq * hd);
+      rows(w, t + "k_proj.weight", H, kv0 * hd, kvl * hd);
+      rows(w, t + "v_proj.weight", H, kv0 * hd, kvl * hd);
+      put(p + "qkv_proj.weight", {qkv_rows, H}, std::move(w));
+      if (d.qkv_bias) {
+        std::vector<float> b;
+        rows(b, t + "q_proj.bias", 1, R * hq * hd, hq * hd);
+        rows(b, t + "k_proj.bias", 1, kv0 * hd, kvl * hd);
+        rows(b, t + "v_proj.bias", 1, kv0 * hd, kvl * hd);
+        put(p + "qkv_proj.bias", {qkv_rows}, std::move(b));
+      }
+      put(p + "o_proj.weight", {H, hq * hd},
+          cols(t + "o_proj.weight", H, d.heads * hd, R * hq * hd, hq * hd));
+      if (d.qk_norm) {
+        full(p + "q_norm.weight", t + "q_norm.weight", hd, 1);
+        full(p + "k_norm.weight", t + "k_norm.weight", hd, 1);
+      }
+      return;
+    }
+    const std::uint64_t hl = d.heads / T;  // local heads
+    const std::uint64_t qk = d.dn + d.dr;
+    const std::uint64_t kv_a = d.kv_lora + d.dr;
+    if (d.q_lora > 0) {
+      std::vector<float> fused;
+      rows(fused, t + "q_a_proj.weight", H, 0, d.q_lora);
+      rows(fused, t + "kv_a_proj_with_mqa.weight", H, 0, kv_a);
+      put(p + "fused_qkv_a_proj_with_mqa.weight", {d.q_lora + kv_a, H}, std::move(fused));
+      full(p + "q_a_layernorm.weight", t + "q_a_layernorm.weight", d.q_lora, 1);
+      std::vector<float> qb;
+      rows(qb, t + "q_b_proj.weight", d.q_lora, R * hl * qk, hl * qk);
+      put(p + "q_b_proj.weight", {hl * qk, d.q_lora}, std::move(qb));
+    } else {
+      std::vector<float> q;
+      rows(q, t + "q_proj.weight", H, R * hl * qk, hl * qk);
+      put(p + "q_proj.weight", {hl * qk, H}, std::move(q));
+      full(p + "kv_a_proj_with_mqa.weight", t + "kv_a_proj_with_mqa.weight", kv_a, H);
+    }
+    full(p + "kv_a_layernorm.weight", t + "kv_a_layernorm.weight", d.kv_lora, 1);
+    const std::uint64_t per_head = d.dn + d.dv;
+    std::vector<float> kvb;
+    rows(kvb, t + "kv_b_proj.weight", d.kv_lora, R * hl * per_head, hl * per_head);
+    put(p + "kv_b_proj.weight", {hl * per_head, d.kv_lora}, std::move(kvb));
+    put(p + "o_proj.weight", {H, hl * d.dv},
+        cols(t + "o_proj.weight", H, d.heads * d.dv, R * hl * d.dv, hl * d.dv));
+    // The paper's split, per global head g = R*hl + h of kv_b_proj [heads*(dn+dv), r]:
+    //   w_kc[h][i][c] = kv_b[g*(dn+dv) + i][c]        (W^UK, i < dn)
+    //   w_vc[h][c][k] = kv_b[g*(dn+dv) + dn + k][c]   (W^UV, k < dv)
+    // SGLang stores w_kc as [h][c][i] (strides (r*dn, 1, dn)) and w_vc as [h][k][c]
+    // (strides (dv*r, 1, r)).
+    const std::string kvb_name = t + "kv_b_proj.weight";
+    std::vector<float> kc;
+    for (std::uint64_t h = 0; h < hl; ++h) {
+      for (std::uint64_t i = 0; i < d.dn; ++i) {
+        for (std::uint64_t c = 0; c < d.kv_lora; ++c) {
+          kc.push_back(value(kvb_name, ((R * hl + h) * per_head + i) * d.kv_lora + c));
+        }
+      }
+    }
+    put(p + "w_kc", {hl, d.dn, d.kv_lora}, std::move(kc));
+    out[p + "w_kc"].strides = {d.kv_lora * d.dn, 1, d.dn};
+    std::vector<float> vc;
+    for (std::uint64_t h = 0; h < hl; ++h) {
+      for (std::uint64_t c = 0; c < d.kv_lora; ++c) {
+        for (std::uint64_t k = 0; k < d.dv; ++k) {
+          vc.push_back(value(kvb_name, ((R * hl + h) * per_head + d.dn + k) * d.kv_lora + c));
+        }
+      }
+    }
+    put(p + "w_vc", {hl, d.kv_lora, d.dv}, std::move(vc));
+    out[p + "w_vc"].strides = {d.dv * d.kv_lora, 1, d.kv_lora};
+  };
+
+  auto moe = [&](const std::string& p, const std::string& t) {
+    full(p + "gate.weight", t + "gate.weight", d.E, H);
+    if (d.gate_bias) {
+      full(p + "gate.e_score_correction_bias", t + "gate.e_score_correction_bias", d.E, 1, true);
+    }
+    const std::uint64_t moe_tp = T / static_cast<std::uint64_t>(l.ep);
+    const std::uint64_t il = d.moe_I / moe_tp;
+    const std::uint64_t mr = R % moe_tp;  // moe-tp rank
+    std::vector<std::string> sources;     // checkpoint prefix per local slot
+    for (std::uint64_t e : experts_of(d, l, rank)) {
+      sources.push_back(t + "experts." + std::to_string(e) + ".");
+    }
+    if (l.fuse_shared) {
+      sources.push_back(t + "shared_experts.");
+    }
+    std::vector<float> w13;
+    std::vector<float> w2;
+    for (const std::string& s : sources) {
+      const char* first = l.switch_w13 ? "up_proj" : "gate_proj";
+      const char* second = l.switch_w13 ? "gate_proj" : "up_proj";
+      rows(w13, s + first + ".weight", H, mr * il, il);
+      rows(w13, s + second + ".weight", H, mr * il, il);
+      std::vector<float> down = cols(s + "down_proj.weight", H, d.moe_I, mr * il, il);
+      w2.insert(w2.end(), down.begin(), down.end());
+    }
+    const std::uint64_t slots = sources.size();
+    put(p + "experts.w13_weight", {slots, 2 * il, H}, std::move(w13));
+    put(p + "experts.w2_weight", {slots, H, il}, std::move(w2));
+    if (!l.fuse_shared && d.n_shared > 0) {
+      mlp(p + "shared_experts.", t + "shared_experts.", d.n_shared * d.moe_I);
+    }
+  };
+
+  auto layer = [&](const std::string& p, const std::string& t, bool sparse) {
+    attention(p + "self_attn.", t + "self_attn.");
+    if (sparse) {
+      moe(p + "mlp.", t + "mlp.");
+    } else {
+      mlp(p + "mlp.", t + "mlp.", d.I);
+    }
+    full(p + "input_layernorm.weight", t + "input_layernorm.weight", H, 1);
+    full(p + "post_attention_layernorm.weight", t + "post_attention_layernorm.weight", H, 1);
+  };
+
+  if (l.draft) {
+    const std::string t = "model.layers." + std::to_string(d.L) + ".";
+    full("model.enorm.weight", t + "enorm.weight", H, 1);
+    full("model.hnorm.weight", t + "hnorm.weight", H, 1);
+    full("model.shared_head.norm.weight", t + "shared_head.norm.weight", H, 1);
+    full("model.eh_proj.weight", t + "eh_proj.weight", H, 2 * H);
+    layer("model.decoder.", t, true);
+    return out;
+  }
+  const auto [begin, end] = stage_layers(d, l);
+  for (std::uint64_t i = begin; i < end; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    layer(p, p, is_moe(d, i));
+  }
+  const bool first = l.pp_rank == 0;
+  const bool last = l.pp_rank == l.pp - 1;
+  if (first) {
+    vocab("model.embed_tokens.weight", "model.embed_tokens.weight");
+  }
+  if (last) {
+    full("model.norm.weight", "model.norm.weight", H, 1);
+    if (!d.tied) {
+      vocab("lm_head.weight", "lm_head.weight");
+    } else if (!first) {
+      vocab("lm_head.weight", "model.embed_tokens.weight");
+    }
+  }
+  return out;
+}
+
+inline bool starts_with(const std::string& s, const std::string& prefix) {
+  return s.rfind(prefix, 0) == 0;
+}
+
+// The drop reason ferry must give checkpoint tensor `name` when the local ranks are
+// `ranks`, or "" when it must be placed.
+inline std::string expected_reason(const nlohmann::json& config, const Layout& l,
+                                   const std::vector<int>& ranks, const std::string& name) {
+  const Dims d = dims_of(config);
+  const bool first = l.pp_rank == 0;
+  const bool last = l.pp_rank == l.pp - 1;
+  std::uint64_t layer = 0;
+  std::string rest;
+  if (starts_with(name, "model.layers.")) {
+    const std::size_t dot = name.find('.', 13);
+    layer = std::stoull(name.substr(13, dot - 13));
+    rest = name.substr(dot + 1);
+  } else if (l.draft) {
+    return "draft_target";
+  } else if (name == "model.embed_tokens.weight") {
+    return first || (last && d.tied) ? "" : "first_stage_only";
+  } else if (name == "model.norm.weight" || name == "lm_head.weight") {
+    if (!last) {
+      return "last_stage_only";
+    }
+    return name == "lm_head.weight" && d.tied ? "tied_lm_head" : "";
+  } else {
+    return "unknown";
+  }
+  if (l.draft) {
+    if (layer < d.L) {
+      return "draft_target";
+    }
+    if (layer > d.L) {
+      return "mtp_layer";
+    }
+    if (starts_with(rest, "embed_tokens") || starts_with(rest, "shared_head.head")) {
+      return "draft_shared";
+    }
+  } else {
+    if (layer >= d.L) {
+      return "mtp_layer";
+    }
+    const auto [begin, end] = stage_layers(d, l);
+    if (layer < begin || layer >= end) {
+      return "pp_stage";
+    }
+  }
+  if (rest.find("self_attn.indexer.") != std::string::npos) {
+    return "no_indexer";
+  }
+  if (starts_with(rest, "mlp.experts.")) {
+    const std::uint64_t e = std::stoull(rest.substr(12, rest.find('.', 12) - 12));
+    for (int r : ranks) {
+      for (std::uint64_t mine : experts_of(d, l, r)) {
+        if (mine == e) {
+          return "";
+        }
+      }
+    }
+    return "remote_expert";
+  }
+  return "";
+}
+
+}  // namespace ferry::testing::ds
