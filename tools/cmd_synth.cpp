@@ -22,10 +22,14 @@ constexpr const char kSynthUsage[] =
     "\n"
     "Writes a synthetic Hugging Face checkpoint into DIR: config.json,\n"
     "model.safetensors.index.json and model-0000i-of-0000N.safetensors shards with the\n"
-    "family's real tensor names. Element i of tensor T is a function of (seed, T, i),\n"
-    "a multiple of 1/128 in [-127/128, 127/128], so readers can check what they load.\n"
+    "family's real tensor names (glm4_moe also writes its MTP layer to an unindexed\n"
+    "mtp.safetensors, as the real GLM-4.5 checkpoints do). Element i of tensor T is a\n"
+    "function of (seed, T, i), a multiple of 1/128 in [-127/128, 127/128], so readers\n"
+    "can check what they load.\n"
     "\n"
-    "  --family F         llama | qwen2 | mixtral | qwen3_moe | deepseek_v3\n"
+    "  --family F         dense: llama | qwen2 | mistral\n"
+    "                     MoE:   mixtral | qwen3_moe | qwen2_moe | deepseek_v2 |\n"
+    "                            deepseek_v3 | glm4_moe\n"
     "  --preset P         tiny (a few MiB) | small (tens of MiB) | medium (2-3 GiB in bf16)\n"
     "  --out DIR          folder to create (written beside it, then renamed into place)\n"
     "  --seed N           value seed (default 1)\n"
@@ -33,6 +37,9 @@ constexpr const char kSynthUsage[] =
     "  --shard-bytes N    shard size; suffixes K, M, G (binary) allowed\n"
     "                     (default: tiny 512K, small 16M, medium 512M)\n"
     "  --tie-embeddings   no lm_head.weight; config says tie_word_embeddings\n"
+    "  --fused-experts    MoE families: each layer's routed experts as two 3-D tensors,\n"
+    "                     experts.gate_up_proj [E, 2I, H] (gate rows, then up rows) and\n"
+    "                     experts.down_proj [E, H, I], instead of one set per expert\n"
     "  --force            replace DIR if it holds a checkpoint (*.safetensors, *.json only)\n"
     "  --no-fsync         skip fsync before the rename (faster, not crash-safe)\n"
     "  -h, --help         this text\n";
@@ -43,7 +50,8 @@ int usage_error(const std::string& message) {
 }
 
 bool is_switch(std::string_view flag) {
-  return flag == "--tie-embeddings" || flag == "--force" || flag == "--no-fsync";
+  return flag == "--tie-embeddings" || flag == "--fused-experts" || flag == "--force" ||
+         flag == "--no-fsync";
 }
 
 bool takes_value(std::string_view flag) {
@@ -161,6 +169,8 @@ int cmd_synth(const Args& args) {
       }
       if (flag == "--tie-embeddings") {
         options.tie_embeddings = true;
+      } else if (flag == "--fused-experts") {
+        options.fused_experts = true;
       } else if (flag == "--force") {
         options.force = true;
       } else {
@@ -215,6 +225,16 @@ int cmd_synth(const Args& args) {
     return usage_error("unknown family '" + options.family + "' (" + joined(synth_families()) +
                        ")");
   }
+  if (options.fused_experts && !synth_family_has_experts(options.family)) {
+    std::vector<std::string> moe;
+    for (const auto& family : synth_families()) {
+      if (synth_family_has_experts(family)) {
+        moe.push_back(family);
+      }
+    }
+    return usage_error("--fused-experts needs a family with routed experts; '" + options.family +
+                       "' is dense (" + joined(moe) + ")");
+  }
   if (options.preset.empty()) {
     return usage_error("--preset is required");
   }
@@ -242,11 +262,12 @@ int cmd_synth(const Args& args) {
 
   SynthResult result = synthesize(options);
   std::printf(
-      "ferry synth: %s/%s seed %llu -> %s: %zu files (%zu shards), %zu tensors, "
+      "ferry synth: %s/%s%s seed %llu -> %s: %zu files (%zu shards), %zu tensors, "
       "%llu bytes (%s) of tensor data\n",
-      options.family.c_str(), options.preset.c_str(), static_cast<unsigned long long>(options.seed),
-      options.out.c_str(), result.files.size(), result.shards, result.tensors,
-      static_cast<unsigned long long>(result.total_bytes), human_bytes(result.total_bytes).c_str());
+      options.family.c_str(), options.preset.c_str(), options.fused_experts ? " fused-experts" : "",
+      static_cast<unsigned long long>(options.seed), options.out.c_str(), result.files.size(),
+      result.shards, result.tensors, static_cast<unsigned long long>(result.total_bytes),
+      human_bytes(result.total_bytes).c_str());
   return 0;
 }
 

@@ -94,7 +94,18 @@ void encode_with(const ValueTable<T>& table, std::uint64_t base, std::span<std::
 
 // ---- families and presets ----------------------------------------------------
 
-enum class Family { kLlama, kQwen2, kMixtral, kQwen3Moe, kDeepseekV3 };
+// Same order as synth_families(), which indexes it.
+enum class Family {
+  kLlama,
+  kQwen2,
+  kMixtral,
+  kQwen3Moe,
+  kDeepseekV3,
+  kMistral,
+  kQwen2Moe,
+  kDeepseekV2,
+  kGlm4Moe,
+};
 enum class Preset { kTiny, kSmall, kMedium };
 
 std::string joined(const std::vector<std::string>& names) {
@@ -102,6 +113,34 @@ std::string joined(const std::vector<std::string>& names) {
   for (const auto& n : names) {
     out += out.empty() ? "" : ", ";
     out += n;
+  }
+  return out;
+}
+
+bool has_routed_experts(Family family) {
+  switch (family) {
+    case Family::kLlama:
+    case Family::kQwen2:
+    case Family::kMistral:
+      return false;
+    case Family::kMixtral:
+    case Family::kQwen3Moe:
+    case Family::kDeepseekV3:
+    case Family::kQwen2Moe:
+    case Family::kDeepseekV2:
+    case Family::kGlm4Moe:
+      return true;
+  }
+  return false;
+}
+
+std::vector<std::string> moe_family_names() {
+  std::vector<std::string> out;
+  const auto& names = synth_families();
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (has_routed_experts(static_cast<Family>(i))) {
+      out.push_back(names[i]);
+    }
   }
   return out;
 }
@@ -133,8 +172,9 @@ void check_dtype(DType dtype) {
 }
 
 // Sizes of one preset. Attention heads × head_dim equals hidden for the families
-// whose configs imply head_dim = hidden / heads (Llama, Qwen2, Mixtral); Qwen3-MoE
-// medium and small deliberately differ, as the real Qwen3 models do.
+// whose configs imply head_dim = hidden / heads (Llama, Qwen2, Mixtral, Mistral,
+// Qwen2-MoE); Qwen3-MoE medium and small and every GLM-4 MoE preset deliberately
+// differ, as the real Qwen3 and GLM-4.5 models do.
 struct Dims {
   std::uint64_t hidden = 0;
   std::uint64_t intermediate = 0;
@@ -146,8 +186,9 @@ struct Dims {
   std::uint64_t experts = 0;
   std::uint64_t experts_per_tok = 0;
   std::uint64_t moe_intermediate = 0;
-  // DeepSeek-V3 (MLA and routing)
-  std::uint64_t q_lora_rank = 0;
+  std::uint64_t shared_intermediate = 0;  // Qwen2-MoE's one shared expert
+  // DeepSeek-V2/V3 (MLA and routing), GLM-4 MoE (routing only)
+  std::uint64_t q_lora_rank = 0;  // 0: q_lora_rank null, a plain q_proj (DeepSeek-V2-Lite)
   std::uint64_t kv_lora_rank = 0;
   std::uint64_t qk_nope = 0;
   std::uint64_t qk_rope = 0;
@@ -230,6 +271,86 @@ Dims dims_for(Family family, Preset preset) {
                   .first_k_dense = 1, .n_group = 8, .topk_group = 4};
       }
       break;
+    case Family::kMistral:
+      // Llama's layout with Mistral's 4:1 grouped-query ratio and 32768 vocabulary.
+      switch (preset) {
+        case Preset::kTiny:
+          return {.hidden = 128, .intermediate = 256, .layers = 4, .heads = 8, .kv_heads = 2,
+                  .head_dim = 16, .vocab = 1000};
+        case Preset::kSmall:
+          return {.hidden = 512, .intermediate = 1408, .layers = 4, .heads = 8, .kv_heads = 2,
+                  .head_dim = 64, .vocab = 8000};
+        case Preset::kMedium:
+          return {.hidden = 2048, .intermediate = 5632, .layers = 22, .heads = 32, .kv_heads = 8,
+                  .head_dim = 64, .vocab = 32768};
+      }
+      break;
+    case Family::kQwen2Moe:
+      // Tiny's shared expert is exactly as wide as a routed one, so a loader may fuse
+      // it in as one more expert; small and medium keep the real models' 4x ratio
+      // (Qwen1.5-MoE-A2.7B: 1408 and 5632).
+      switch (preset) {
+        case Preset::kTiny:
+          return {.hidden = 128, .intermediate = 256, .layers = 4, .heads = 8, .kv_heads = 2,
+                  .head_dim = 16, .vocab = 1000, .experts = 8, .experts_per_tok = 2,
+                  .moe_intermediate = 64, .shared_intermediate = 64};
+        case Preset::kSmall:
+          return {.hidden = 256, .intermediate = 1024, .layers = 4, .heads = 8, .kv_heads = 2,
+                  .head_dim = 32, .vocab = 8000, .experts = 16, .experts_per_tok = 4,
+                  .moe_intermediate = 128, .shared_intermediate = 512};
+        case Preset::kMedium:
+          return {.hidden = 1024, .intermediate = 2816, .layers = 18, .heads = 16, .kv_heads = 4,
+                  .head_dim = 64, .vocab = 32000, .experts = 32, .experts_per_tok = 4,
+                  .moe_intermediate = 512, .shared_intermediate = 2048};
+      }
+      break;
+    case Family::kDeepseekV2:
+      // Tiny and medium are DeepSeek-V2-Lite-shaped (q_lora_rank null, greedy top-k, one
+      // group); small is DeepSeek-V2-shaped (q_lora_rank set, group-limited top-k). The
+      // real models have 2 shared experts, as small and medium do; tiny has 1 so that a
+      // loader can fuse it in as one more routed expert.
+      switch (preset) {
+        case Preset::kTiny:
+          return {.hidden = 128, .intermediate = 256, .layers = 3, .heads = 8, .kv_heads = 8,
+                  .vocab = 1000, .experts = 8, .experts_per_tok = 2, .moe_intermediate = 32,
+                  .q_lora_rank = 0, .kv_lora_rank = 32, .qk_nope = 16, .qk_rope = 8,
+                  .v_head = 16, .shared_experts = 1, .first_k_dense = 1, .n_group = 1,
+                  .topk_group = 1};
+        case Preset::kSmall:
+          return {.hidden = 256, .intermediate = 768, .layers = 4, .heads = 8, .kv_heads = 8,
+                  .vocab = 8000, .experts = 16, .experts_per_tok = 4, .moe_intermediate = 128,
+                  .q_lora_rank = 128, .kv_lora_rank = 64, .qk_nope = 32, .qk_rope = 16,
+                  .v_head = 32, .shared_experts = 2, .first_k_dense = 1, .n_group = 4,
+                  .topk_group = 2};
+        case Preset::kMedium:
+          return {.hidden = 1024, .intermediate = 2816, .layers = 20, .heads = 16,
+                  .kv_heads = 16, .vocab = 32000, .experts = 32, .experts_per_tok = 4,
+                  .moe_intermediate = 512, .q_lora_rank = 0, .kv_lora_rank = 256,
+                  .qk_nope = 64, .qk_rope = 32, .v_head = 64, .shared_experts = 2,
+                  .first_k_dense = 1, .n_group = 1, .topk_group = 1};
+      }
+      break;
+    case Family::kGlm4Moe:
+      // GLM-4.5-Air-shaped: heads x head_dim is twice hidden, one shared expert, one
+      // dense layer first, one group.
+      switch (preset) {
+        case Preset::kTiny:
+          return {.hidden = 128, .intermediate = 256, .layers = 2, .heads = 8, .kv_heads = 2,
+                  .head_dim = 32, .vocab = 1000, .experts = 8, .experts_per_tok = 2,
+                  .moe_intermediate = 64, .shared_experts = 1, .first_k_dense = 1,
+                  .n_group = 1, .topk_group = 1};
+        case Preset::kSmall:
+          return {.hidden = 256, .intermediate = 768, .layers = 4, .heads = 8, .kv_heads = 2,
+                  .head_dim = 64, .vocab = 8000, .experts = 16, .experts_per_tok = 4,
+                  .moe_intermediate = 128, .shared_experts = 1, .first_k_dense = 1,
+                  .n_group = 1, .topk_group = 1};
+        case Preset::kMedium:
+          return {.hidden = 1024, .intermediate = 2816, .layers = 18, .heads = 16, .kv_heads = 4,
+                  .head_dim = 128, .vocab = 32000, .experts = 32, .experts_per_tok = 4,
+                  .moe_intermediate = 512, .shared_experts = 1, .first_k_dense = 1,
+                  .n_group = 1, .topk_group = 1};
+      }
+      break;
   }
   fail("", "no sizes for this family and preset");
 }
@@ -239,14 +360,17 @@ Dims dims_for(Family family, Preset preset) {
 
 class ListBuilder {
  public:
-  ListBuilder(DType dtype, const Dims& d) : dtype_(dtype), d_(d) {}
+  ListBuilder(DType dtype, const Dims& d, bool fused_experts)
+      : dtype_(dtype), d_(d), fused_experts_(fused_experts) {}
 
   void add(std::string name, std::vector<std::uint64_t> shape) {
     add_typed(std::move(name), dtype_, std::move(shape));
   }
   void add_typed(std::string name, DType dtype, std::vector<std::uint64_t> shape) {
-    out_.push_back({std::move(name), dtype, std::move(shape)});
+    out_.push_back({std::move(name), dtype, std::move(shape), file_});
   }
+  // Tensors added from now on go to the unindexed file `file` ("" = the indexed shards).
+  void set_file(std::string file) { file_ = std::move(file); }
 
   // Llama-style attention; Qwen2 adds q/k/v biases, Qwen3 adds per-head q/k norms.
   void attention(const std::string& p, bool bias, bool qk_norm) {
@@ -271,12 +395,17 @@ class ListBuilder {
     }
   }
 
-  // DeepSeek multi-head latent attention.
+  // DeepSeek multi-head latent attention. Without a query LoRA (q_lora_rank null, as
+  // DeepSeek-V2-Lite) the query is one plain projection.
   void mla(const std::string& p) {
     std::uint64_t qk_head = d_.qk_nope + d_.qk_rope;
-    add(p + "self_attn.q_a_proj.weight", {d_.q_lora_rank, d_.hidden});
-    add(p + "self_attn.q_a_layernorm.weight", {d_.q_lora_rank});
-    add(p + "self_attn.q_b_proj.weight", {d_.heads * qk_head, d_.q_lora_rank});
+    if (d_.q_lora_rank == 0) {
+      add(p + "self_attn.q_proj.weight", {d_.heads * qk_head, d_.hidden});
+    } else {
+      add(p + "self_attn.q_a_proj.weight", {d_.q_lora_rank, d_.hidden});
+      add(p + "self_attn.q_a_layernorm.weight", {d_.q_lora_rank});
+      add(p + "self_attn.q_b_proj.weight", {d_.heads * qk_head, d_.q_lora_rank});
+    }
     add(p + "self_attn.kv_a_proj_with_mqa.weight", {d_.kv_lora_rank + d_.qk_rope, d_.hidden});
     add(p + "self_attn.kv_a_layernorm.weight", {d_.kv_lora_rank});
     add(p + "self_attn.kv_b_proj.weight", {d_.heads * (d_.qk_nope + d_.v_head), d_.kv_lora_rank});
@@ -289,30 +418,54 @@ class ListBuilder {
     add(p + "down_proj.weight", {d_.hidden, inter});
   }
 
+  // The routed experts of the MoE block at `p` (which ends in "mlp." or
+  // "block_sparse_moe."): per expert, or with --fused-experts the two 3-D tensors
+  // described at synth_fused_expert_element.
+  void routed_experts(const std::string& p, std::uint64_t inter, bool mixtral_names) {
+    if (fused_experts_) {
+      add(p + "experts.gate_up_proj", {d_.experts, 2 * inter, d_.hidden});
+      add(p + "experts.down_proj", {d_.experts, d_.hidden, inter});
+      return;
+    }
+    for (std::uint64_t e = 0; e < d_.experts; ++e) {
+      std::string x = p + "experts." + std::to_string(e) + ".";
+      if (mixtral_names) {  // w1 = gate, w2 = down, w3 = up
+        add(x + "w1.weight", {inter, d_.hidden});
+        add(x + "w2.weight", {d_.hidden, inter});
+        add(x + "w3.weight", {inter, d_.hidden});
+      } else {
+        gated_mlp(x, inter);
+      }
+    }
+  }
+
   void mixtral_moe(const std::string& p) {
     add(p + "block_sparse_moe.gate.weight", {d_.experts, d_.hidden});
-    for (std::uint64_t e = 0; e < d_.experts; ++e) {
-      std::string x = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
-      add(x + "w1.weight", {d_.intermediate, d_.hidden});
-      add(x + "w2.weight", {d_.hidden, d_.intermediate});
-      add(x + "w3.weight", {d_.intermediate, d_.hidden});
-    }
+    routed_experts(p + "block_sparse_moe.", d_.intermediate, true);
   }
 
   void qwen3_moe(const std::string& p) {
     add(p + "mlp.gate.weight", {d_.experts, d_.hidden});
-    for (std::uint64_t e = 0; e < d_.experts; ++e) {
-      gated_mlp(p + "mlp.experts." + std::to_string(e) + ".", d_.moe_intermediate);
-    }
+    routed_experts(p + "mlp.", d_.moe_intermediate, false);
   }
 
-  // DeepseekV3MoE registers experts, then the gate, then the shared experts.
-  void deepseek_moe(const std::string& p) {
-    for (std::uint64_t e = 0; e < d_.experts; ++e) {
-      gated_mlp(p + "mlp.experts." + std::to_string(e) + ".", d_.moe_intermediate);
-    }
+  // Qwen2MoeSparseMoeBlock registers the router, the experts, one shared expert and
+  // the shared expert's one-row sigmoid gate, in that order.
+  void qwen2_moe(const std::string& p) {
     add(p + "mlp.gate.weight", {d_.experts, d_.hidden});
-    add_typed(p + "mlp.gate.e_score_correction_bias", DType::kF32, {d_.experts});
+    routed_experts(p + "mlp.", d_.moe_intermediate, false);
+    gated_mlp(p + "mlp.shared_expert.", d_.shared_intermediate);
+    add(p + "mlp.shared_expert_gate.weight", {1, d_.hidden});
+  }
+
+  // DeepseekV3MoE (and GLM-4 MoE, derived from it) registers experts, then the gate,
+  // then the shared experts. DeepSeek-V2's gate has no correction bias.
+  void deepseek_moe(const std::string& p, bool score_bias) {
+    routed_experts(p + "mlp.", d_.moe_intermediate, false);
+    add(p + "mlp.gate.weight", {d_.experts, d_.hidden});
+    if (score_bias) {
+      add_typed(p + "mlp.gate.e_score_correction_bias", DType::kF32, {d_.experts});
+    }
     gated_mlp(p + "mlp.shared_experts.", d_.moe_intermediate * d_.shared_experts);
   }
 
@@ -326,6 +479,8 @@ class ListBuilder {
  private:
   DType dtype_;
   const Dims& d_;
+  bool fused_experts_;
+  std::string file_;
   std::vector<SynthTensor> out_;
 };
 
@@ -624,10 +779,30 @@ void synth_encode(DType dtype, std::uint64_t seed, std::string_view name, std::u
 // ---- what a checkpoint holds (public) ------------------------------------------------
 
 const std::vector<std::string>& synth_families() {
-  // Same order as the Family enum.
-  static const std::vector<std::string> names{"llama", "qwen2", "mixtral", "qwen3_moe",
-                                              "deepseek_v3"};
+  // Same order as the Family enum; new families are appended, never inserted.
+  static const std::vector<std::string> names{"llama",     "qwen2",       "mixtral",
+                                              "qwen3_moe", "deepseek_v3", "mistral",
+                                              "qwen2_moe", "deepseek_v2", "glm4_moe"};
   return names;
+}
+
+bool synth_family_has_experts(std::string_view family) {
+  return has_routed_experts(parse_family(family));
+}
+
+SynthElement synth_fused_expert_element(std::string_view moe_prefix, ExpertProj proj,
+                                        std::uint64_t expert, std::uint64_t row, std::uint64_t col,
+                                        std::uint64_t hidden, std::uint64_t inter) {
+  std::string prefix(moe_prefix);
+  switch (proj) {
+    case ExpertProj::kGate:
+      return {prefix + "experts.gate_up_proj", (expert * 2 * inter + row) * hidden + col};
+    case ExpertProj::kUp:
+      return {prefix + "experts.gate_up_proj", (expert * 2 * inter + inter + row) * hidden + col};
+    case ExpertProj::kDown:
+      return {prefix + "experts.down_proj", (expert * hidden + row) * inter + col};
+  }
+  fail("", "unknown expert projection");
 }
 
 const std::vector<std::string>& synth_presets() {
@@ -662,17 +837,23 @@ std::uint64_t SynthTensor::nbytes() const {
 
 std::vector<SynthTensor> synth_tensor_list(std::string_view family_name,
                                            std::string_view preset_name, DType dtype,
-                                           bool tie_embeddings) {
+                                           bool tie_embeddings, bool fused_experts) {
   Family family = parse_family(family_name);
   Dims d = dims_for(family, parse_preset(preset_name));
   check_dtype(dtype);
-  ListBuilder b(dtype, d);
+  if (fused_experts && !has_routed_experts(family)) {
+    fail("", "fused experts (--fused-experts) need a family with routed experts; '" +
+                 std::string(family_name) +
+                 "' is dense (MoE families: " + joined(moe_family_names()) + ")");
+  }
+  ListBuilder b(dtype, d, fused_experts);
   b.add("model.embed_tokens.weight", {d.vocab, d.hidden});
   for (std::uint64_t i = 0; i < d.layers; ++i) {
     std::string p = layer_prefix(i);
     switch (family) {
       case Family::kLlama:
       case Family::kQwen2:
+      case Family::kMistral:
         b.attention(p, family == Family::kQwen2, false);
         b.gated_mlp(p + "mlp.", d.intermediate);
         break;
@@ -685,12 +866,27 @@ std::vector<SynthTensor> synth_tensor_list(std::string_view family_name,
         b.attention(p, false, true);
         b.qwen3_moe(p);
         break;
+      case Family::kQwen2Moe:
+        // Same: decoder_sparse_step 1 and no mlp_only_layers, as the real checkpoints.
+        b.attention(p, true, false);
+        b.qwen2_moe(p);
+        break;
       case Family::kDeepseekV3:
+      case Family::kDeepseekV2:
         b.mla(p);
         if (i < d.first_k_dense) {
           b.gated_mlp(p + "mlp.", d.intermediate);
         } else {
-          b.deepseek_moe(p);
+          b.deepseek_moe(p, family == Family::kDeepseekV3);
+        }
+        break;
+      case Family::kGlm4Moe:
+        // attention_bias true: q/k/v biases, none on o_proj; use_qk_norm false.
+        b.attention(p, true, false);
+        if (i < d.first_k_dense) {
+          b.gated_mlp(p + "mlp.", d.intermediate);
+        } else {
+          b.deepseek_moe(p, true);
         }
         break;
     }
@@ -706,10 +902,25 @@ std::vector<SynthTensor> synth_tensor_list(std::string_view family_name,
     b.add(p + "hnorm.weight", {d.hidden});
     b.add(p + "eh_proj.weight", {d.hidden, 2 * d.hidden});
     b.mla(p);
-    b.deepseek_moe(p);
+    b.deepseek_moe(p, true);
     b.layer_norms(p);
     b.add(p + "shared_head.norm.weight", {d.hidden});
     b.add(p + "shared_head.head.weight", {d.vocab, d.hidden});
+  }
+  if (family == Family::kGlm4Moe) {
+    // GLM-4.5's MTP layer, also layer num_hidden_layers, ships in an mtp.safetensors
+    // that the index does not list. It has no embedding of its own.
+    std::string p = layer_prefix(d.layers);
+    b.set_file(kSynthMtpFile);
+    b.add(p + "enorm.weight", {d.hidden});
+    b.add(p + "hnorm.weight", {d.hidden});
+    b.add(p + "eh_proj.weight", {d.hidden, 2 * d.hidden});
+    b.attention(p, true, false);
+    b.deepseek_moe(p, true);
+    b.layer_norms(p);
+    b.add(p + "shared_head.norm.weight", {d.hidden});
+    b.add(p + "shared_head.head.weight", {d.vocab, d.hidden});
+    b.set_file("");
   }
   b.add("model.norm.weight", {d.hidden});
   if (!tie_embeddings) {
@@ -820,6 +1031,89 @@ nlohmann::json synth_config(std::string_view family_name, std::string_view prese
       c["topk_method"] = "noaux_tc";
       c["v_head_dim"] = d.v_head;
       break;
+    case Family::kMistral:
+      // Mistral-7B-v0.3's fields, plus the head_dim that newer Mistral configs (and
+      // save_pretrained of current transformers) write; it equals hidden / heads here.
+      c["architectures"] = {"MistralForCausalLM"};
+      c["head_dim"] = d.head_dim;
+      c["rms_norm_eps"] = 1e-5;
+      c["rope_theta"] = 1000000.0;
+      c["sliding_window"] = nullptr;
+      break;
+    case Family::kQwen2Moe:
+      // As Qwen1.5-MoE-A2.7B: q/k/v biases by construction (no attention_bias field),
+      // every layer sparse, no top-k renormalization.
+      c["architectures"] = {"Qwen2MoeForCausalLM"};
+      c["decoder_sparse_step"] = 1;
+      c["max_window_layers"] = d.layers;
+      c["mlp_only_layers"] = nlohmann::json::array();
+      c["moe_intermediate_size"] = d.moe_intermediate;
+      c["norm_topk_prob"] = false;
+      c["num_experts"] = d.experts;
+      c["num_experts_per_tok"] = d.experts_per_tok;
+      c["output_router_logits"] = false;
+      c["rms_norm_eps"] = 1e-6;
+      c["rope_theta"] = 1000000.0;
+      c["router_aux_loss_coef"] = 0.001;
+      c["shared_expert_intermediate_size"] = d.shared_intermediate;
+      c["sliding_window"] = 4096;
+      c["use_sliding_window"] = false;
+      break;
+    case Family::kDeepseekV2:
+      // As DeepSeek-V2(-Lite), less auto_map. One group means greedy top-k with
+      // routed_scaling_factor 1 (V2-Lite); several mean group-limited top-k with
+      // V2's factor 16.
+      c["architectures"] = {"DeepseekV2ForCausalLM"};
+      c["attention_bias"] = false;
+      c["aux_loss_alpha"] = 0.001;
+      c["ep_size"] = 1;
+      c["first_k_dense_replace"] = d.first_k_dense;
+      c["kv_lora_rank"] = d.kv_lora_rank;
+      c["moe_intermediate_size"] = d.moe_intermediate;
+      c["moe_layer_freq"] = 1;
+      c["n_group"] = d.n_group;
+      c["n_routed_experts"] = d.experts;
+      c["n_shared_experts"] = d.shared_experts;
+      c["norm_topk_prob"] = false;
+      c["num_experts_per_tok"] = d.experts_per_tok;
+      c["pretraining_tp"] = 1;
+      c["q_lora_rank"] =
+          d.q_lora_rank == 0 ? nlohmann::json(nullptr) : nlohmann::json(d.q_lora_rank);
+      c["qk_nope_head_dim"] = d.qk_nope;
+      c["qk_rope_head_dim"] = d.qk_rope;
+      c["rms_norm_eps"] = 1e-6;
+      c["rope_scaling"] = nullptr;  // the real one is YaRN to 160K; 4096 positions need none
+      c["rope_theta"] = 10000;
+      c["routed_scaling_factor"] = d.n_group > 1 ? 16.0 : 1.0;
+      c["scoring_func"] = "softmax";
+      c["seq_aux"] = true;
+      c["topk_group"] = d.topk_group;
+      c["topk_method"] = d.n_group > 1 ? "group_limited_greedy" : "greedy";
+      c["v_head_dim"] = d.v_head;
+      break;
+    case Family::kGlm4Moe:
+      // As GLM-4.5-Air: no bos_token_id, a pad_token_id, half-rotary heads.
+      c.erase("bos_token_id");
+      c["architectures"] = {"Glm4MoeForCausalLM"};
+      c["attention_bias"] = true;
+      c["first_k_dense_replace"] = d.first_k_dense;
+      c["head_dim"] = d.head_dim;
+      c["moe_intermediate_size"] = d.moe_intermediate;
+      c["n_group"] = d.n_group;
+      c["n_routed_experts"] = d.experts;
+      c["n_shared_experts"] = d.shared_experts;
+      c["norm_topk_prob"] = true;
+      c["num_experts_per_tok"] = d.experts_per_tok;
+      c["num_nextn_predict_layers"] = 1;
+      c["pad_token_id"] = 0;
+      c["partial_rotary_factor"] = 0.5;
+      c["rms_norm_eps"] = 1e-5;
+      c["rope_scaling"] = nullptr;
+      c["rope_theta"] = 1000000;
+      c["routed_scaling_factor"] = 1.0;
+      c["topk_group"] = d.topk_group;
+      c["use_qk_norm"] = false;
+      break;
   }
   return c;
 }
@@ -842,7 +1136,14 @@ std::vector<SynthShard> synth_shard_plan(const std::vector<SynthTensor>& tensors
     fail("", "the shard size must be at least 1 byte");
   }
   std::vector<SynthShard> shards;
+  std::vector<std::string> extra_files;  // unindexed files, in order of first use
   for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].file.empty()) {
+      if (std::find(extra_files.begin(), extra_files.end(), tensors[i].file) == extra_files.end()) {
+        extra_files.push_back(tensors[i].file);
+      }
+      continue;
+    }
     std::uint64_t n = tensors[i].nbytes();
     if (shards.empty() || (!shards.back().tensors.empty() &&
                            n > shard_bytes - std::min(shard_bytes, shards.back().data_bytes))) {
@@ -860,14 +1161,25 @@ std::vector<SynthShard> synth_shard_plan(const std::vector<SynthTensor>& tensors
     std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
     shards[s].file = name;
   }
+  for (const std::string& file : extra_files) {
+    SynthShard& shard = shards.emplace_back();
+    shard.file = file;
+    shard.indexed = false;
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+      if (tensors[i].file == file) {
+        shard.tensors.push_back(i);
+        shard.data_bytes += tensors[i].nbytes();
+      }
+    }
+  }
   return shards;
 }
 
 // ---- writing (public) ----------------------------------------------------------------
 
 SynthResult synthesize(const SynthOptions& options) {
-  std::vector<SynthTensor> tensors =
-      synth_tensor_list(options.family, options.preset, options.dtype, options.tie_embeddings);
+  std::vector<SynthTensor> tensors = synth_tensor_list(
+      options.family, options.preset, options.dtype, options.tie_embeddings, options.fused_experts);
   nlohmann::json config =
       synth_config(options.family, options.preset, options.dtype, options.tie_embeddings);
   std::uint64_t shard_bytes =
@@ -883,8 +1195,10 @@ SynthResult synthesize(const SynthOptions& options) {
   }
 
   std::uint64_t total = 0;
-  for (const auto& t : tensors) {
-    total += t.nbytes();
+  std::uint64_t indexed_total = 0;  // metadata.total_size counts the indexed shards only
+  for (const auto& shard : plan) {
+    total += shard.data_bytes;
+    indexed_total += shard.indexed ? shard.data_bytes : 0;
   }
 
   TempFolder tmp(out, ".tmp-");
@@ -892,15 +1206,18 @@ SynthResult synthesize(const SynthOptions& options) {
   std::vector<std::byte> block(kBlockBytes);
   const std::map<std::string, std::string> metadata{
       {"format", "pt"},
-      {"ferry_synth",
-       options.family + "/" + options.preset + " seed " + std::to_string(options.seed)}};
+      {"ferry_synth", options.family + "/" + options.preset + " seed " +
+                          std::to_string(options.seed) +
+                          (options.fused_experts ? " fused-experts" : "")}};
   nlohmann::json weight_map = nlohmann::json::object();
   std::uint64_t done = 0;
   for (const auto& shard : plan) {
     io::SafetensorsWriter writer((tmp.path() / shard.file).string());
     for (std::size_t i : shard.tensors) {
       writer.add(tensors[i].name, tensors[i].dtype, tensors[i].shape);
-      weight_map[tensors[i].name] = shard.file;
+      if (shard.indexed) {
+        weight_map[tensors[i].name] = shard.file;
+      }
     }
     writer.set_metadata(metadata);
     writer.begin();
@@ -924,7 +1241,8 @@ SynthResult synthesize(const SynthOptions& options) {
     }
   }
 
-  nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+  nlohmann::json index = {{"metadata", {{"total_size", indexed_total}}},
+                          {"weight_map", weight_map}};
   write_text_file((tmp.path() / "model.safetensors.index.json").string(), index.dump(2) + "\n",
                   options.fsync);
   write_text_file((tmp.path() / "config.json").string(), config.dump(2) + "\n", options.fsync);

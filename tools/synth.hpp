@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.hpp"
@@ -39,29 +40,98 @@ void synth_encode(DType dtype, std::uint64_t seed, std::string_view name, std::u
 
 // ---- what a checkpoint holds -------------------------------------------------
 
-// "llama", "qwen2", "mixtral", "qwen3_moe", "deepseek_v3".
+// In this order, which is stable (new families are appended): "llama", "qwen2",
+// "mixtral", "qwen3_moe", "deepseek_v3", "mistral", "qwen2_moe", "deepseek_v2",
+// "glm4_moe". Each writes its Hugging Face architecture's names and config fields:
+//   llama        LlamaForCausalLM
+//   qwen2        Qwen2ForCausalLM (q/k/v biases)
+//   mixtral      MixtralForCausalLM (block_sparse_moe.experts.<e>.w1/w2/w3)
+//   qwen3_moe    Qwen3MoeForCausalLM (q/k norms, head_dim independent of hidden)
+//   deepseek_v3  DeepseekV3ForCausalLM (MLA, F32 e_score_correction_bias, first layer
+//                dense, MTP layer num_hidden_layers in the indexed shards)
+//   mistral      MistralForCausalLM (Llama's tensors; config as Mistral-7B-v0.3 plus
+//                head_dim, sliding_window null)
+//   qwen2_moe    Qwen2MoeForCausalLM (q/k/v biases, mlp.shared_expert.* and the [1, H]
+//                mlp.shared_expert_gate.weight; tiny's shared expert is exactly as wide
+//                as a routed one, so it can be fused in as one more expert)
+//   deepseek_v2  DeepseekV2ForCausalLM (MLA without a correction bias or MTP layer;
+//                tiny and medium have q_lora_rank null, so self_attn.q_proj.weight,
+//                and greedy top-k; small has q_a_proj/q_a_layernorm/q_b_proj and
+//                group_limited_greedy; n_shared_experts is 2 as in the real models,
+//                except tiny's 1, which can be fused)
+//   glm4_moe     Glm4MoeForCausalLM (as GLM-4.5-Air: q/k/v biases, no o_proj bias,
+//                head_dim x heads != hidden, F32 e_score_correction_bias, first layer
+//                dense; the MTP layer num_hidden_layers is written to kSynthMtpFile,
+//                which the index does not list, as in the real checkpoints)
 const std::vector<std::string>& synth_families();
+// Whether `family` has routed experts (and so accepts fused experts). Throws
+// ferry::Error(Stage::kSynth) for an unknown family.
+bool synth_family_has_experts(std::string_view family);
+// The unindexed file glm4_moe's MTP layer is written to, next to the indexed shards.
+inline constexpr const char* kSynthMtpFile = "mtp.safetensors";
 // "tiny" (about 1-4 MiB), "small" (tens of MiB), "medium" (2-3 GiB in BF16, untied).
 const std::vector<std::string>& synth_presets();
 // "bf16" | "f16" | "f32" (also the safetensors spellings "BF16", "F16", "F32").
 std::optional<DType> parse_synth_dtype(std::string_view text);
 
 struct SynthTensor {
+  // A constructor rather than aggregate initialization, so {name, dtype, shape} keeps
+  // compiling (without -Wmissing-field-initializers) now that `file` exists.
+  SynthTensor() = default;
+  SynthTensor(std::string name_in, DType dtype_in, std::vector<std::uint64_t> shape_in,
+              std::string file_in = {})
+      : name(std::move(name_in)),
+        dtype(dtype_in),
+        shape(std::move(shape_in)),
+        file(std::move(file_in)) {}
+
   std::string name;
   DType dtype = DType::kBF16;
   std::vector<std::uint64_t> shape;
+  // Empty: the tensor goes to the indexed shards. Otherwise the unindexed file it is
+  // written to (kSynthMtpFile for GLM-4 MoE's MTP layer).
+  std::string file;
 
   std::uint64_t elements() const;
   std::uint64_t nbytes() const;
 };
 
 // Every tensor in Hugging Face state-dict order (embed, layers 0..L-1, the
-// DeepSeek MTP layer, norm, lm_head). `dtype` is the weights' dtype; DeepSeek's
-// e_score_correction_bias is F32 whatever it is, as in the real checkpoints.
-// `tie_embeddings` leaves out lm_head.weight. Throws ferry::Error(Stage::kSynth)
-// for an unknown family or preset, or a dtype other than BF16, F16, F32.
+// DeepSeek-V3 or GLM-4 MoE MTP layer, norm, lm_head). `dtype` is the weights' dtype;
+// DeepSeek-V3's and GLM-4 MoE's e_score_correction_bias is F32 whatever it is, as in
+// the real checkpoints. `tie_embeddings` leaves out lm_head.weight. `fused_experts`
+// writes each MoE layer's routed experts (MTP layers' too; shared experts stay as
+// they are) as the two 3-D tensors of synth_fused_expert_element. Throws
+// ferry::Error(Stage::kSynth) for an unknown family or preset, a dtype other than
+// BF16, F16, F32, or fused experts for a dense family.
 std::vector<SynthTensor> synth_tensor_list(std::string_view family, std::string_view preset,
-                                           DType dtype, bool tie_embeddings);
+                                           DType dtype, bool tie_embeddings,
+                                           bool fused_experts = false);
+
+// ---- fused experts -------------------------------------------------------------
+
+// With fused experts, the MoE block at `moe_prefix` ("model.layers.<i>.mlp.", or
+// "model.layers.<i>.block_sparse_moe." for mixtral) holds, instead of
+// <moe_prefix>experts.<e>.{gate_proj,up_proj,down_proj}.weight (mixtral: w1, w3, w2):
+//   <moe_prefix>experts.gate_up_proj  [E, 2I, H]  expert e's gate rows 0..I-1, then its
+//                                                  up rows I..2I-1
+//   <moe_prefix>experts.down_proj     [E, H, I]
+// with E routed experts, H = hidden_size and I = moe_intermediate_size (mixtral:
+// intermediate_size). Their values are those of the fused names themselves,
+// synth_value(seed, "<moe_prefix>experts.gate_up_proj", flat index), so element
+// (r, c) of expert e's per-expert matrix is at flat index
+//   gate [I, H]:  (e * 2I + r) * H + c        of gate_up_proj
+//   up   [I, H]:  (e * 2I + I + r) * H + c    of gate_up_proj
+//   down [H, I]:  (e * H + r) * I + c         of down_proj
+// which synth_fused_expert_element computes.
+enum class ExpertProj { kGate, kUp, kDown };
+struct SynthElement {
+  std::string tensor;       // the fused tensor's name
+  std::uint64_t index = 0;  // flat (row-major) element index in it
+};
+SynthElement synth_fused_expert_element(std::string_view moe_prefix, ExpertProj proj,
+                                        std::uint64_t expert, std::uint64_t row, std::uint64_t col,
+                                        std::uint64_t hidden, std::uint64_t inter);
 
 // config.json: the family's Hugging Face field names with the preset's sizes.
 nlohmann::json synth_config(std::string_view family, std::string_view preset, DType dtype,
@@ -72,14 +142,17 @@ nlohmann::json synth_config(std::string_view family, std::string_view preset, DT
 std::uint64_t synth_default_shard_bytes(std::string_view preset);
 
 struct SynthShard {
-  std::string file;                  // model-00001-of-00003.safetensors
+  std::string file;                  // model-00001-of-00003.safetensors, or mtp.safetensors
   std::vector<std::size_t> tensors;  // positions in the tensor list, in file order
   std::uint64_t data_bytes = 0;
+  bool indexed = true;  // listed in model.safetensors.index.json
 };
 
-// Greedy packing in list order: a tensor never spans shards, a shard is closed
-// when the next tensor would take it past `shard_bytes`, and a tensor larger than
-// `shard_bytes` gets a shard of its own.
+// Greedy packing in list order of the tensors without a `file`: a tensor never spans
+// shards, a shard is closed when the next tensor would take it past `shard_bytes`,
+// and a tensor larger than `shard_bytes` gets a shard of its own. These are named
+// model-<i>-of-<n>.safetensors. Then one unindexed shard per distinct `file`, whatever
+// its size, holding that file's tensors in list order.
 std::vector<SynthShard> synth_shard_plan(const std::vector<SynthTensor>& tensors,
                                          std::uint64_t shard_bytes);
 
@@ -93,6 +166,7 @@ struct SynthOptions {
   DType dtype = DType::kBF16;     // BF16, F16 or F32
   std::uint64_t shard_bytes = 0;  // 0 = synth_default_shard_bytes(preset)
   bool tie_embeddings = false;    // no lm_head.weight; config says tied
+  bool fused_experts = false;     // 3-D experts.gate_up_proj / experts.down_proj (MoE only)
   bool force = false;             // replace an existing non-empty `out`
   bool fsync = true;              // durable before the rename makes it visible
   // Called after each shard with (data bytes written so far, total data bytes).
@@ -101,12 +175,15 @@ struct SynthOptions {
 
 struct SynthResult {
   std::vector<std::string> files;  // paths under `out`: shards, index, config.json
-  std::uint64_t total_bytes = 0;   // tensor data bytes (index metadata.total_size)
+  // All tensor data bytes written: the index's metadata.total_size plus those of the
+  // unindexed files (glm4_moe's mtp.safetensors).
+  std::uint64_t total_bytes = 0;
   std::size_t tensors = 0;
-  std::size_t shards = 0;
+  std::size_t shards = 0;  // safetensors files written, unindexed ones included
 };
 
-// Writes config.json, model.safetensors.index.json and the shards into a
+// Writes config.json, model.safetensors.index.json (listing the indexed shards'
+// tensors; total_size is their data bytes) and the shards into a
 // temporary sibling folder, then renames it to `out`, so a crash never leaves a
 // checkpoint that looks complete. An existing empty `out` is replaced; a
 // non-empty one only with `force`, and only when it holds nothing but regular

@@ -1,6 +1,8 @@
 // ferry synth: tensor lists against the real Hugging Face names and config fields,
 // the value function and its encoders, shard planning, the files a synthesis
-// writes (read back byte by byte), atomic replacement, and the command line.
+// writes (read back byte by byte), atomic replacement, and the command line. The
+// families added later (mistral, qwen2_moe, deepseek_v2, glm4_moe) and fused experts
+// have their own file, synth_families_test.cpp.
 #include "tools/synth.hpp"
 
 #include <gmock/gmock.h>
@@ -130,25 +132,38 @@ void check_checkpoint(const fs::path& dir, const std::string& family, DType dtyp
   auto expected = by_name(list);
 
   json index = json::parse(read_file((dir / "model.safetensors.index.json").string()));
-  EXPECT_EQ(index["metadata"]["total_size"].get<std::uint64_t>(), total_bytes(list));
   std::set<std::string> mapped;
   std::set<std::string> shard_files;
   for (const auto& [name, file] : index["weight_map"].items()) {
     mapped.insert(name);
     shard_files.insert(file.get<std::string>());
   }
+  // The index lists every tensor but those of an unindexed file (GLM's mtp.safetensors).
   std::set<std::string> names;
+  std::set<std::string> unindexed_files;
+  std::uint64_t indexed_bytes = 0;
   for (const auto& t : list) {
-    names.insert(t.name);
+    if (t.file.empty()) {
+      names.insert(t.name);
+      indexed_bytes += t.nbytes();
+    } else {
+      unindexed_files.insert(t.file);
+    }
   }
+  EXPECT_EQ(index["metadata"]["total_size"].get<std::uint64_t>(), indexed_bytes);
   EXPECT_EQ(mapped, names);
   EXPECT_GE(shard_files.size(), 2u);
   EXPECT_TRUE(fs::exists(dir / "config.json"));
 
   std::size_t seen = 0;
-  for (const auto& file : shard_files) {
-    EXPECT_THAT(file, ::testing::MatchesRegex("model-[0-9]{5}-of-[0-9]{5}\\.safetensors"));
-    EXPECT_EQ(file.substr(15, 5), (std::to_string(100000 + shard_files.size())).substr(1));
+  std::set<std::string> all_files = shard_files;
+  all_files.insert(unindexed_files.begin(), unindexed_files.end());
+  for (const auto& file : all_files) {
+    const bool indexed = shard_files.count(file) != 0;
+    if (indexed) {
+      EXPECT_THAT(file, ::testing::MatchesRegex("model-[0-9]{5}-of-[0-9]{5}\\.safetensors"));
+      EXPECT_EQ(file.substr(15, 5), (std::to_string(100000 + shard_files.size())).substr(1));
+    }
     Shard s = read_shard((dir / file).string());
     EXPECT_EQ(s.data_start % 8, 0u);
     EXPECT_EQ(s.header["__metadata__"]["format"], "pt");
@@ -161,7 +176,12 @@ void check_checkpoint(const fs::path& dir, const std::string& family, DType dtyp
       ++seen;
       ASSERT_TRUE(expected.count(name)) << name;
       const SynthTensor& want = expected[name];
-      EXPECT_EQ(index["weight_map"][name], file) << name;
+      if (indexed) {
+        EXPECT_EQ(index["weight_map"][name], file) << name;
+      } else {
+        EXPECT_EQ(want.file, file) << name;
+        EXPECT_FALSE(index["weight_map"].contains(name)) << name;
+      }
       EXPECT_EQ(t["dtype"], std::string(dtype_name(want.dtype))) << name;
       EXPECT_EQ(t["shape"].get<std::vector<std::uint64_t>>(), want.shape) << name;
       std::uint64_t b = t["data_offsets"][0].get<std::uint64_t>();
@@ -371,6 +391,7 @@ TEST(SynthTensorList, NamesMatchRealHuggingFaceCheckpoints) {
   EXPECT_EQ(synth_layer0_names("llama"), real_layer0_names("llama3-chinese-8b"));
   EXPECT_EQ(synth_layer0_names("qwen2"), real_layer0_names("sakura-14b-qwen2.5"));
   EXPECT_EQ(synth_layer0_names("mixtral"), real_layer0_names("mixtral-8x7b-v0.1"));
+  EXPECT_EQ(synth_layer0_names("mistral"), real_layer0_names("mistral-7b-instruct-v0.3"));
 }
 
 TEST(SynthConfig, UsesTheRealConfigsFieldNames) {
@@ -422,8 +443,8 @@ TEST(SynthConfig, DescribesTheTensorsAndTheDtype) {
     EXPECT_TRUE(list.count(last)) << last;
     EXPECT_FALSE(
         list.count("model.layers." + std::to_string(layers + 1) + ".input_layernorm.weight"));
-    if (family == "deepseek_v3") {
-      continue;  // MLA: checked in its own test
+    if (family == "deepseek_v3" || family == "deepseek_v2") {
+      continue;  // MLA: checked in its own tests
     }
     std::uint64_t heads = c["num_attention_heads"];
     std::uint64_t kv = c["num_key_value_heads"];
@@ -434,8 +455,10 @@ TEST(SynthConfig, DescribesTheTensorsAndTheDtype) {
               (std::vector<std::uint64_t>{kv * hd, h}));
     EXPECT_EQ(list.at("model.layers.1.self_attn.o_proj.weight").shape,
               (std::vector<std::uint64_t>{h, heads * hd}));
-    EXPECT_EQ(list.count("model.layers.1.self_attn.q_proj.bias"), family == "qwen2" ? 1u : 0u);
-    if (family == "qwen2") {
+    const bool qkv_bias = family == "qwen2" || family == "qwen2_moe" || family == "glm4_moe";
+    EXPECT_EQ(list.count("model.layers.1.self_attn.q_proj.bias"), qkv_bias ? 1u : 0u);
+    EXPECT_EQ(list.count("model.layers.1.self_attn.o_proj.bias"), 0u);
+    if (qkv_bias) {
       EXPECT_EQ(list.at("model.layers.1.self_attn.k_proj.bias").shape,
                 (std::vector<std::uint64_t>{kv * hd}));
     }
@@ -559,6 +582,7 @@ TEST(SynthTensorList, UnknownFamilyPresetOrDtypeIsAnError) {
     EXPECT_EQ(e.stage(), Stage::kSynth);
     EXPECT_NE(e.rule().find("unknown family 'gpt2'"), std::string::npos) << e.what();
     EXPECT_NE(e.rule().find("deepseek_v3"), std::string::npos) << e.what();
+    EXPECT_NE(e.rule().find("glm4_moe"), std::string::npos) << e.what();
   }
   EXPECT_THROW(synth_tensor_list("llama", "huge", DType::kBF16, false), Error);
   EXPECT_THROW(synth_tensor_list("llama", "tiny", DType::kI8, false), Error);
@@ -587,6 +611,30 @@ TEST(SynthShardPlan, PacksGreedilyAndGivesBigTensorsTheirOwnShard) {
   EXPECT_EQ(plan[3].file, "model-00004-of-00004.safetensors");
   EXPECT_EQ(synth_shard_plan(list, 1000).size(), 1u);
   EXPECT_THROW(synth_shard_plan(list, 0), Error);
+}
+
+TEST(SynthShardPlan, TensorsOfAnUnindexedFileGetOneShardOfTheirOwnAtTheEnd) {
+  std::vector<SynthTensor> list{
+      {"a", DType::kU8, {40}, ""},
+      {"m1", DType::kU8, {500}, "mtp.safetensors"},
+      {"b", DType::kU8, {70}, ""},
+      {"m2", DType::kU8, {1}, "mtp.safetensors"},
+      {"x", DType::kU8, {3}, "x.safetensors"},
+      {"c", DType::kU8, {30}, ""},
+  };
+  auto plan = synth_shard_plan(list, 100);
+  ASSERT_EQ(plan.size(), 4u);
+  EXPECT_EQ(plan[0].file, "model-00001-of-00002.safetensors");  // numbered without them
+  EXPECT_EQ(plan[0].tensors, (std::vector<std::size_t>{0}));
+  EXPECT_EQ(plan[1].file, "model-00002-of-00002.safetensors");
+  EXPECT_EQ(plan[1].tensors, (std::vector<std::size_t>{2, 5}));
+  EXPECT_TRUE(plan[0].indexed && plan[1].indexed);
+  EXPECT_EQ(plan[2].file, "mtp.safetensors");
+  EXPECT_FALSE(plan[2].indexed);
+  EXPECT_EQ(plan[2].tensors, (std::vector<std::size_t>{1, 3}));  // larger than a shard: still one
+  EXPECT_EQ(plan[2].data_bytes, 501u);
+  EXPECT_EQ(plan[3].file, "x.safetensors");
+  EXPECT_EQ(plan[3].tensors, (std::vector<std::size_t>{4}));
 }
 
 TEST(SynthShardPlan, DefaultsGiveSeveralShardsForTinyAndMedium) {
@@ -891,6 +939,8 @@ TEST(SynthCli, HelpAndUsageErrorsExitTwo) {
   EXPECT_EQ(run_cli({"--help"}, &out), 0);
   EXPECT_NE(out.find("--family"), std::string::npos);
   EXPECT_NE(out.find("deepseek_v3"), std::string::npos);
+  EXPECT_NE(out.find("glm4_moe"), std::string::npos);
+  EXPECT_NE(out.find("--fused-experts"), std::string::npos);
   TempDir dir;
   std::string o = dir.file("o");
   EXPECT_EQ(run_cli({"--family", "gpt2", "--preset", "tiny", "--out", o}, nullptr, &err), 2);
