@@ -1,8 +1,8 @@
 // `ferry demo [--config FILE] [--cache DIR]`: the README's first command. Synthesizes
-// a tiny Llama-shaped checkpoint into a cache folder next to the binary unless it is
-// already there, then loads it with `ferry load` on the embedded default
-// configuration (config/default.json, compiled in: tensor parallelism 2 on two
-// emulated host devices) and prints the load report.
+// a tiny DeepSeek-V3-shaped checkpoint into a cache folder next to the binary unless
+// it is already there, then loads it with `ferry load` on the embedded default
+// configuration (config/default.json, compiled in: tensor parallelism 2 and expert
+// parallelism 2 on two emulated host devices) and prints the load report.
 #include <unistd.h>
 
 #include <cstdio>
@@ -18,14 +18,15 @@ namespace {
 namespace fs = std::filesystem;
 
 // The demo checkpoint: small enough to synthesize in a moment, shaped like the
-// real thing (GQA, a vocabulary that is not a multiple of 64, several shards).
-constexpr const char kDemoFamily[] = "llama";
+// real thing (MLA with the w_kc / w_vc hook, dense and MoE layers, shared experts,
+// an MTP layer the target model drops, several shards).
+constexpr const char kDemoFamily[] = "deepseek_v3";
 constexpr const char kDemoPreset[] = "tiny";
 constexpr std::uint64_t kDemoSeed = 1;
 
 constexpr const char kUsage[] =
     "usage: ferry demo [--config FILE] [--cache DIR]\n"
-    "  Synthesizes a tiny Llama checkpoint into DIR (default: cache/ next to the ferry\n"
+    "  Synthesizes a tiny DeepSeek-V3 checkpoint into DIR (default: cache/ next to the ferry\n"
     "  binary) unless it is already there, then runs `ferry load` on it with the\n"
     "  embedded default configuration (or FILE) and prints the report.\n";
 

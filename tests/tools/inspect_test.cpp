@@ -135,10 +135,13 @@ TEST(DemoCliTest, SynthesizesOnceThenReusesTheCache) {
   TempDir dir;
   auto first = run({FERRY_BINARY, "demo", "--cache", dir.str()});
   ASSERT_EQ(first.status, 0) << first.err;
-  EXPECT_THAT(first.out, HasSubstr("synthesized llama tiny"));
-  // A real load of the embedded default: tensor parallelism 2 on two host devices.
+  EXPECT_THAT(first.out, HasSubstr("synthesized deepseek_v3 tiny"));
+  // A real load of the embedded default: tp 2 and ep 2 on two host devices, where
+  // each rank keeps half of the routed experts and the target model drops the MTP
+  // layer.
   EXPECT_THAT(first.out, HasSubstr("tp rank 0 on host:0"));
   EXPECT_THAT(first.out, HasSubstr("tp rank 1 on host:1"));
+  EXPECT_THAT(first.out, HasSubstr("dropped"));
   auto second = run({FERRY_BINARY, "demo", "--cache", dir.str()});
   ASSERT_EQ(second.status, 0) << second.err;
   EXPECT_THAT(second.out, HasSubstr("using the cached checkpoint"));
