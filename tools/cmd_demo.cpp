@@ -1,8 +1,9 @@
 // `ferry demo [--config FILE] [--cache DIR]`: the README's first command. Synthesizes
 // a tiny DeepSeek-V3-shaped checkpoint into a cache folder next to the binary unless
-// it is already there, then loads it with `ferry load` on the embedded default
-// configuration (config/default.json, compiled in: tensor parallelism 2 and expert
-// parallelism 2 on two emulated host devices) and prints the load report.
+// it is already there, then loads it with `ferry load --ep 2` on the embedded default
+// configuration (config/default.json, compiled in: tensor parallelism 2 on two
+// emulated host devices; expert parallelism is a flag of the demo, not of the
+// default, which every model must accept) and prints the load report.
 #include <unistd.h>
 
 #include <cstdio>
@@ -27,7 +28,7 @@ constexpr std::uint64_t kDemoSeed = 1;
 constexpr const char kUsage[] =
     "usage: ferry demo [--config FILE] [--cache DIR]\n"
     "  Synthesizes a tiny DeepSeek-V3 checkpoint into DIR (default: cache/ next to the ferry\n"
-    "  binary) unless it is already there, then runs `ferry load` on it with the\n"
+    "  binary) unless it is already there, then runs `ferry load --ep 2` on it with the\n"
     "  embedded default configuration (or FILE) and prints the report.\n";
 
 fs::path executable_dir() {
@@ -72,7 +73,7 @@ int cmd_demo(const Args& args) {
                 static_cast<unsigned long long>(r.total_bytes), r.shards, synth.out.c_str());
   }
   std::fflush(stdout);
-  Args load_args = {"--model", synth.out};
+  Args load_args = {"--model", synth.out, "--ep", "2"};
   if (!config_file.empty()) {
     load_args.push_back("--config");
     load_args.push_back(config_file);
