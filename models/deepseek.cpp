@@ -9,6 +9,7 @@
 #include "common/error.hpp"
 #include "models/experts.hpp"
 #include "models/hf_config.hpp"
+#include "models/layers.hpp"
 #include "models/mla_hook.hpp"
 #include "models/placement.hpp"
 #include "models/stages.hpp"
@@ -125,23 +126,11 @@ class Builder {
                   [in, tp = tp_](int rank) { return Blocks{row_parallel(in, rank, tp)}; });
   }
 
-  // gate_proj and up_proj fused into gate_up_proj (this rank's gate rows, then its
-  // up rows), down_proj row-parallel.
+  // gate_proj and up_proj fused into gate_up_proj, down_proj row-parallel.
   void gated_mlp(const std::string& param_prefix, const std::string& tensor_prefix,
                  std::uint64_t inter) {
-    const std::uint64_t local = even_shard(inter, 0, tp_, "MLP intermediate size").length;
-    const std::string gu = param_prefix + "gate_up_proj.weight";
-    m_.add_param(gu, Shape{2 * local, c_.hidden});
-    const std::array<std::uint64_t, 2> sizes{inter, inter};
-    constexpr std::array<const char*, 2> kMerged{"gate_proj", "up_proj"};
-    for (std::size_t slot = 0; slot < kMerged.size(); ++slot) {
-      m_.add_target(tensor_prefix + kMerged[slot] + ".weight", gu, Shape{inter, c_.hidden},
-                    [sizes, slot, tp = tp_](int rank) {
-                      return Blocks{merged_column_slot(sizes, slot, rank, tp)};
-                    });
-    }
-    row(param_prefix + "down_proj.weight", tensor_prefix + "down_proj.weight", c_.hidden, inter,
-        "MLP intermediate size");
+    add_gated_mlp(m_, param_prefix, tensor_prefix, c_.hidden, inter, false, tp_,
+                  "MLP intermediate size");
   }
 
   void mla(const std::string& pa, const std::string& ta) {
@@ -187,32 +176,14 @@ class Builder {
 
   // Grouped-query attention as Qwen2's: q, k, v fused into qkv_proj.
   void gqa(const std::string& pa, const std::string& ta) {
-    const QkvShape qkv{c_.heads, c_.kv_heads, c_.head_dim};
-    const std::uint64_t rows = qkv_local_rows(qkv, tp_);
-    const std::string w = pa + "qkv_proj.weight";
-    const std::string b = pa + "qkv_proj.bias";
-    m_.add_param(w, Shape{rows, c_.hidden});
-    if (c_.qkv_bias) {
-      m_.add_param(b, Shape{rows});
-    }
-    constexpr std::array<std::pair<const char*, QkvSlot>, 3> kSlots{{
-        {"q_proj", QkvSlot::kQ},
-        {"k_proj", QkvSlot::kK},
-        {"v_proj", QkvSlot::kV},
-    }};
-    for (const auto& [name, slot] : kSlots) {
-      const std::string src = ta + name;
-      const std::uint64_t full = qkv_slot_rows(qkv, slot);
-      auto rule = [qkv, slot = slot, tp = tp_](int rank) {
-        return Blocks{qkv_slot(qkv, slot, rank, tp)};
-      };
-      m_.add_target(src + ".weight", w, Shape{full, c_.hidden}, rule);
-      if (c_.qkv_bias) {
-        m_.add_target(src + ".bias", b, Shape{full}, rule);
-      }
-    }
-    row(pa + "o_proj.weight", ta + "o_proj.weight", c_.hidden, c_.heads * c_.head_dim,
-        "num_attention_heads * head_dim");
+    add_gqa_attention(m_, pa, ta,
+                      {.hidden = c_.hidden,
+                       .heads = c_.heads,
+                       .kv_heads = c_.kv_heads,
+                       .head_dim = c_.head_dim,
+                       .qkv_bias = c_.qkv_bias,
+                       .o_bias = false},
+                      tp_);
     if (c_.qk_norm) {
       for (const char* norm : {"q_norm.weight", "k_norm.weight"}) {
         replicated_param(pa + norm, ta + norm, Shape{c_.head_dim});

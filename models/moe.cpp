@@ -7,6 +7,7 @@
 #include "common/error.hpp"
 #include "models/experts.hpp"
 #include "models/hf_config.hpp"
+#include "models/layers.hpp"
 #include "models/placement.hpp"
 #include "models/stages.hpp"
 #include "models/table_model.hpp"
@@ -124,74 +125,29 @@ class Builder {
 
  private:
   void replicated_param(const std::string& name, std::uint64_t size) {
-    m_.add_param(name, Shape{size});
-    m_.add_target(name, name, Shape{size}, [size](int) { return Blocks{replicated(size)}; });
+    add_replicated(m_, name, name, Shape{size});
   }
 
   // q, k and v fused into qkv_proj (slots q, k, v), o_proj row-parallel; Qwen3's
   // per-head q/k RMSNorm weights are replicated.
   void attention(const std::string& p) {
-    const QkvShape qkv{c_.heads, c_.kv_heads, c_.head_dim};
-    const int tp = tp_;
-    const std::uint64_t q_rows = qkv_slot_rows(qkv, QkvSlot::kQ);
-    const std::uint64_t kv_rows = qkv_slot_rows(qkv, QkvSlot::kK);
-    const std::uint64_t rows = qkv_local_rows(qkv, tp);
-    const std::string qkv_w = p + "self_attn.qkv_proj.weight";
-    const std::string qkv_b = p + "self_attn.qkv_proj.bias";
-    m_.add_param(qkv_w, Shape{rows, c_.hidden});
-    if (c_.qkv_bias) {
-      m_.add_param(qkv_b, Shape{rows});
-    }
-    constexpr std::array<std::pair<const char*, QkvSlot>, 3> kSlots{{
-        {"q_proj", QkvSlot::kQ},
-        {"k_proj", QkvSlot::kK},
-        {"v_proj", QkvSlot::kV},
-    }};
-    for (const auto& [name, slot] : kSlots) {
-      const std::string src = p + "self_attn." + name;
-      const std::uint64_t slot_rows = slot == QkvSlot::kQ ? q_rows : kv_rows;
-      auto rule = [qkv, slot = slot, tp](int rank) {
-        return Blocks{qkv_slot(qkv, slot, rank, tp)};
-      };
-      m_.add_target(src + ".weight", qkv_w, Shape{slot_rows, c_.hidden}, rule);
-      if (c_.qkv_bias) {
-        m_.add_target(src + ".bias", qkv_b, Shape{slot_rows}, rule);
-      }
-    }
-    const std::string o_w = p + "self_attn.o_proj.weight";
-    m_.add_param(o_w, Shape{c_.hidden, q_rows / static_cast<std::uint64_t>(tp)});
-    m_.add_target(o_w, o_w, Shape{c_.hidden, q_rows},
-                  [q_rows, tp](int rank) { return Blocks{row_parallel(q_rows, rank, tp)}; });
-    if (c_.o_bias) {
-      // A row-parallel layer's bias is not split.
-      replicated_param(p + "self_attn.o_proj.bias", c_.hidden);
-    }
+    add_gqa_attention(m_, p + "self_attn.", p + "self_attn.",
+                      {.hidden = c_.hidden,
+                       .heads = c_.heads,
+                       .kv_heads = c_.kv_heads,
+                       .head_dim = c_.head_dim,
+                       .qkv_bias = c_.qkv_bias,
+                       .o_bias = c_.o_bias},
+                      tp_);
     if (c_.qk_norm) {
       replicated_param(p + "self_attn.q_norm.weight", c_.head_dim);
       replicated_param(p + "self_attn.k_norm.weight", c_.head_dim);
     }
   }
 
-  // A tensor-parallel gated MLP under `p` (dense layers, Qwen2-MoE's shared expert):
-  // gate_up_proj holds this rank's gate rows then its up rows; down_proj is
-  // row-parallel.
+  // A tensor-parallel gated MLP under `p` (dense layers, Qwen2-MoE's shared expert).
   void dense_mlp(const std::string& p, std::uint64_t inter) {
-    const int tp = tp_;
-    const std::uint64_t local = inter / static_cast<std::uint64_t>(tp);
-    const std::string gu = p + "gate_up_proj.weight";
-    m_.add_param(gu, Shape{2 * local, c_.hidden});
-    const std::array<std::uint64_t, 2> sizes{inter, inter};
-    constexpr std::array<const char*, 2> kMerged{"gate_proj", "up_proj"};
-    for (std::size_t slot = 0; slot < kMerged.size(); ++slot) {
-      m_.add_target(p + kMerged[slot] + ".weight", gu, Shape{inter, c_.hidden},
-                    [sizes, slot, tp](int rank) {
-                      return Blocks{merged_column_slot(sizes, slot, rank, tp)};
-                    });
-    }
-    const std::string down = p + "down_proj.weight";
-    m_.add_param(down, Shape{c_.hidden, local});
-    m_.add_target(down, down, Shape{c_.hidden, inter},
-                  [inter, tp](int rank) { return Blocks{row_parallel(inter, rank, tp)}; });
+    add_gated_mlp(m_, p, p, c_.hidden, inter, false, tp_, "MLP intermediate size");
   }
 
   TableModel& m_;

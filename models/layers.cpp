@@ -1,0 +1,87 @@
+#include "models/layers.hpp"
+
+#include <array>
+#include <utility>
+#include <vector>
+
+#include "models/placement.hpp"
+
+namespace ferry::models {
+
+using Blocks = std::vector<Block>;
+
+void add_gqa_attention(TableModel& m, const std::string& param_prefix,
+                       const std::string& tensor_prefix, const GqaAttention& a, int tp) {
+  const QkvShape qkv{a.heads, a.kv_heads, a.head_dim};
+  const std::uint64_t q_rows = qkv_slot_rows(qkv, QkvSlot::kQ);
+  const std::uint64_t kv_rows = qkv_slot_rows(qkv, QkvSlot::kK);
+  const std::string w = param_prefix + "qkv_proj.weight";
+  const std::string b = param_prefix + "qkv_proj.bias";
+  m.add_param(w, Shape{qkv_local_rows(qkv, tp), a.hidden});
+  if (a.qkv_bias) {
+    m.add_param(b, Shape{qkv_local_rows(qkv, tp)});
+  }
+  constexpr std::array<std::pair<const char*, QkvSlot>, 3> kSlots{{
+      {"q_proj", QkvSlot::kQ},
+      {"k_proj", QkvSlot::kK},
+      {"v_proj", QkvSlot::kV},
+  }};
+  for (const auto& [name, slot] : kSlots) {
+    const std::string src = tensor_prefix + name;
+    const std::uint64_t rows = slot == QkvSlot::kQ ? q_rows : kv_rows;
+    auto rule = [qkv, slot = slot, tp](int rank) { return Blocks{qkv_slot(qkv, slot, rank, tp)}; };
+    m.add_target(src + ".weight", w, Shape{rows, a.hidden}, rule);
+    if (a.qkv_bias) {
+      m.add_target(src + ".bias", b, Shape{rows}, rule);
+    }
+  }
+  const std::string o_w = param_prefix + "o_proj.weight";
+  m.add_param(o_w, Shape{a.hidden, q_rows / static_cast<std::uint64_t>(tp)});
+  m.add_target(tensor_prefix + "o_proj.weight", o_w, Shape{a.hidden, q_rows},
+               [q_rows, tp](int rank) { return Blocks{row_parallel(q_rows, rank, tp)}; });
+  if (a.o_bias) {
+    add_replicated(m, param_prefix + "o_proj.bias", tensor_prefix + "o_proj.bias",
+                   Shape{a.hidden});
+  }
+}
+
+void add_gated_mlp(TableModel& m, const std::string& param_prefix,
+                   const std::string& tensor_prefix, std::uint64_t hidden,
+                   std::uint64_t intermediate, bool bias, int tp, const char* what) {
+  const std::uint64_t local = even_shard(intermediate, 0, tp, what).length;
+  const std::string gu_w = param_prefix + "gate_up_proj.weight";
+  const std::string gu_b = param_prefix + "gate_up_proj.bias";
+  m.add_param(gu_w, Shape{2 * local, hidden});
+  if (bias) {
+    m.add_param(gu_b, Shape{2 * local});
+  }
+  const std::array<std::uint64_t, 2> sizes{intermediate, intermediate};
+  constexpr std::array<const char*, 2> kMerged{"gate_proj", "up_proj"};
+  for (std::size_t slot = 0; slot < kMerged.size(); ++slot) {
+    const std::string src = tensor_prefix + kMerged[slot];
+    auto rule = [sizes, slot, tp](int rank) {
+      return Blocks{merged_column_slot(sizes, slot, rank, tp)};
+    };
+    m.add_target(src + ".weight", gu_w, Shape{intermediate, hidden}, rule);
+    if (bias) {
+      m.add_target(src + ".bias", gu_b, Shape{intermediate}, rule);
+    }
+  }
+  const std::string down_w = param_prefix + "down_proj.weight";
+  m.add_param(down_w, Shape{hidden, local});
+  m.add_target(tensor_prefix + "down_proj.weight", down_w, Shape{hidden, intermediate},
+               [intermediate, tp](int rank) { return Blocks{row_parallel(intermediate, rank, tp)}; });
+  if (bias) {
+    add_replicated(m, param_prefix + "down_proj.bias", tensor_prefix + "down_proj.bias",
+                   Shape{hidden});
+  }
+}
+
+void add_replicated(TableModel& m, const std::string& param, const std::string& tensor,
+                    const Shape& shape) {
+  m.add_param(param, shape);
+  const std::uint64_t rows = shape.empty() ? 1 : shape[0];
+  m.add_target(tensor, param, shape, [rows](int) { return Blocks{replicated(rows)}; });
+}
+
+}  // namespace ferry::models

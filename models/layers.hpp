@@ -1,0 +1,43 @@
+// Layer building blocks several families share (dense.cpp, moe.cpp, deepseek.cpp):
+// SGLang's fused attention and MLP params under tensor parallelism, and replicated
+// params. Param and checkpoint prefixes are separate because the draft (MTP) model
+// renames what it loads ("model.layers.61.self_attn." -> "model.decoder.self_attn.").
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "models/model.hpp"
+#include "models/table_model.hpp"
+
+namespace ferry::models {
+
+struct GqaAttention {
+  std::uint64_t hidden = 0;
+  std::uint64_t heads = 0;
+  std::uint64_t kv_heads = 0;
+  std::uint64_t head_dim = 0;
+  bool qkv_bias = false;  // q/k/v biases, placed like their weights' qkv slots
+  bool o_bias = false;    // o_proj bias: replicated (a row-parallel layer's bias is whole)
+};
+
+// <param_prefix>qkv_proj.weight (and .bias): q, k and v slots of this rank (GQA
+// replication rule in placement.hpp) from <tensor_prefix>{q,k,v}_proj; and
+// <param_prefix>o_proj.weight, row-parallel, from <tensor_prefix>o_proj. The caller
+// checks the split first (check_qkv) so the error names the config fields.
+void add_gqa_attention(TableModel& m, const std::string& param_prefix,
+                       const std::string& tensor_prefix, const GqaAttention& a, int tp);
+
+// <param_prefix>gate_up_proj.weight (this rank's gate rows, then its up rows; and
+// .bias with `bias`) from <tensor_prefix>{gate,up}_proj, and <param_prefix>down_proj
+// row-parallel (its bias replicated). Throws Error(Stage::kPlacement) naming `what`
+// when `intermediate` is not divisible by tp.
+void add_gated_mlp(TableModel& m, const std::string& param_prefix,
+                   const std::string& tensor_prefix, std::uint64_t hidden,
+                   std::uint64_t intermediate, bool bias, int tp, const char* what);
+
+// A param every rank holds whole, filled from `tensor` of the same shape.
+void add_replicated(TableModel& m, const std::string& param, const std::string& tensor,
+                    const Shape& shape);
+
+}  // namespace ferry::models
