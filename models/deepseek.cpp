@@ -28,22 +28,6 @@ constexpr const char* kGlm4Moe = "Glm4MoeForCausalLM";
   throw Error(Stage::kConfig, kConfigFile, "", rule);
 }
 
-// A non-negative integer (first_k_dense_replace and num_nextn_predict_layers may
-// be 0), `fallback` when absent or null.
-std::uint64_t config_count(const nlohmann::json& config, const char* key, std::uint64_t fallback) {
-  auto it = config.find(key);
-  if (it == config.end() || it->is_null()) {
-    return fallback;
-  }
-  if (it->is_number_unsigned()) {
-    return it->get<std::uint64_t>();
-  }
-  if (it->is_number_integer() && it->get<std::int64_t>() >= 0) {
-    return static_cast<std::uint64_t>(it->get<std::int64_t>());
-  }
-  config_error("field '" + std::string(key) + "' must be a non-negative integer (got " +
-               it->dump() + ")");
-}
 
 std::string config_string(const nlohmann::json& config, const char* key, std::string fallback) {
   auto it = config.find(key);
@@ -295,15 +279,7 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
   if (c.family == "glm4_moe") {
     c.mla = false;
     c.kv_heads = config_optional_positive(hf_config, "num_key_value_heads").value_or(c.heads);
-    if (auto hd = config_optional_positive(hf_config, "head_dim")) {
-      c.head_dim = *hd;
-    } else if (c.hidden % c.heads != 0) {
-      config_error("hidden_size (" + std::to_string(c.hidden) +
-                   ") is not divisible by num_attention_heads (" + std::to_string(c.heads) +
-                   ") and there is no head_dim field");
-    } else {
-      c.head_dim = c.hidden / c.heads;
-    }
+    c.head_dim = config_head_dim(hf_config, c.hidden, c.heads);
     c.qkv_bias = config_bool(hf_config, "attention_bias", false);
     c.qk_norm = config_bool(hf_config, "use_qk_norm", false);
     // GLM-4 MoE has no moe_layer_freq; every layer from first_k_dense_replace on is

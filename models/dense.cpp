@@ -54,17 +54,7 @@ DenseConfig parse_dense_config(const nlohmann::json& hf_config, const std::strin
   c.hidden = config_positive(hf_config, "hidden_size");
   c.heads = config_positive(hf_config, "num_attention_heads");
   c.kv_heads = config_optional_positive(hf_config, "num_key_value_heads").value_or(c.heads);
-  if (auto hd = config_optional_positive(hf_config, "head_dim")) {
-    c.head_dim = *hd;
-  } else {
-    if (c.hidden % c.heads != 0) {
-      throw Error(Stage::kConfig, kConfigFile, "",
-                  "hidden_size (" + std::to_string(c.hidden) +
-                      ") is not divisible by num_attention_heads (" + std::to_string(c.heads) +
-                      ") and there is no head_dim field");
-    }
-    c.head_dim = c.hidden / c.heads;
-  }
+  c.head_dim = config_head_dim(hf_config, c.hidden, c.heads);
   c.intermediate = config_positive(hf_config, "intermediate_size");
   c.layers = config_positive(hf_config, "num_hidden_layers");
   c.vocab = config_positive(hf_config, "vocab_size");
@@ -109,11 +99,7 @@ std::unique_ptr<Model> make_dense_model(const DenseConfig& c, const ParallelLayo
   edges.vocab = c.vocab;
   edges.tie_embeddings = c.tie_embeddings;
   add_stage_edges(*m, edges, layout);
-  // A cache older Hugging Face checkpoints saved; the engine computes it.
-  m->add_drop_pattern("rotary_emb.inv_freq", "inv_freq");
-  // Models trained with ColossalAI may carry rotary caches too (SGLang skips them).
-  m->add_drop_pattern("rotary_emb.cos_cached", "rope_cache");
-  m->add_drop_pattern("rotary_emb.sin_cached", "rope_cache");
+  add_rope_cache_drops(*m);
   m->finish();
   return m;
 }

@@ -40,6 +40,33 @@ std::optional<std::uint64_t> config_optional_positive(const nlohmann::json& conf
   return n;
 }
 
+std::uint64_t config_count(const nlohmann::json& config, std::string_view key,
+                           std::uint64_t fallback) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) {
+    return fallback;
+  }
+  if (it->is_number_unsigned()) {
+    return it->get<std::uint64_t>();
+  }
+  if (it->is_number_integer() && it->get<std::int64_t>() >= 0) {
+    return static_cast<std::uint64_t>(it->get<std::int64_t>());
+  }
+  bad("field '" + std::string(key) + "' must be a non-negative integer (got " + it->dump() + ")");
+}
+
+std::uint64_t config_head_dim(const nlohmann::json& config, std::uint64_t hidden,
+                              std::uint64_t heads) {
+  if (auto hd = config_optional_positive(config, "head_dim")) {
+    return *hd;
+  }
+  if (hidden % heads != 0) {
+    bad("hidden_size (" + std::to_string(hidden) + ") is not divisible by num_attention_heads (" +
+        std::to_string(heads) + ") and there is no head_dim field");
+  }
+  return hidden / heads;
+}
+
 std::uint64_t config_positive(const nlohmann::json& config, std::string_view key) {
   std::optional<std::uint64_t> n = config_optional_positive(config, key);
   if (!n) {

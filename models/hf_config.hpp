@@ -20,6 +20,13 @@ std::uint64_t config_positive(const nlohmann::json& config, std::string_view key
 // A positive integer, or nullopt when the key is absent or null.
 std::optional<std::uint64_t> config_optional_positive(const nlohmann::json& config,
                                                       std::string_view key);
+// A non-negative integer (counts such as first_k_dense_replace may be 0),
+// `fallback` when the key is absent or null.
+std::uint64_t config_count(const nlohmann::json& config, std::string_view key,
+                           std::uint64_t fallback);
+// head_dim when present, else hidden / heads; throws when that does not divide.
+std::uint64_t config_head_dim(const nlohmann::json& config, std::uint64_t hidden,
+                              std::uint64_t heads);
 // A boolean, `fallback` when absent or null.
 bool config_bool(const nlohmann::json& config, std::string_view key, bool fallback);
 

@@ -77,6 +77,12 @@ void add_gated_mlp(TableModel& m, const std::string& param_prefix,
   }
 }
 
+void add_rope_cache_drops(TableModel& m) {
+  m.add_drop_pattern("rotary_emb.inv_freq", "inv_freq");
+  m.add_drop_pattern("rotary_emb.cos_cached", "rope_cache");
+  m.add_drop_pattern("rotary_emb.sin_cached", "rope_cache");
+}
+
 void add_replicated(TableModel& m, const std::string& param, const std::string& tensor,
                     const Shape& shape) {
   m.add_param(param, shape);

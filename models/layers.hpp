@@ -36,6 +36,11 @@ void add_gated_mlp(TableModel& m, const std::string& param_prefix,
                    const std::string& tensor_prefix, std::uint64_t hidden,
                    std::uint64_t intermediate, bool bias, int tp, const char* what);
 
+// Drops the rotary caches older checkpoints saved (the engine computes them):
+// rotary_emb.inv_freq ("inv_freq"), rotary_emb.cos_cached / sin_cached
+// ("rope_cache", ColossalAI-trained models; SGLang skips them too).
+void add_rope_cache_drops(TableModel& m);
+
 // A param every rank holds whole, filled from `tensor` of the same shape.
 void add_replicated(TableModel& m, const std::string& param, const std::string& tensor,
                     const Shape& shape);

@@ -29,21 +29,6 @@ std::string layer_prefix(std::uint64_t layer) {
   return "model.layers." + std::to_string(layer) + ".";
 }
 
-// A non-negative integer field, `fallback` when absent or null.
-std::uint64_t config_count(const nlohmann::json& config, const char* key, std::uint64_t fallback) {
-  auto it = config.find(key);
-  if (it == config.end() || it->is_null()) {
-    return fallback;
-  }
-  if (it->is_number_unsigned()) {
-    return it->get<std::uint64_t>();
-  }
-  if (it->is_number_integer() && it->get<std::int64_t>() >= 0) {
-    return static_cast<std::uint64_t>(it->get<std::int64_t>());
-  }
-  config_error("field '" + std::string(key) + "' must be a non-negative integer (got " +
-               it->dump() + ")");
-}
 
 // Hugging Face's Qwen-MoE rule: layer l is sparse unless it is in mlp_only_layers
 // or (l + 1) is not a multiple of decoder_sparse_step.
@@ -218,16 +203,7 @@ MoeConfig parse_moe_config(const nlohmann::json& hf_config, const std::string& a
   c.hidden = config_positive(hf_config, "hidden_size");
   c.heads = config_positive(hf_config, "num_attention_heads");
   c.kv_heads = config_optional_positive(hf_config, "num_key_value_heads").value_or(c.heads);
-  if (auto hd = config_optional_positive(hf_config, "head_dim")) {
-    c.head_dim = *hd;
-  } else {
-    if (c.hidden % c.heads != 0) {
-      config_error("hidden_size (" + std::to_string(c.hidden) +
-                   ") is not divisible by num_attention_heads (" + std::to_string(c.heads) +
-                   ") and there is no head_dim field");
-    }
-    c.head_dim = c.hidden / c.heads;
-  }
+  c.head_dim = config_head_dim(hf_config, c.hidden, c.heads);
   c.layers = config_positive(hf_config, "num_hidden_layers");
   c.vocab = config_positive(hf_config, "vocab_size");
   c.tie_embeddings = config_bool(hf_config, "tie_word_embeddings", false);
@@ -290,10 +266,7 @@ std::unique_ptr<Model> make_moe_model(const MoeConfig& c, const ParallelLayout& 
   edges.vocab = c.vocab;
   edges.tie_embeddings = c.tie_embeddings;
   add_stage_edges(*m, edges, layout);
-  // Caches older checkpoints saved; the engine computes them.
-  m->add_drop_pattern("rotary_emb.inv_freq", "inv_freq");
-  m->add_drop_pattern("rotary_emb.cos_cached", "rope_cache");
-  m->add_drop_pattern("rotary_emb.sin_cached", "rope_cache");
+  add_rope_cache_drops(*m);
   m->finish();
   return m;
 }
