@@ -213,16 +213,18 @@ class Builder {
 // Every split the layout needs, checked before any table is built so that the error
 // names the config field rather than a tensor.
 void check_splits(const DeepseekConfig& c, const ParallelLayout& layout,
-                  const ModelOptions& options, bool any_dense, bool any_moe,
+                  const ModelOptions& options, bool any_moe,
                   const std::vector<std::uint64_t>& moe_layers) {
   const int tp = layout.tp;
-  if (c.mla) {
-    even_shard(c.heads, 0, tp, "num_attention_heads");
-  } else {
-    check_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, tp);
+  if (c.mla && c.heads % static_cast<std::uint64_t>(tp) != 0) {
+    throw Error(Stage::kPlacement, kConfigFile, "",
+                c.architecture + ": num_attention_heads (" + std::to_string(c.heads) +
+                    ") is not divisible by tensor parallel size " + std::to_string(tp) +
+                    "; uneven tensor parallelism (zero-padded heads) is implemented for GQA "
+                    "attention only, not for MLA: choose a tp that divides the heads");
   }
-  if (any_dense) {
-    even_shard(c.intermediate, 0, tp, "intermediate_size");
+  if (!c.mla) {
+    check_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, tp);
   }
   if (!any_moe) {
     if (layout.ep != 1) {
@@ -238,10 +240,6 @@ void check_splits(const DeepseekConfig& c, const ParallelLayout& layout,
                     std::to_string(c.shared_experts) +
                     "; the shared expert can be folded into the routed experts only when there "
                     "is exactly one (as SGLang does); turn fuse_shared_experts off");
-  }
-  if (!options.fuse_shared_experts && c.shared_experts > 0) {
-    even_shard(c.shared_experts * c.moe_intermediate, 0, tp,
-               "n_shared_experts * moe_intermediate_size");
   }
   check_expert_parallel(layout, c.experts, options, c.architecture, "n_routed_experts", moe_layers);
 }
@@ -328,10 +326,8 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
     }
   }
   const Range stage = pp_layers(c.layers, layout.pp, layout.pp_rank, layout.pp_partition);
-  // Dense layers this model holds (for the intermediate_size split); experts are
-  // checked whenever the model has any, so that every pipeline stage of one
-  // layout accepts or refuses the same ep.
-  bool any_dense = false;
+  // Experts are checked whenever the model has any, so that every pipeline stage
+  // of one layout accepts or refuses the same ep.
   std::vector<std::uint64_t> moe_layers;  // the MoE layers this model holds
   if (options.draft) {
     moe_layers.push_back(c.layers);
@@ -339,12 +335,10 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
     for (std::uint64_t l = stage.begin; l < stage.end(); ++l) {
       if (deepseek_moe_layer(c, l)) {
         moe_layers.push_back(l);
-      } else {
-        any_dense = true;
       }
     }
   }
-  check_splits(c, layout, options, any_dense, c.experts != 0, moe_layers);
+  check_splits(c, layout, options, c.experts != 0, moe_layers);
 
   auto m = std::make_unique<TableModel>(c.family, c.architecture, layout, dtype, options.strict);
   Builder b(*m, c, layout, options);

@@ -82,7 +82,6 @@ std::unique_ptr<Model> make_dense_model(const DenseConfig& c, const ParallelLayo
   const QkvShape qkv{c.heads, c.kv_heads, c.head_dim};
   // Check every split up front so the error names the config field, not a tensor.
   check_qkv(qkv, tp);
-  even_shard(c.intermediate, 0, tp, "intermediate_size");
   even_shard(padded_vocab(c.vocab), 0, tp, "padded vocab_size");
 
   // Pipeline stage: only this stage's layers get params; the others' tensors are

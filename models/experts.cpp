@@ -1,5 +1,6 @@
 #include "models/experts.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -21,7 +22,7 @@ using Blocks = std::vector<Block>;
 struct Geometry {
   int moe_tp = 1;
   std::uint64_t inter = 0;     // I, unsplit
-  std::uint64_t i_local = 0;   // I / moe_tp: real rows of each w13 half, real w2 columns
+  std::uint64_t i_local = 0;   // one moe-tp rank's share of I (of the padded I when uneven)
   std::uint64_t i_pad = 0;     // i_local rounded up to pad_moe_intermediate_to
   std::uint64_t per_rank = 0;  // physical slots of one ep rank
   std::uint64_t slots = 0;     // local slots: per_rank, plus one for a fused shared expert
@@ -30,6 +31,14 @@ struct Geometry {
 };
 
 enum class Proj { kGate, kUp, kDown };
+
+// Real rows of the moe-tp rank of `rank` in its share: i_local, except under uneven
+// tensor parallelism, where the shares past I hold fewer (or none) and the rest of
+// the share is zero padding.
+std::uint64_t real_rows(const Geometry& g, int rank) {
+  const std::uint64_t begin = static_cast<std::uint64_t>(rank % g.moe_tp) * g.i_local;
+  return g.inter > begin ? std::min(g.inter - begin, g.i_local) : 0;
+}
 
 // The local slots of tp rank `rank` that hold logical expert `expert`: its physical
 // replicas inside the rank's ep range [ep_rank * per_rank, +per_rank).
@@ -65,7 +74,7 @@ Block expert_block(const Geometry& g, Proj proj, std::optional<std::uint64_t> fu
   // w13 is [gate | up] unless switch_w13 puts up first.
   const bool second_half = proj == Proj::kUp ? !g.switch_w13 : g.switch_w13;
   b.dst_start = proj != Proj::kDown && second_half ? g.i_pad : 0;
-  b.length = g.i_local;
+  b.length = real_rows(g, rank);
   return b;
 }
 
@@ -240,16 +249,12 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
   g->inter = spec.intermediate;
   g->switch_w13 = options.switch_w13;
   const auto moe_tp = static_cast<std::uint64_t>(g->moe_tp);
-  if (spec.intermediate == 0 || spec.intermediate % moe_tp != 0) {
-    throw Error(
-        Stage::kPlacement, kConfigFile, "",
-        spec.intermediate_field + " (" + std::to_string(spec.intermediate) +
-            ") is not divisible by the MoE tensor-parallel size tp / ep = " + std::to_string(tp) +
-            " / " + std::to_string(layout.ep) + " = " + std::to_string(g->moe_tp) +
-            " (model.pad_moe_intermediate_to pads each rank's even share; it does not "
-            "make an uneven split possible)");
+  if (spec.intermediate == 0) {
+    throw Error(Stage::kPlacement, kConfigFile, "", spec.intermediate_field + " is 0");
   }
-  g->i_local = spec.intermediate / moe_tp;
+  // Uneven moe-tp pads I (padded_intermediate); real_rows says how much of each
+  // share is real.
+  g->i_local = padded_intermediate(spec.intermediate, g->moe_tp) / moe_tp;
   g->i_pad = round_up(g->i_local, options.pad_moe_intermediate_to);
 
   // Logical -> physical: the identity without EPLB, else this layer's map.
@@ -278,26 +283,29 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
   const std::uint64_t E = spec.num_experts;
   m.add_param(w13, Shape{g->slots, 2 * g->i_pad, H});
   m.add_param(w2, Shape{g->slots, H, g->i_pad});
-  if (g->i_pad > g->i_local) {
+  if (g->i_pad > g->i_local || g->i_local * moe_tp != I) {
     // The padded tail of both w13 halves and of w2's columns, in every slot at once
-    // (no leading index: the slot axis becomes the rows of one pitched block).
-    const std::uint64_t tail = g->i_pad - g->i_local;
-    m.add_fill(w13, [g, tail](int) {
+    // (no leading index: the slot axis becomes the rows of one pitched block): the
+    // pad_moe_intermediate_to tail, and under uneven moe-tp the padded part of the
+    // rank's share before it.
+    m.add_fill(w13, [g](int rank) {
+      const std::uint64_t real = real_rows(*g, rank);
       Blocks out(2);
       for (std::size_t half = 0; half < 2; ++half) {
         out[half].kind = Block::Kind::kZero;
         out[half].axis = 1;
-        out[half].dst_start = half * g->i_pad + g->i_local;
-        out[half].length = tail;
+        out[half].dst_start = half * g->i_pad + real;
+        out[half].length = g->i_pad - real;
       }
       return out;
     });
-    m.add_fill(w2, [g, tail](int) {
+    m.add_fill(w2, [g](int rank) {
+      const std::uint64_t real = real_rows(*g, rank);
       Block b;
       b.kind = Block::Kind::kZero;
       b.axis = 2;
-      b.dst_start = g->i_local;
-      b.length = tail;
+      b.dst_start = real;
+      b.length = g->i_pad - real;
       return Blocks{b};
     });
   }

@@ -7,11 +7,14 @@
 //   <param_prefix>w2_weight   [local slots, H, I_pad]      down_proj's input-dim slice
 //
 // moe_tp = tp / ep; tp rank r has ep rank r / moe_tp and moe-tp rank r % moe_tp;
-// I_local = I / moe_tp (I must divide evenly); I_pad = I_local rounded up to
+// I_local = I / moe_tp; I_pad = I_local rounded up to
 // options.pad_moe_intermediate_to (0: I_pad = I_local). Each w13 half holds the
 // moe-tp rank's I_local rows [r % moe_tp * I_local, +I_local) of gate (or up) and
 // w2 the same columns of down; the tail rows of each half and tail columns of w2
 // are zero-filled (fill pieces, one per half and one for w2, over every slot).
+// Uneven moe-tp (I % moe_tp != 0): I is padded first (padded_intermediate in
+// placement.hpp), I_local is a share of the padded I, and the share's rows past
+// the real I are zero-filled like the tail.
 // Physical expert slots (P = E without EPLB, else the map's num_physical_experts)
 // are split evenly and contiguously over ep ranks: ep rank e holds slots
 // [e * P/ep, (e+1) * P/ep) as local slots 0 .. P/ep - 1, then (fuse_shared_experts
@@ -68,9 +71,8 @@ void check_expert_parallel(const ParallelLayout& layout, std::uint64_t num_exper
 
 // Declares the layer's w13/w2 params on every local rank, the zero fill of padded
 // tails, and targets every expert tensor in both checkpoint forms (see the top of
-// this file). Throws Error(Stage::kPlacement) naming spec.intermediate_field, tp and
-// ep when I is not divisible by tp / ep (padding does not change that), and
-// Error(Stage::kConfig) when the EPLB map has no entry of E experts for spec.layer.
+// this file). Throws Error(Stage::kPlacement) naming spec.intermediate_field when I
+// is 0, and Error(Stage::kConfig) when the EPLB map has no entry of E experts for spec.layer.
 // Shapes are checked when a tensor is routed: a per-expert tensor must be [I, H]
 // (down: [H, I]), a fused one [E, 2I, H] / [E, H, I]; anything else ([E, H, 2I],
 // a wrong I) fails with "Attempted to load weight ... into parameter ..." naming

@@ -13,6 +13,7 @@ using Blocks = std::vector<Block>;
 void add_gqa_attention(TableModel& m, const std::string& param_prefix,
                        const std::string& tensor_prefix, const GqaAttention& a, int tp) {
   const QkvShape qkv{a.heads, a.kv_heads, a.head_dim};
+  const QkvShape padded = padded_qkv(qkv, tp);
   const std::uint64_t q_rows = qkv_slot_rows(qkv, QkvSlot::kQ);
   const std::uint64_t kv_rows = qkv_slot_rows(qkv, QkvSlot::kK);
   const std::string w = param_prefix + "qkv_proj.weight";
@@ -29,48 +30,94 @@ void add_gqa_attention(TableModel& m, const std::string& param_prefix,
   for (const auto& [name, slot] : kSlots) {
     const std::string src = tensor_prefix + name;
     const std::uint64_t rows = slot == QkvSlot::kQ ? q_rows : kv_rows;
-    auto rule = [qkv, slot = slot, tp](int rank) { return Blocks{qkv_slot(qkv, slot, rank, tp)}; };
+    auto rule = [qkv, slot = slot, tp](int rank) {
+      return Blocks{qkv_slot(qkv, slot, rank, tp).copy};
+    };
     m.add_target(src + ".weight", w, Shape{rows, a.hidden}, rule);
     if (a.qkv_bias) {
       m.add_target(src + ".bias", b, Shape{rows}, rule);
     }
   }
+  // Uneven tp: the padded heads of every slot are zeros (no tensor writes them).
+  if (padded != qkv) {
+    auto zeros = [qkv, tp](int rank) {
+      Blocks out;
+      for (QkvSlot slot : {QkvSlot::kQ, QkvSlot::kK, QkvSlot::kV}) {
+        out.push_back(qkv_slot(qkv, slot, rank, tp).zero);
+      }
+      return out;
+    };
+    m.add_fill(w, zeros);
+    if (a.qkv_bias) {
+      m.add_fill(b, zeros);
+    }
+  }
+  // o_proj's input dim follows the q heads, padded columns included.
+  const std::uint64_t q_padded = qkv_slot_rows(padded, QkvSlot::kQ);
   const std::string o_w = param_prefix + "o_proj.weight";
-  m.add_param(o_w, Shape{a.hidden, q_rows / static_cast<std::uint64_t>(tp)});
-  m.add_target(tensor_prefix + "o_proj.weight", o_w, Shape{a.hidden, q_rows},
-               [q_rows, tp](int rank) { return Blocks{row_parallel(q_rows, rank, tp)}; });
+  m.add_param(o_w, Shape{a.hidden, q_padded / static_cast<std::uint64_t>(tp)});
+  add_row_parallel(m, tensor_prefix + "o_proj.weight", o_w, a.hidden, q_rows, q_padded, tp,
+                   "o_proj input (num_attention_heads * head_dim)");
   if (a.o_bias) {
     add_replicated(m, param_prefix + "o_proj.bias", tensor_prefix + "o_proj.bias",
                    Shape{a.hidden});
   }
 }
 
+void add_row_parallel(TableModel& m, const std::string& tensor, const std::string& param,
+                      std::uint64_t rows, std::uint64_t input, std::uint64_t padded_input, int tp,
+                      const std::string& what) {
+  m.add_target(tensor, param, Shape{rows, input}, [=](int rank) {
+    return Blocks{padded_shard(1, input, padded_input, rank, tp, what).copy};
+  });
+  if (padded_input != input) {
+    m.add_fill(param, [=](int rank) {
+      return Blocks{padded_shard(1, input, padded_input, rank, tp, what).zero};
+    });
+  }
+}
+
 void add_gated_mlp(TableModel& m, const std::string& param_prefix,
                    const std::string& tensor_prefix, std::uint64_t hidden,
                    std::uint64_t intermediate, bool bias, int tp, const char* what) {
-  const std::uint64_t local = even_shard(intermediate, 0, tp, what).length;
+  // Uneven tp pads the intermediate size (padded_intermediate): each rank's gate and
+  // up shares end in zero rows, its down_proj share in zero columns.
+  const std::uint64_t padded = padded_intermediate(intermediate, tp);
+  const std::uint64_t local = even_shard(padded, 0, tp, what).length;
   const std::string gu_w = param_prefix + "gate_up_proj.weight";
   const std::string gu_b = param_prefix + "gate_up_proj.bias";
   m.add_param(gu_w, Shape{2 * local, hidden});
   if (bias) {
     m.add_param(gu_b, Shape{2 * local});
   }
-  const std::array<std::uint64_t, 2> sizes{intermediate, intermediate};
+  const std::string label = what;
+  // Slot 0 (gate) or 1 (up) of the rank: its share, placed after the earlier slot.
+  auto share = [intermediate, padded, local, tp, label](std::size_t slot, int rank) {
+    PaddedShard s = padded_shard(0, intermediate, padded, rank, tp, label);
+    s.copy.dst_start += slot * local;
+    s.zero.dst_start += slot * local;
+    return s;
+  };
   constexpr std::array<const char*, 2> kMerged{"gate_proj", "up_proj"};
   for (std::size_t slot = 0; slot < kMerged.size(); ++slot) {
     const std::string src = tensor_prefix + kMerged[slot];
-    auto rule = [sizes, slot, tp](int rank) {
-      return Blocks{merged_column_slot(sizes, slot, rank, tp)};
-    };
+    auto rule = [share, slot](int rank) { return Blocks{share(slot, rank).copy}; };
     m.add_target(src + ".weight", gu_w, Shape{intermediate, hidden}, rule);
     if (bias) {
       m.add_target(src + ".bias", gu_b, Shape{intermediate}, rule);
     }
   }
+  if (padded != intermediate) {
+    auto zeros = [share](int rank) { return Blocks{share(0, rank).zero, share(1, rank).zero}; };
+    m.add_fill(gu_w, zeros);
+    if (bias) {
+      m.add_fill(gu_b, zeros);
+    }
+  }
   const std::string down_w = param_prefix + "down_proj.weight";
   m.add_param(down_w, Shape{hidden, local});
-  m.add_target(tensor_prefix + "down_proj.weight", down_w, Shape{hidden, intermediate},
-               [intermediate, tp](int rank) { return Blocks{row_parallel(intermediate, rank, tp)}; });
+  add_row_parallel(m, tensor_prefix + "down_proj.weight", down_w, hidden, intermediate, padded, tp,
+                   label);
   if (bias) {
     add_replicated(m, param_prefix + "down_proj.bias", tensor_prefix + "down_proj.bias",
                    Shape{hidden});

@@ -23,18 +23,28 @@ struct GqaAttention {
 
 // <param_prefix>qkv_proj.weight (and .bias): q, k and v slots of this rank (GQA
 // replication rule in placement.hpp) from <tensor_prefix>{q,k,v}_proj; and
-// <param_prefix>o_proj.weight, row-parallel, from <tensor_prefix>o_proj. The caller
-// checks the split first (check_qkv) so the error names the config fields.
+// <param_prefix>o_proj.weight, row-parallel, from <tensor_prefix>o_proj. Heads tp
+// does not split are padded (padded_qkv): the padded heads' qkv rows and o_proj
+// columns are zero fills. The caller checks the heads first (check_qkv) so the
+// error names the config fields.
 void add_gqa_attention(TableModel& m, const std::string& param_prefix,
                        const std::string& tensor_prefix, const GqaAttention& a, int tp);
 
 // <param_prefix>gate_up_proj.weight (this rank's gate rows, then its up rows; and
 // .bias with `bias`) from <tensor_prefix>{gate,up}_proj, and <param_prefix>down_proj
-// row-parallel (its bias replicated). Throws Error(Stage::kPlacement) naming `what`
-// when `intermediate` is not divisible by tp.
+// row-parallel (its bias replicated). An intermediate size tp does not divide is
+// padded (padded_intermediate): each rank's share ends in zero rows of gate and up
+// and zero columns of down. `what` names the config field in messages.
 void add_gated_mlp(TableModel& m, const std::string& param_prefix,
                    const std::string& tensor_prefix, std::uint64_t hidden,
                    std::uint64_t intermediate, bool bias, int tp, const char* what);
+
+// RowParallelLinear of a [rows, input] tensor into `param` (declared by the caller
+// as [rows, padded_input / tp]): rank r's share of the input dim; with
+// padded_input > input the columns past the real input are zero fills.
+void add_row_parallel(TableModel& m, const std::string& tensor, const std::string& param,
+                      std::uint64_t rows, std::uint64_t input, std::uint64_t padded_input, int tp,
+                      const std::string& what);
 
 // Drops the rotary caches older checkpoints saved (the engine computes them):
 // rotary_emb.inv_freq ("inv_freq"), rotary_emb.cos_cached / sin_cached

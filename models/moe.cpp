@@ -149,26 +149,12 @@ void check_splits(const MoeConfig& c, const ParallelLayout& layout, const ModelO
   check_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, tp);
   even_shard(padded_vocab(c.vocab), 0, tp, "padded vocab_size");
   std::vector<std::uint64_t> moe_layers;
-  bool any_dense = false;
   for (std::uint64_t l = 0; l < c.layers; ++l) {
     if (c.sparse[l]) {
       moe_layers.push_back(l);
-    } else {
-      any_dense = true;
     }
   }
-  if (any_dense) {
-    even_shard(c.dense_intermediate, 0, tp, "intermediate_size");
-  }
   check_expert_parallel(layout, c.experts, options, c.architecture, c.experts_field, moe_layers);
-  const int moe_tp = layout.tp / layout.ep;
-  if (!moe_layers.empty() && c.moe_intermediate % static_cast<std::uint64_t>(moe_tp) != 0) {
-    throw Error(Stage::kPlacement, kConfigFile, "",
-                c.moe_intermediate_field + " (" + std::to_string(c.moe_intermediate) +
-                    ") is not divisible by the MoE tensor-parallel size tp / ep = " +
-                    std::to_string(layout.tp) + " / " + std::to_string(layout.ep) + " = " +
-                    std::to_string(moe_tp));
-  }
   if (c.shared_intermediate > 0 && !moe_layers.empty()) {
     if (options.fuse_shared_experts) {
       if (c.shared_intermediate != c.moe_intermediate) {
@@ -179,8 +165,6 @@ void check_splits(const MoeConfig& c, const ParallelLayout& layout, const ModelO
                         "), so the shared expert cannot become one more expert slot; turn "
                         "fuse_shared_experts off");
       }
-    } else {
-      even_shard(c.shared_intermediate, 0, tp, "shared_expert_intermediate_size");
     }
   }
 }

@@ -126,9 +126,50 @@ Range even_shard(std::uint64_t total, int index, int parts, std::string_view wha
   return {static_cast<std::uint64_t>(index) * per, per};
 }
 
+// ---- uneven tensor parallelism -----------------------------------------------------
+
+std::uint64_t padded_intermediate(std::uint64_t intermediate, int parts) {
+  check_parts(0, parts, "intermediate size");
+  const auto p = static_cast<std::uint64_t>(parts);
+  if (intermediate % p == 0) {
+    return intermediate;
+  }
+  return round_up(intermediate, checked_mul(p, kIntermediatePadding, "intermediate size"));
+}
+
 // ---- QKVParallelLinear -------------------------------------------------------
 
+namespace {
+
+bool splits_evenly(const QkvShape& s, std::uint64_t tp) {
+  if (s.q_heads % tp != 0) {
+    return false;
+  }
+  return s.kv_heads >= tp ? s.kv_heads % tp == 0 : tp % s.kv_heads == 0;
+}
+
+// The share [first, first + count) of padded heads, `real` of which exist, placed
+// at head `dst_head` of the rank's slot: the real heads are copied, the rest zeroed.
+PaddedShard head_share(Range share, std::uint64_t real, std::uint64_t dst_head,
+                       std::uint64_t head_dim) {
+  const std::uint64_t copy = real > share.begin ? std::min(real, share.end()) - share.begin : 0;
+  PaddedShard s;
+  s.copy.kind = Block::Kind::kCopy;
+  s.copy.axis = 0;
+  s.copy.src_start = share.begin * head_dim;
+  s.copy.dst_start = dst_head * head_dim;
+  s.copy.length = copy * head_dim;
+  s.zero.kind = Block::Kind::kZero;
+  s.zero.axis = 0;
+  s.zero.dst_start = (dst_head + copy) * head_dim;
+  s.zero.length = (share.length - copy) * head_dim;
+  return s;
+}
+
+}  // namespace
+
 void check_qkv(const QkvShape& shape, int tp) {
+  check_parts(0, tp, "tensor parallel size");
   if (shape.q_heads == 0 || shape.kv_heads == 0 || shape.head_dim == 0) {
     fail("", "attention needs num_attention_heads, num_key_value_heads and head_dim > 0");
   }
@@ -137,15 +178,18 @@ void check_qkv(const QkvShape& shape, int tp) {
                  ") is not a multiple of num_key_value_heads (" + std::to_string(shape.kv_heads) +
                  ")");
   }
-  even_shard(shape.q_heads, 0, tp, "num_attention_heads");
-  auto t = static_cast<std::uint64_t>(tp);
-  if (shape.kv_heads >= t) {
-    even_shard(shape.kv_heads, 0, tp, "num_key_value_heads");
-  } else if (t % shape.kv_heads != 0) {
-    fail("", "tensor parallel size " + std::to_string(tp) +
-                 " is not a multiple of num_key_value_heads (" + std::to_string(shape.kv_heads) +
-                 "), so kv heads can be neither split nor replicated evenly");
+}
+
+QkvShape padded_qkv(const QkvShape& real, int tp) {
+  check_qkv(real, tp);
+  const auto t = static_cast<std::uint64_t>(tp);
+  if (splits_evenly(real, t)) {
+    return real;
   }
+  QkvShape padded = real;
+  padded.kv_heads = round_up(real.kv_heads, t);
+  padded.q_heads = checked_mul(padded.kv_heads, real.q_heads / real.kv_heads, "num_attention_heads");
+  return padded;
 }
 
 Range kv_heads_of_rank(const QkvShape& shape, int rank, int tp) {
@@ -154,47 +198,42 @@ Range kv_heads_of_rank(const QkvShape& shape, int rank, int tp) {
   if (shape.kv_heads >= t) {
     return even_shard(shape.kv_heads, rank, tp, "num_key_value_heads");
   }
+  if (shape.kv_heads == 0 || t % shape.kv_heads != 0) {
+    fail("", "internal: " + std::to_string(shape.kv_heads) +
+                 " kv heads are neither split nor replicated evenly over tensor parallel size " +
+                 std::to_string(tp) + " (pad them with padded_qkv first)");
+  }
   // Fewer kv heads than ranks: each head is replicated on tp / kv_heads
   // consecutive ranks (SGLang's num_kv_head_replicas).
   std::uint64_t replicas = t / shape.kv_heads;
   return {static_cast<std::uint64_t>(rank) / replicas, 1};
 }
 
-std::uint64_t qkv_local_rows(const QkvShape& shape, int tp) {
-  std::uint64_t q = even_shard(shape.q_heads, 0, tp, "num_attention_heads").length;
-  std::uint64_t kv = kv_heads_of_rank(shape, 0, tp).length;
-  return checked_mul(q + 2 * kv, shape.head_dim, "qkv_proj");
+std::uint64_t qkv_local_rows(const QkvShape& real, int tp) {
+  const QkvShape s = padded_qkv(real, tp);
+  std::uint64_t q = even_shard(s.q_heads, 0, tp, "num_attention_heads").length;
+  std::uint64_t kv = kv_heads_of_rank(s, 0, tp).length;
+  return checked_mul(q + 2 * kv, s.head_dim, "qkv_proj");
 }
 
-std::uint64_t qkv_slot_rows(const QkvShape& shape, QkvSlot slot) {
-  std::uint64_t heads = slot == QkvSlot::kQ ? shape.q_heads : shape.kv_heads;
-  return checked_mul(heads, shape.head_dim, "qkv_proj");
+std::uint64_t qkv_slot_rows(const QkvShape& real, QkvSlot slot) {
+  std::uint64_t heads = slot == QkvSlot::kQ ? real.q_heads : real.kv_heads;
+  return checked_mul(heads, real.head_dim, "qkv_proj");
 }
 
-Block qkv_slot(const QkvShape& shape, QkvSlot slot, int rank, int tp) {
-  Range q = even_shard(shape.q_heads, rank, tp, "num_attention_heads");
-  Range kv = kv_heads_of_rank(shape, rank, tp);
-  std::uint64_t hd = shape.head_dim;
-  Block b;
-  b.axis = 0;
+PaddedShard qkv_slot(const QkvShape& real, QkvSlot slot, int rank, int tp) {
+  const QkvShape s = padded_qkv(real, tp);
+  Range q = even_shard(s.q_heads, rank, tp, "num_attention_heads");
+  Range kv = kv_heads_of_rank(s, rank, tp);
   switch (slot) {
     case QkvSlot::kQ:
-      b.src_start = q.begin * hd;
-      b.dst_start = 0;
-      b.length = q.length * hd;
-      break;
+      return head_share(q, real.q_heads, 0, s.head_dim);
     case QkvSlot::kK:
-      b.src_start = kv.begin * hd;
-      b.dst_start = q.length * hd;
-      b.length = kv.length * hd;
-      break;
+      return head_share(kv, real.kv_heads, q.length, s.head_dim);
     case QkvSlot::kV:
-      b.src_start = kv.begin * hd;
-      b.dst_start = (q.length + kv.length) * hd;
-      b.length = kv.length * hd;
       break;
   }
-  return b;
+  return head_share(kv, real.kv_heads, q.length + kv.length, s.head_dim);
 }
 
 // ---- MergedColumnParallelLinear ------------------------------------------------

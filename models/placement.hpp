@@ -18,8 +18,9 @@
 // - fused checkpoint tensors (w13 stored stacked, MLA kv_b_proj): src_index picks
 //   the expert, and one tensor may feed several params (several targets).
 // - pipeline stages: tensors of other stages' layers are drop names ("pp_stage").
-// - padding and uneven TP: padded_shard (a copy block and a zero fill); shapes
-//   may differ per rank (TableModel::ShapeRule takes the tp rank).
+// - padding and uneven TP: padded_shard (a copy block and a zero fill), padded_qkv
+//   and padded_intermediate; shapes may differ per rank (TableModel::ShapeRule
+//   takes the tp rank).
 // - post-load hooks: models/model.hpp PostLoadHook, registered on TableModel.
 #pragma once
 
@@ -77,29 +78,69 @@ Range even_shard(std::uint64_t total, int index, int parts, std::string_view wha
 // mismatch (wrong count, wrong sum, pp_rank outside [0, pp)).
 Range pp_layers(std::uint64_t layers, int pp, int pp_rank, const std::vector<int>& partition);
 
+// ---- padded shards --------------------------------------------------------------
+
+// A dim of `real` entries padded with zeros to `padded` and split evenly over
+// `parts`: part `index` holds padded entries [index*per, (index+1)*per); those below
+// `real` are copied (`copy`), the rest zero-filled (`zero`). Either block may be
+// empty (length 0). Throws when `padded` < `real` or is not divisible by `parts`.
+struct PaddedShard {
+  Block copy;
+  Block zero;
+};
+PaddedShard padded_shard(std::size_t axis, std::uint64_t real, std::uint64_t padded, int index,
+                         int parts, std::string_view what);
+
+// ---- uneven tensor parallelism -----------------------------------------------------
+//
+// SGLang's answer to sizes tp does not divide (its unaligned-TP config adjustment,
+// with narrow_padded_param_and_loaded_weight at load): the size is padded up to one
+// that splits evenly, every rank gets an even share of the padded size, and the
+// share's entries past the real size are zeros. Only sizes that do not split are
+// padded, so every evenly divisible layout keeps SGLang's usual shapes exactly.
+
+// SGLang's DEFAULT_MOE_PADDING_SIZE: an intermediate size that `parts` does not
+// divide is padded to a multiple of parts * 32 (an even share stays a multiple of 32).
+inline constexpr std::uint64_t kIntermediatePadding = 32;
+// `intermediate` when `parts` divides it, else the padded size above.
+std::uint64_t padded_intermediate(std::uint64_t intermediate, int parts);
+
 // ---- QKVParallelLinear -------------------------------------------------------
 
 struct QkvShape {
   std::uint64_t q_heads = 0;
   std::uint64_t kv_heads = 0;
   std::uint64_t head_dim = 0;
+  bool operator==(const QkvShape&) const = default;
 };
 
 enum class QkvSlot { kQ, kK, kV };
 
-// Throws Error(Stage::kPlacement) unless q_heads % tp == 0 and either
-// kv_heads % tp == 0 (kv heads split) or tp % kv_heads == 0 (kv heads replicated).
+// Throws Error(Stage::kPlacement) when the heads make no attention: a count or
+// head_dim of 0, or q_heads not a multiple of kv_heads. Any tp >= 1 is fine
+// otherwise (padded_qkv).
 void check_qkv(const QkvShape& shape, int tp);
-// KV heads rank `rank` holds: heads [rank*kv/tp, ...) when kv_heads >= tp, else
-// the single head rank / (tp / kv_heads).
+// The heads every rank's share is cut from: `real` itself when q_heads % tp == 0
+// and either kv_heads % tp == 0 (kv heads split) or tp % kv_heads == 0 (kv heads
+// replicated). Otherwise (e.g. 28 q / 4 kv heads at tp 8) the kv heads are padded
+// to a multiple of tp and the q heads to padded kv heads * (q_heads / kv_heads),
+// so each rank keeps whole GQA groups and the padded heads (the last ranks') are
+// zeros.
+QkvShape padded_qkv(const QkvShape& real, int tp);
+// KV heads rank `rank` holds of an evenly splitting `shape` (padded_qkv's result):
+// heads [rank*kv/tp, ...) when kv_heads >= tp, else the single head
+// rank / (tp / kv_heads).
 Range kv_heads_of_rank(const QkvShape& shape, int rank, int tp);
-// Rows of the local qkv param: (q_heads/tp + 2 * local kv heads) * head_dim.
-std::uint64_t qkv_local_rows(const QkvShape& shape, int tp);
+// Rows of the local qkv param: (q_heads/tp + 2 * local kv heads) * head_dim of the
+// padded heads.
+std::uint64_t qkv_local_rows(const QkvShape& real, int tp);
 // Full checkpoint rows of one slot (q: q_heads*head_dim, k/v: kv_heads*head_dim).
-std::uint64_t qkv_slot_rows(const QkvShape& shape, QkvSlot slot);
+std::uint64_t qkv_slot_rows(const QkvShape& real, QkvSlot slot);
 // Where the slot's rows of rank `rank` come from and go: q at 0, k after the local
-// q rows, v after the local k rows. Axis 0, so it serves the weight and the bias.
-Block qkv_slot(const QkvShape& shape, QkvSlot slot, int rank, int tp);
+// q rows, v after the local k rows. `copy` holds the real heads of the rank's share
+// of padded_qkv(real, tp), `zero` its padded heads (either may be empty). Axis 0, so
+// it serves the weight and the bias.
+PaddedShard qkv_slot(const QkvShape& real, QkvSlot slot, int rank, int tp);
 
 // ---- MergedColumnParallelLinear ------------------------------------------------
 
@@ -118,19 +159,6 @@ Block column_parallel(std::uint64_t output_size, int rank, int tp);
 Block row_parallel(std::uint64_t input_size, int rank, int tp);
 // The whole tensor, as is (norms, biases of row-parallel layers).
 Block replicated(std::uint64_t dim0);
-
-// ---- padded shards --------------------------------------------------------------
-
-// A dim of `real` entries padded with zeros to `padded` and split evenly over
-// `parts`: part `index` holds padded entries [index*per, (index+1)*per); those below
-// `real` are copied (`copy`), the rest zero-filled (`zero`). Either block may be
-// empty (length 0). Throws when `padded` < `real` or is not divisible by `parts`.
-struct PaddedShard {
-  Block copy;
-  Block zero;
-};
-PaddedShard padded_shard(std::size_t axis, std::uint64_t real, std::uint64_t padded, int index,
-                         int parts, std::string_view what);
 
 // VocabParallelEmbedding / ParallelLMHead: the vocabulary padded to a multiple of
 // kVocabPadding, split evenly over tp (axis 0).

@@ -207,26 +207,53 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
   auto attention = [&](const std::string& p, const std::string& t) {
     if (d.glm) {
       // Heads of this rank: q heads [R*hq, +hq); kv heads split when there are at
-      // least tp of them, else head R / (tp / kv) replicated.
+      // least tp of them, else head R / (tp / kv) replicated. Heads tp does not
+      // split are padded (kv to a multiple of tp, q to padded kv * group size) and
+      // the padded heads are zeros.
       const std::uint64_t hd = d.head_dim;
-      const std::uint64_t hq = d.heads / T;
-      const std::uint64_t kvl = d.kv_heads >= T ? d.kv_heads / T : 1;
-      const std::uint64_t kv0 = d.kv_heads >= T ? R * kvl : R / (T / d.kv_heads);
+      std::uint64_t heads = d.heads;
+      std::uint64_t kv = d.kv_heads;
+      if (heads % T != 0 || (kv >= T ? kv % T != 0 : T % kv != 0)) {
+        kv = (d.kv_heads + T - 1) / T * T;
+        heads = kv * (d.heads / d.kv_heads);
+      }
+      const std::uint64_t hq = heads / T;
+      const std::uint64_t kvl = kv >= T ? kv / T : 1;
+      const std::uint64_t kv0 = kv >= T ? R * kvl : R / (T / kv);
       const std::uint64_t qkv_rows = (hq + 2 * kvl) * hd;
+      // Rows of heads [h0, h0 + n) of a [real heads * hd, c] tensor, zeros past it.
+      auto head_rows = [&](std::vector<float>& dst, const std::string& name, std::uint64_t c,
+                           std::uint64_t h0, std::uint64_t n, std::uint64_t real) {
+        for (std::uint64_t h = h0; h < h0 + n; ++h) {
+          if (h < real) {
+            rows(dst, name, c, h * hd, hd);
+          } else {
+            dst.insert(dst.end(), hd * c, 0.0f);
+          }
+        }
+      };
       std::vector<float> w;
-      rows(w, t + "q_proj.weight", H, R * hq * hd, hq * hd);
-      rows(w, t + "k_proj.weight", H, kv0 * hd, kvl * hd);
-      rows(w, t + "v_proj.weight", H, kv0 * hd, kvl * hd);
+      head_rows(w, t + "q_proj.weight", H, R * hq, hq, d.heads);
+      head_rows(w, t + "k_proj.weight", H, kv0, kvl, d.kv_heads);
+      head_rows(w, t + "v_proj.weight", H, kv0, kvl, d.kv_heads);
       put(p + "qkv_proj.weight", {qkv_rows, H}, std::move(w));
       if (d.qkv_bias) {
         std::vector<float> b;
-        rows(b, t + "q_proj.bias", 1, R * hq * hd, hq * hd);
-        rows(b, t + "k_proj.bias", 1, kv0 * hd, kvl * hd);
-        rows(b, t + "v_proj.bias", 1, kv0 * hd, kvl * hd);
+        head_rows(b, t + "q_proj.bias", 1, R * hq, hq, d.heads);
+        head_rows(b, t + "k_proj.bias", 1, kv0, kvl, d.kv_heads);
+        head_rows(b, t + "v_proj.bias", 1, kv0, kvl, d.kv_heads);
         put(p + "qkv_proj.bias", {qkv_rows}, std::move(b));
       }
-      put(p + "o_proj.weight", {H, hq * hd},
-          cols(t + "o_proj.weight", H, d.heads * hd, R * hq * hd, hq * hd));
+      // o_proj: the rank's hq heads of input columns, zeros past the real ones.
+      std::vector<float> o;
+      for (std::uint64_t i = 0; i < H; ++i) {
+        for (std::uint64_t j = 0; j < hq * hd; ++j) {
+          const std::uint64_t col = R * hq * hd + j;
+          o.push_back(col < d.heads * hd ? value(t + "o_proj.weight", i * d.heads * hd + col)
+                                         : 0.0f);
+        }
+      }
+      put(p + "o_proj.weight", {H, hq * hd}, std::move(o));
       if (d.qk_norm) {
         full(p + "q_norm.weight", t + "q_norm.weight", hd, 1);
         full(p + "k_norm.weight", t + "k_norm.weight", hd, 1);

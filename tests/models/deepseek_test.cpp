@@ -437,6 +437,10 @@ std::vector<Case> cases() {
     out.push_back(draft(make_case("glm4_moe", 2, 2)));
     out.push_back(fused(make_case("glm4_moe", 2, 1)));
     out.push_back(make_case("glm4_moe", 4, 2, "bias_norm"));
+    // Uneven tp: 8 q / 2 kv heads padded to 64 / 16 at tp 16 (ranks 2..15 hold zero
+    // heads; ranks 0 and 1 the real ones).
+    out.push_back(on(make_case("glm4_moe", 16, 8), {0, 1, 9}));
+    out.push_back(draft(on(make_case("glm4_moe", 16, 4), {1, 15})));
   }
   return out;
 }
@@ -623,6 +627,8 @@ TEST(DeepseekErrors, HeadsNotDivisibleByTp) {
   l.tp = 16;
   expect_error([&] { models::make_model(ck.config, l); }, Stage::kPlacement,
                "num_attention_heads (8) is not divisible by tensor parallel size 16");
+  expect_error([&] { models::make_model(ck.config, l); }, Stage::kPlacement,
+               "implemented for GQA attention only, not for MLA");
 }
 
 TEST(DeepseekErrors, DraftWithoutMtpLayersOrWithPipelineStages) {

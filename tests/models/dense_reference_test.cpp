@@ -28,6 +28,12 @@ struct Case {
   DType ckpt_dtype = DType::kBF16;
   std::optional<DType> param_dtype;  // nullopt: auto (the config's torch_dtype)
   bool llama_biases = false;
+  // Non-zero: the checkpoint's vocabulary and intermediate size instead of tiny's
+  // 1000 and 256 (tp 3 needs a vocabulary whose padded size it splits).
+  std::uint64_t vocab = 0;
+  std::uint64_t inter = 0;
+  // Non-zero: num_key_value_heads instead of tiny's 2 (of 8 q heads).
+  std::uint64_t kv_heads = 0;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -47,6 +53,15 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   if (c.llama_biases) {
     name += "_biases";
   }
+  if (c.vocab != 0) {
+    name += "_vocab" + std::to_string(c.vocab);
+  }
+  if (c.inter != 0) {
+    name += "_inter" + std::to_string(c.inter);
+  }
+  if (c.kv_heads != 0) {
+    name += "_kv" + std::to_string(c.kv_heads);
+  }
   return name;
 }
 
@@ -57,16 +72,58 @@ void PrintTo(const Case& c, std::ostream* os) {
 
 class DenseReference : public ::testing::TestWithParam<Case> {};
 
+// The case's sizes: tiny's, or the case's vocabulary, intermediate and kv heads
+// (config fields and the shapes of the tensors they size).
+void resize(SynthCase& ck, const Case& c) {
+  const std::uint64_t hd = 16;  // tiny: head_dim 16, as the config says
+  if (ck.config.contains("head_dim")) {
+    EXPECT_EQ(ck.config["head_dim"].get<std::uint64_t>(), hd);
+  }
+  for (auto& [name, shape] : ck.shapes) {
+    const bool embed = name == "model.embed_tokens.weight" || name == "lm_head.weight";
+    const bool mlp_out = name.find("gate_proj") != std::string::npos ||
+                         name.find("up_proj") != std::string::npos;
+    const bool kv = name.find("k_proj") != std::string::npos ||
+                    name.find("v_proj") != std::string::npos;
+    if (embed && c.vocab != 0) {
+      shape[0] = c.vocab;
+    } else if (mlp_out && c.inter != 0) {
+      shape[0] = c.inter;
+    } else if (name.find("down_proj.weight") != std::string::npos && c.inter != 0) {
+      shape[1] = c.inter;
+    } else if (kv && c.kv_heads != 0) {
+      shape[0] = c.kv_heads * hd;
+    }
+  }
+  if (c.vocab != 0) {
+    ck.config["vocab_size"] = c.vocab;
+  }
+  if (c.inter != 0) {
+    ck.config["intermediate_size"] = c.inter;
+  }
+  if (c.kv_heads != 0) {
+    ck.config["num_key_value_heads"] = c.kv_heads;
+  }
+}
+
 // Full tensors do not depend on the dtype (synth values are exact in all three) and
 // a name's values do not depend on the family, so every case draws from the
-// untied llama-with-biases tensors (mistral uses llama's names) or qwen2's.
+// untied llama-with-biases tensors (mistral uses llama's names) or qwen2's, at the
+// case's sizes.
 const TensorMap& checkpoint_for(const Case& c) {
   static std::map<std::string, TensorMap> cache;
   const std::string family = c.family == "qwen2" ? "qwen2" : "llama";
-  auto it = cache.find(family);
+  const std::string key = family + "/" + std::to_string(c.vocab) + "/" + std::to_string(c.inter) +
+                          "/" + std::to_string(c.kv_heads);
+  auto it = cache.find(key);
   if (it == cache.end()) {
     SynthCase all = tiny_case(family, DType::kF32, /*tied=*/false, family == "llama");
-    it = cache.emplace(family, make_checkpoint(all.shapes, /*seed=*/7)).first;
+    Case sizes;
+    sizes.vocab = c.vocab;
+    sizes.inter = c.inter;
+    sizes.kv_heads = c.kv_heads;
+    resize(all, sizes);
+    it = cache.emplace(key, make_checkpoint(all.shapes, /*seed=*/7)).first;
   }
   return it->second;
 }
@@ -74,6 +131,7 @@ const TensorMap& checkpoint_for(const Case& c) {
 TEST_P(DenseReference, EveryElementMatchesTheReference) {
   const Case& c = GetParam();
   SynthCase ck = tiny_case(c.family, c.ckpt_dtype, c.tied, c.llama_biases);
+  resize(ck, c);
   const TensorMap& full = checkpoint_for(c);
 
   models::ParallelLayout layout;
@@ -179,6 +237,18 @@ std::vector<Case> cases() {
   // Llama with attention_bias and mlp_bias: qkv/o/gate_up/down biases.
   out.push_back({"llama", 2, {}, false, DType::kBF16, std::nullopt, true});
   out.push_back({"llama", 8, {}, true, DType::kBF16, DType::kF32, true});
+  // Uneven tensor parallelism: heads and widths tp does not split are padded with
+  // zeros (8 q / 2 kv heads: 12 / 3 at tp 3, 24 / 6 at tp 6, 64 / 16 at tp 16; 8 q /
+  // 8 kv: 9 kv and q heads at tp 3; intermediate 200 or 256 at tp 3 -> 288, at tp 6
+  // -> 384; 200 at tp 16 -> 512).
+  out.push_back({"llama", 3, {}, false, DType::kBF16, std::nullopt, false, 960});
+  out.push_back({"qwen2", 3, {}, true, DType::kBF16, std::nullopt, false, 960, 200});
+  out.push_back({"llama", 3, {2, 0}, false, DType::kF32, DType::kBF16, true, 960, 200, 8});
+  out.push_back({"llama", 6, {}, false, DType::kBF16, std::nullopt, true, 1152});
+  out.push_back({"qwen2", 6, {5, 1}, false, DType::kF16, std::nullopt, false, 1152, 200});
+  out.push_back({"mistral", 16, {}, false, DType::kBF16, std::nullopt, false, 0, 200});
+  out.push_back({"llama", 16, {1, 12}, true, DType::kBF16, std::nullopt, true});
+  out.push_back({"qwen2", 8, {}, false, DType::kBF16, std::nullopt, false, 0, 0, 8});
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.hpp"
+#include "models/coverage.hpp"
 #include "models/model.hpp"
 #include "models/reference_util.hpp"
 
@@ -195,16 +196,64 @@ TEST(MakeModel, LayoutIsValidatedAndCompleted) {
   EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, l); }), HasSubstr("pp_rank 2"));
 }
 
-TEST(MakeModel, SplitsThatDoNotDivideAreRefused) {
-  nlohmann::json c = llama_config();
-  // 8 heads over 16 ranks.
-  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(c, tp_layout(16)); }),
-              HasSubstr("num_attention_heads (8) is not divisible by tensor parallel size 16"));
-  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(c, tp_layout(3)); }),
-              HasSubstr("not divisible by tensor parallel size 3"));
+TEST(MakeModel, HeadsAndWidthsTpDoesNotSplitArePadded) {
+  // (Every element of padded layouts is checked in dense_reference_test.cpp.)
+  nlohmann::json c = llama_config();  // 8 q / 2 kv heads of 16, intermediate 256
+  // 8 heads over 16 ranks: kv heads padded to 16, q heads to 64; one kv head and
+  // 4 q heads a rank, and o_proj 4 heads wide.
+  auto m = models::make_model(c, tp_layout(16, {0, 15}));
+  EXPECT_EQ(param(*m, "model.layers.0.self_attn.qkv_proj.weight").shape,
+            (models::Shape{(4 + 2) * 16, 128}));
+  EXPECT_EQ(param(*m, "model.layers.0.self_attn.o_proj.weight", 1).shape,
+            (models::Shape{128, 64}));
+  // intermediate 260 at tp 8: padded to 512 (a multiple of 8 * 32), 64 a rank.
   c["intermediate_size"] = 260;
-  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(c, tp_layout(8)); }),
-              HasSubstr("intermediate_size (260)"));
+  m = models::make_model(c, tp_layout(8, {7}));
+  EXPECT_EQ(param(*m, "model.layers.0.mlp.gate_up_proj.weight").shape,
+            (models::Shape{2 * 64, 128}));
+  EXPECT_EQ(param(*m, "model.layers.0.mlp.down_proj.weight").shape, (models::Shape{128, 64}));
+}
+
+TEST(MakeModel, ARankThatHoldsOnlyPaddedHeadsReadsNoAttentionTensor) {
+  // 8 q / 2 kv heads at tp 16: ranks 0 and 1 hold the real heads, rank 15 only
+  // padding. Its q/k/v/o tensors are dropped unread, its attention params are zero
+  // fills, and nothing is left unfilled.
+  SynthCase ck = tiny_case("llama", DType::kBF16, false);
+  auto m = models::make_model(ck.config, tp_layout(16, {15}));
+  std::vector<models::Route> routes;
+  for (const std::string& name : ck.names) {
+    models::Route r = m->route(tensor_info(name, DType::kBF16, ck.shapes.at(name)));
+    const bool attention = name.find("self_attn.") != std::string::npos;
+    if (attention) {
+      EXPECT_EQ(r.kind, models::RouteKind::kDropped) << name;
+      EXPECT_EQ(r.reason, "no_local_slice") << name;
+    } else {
+      EXPECT_EQ(r.kind, models::RouteKind::kPlaced) << name;
+    }
+    routes.push_back(std::move(r));
+  }
+  EXPECT_TRUE(models::check_coverage(*m, routes).empty());
+  // The fills cover the whole qkv and o params of layer 0 on rank 15.
+  const models::RankShell& shell = m->shells()[0];
+  std::uint64_t qkv_zeroed = 0;
+  const std::size_t qkv = shell.by_name.at("model.layers.0.self_attn.qkv_proj.weight");
+  for (const models::Piece& p : m->fill_pieces()) {
+    if (p.param == qkv) {
+      qkv_zeroed += p.rows * p.width_elems * dtype_size(p.dst_dtype);
+    }
+  }
+  EXPECT_EQ(qkv_zeroed, shell.params[qkv].nbytes);
+}
+
+TEST(MakeModel, SplitsThatCannotBePaddedAreRefused) {
+  nlohmann::json c = llama_config();
+  // The vocabulary is padded to a multiple of 64 (1024 here), not further.
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(c, tp_layout(3)); }),
+              HasSubstr("padded vocab_size (1024) is not divisible by tensor parallel size 3"));
+  // Heads that make no attention.
+  c["num_key_value_heads"] = 3;
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(c, tp_layout(2)); }),
+              HasSubstr("num_attention_heads (8) is not a multiple of num_key_value_heads (3)"));
 }
 
 TEST(MakeModel, ShellsAreSortedWithContiguousStrides) {

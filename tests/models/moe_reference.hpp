@@ -18,7 +18,13 @@
 //     shared expert, one slot for it. w13[s] is [gate | up] (up first with
 //     switch_w13), each half I_pad rows: rows j < I/moe_tp are expert rows
 //     (R % moe_tp) * I/moe_tp + j, the rest zero; w2[s] is [H, I_pad] with columns
-//     (R % moe_tp) * I/moe_tp + k, the rest zero.
+//     (R % moe_tp) * I/moe_tp + k, the rest zero;
+//   - uneven tensor parallelism (SGLang's unaligned-TP padding): when T does not
+//     split the heads (q % T, or kv neither divisible by T nor dividing it), kv heads
+//     are padded to a multiple of T and q heads to padded kv * (q / kv); an
+//     intermediate size I that n ranks (T, or moe_tp for experts) do not divide is
+//     padded to a multiple of n * 32; shares are cut from the padded sizes and every
+//     head, row or column past the real size is zero.
 #pragma once
 
 #include <algorithm>
@@ -196,31 +202,38 @@ inline std::map<std::string, Tensor> reference_rank(const nlohmann::json& config
     }
     out[name] = Tensor{shape, full(name, n)};
   };
-  // Rows [r0, r0 + n) of a [rows, cols] tensor, appended to `dst`.
+  // Rows [r0, r0 + n) of a [rows, cols] tensor, appended to `dst`; rows past the
+  // tensor (padding) are zeros.
   auto rows = [&](std::vector<float>& dst, const std::string& name, std::uint64_t all_rows,
                   std::uint64_t cols, std::uint64_t r0, std::uint64_t n) {
     const std::vector<float>& s = full(name, all_rows * cols);
     for (std::uint64_t i = r0; i < r0 + n; ++i) {
       for (std::uint64_t j = 0; j < cols; ++j) {
-        dst.push_back(s[i * cols + j]);
+        dst.push_back(i < all_rows ? s[i * cols + j] : 0.0f);
       }
     }
   };
-  // Columns [c0, c0 + n) of every row of a [rows, cols] tensor.
+  // Columns [c0, c0 + n) of every row of a [rows, cols] tensor; columns past the
+  // tensor (padding) are zeros.
   auto columns = [&](const std::string& name, std::uint64_t all_rows, std::uint64_t cols,
                      std::uint64_t c0, std::uint64_t n) {
     const std::vector<float>& s = full(name, all_rows * cols);
     Tensor t{{all_rows, n}, {}};
     for (std::uint64_t i = 0; i < all_rows; ++i) {
       for (std::uint64_t j = c0; j < c0 + n; ++j) {
-        t.values.push_back(s[i * cols + j]);
+        t.values.push_back(j < cols ? s[i * cols + j] : 0.0f);
       }
     }
     return t;
   };
+  // An intermediate size as n ranks split it: padded to a multiple of n * 32 when n
+  // does not divide it.
+  auto padded_inter = [](std::uint64_t inter, std::uint64_t n) {
+    return inter % n == 0 ? inter : (inter + n * 32 - 1) / (n * 32) * (n * 32);
+  };
   // A tensor-parallel gated MLP of width `inter` under checkpoint/param prefix `p`.
   auto dense_mlp = [&](const std::string& p, std::uint64_t inter) {
-    const std::uint64_t il = inter / T;
+    const std::uint64_t il = padded_inter(inter, T) / T;
     Tensor gu{{2 * il, H}, {}};
     rows(gu.values, p + "gate_proj.weight", inter, H, R * il, il);
     rows(gu.values, p + "up_proj.weight", inter, H, R * il, il);
@@ -260,15 +273,23 @@ inline std::map<std::string, Tensor> reference_rank(const nlohmann::json& config
     }
   }
 
-  const std::uint64_t qh = c.heads / T;
-  const std::uint64_t kvl = c.kv >= T ? c.kv / T : 1;
-  const std::uint64_t kv0 = c.kv >= T ? R * kvl : R / (T / c.kv);
+  // Heads, padded when T does not split them.
+  std::uint64_t heads_p = c.heads;
+  std::uint64_t kv_p = c.kv;
+  const bool even_heads = c.heads % T == 0 && (c.kv >= T ? c.kv % T == 0 : T % c.kv == 0);
+  if (!even_heads) {
+    kv_p = (c.kv + T - 1) / T * T;
+    heads_p = kv_p * (c.heads / c.kv);
+  }
+  const std::uint64_t qh = heads_p / T;
+  const std::uint64_t kvl = kv_p >= T ? kv_p / T : 1;
+  const std::uint64_t kv0 = kv_p >= T ? R * kvl : R / (T / kv_p);
 
   // Experts.
   const std::uint64_t moe_tp = T / static_cast<std::uint64_t>(o.ep);
   const std::uint64_t ep_rank = R / moe_tp;
   const std::uint64_t mr = R % moe_tp;
-  const std::uint64_t il = c.I / moe_tp;
+  const std::uint64_t il = padded_inter(c.I, moe_tp) / moe_tp;
   const std::uint64_t ip = o.pad == 0 ? il : (il + o.pad - 1) / o.pad * o.pad;
   const std::uint64_t P = o.eplb.empty() ? c.E : o.physical;
   const std::uint64_t per = P / static_cast<std::uint64_t>(o.ep);
@@ -354,12 +375,14 @@ inline std::map<std::string, Tensor> reference_rank(const nlohmann::json& config
         const float* m = first_half != o.switch_w13 ? v.gate : v.up;
         const std::uint64_t jj = j % ip;
         for (std::uint64_t h = 0; h < H; ++h) {
-          w13.values.push_back(jj < il ? m[(mr * il + jj) * H + h] : 0.0f);
+          const std::uint64_t row = mr * il + jj;  // of the expert's I rows
+          w13.values.push_back(jj < il && row < c.I ? m[row * H + h] : 0.0f);
         }
       }
       for (std::uint64_t h = 0; h < H; ++h) {
         for (std::uint64_t k = 0; k < ip; ++k) {
-          w2.values.push_back(k < il ? v.down[h * c.I + mr * il + k] : 0.0f);
+          const std::uint64_t col = mr * il + k;
+          w2.values.push_back(k < il && col < c.I ? v.down[h * c.I + col] : 0.0f);
         }
       }
     }

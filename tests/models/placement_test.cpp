@@ -45,31 +45,84 @@ TEST(Placement, KvHeadsAreSplitOrReplicated) {
   EXPECT_EQ(qkv_local_rows(s, 8), (1u + 2u) * 16u);
 }
 
-TEST(Placement, CheckQkvRefusesUnevenHeads) {
-  EXPECT_THAT(error_of([] { check_qkv({28, 4, 128}, 8); }), HasSubstr("num_attention_heads (28)"));
-  // 12 heads, 6 kv heads, tp 4: kv neither divisible by 4 nor dividing 4.
-  EXPECT_THAT(error_of([] {
-                check_qkv({12, 6, 64}, 4);
-              }),
-              HasSubstr("num_key_value_heads (6) is not divisible"));
-  EXPECT_THAT(error_of([] {
-                check_qkv({12, 3, 64}, 4);
-              }),
-              HasSubstr("not a multiple of num_key_value_heads (3)"));
+TEST(Placement, CheckQkvRefusesHeadsThatMakeNoAttention) {
   EXPECT_THAT(error_of([] {
                 check_qkv({12, 5, 64}, 1);
               }),
               HasSubstr("num_attention_heads (12) is not a multiple of num_key_value_heads (5)"));
+  EXPECT_THAT(error_of([] { check_qkv({8, 0, 16}, 2); }), HasSubstr("> 0"));
+  EXPECT_THAT(error_of([] { check_qkv({8, 2, 16}, 0); }), HasSubstr("does not exist"));
   EXPECT_NO_THROW(check_qkv({8, 2, 16}, 8));
+  // Any tp is fine now: heads tp does not split are padded.
+  EXPECT_NO_THROW(check_qkv({28, 4, 128}, 8));
+  EXPECT_NO_THROW(check_qkv({12, 6, 64}, 4));
+}
+
+TEST(Placement, PaddedQkvKeepsEvenSplitsAndPadsTheRest) {
+  // Even splits and kv replication are left alone.
+  EXPECT_EQ(padded_qkv({32, 8, 128}, 8), (QkvShape{32, 8, 128}));
+  EXPECT_EQ(padded_qkv({8, 2, 16}, 8), (QkvShape{8, 2, 16}));
+  // Qwen2.5-7B at tp 8: 28 q / 4 kv heads -> 8 kv heads, 56 q heads (groups of 7).
+  EXPECT_EQ(padded_qkv({28, 4, 128}, 8), (QkvShape{56, 8, 128}));
+  // 32 q / 8 kv at tp 3 -> 9 kv heads, 36 q heads.
+  EXPECT_EQ(padded_qkv({32, 8, 128}, 3), (QkvShape{36, 9, 128}));
+  // kv heads 6 at tp 4: neither split nor replicated -> 8 kv, 16 q.
+  EXPECT_EQ(padded_qkv({12, 6, 64}, 4), (QkvShape{16, 8, 64}));
+  EXPECT_EQ(qkv_local_rows({28, 4, 128}, 8), (7u + 2u) * 128u);
+}
+
+TEST(Placement, PaddedQkvSlotsCopyRealHeadsAndZeroTheRest) {
+  // 6 q / 2 kv heads, head_dim 4, tp 4: padded to 12 q / 4 kv; each rank 3 q heads
+  // and 1 kv head (rows: q 0..11, k 12..15, v 16..19).
+  const QkvShape s{6, 2, 4};
+  // Rank 1: q heads 3..5, kv head 1 -- all real.
+  PaddedShard q1 = qkv_slot(s, QkvSlot::kQ, 1, 4);
+  EXPECT_EQ(q1.copy.src_start, 12u);
+  EXPECT_EQ(q1.copy.length, 12u);
+  EXPECT_EQ(q1.zero.length, 0u);
+  PaddedShard v1 = qkv_slot(s, QkvSlot::kV, 1, 4);
+  EXPECT_EQ(v1.copy.src_start, 4u);
+  EXPECT_EQ(v1.copy.dst_start, 16u);
+  EXPECT_EQ(v1.copy.length, 4u);
+  // Rank 2: q heads 6..8 and kv head 2 -- all padding.
+  for (QkvSlot slot : {QkvSlot::kQ, QkvSlot::kK, QkvSlot::kV}) {
+    PaddedShard p = qkv_slot(s, slot, 2, 4);
+    EXPECT_EQ(p.copy.length, 0u);
+    EXPECT_EQ(p.zero.kind, Block::Kind::kZero);
+  }
+  PaddedShard k2 = qkv_slot(s, QkvSlot::kK, 2, 4);
+  EXPECT_EQ(k2.zero.dst_start, 12u);
+  EXPECT_EQ(k2.zero.length, 4u);
+  // 5 q / 5 kv heads at tp 2 (padded to 6 / 6): rank 1 holds q heads 3, 4 and a
+  // zero head 5 in each slot.
+  PaddedShard q = qkv_slot({5, 5, 2}, QkvSlot::kQ, 1, 2);
+  EXPECT_EQ(q.copy.src_start, 6u);
+  EXPECT_EQ(q.copy.length, 4u);
+  EXPECT_EQ(q.zero.dst_start, 4u);
+  EXPECT_EQ(q.zero.length, 2u);
+  PaddedShard v = qkv_slot({5, 5, 2}, QkvSlot::kV, 1, 2);
+  EXPECT_EQ(v.copy.dst_start, 12u);
+  EXPECT_EQ(v.zero.dst_start, 16u);
+  EXPECT_EQ(v.zero.length, 2u);
+}
+
+TEST(Placement, PaddedIntermediateOnlyWhenTpDoesNotDivide) {
+  EXPECT_EQ(padded_intermediate(14336, 8), 14336u);
+  // 14336 % 6 != 0: padded to a multiple of 6 * 32 = 192.
+  EXPECT_EQ(padded_intermediate(14336, 6), 14400u);
+  EXPECT_EQ(padded_intermediate(100, 3), 192u);
+  EXPECT_EQ(padded_intermediate(7, 1), 7u);
+  EXPECT_THAT(error_of([] { padded_intermediate(64, 0); }), HasSubstr("does not exist"));
 }
 
 TEST(Placement, QkvSlotsFollowEachOther) {
   QkvShape s{8, 2, 16};
   // tp 2 rank 1: q heads 4..7 (rows 64..127) at 0, k head 1 (rows 16..31) at 64,
   // v head 1 at 80.
-  Block q = qkv_slot(s, QkvSlot::kQ, 1, 2);
-  Block k = qkv_slot(s, QkvSlot::kK, 1, 2);
-  Block v = qkv_slot(s, QkvSlot::kV, 1, 2);
+  Block q = qkv_slot(s, QkvSlot::kQ, 1, 2).copy;
+  Block k = qkv_slot(s, QkvSlot::kK, 1, 2).copy;
+  Block v = qkv_slot(s, QkvSlot::kV, 1, 2).copy;
+  EXPECT_EQ(qkv_slot(s, QkvSlot::kQ, 1, 2).zero.length, 0u);
   EXPECT_EQ(q.src_start, 64u);
   EXPECT_EQ(q.dst_start, 0u);
   EXPECT_EQ(q.length, 64u);

@@ -181,18 +181,31 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
   auto copy_full = [&](const std::string& name) { out[name] = at(ck, name); };
   copy_full("model.norm.weight");
 
+  // Uneven tensor parallelism (SGLang's unaligned-TP padding): when tp does not
+  // split the heads, kv heads are padded to a multiple of tp and q heads to
+  // padded kv * (heads / kv); an intermediate size tp does not divide is padded to a
+  // multiple of tp * 32. Heads, rows and columns past the real ones are zeros.
+  std::uint64_t heads = c.heads;
+  std::uint64_t kv_heads = c.kv_heads;
+  if (heads % tp != 0 || (kv_heads >= tp ? kv_heads % tp != 0 : tp % kv_heads != 0)) {
+    kv_heads = (c.kv_heads + tp - 1) / tp * tp;
+    heads = kv_heads * (c.heads / c.kv_heads);
+  }
+  const std::uint64_t inter =
+      c.inter % tp == 0 ? c.inter : (c.inter + tp * 32 - 1) / (tp * 32) * (tp * 32);
+
   // Heads of this rank: q heads [rank*hq, (rank+1)*hq); kv heads split when there are
   // at least tp of them, else rank r holds kv head r / (tp / kv).
-  const std::uint64_t hq = c.heads / tp;
+  const std::uint64_t hq = heads / tp;
   std::vector<std::uint64_t> kv_list;
-  if (c.kv_heads >= tp) {
-    for (std::uint64_t h = rank * (c.kv_heads / tp); h < (rank + 1) * (c.kv_heads / tp); ++h) {
+  if (kv_heads >= tp) {
+    for (std::uint64_t h = rank * (kv_heads / tp); h < (rank + 1) * (kv_heads / tp); ++h) {
       kv_list.push_back(h);
     }
   } else {
-    kv_list.push_back(rank / (tp / c.kv_heads));
+    kv_list.push_back(rank / (tp / kv_heads));
   }
-  const std::uint64_t il = c.inter / tp;
+  const std::uint64_t il = inter / tp;
 
   for (std::uint64_t l = 0; l < c.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -208,11 +221,13 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
       const std::string suffix = bias ? ".bias" : ".weight";
       const std::uint64_t cols = bias ? 1 : H;
       HostTensor t;
+      // A head past the checkpoint's (padding) is zeros.
       auto append_head = [&](const std::string& src, std::uint64_t head) {
         const HostTensor& full = at(ck, p + "self_attn." + src + suffix);
+        const std::uint64_t real = src == "q_proj" ? c.heads : c.kv_heads;
         for (std::uint64_t d = 0; d < hd; ++d) {
           for (std::uint64_t j = 0; j < cols; ++j) {
-            t.values.push_back(elem(full, head * hd + d, j));
+            t.values.push_back(head < real ? elem(full, head * hd + d, j) : 0.0f);
           }
         }
       };
@@ -229,20 +244,23 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
       t.shape = bias ? std::vector<std::uint64_t>{rows} : std::vector<std::uint64_t>{rows, H};
       out[p + "self_attn.qkv_proj" + suffix] = std::move(t);
     }
-    // Row-parallel: columns [rank*k, (rank+1)*k) of every row.
-    auto column_slice = [&](const std::string& name, std::uint64_t in_full) {
+    // Row-parallel: columns [rank*k, (rank+1)*k) of every row of the padded input
+    // (`in_padded`); columns at or past the real input `in_real` are zeros.
+    auto column_slice = [&](const std::string& name, std::uint64_t in_padded,
+                            std::uint64_t in_real) {
       const HostTensor& full = at(ck, name);
-      const std::uint64_t k = in_full / tp;
+      const std::uint64_t k = in_padded / tp;
       HostTensor t;
       t.shape = {H, k};
       for (std::uint64_t i = 0; i < H; ++i) {
         for (std::uint64_t j = 0; j < k; ++j) {
-          t.values.push_back(elem(full, i, rank * k + j));
+          const std::uint64_t col = rank * k + j;
+          t.values.push_back(col < in_real ? elem(full, i, col) : 0.0f);
         }
       }
       out[name] = std::move(t);
     };
-    column_slice(p + "self_attn.o_proj.weight", c.heads * hd);
+    column_slice(p + "self_attn.o_proj.weight", heads * hd, c.heads * hd);
     if (c.o_bias) {
       copy_full(p + "self_attn.o_proj.bias");
     }
@@ -258,14 +276,15 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
         const HostTensor& full = at(ck, p + "mlp." + src + suffix);
         for (std::uint64_t i = 0; i < il; ++i) {
           for (std::uint64_t j = 0; j < cols; ++j) {
-            t.values.push_back(elem(full, rank * il + i, j));
+            const std::uint64_t row = rank * il + i;
+            t.values.push_back(row < c.inter ? elem(full, row, j) : 0.0f);
           }
         }
       }
       t.shape = bias ? std::vector<std::uint64_t>{2 * il} : std::vector<std::uint64_t>{2 * il, H};
       out[p + "mlp.gate_up_proj" + suffix] = std::move(t);
     }
-    column_slice(p + "mlp.down_proj.weight", c.inter);
+    column_slice(p + "mlp.down_proj.weight", inter, c.inter);
     if (c.mlp_bias) {
       copy_full(p + "mlp.down_proj.bias");
     }

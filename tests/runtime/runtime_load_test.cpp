@@ -87,6 +87,18 @@ TEST_F(LoadTest, Qwen2BiasesWithKvReplicationAtTp8) {
   }
 }
 
+TEST_F(LoadTest, UnevenTpPadsHeadsWithZeros) {
+  // 8 q / 2 kv heads at tp 16: padded to 64 / 16 heads; ranks 0 and 1 hold the real
+  // heads, the others zeros (fills), and the ranks that hold only padding read no
+  // attention tensor. Every element is checked against the reference.
+  LoadResult r = load(make_config(qwen2_->dir, {tp(16)}));
+  ASSERT_TRUE(r);
+  EXPECT_EQ(expect_matches_reference(*r.model, *qwen2_, 16, DType::kBF16), 31u * 16u);
+  LoadResult sub = load(make_config(qwen2_->dir, {tp(16), "parallel.ranks=9,1"}));
+  ASSERT_TRUE(sub);
+  EXPECT_EQ(expect_matches_reference(*sub.model, *qwen2_, 16, DType::kBF16), 31u * 2u);
+}
+
 TEST_F(LoadTest, TiedEmbeddingsHaveNoLmHead) {
   LoadResult r = load(make_config(llama_tied_->dir, {tp(2)}));
   ASSERT_TRUE(r);

@@ -125,12 +125,16 @@ inline std::map<std::string, RefTensor> reference_rank(const Checkpoint& ck, int
     }
     return it->second;
   };
-  // Rows [r0, r0 + n) of a [*, cols] tensor, appended.
+  // Rows [r0, r0 + n) of a [real_rows, cols] tensor, appended; rows at or past
+  // real_rows (padding) are zeros.
   auto take_rows = [&](std::vector<float>& dst, const std::string& name, std::uint64_t cols,
-                       std::uint64_t r0, std::uint64_t n) {
+                       std::uint64_t r0, std::uint64_t n, std::uint64_t real_rows) {
     const std::vector<float>& s = src(name);
-    dst.insert(dst.end(), s.begin() + static_cast<std::ptrdiff_t>(r0 * cols),
-               s.begin() + static_cast<std::ptrdiff_t>((r0 + n) * cols));
+    for (std::uint64_t i = r0; i < r0 + n; ++i) {
+      for (std::uint64_t j = 0; j < cols; ++j) {
+        dst.push_back(i < real_rows ? s[i * cols + j] : 0.0f);
+      }
+    }
   };
   // Vocabulary-parallel: padded to a multiple of 64, rows of this rank, zeros past V.
   auto vocab = [&](const std::string& name) {
@@ -140,7 +144,7 @@ inline std::map<std::string, RefTensor> reference_rank(const Checkpoint& ck, int
     for (std::uint64_t i = 0; i < per; ++i) {
       std::uint64_t g = R * per + i;
       if (g < V) {
-        take_rows(t.values, name, H, g, 1);
+        take_rows(t.values, name, H, g, 1, V);
       } else {
         t.values.insert(t.values.end(), H, 0.0f);
       }
@@ -153,44 +157,56 @@ inline std::map<std::string, RefTensor> reference_rank(const Checkpoint& ck, int
   }
   out["model.norm.weight"] = {{H}, src("model.norm.weight")};
 
-  const std::uint64_t qh = heads / T;
-  const std::uint64_t kvl = kv >= T ? kv / T : 1;
-  const std::uint64_t kv0 = kv >= T ? R * kvl : R / (T / kv);  // first kv head of this rank
-  const std::uint64_t il = I / T;
+  // Uneven tp (SGLang's padding): heads tp does not split become kv heads padded to
+  // a multiple of tp and q heads padded kv * (heads / kv); an intermediate size tp
+  // does not divide is padded to a multiple of tp * 32; padded parts are zeros.
+  std::uint64_t heads_p = heads;
+  std::uint64_t kv_p = kv;
+  if (heads % T != 0 || (kv >= T ? kv % T != 0 : T % kv != 0)) {
+    kv_p = (kv + T - 1) / T * T;
+    heads_p = kv_p * (heads / kv);
+  }
+  const std::uint64_t I_p = I % T == 0 ? I : (I + T * 32 - 1) / (T * 32) * (T * 32);
+  const std::uint64_t qh = heads_p / T;
+  const std::uint64_t kvl = kv_p >= T ? kv_p / T : 1;
+  const std::uint64_t kv0 = kv_p >= T ? R * kvl : R / (T / kv_p);  // first kv head of this rank
+  const std::uint64_t il = I_p / T;
   for (std::uint64_t l = 0; l < L; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string a = p + "self_attn.";
     RefTensor qkv{{(qh + 2 * kvl) * hd, H}, {}};
-    take_rows(qkv.values, a + "q_proj.weight", H, R * qh * hd, qh * hd);
-    take_rows(qkv.values, a + "k_proj.weight", H, kv0 * hd, kvl * hd);
-    take_rows(qkv.values, a + "v_proj.weight", H, kv0 * hd, kvl * hd);
+    take_rows(qkv.values, a + "q_proj.weight", H, R * qh * hd, qh * hd, heads * hd);
+    take_rows(qkv.values, a + "k_proj.weight", H, kv0 * hd, kvl * hd, kv * hd);
+    take_rows(qkv.values, a + "v_proj.weight", H, kv0 * hd, kvl * hd, kv * hd);
     out[a + "qkv_proj.weight"] = std::move(qkv);
     if (bias) {
       RefTensor b{{(qh + 2 * kvl) * hd}, {}};
-      take_rows(b.values, a + "q_proj.bias", 1, R * qh * hd, qh * hd);
-      take_rows(b.values, a + "k_proj.bias", 1, kv0 * hd, kvl * hd);
-      take_rows(b.values, a + "v_proj.bias", 1, kv0 * hd, kvl * hd);
+      take_rows(b.values, a + "q_proj.bias", 1, R * qh * hd, qh * hd, heads * hd);
+      take_rows(b.values, a + "k_proj.bias", 1, kv0 * hd, kvl * hd, kv * hd);
+      take_rows(b.values, a + "v_proj.bias", 1, kv0 * hd, kvl * hd, kv * hd);
       out[a + "qkv_proj.bias"] = std::move(b);
     }
-    // o_proj: columns [R*qh*hd, +qh*hd) of [H, heads*hd].
+    // o_proj: columns [R*qh*hd, +qh*hd) of [H, heads*hd] (zeros past it).
     RefTensor o{{H, qh * hd}, {}};
     const std::vector<float>& os = src(a + "o_proj.weight");
     for (std::uint64_t i = 0; i < H; ++i) {
       for (std::uint64_t j = 0; j < qh * hd; ++j) {
-        o.values.push_back(os[i * heads * hd + R * qh * hd + j]);
+        const std::uint64_t col = R * qh * hd + j;
+        o.values.push_back(col < heads * hd ? os[i * heads * hd + col] : 0.0f);
       }
     }
     out[a + "o_proj.weight"] = std::move(o);
     const std::string m = p + "mlp.";
     RefTensor gu{{2 * il, H}, {}};
-    take_rows(gu.values, m + "gate_proj.weight", H, R * il, il);
-    take_rows(gu.values, m + "up_proj.weight", H, R * il, il);
+    take_rows(gu.values, m + "gate_proj.weight", H, R * il, il, I);
+    take_rows(gu.values, m + "up_proj.weight", H, R * il, il, I);
     out[m + "gate_up_proj.weight"] = std::move(gu);
     RefTensor down{{H, il}, {}};
     const std::vector<float>& ds = src(m + "down_proj.weight");
     for (std::uint64_t i = 0; i < H; ++i) {
       for (std::uint64_t j = 0; j < il; ++j) {
-        down.values.push_back(ds[i * I + R * il + j]);
+        const std::uint64_t col = R * il + j;
+        down.values.push_back(col < I ? ds[i * I + col] : 0.0f);
       }
     }
     out[m + "down_proj.weight"] = std::move(down);
