@@ -46,7 +46,8 @@ std::string layer_prefix(std::uint64_t layer) {
 
 // The per-rank sizes of an MLA attention module (heads % tp == 0 is checked first).
 MlaDims mla_dims(const DeepseekConfig& c, int tp) {
-  return {c.heads / static_cast<std::uint64_t>(tp), c.qk_nope, c.v_head, c.kv_lora_rank};
+  return {padded_heads(c.heads, tp) / static_cast<std::uint64_t>(tp), c.qk_nope, c.v_head,
+          c.kv_lora_rank};
 }
 
 // Where one decoder layer's params go and where its tensors come from: the same
@@ -92,22 +93,22 @@ class Builder {
   }
 
  private:
-  // ColumnParallelLinear: rows split evenly over tp.
-  void column(const std::string& param, const std::string& tensor, std::uint64_t rows,
-              std::uint64_t cols, const char* what) {
-    const std::uint64_t local = even_shard(rows, 0, tp_, what).length;
-    m_.add_param(param, Shape{local, cols});
-    m_.add_target(tensor, param, Shape{rows, cols},
-                  [rows, tp = tp_](int rank) { return Blocks{column_parallel(rows, rank, tp)}; });
-  }
-
-  // RowParallelLinear: the input dim (columns) split evenly over tp.
-  void row(const std::string& param, const std::string& tensor, std::uint64_t out, std::uint64_t in,
-           const char* what) {
-    const std::uint64_t local = even_shard(in, 0, tp_, what).length;
-    m_.add_param(param, Shape{out, local});
-    m_.add_target(tensor, param, Shape{out, in},
-                  [in, tp = tp_](int rank) { return Blocks{row_parallel(in, rank, tp)}; });
+  // ColumnParallelLinear by heads: `per_head` rows a head, whole heads per rank.
+  // Heads tp does not divide are padded (padded_heads): the padded heads' rows
+  // are zero fills.
+  void column_heads(const std::string& param, const std::string& tensor, std::uint64_t per_head,
+                    std::uint64_t cols, const std::string& what) {
+    const std::uint64_t rows = c_.heads * per_head;
+    const std::uint64_t padded = padded_heads(c_.heads, tp_) * per_head;
+    m_.add_param(param, Shape{padded / static_cast<std::uint64_t>(tp_), cols});
+    m_.add_target(tensor, param, Shape{rows, cols}, [=, tp = tp_](int rank) {
+      return Blocks{padded_shard(0, rows, padded, rank, tp, what).copy};
+    });
+    if (padded != rows) {
+      m_.add_fill(param, [=, tp = tp_](int rank) {
+        return Blocks{padded_shard(0, rows, padded, rank, tp, what).zero};
+      });
+    }
   }
 
   // gate_proj and up_proj fused into gate_up_proj, down_proj row-parallel.
@@ -135,22 +136,27 @@ class Builder {
                       return Blocks{b};
                     });
       replicated_param(pa + "q_a_layernorm.weight", ta + "q_a_layernorm.weight", Shape{q});
-      column(pa + "q_b_proj.weight", ta + "q_b_proj.weight", c_.heads * qk_head, q,
-             "num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim)");
+      column_heads(pa + "q_b_proj.weight", ta + "q_b_proj.weight", qk_head, q,
+                   "num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim)");
     } else {
-      column(pa + "q_proj.weight", ta + "q_proj.weight", c_.heads * qk_head, c_.hidden,
-             "num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim)");
+      column_heads(pa + "q_proj.weight", ta + "q_proj.weight", qk_head, c_.hidden,
+                   "num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim)");
       replicated_param(pa + "kv_a_proj_with_mqa.weight", ta + "kv_a_proj_with_mqa.weight",
                        Shape{kv_a_rows, c_.hidden});
     }
     replicated_param(pa + "kv_a_layernorm.weight", ta + "kv_a_layernorm.weight",
                      Shape{c_.kv_lora_rank});
-    // Whole heads per rank: heads % tp == 0 was checked, and each head owns
-    // dn + dv consecutive rows (models/mla_hook.hpp).
-    column(pa + "kv_b_proj.weight", ta + "kv_b_proj.weight", c_.heads * (c_.qk_nope + c_.v_head),
-           c_.kv_lora_rank, "num_attention_heads * (qk_nope_head_dim + v_head_dim)");
-    row(pa + "o_proj.weight", ta + "o_proj.weight", c_.hidden, c_.heads * c_.v_head,
-        "num_attention_heads * v_head_dim");
+    // Whole heads per rank, each owning dn + dv consecutive rows (models/mla_hook.hpp);
+    // padded heads are zero rows, which the hook splits into zero w_kc / w_vc heads.
+    column_heads(pa + "kv_b_proj.weight", ta + "kv_b_proj.weight", c_.qk_nope + c_.v_head,
+                 c_.kv_lora_rank, "num_attention_heads * (qk_nope_head_dim + v_head_dim)");
+    // o_proj's input dim follows the heads, padded columns included.
+    const std::uint64_t o_in = c_.heads * c_.v_head;
+    const std::uint64_t o_padded = padded_heads(c_.heads, tp_) * c_.v_head;
+    m_.add_param(pa + "o_proj.weight",
+                 Shape{c_.hidden, o_padded / static_cast<std::uint64_t>(tp_)});
+    add_row_parallel(m_, ta + "o_proj.weight", pa + "o_proj.weight", c_.hidden, o_in, o_padded,
+                     tp_, "num_attention_heads * v_head_dim");
     // Filled by the post-load hook only.
     const MlaDims dims = mla_dims(c_, tp_);
     m_.add_param(pa + "w_kc", mla_w_kc_shape(dims));
@@ -216,13 +222,6 @@ void check_splits(const DeepseekConfig& c, const ParallelLayout& layout,
                   const ModelOptions& options, bool any_moe,
                   const std::vector<std::uint64_t>& moe_layers) {
   const int tp = layout.tp;
-  if (c.mla && c.heads % static_cast<std::uint64_t>(tp) != 0) {
-    throw Error(Stage::kPlacement, kConfigFile, "",
-                c.architecture + ": num_attention_heads (" + std::to_string(c.heads) +
-                    ") is not divisible by tensor parallel size " + std::to_string(tp) +
-                    "; uneven tensor parallelism (zero-padded heads) is implemented for GQA "
-                    "attention only, not for MLA: choose a tp that divides the heads");
-  }
   if (!c.mla) {
     check_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, tp);
   }

@@ -39,7 +39,7 @@
 namespace ferry::models {
 
 struct MlaDims {
-  std::uint64_t heads = 0;         // local heads H (num_attention_heads / tp)
+  std::uint64_t heads = 0;         // local heads H (num_attention_heads / tp, padded up)
   std::uint64_t qk_nope = 0;       // dn, qk_nope_head_dim
   std::uint64_t v_head = 0;        // dv, v_head_dim
   std::uint64_t kv_lora_rank = 0;  // r

@@ -213,9 +213,9 @@ const std::vector<std::string>& supported_architectures();
 // Stage::kMapping for an unknown architecture (naming it and the supported ones) or
 // a quantization_config ("not supported yet"), Stage::kConfig for a missing or
 // malformed field, Stage::kPlacement when the layout cannot split the model (a
-// padded vocabulary tp does not divide, MLA heads tp does not divide, experts ep
-// does not divide, ...; GQA heads and intermediate sizes tp does not divide are
-// padded with zeros instead, as SGLang does).
+// padded vocabulary tp does not divide, experts ep does not divide, ...; heads and
+// intermediate sizes tp does not divide are padded with zeros instead, as SGLang
+// does).
 std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const ParallelLayout& layout,
                                   const ModelOptions& options = {});
 

@@ -137,6 +137,11 @@ std::uint64_t padded_intermediate(std::uint64_t intermediate, int parts) {
   return round_up(intermediate, checked_mul(p, kIntermediatePadding, "intermediate size"));
 }
 
+std::uint64_t padded_heads(std::uint64_t heads, int tp) {
+  check_parts(0, tp, "tensor parallel size");
+  return round_up(heads, static_cast<std::uint64_t>(tp));
+}
+
 // ---- QKVParallelLinear -------------------------------------------------------
 
 namespace {

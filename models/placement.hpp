@@ -104,6 +104,9 @@ PaddedShard padded_shard(std::size_t axis, std::uint64_t real, std::uint64_t pad
 inline constexpr std::uint64_t kIntermediatePadding = 32;
 // `intermediate` when `parts` divides it, else the padded size above.
 std::uint64_t padded_intermediate(std::uint64_t intermediate, int parts);
+// Attention heads without groups (MLA, where every head reads the one shared
+// latent): `heads` when tp divides it, else rounded up to a multiple of tp.
+std::uint64_t padded_heads(std::uint64_t heads, int tp);
 
 // ---- QKVParallelLinear -------------------------------------------------------
 

@@ -260,7 +260,21 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
       }
       return;
     }
-    const std::uint64_t hl = d.heads / T;  // local heads
+    // Local heads: heads / tp, or with heads tp does not divide, the heads padded up
+    // to a multiple of tp over tp; a global head g >= heads is padding (zeros).
+    const std::uint64_t hl = (d.heads + T - 1) / T;
+    // The rows of this rank's heads of a [heads * per, c] tensor, zeros past it.
+    auto head_rows = [&](std::vector<float>& dst, const std::string& name, std::uint64_t c,
+                         std::uint64_t per) {
+      for (std::uint64_t h = 0; h < hl; ++h) {
+        const std::uint64_t g = R * hl + h;
+        if (g < d.heads) {
+          rows(dst, name, c, g * per, per);
+        } else {
+          dst.insert(dst.end(), per * c, 0.0f);
+        }
+      }
+    };
     const std::uint64_t qk = d.dn + d.dr;
     const std::uint64_t kv_a = d.kv_lora + d.dr;
     if (d.q_lora > 0) {
@@ -270,21 +284,28 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
       put(p + "fused_qkv_a_proj_with_mqa.weight", {d.q_lora + kv_a, H}, std::move(fused));
       full(p + "q_a_layernorm.weight", t + "q_a_layernorm.weight", d.q_lora, 1);
       std::vector<float> qb;
-      rows(qb, t + "q_b_proj.weight", d.q_lora, R * hl * qk, hl * qk);
+      head_rows(qb, t + "q_b_proj.weight", d.q_lora, qk);
       put(p + "q_b_proj.weight", {hl * qk, d.q_lora}, std::move(qb));
     } else {
       std::vector<float> q;
-      rows(q, t + "q_proj.weight", H, R * hl * qk, hl * qk);
+      head_rows(q, t + "q_proj.weight", H, qk);
       put(p + "q_proj.weight", {hl * qk, H}, std::move(q));
       full(p + "kv_a_proj_with_mqa.weight", t + "kv_a_proj_with_mqa.weight", kv_a, H);
     }
     full(p + "kv_a_layernorm.weight", t + "kv_a_layernorm.weight", d.kv_lora, 1);
     const std::uint64_t per_head = d.dn + d.dv;
     std::vector<float> kvb;
-    rows(kvb, t + "kv_b_proj.weight", d.kv_lora, R * hl * per_head, hl * per_head);
+    head_rows(kvb, t + "kv_b_proj.weight", d.kv_lora, per_head);
     put(p + "kv_b_proj.weight", {hl * per_head, d.kv_lora}, std::move(kvb));
-    put(p + "o_proj.weight", {H, hl * d.dv},
-        cols(t + "o_proj.weight", H, d.heads * d.dv, R * hl * d.dv, hl * d.dv));
+    std::vector<float> o;
+    for (std::uint64_t i = 0; i < H; ++i) {
+      for (std::uint64_t j = 0; j < hl * d.dv; ++j) {
+        const std::uint64_t col = R * hl * d.dv + j;  // padding past heads * dv
+        o.push_back(col < d.heads * d.dv ? value(t + "o_proj.weight", i * d.heads * d.dv + col)
+                                         : 0.0f);
+      }
+    }
+    put(p + "o_proj.weight", {H, hl * d.dv}, std::move(o));
     // The paper's split, per global head g = R*hl + h of kv_b_proj [heads*(dn+dv), r]:
     //   w_kc[h][i][c] = kv_b[g*(dn+dv) + i][c]        (W^UK, i < dn)
     //   w_vc[h][c][k] = kv_b[g*(dn+dv) + dn + k][c]   (W^UV, k < dv)
@@ -295,7 +316,8 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     for (std::uint64_t h = 0; h < hl; ++h) {
       for (std::uint64_t i = 0; i < d.dn; ++i) {
         for (std::uint64_t c = 0; c < d.kv_lora; ++c) {
-          kc.push_back(value(kvb_name, ((R * hl + h) * per_head + i) * d.kv_lora + c));
+          const std::uint64_t g = R * hl + h;
+          kc.push_back(g < d.heads ? value(kvb_name, (g * per_head + i) * d.kv_lora + c) : 0.0f);
         }
       }
     }
@@ -305,7 +327,9 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     for (std::uint64_t h = 0; h < hl; ++h) {
       for (std::uint64_t c = 0; c < d.kv_lora; ++c) {
         for (std::uint64_t k = 0; k < d.dv; ++k) {
-          vc.push_back(value(kvb_name, ((R * hl + h) * per_head + d.dn + k) * d.kv_lora + c));
+          const std::uint64_t g = R * hl + h;
+          vc.push_back(g < d.heads ? value(kvb_name, (g * per_head + d.dn + k) * d.kv_lora + c)
+                                   : 0.0f);
         }
       }
     }

@@ -415,6 +415,10 @@ std::vector<Case> cases() {
   out.push_back(make_case("deepseek_v3", 4, 2, "no_q_lora"));
   out.push_back(draft(make_case("deepseek_v3", 2, 2, "no_q_lora")));
   out.push_back(make_case("deepseek_v3", 2, 2, "greedy"));
+  // Uneven tp: 8 MLA heads padded to 16 at tp 16 (one head a rank; ranks 8..15 hold
+  // zero heads, and the hook splits their zero kv_b_proj into zero w_kc / w_vc).
+  out.push_back(on(make_case("deepseek_v3", 16, 8), {7, 8, 15}));
+  out.push_back(on(draft(make_case("deepseek_v3", 16, 4, "no_q_lora")), {0, 9}));
   // Families whose synthetic checkpoints tools/synth.cpp provides.
   if (synth_has("deepseek_v2")) {
     out.push_back(make_case("deepseek_v2", 1, 1));
@@ -616,19 +620,26 @@ TEST(Deepseek, RealDeepseekV3ConfigGivesSglangShapes) {
 
 // ---- bad inputs -------------------------------------------------------------------
 
-TEST(DeepseekErrors, HeadsNotDivisibleByTp) {
+TEST(DeepseekUneven, MlaHeadsTpDoesNotDivideArePadded) {
+  // (Every element of such layouts is checked by the contract cases at tp 16.)
   Ckpt ck = make_ckpt("deepseek_v3");
   ck.config["num_attention_heads"] = 6;
   models::ParallelLayout l;
   l.tp = 4;
-  expect_error([&] { models::make_model(ck.config, l); }, Stage::kPlacement,
-               "num_attention_heads (6) is not divisible by tensor parallel size 4");
-  ck.config["num_attention_heads"] = 8;
-  l.tp = 16;
-  expect_error([&] { models::make_model(ck.config, l); }, Stage::kPlacement,
-               "num_attention_heads (8) is not divisible by tensor parallel size 16");
-  expect_error([&] { models::make_model(ck.config, l); }, Stage::kPlacement,
-               "implemented for GQA attention only, not for MLA");
+  // 6 heads padded to 8: 2 a rank; ranks 0-2 real heads 0..5, rank 3 zeros.
+  auto m = models::make_model(ck.config, l);
+  const std::uint64_t qk = ck.config["qk_nope_head_dim"].get<std::uint64_t>() +
+                           ck.config["qk_rope_head_dim"].get<std::uint64_t>();
+  const std::uint64_t dv = ck.config["v_head_dim"].get<std::uint64_t>();
+  const models::RankShell& last = m->shells()[3];
+  auto shape = [&](const std::string& name) {
+    return last.params[last.by_name.at("model.layers.0.self_attn." + name)].shape;
+  };
+  EXPECT_EQ(shape("q_b_proj.weight")[0], 2 * qk);
+  EXPECT_EQ(shape("o_proj.weight")[1], 2 * dv);
+  EXPECT_EQ(shape("w_kc")[0], 2u);
+  EXPECT_EQ(shape("w_vc")[0], 2u);
+  EXPECT_FALSE(m->fill_pieces().empty());
 }
 
 TEST(DeepseekErrors, DraftWithoutMtpLayersOrWithPipelineStages) {

@@ -201,6 +201,15 @@ TEST_F(DeepseekLoad, PipelineStagesAndRankSubsets) {
   load_and_check(*v3_, s);
 }
 
+TEST_F(DeepseekLoad, UnevenTpPadsMlaHeadsAndTheHookSplitsZeroHeads) {
+  // 8 heads at tp 16: padded to 16, one a rank. Rank 7 holds real head 7; rank 12
+  // only a padded head, so its kv_b_proj is all zero fill and its hook must still
+  // run (on fills alone) and write zero w_kc / w_vc.
+  LoadSetup s = load_setup(16, 8);
+  s.ranks = {7, 12};
+  load_and_check(*v3_, s);
+}
+
 TEST_F(DeepseekLoad, DraftModelAndFoldedSharedExperts) {
   LoadSetup s = load_setup(2, 2);
   s.layout.draft = true;
