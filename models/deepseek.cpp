@@ -119,6 +119,10 @@ class Builder {
   }
 
   void mla(const std::string& pa, const std::string& ta) {
+    if (const std::uint64_t padded = padded_heads(c_.heads, tp_); padded != c_.heads) {
+      m_.add_note(uneven_note("num_attention_heads " + std::to_string(c_.heads) + " (MLA)", "heads",
+                              padded, c_.heads, tp_, std::to_string(padded), "tp ranks"));
+    }
     const std::uint64_t qk_head = c_.qk_nope + c_.qk_rope;
     const std::uint64_t kv_a_rows = c_.kv_lora_rank + c_.qk_rope;
     if (c_.q_lora_rank != 0) {

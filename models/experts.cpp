@@ -10,6 +10,7 @@
 
 #include "common/error.hpp"
 #include "models/hf_config.hpp"
+#include "models/layers.hpp"
 #include "models/placement.hpp"
 
 namespace ferry::models {
@@ -254,7 +255,14 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
   }
   // Uneven moe-tp pads I (padded_intermediate); real_rows says how much of each
   // share is real.
-  g->i_local = padded_intermediate(spec.intermediate, g->moe_tp) / moe_tp;
+  const std::uint64_t i_padded = padded_intermediate(spec.intermediate, g->moe_tp);
+  g->i_local = i_padded / moe_tp;
+  if (i_padded != spec.intermediate) {
+    m.add_note(uneven_note("the experts' " + spec.intermediate_field + " " +
+                               std::to_string(spec.intermediate),
+                           "rows", i_padded, spec.intermediate, g->moe_tp, std::to_string(i_padded),
+                           "moe-tp ranks (tp rank % (tp / ep))"));
+  }
   g->i_pad = round_up(g->i_local, options.pad_moe_intermediate_to);
 
   // Logical -> physical: the identity without EPLB, else this layer's map.

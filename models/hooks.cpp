@@ -24,6 +24,7 @@ class HookedModel final : public Model {
   Route route(const io::TensorInfo& tensor) const override { return base_->route(tensor); }
   std::vector<Piece> fill_pieces() const override { return base_->fill_pieces(); }
   std::vector<PostLoadHook> hooks() const override { return hooks_; }
+  std::vector<std::string> notes() const override { return base_->notes(); }
 
  private:
   std::shared_ptr<const Model> base_;

@@ -10,10 +10,36 @@ namespace ferry::models {
 
 using Blocks = std::vector<Block>;
 
+std::string uneven_note(const std::string& what, const std::string& unit, std::uint64_t padded,
+                        std::uint64_t real, int parts, const std::string& padded_text,
+                        const std::string& ranks) {
+  const auto n = static_cast<std::uint64_t>(parts);
+  const std::uint64_t per = padded / n;
+  const std::uint64_t first_empty = per == 0 ? 0 : (real + per - 1) / per;
+  std::string out = "uneven tensor parallelism: " + std::to_string(parts) + " " + ranks +
+                    " do not split " + what + "; padded to " + padded_text + " with zero " + unit +
+                    " (SGLang's unaligned-TP padding)";
+  if (first_empty + 1 == n) {
+    out += "; of the " + ranks + ", " + std::to_string(first_empty) + " holds only zero " + unit;
+  } else if (first_empty < n) {
+    out += "; of the " + ranks + ", " + std::to_string(first_empty) + ".." +
+           std::to_string(n - 1) + " hold only zero " + unit;
+  }
+  return out;
+}
+
 void add_gqa_attention(TableModel& m, const std::string& param_prefix,
                        const std::string& tensor_prefix, const GqaAttention& a, int tp) {
   const QkvShape qkv{a.heads, a.kv_heads, a.head_dim};
   const QkvShape padded = padded_qkv(qkv, tp);
+  if (padded != qkv) {
+    m.add_note(uneven_note("num_attention_heads / num_key_value_heads " +
+                               std::to_string(qkv.q_heads) + " / " + std::to_string(qkv.kv_heads),
+                           "heads", padded.q_heads, qkv.q_heads, tp,
+                           std::to_string(padded.q_heads) + " / " +
+                               std::to_string(padded.kv_heads),
+                           "tp ranks"));
+  }
   const std::uint64_t q_rows = qkv_slot_rows(qkv, QkvSlot::kQ);
   const std::uint64_t kv_rows = qkv_slot_rows(qkv, QkvSlot::kK);
   const std::string w = param_prefix + "qkv_proj.weight";
@@ -84,6 +110,10 @@ void add_gated_mlp(TableModel& m, const std::string& param_prefix,
   // up shares end in zero rows, its down_proj share in zero columns.
   const std::uint64_t padded = padded_intermediate(intermediate, tp);
   const std::uint64_t local = even_shard(padded, 0, tp, what).length;
+  if (padded != intermediate) {
+    m.add_note(uneven_note(std::string(what) + " " + std::to_string(intermediate), "rows", padded,
+                           intermediate, tp, std::to_string(padded), "tp ranks"));
+  }
   const std::string gu_w = param_prefix + "gate_up_proj.weight";
   const std::string gu_b = param_prefix + "gate_up_proj.bias";
   m.add_param(gu_w, Shape{2 * local, hidden});

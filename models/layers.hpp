@@ -39,6 +39,14 @@ void add_gated_mlp(TableModel& m, const std::string& param_prefix,
                    const std::string& tensor_prefix, std::uint64_t hidden,
                    std::uint64_t intermediate, bool bias, int tp, const char* what);
 
+// The operator's note (Model::notes) for a size `parts` ranks do not split: `what`
+// names it ("intermediate_size 100"), `padded_text` its padded form, `unit` what
+// the zeros are ("heads", "rows"), `ranks` the kind of rank ("tp ranks"); the
+// ranks whose whole share is padding are named.
+std::string uneven_note(const std::string& what, const std::string& unit, std::uint64_t padded,
+                        std::uint64_t real, int parts, const std::string& padded_text,
+                        const std::string& ranks);
+
 // RowParallelLinear of a [rows, input] tensor into `param` (declared by the caller
 // as [rows, padded_input / tp]): rank r's share of the input dim; with
 // padded_input > input the columns past the real input are zero fills.

@@ -67,6 +67,7 @@ class StridedModel final : public Model {
   Route route(const io::TensorInfo& tensor) const override { return base_->route(tensor); }
   std::vector<Piece> fill_pieces() const override { return base_->fill_pieces(); }
   std::vector<PostLoadHook> hooks() const override { return hooks_; }
+  std::vector<std::string> notes() const override { return base_->notes(); }
 
   void add_hooks(std::vector<PostLoadHook> hooks) {
     validate_hooks(*this, hooks, hooks_);

@@ -80,6 +80,10 @@ std::string_view to_string(RouteKind kind) {
   return "?";
 }
 
+std::vector<std::string> Model::notes() const {
+  return {};
+}
+
 std::vector<PostLoadHook> Model::hooks() const {
   return {};
 }

@@ -172,6 +172,11 @@ class Model {
   virtual std::vector<Piece> fill_pieces() const = 0;
   // Post-load hooks; dense families have none.
   virtual std::vector<PostLoadHook> hooks() const;
+  // What the operator should know about how the layout was applied (uneven tensor
+  // parallelism padded some heads or widths with zeros); the runtime and `ferry
+  // plan` report each as a warning. None by default; a wrapper model forwards its
+  // base's.
+  virtual std::vector<std::string> notes() const;
 };
 
 struct ModelOptions {

@@ -168,6 +168,12 @@ void TableModel::finish() {
   finished_ = true;
 }
 
+void TableModel::add_note(const std::string& note) {
+  if (std::find(notes_.begin(), notes_.end(), note) == notes_.end()) {
+    notes_.push_back(note);
+  }
+}
+
 void TableModel::add_hook(PostLoadHook hook) {
   if (!finished_) {
     internal(hook.name, "add_hook before finish");

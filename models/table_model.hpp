@@ -58,6 +58,8 @@ class TableModel final : public Model {
   void finish();
   // After finish(): appends a hook after validate_hooks (models/hooks.hpp).
   void add_hook(PostLoadHook hook);
+  // A note for the operator (Model::notes); the same text is kept once.
+  void add_note(const std::string& note);
 
   // ---- Model ---------------------------------------------------------------------
   std::string family() const override { return family_; }
@@ -66,6 +68,7 @@ class TableModel final : public Model {
   Route route(const io::TensorInfo& tensor) const override;
   std::vector<Piece> fill_pieces() const override { return fills_; }
   std::vector<PostLoadHook> hooks() const override { return hooks_; }
+  std::vector<std::string> notes() const override { return notes_; }
 
  private:
   struct Target {
@@ -101,6 +104,7 @@ class TableModel final : public Model {
   std::vector<RankShell> shells_;
   std::vector<Piece> fills_;
   std::vector<PostLoadHook> hooks_;
+  std::vector<std::string> notes_;
 };
 
 // Checks and completes a layout: tp, ep, pp >= 1, 0 <= pp_rank < pp, local ranks

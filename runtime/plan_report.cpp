@@ -180,6 +180,9 @@ PlanReport make_plan_report(const LoadConfig& config) {
                               " checkpoint tensor(s) map to no parameter of " + report.family +
                               " and would not be read (load.strict makes this an error)");
   }
+  for (const std::string& note : model->notes()) {
+    report.warnings.push_back(note);
+  }
   return report;
 }
 

@@ -290,6 +290,10 @@ LoadResult Runtime::Impl::load(LoadReport& report) {
       throw Error(Stage::kConfig, "", "", "RuntimeHooks::wrap_model returned no model");
     }
   }
+  for (const std::string& note : model->notes()) {
+    log::warn(note);
+    report.warnings.push_back(note);
+  }
   actors::PlanOptions plan_options;
   plan_options.chunk_bytes = c.io.chunk_bytes;
   plan_options.direct = c.io.direct;

@@ -640,6 +640,12 @@ TEST(DeepseekUneven, MlaHeadsTpDoesNotDivideArePadded) {
   EXPECT_EQ(shape("w_kc")[0], 2u);
   EXPECT_EQ(shape("w_vc")[0], 2u);
   EXPECT_FALSE(m->fill_pieces().empty());
+  // The wrappers (strided params, hooks) pass the family's note on.
+  ASSERT_EQ(m->notes().size(), 1u);
+  EXPECT_NE(m->notes()[0].find("num_attention_heads 6 (MLA); padded to 8 with zero heads"),
+            std::string::npos)
+      << m->notes()[0];
+  EXPECT_NE(m->notes()[0].find("of the tp ranks, 3 holds only zero heads"), std::string::npos);
 }
 
 TEST(DeepseekErrors, DraftWithoutMtpLayersOrWithPipelineStages) {

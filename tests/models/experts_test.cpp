@@ -781,6 +781,9 @@ TEST(MoeUneven, AnIntermediateMoeTpDoesNotSplitIsPaddedPerShare) {
     }
     // Ranks 4..7 hold no real rows: their shares are all fill.
     EXPECT_FALSE(m->fill_pieces().empty());
+    ASSERT_EQ(m->notes().size(), 1u);
+    EXPECT_THAT(m->notes()[0], AllOf(HasSubstr("moe_intermediate_size 100; padded to 256"),
+                                     HasSubstr("of the moe-tp ranks (tp rank % (tp / ep)), 4..7 hold")));
   }
   // moe_tp = 8 / 2 = 4 divides 100: 25 rows a share, no padding.
   auto even = models::make_model(qwen, ep_layout(8, 2));

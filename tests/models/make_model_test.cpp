@@ -206,12 +206,22 @@ TEST(MakeModel, HeadsAndWidthsTpDoesNotSplitArePadded) {
             (models::Shape{(4 + 2) * 16, 128}));
   EXPECT_EQ(param(*m, "model.layers.0.self_attn.o_proj.weight", 1).shape,
             (models::Shape{128, 64}));
+  // The operator is told, once (not per layer).
+  ASSERT_EQ(m->notes().size(), 1u);
+  EXPECT_THAT(m->notes()[0],
+              AllOf(HasSubstr("16 tp ranks do not split num_attention_heads / num_key_value_heads "
+                              "8 / 2; padded to 64 / 16 with zero heads"),
+                    HasSubstr("of the tp ranks, 2..15 hold only zero heads")));
+  EXPECT_TRUE(models::make_model(c, tp_layout(2))->notes().empty());
   // intermediate 260 at tp 8: padded to 512 (a multiple of 8 * 32), 64 a rank.
   c["intermediate_size"] = 260;
   m = models::make_model(c, tp_layout(8, {7}));
   EXPECT_EQ(param(*m, "model.layers.0.mlp.gate_up_proj.weight").shape,
             (models::Shape{2 * 64, 128}));
   EXPECT_EQ(param(*m, "model.layers.0.mlp.down_proj.weight").shape, (models::Shape{128, 64}));
+  ASSERT_EQ(m->notes().size(), 1u);
+  EXPECT_THAT(m->notes()[0], AllOf(HasSubstr("intermediate_size 260; padded to 512 with zero rows"),
+                                   HasSubstr("of the tp ranks, 5..7 hold only zero rows")));
 }
 
 TEST(MakeModel, ARankThatHoldsOnlyPaddedHeadsReadsNoAttentionTensor) {

@@ -3,6 +3,7 @@
 // from the synthetic checkpoint's values (tests/runtime/runtime_test_util.hpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -94,6 +95,12 @@ TEST_F(LoadTest, UnevenTpPadsHeadsWithZeros) {
   LoadResult r = load(make_config(qwen2_->dir, {tp(16)}));
   ASSERT_TRUE(r);
   EXPECT_EQ(expect_matches_reference(*r.model, *qwen2_, 16, DType::kBF16), 31u * 16u);
+  // The report tells the operator.
+  const std::vector<std::string>& warnings = r.model->report().warnings;
+  EXPECT_TRUE(std::any_of(warnings.begin(), warnings.end(), [](const std::string& w) {
+    return w.find("uneven tensor parallelism") != std::string::npos &&
+           w.find("of the tp ranks, 2..15 hold only zero heads") != std::string::npos;
+  }));
   LoadResult sub = load(make_config(qwen2_->dir, {tp(16), "parallel.ranks=9,1"}));
   ASSERT_TRUE(sub);
   EXPECT_EQ(expect_matches_reference(*sub.model, *qwen2_, 16, DType::kBF16), 31u * 2u);
