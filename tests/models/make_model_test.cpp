@@ -213,6 +213,14 @@ TEST(MakeModel, HeadsAndWidthsTpDoesNotSplitArePadded) {
                               "8 / 2; padded to 64 / 16 with zero heads"),
                     HasSubstr("of the tp ranks, 2..15 hold only zero heads")));
   EXPECT_TRUE(models::make_model(c, tp_layout(2))->notes().empty());
+  // The checkpoint must hold the real heads: a q_proj already padded is refused,
+  // naming the shape the config implies.
+  EXPECT_THAT(error_of(Stage::kPlacement,
+                       [&] {
+                         m->route(tensor_info("model.layers.0.self_attn.q_proj.weight",
+                                              DType::kBF16, {64 * 16, 128}));
+                       }),
+              AllOf(HasSubstr("Attempted to load weight"), HasSubstr("[128, 128]")));
   // intermediate 260 at tp 8: padded to 512 (a multiple of 8 * 32), 64 a rank.
   c["intermediate_size"] = 260;
   m = models::make_model(c, tp_layout(8, {7}));
