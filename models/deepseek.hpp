@@ -92,8 +92,9 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
 bool deepseek_moe_layer(const DeepseekConfig& c, std::uint64_t layer);
 
 // The model for `c` under `layout` (normalized) with params of `dtype` (the gate's
-// correction bias is F32 regardless). Throws Error(Stage::kPlacement) when heads,
-// intermediate sizes or the vocabulary do not split over tp; Error(Stage::kConfig)
+// correction bias is F32 regardless). Heads and intermediate sizes tp does not
+// divide are padded with zeros; throws Error(Stage::kPlacement) when the padded
+// vocabulary does not split over tp or the experts over ep; Error(Stage::kConfig)
 // for a draft request without an MTP layer or with pp > 1, and for
 // fuse_shared_experts unless n_shared_experts is 1 (what SGLang folds).
 std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const ParallelLayout& layout,

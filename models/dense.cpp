@@ -51,14 +51,8 @@ DenseConfig parse_dense_config(const nlohmann::json& hf_config, const std::strin
     throw Error(Stage::kMapping, kConfigFile, "",
                 "internal: " + architecture + " is not a dense Llama-like architecture");
   }
-  c.hidden = config_positive(hf_config, "hidden_size");
-  c.heads = config_positive(hf_config, "num_attention_heads");
-  c.kv_heads = config_optional_positive(hf_config, "num_key_value_heads").value_or(c.heads);
-  c.head_dim = config_head_dim(hf_config, c.hidden, c.heads);
+  static_cast<GqaDecoderDims&>(c) = config_gqa_decoder_dims(hf_config);
   c.intermediate = config_positive(hf_config, "intermediate_size");
-  c.layers = config_positive(hf_config, "num_hidden_layers");
-  c.vocab = config_positive(hf_config, "vocab_size");
-  c.tie_embeddings = config_bool(hf_config, "tie_word_embeddings", false);
   if (c.family == "qwen2") {
     c.qkv_bias = true;  // Qwen2Attention always has q/k/v biases, o_proj has none
   } else {

@@ -8,22 +8,17 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "models/hf_config.hpp"
 #include "models/model.hpp"
 
 namespace ferry::models {
 
-// The config fields a dense family uses, after defaults.
-struct DenseConfig {
+// The config fields a dense family uses, after defaults (hidden, heads, kv_heads,
+// head_dim, layers, vocab, tie_embeddings from GqaDecoderDims).
+struct DenseConfig : GqaDecoderDims {
   std::string family;        // "llama", "mistral", "qwen2"
   std::string architecture;  // "LlamaForCausalLM", ...
-  std::uint64_t hidden = 0;
-  std::uint64_t heads = 0;
-  std::uint64_t kv_heads = 0;  // num_key_value_heads, default num_attention_heads
-  std::uint64_t head_dim = 0;  // head_dim when present, else hidden / heads
   std::uint64_t intermediate = 0;
-  std::uint64_t layers = 0;
-  std::uint64_t vocab = 0;
-  bool tie_embeddings = false;  // tie_word_embeddings (default false)
   bool qkv_bias = false;        // Qwen2 always; Llama/Mistral with attention_bias
   bool o_bias = false;          // Llama/Mistral attention_bias
   bool mlp_bias = false;        // Llama/Mistral mlp_bias

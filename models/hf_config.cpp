@@ -75,6 +75,18 @@ std::uint64_t config_positive(const nlohmann::json& config, std::string_view key
   return *n;
 }
 
+GqaDecoderDims config_gqa_decoder_dims(const nlohmann::json& config) {
+  GqaDecoderDims d;
+  d.hidden = config_positive(config, "hidden_size");
+  d.heads = config_positive(config, "num_attention_heads");
+  d.kv_heads = config_optional_positive(config, "num_key_value_heads").value_or(d.heads);
+  d.head_dim = config_head_dim(config, d.hidden, d.heads);
+  d.layers = config_positive(config, "num_hidden_layers");
+  d.vocab = config_positive(config, "vocab_size");
+  d.tie_embeddings = config_bool(config, "tie_word_embeddings", false);
+  return d;
+}
+
 bool config_bool(const nlohmann::json& config, std::string_view key, bool fallback) {
   const nlohmann::json* v = find(config, key);
   if (v == nullptr) {

@@ -30,6 +30,18 @@ std::uint64_t config_head_dim(const nlohmann::json& config, std::uint64_t hidden
 // A boolean, `fallback` when absent or null.
 bool config_bool(const nlohmann::json& config, std::string_view key, bool fallback);
 
+// The decoder fields the grouped-query families (dense and MoE) read alike.
+struct GqaDecoderDims {
+  std::uint64_t hidden = 0;
+  std::uint64_t heads = 0;
+  std::uint64_t kv_heads = 0;  // num_key_value_heads, default num_attention_heads
+  std::uint64_t head_dim = 0;  // head_dim when present, else hidden / heads
+  std::uint64_t layers = 0;
+  std::uint64_t vocab = 0;
+  bool tie_embeddings = false;  // tie_word_embeddings (default false)
+};
+GqaDecoderDims config_gqa_decoder_dims(const nlohmann::json& config);
+
 // The param dtype: `requested` when set, else config.json's torch_dtype (or the
 // newer `dtype` key). Throws when neither says, or the config's value is not
 // bfloat16, float16 or float32.

@@ -184,13 +184,7 @@ MoeConfig parse_moe_config(const nlohmann::json& hf_config, const std::string& a
     throw Error(Stage::kMapping, kConfigFile, "",
                 "internal: " + architecture + " is not a Mixtral / Qwen-MoE architecture");
   }
-  c.hidden = config_positive(hf_config, "hidden_size");
-  c.heads = config_positive(hf_config, "num_attention_heads");
-  c.kv_heads = config_optional_positive(hf_config, "num_key_value_heads").value_or(c.heads);
-  c.head_dim = config_head_dim(hf_config, c.hidden, c.heads);
-  c.layers = config_positive(hf_config, "num_hidden_layers");
-  c.vocab = config_positive(hf_config, "vocab_size");
-  c.tie_embeddings = config_bool(hf_config, "tie_word_embeddings", false);
+  static_cast<GqaDecoderDims&>(c) = config_gqa_decoder_dims(hf_config);
 
   if (c.family == "mixtral") {
     // Every Mixtral layer is sparse; an expert's width is intermediate_size.

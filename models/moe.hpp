@@ -21,21 +21,17 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "models/hf_config.hpp"
 #include "models/model.hpp"
 
 namespace ferry::models {
 
 // The config fields these families use, after defaults.
-struct MoeConfig {
+// (hidden, heads, kv_heads, head_dim, layers, vocab, tie_embeddings from
+// GqaDecoderDims.)
+struct MoeConfig : GqaDecoderDims {
   std::string family;        // "mixtral", "qwen3_moe", "qwen2_moe"
   std::string architecture;  // "MixtralForCausalLM", ...
-  std::uint64_t hidden = 0;
-  std::uint64_t heads = 0;
-  std::uint64_t kv_heads = 0;  // num_key_value_heads, default num_attention_heads
-  std::uint64_t head_dim = 0;  // head_dim when present, else hidden / heads
-  std::uint64_t layers = 0;
-  std::uint64_t vocab = 0;
-  bool tie_embeddings = false;
   bool qkv_bias = false;                  // Qwen2-MoE always; Qwen3-MoE with attention_bias
   bool o_bias = false;                    // Qwen3-MoE with attention_bias
   bool qk_norm = false;                   // Qwen3-MoE
@@ -53,8 +49,8 @@ struct MoeConfig {
 MoeConfig parse_moe_config(const nlohmann::json& hf_config, const std::string& architecture);
 
 // The model for `config` under `layout` (already normalized). Checks every split up
-// front (Stage::kPlacement for heads, intermediate sizes or experts that do not
-// divide; Stage::kConfig for tp % ep, model.draft, or a shared expert that cannot be
+// front (Stage::kPlacement for experts ep does not divide or a padded vocabulary tp
+// does not split; heads and widths tp does not divide are padded; Stage::kConfig for tp % ep, model.draft, or a shared expert that cannot be
 // fused). A pipeline stage holds only its layers (models/stages.hpp).
 std::unique_ptr<Model> make_moe_model(const MoeConfig& config, const ParallelLayout& layout,
                                       DType dtype, const ModelOptions& options);
