@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "testing/error_of.hpp"
 
 namespace ferry::io {
 namespace {
 
 using namespace std::chrono_literals;
+using ferry::testing::error_of;
 
 // Counts what it hands out; can be told to fail the n-th allocation (1-based), by
 // returning nullptr, throwing, or returning misaligned memory.
@@ -93,19 +95,6 @@ class CountingAllocator final : public BufferAllocator {
   int deallocated_ = 0;
   std::set<std::byte*> misaligned_;
 };
-
-// Runs `f`, expecting ferry::Error of `stage`; returns its message.
-template <class F>
-std::string error_of(Stage stage, F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.stage(), stage) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no ferry::Error thrown";
-  return {};
-}
 
 TEST(StagingPoolTest, AcquireReleaseCycles) {
   StagingPool pool(3, 4096);

@@ -12,6 +12,7 @@
 #include "gpu/host_device.hpp"
 #include "models/coverage.hpp"
 #include "models/hooks.hpp"
+#include "models/host_hook_context.hpp"
 #include "models/reference_util.hpp"
 #include "models/table_model.hpp"
 
@@ -170,28 +171,6 @@ PostLoadHook copy_hook(const models::Model& m, std::size_t local_rank) {
   };
   return h;
 }
-
-// HookContext over params allocated on a host device; refuses undeclared params.
-class HostHookContext final : public models::HookContext {
- public:
-  HostHookContext(gpu::Stream& stream, std::vector<std::byte*> params, const PostLoadHook& hook)
-      : stream_(stream), params_(std::move(params)) {
-    allowed_.insert(hook.inputs.begin(), hook.inputs.end());
-    allowed_.insert(hook.outputs.begin(), hook.outputs.end());
-  }
-  std::byte* param_data(std::size_t param) override {
-    if (allowed_.count(param) == 0) {
-      throw std::runtime_error("hook asked for an undeclared param");
-    }
-    return params_.at(param);
-  }
-  gpu::Stream& stream() override { return stream_; }
-
- private:
-  gpu::Stream& stream_;
-  std::vector<std::byte*> params_;
-  std::set<std::size_t> allowed_;
-};
 
 TEST(Hooks, AToyHookFillsItsOutputOnTheHostDevice) {
   auto m = toy_model(2);

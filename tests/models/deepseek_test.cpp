@@ -25,6 +25,7 @@
 #include "gpu/host_device.hpp"
 #include "models/coverage.hpp"
 #include "models/deepseek_reference.hpp"
+#include "models/host_hook_context.hpp"
 #include "models/mla_hook.hpp"
 #include "models/model.hpp"
 #include "models/reference_util.hpp"
@@ -133,29 +134,6 @@ std::vector<float> all_values(const tools::SynthTensor& t) {
   }
   return v;
 }
-
-// HookContext over params allocated on a host device; refuses undeclared params.
-class HostHookContext final : public models::HookContext {
- public:
-  HostHookContext(gpu::Stream& stream, std::vector<std::byte*> params,
-                  const models::PostLoadHook& hook)
-      : stream_(stream), params_(std::move(params)) {
-    allowed_.insert(hook.inputs.begin(), hook.inputs.end());
-    allowed_.insert(hook.outputs.begin(), hook.outputs.end());
-  }
-  std::byte* param_data(std::size_t param) override {
-    if (allowed_.count(param) == 0) {
-      throw std::runtime_error("hook asked for an undeclared param");
-    }
-    return params_.at(param);
-  }
-  gpu::Stream& stream() override { return stream_; }
-
- private:
-  gpu::Stream& stream_;
-  std::vector<std::byte*> params_;
-  std::set<std::size_t> allowed_;
-};
 
 // Runs the model's hooks of every local rank on a host device (poisoned memory),
 // over the params' bytes in `buffers`, and marks hook outputs as written once.

@@ -30,6 +30,7 @@
 #include "models/model.hpp"
 #include "models/moe_reference.hpp"
 #include "models/reference_util.hpp"
+#include "testing/error_of.hpp"
 #include "testing/temp_dir.hpp"
 #include "tools/synth.hpp"
 
@@ -38,18 +39,6 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-
-// Runs `fn`, expecting a ferry::Error of `stage`; returns its message.
-std::string error_of(Stage stage, const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.stage(), stage) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
-}
 
 // ---- the EPLB map parser ----------------------------------------------------------
 

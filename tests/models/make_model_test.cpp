@@ -7,6 +7,7 @@
 #include "models/coverage.hpp"
 #include "models/model.hpp"
 #include "models/reference_util.hpp"
+#include "testing/error_of.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -23,18 +24,6 @@ models::ParallelLayout tp_layout(int tp, std::vector<int> local = {}) {
   l.tp = tp;
   l.local_ranks = std::move(local);
   return l;
-}
-
-// Runs `fn`, expecting a ferry::Error of `stage`; returns its message.
-std::string error_of(Stage stage, const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.stage(), stage) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "no error";
-  return "";
 }
 
 const models::ParamSpec& param(const models::Model& m, const std::string& name,

@@ -16,6 +16,7 @@
 #include "common/dtype.hpp"
 #include "io/safetensors.hpp"
 #include "models/model.hpp"
+#include "testing/dtype_codec.hpp"
 
 namespace ferry::testing {
 
@@ -65,11 +66,7 @@ SynthCase tiny_case(const std::string& family, DType dtype, bool tied, bool llam
 io::TensorInfo tensor_info(const std::string& name, DType dtype,
                            const std::vector<std::uint64_t>& shape);
 
-// Little-endian encoding of floats as BF16, F16 or F32 (values must be exact in
-// the target type; synth values are), and back.
-std::vector<std::byte> encode(const std::vector<float>& values, DType dtype);
-void encode_one(float value, DType dtype, std::byte* out);
-float decode_one(const std::byte* p, DType dtype);
+// (encode, encode_one and decode_one: testing/dtype_codec.hpp.)
 
 // Param storage of every local rank, plus how often each byte was written.
 struct ParamBuffers {

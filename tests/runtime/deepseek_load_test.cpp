@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
@@ -24,6 +23,7 @@ namespace ferry::runtime {
 namespace {
 
 using testing::Checkpoint;
+using testing::decode_one;
 using testing::make_config;
 using testing::synth_checkpoint;
 using testing::TempDir;
@@ -31,24 +31,6 @@ using testing::TempDir;
 bool synth_has(const std::string& family) {
   const auto& f = tools::synth_families();
   return std::find(f.begin(), f.end(), family) != f.end();
-}
-
-float decode(const std::byte* p, DType dtype) {
-  if (dtype == DType::kF32) {
-    float v = 0;
-    std::memcpy(&v, p, 4);
-    return v;
-  }
-  std::uint16_t bits = 0;
-  std::memcpy(&bits, p, 2);
-  if (dtype == DType::kBF16) {
-    std::uint32_t w = static_cast<std::uint32_t>(bits) << 16;
-    float v = 0;
-    std::memcpy(&v, &w, 4);
-    return v;
-  }
-  ADD_FAILURE() << "unexpected dtype " << dtype_name(dtype);
-  return 0;
 }
 
 struct LoadSetup {
@@ -129,7 +111,7 @@ std::shared_ptr<LoadedModel> load_and_check(const Checkpoint& ck, const LoadSetu
         for (std::size_t a = 0; a < idx.size(); ++a) {
           off += idx[a] * p.strides[a];
         }
-        const float got = decode(bytes.data() + off * es, p.dtype);
+        const float got = decode_one(bytes.data() + off * es, p.dtype);
         if (got != ref.values[e]) {
           ADD_FAILURE() << "tp rank " << rank.tp_rank << " " << p.name << " element " << e
                         << ": got " << got << ", reference " << ref.values[e];
@@ -245,7 +227,7 @@ TEST_F(DeepseekLoad, DumpWritesStridedSplitParamsInLogicalOrder) {
     ASSERT_EQ(t.nbytes, ref.values.size() * 2) << t.name;
     for (std::size_t e = 0; e < ref.values.size(); ++e) {
       const float got =
-          decode(reinterpret_cast<const std::byte*>(data.data()) + t.offset + 2 * e, t.dtype);
+          decode_one(reinterpret_cast<const std::byte*>(data.data()) + t.offset + 2 * e, t.dtype);
       ASSERT_EQ(got, ref.values[e]) << t.name << " element " << e;
     }
     ++checked;

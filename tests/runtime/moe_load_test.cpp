@@ -84,7 +84,7 @@ std::size_t expect_matches(const LoadedModel& model, const nlohmann::json& confi
       EXPECT_EQ(p->shape, t.shape) << name;
       EXPECT_EQ(p->dtype, dtype) << name;
       const std::vector<std::byte> got = model.read_param(r, name);
-      const std::vector<std::byte> bytes = testing::encode(dtype, t.values);
+      const std::vector<std::byte> bytes = testing::encode(t.values, dtype);
       if (got != bytes) {
         const std::size_t es = dtype_size(dtype);
         std::size_t i = 0;
@@ -335,7 +335,7 @@ void write_fused_copy(const Checkpoint& ck, const std::string& out, bool transpo
   }
   w.begin();
   for (const Entry& e : entries) {
-    w.write(testing::encode(DType::kBF16, e.values));
+    w.write(testing::encode(e.values, DType::kBF16));
   }
   w.finish();
 }

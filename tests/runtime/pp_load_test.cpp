@@ -171,7 +171,7 @@ void check_stage(const Checkpoint& ck, int tp, int pp, int s, const std::vector<
       EXPECT_EQ(p->shape, t.shape) << name;
       ASSERT_EQ(p->dtype, DType::kBF16) << name;
       std::vector<std::byte> got = model.read_param(i, name);
-      std::vector<std::byte> want = testing::encode(DType::kBF16, t.values);
+      std::vector<std::byte> want = testing::encode(t.values, DType::kBF16);
       ASSERT_EQ(got.size(), want.size()) << name;
       for (std::size_t e = 0; e < want.size() / 2; ++e) {
         if (std::memcmp(got.data() + 2 * e, want.data() + 2 * e, 2) != 0) {

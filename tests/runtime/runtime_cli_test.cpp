@@ -60,7 +60,7 @@ TEST(LoadCli, LoadsReportsAndDumps) {
       ASSERT_TRUE(ref.count(t.name)) << t.name;
       EXPECT_EQ(t.shape, ref[t.name].shape) << t.name;
       EXPECT_EQ(t.dtype, DType::kBF16);
-      std::vector<std::byte> want = testing::encode(DType::kBF16, ref[t.name].values);
+      std::vector<std::byte> want = testing::encode(ref[t.name].values, DType::kBF16);
       ASSERT_EQ(t.nbytes, want.size()) << t.name;
       EXPECT_EQ(std::memcmp(bytes.data() + t.offset, want.data(), want.size()), 0) << t.name;
     }

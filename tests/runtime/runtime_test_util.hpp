@@ -27,6 +27,7 @@
 #include "io/staging_pool.hpp"
 #include "runtime/load_config.hpp"
 #include "runtime/runtime.hpp"
+#include "testing/dtype_codec.hpp"
 #include "testing/temp_dir.hpp"
 #include "tools/synth.hpp"
 
@@ -217,21 +218,6 @@ inline std::map<std::string, RefTensor> reference_rank(const Checkpoint& ck, int
   return out;
 }
 
-// The bytes of `v` as `dtype` (BF16, F16 or F32).
-inline std::vector<std::byte> encode(DType dtype, const std::vector<float>& v) {
-  std::vector<std::byte> out(v.size() * dtype_size(dtype));
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (dtype == DType::kF32) {
-      std::memcpy(out.data() + 4 * i, &v[i], 4);
-    } else {
-      std::uint16_t bits =
-          dtype == DType::kBF16 ? tools::float_to_bf16_bits(v[i]) : tools::float_to_f16_bits(v[i]);
-      std::memcpy(out.data() + 2 * i, &bits, 2);
-    }
-  }
-  return out;
-}
-
 // Checks every element of every param of every local rank against the reference,
 // and that the param set is exactly the reference's. Returns the number of params.
 inline std::size_t expect_matches_reference(const runtime::LoadedModel& model, const Checkpoint& ck,
@@ -257,7 +243,7 @@ inline std::size_t expect_matches_reference(const runtime::LoadedModel& model, c
       EXPECT_EQ(p->shape, t.shape) << name;
       EXPECT_EQ(p->dtype, dtype) << name;
       std::vector<std::byte> got = model.read_param(r, name);
-      std::vector<std::byte> want = encode(dtype, t.values);
+      std::vector<std::byte> want = encode(t.values, dtype);
       if (got != want) {
         std::size_t es = dtype_size(dtype);
         std::size_t i = 0;
