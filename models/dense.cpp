@@ -21,13 +21,7 @@ void add_layer(TableModel& m, const DenseConfig& c, int tp, std::uint64_t layer)
   const std::string p = layer_prefix(layer);
   // Attention: q, k and v fused into qkv_proj (slots q, k, v), o_proj row-parallel.
   add_gqa_attention(m, p + "self_attn.", p + "self_attn.",
-                    {.hidden = c.hidden,
-                     .heads = c.heads,
-                     .kv_heads = c.kv_heads,
-                     .head_dim = c.head_dim,
-                     .qkv_bias = c.qkv_bias,
-                     .o_bias = c.o_bias},
-                    tp);
+                    gqa_attention(c, c.qkv_bias, c.o_bias), tp);
   // MLP: gate and up fused into gate_up_proj, down_proj row-parallel.
   add_gated_mlp(m, p + "mlp.", p + "mlp.", c.hidden, c.intermediate, c.mlp_bias, tp,
                 "intermediate_size");

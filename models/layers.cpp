@@ -28,6 +28,15 @@ std::string uneven_note(const std::string& what, const std::string& unit, std::u
   return out;
 }
 
+GqaAttention gqa_attention(const GqaDecoderDims& d, bool qkv_bias, bool o_bias) {
+  return {.hidden = d.hidden,
+          .heads = d.heads,
+          .kv_heads = d.kv_heads,
+          .head_dim = d.head_dim,
+          .qkv_bias = qkv_bias,
+          .o_bias = o_bias};
+}
+
 void add_gqa_attention(TableModel& m, const std::string& param_prefix,
                        const std::string& tensor_prefix, const GqaAttention& a, int tp) {
   const QkvShape qkv{a.heads, a.kv_heads, a.head_dim};

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "models/hf_config.hpp"
 #include "models/model.hpp"
 #include "models/table_model.hpp"
 
@@ -29,6 +30,8 @@ struct GqaAttention {
 // error names the config fields.
 void add_gqa_attention(TableModel& m, const std::string& param_prefix,
                        const std::string& tensor_prefix, const GqaAttention& a, int tp);
+// The attention of a family whose config has the common GQA decoder fields.
+GqaAttention gqa_attention(const GqaDecoderDims& d, bool qkv_bias, bool o_bias);
 
 // <param_prefix>gate_up_proj.weight (this rank's gate rows, then its up rows; and
 // .bias with `bias`) from <tensor_prefix>{gate,up}_proj, and <param_prefix>down_proj

@@ -117,13 +117,7 @@ class Builder {
   // per-head q/k RMSNorm weights are replicated.
   void attention(const std::string& p) {
     add_gqa_attention(m_, p + "self_attn.", p + "self_attn.",
-                      {.hidden = c_.hidden,
-                       .heads = c_.heads,
-                       .kv_heads = c_.kv_heads,
-                       .head_dim = c_.head_dim,
-                       .qkv_bias = c_.qkv_bias,
-                       .o_bias = c_.o_bias},
-                      tp_);
+                      gqa_attention(c_, c_.qkv_bias, c_.o_bias), tp_);
     if (c_.qk_norm) {
       replicated_param(p + "self_attn.q_norm.weight", c_.head_dim);
       replicated_param(p + "self_attn.k_norm.weight", c_.head_dim);
