@@ -241,46 +241,7 @@ PaddedShard qkv_slot(const QkvShape& real, QkvSlot slot, int rank, int tp) {
   return head_share(kv, real.kv_heads, q.length + kv.length, s.head_dim);
 }
 
-// ---- MergedColumnParallelLinear ------------------------------------------------
-
-Block merged_column_slot(std::span<const std::uint64_t> output_sizes, std::size_t slot, int rank,
-                         int tp) {
-  if (slot >= output_sizes.size()) {
-    fail("", "internal: merged column slot " + std::to_string(slot) + " of " +
-                 std::to_string(output_sizes.size()));
-  }
-  std::uint64_t before = 0;
-  for (std::size_t i = 0; i < slot; ++i) {
-    before += even_shard(output_sizes[i], rank, tp, "merged column output size").length;
-  }
-  Range mine = even_shard(output_sizes[slot], rank, tp, "merged column output size");
-  Block b;
-  b.axis = 0;
-  b.src_start = mine.begin;
-  b.dst_start = before;
-  b.length = mine.length;
-  return b;
-}
-
-// ---- column / row parallel, replicated ------------------------------------------
-
-Block column_parallel(std::uint64_t output_size, int rank, int tp) {
-  Range r = even_shard(output_size, rank, tp, "column parallel output size");
-  Block b;
-  b.axis = 0;
-  b.src_start = r.begin;
-  b.length = r.length;
-  return b;
-}
-
-Block row_parallel(std::uint64_t input_size, int rank, int tp) {
-  Range r = even_shard(input_size, rank, tp, "row parallel input size");
-  Block b;
-  b.axis = 1;
-  b.src_start = r.begin;
-  b.length = r.length;
-  return b;
-}
+// ---- replicated ---------------------------------------------------------------
 
 Block replicated(std::uint64_t dim0) {
   Block b;

@@ -11,8 +11,8 @@
 //
 // How the next families are meant to use the same pieces (TableModel carries them):
 // - experts (w13 / w2 stacked over local experts, EP): a Block with dst_index
-//   {local expert} and the merged_column_slot / row_parallel of that expert's
-//   tensor; an expert no local rank owns yields no blocks and the target's
+//   {local expert} and the rank's share of that expert's gate/up rows or down
+//   columns; an expert no local rank owns yields no blocks and the target's
 //   empty_reason "remote_expert" drops it unread; EPLB replicas are several blocks
 //   (one per local physical slot) from the same tensor.
 // - fused checkpoint tensors (w13 stored stacked, MLA kv_b_proj): src_index picks
@@ -26,7 +26,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
 #include <string_view>
 #include <vector>
 
@@ -145,21 +144,13 @@ std::uint64_t qkv_slot_rows(const QkvShape& real, QkvSlot slot);
 // it serves the weight and the bias.
 PaddedShard qkv_slot(const QkvShape& real, QkvSlot slot, int rank, int tp);
 
-// ---- MergedColumnParallelLinear ------------------------------------------------
-
-// Slot `slot` of a param fused from parts of `output_sizes` rows (gate_up_proj:
-// {intermediate, intermediate}, slot 0 gate, 1 up): the rank's share of that part,
-// placed after the shares of the earlier parts. Axis 0.
-Block merged_column_slot(std::span<const std::uint64_t> output_sizes, std::size_t slot, int rank,
-                         int tp);
-
 // ---- column / row parallel, replicated ------------------------------------------
+//
+// Column-parallel (output dim, axis 0), merged column slots and row-parallel
+// (input dim, axis 1: a 2-D copy with a pitch, for which the reader needs every
+// row of the tensor) shares are padded_shard()s of the possibly padded size;
+// models/layers.hpp composes them (gate_up_proj slots, add_row_parallel).
 
-// ColumnParallelLinear: the rank's share of the output dim (axis 0).
-Block column_parallel(std::uint64_t output_size, int rank, int tp);
-// RowParallelLinear: the rank's share of the input dim (axis 1 of the weight, so a
-// 2-D copy with a pitch; the reader needs every row of the tensor).
-Block row_parallel(std::uint64_t input_size, int rank, int tp);
 // The whole tensor, as is (norms, biases of row-parallel layers).
 Block replicated(std::uint64_t dim0);
 

@@ -134,23 +134,6 @@ TEST(Placement, QkvSlotsFollowEachOther) {
   EXPECT_EQ(v.length, 16u);
 }
 
-TEST(Placement, MergedColumnPutsGateBeforeUp) {
-  std::vector<std::uint64_t> sizes{256, 256};
-  Block gate = merged_column_slot(sizes, 0, 3, 4);
-  Block up = merged_column_slot(sizes, 1, 3, 4);
-  EXPECT_EQ(gate.src_start, 192u);
-  EXPECT_EQ(gate.dst_start, 0u);
-  EXPECT_EQ(gate.length, 64u);
-  EXPECT_EQ(up.src_start, 192u);
-  EXPECT_EQ(up.dst_start, 64u);
-  EXPECT_EQ(up.length, 64u);
-  // Unequal parts: the second slot starts after the first part's share.
-  std::vector<std::uint64_t> uneven{8, 16};
-  EXPECT_EQ(merged_column_slot(uneven, 1, 1, 2).dst_start, 4u);
-  EXPECT_EQ(merged_column_slot(uneven, 1, 1, 2).src_start, 8u);
-  EXPECT_THAT(error_of([&] { merged_column_slot(uneven, 2, 0, 2); }), HasSubstr("slot 2"));
-}
-
 TEST(Placement, VocabParallelPadsTheTailWithZeros) {
   EXPECT_EQ(padded_vocab(1000), 1024u);
   EXPECT_EQ(padded_vocab(128256), 128256u);
@@ -189,7 +172,7 @@ TEST(Placement, RowSliceIsOneContiguousPiece) {
 
 TEST(Placement, ColumnSliceIsAPitchedPiece) {
   // Columns 8..15 of a [4, 16] tensor into a [4, 8] param.
-  Block b = row_parallel(16, 1, 2);
+  Block b = padded_shard(1, 16, 16, 1, 2, "o_proj").copy;
   Piece p = block_to_piece(b, {4, 16}, DType::kBF16, {4, 8}, DType::kBF16, "o");
   EXPECT_EQ(p.rows, 4u);
   EXPECT_EQ(p.width_elems, 8u);
