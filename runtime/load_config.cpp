@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/error.hpp"
+#include "common/log.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -236,6 +237,22 @@ std::map<std::string, std::string> env_map(const char* const* envp) {
     }
   }
   return env;
+}
+
+// Why a FERRY_ variable without "__" (and not FERRY_DEVICES) is not configuration.
+std::string ignored_variable_reason(const std::string& name) {
+  std::string rest = name.substr(std::string_view("FERRY_").size());
+  std::string lower;
+  for (char c : rest) {
+    lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  }
+  const nlohmann::json defaults = to_json(LoadConfig{});
+  if (!lower.empty() && defaults.contains(lower) && defaults[lower].is_object()) {
+    return "names the section '" + lower + "', not a key; set its keys one by one (FERRY_" + rest +
+           "__<KEY>)";
+  }
+  return "not a ferry variable (configuration variables are FERRY_ and a key in upper case "
+         "with __ for each dot, as FERRY_IO__CHUNK_BYTES)";
 }
 
 std::string_view engine_name(io::Engine engine) {
@@ -491,6 +508,11 @@ void ConfigBuilder::apply_env(const std::map<std::string, std::string>& env) {
       continue;
     }
     std::string source = "environment " + name;
+    if (name.find("__") == std::string::npos && name != "FERRY_DEVICES") {
+      // Not a configuration variable: wrappers set their own FERRY_ names.
+      warnings_.push_back(source + ": " + ignored_variable_reason(name) + "; ignored");
+      continue;
+    }
     std::string_view rest = std::string_view(name).substr(kPrefix.size());
     std::string key;
     for (std::size_t i = 0; i < rest.size(); ++i) {
@@ -692,6 +714,9 @@ LoadConfig load_config(const ConfigSources& sources,
   }
   for (const auto& flag : sources.flags) {
     b.apply_flag(flag.flag, flag.key, flag.value);
+  }
+  for (const std::string& w : b.warnings()) {
+    log::warn("config: " + w);
   }
   return b.build();
 }

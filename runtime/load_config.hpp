@@ -118,10 +118,11 @@ struct LoadConfig {
   bool operator==(const LoadConfig&) const = default;
 };
 
-// FERRY_ environment variables that are not configuration keys and are ignored by
-// apply_env (every other FERRY_ variable must name a key).
-inline constexpr std::array<std::string_view, 2> kNonConfigVariables = {"FERRY_LOG",
-                                                                        "FERRY_DISABLE_URING"};
+// FERRY_ environment variables that are not configuration keys: apply_env reads past
+// them in silence (FERRY_LOG and FERRY_DISABLE_URING are read where they act; the
+// last two tell the tests where the shared test data is, see the README).
+inline constexpr std::array<std::string_view, 4> kNonConfigVariables = {
+    "FERRY_LOG", "FERRY_DISABLE_URING", "FERRY_TEST_DATA", "FERRY_REQUIRE_TEST_DATA"};
 
 // Builds a LoadConfig layer by layer. Each apply_* merges its keys into a JSON tree
 // (later calls override earlier ones key by key) and throws at once for unknown keys
@@ -134,10 +135,12 @@ class ConfigBuilder {
   void apply_json_text(std::string_view text, std::string_view source);
   // Reads and parses a config file; its path names it in errors.
   void apply_file(const std::filesystem::path& path);
-  // Variables starting with FERRY_: the rest, lower-cased with "__" read as ".", is
-  // the key (FERRY_IO__CHUNK_BYTES is io.chunk_bytes). kNonConfigVariables are
-  // skipped; any other FERRY_ variable that names no key is an error. Values are read
-  // as by apply_set. Applied in name order.
+  // Variables starting with FERRY_ whose name contains "__", and FERRY_DEVICES, are
+  // configuration variables: the rest of the name, lower-cased with "__" read as ".",
+  // is the key (FERRY_IO__CHUNK_BYTES is io.chunk_bytes), and one that names no key
+  // is an error. kNonConfigVariables are skipped in silence. Any other FERRY_
+  // variable (FERRY_BIN, set by a wrapper script) is ignored with one warning naming
+  // it, kept in warnings(). Values are read as by apply_set. Applied in name order.
   void apply_env(const std::map<std::string, std::string>& env);
   // A null-terminated "NAME=value" array such as environ.
   void apply_env(const char* const* envp);
@@ -154,6 +157,10 @@ class ConfigBuilder {
   // devices. Errors name the key and the source that set it.
   LoadConfig build() const;
 
+  // What the layers applied so far ignored, one line each, for the caller to log
+  // (load_config logs them with log::warn).
+  const std::vector<std::string>& warnings() const { return warnings_; }
+
  private:
   // One key's value and the layer that set it last.
   struct Entry {
@@ -168,6 +175,7 @@ class ConfigBuilder {
   // The merged tree, flattened: dotted key -> entry. Sections ("io") never appear,
   // only their keys ("io.direct"), so a layer overrides exactly the keys it names.
   std::map<std::string, Entry> entries_;
+  std::vector<std::string> warnings_;
 };
 
 // Where a LoadConfig comes from, as the CLI collected it.
@@ -184,7 +192,8 @@ struct ConfigSources {
   std::vector<Flag> flags;                                // dedicated flags, in command-line order
 };
 
-// defaults < config file (or default_json) < environment < --set < flags.
+// defaults < config file (or default_json) < environment < --set < flags. The
+// builder's warnings (ignored FERRY_ variables) go to log::warn, once each.
 LoadConfig load_config(const ConfigSources& sources, const std::map<std::string, std::string>& env);
 LoadConfig load_config(const ConfigSources& sources, const char* const* envp);
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -184,14 +185,67 @@ TEST(LoadConfigTest, EnvironmentNamesAndValues) {
   // A string key keeps the text even when it parses as JSON.
   EXPECT_EQ(from_env({{"FERRY_MODEL__PATH", "2024"}}).model.path, "2024");
   EXPECT_EQ(from_env({{"FERRY_LOAD__REPORT", "true"}}).load.report, "true");
-  // A section given as a JSON object.
-  EXPECT_EQ(from_env({{"FERRY_IO", R"({"queue_depth": 7})"}}).io.queue_depth, 7u);
 
   const char* envp[] = {"FERRY_IO__QUEUE_DEPTH=9", "FERRY_LOG=warn", "NO_EQUALS", "A=b=c", nullptr};
   ConfigBuilder b;
   b.apply_env(envp);
   EXPECT_EQ(b.build().io.queue_depth, 9u);
   EXPECT_EQ(load_config(ConfigSources{}, envp).io.queue_depth, 9u);
+}
+
+TEST(LoadConfigTest, FerryVariablesThatNameNoKeyAreIgnoredWithOneWarningEach) {
+  // Only names with "__" and FERRY_DEVICES are configuration variables. Wrappers set
+  // FERRY_ names of their own; those are ignored with a warning, and the variables
+  // ferry reads elsewhere pass in silence.
+  Env env = {{"FERRY_BIN", "/opt/ferry/bin/ferry"},
+             {"FERRY_IO", R"({"queue_depth": 7})"},
+             {"FERRY_MODEL", "/models/llama"},
+             {"FERRY_", "1"},
+             {"FERRY_LOG", "warn"},
+             {"FERRY_DISABLE_URING", "1"},
+             {"FERRY_TEST_DATA", "/data"},
+             {"FERRY_REQUIRE_TEST_DATA", "1"},
+             {"FERRY_IO__QUEUE_DEPTH", "9"}};
+  ConfigBuilder b;
+  b.apply_env(env);
+  LoadConfig want;
+  want.io.queue_depth = 9;
+  EXPECT_EQ(b.build(), want);  // nothing but FERRY_IO__QUEUE_DEPTH was applied
+  ASSERT_EQ(b.warnings().size(), 4u) << ::testing::PrintToString(b.warnings());
+  // In name order: FERRY_, FERRY_BIN, FERRY_IO, FERRY_MODEL.
+  EXPECT_THAT(b.warnings()[0], HasSubstr("environment FERRY_: not a ferry variable"));
+  EXPECT_THAT(b.warnings()[1], HasSubstr("environment FERRY_BIN: not a ferry variable"));
+  EXPECT_THAT(b.warnings()[1], HasSubstr("FERRY_IO__CHUNK_BYTES"));
+  EXPECT_THAT(b.warnings()[1], HasSubstr("; ignored"));
+  EXPECT_THAT(b.warnings()[2],
+              HasSubstr("environment FERRY_IO: names the section 'io', not a key; set its keys "
+                        "one by one (FERRY_IO__<KEY>)"));
+  EXPECT_THAT(b.warnings()[3], HasSubstr("environment FERRY_MODEL: names the section 'model'"));
+
+  // FERRY_DEVICES and every name with "__" must name a key and hold a valid value.
+  EXPECT_EQ(from_env({{"FERRY_DEVICES", "host:2"}, {"FERRY_PARALLEL__TP", "2"}}).devices.ids,
+            (std::vector<int>{0, 1}));
+  EXPECT_THAT(config_error([] {
+                from_env({{"FERRY_DEVICES", "tpu:0"}});
+              }),
+              HasSubstr("environment FERRY_DEVICES"));
+  EXPECT_THAT(config_error([] {
+                from_env({{"FERRY_BIN", "x"}, {"FERRY_LOAD__NOPE", "1"}});
+              }),
+              HasSubstr("config: environment FERRY_LOAD__NOPE: unknown key 'load.nope'"));
+
+  // load_config logs each warning once, and the load goes on.
+  std::vector<std::string> logged;
+  log::Sink previous = log::set_sink([&](log::Level level, std::string_view m) {
+    if (level == log::Level::kWarn) {
+      logged.emplace_back(m);
+    }
+  });
+  LoadConfig c = load_config(ConfigSources{}, Env{{"FERRY_BIN", "/x"}, {"FERRY_LOG", "info"}});
+  log::set_sink(previous);
+  EXPECT_EQ(c, LoadConfig{});
+  ASSERT_EQ(logged.size(), 1u) << ::testing::PrintToString(logged);
+  EXPECT_THAT(logged[0], HasSubstr("config: environment FERRY_BIN: not a ferry variable"));
 }
 
 TEST(LoadConfigTest, SetValuesAreJsonElseText) {
@@ -249,9 +303,9 @@ TEST(LoadConfigTest, UnknownKeysAreRejectedFromEverySource) {
               }),
               HasSubstr("config: environment FERRY_io__direct: not a configuration variable"));
   EXPECT_THAT(config_error([] {
-                from_env({{"FERRY_", "1"}});
+                from_env({{"FERRY___", "1"}});
               }),
-              HasSubstr("config: environment FERRY_: unknown key ''"));
+              HasSubstr("config: environment FERRY___: unknown key '.'"));
 
   EXPECT_THAT(config_error([] { from_sets({"tp=2"}); }),
               HasSubstr("config: --set tp: unknown key 'tp' (did you mean 'parallel.tp'?)"));
