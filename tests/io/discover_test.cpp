@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "testing/temp_dir.hpp"
+#include "testing/test_data.hpp"
 
 namespace ferry::io {
 namespace {
@@ -686,8 +687,9 @@ TEST(Discover, IndexWithMinusOneKeepsDirectoryOrder) {
 // ---- real checkpoints ----------------------------------------------------------------------
 
 TEST(DiscoverRealData, MixtralIndexFindsAll19Shards) {
+  FERRY_NEED_TEST_DATA();
   const std::string shared_index =
-      std::string(FERRY_SHARED_DATA) + "/models/mixtral-8x7b-v0.1/model.safetensors.index.json";
+      ::ferry::testing::test_data_path("models/mixtral-8x7b-v0.1/model.safetensors.index.json");
   ASSERT_TRUE(fs::is_regular_file(shared_index)) << shared_index;
   TempDir dir;
   fs::copy_file(shared_index, dir.file("model.safetensors.index.json"));
@@ -713,8 +715,9 @@ TEST(DiscoverRealData, MixtralIndexFindsAll19Shards) {
 }
 
 TEST(DiscoverRealData, ShardedTestdataCheckpoint) {
+  FERRY_NEED_TEST_DATA();
   const std::string folder =
-      std::string(FERRY_SHARED_DATA) + "/safetensors/safetensors-jl-testdata/sharded";
+      ::ferry::testing::test_data_path("safetensors/safetensors-jl-testdata/sharded");
   ASSERT_TRUE(fs::is_directory(folder)) << folder;
   const ResolvedSource s = resolve_source(folder);
   std::vector<std::string> expected;

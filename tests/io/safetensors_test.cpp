@@ -2,15 +2,16 @@
 // corpus of malformed files built here, plus the real files in ../shared/data.
 #include "io/safetensors.hpp"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <filesystem>
 #include <string>
 
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
-
 #include "common/error.hpp"
 #include "testing/temp_dir.hpp"
+#include "testing/test_data.hpp"
 
 namespace ferry::io {
 namespace {
@@ -234,15 +235,19 @@ TEST(SafetensorsHeaderTest, RejectsDirectoriesAndMissingFiles) {
 
 // ---- the real files in ../shared/data/safetensors -------------------------------
 
-std::string shared(const std::string& rel) { return std::string(FERRY_SHARED_DATA) + "/" + rel; }
+std::string shared(const std::string& rel) {
+  return ::ferry::testing::test_data_path(rel);
+}
 
 TEST(SafetensorsRealDataTest, RejectsTheMalformedSample) {
+  FERRY_NEED_TEST_DATA();
   const std::string f = shared("safetensors/malformed/header-length-beyond-file.safetensors");
   EXPECT_THAT([&] { read_safetensors_header(f, "header-length-beyond-file.safetensors"); },
               ::testing::ThrowsMessage<Error>(HasSubstr("runs past the end of the file")));
 }
 
 TEST(SafetensorsRealDataTest, ParsesEverySampleWithExactShapesAndDtypes) {
+  FERRY_NEED_TEST_DATA();
   // safetensors-samples: one tensor per file of shape [6], holding -3..2.
   const std::pair<const char*, DType> samples[] = {
       {"B", DType::kU8},  {"H", DType::kU16}, {"I", DType::kU32}, {"b", DType::kI8},
@@ -264,6 +269,7 @@ TEST(SafetensorsRealDataTest, ParsesEverySampleWithExactShapesAndDtypes) {
 }
 
 TEST(SafetensorsRealDataTest, ParsesJuliaTestdata) {
+  FERRY_NEED_TEST_DATA();
   auto h = read_safetensors_header(
       shared("safetensors/safetensors-jl-testdata/non_sharded/model.with_metadata.safetensors"),
       "model.with_metadata.safetensors");
@@ -305,6 +311,7 @@ TEST(WeightIndexTest, RejectsBadIndexFilesNamingThem) {
 }
 
 TEST(WeightIndexTest, ParsesEveryRealIndexInSharedData) {
+  FERRY_NEED_TEST_DATA();
   for (const char* model : {"llama-3.2-3b-instruct", "llama3-chinese-8b", "mistral-7b-instruct-v0.3",
                             "mixtral-8x7b-v0.1", "sakura-14b-qwen2.5"}) {
     auto idx = read_weight_index(
@@ -420,6 +427,7 @@ TEST(CheckpointIndexTest, PickledWeightsAreNotSupportedYet) {
 }
 
 TEST(CheckpointIndexTest, RealShardedTestdataCrossChecksWithItsIndex) {
+  FERRY_NEED_TEST_DATA();
   ResolvedSource src;
   src.folder = shared("safetensors/safetensors-jl-testdata/sharded");
   src.index_file = "model.safetensors.index.json";

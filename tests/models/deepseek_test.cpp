@@ -29,6 +29,7 @@
 #include "models/mla_hook.hpp"
 #include "models/model.hpp"
 #include "models/reference_util.hpp"
+#include "testing/test_data.hpp"
 #include "tools/synth.hpp"
 
 namespace ferry::testing {
@@ -545,9 +546,10 @@ TEST(Deepseek, SupportedArchitecturesIncludeTheFamilies) {
 }
 
 TEST(Deepseek, RealDeepseekV3ConfigGivesSglangShapes) {
+  FERRY_NEED_TEST_DATA();
   // The published DeepSeek-V3 config.json (FP8: its quantization_config is refused,
   // so it is removed here to check the BF16 layout of the same model).
-  std::ifstream in(std::string(FERRY_SHARED_DATA) + "/models/deepseek-v3/config.json");
+  std::ifstream in(::ferry::testing::test_data_path("models/deepseek-v3/config.json"));
   ASSERT_TRUE(in);
   nlohmann::json config = nlohmann::json::parse(in);
   expect_error([&] { models::make_model(config, {}); }, Stage::kMapping, "quantization_config");

@@ -32,6 +32,7 @@
 #include "models/reference_util.hpp"
 #include "testing/error_of.hpp"
 #include "testing/temp_dir.hpp"
+#include "testing/test_data.hpp"
 #include "tools/synth.hpp"
 
 namespace ferry::testing {
@@ -646,11 +647,12 @@ TEST(MoeQwen3, AttentionBiasAddsQkvAndOBiases) {
 // ---- real configurations -------------------------------------------------------------
 
 nlohmann::json real_config(const std::string& model) {
-  std::ifstream in(std::string(FERRY_SHARED_DATA) + "/models/" + model + "/config.json");
+  std::ifstream in(::ferry::testing::test_data_path("models/" + model + "/config.json"));
   return nlohmann::json::parse(in);
 }
 
 TEST(MoeRealConfigs, ExpertShapesFollowTpAndEp) {
+  FERRY_NEED_TEST_DATA();
   struct Want {
     const char* model;
     int tp;

@@ -15,6 +15,7 @@
 #include "models/coverage.hpp"
 #include "models/model.hpp"
 #include "models/reference_util.hpp"
+#include "testing/test_data.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -30,7 +31,7 @@ nlohmann::json read_json(const std::string& path) {
 }
 
 std::string model_dir(const std::string& name) {
-  return std::string(FERRY_SHARED_DATA) + "/models/" + name;
+  return ::ferry::testing::test_data_path("models/" + name);
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -112,6 +113,7 @@ std::vector<std::string> tensor_names(const std::string& model, const nlohmann::
 class RealConfig : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(RealConfig, BuildsAndRoutesEveryIndexedTensor) {
+  FERRY_NEED_TEST_DATA();
   const std::string model = GetParam();
   const nlohmann::json config = read_json(model_dir(model) + "/config.json");
   const RefConfig c = ref_config(config);
@@ -167,6 +169,7 @@ const models::ParamSpec& param(const models::Model& m, const std::string& name) 
 using Shape = std::vector<std::uint64_t>;
 
 TEST(RealConfigShapes, Llama31_8bAtTp2) {
+  FERRY_NEED_TEST_DATA();
   models::ParallelLayout layout;
   layout.tp = 2;
   auto m = models::make_model(read_json(model_dir("llama-3.1-8b") + "/config.json"), layout);
@@ -187,6 +190,7 @@ TEST(RealConfigShapes, Llama31_8bAtTp2) {
 }
 
 TEST(RealConfigShapes, Qwen25_7bPadsItsHeadsAtTp8AndTp3) {
+  FERRY_NEED_TEST_DATA();
   const nlohmann::json config = read_json(model_dir("qwen2.5-7b") + "/config.json");
   models::ParallelLayout layout;
   layout.tp = 8;
@@ -210,6 +214,7 @@ TEST(RealConfigShapes, Qwen25_7bPadsItsHeadsAtTp8AndTp3) {
 }
 
 TEST(RealConfigShapes, TiedLlama32AndQwenBiases) {
+  FERRY_NEED_TEST_DATA();
   models::ParallelLayout layout;
   layout.tp = 8;
   auto tied =

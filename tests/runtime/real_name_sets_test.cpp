@@ -23,6 +23,7 @@
 #include "runtime/load_config.hpp"
 #include "runtime/runtime.hpp"
 #include "testing/temp_dir.hpp"
+#include "testing/test_data.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -164,8 +165,9 @@ void PrintTo(const Pair& p, std::ostream* os) {
 class RealNameSetsTest : public ::testing::TestWithParam<Pair> {};
 
 TEST_P(RealNameSetsTest, EveryNamePlacedOrDroppedAndEveryParamFilled) {
+  FERRY_NEED_TEST_DATA();
   const Pair& p = GetParam();
-  const std::string src = std::string(FERRY_SHARED_DATA) + "/models/" + p.model;
+  const std::string src = ::ferry::testing::test_data_path("models/" + p.model);
   ASSERT_TRUE(fs::exists(src + "/model.safetensors.index.json")) << src;
   TempDir tmp;
   const std::string dir = (tmp.path() / p.model).string();
