@@ -8,8 +8,10 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 
+#include "tools/cli.hpp"
 #include "tools/commands.hpp"
 #include "tools/synth.hpp"
 
@@ -25,11 +27,10 @@ constexpr const char kDemoFamily[] = "deepseek_v3";
 constexpr const char kDemoPreset[] = "tiny";
 constexpr std::uint64_t kDemoSeed = 1;
 
-constexpr const char kUsage[] =
-    "usage: ferry demo [--config FILE] [--cache DIR]\n"
-    "  Synthesizes a tiny DeepSeek-V3 checkpoint into DIR (default: cache/ next to the ferry\n"
-    "  binary) unless it is already there, then runs `ferry load --ep 2` on it with the\n"
-    "  embedded default configuration (or FILE) and prints the report.\n";
+constexpr const char kDescription[] =
+    "Synthesizes a tiny DeepSeek-V3 checkpoint into the cache folder unless it is already\n"
+    "there, then runs `ferry load --ep 2` on it with the embedded default configuration (or\n"
+    "FILE) and prints the report.";
 
 fs::path executable_dir() {
   std::error_code ec;
@@ -40,20 +41,18 @@ fs::path executable_dir() {
 }  // namespace
 
 int cmd_demo(const Args& args) {
+  CLI::App app(kDescription, "ferry demo");
   std::string config_file;
   std::string cache;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "-h" || args[i] == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if ((args[i] == "--config" || args[i] == "--cache") && i + 1 < args.size()) {
-      (args[i] == "--config" ? config_file : cache) = args[i + 1];
-      ++i;
-      continue;
-    }
-    std::fprintf(stderr, "ferry demo: unexpected argument '%s'\n%s", args[i].c_str(), kUsage);
-    return 2;
+  app.add_option("--config", config_file,
+                 "a JSON config file instead of the embedded config/default.json")
+      ->type_name("FILE");
+  app.add_option("--cache", cache,
+                 "where the checkpoint is kept (default: cache/ next to the "
+                 "ferry binary)")
+      ->type_name("DIR");
+  if (std::optional<int> status = parse_verb(app, args)) {
+    return *status;
   }
   SynthOptions synth;
   synth.family = kDemoFamily;

@@ -4,26 +4,25 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
 
 #include "common/dtype.hpp"
 #include "common/error.hpp"
 #include "common/format.hpp"
 #include "io/discover.hpp"
 #include "io/safetensors.hpp"
+#include "tools/cli.hpp"
 #include "tools/commands.hpp"
 #include "tools/inspect.hpp"
 
 namespace ferry::tools {
 namespace {
 
-constexpr const char kUsage[] =
-    "usage: ferry inspect PATH [--load-format auto|safetensors|mistral|pt] [--json] [--strict]\n"
-    "  PATH is a checkpoint folder or one .safetensors file (inspected on its own).\n"
-    "  --json     print one JSON document (docs/inspect-json.md); logs go to stderr\n"
-    "  --strict   tensors the index does not list are an error, not a warning\n";
+constexpr const char kDescription[] =
+    "Lists and validates a checkpoint's weight files and tensors: which files are weights\n"
+    "and why, and every tensor's dtype, shape and byte range.";
 
 std::string shape_text(const std::vector<std::uint64_t>& shape) {
   std::string s = "[";
@@ -122,54 +121,30 @@ void print_inspection(const Inspection& in, std::FILE* out) {
 }
 
 int cmd_inspect(const Args& args) {
+  CLI::App app(kDescription, "ferry inspect");
   std::string path;
   bool as_json = false;
+  std::string load_format = "auto";
   InspectOptions options;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    std::string value;
-    auto take = [&](const std::string& flag) {
-      if (a == flag) {
-        if (i + 1 >= args.size()) {
-          throw Error(Stage::kConfig, "", "", flag + " needs a value");
-        }
-        value = args[++i];
-        return true;
-      }
-      if (a.rfind(flag + "=", 0) == 0) {
-        value = a.substr(flag.size() + 1);
-        return true;
-      }
-      return false;
-    };
-    if (a == "-h" || a == "--help") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--json") {
-      as_json = true;
-    } else if (a == "--strict") {
-      options.index.strict = true;
-    } else if (take("--load-format")) {
-      auto f = io::parse_load_format(value);
-      if (!f) {
-        std::fprintf(stderr, "ferry inspect: unknown load format '%s'\n%s", value.c_str(), kUsage);
-        return 2;
-      }
-      options.discovery.format = *f;
-    } else if (!a.empty() && a[0] == '-') {
-      std::fprintf(stderr, "ferry inspect: unknown option '%s'\n%s", a.c_str(), kUsage);
-      return 2;
-    } else if (path.empty()) {
-      path = a;
-    } else {
-      std::fprintf(stderr, "ferry inspect: more than one PATH given\n%s", kUsage);
-      return 2;
-    }
+  app.add_option("PATH", path,
+                 "a checkpoint folder, or one .safetensors file (inspected on its own)")
+      ->required();
+  app.add_option("--load-format", load_format, "which weight files to look for")
+      ->type_name("auto|safetensors|mistral|pt")
+      ->check(one_of({"auto", "safetensors", "mistral", "pt"}, "load format"));
+  add_switch(app, "--json", as_json,
+             "print one JSON document (docs/inspect-json.md); logs go to stderr");
+  add_switch(app, "--strict", options.index.strict,
+             "tensors the index does not list are an error, not a warning");
+  if (std::optional<int> status = parse_verb(app, args)) {
+    return *status;
   }
-  if (path.empty()) {
-    std::fputs(kUsage, stderr);
+  std::optional<io::LoadFormat> format = io::parse_load_format(load_format);
+  if (!format) {  // one_of and parse_load_format name the same formats
+    std::fprintf(stderr, "ferry inspect: unknown load format '%s'\n", load_format.c_str());
     return 2;
   }
+  options.discovery.format = *format;
   Inspection in;
   try {
     in = inspect_path(path, options);

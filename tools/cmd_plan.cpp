@@ -11,38 +11,34 @@
 #include "common/log.hpp"
 #include "runtime/load_config.hpp"
 #include "runtime/plan_report.hpp"
+#include "tools/cli.hpp"
 #include "tools/commands.hpp"
 
 namespace ferry::tools {
 namespace {
 
-constexpr const char kUsage[] =
-    "usage: ferry plan --model DIR [--config FILE] [--set key=value]... [--tp N] [--ep N]\n"
-    "                  [--pp N] [--pp-rank R] [--ranks LIST] [--draft] [--json]\n"
-    "  Routes every tensor of the checkpoint in DIR as `ferry load` with the same flags\n"
-    "  would, without reading tensor data or touching a device, and prints each tensor's\n"
-    "  route (placed / dropped / unmapped), its reason and targets, and the bytes a load\n"
-    "  would read and skip.\n"
-    "  --json    print exactly one JSON document (docs/plan-json.md); warnings go to stderr\n";
-
-constexpr const char* kSwitches[] = {"--json"};
+constexpr const char kDescription[] =
+    "Routes every tensor of the checkpoint in DIR as `ferry load` with the same flags would,\n"
+    "without reading tensor data or touching a device, and prints each tensor's route\n"
+    "(placed / dropped / unmapped), its reason and targets, and the bytes a load would read\n"
+    "and skip.";
 
 }  // namespace
 
 int cmd_plan(const Args& args) {
-  std::optional<ParsedArgs> parsed = parse_config_args(args, "plan", {}, kSwitches, kUsage);
-  if (!parsed) {
-    return 2;
+  CLI::App app(kDescription, "ferry plan");
+  ConfigArgs config_args;
+  add_config_options(app, config_args, {});
+  bool json = false;
+  add_switch(app, "--json", json,
+             "print exactly one JSON document (docs/plan-json.md); warnings go to stderr");
+  if (std::optional<int> status = parse_verb(app, args)) {
+    return *status;
   }
-  if (parsed->help) {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  std::optional<runtime::LoadConfig> config = config_from_args(*parsed, "plan", kUsage);
+  std::optional<runtime::LoadConfig> config = config_from_args(config_args, "plan");
   if (!config) {
     return 2;
   }
-  const bool json = !parsed->switches.empty();
   runtime::PlanReport report;
   try {
     report = runtime::make_plan_report(*config);

@@ -3,30 +3,28 @@
 // backend (the reference). `--devices cuda` is the check to run first on a machine
 // with a GPU; `--devices host:2` checks the host backend against itself.
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "gpu/backends.hpp"
 #include "gpu/host_device.hpp"
 #include "gpu/selftest.hpp"
+#include "tools/cli.hpp"
 #include "tools/commands.hpp"
 
 namespace ferry::tools {
 
 int cmd_selftest(const Args& args) {
+  CLI::App app(
+      "Runs every device operation the pipeline uses on each device of SPEC and compares the\n"
+      "results byte for byte with the host backend (the reference).",
+      "ferry selftest");
   std::string spec = "cuda";
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "-h" || args[i] == "--help") {
-      std::puts("usage: ferry selftest [--devices cuda | cuda:0,1 | host:N]   (default: cuda)");
-      return 0;
-    }
-    if (args[i] == "--devices" && i + 1 < args.size()) {
-      spec = args[++i];
-    } else if (args[i].rfind("--devices=", 0) == 0) {
-      spec = args[i].substr(10);
-    } else {
-      std::fprintf(stderr, "ferry selftest: unexpected argument '%s'\n", args[i].c_str());
-      return 2;
-    }
+  app.add_option("--devices", spec, "the devices to check: cuda (every GPU) | cuda:0,1 | host:N")
+      ->type_name("SPEC")
+      ->capture_default_str();
+  if (std::optional<int> status = parse_verb(app, args)) {
+    return *status;
   }
   // make_devices explains why when the CUDA backend or a GPU is missing.
   auto devices = gpu::make_devices(spec);

@@ -2,12 +2,17 @@
 // and returns the process exit status; errors are printed to standard error.
 #pragma once
 
+#include <deque>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "runtime/load_config.hpp"
+
+namespace CLI {
+class Option;
+}  // namespace CLI
 
 namespace ferry::tools {
 
@@ -20,40 +25,42 @@ int cmd_load(const Args& args);      // tools/cmd_load.cpp
 int cmd_plan(const Args& args);      // tools/cmd_plan.cpp
 int cmd_selftest(const Args& args);  // tools/cmd_selftest.cpp
 
-// ---- configuration flags shared by `ferry load` and `ferry plan` (tools/cmd_load.cpp)
+// ---- configuration flags shared by `ferry load` and `ferry plan` (tools/cli.cpp)
 
-// A dedicated flag that sets a configuration key. Without `implied` it takes a
-// value ("--tp 2" or "--tp=2"); with it, it is a switch ("--draft" sets model.draft
-// to "true"; "--draft=false" still names a value).
+// A dedicated flag that sets a configuration key. Its value is read as --set reads
+// values, so the configuration checks it and names the flag in errors.
 struct ConfigFlag {
-  const char* flag;
-  const char* key;
-  const char* implied = nullptr;
+  enum class Kind {
+    kText,    // "--model DIR"
+    kNumber,  // "--tp 2": a whole number, checked by the parser before the config sees it
+    kSwitch,  // "--draft" sets "true"; "--draft=false" names the value
+  };
+  const char* flag;  // "--tp"
+  const char* key;   // "parallel.tp"
+  Kind kind;
+  const char* value_name;  // "N" in the help ("" for a switch)
+  const char* help;
 };
 
 // The flags both verbs accept, so that `ferry plan` shows what `ferry load` with the
 // same arguments would do: --model, --tp, --ep, --pp, --pp-rank, --ranks, --draft.
 std::span<const ConfigFlag> shared_config_flags();
 
-struct ParsedArgs {
-  runtime::ConfigSources sources;     // --config, --set and every ConfigFlag given
-  std::vector<std::string> switches;  // the verb's own switches given (e.g. "--json")
-  bool help = false;                  // -h / --help
+// What the configuration options of a verb collect (tools/cli.hpp add_config_options).
+struct ConfigArgs {
+  runtime::ConfigSources sources;  // --config and --set; flags are added by config_from_args
+  struct Given {
+    const ConfigFlag* flag;
+    const CLI::Option* option;  // counts how often it was given
+    const std::string* value;   // the last value given
+  };
+  std::vector<Given> flags;        // every ConfigFlag the verb has, in table order
+  std::deque<std::string> values;  // storage the options write (stable addresses)
 };
 
-// Parses `args` of `verb` ("load", "plan"): --config FILE, --set key=value, the
-// shared flags, `verb_flags`, and `verb_switches` (flags without a value that set no
-// key). Returns nullopt after printing the problem and `usage` to standard error;
-// the verb then exits with 2.
-std::optional<ParsedArgs> parse_config_args(const Args& args, const char* verb,
-                                            std::span<const ConfigFlag> verb_flags,
-                                            std::span<const char* const> verb_switches,
-                                            const char* usage);
-
-// The LoadConfig of `parsed` over the embedded config/default.json and the
-// environment. Returns nullopt after printing the error (or, without --model, the
-// usage) to standard error; the verb then exits with 2.
-std::optional<runtime::LoadConfig> config_from_args(const ParsedArgs& parsed, const char* verb,
-                                                    const char* usage);
+// The LoadConfig of `args` over the embedded config/default.json and the
+// environment. Returns nullopt after printing the error (or, when no model path is
+// set anywhere, what is missing) to standard error; the verb then exits with 2.
+std::optional<runtime::LoadConfig> config_from_args(const ConfigArgs& args, const char* verb);
 
 }  // namespace ferry::tools

@@ -1,48 +1,69 @@
-// ferry: the command line. Dispatches to a verb; nothing throws past here.
+// ferry: the command line. Dispatches to a verb, which parses the rest of the words
+// with CLI11 (tools/cli.hpp); `ferry --help` is generated from the same verb table.
+// Nothing throws past here.
 #include <cstdio>
 #include <exception>
+#include <iostream>
 #include <string>
 #include <string_view>
 
+#include "tools/cli.hpp"
 #include "tools/commands.hpp"
 
 namespace {
 
-constexpr const char kUsage[] =
-    "usage: ferry <command> [options]\n"
-    "\n"
-    "commands:\n"
-    "  demo      synthesize the embedded default checkpoint (once) and inspect it\n"
-    "  synth     write a synthetic checkpoint (ferry synth --help)\n"
-    "  inspect   list and validate a checkpoint's weight files and tensors\n"
-    "  load      load a checkpoint onto devices and report (ferry load --help)\n"
-    "  plan      show where every tensor would go, reading no tensor data (ferry plan --help)\n"
-    "  selftest  compare every device operation with the host backend, byte for byte\n";
+struct Verb {
+  const char* name;
+  const char* summary;
+  int (*run)(const ferry::tools::Args&);
+};
+
+constexpr Verb kVerbs[] = {
+    {"demo", "synthesize the embedded default checkpoint (once) and load it",
+     ferry::tools::cmd_demo},
+    {"synth", "write a synthetic checkpoint", ferry::tools::cmd_synth},
+    {"inspect", "list and validate a checkpoint's weight files and tensors",
+     ferry::tools::cmd_inspect},
+    {"load", "load a checkpoint onto devices and report", ferry::tools::cmd_load},
+    {"plan", "show where every tensor would go, reading no tensor data", ferry::tools::cmd_plan},
+    {"selftest", "compare every device operation with the host backend, byte for byte",
+     ferry::tools::cmd_selftest},
+};
+
+// `ferry` without a known verb: its help, or a usage error (exit 2).
+int top_level(const ferry::tools::Args& args) {
+  CLI::App app(
+      "ferry moves a model checkpoint from disk into sharded, kernel-ready parameters.\n"
+      "Every command has --help.",
+      "ferry");
+  app.require_subcommand(1);
+  for (const Verb& verb : kVerbs) {
+    app.add_subcommand(verb.name, verb.summary);
+  }
+  if (!args.empty() && !args[0].empty() && args[0][0] != '-') {
+    std::cerr << "ferry: unknown command '" << args[0] << "'\n\n" << app.help() << std::flush;
+    return 2;
+  }
+  std::optional<int> status = ferry::tools::parse_verb(app, args);
+  return status ? *status : 2;  // a verb would have been dispatched before
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2) {
-    std::fputs(kUsage, stderr);
-    return 2;
-  }
-  std::string_view verb = argv[1];
-  ferry::tools::Args args(argv + 2, argv + argc);
-  try {
-    if (verb == "demo") return ferry::tools::cmd_demo(args);
-    if (verb == "synth") return ferry::tools::cmd_synth(args);
-    if (verb == "inspect") return ferry::tools::cmd_inspect(args);
-    if (verb == "load") return ferry::tools::cmd_load(args);
-    if (verb == "plan") return ferry::tools::cmd_plan(args);
-    if (verb == "selftest") return ferry::tools::cmd_selftest(args);
-    if (verb == "-h" || verb == "--help" || verb == "help") {
-      std::fputs(kUsage, stdout);
-      return 0;
+  ferry::tools::Args args(argv + 1, argv + argc);
+  for (const Verb& verb : kVerbs) {
+    if (argc >= 2 && std::string_view(argv[1]) == verb.name) {
+      try {
+        return verb.run(ferry::tools::Args(argv + 2, argv + argc));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "ferry %s: error: %s\n", verb.name, e.what());
+        return 1;
+      }
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry %s: error: %s\n", argv[1], e.what());
-    return 1;
   }
-  std::fprintf(stderr, "ferry: unknown command '%s'\n\n%s", argv[1], kUsage);
-  return 2;
+  if (argc >= 2 && std::string_view(argv[1]) == "help") {
+    args[0] = "--help";
+  }
+  return top_level(args);
 }

@@ -26,6 +26,7 @@
 #include "common/error.hpp"
 #include "io/safetensors.hpp"
 #include "testing/temp_dir.hpp"
+#include "testing/test_data.hpp"
 #include "tools/commands.hpp"
 
 namespace ferry::tools {
@@ -358,7 +359,7 @@ TEST(SynthTensorList, TinyHasAPaddableVocabAndGroupedQueryAttention) {
 // Layer-0 and non-layer names of a real index, with "layers.0." kept.
 std::set<std::string> real_layer0_names(const std::string& model) {
   std::string path =
-      std::string(FERRY_SHARED_DATA) + "/models/" + model + "/model.safetensors.index.json";
+      ::ferry::testing::test_data_path("models/" + model + "/model.safetensors.index.json");
   json index = json::parse(read_file(path));
   std::set<std::string> out;
   for (const auto& [name, file] : index["weight_map"].items()) {
@@ -382,9 +383,7 @@ std::set<std::string> synth_layer0_names(const std::string& family) {
 }
 
 TEST(SynthTensorList, NamesMatchRealHuggingFaceCheckpoints) {
-  if (!fs::exists(std::string(FERRY_SHARED_DATA) + "/models/mistral-7b-instruct-v0.3")) {
-    GTEST_SKIP() << "no reference checkpoints under " << FERRY_SHARED_DATA;
-  }
+  FERRY_NEED_TEST_DATA();
   // Mistral 7B has the Llama layout untied; Sakura is a Qwen2.5-14B; Mixtral has 8
   // experts like the tiny preset, so the sets must be identical.
   EXPECT_EQ(synth_layer0_names("llama"), real_layer0_names("mistral-7b-instruct-v0.3"));
@@ -395,6 +394,7 @@ TEST(SynthTensorList, NamesMatchRealHuggingFaceCheckpoints) {
 }
 
 TEST(SynthConfig, UsesTheRealConfigsFieldNames) {
+  FERRY_NEED_TEST_DATA();
   const std::map<std::string, std::string> real{
       {"llama", "llama-3.2-3b-instruct"}, {"qwen2", "qwen2.5-7b"},
       {"mixtral", "mixtral-8x7b-v0.1"},   {"qwen3_moe", "qwen3-30b-a3b"},
@@ -405,10 +405,7 @@ TEST(SynthConfig, UsesTheRealConfigsFieldNames) {
   const std::set<std::string> not_copied{"quantization_config", "auto_map", "transformers_version"};
   for (const auto& [family, model] : real) {
     SCOPED_TRACE(family);
-    std::string path = std::string(FERRY_SHARED_DATA) + "/models/" + model + "/config.json";
-    if (!fs::exists(path)) {
-      GTEST_SKIP() << "no reference config " << path;
-    }
+    std::string path = ::ferry::testing::test_data_path("models/" + model + "/config.json");
     json want = json::parse(read_file(path));
     json got = synth_config(family, "tiny", DType::kBF16, false);
     for (const auto& [key, value] : got.items()) {
@@ -954,18 +951,23 @@ TEST(SynthCli, HelpAndUsageErrorsExitTwo) {
   EXPECT_EQ(run_cli({"--family", "llama", "--preset", "tiny", "--out", o, "--colour", "x"}, nullptr,
                     &err),
             2);
-  EXPECT_NE(err.find("unknown option '--colour'"), std::string::npos) << err;
+  EXPECT_NE(err.find("were not expected: x --colour"), std::string::npos) << err;
   EXPECT_EQ(run_cli({"--family", "llama", "--preset", "tiny"}, nullptr, &err), 2);
   EXPECT_NE(err.find("--out is required"), std::string::npos) << err;
   EXPECT_EQ(run_cli({"--family", "llama", "--preset", "tiny", "--out"}, nullptr, &err), 2);
-  EXPECT_NE(err.find("--out needs a value"), std::string::npos) << err;
-  EXPECT_EQ(run_cli({"--family=llama", "--preset=tiny", "--out", o, "--seed", "-3"}), 2);
+  EXPECT_NE(err.find("--out: 1 required DIR missing"), std::string::npos) << err;
+  EXPECT_EQ(run_cli({"--family=llama", "--preset=tiny", "--out", o, "--seed", "-3"}, nullptr, &err),
+            2);
+  EXPECT_NE(err.find("--seed: expected a whole number, not '-3'"), std::string::npos) << err;
+  EXPECT_EQ(
+      run_cli({"--family=llama", "--preset=tiny", "--out", o, "--seed", "18446744073709551616"}),
+      2);
   EXPECT_EQ(run_cli({"--family=llama", "--preset=tiny", "--out", o, "--shard-bytes", "0"}), 2);
   EXPECT_EQ(run_cli({"--family=llama", "--preset=tiny", "--out", o, "--shard-bytes", "9X"}), 2);
   EXPECT_EQ(run_cli({"--family=llama", "--preset=tiny", "--out", o, "stray"}), 2);
   EXPECT_EQ(run_cli({"--family=llama", "--preset=tiny", "--out", o, "--force=yes"}, nullptr, &err),
             2);
-  EXPECT_NE(err.find("--force takes no value"), std::string::npos) << err;
+  EXPECT_NE(err.find("force was given a disallowed flag override"), std::string::npos) << err;
   EXPECT_FALSE(fs::exists(o));
 }
 
