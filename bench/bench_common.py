@@ -1,6 +1,10 @@
-"""Shared setup of the benchmark scripts: the checkpoint they read."""
+"""Shared setup of the benchmark scripts: the checkpoint they read, and how a child
+process is timed."""
 import os
 import subprocess
+import sys
+import tempfile
+import time
 
 
 def medium_checkpoint(build, model=None):
@@ -14,3 +18,20 @@ def medium_checkpoint(build, model=None):
                        check=True)
     files = sorted(os.path.join(model, f) for f in os.listdir(model) if f.endswith(".safetensors"))
     return model, files, sum(os.path.getsize(f) for f in files)
+
+
+def run_measured(cmd, capture=True):
+    """Runs cmd; returns (seconds, max RSS bytes measured from outside, stdout).
+    Output goes to temporary files (a pipe nobody drains would stall the child)."""
+    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, stdout=out_f if capture else subprocess.DEVNULL, stderr=err_f)
+        _, status, usage = os.wait4(p.pid, 0)
+        seconds = time.perf_counter() - t
+        out_f.seek(0)
+        err_f.seek(0)
+        out = out_f.read().decode()
+        err = err_f.read().decode()
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{err}")
+    return seconds, usage.ru_maxrss * 1024, out

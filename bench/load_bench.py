@@ -29,31 +29,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
-from bench_common import medium_checkpoint
+from bench_common import medium_checkpoint, run_measured
 
 # ferry's defaults (runtime/load_config.hpp), which the comparison rows use too.
 QUEUE_DEPTH = 4
 CHUNK = 1 << 20
 BUFFERS = 8
-
-
-def run_measured(cmd, capture=True):
-    """Runs cmd; returns (seconds, max RSS bytes measured from outside, stdout).
-    Output goes to temporary files (a pipe nobody drains would stall the child)."""
-    with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
-        t = time.perf_counter()
-        p = subprocess.Popen(cmd, stdout=out_f if capture else subprocess.DEVNULL, stderr=err_f)
-        _, status, usage = os.wait4(p.pid, 0)
-        seconds = time.perf_counter() - t
-        out_f.seek(0)
-        err_f.seek(0)
-        out = out_f.read().decode()
-        err = err_f.read().decode()
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"failed: {' '.join(cmd)}\n{err}")
-    return seconds, usage.ru_maxrss * 1024, out
 
 
 def main():
