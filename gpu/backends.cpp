@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/error.hpp"
+#include "gpu/null_device.hpp"
 
 namespace ferry::gpu {
 
@@ -43,7 +44,7 @@ constexpr std::string_view kNotCompiled =
 
 // A spec that does not parse: also says what would.
 [[noreturn]] void bad_spec(std::string_view spec, const std::string& why) {
-  spec_error(spec, why + " (expected host:N, host, cuda:I[,J...] or cuda)");
+  spec_error(spec, why + " (expected host:N, host, null:N, null, cuda:I[,J...] or cuda)");
 }
 
 // A non-negative decimal int, nothing else (no sign, no spaces).
@@ -96,6 +97,18 @@ std::vector<std::shared_ptr<Device>> make_devices(std::string_view spec,
     }
     for (int i = 0; i < count; ++i) {
       devices.push_back(make_host_device(i, host_options));
+    }
+    return devices;
+  }
+
+  if (backend == "null") {
+    int count = 1;
+    if (has_list && (!parse_index(list, count) || count == 0)) {
+      bad_spec(spec, "'" + std::string(list) +
+                         "' is not a device count (null:N makes N >= 1 null devices)");
+    }
+    for (int i = 0; i < count; ++i) {
+      devices.push_back(make_null_device(i));
     }
     return devices;
   }

@@ -28,6 +28,9 @@ std::shared_ptr<Device> make_cuda_device(int index);
 // Parses a device spec and makes the devices it names, in order:
 //   host:N        N emulated host devices host:0 .. host:N-1 (N >= 1), with `host_options`
 //   host          the same as host:1
+//   null:N        N null devices null:0 .. null:N-1 (gpu/null_device.hpp): checked,
+//                 counted, nothing kept
+//   null          the same as null:1
 //   cuda:I,J,...  those CUDA devices (distinct indices)
 //   cuda          every CUDA device the runtime sees
 // A bad spec throws ferry::Error (Stage::kConfig) quoting the spec; a cuda spec on a

@@ -81,6 +81,24 @@ void fail(const std::string& device, std::string rule) {
   throw Error(Stage::kCopy, device, "", std::move(rule));
 }
 
+bool inside_allocation(const std::map<std::uintptr_t, std::size_t>& allocations,
+                       const std::byte* p, std::size_t bytes) {
+  auto begin = reinterpret_cast<std::uintptr_t>(p);
+  auto it = allocations.upper_bound(begin);
+  if (it == allocations.begin()) {
+    return false;
+  }
+  --it;
+  std::uintptr_t offset = begin - it->first;
+  return offset <= it->second && bytes <= it->second - offset;
+}
+
+void fail_outside_allocations(const std::string& device, std::string_view op,
+                              std::string_view which, const std::byte* p, std::size_t bytes) {
+  fail(device, std::string(op) + ": " + std::string(which) + " [" + hex(p) + ", +" +
+                   std::to_string(bytes) + ") is not inside a live allocation of this device");
+}
+
 std::string hex(const void* p) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%p", p);

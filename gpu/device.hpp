@@ -220,6 +220,11 @@ class Device {
 
   // A snapshot of the allocation counters.
   virtual AllocationStats stats() const = 0;
+
+  // False for a device that keeps no bytes (the null backend, gpu/null_device.hpp):
+  // its copies are checked and counted but discarded, so nothing can be read back,
+  // and work that needs parameter memory (post-load hooks, dumps) cannot run on it.
+  virtual bool holds_data() const { return true; }
 };
 
 // True for the element types cast() converts: BF16, F16, F32.

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -32,6 +34,15 @@ class StatsTracker {
   mutable std::mutex mu_;
   AllocationStats stats_;
 };
+
+// True when [p, p + bytes) lies inside one entry of `allocations` (begin -> size).
+bool inside_allocation(const std::map<std::uintptr_t, std::size_t>& allocations,
+                       const std::byte* p, std::size_t bytes);
+
+// The words every backend uses when a device range is outside its allocations.
+[[noreturn]] void fail_outside_allocations(const std::string& device, std::string_view op,
+                                           std::string_view which, const std::byte* p,
+                                           std::size_t bytes);
 
 // Throws ferry::Error(Stage::kCopy, device, "", rule).
 [[noreturn]] void fail(const std::string& device, std::string rule);

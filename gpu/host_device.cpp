@@ -114,20 +114,13 @@ struct HostDeviceState {
   // Fails unless [p, p + bytes) lies inside one live allocation of this device.
   void check_device_range(std::string_view op, std::string_view which, const std::byte* p,
                           std::size_t bytes) {
-    auto begin = reinterpret_cast<std::uintptr_t>(p);
     {
       std::lock_guard lock(mu);
-      auto it = allocations.upper_bound(begin);
-      if (it != allocations.begin()) {
-        --it;
-        std::uintptr_t offset = begin - it->first;
-        if (offset <= it->second && bytes <= it->second - offset) {
-          return;
-        }
+      if (detail::inside_allocation(allocations, p, bytes)) {
+        return;
       }
     }
-    fail(name, std::string(op) + ": " + std::string(which) + " [" + hex(p) + ", +" +
-                   std::to_string(bytes) + ") is not inside a live allocation of this device");
+    detail::fail_outside_allocations(name, op, which, p, bytes);
   }
 
   void check_host_pointer(std::string_view op, std::string_view which, const std::byte* p,

@@ -686,6 +686,10 @@ LoadConfig ConfigBuilder::build() const {
       static_cast<int>(f.get_int("load.sort_weight_files", -1, 1 << 20, d.load.sort_weight_files));
   c.load.report = f.get_string("load.report", d.load.report);
   c.load.dump_dir = f.get_string("load.dump_dir", d.load.dump_dir);
+  if (!c.load.dump_dir.empty() && c.devices.kind == DeviceSpec::Kind::kNull) {
+    fail(f.source("load.dump_dir"), "load.dump_dir: devices " + to_string(c.devices) +
+                                        " keep no parameter data, so there is nothing to dump");
+  }
 
   // host, metrics
   c.host.bandwidth_gbps = f.get_double("host.bandwidth_gbps", 0, 1e6, d.host.bandwidth_gbps);
@@ -910,15 +914,26 @@ DeviceSpec resolve_devices(std::string_view spec, std::span<const int> local_ran
     }
     return out;
   }
+  if (s == "null") {
+    out.kind = DeviceSpec::Kind::kNull;
+    out.ids.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      out.ids[i] = static_cast<int>(i);
+    }
+    return out;
+  }
   constexpr std::string_view kHost = "host:";
+  constexpr std::string_view kNull = "null:";
   constexpr std::string_view kCuda = "cuda:";
-  if (s.rfind(kHost, 0) == 0) {
+  if (s.rfind(kHost, 0) == 0 || s.rfind(kNull, 0) == 0) {
+    const bool host = s.rfind(kHost, 0) == 0;
     auto count = parse_digits(trim(s.substr(kHost.size())), INT_MAX);
     if (!count || *count == 0) {
-      fail("", prefix + "expected host:N with N the number of host devices (at least 1)");
+      fail("", prefix + (host ? "expected host:N with N the number of host devices (at least 1)"
+                              : "expected null:N with N the number of null devices (at least 1)"));
     }
     check_count(*count);
-    out.kind = DeviceSpec::Kind::kHost;
+    out.kind = host ? DeviceSpec::Kind::kHost : DeviceSpec::Kind::kNull;
     out.ids.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
       out.ids[i] = static_cast<int>(i);
@@ -936,12 +951,15 @@ DeviceSpec resolve_devices(std::string_view spec, std::span<const int> local_ran
   if (s == "cuda") {
     fail("", prefix + "name one CUDA device per local rank, e.g. cuda:0,1");
   }
-  fail("", prefix + "expected host, host:N or cuda:<ids> (e.g. cuda:0,2)");
+  fail("", prefix + "expected host, host:N, null, null:N or cuda:<ids> (e.g. cuda:0,2)");
 }
 
 std::string to_string(const DeviceSpec& spec) {
   if (spec.kind == DeviceSpec::Kind::kHost) {
     return "host:" + std::to_string(spec.ids.size());
+  }
+  if (spec.kind == DeviceSpec::Kind::kNull) {
+    return "null:" + std::to_string(spec.ids.size());
   }
   return "cuda:" + join(spec.ids);
 }

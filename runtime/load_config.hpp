@@ -59,8 +59,10 @@ struct ParallelConfig {
 
 // Where the local ranks live: one device per local rank, in order.
 struct DeviceSpec {
-  enum class Kind { kHost, kCuda };
-  Kind kind = Kind::kHost;  // host devices are arenas in RAM (the reference backend)
+  enum class Kind { kHost, kCuda, kNull };
+  // host devices are arenas in RAM (the reference backend); null devices keep no
+  // bytes (gpu/null_device.hpp: plans and reads of any size, nothing loaded)
+  Kind kind = Kind::kHost;
   std::vector<int> ids{0};  // device ordinals; host devices are always 0..n-1
   bool operator==(const DeviceSpec&) const = default;
 };
@@ -108,7 +110,8 @@ struct MetricsConfig {
 struct LoadConfig {
   ModelConfig model;
   ParallelConfig parallel;
-  // Config sources spell it "" (host:<local ranks>), "host", "host:N" or "cuda:0,2".
+  // Config sources spell it "" (host:<local ranks>), "host", "host:N", "null" (one
+  // per local rank), "null:N" or "cuda:0,2".
   DeviceSpec devices;
   IoConfig io;
   PrefetchConfig prefetch;

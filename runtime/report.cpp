@@ -37,6 +37,7 @@ nlohmann::json LoadReport::to_json() const {
       {"tensors",
        {{"placed", tensors.placed}, {"dropped", tensors.dropped}, {"unmapped", tensors.unmapped}}},
       {"warnings", warnings},
+      {"hooks_skipped", hooks_skipped},
   };
 }
 
@@ -56,6 +57,10 @@ std::string LoadReport::summary() const {
        " s, verify " + fixed(phases.verify, 3) + " s\n";
   s += "host memory: staging high water " + human_bytes(staging_high_water_bytes) + ", peak RSS " +
        human_bytes(peak_rss_bytes) + "\n";
+  if (!hooks_skipped.empty()) {
+    s += "post-load hooks skipped (their devices keep no data): " +
+         std::to_string(hooks_skipped.size()) + "\n";
+  }
   for (const std::string& w : warnings) {
     s += "warning: " + w + "\n";
   }

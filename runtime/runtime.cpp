@@ -138,6 +138,18 @@ const LoadReport& LoadedModel::report() const {
   return state_->report;
 }
 
+namespace {
+
+// read_param and dump need parameter bytes, which a null device does not keep.
+void require_data(const gpu::Device& device, const std::string& what) {
+  if (!device.holds_data()) {
+    throw Error(Stage::kConfig, device.name(), "",
+                what + ": this device keeps no parameter data (a null device)");
+  }
+}
+
+}  // namespace
+
 std::vector<std::byte> LoadedModel::read_param(std::size_t rank_index,
                                                const std::string& name) const {
   if (rank_index >= state_->ranks.size()) {
@@ -150,6 +162,7 @@ std::vector<std::byte> LoadedModel::read_param(std::size_t rank_index,
   if (p == nullptr) {
     throw Error(Stage::kConfig, rank.device, name, "read_param: no such parameter");
   }
+  require_data(*state_->devices[rank_index], "read_param");
   std::vector<std::byte> out(p->nbytes);
   auto stream = state_->devices[rank_index]->create_stream();
   stream->copy_d2h(out.data(), p->data, p->nbytes);
@@ -159,6 +172,9 @@ std::vector<std::byte> LoadedModel::read_param(std::size_t rank_index,
 
 void LoadedModel::dump(const std::string& dir) const {
   namespace fs = std::filesystem;
+  for (const auto& device : state_->devices) {
+    require_data(*device, "dump");
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
@@ -442,6 +458,12 @@ LoadResult Runtime::Impl::load(LoadReport& report) {
   report.gbps = report.phases.stream > 0
                     ? static_cast<double>(report.bytes_read) / report.phases.stream / 1e9
                     : 0;
+  for (const models::PostLoadHook& hook : model->hooks()) {
+    const gpu::Device& device = *state->devices.at(hook.local_rank);
+    if (!device.holds_data()) {  // the copy workers checked its params and skipped it
+      report.hooks_skipped.push_back(hook.name + " on " + device.name());
+    }
+  }
   report.peak_rss_bytes = peak_rss_bytes();
   state->report = report;
 

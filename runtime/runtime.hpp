@@ -74,6 +74,9 @@ struct LoadReport {
     std::size_t placed = 0, dropped = 0, unmapped = 0;
   } tensors;
   std::vector<std::string> warnings;
+  // Post-load hooks not run because their device keeps no data (null devices):
+  // "<hook name> on <device>", after their params were checked.
+  std::vector<std::string> hooks_skipped;
 
   nlohmann::json to_json() const;
   std::string summary() const;  // a few human lines for the CLI
@@ -87,6 +90,7 @@ class LoadedModel {
   const std::vector<LoadedRank>& ranks() const;
   const LoadReport& report() const;
   // Copies one parameter back to host memory in its storage layout (nbytes bytes).
+  // Both this and dump() fail on devices that keep no data (null devices).
   std::vector<std::byte> read_param(std::size_t rank_index, const std::string& name) const;
   // Writes DIR/rank-<tp rank>.safetensors per local rank: every parameter in its
   // logical shape, contiguous, names as keys. Creates DIR when missing.

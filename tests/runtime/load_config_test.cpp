@@ -523,8 +523,8 @@ TEST(LoadConfigTest, ResolveDevices) {
   EXPECT_THAT(device_error("host:0", two), HasSubstr("\"host:0\": expected host:N"));
   EXPECT_THAT(device_error("host:two", two), HasSubstr("expected host:N"));
   EXPECT_THAT(device_error("gpu:0", two),
-              HasSubstr("devices \"gpu:0\": expected host, host:N or cuda:<ids>"));
-  EXPECT_THAT(device_error("HOST:2", two), HasSubstr("expected host, host:N or cuda:<ids>"));
+              HasSubstr("devices \"gpu:0\": expected host, host:N, null, null:N or cuda:<ids>"));
+  EXPECT_THAT(device_error("HOST:2", two), HasSubstr("expected host, host:N, null, null:N or cuda:<ids>"));
   EXPECT_THAT(device_error("", {}), HasSubstr("no local ranks"));
 
   // Through the builder: ranks decide how many devices are needed.

@@ -1,0 +1,232 @@
+#include "gpu/null_device.hpp"
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <new>
+#include <string>
+#include <utility>
+
+#include "common/error.hpp"
+#include "gpu/device_internal.hpp"
+
+namespace ferry::gpu {
+namespace {
+
+using detail::fail;
+using detail::MemoryKind;
+
+// The address ranges handed out: far above anything the process maps, so that a
+// stray dereference faults instead of touching real memory, and drawn from one
+// process-wide counter, so that no two null devices ever hand out the same range.
+constexpr std::uintptr_t kFirstAddress = std::uintptr_t{0x7e00} << 32;
+std::atomic<std::uintptr_t> g_next_address{kFirstAddress};
+
+struct NullDeviceState {
+  std::string name;
+  detail::StatsTracker stats;
+  std::atomic<std::uint64_t> bytes_written{0};
+  std::mutex mu;
+  std::map<std::uintptr_t, std::size_t> allocations;  // begin -> size; guarded by mu
+
+  void check_device_range(std::string_view op, std::string_view which, const std::byte* p,
+                          std::size_t bytes) {
+    {
+      std::lock_guard lock(mu);
+      if (detail::inside_allocation(allocations, p, bytes)) {
+        return;
+      }
+    }
+    detail::fail_outside_allocations(name, op, which, p, bytes);
+  }
+  void check_host_pointer(std::string_view op, std::string_view which, const void* p,
+                          std::size_t bytes) const {
+    if (p == nullptr && bytes != 0) {
+      fail(name, std::string(op) + ": " + std::string(which) + " is null");
+    }
+  }
+  void written(std::size_t bytes) { bytes_written.fetch_add(bytes, std::memory_order_relaxed); }
+};
+
+class NullEvent final : public Event {
+ public:
+  explicit NullEvent(std::shared_ptr<NullDeviceState> state) : state_(std::move(state)) {
+    state_->stats.event_created();
+  }
+  ~NullEvent() override { state_->stats.event_destroyed(); }
+  NullEvent(const NullEvent&) = delete;
+  NullEvent& operator=(const NullEvent&) = delete;
+
+  bool query() override { return true; }
+  void synchronize() override {}
+
+ private:
+  std::shared_ptr<NullDeviceState> state_;
+};
+
+class NullStream final : public Stream {
+ public:
+  explicit NullStream(std::shared_ptr<NullDeviceState> state) : state_(std::move(state)) {
+    state_->stats.stream_created();
+  }
+  ~NullStream() override { state_->stats.stream_destroyed(); }
+  NullStream(const NullStream&) = delete;
+  NullStream& operator=(const NullStream&) = delete;
+
+  void copy_h2d(std::byte* dst, const std::byte* src_host, std::size_t bytes) override {
+    if (bytes == 0) {
+      return;
+    }
+    state_->check_device_range("copy_h2d", "destination", dst, bytes);
+    state_->check_host_pointer("copy_h2d", "source", src_host, bytes);
+    state_->written(bytes);
+  }
+
+  void copy_h2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src_host,
+                   std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) override {
+    const std::string& name = state_->name;
+    std::size_t dst_span =
+        detail::pitched_span(name, "copy_h2d_2d", "destination", dst_pitch, width_bytes, rows);
+    detail::pitched_span(name, "copy_h2d_2d", "source", src_pitch, width_bytes, rows);
+    if (dst_span == 0) {
+      return;
+    }
+    state_->check_device_range("copy_h2d_2d", "destination", dst, dst_span);
+    state_->check_host_pointer("copy_h2d_2d", "source", src_host, width_bytes);
+    state_->written(width_bytes * rows);
+  }
+
+  void copy_d2h(std::byte*, const std::byte*, std::size_t bytes) override {
+    if (bytes != 0) {
+      fail(state_->name, "copy_d2h: a null device keeps no data, so nothing can be read back");
+    }
+  }
+
+  void fill(std::byte* dst, std::size_t count, DType dtype, double) override {
+    std::size_t bytes = detail::check_fill(state_->name, dtype, count);
+    if (bytes == 0) {
+      return;
+    }
+    state_->check_device_range("fill", "destination", dst, bytes);
+    state_->written(bytes);
+  }
+
+  void zero(std::byte* dst, std::size_t bytes) override {
+    if (bytes == 0) {
+      return;
+    }
+    state_->check_device_range("zero", "destination", dst, bytes);
+    state_->written(bytes);
+  }
+
+  void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
+            std::size_t count) override {
+    detail::CastBytes bytes =
+        detail::check_cast(state_->name, dst, dst_dtype, src, src_dtype, count);
+    if (count == 0) {
+      return;
+    }
+    state_->check_device_range("cast", "destination", dst, bytes.dst);
+    state_->check_device_range("cast", "source", src, bytes.src);
+    state_->written(bytes.dst);
+  }
+
+  std::unique_ptr<Event> record() override { return std::make_unique<NullEvent>(state_); }
+  void synchronize() override {}
+
+ private:
+  std::shared_ptr<NullDeviceState> state_;
+};
+
+class NullDevice final : public Device {
+ public:
+  explicit NullDevice(std::shared_ptr<NullDeviceState> state) : state_(std::move(state)) {}
+
+  std::string name() const override { return state_->name; }
+  void bind() override {}
+  bool holds_data() const override { return false; }
+
+  DeviceAllocation allocate(std::size_t bytes) override {
+    if (bytes == 0) {
+      return {};
+    }
+    const std::uintptr_t rounded =
+        (bytes + kDeviceAlignment - 1) / kDeviceAlignment * kDeviceAlignment;
+    if (rounded < bytes || rounded > (std::uintptr_t{1} << 56)) {
+      fail(state_->name, "out of address space: allocating " + std::to_string(bytes) + " bytes");
+    }
+    // A gap of one alignment unit keeps neighbours apart, so a range that runs past
+    // its allocation never lands inside the next one.
+    const std::uintptr_t begin = g_next_address.fetch_add(rounded + kDeviceAlignment);
+    {
+      std::lock_guard lock(state_->mu);
+      state_->allocations.emplace(begin, bytes);
+    }
+    state_->stats.add(MemoryKind::kDevice, bytes);
+    return DeviceAllocation(reinterpret_cast<std::byte*>(begin), bytes,
+                            [state = state_](std::byte* data, std::size_t size) {
+                              {
+                                std::lock_guard lock(state->mu);
+                                state->allocations.erase(reinterpret_cast<std::uintptr_t>(data));
+                              }
+                              state->stats.remove(MemoryKind::kDevice, size);
+                            });
+  }
+
+  PinnedAllocation allocate_pinned(std::size_t bytes) override {
+    if (bytes == 0) {
+      return {};
+    }
+    std::byte* p = nullptr;
+    try {
+      p = static_cast<std::byte*>(::operator new (bytes, std::align_val_t{kPinnedAlignment}));
+    } catch (const std::bad_alloc&) {
+      fail(state_->name, "allocate_pinned: host RAM refused " + std::to_string(bytes) + " bytes");
+    }
+    state_->stats.add(MemoryKind::kPinned, bytes);
+    return PinnedAllocation(p, bytes, [state = state_](std::byte* data, std::size_t size) {
+      state->stats.remove(MemoryKind::kPinned, size);
+      ::operator delete (data, std::align_val_t{kPinnedAlignment});
+    });
+  }
+
+  HostRegistration register_host(void* host, std::size_t bytes) override {
+    if (bytes == 0) {
+      return {};
+    }
+    state_->check_host_pointer("register_host", "buffer", host, bytes);
+    state_->stats.add(MemoryKind::kRegistered, bytes);
+    return HostRegistration(static_cast<std::byte*>(host), bytes,
+                            [state = state_](std::byte*, std::size_t size) {
+                              state->stats.remove(MemoryKind::kRegistered, size);
+                            });
+  }
+
+  std::unique_ptr<Stream> create_stream() override { return std::make_unique<NullStream>(state_); }
+
+  AllocationStats stats() const override { return state_->stats.snapshot(); }
+
+  std::uint64_t bytes_written() const { return state_->bytes_written.load(); }
+
+ private:
+  std::shared_ptr<NullDeviceState> state_;
+};
+
+}  // namespace
+
+std::shared_ptr<Device> make_null_device(int index) {
+  auto state = std::make_shared<NullDeviceState>();
+  state->name = "null:" + std::to_string(index);
+  return std::make_shared<NullDevice>(std::move(state));
+}
+
+std::uint64_t null_device_bytes_written(const Device& device) {
+  const auto* null = dynamic_cast<const NullDevice*>(&device);
+  if (null == nullptr) {
+    throw Error(Stage::kConfig, device.name(), "", "not a null device");
+  }
+  return null->bytes_written();
+}
+
+}  // namespace ferry::gpu
