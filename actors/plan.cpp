@@ -291,10 +291,24 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
         }
       }
     }
+    // Each piece visits only the windows its source bytes overlap: they are sorted
+    // by offset, so a binary search finds the first, which keeps the work
+    // O(pieces log windows + fragments), not O(pieces x windows), for a tensor that
+    // spans many windows and is split among many ranks.
     for (const models::Piece& p : routes[spans[a].route].pieces) {
-      for (std::size_t w : windows) {
-        Window& win = plan.windows[w];
+      if (p.kind != models::Piece::Kind::kCopy || p.src_end() <= p.src_offset) {
+        continue;
+      }
+      const std::uint64_t begin = t.offset + p.src_offset;
+      const std::uint64_t end = t.offset + p.src_end();
+      auto w = std::partition_point(windows.begin(), windows.end(), [&](std::size_t i) {
+        const Window& win = plan.windows[i];
+        return win.offset + win.nbytes <= begin;
+      });
+      for (; w != windows.end() && plan.windows[*w].offset < end; ++w) {
+        Window& win = plan.windows[*w];
         clip_piece(p, t.offset, win.offset, win.nbytes, spans[a].tensor, win.fragments);
+        ++plan.clip_calls;
       }
     }
     a = b;

@@ -87,6 +87,7 @@ struct Plan {
   std::uint64_t bytes_planned = 0;          // tensor bytes the windows read
   std::uint64_t bytes_skipped = 0;          // tensor bytes no window reads
   std::size_t pieces = 0;                   // copy pieces of all routes (before clipping)
+  std::size_t clip_calls = 0;  // (piece, window) pairs clipped: the planning work, for tests
   std::vector<models::Piece> fills;         // zero pieces (models::Model::fill_pieces)
   std::vector<Window> windows;              // in read order: file order, then offset
   // Plan-byte coordinate of each file's first byte (sizes of the earlier files).

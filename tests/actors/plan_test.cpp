@@ -291,6 +291,26 @@ TEST_F(PlanTest, WindowsReproduceThePiecesForEveryChunkSize) {
   }
 }
 
+TEST_F(PlanTest, ClippingVisitsOnlyTheWindowsEachPieceOverlaps) {
+  // With every rank local and 4 KiB windows, a row-split tensor (embed_tokens,
+  // q/k/v, gate/up) spans many windows and is cut into tp pieces that each overlap
+  // only a few of them. Clipping every piece against every window of its tensor
+  // cost pieces x windows; visiting only the windows a piece overlaps makes every
+  // visit produce a fragment, so the work is bounded by the plan's own size.
+  for (int tp : {2, 16}) {
+    SCOPED_TRACE(tp);
+    Loaded l = open(ck("llama"), tp, {});
+    const Plan plan = make_plan(l.index, *l.model, {4096, false});
+    std::size_t fragments = 0;
+    for (const Window& w : plan.windows) {
+      fragments += w.fragments.size();
+    }
+    EXPECT_GT(plan.clip_calls, 0u);
+    EXPECT_LE(plan.clip_calls, fragments);
+    check_plan(l, {4096, false});
+  }
+}
+
 TEST_F(PlanTest, SubsetsCastsAndBiases) {
   check_plan(open(ck("qwen2"), 8, {6}), {4096, false});
   check_plan(open(ck("qwen2"), 8, {}, DType::kF32), {8192, false});
