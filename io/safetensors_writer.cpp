@@ -60,36 +60,35 @@ void check_name(const std::string& name, const std::string& file) {
 std::string safetensors_header_text(const std::vector<SafetensorsEntry>& entries,
                                     const std::map<std::string, std::string>& metadata,
                                     const std::string& file) {
-  // ordered_json keeps insertion order: metadata first, then declaration order,
-  // which is also offset order (the reference writes tensors sorted by offset).
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    for (const auto& [key, value] : metadata) {
-      meta[key] = value;
-    }
-    header["__metadata__"] = std::move(meta);
-  }
-  std::set<std::string_view> seen;
-  std::uint64_t offset = 0;
-  for (const auto& entry : entries) {
-    check_name(entry.name, file);
-    if (!seen.insert(entry.name).second) {
-      fail(file, entry.name, "tensor declared twice");
-    }
-    std::uint64_t end = checked_add(offset, tensor_bytes(entry, file), file, entry.name);
-    header[entry.name] = {{"dtype", std::string(dtype_name(entry.dtype))},
-                          {"shape", entry.shape},
-                          {"data_offsets", {offset, end}}};
-    offset = end;
-  }
-  std::string text;
+  // Metadata first, then the tensors in declaration order, which is also offset
+  // order (the reference writes tensors sorted by offset). The object is written
+  // entry by entry: an ordered_json built with operator[] searches its keys on
+  // every insert, which took 20 s for a 46,000-tensor header.
+  std::string text = "{";
   try {
-    text = header.dump();
+    if (!metadata.empty()) {
+      text += "\"__metadata__\":" + nlohmann::json(metadata).dump();
+    }
+    std::set<std::string_view> seen;
+    std::uint64_t offset = 0;
+    for (const auto& entry : entries) {
+      check_name(entry.name, file);
+      if (!seen.insert(entry.name).second) {
+        fail(file, entry.name, "tensor declared twice");
+      }
+      std::uint64_t end = checked_add(offset, tensor_bytes(entry, file), file, entry.name);
+      nlohmann::ordered_json value = {{"dtype", std::string(dtype_name(entry.dtype))},
+                                      {"shape", entry.shape},
+                                      {"data_offsets", {offset, end}}};
+      text += text.size() > 1 ? "," : "";
+      text += nlohmann::json(entry.name).dump() + ":" + value.dump();
+      offset = end;
+    }
   } catch (const nlohmann::json::exception& e) {
     // The only way dump() fails is a string that is not valid UTF-8.
     fail(file, "", std::string("header is not valid UTF-8: ") + e.what());
   }
+  text += "}";
   text.append((kAlignment - text.size() % kAlignment) % kAlignment, ' ');
   return text;
 }
