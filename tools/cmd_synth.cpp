@@ -24,7 +24,14 @@ constexpr const char kDescription[] =
     "family's real tensor names (glm4_moe also writes its MTP layer to an unindexed\n"
     "mtp.safetensors, as the real GLM-4.5 checkpoints do). Element i of tensor T is a\n"
     "function of (seed, T, i), a multiple of 1/128 in [-127/128, 127/128], so readers\n"
-    "can check what they load.";
+    "can check what they load.\n"
+    "The model is either --family F --preset P (toy sizes) or --from-config FILE: a real\n"
+    "model's config.json, whose architectures[0] names the family and whose fields give\n"
+    "every size, so the checkpoint has the real model's tensors and shapes (DeepSeek-V3:\n"
+    "46183 tensors, 1.37 TB in bf16). Its config.json is FILE's, less\n"
+    "quantization_config. Add --sparse to write such a checkpoint in seconds (data\n"
+    "regions are holes: zeros that take no disk, so the (seed, T, i) values do not\n"
+    "apply), or --scale-dims H for the real tensor set at a fraction of the size.";
 
 int usage_error(const std::string& message) {
   std::fprintf(stderr, "ferry synth: %s\n(see ferry synth --help)\n", message.c_str());
@@ -120,15 +127,42 @@ int cmd_synth(const Args& args) {
   for (const auto& family : synth_families()) {
     (synth_family_has_experts(family) ? moe : dense).push_back(family);
   }
-  app.add_option("--family", options.family, "dense: " + joined(dense) + "\nMoE: " + joined(moe))
-      ->type_name("F")
-      ->required()
-      ->check(one_of(synth_families(), "family"));
-  app.add_option("--preset", options.preset,
-                 "tiny (a few MiB) | small (tens of MiB) | medium (2-3 GiB in bf16)")
-      ->type_name("P")
-      ->required()
-      ->check(one_of(synth_presets(), "preset"));
+  CLI::Option* family = app.add_option("--family", options.family,
+                                       "dense: " + joined(dense) + "\nMoE: " + joined(moe))
+                            ->type_name("F")
+                            ->check(one_of(synth_families(), "family"));
+  CLI::Option* preset =
+      app.add_option("--preset", options.preset,
+                     "tiny (a few MiB) | small (tens of MiB) | medium (2-3 GiB in bf16)")
+          ->type_name("P")
+          ->check(one_of(synth_presets(), "preset"));
+  CLI::Option* from_config =
+      app.add_option("--from-config", options.from_config,
+                     "a real model's config.json instead of --family and --preset:\n"
+                     "architectures[0] gives the family (LlamaForCausalLM, Qwen2ForCausalLM,\n"
+                     "MistralForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM,\n"
+                     "Qwen2MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM,\n"
+                     "Glm4MoeForCausalLM), its fields every size; values the family\n"
+                     "cannot write (Qwen-MoE mlp_only_layers, DeepSeek moe_layer_freq\n"
+                     "> 1, ...) are errors")
+          ->type_name("FILE")
+          ->excludes(family)
+          ->excludes(preset);
+  app.add_option("--scale-dims", options.scale_hidden,
+                 "with --from-config: the same tensors (layers, experts, heads, vocab)\n"
+                 "with hidden_size H and every other width scaled by H / hidden_size,\n"
+                 "rounded up to a multiple of 8 (DeepSeek-V3 at 64: about 220 MB);\n"
+                 "H is a multiple of 8 below hidden_size")
+      ->type_name("H")
+      ->needs(from_config)
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            std::optional<std::uint64_t> h = parse_uint(text);
+            return h && *h > 0 && *h % 8 == 0
+                       ? ""
+                       : "expected a positive multiple of 8 such as 64, not '" + text + "'";
+          },
+          "", "multiple of 8"));
   app.add_option("--out", options.out,
                  "folder to create (written beside it, then renamed into place)")
       ->type_name("DIR")
@@ -137,13 +171,15 @@ int cmd_synth(const Args& args) {
       ->type_name("N")
       ->check(whole_number())
       ->capture_default_str();
-  app.add_option("--dtype", dtype, "bf16 | f16 | f32")
+  app.add_option("--dtype", dtype,
+                 "bf16 | f16 | f32 (with --from-config too, whatever its torch_dtype;\n"
+                 "the written config.json says this one)")
       ->type_name("D")
       ->check(one_of({"bf16", "f16", "f32", "BF16", "F16", "F32"}, "dtype"))
       ->capture_default_str();
   app.add_option("--shard-bytes", shard_bytes,
                  "shard size; suffixes K, M, G (binary) allowed\n"
-                 "(default: tiny 512K, small 16M, medium 512M)")
+                 "(default: tiny 512K, small 16M, medium 512M, --from-config 5G)")
       ->type_name("N")
       ->check(CLI::Validator(
           [](std::string& text) -> std::string {
@@ -154,11 +190,18 @@ int cmd_synth(const Args& args) {
           },
           "", "size"));
   add_switch(app, "--tie-embeddings", options.tie_embeddings,
-             "no lm_head.weight; config says tie_word_embeddings");
+             "no lm_head.weight; config says tie_word_embeddings\n"
+             "(with --from-config, the config's tie_word_embeddings decides)")
+      ->excludes(from_config);
   add_switch(app, "--fused-experts", options.fused_experts,
              "MoE families: each layer's routed experts as two 3-D tensors,\n"
              "experts.gate_up_proj [E, 2I, H] (gate rows, then up rows) and\n"
              "experts.down_proj [E, H, I], instead of one set per expert");
+  add_switch(app, "--sparse", options.sparse,
+             "every shard a sparse file: real header, the data region a hole\n"
+             "(reads as zeros, takes no disk; a full-size DeepSeek-V3 in seconds).\n"
+             "Values are all zero, not the (seed, T, i) function, so checks\n"
+             "against it do not apply");
   add_switch(app, "--force", options.force,
              "replace DIR if it holds a checkpoint (*.safetensors, *.json only)");
   bool no_fsync = false;
@@ -171,8 +214,29 @@ int cmd_synth(const Args& args) {
   if (!shard_bytes.empty()) {
     options.shard_bytes = *parse_size(shard_bytes);  // checked by the validator above
   }
-  if (options.fused_experts && !synth_family_has_experts(options.family)) {
-    return usage_error("--fused-experts needs a family with routed experts; '" + options.family +
+  const bool by_preset = family->count() > 0 || preset->count() > 0;
+  if (!by_preset && from_config->count() == 0) {
+    return usage_error("no model given: pass --family F --preset P, or --from-config FILE");
+  }
+  if (by_preset && (family->count() == 0 || preset->count() == 0)) {
+    return usage_error(std::string(family->count() == 0 ? "--preset" : "--family") + " needs " +
+                       (family->count() == 0 ? "--family" : "--preset") +
+                       " (or give --from-config FILE instead of both)");
+  }
+  std::string family_name = options.family;
+  if (from_config->count() > 0) {
+    // Read it now: a bad file is an error of its own (exit 1, naming the file and
+    // field), and H is checked against its hidden_size as a usage error.
+    SynthSource source = read_synth_source(options.from_config);
+    family_name = source.family;
+    if (options.scale_hidden >= source.hidden_size) {
+      return usage_error("--scale-dims " + std::to_string(options.scale_hidden) +
+                         " must be below the hidden_size " + std::to_string(source.hidden_size) +
+                         " of " + options.from_config);
+    }
+  }
+  if (options.fused_experts && !synth_family_has_experts(family_name)) {
+    return usage_error("--fused-experts needs a family with routed experts; '" + family_name +
                        "' is dense (" + joined(moe) + ")");
   }
 
@@ -189,13 +253,20 @@ int cmd_synth(const Args& args) {
   }
 
   SynthResult result = synthesize(options);
+  std::string model = options.family + "/" + options.preset;
+  if (!options.from_config.empty()) {
+    model = result.family + " from " + options.from_config;
+    if (options.scale_hidden != 0) {
+      model += " scaled to hidden " + std::to_string(options.scale_hidden);
+    }
+  }
   std::printf(
-      "ferry synth: %s/%s%s seed %llu -> %s: %zu files (%zu shards), %zu tensors, "
-      "%llu bytes (%s) of tensor data\n",
-      options.family.c_str(), options.preset.c_str(), options.fused_experts ? " fused-experts" : "",
+      "ferry synth: %s%s%s seed %llu -> %s: %zu files (%zu shards), %zu tensors, "
+      "%llu bytes (%s) of tensor data%s\n",
+      model.c_str(), options.fused_experts ? " fused-experts" : "", options.sparse ? " sparse" : "",
       static_cast<unsigned long long>(options.seed), options.out.c_str(), result.files.size(),
       result.shards, result.tensors, static_cast<unsigned long long>(result.total_bytes),
-      human_bytes(result.total_bytes).c_str());
+      human_bytes(result.total_bytes).c_str(), options.sparse ? " (all zeros, in holes)" : "");
   return 0;
 }
 

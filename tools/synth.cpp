@@ -197,6 +197,9 @@ struct Dims {
   std::uint64_t first_k_dense = 0;
   std::uint64_t n_group = 0;
   std::uint64_t topk_group = 0;
+  // DeepSeek-V3 and GLM-4 MoE: num_nextn_predict_layers, 0 or 1 (every preset has 1).
+  std::uint64_t nextn_layers = 1;
+  bool qk_norm = false;  // GLM-4 MoE's use_qk_norm (GLM-4.5 has it, GLM-4.5-Air not)
 };
 
 // Tiny vocabularies are 1000 (not a multiple of 64) so vocab padding gets tested;
@@ -356,6 +359,268 @@ Dims dims_for(Family family, Preset preset) {
 }
 // clang-format on
 
+// ---- a real model's config.json ------------------------------------------------
+
+// Typed reads of one config field; errors name the file and the field.
+class ConfigReader {
+ public:
+  ConfigReader(const nlohmann::json& config, const std::string& file) : c_(config), file_(file) {}
+
+  [[noreturn]] void refuse(std::string_view key, const std::string& why) const {
+    fail(file_, "field '" + std::string(key) + "' " + why);
+  }
+
+  // Present and not null.
+  const nlohmann::json* find(std::string_view key) const {
+    auto it = c_.find(key);
+    return it == c_.end() || it->is_null() ? nullptr : &*it;
+  }
+
+  // A non-negative integer; `fallback` when absent or null, an error when required.
+  std::uint64_t count(std::string_view key, std::optional<std::uint64_t> fallback) const {
+    const nlohmann::json* v = find(key);
+    if (v == nullptr) {
+      if (!fallback) {
+        refuse(key, "is missing (a whole number is needed)");
+      }
+      return *fallback;
+    }
+    if (!v->is_number_unsigned() && !(v->is_number_integer() && v->get<std::int64_t>() >= 0)) {
+      refuse(key, "must be a whole number, not " + v->dump());
+    }
+    return v->get<std::uint64_t>();
+  }
+
+  // A positive integer; `fallback` when absent or null, an error when required.
+  std::uint64_t positive(std::string_view key,
+                         std::optional<std::uint64_t> fallback = std::nullopt) const {
+    std::uint64_t n = count(key, fallback);
+    if (n == 0 && find(key) != nullptr) {
+      refuse(key, "must be positive, not 0");
+    }
+    return n;
+  }
+
+  bool boolean(std::string_view key, bool fallback) const {
+    const nlohmann::json* v = find(key);
+    if (v == nullptr) {
+      return fallback;
+    }
+    if (!v->is_boolean()) {
+      refuse(key, "must be true or false, not " + v->dump());
+    }
+    return v->get<bool>();
+  }
+
+  std::string text(std::string_view key, std::string fallback) const {
+    const nlohmann::json* v = find(key);
+    if (v == nullptr) {
+      return fallback;
+    }
+    if (!v->is_string()) {
+      refuse(key, "must be a string, not " + v->dump());
+    }
+    return v->get<std::string>();
+  }
+
+  // Fields the family's tensor list has no way to honour: refuse anything else.
+  void require_count(std::string_view key, std::uint64_t fallback, std::uint64_t want,
+                     const std::string& why) const {
+    if (std::uint64_t n = count(key, fallback); n != want) {
+      refuse(key, "is " + std::to_string(n) + "; only " + std::to_string(want) + " is supported (" +
+                      why + ")");
+    }
+  }
+  void require_bool(std::string_view key, bool fallback, bool want, const std::string& why) const {
+    if (boolean(key, fallback) != want) {
+      refuse(key, std::string("is ") + (want ? "false" : "true") + (find(key) ? "" : " (absent)") +
+                      "; only " + (want ? "true" : "false") + " is supported (" + why + ")");
+    }
+  }
+  // Qwen-MoE: the list must be empty (absent or null counts as empty).
+  void require_empty_list(std::string_view key, const std::string& why) const {
+    const nlohmann::json* v = find(key);
+    if (v != nullptr && !(v->is_array() && v->empty())) {
+      refuse(key, "is " + v->dump() + "; only an empty list is supported (" + why + ")");
+    }
+  }
+
+  std::uint64_t head_dim(std::uint64_t hidden, std::uint64_t heads) const {
+    if (find("head_dim") != nullptr) {
+      return positive("head_dim");
+    }
+    if (hidden % heads != 0) {
+      refuse("head_dim", "is absent and hidden_size " + std::to_string(hidden) +
+                             " is not a multiple of num_attention_heads " + std::to_string(heads));
+    }
+    return hidden / heads;
+  }
+
+ private:
+  const nlohmann::json& c_;
+  const std::string& file_;
+};
+
+struct Architecture {
+  const char* name;
+  Family family;
+};
+// One per line, in the order of the message that lists them.
+// clang-format off
+constexpr Architecture kArchitectures[] = {
+    {"LlamaForCausalLM", Family::kLlama},
+    {"Qwen2ForCausalLM", Family::kQwen2},
+    {"MistralForCausalLM", Family::kMistral},
+    {"MixtralForCausalLM", Family::kMixtral},
+    {"Qwen3MoeForCausalLM", Family::kQwen3Moe},
+    {"Qwen2MoeForCausalLM", Family::kQwen2Moe},
+    {"DeepseekV2ForCausalLM", Family::kDeepseekV2},
+    {"DeepseekV3ForCausalLM", Family::kDeepseekV3},
+    {"Glm4MoeForCausalLM", Family::kGlm4Moe},
+};
+// clang-format on
+
+Family family_of_config(const nlohmann::json& config, const std::string& file) {
+  auto arch = config.find("architectures");
+  if (arch == config.end() || !arch->is_array() || arch->empty() || !(*arch)[0].is_string()) {
+    fail(file, "field 'architectures' must be a non-empty list of names");
+  }
+  const std::string name = (*arch)[0].get<std::string>();
+  std::string known;
+  for (const Architecture& a : kArchitectures) {
+    if (name == a.name) {
+      return a.family;
+    }
+    known += (known.empty() ? "" : ", ") + std::string(a.name);
+  }
+  fail(file, "architecture " + name +
+                 " (architectures[0]) has no synthetic family (supported: " + known + ")");
+}
+
+// The sizes of the model `config` describes, refusing what the family's tensor list
+// cannot express (see SynthSource).
+Dims dims_from_config(Family family, const nlohmann::json& config, const std::string& file) {
+  ConfigReader r(config, file);
+  Dims d;
+  d.hidden = r.positive("hidden_size");
+  d.layers = r.positive("num_hidden_layers");
+  d.heads = r.positive("num_attention_heads");
+  d.kv_heads = r.positive("num_key_value_heads", d.heads);
+  d.vocab = r.positive("vocab_size");
+  r.boolean("tie_word_embeddings", false);  // checked here, read by the caller
+  const std::string every_layer_sparse = "every layer is an MoE layer here";
+  switch (family) {
+    case Family::kLlama:
+    case Family::kQwen2:
+    case Family::kMistral:
+      d.intermediate = r.positive("intermediate_size");
+      d.head_dim = r.head_dim(d.hidden, d.heads);
+      if (family == Family::kLlama) {
+        r.require_bool("attention_bias", false, false, "Llama's projections have no biases here");
+        r.require_bool("mlp_bias", false, false, "Llama's MLP has no biases here");
+      }
+      break;
+    case Family::kMixtral:
+      d.intermediate = r.positive("intermediate_size");
+      d.head_dim = r.head_dim(d.hidden, d.heads);
+      d.experts = r.positive("num_local_experts");
+      d.experts_per_tok = r.positive("num_experts_per_tok", 2);
+      break;
+    case Family::kQwen3Moe:
+    case Family::kQwen2Moe:
+      d.intermediate = r.count("intermediate_size", 0);
+      d.head_dim = r.head_dim(d.hidden, d.heads);
+      d.experts = r.positive("num_experts");
+      d.experts_per_tok = r.positive("num_experts_per_tok", 1);
+      d.moe_intermediate = r.positive("moe_intermediate_size");
+      r.require_count("decoder_sparse_step", 1, 1, every_layer_sparse);
+      r.require_empty_list("mlp_only_layers", every_layer_sparse);
+      if (family == Family::kQwen3Moe) {
+        r.require_bool("attention_bias", false, false,
+                       "Qwen3-MoE's projections have no biases here");
+      } else {
+        d.shared_intermediate = r.positive("shared_expert_intermediate_size");
+      }
+      break;
+    case Family::kDeepseekV2:
+    case Family::kDeepseekV3:
+    case Family::kGlm4Moe: {
+      d.intermediate = r.positive("intermediate_size");
+      d.experts = r.positive("n_routed_experts");
+      d.experts_per_tok = r.positive("num_experts_per_tok", 1);
+      d.moe_intermediate = r.positive("moe_intermediate_size");
+      d.shared_experts = r.positive("n_shared_experts");
+      d.first_k_dense = r.count("first_k_dense_replace", 0);
+      d.n_group = r.positive("n_group", 1);
+      d.topk_group = r.positive("topk_group", 1);
+      d.nextn_layers = r.count("num_nextn_predict_layers", 0);
+      if (family == Family::kGlm4Moe) {
+        d.head_dim = r.head_dim(d.hidden, d.heads);
+        d.qk_norm = r.boolean("use_qk_norm", false);
+        r.require_bool("attention_bias", false, true,
+                       "GLM-4 MoE's q/k/v projections have biases here");
+        if (d.nextn_layers > 1) {
+          r.refuse("num_nextn_predict_layers",
+                   "is " + std::to_string(d.nextn_layers) + "; only 0 or 1 MTP layer is supported");
+        }
+        break;
+      }
+      d.q_lora_rank = r.positive("q_lora_rank", 0);  // null: a plain q_proj
+      d.kv_lora_rank = r.positive("kv_lora_rank");
+      d.qk_nope = r.positive("qk_nope_head_dim");
+      d.qk_rope = r.positive("qk_rope_head_dim");
+      d.v_head = r.positive("v_head_dim");
+      r.require_count("moe_layer_freq", 1, 1, "every layer from first_k_dense_replace on is MoE");
+      r.require_bool("attention_bias", false, false, "MLA's projections have no biases here");
+      // The router has e_score_correction_bias exactly for noaux_tc routing, which the
+      // family fixes: always for V3, never for V2 (the defaults of ferry's models).
+      const bool v3 = family == Family::kDeepseekV3;
+      const std::string topk = r.text("topk_method", v3 ? "noaux_tc" : "greedy");
+      if ((topk == "noaux_tc") != v3) {
+        r.refuse("topk_method", "is \"" + topk + "\"; " +
+                                    (v3 ? "DeepSeek-V3 is synthesized with noaux_tc routing "
+                                          "(a gate with e_score_correction_bias)"
+                                        : "DeepSeek-V2 is synthesized without noaux_tc routing "
+                                          "(a gate without e_score_correction_bias)"));
+      }
+      if (v3 && d.nextn_layers > 1) {
+        r.refuse("num_nextn_predict_layers",
+                 "is " + std::to_string(d.nextn_layers) + "; only 0 or 1 MTP layer is supported");
+      }
+      if (!v3 && d.nextn_layers != 0) {
+        r.refuse("num_nextn_predict_layers",
+                 "is " + std::to_string(d.nextn_layers) +
+                     "; DeepSeek-V2 is synthesized without an MTP layer");
+      }
+      break;
+    }
+  }
+  return d;
+}
+
+std::uint64_t scale_hidden_checked(const Dims& d, std::uint64_t scale_hidden,
+                                   const std::string& file) {
+  if (scale_hidden % 8 != 0 || scale_hidden >= d.hidden) {
+    fail(file, "--scale-dims " + std::to_string(scale_hidden) +
+                   " must be a positive multiple of 8 below hidden_size " +
+                   std::to_string(d.hidden));
+  }
+  return scale_hidden;
+}
+
+// Every width scaled to hidden `scale_hidden`; counts (layers, experts, heads, vocab)
+// stay.
+Dims scaled_dims(Dims d, std::uint64_t scale_hidden) {
+  const std::uint64_t h = d.hidden;
+  for (std::uint64_t* w :
+       {&d.intermediate, &d.moe_intermediate, &d.shared_intermediate, &d.q_lora_rank,
+        &d.kv_lora_rank, &d.qk_nope, &d.qk_rope, &d.v_head, &d.head_dim}) {
+    *w = synth_scaled_width(*w, h, scale_hidden);
+  }
+  d.hidden = scale_hidden;
+  return d;
+}
+
 // ---- tensor lists --------------------------------------------------------------
 
 class ListBuilder {
@@ -501,11 +766,8 @@ std::string_view torch_dtype(DType dtype) {
 
 // ---- files ---------------------------------------------------------------------
 
-void write_text_file(const std::string& path, const std::string& text, bool sync) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    throw_errno(Stage::kSynth, path, "cannot create the file", errno);
-  }
+// Writes all of `text` to `fd`, closing it on failure.
+void write_all(int fd, const std::string& path, std::string_view text) {
   const char* p = text.data();
   std::size_t left = text.size();
   while (left > 0) {
@@ -521,6 +783,10 @@ void write_text_file(const std::string& path, const std::string& text, bool sync
     p += n;
     left -= static_cast<std::size_t>(n);
   }
+}
+
+// Optionally fsyncs, then closes `fd`.
+void sync_and_close(int fd, const std::string& path, bool sync) {
   if (sync && ::fsync(fd) != 0) {
     int err = errno;
     ::close(fd);
@@ -529,6 +795,47 @@ void write_text_file(const std::string& path, const std::string& text, bool sync
   if (::close(fd) != 0) {
     throw_errno(Stage::kSynth, path, "close failed", errno);
   }
+}
+
+void write_text_file(const std::string& path, const std::string& text, bool sync) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw_errno(Stage::kSynth, path, "cannot create the file", errno);
+  }
+  write_all(fd, path, text);
+  sync_and_close(fd, path, sync);
+}
+
+// A safetensors file whose data region is a hole: the 8-byte length and the header
+// exactly as io::SafetensorsWriter lays them out, then ftruncate to the full size,
+// so the data reads as zeros and takes no disk.
+void write_sparse_safetensors(const std::string& path,
+                              const std::vector<io::SafetensorsEntry>& entries,
+                              const std::map<std::string, std::string>& metadata,
+                              std::uint64_t data_bytes, bool sync) {
+  std::string header = io::safetensors_header_text(entries, metadata, path);
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) {
+    bytes[static_cast<std::size_t>(i)] =
+        static_cast<char>((static_cast<std::uint64_t>(header.size()) >> (8 * i)) & 0xff);
+  }
+  bytes += header;
+  std::uint64_t size = bytes.size() + data_bytes;
+  if (size > static_cast<std::uint64_t>(std::numeric_limits<off_t>::max())) {
+    fail(path, "a file of " + std::to_string(size) + " bytes is too large for this system");
+  }
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw_errno(Stage::kSynth, path, "cannot create the file", errno);
+  }
+  write_all(fd, path, bytes);
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    int err = errno;
+    ::close(fd);
+    throw_errno(Stage::kSynth, path, "cannot extend the file to " + std::to_string(size) + " bytes",
+                err);
+  }
+  sync_and_close(fd, path, sync);
 }
 
 // Makes renames inside `dir` durable. Best effort: some file systems refuse
@@ -835,15 +1142,15 @@ std::uint64_t SynthTensor::nbytes() const {
   return elements() * dtype_size(dtype);
 }
 
-std::vector<SynthTensor> synth_tensor_list(std::string_view family_name,
-                                           std::string_view preset_name, DType dtype,
+namespace {
+
+// Every tensor of `family` at sizes `d`, in state-dict order.
+std::vector<SynthTensor> build_tensor_list(Family family, const Dims& d, DType dtype,
                                            bool tie_embeddings, bool fused_experts) {
-  Family family = parse_family(family_name);
-  Dims d = dims_for(family, parse_preset(preset_name));
   check_dtype(dtype);
   if (fused_experts && !has_routed_experts(family)) {
     fail("", "fused experts (--fused-experts) need a family with routed experts; '" +
-                 std::string(family_name) +
+                 synth_families()[static_cast<std::size_t>(family)] +
                  "' is dense (MoE families: " + joined(moe_family_names()) + ")");
   }
   ListBuilder b(dtype, d, fused_experts);
@@ -881,8 +1188,8 @@ std::vector<SynthTensor> synth_tensor_list(std::string_view family_name,
         }
         break;
       case Family::kGlm4Moe:
-        // attention_bias true: q/k/v biases, none on o_proj; use_qk_norm false.
-        b.attention(p, true, false);
+        // attention_bias true: q/k/v biases, none on o_proj; use_qk_norm as configured.
+        b.attention(p, true, d.qk_norm);
         if (i < d.first_k_dense) {
           b.gated_mlp(p + "mlp.", d.intermediate);
         } else {
@@ -892,7 +1199,7 @@ std::vector<SynthTensor> synth_tensor_list(std::string_view family_name,
     }
     b.layer_norms(p);
   }
-  if (family == Family::kDeepseekV3) {
+  if (family == Family::kDeepseekV3 && d.nextn_layers > 0) {
     // The multi-token-prediction layer (num_nextn_predict_layers = 1) is stored as
     // layer num_hidden_layers: its own embedding, norms and projection, a full MoE
     // decoder layer and its own head.
@@ -907,7 +1214,7 @@ std::vector<SynthTensor> synth_tensor_list(std::string_view family_name,
     b.add(p + "shared_head.norm.weight", {d.hidden});
     b.add(p + "shared_head.head.weight", {d.vocab, d.hidden});
   }
-  if (family == Family::kGlm4Moe) {
+  if (family == Family::kGlm4Moe && d.nextn_layers > 0) {
     // GLM-4.5's MTP layer, also layer num_hidden_layers, ships in an mtp.safetensors
     // that the index does not list. It has no embedding of its own.
     std::string p = layer_prefix(d.layers);
@@ -915,7 +1222,7 @@ std::vector<SynthTensor> synth_tensor_list(std::string_view family_name,
     b.add(p + "enorm.weight", {d.hidden});
     b.add(p + "hnorm.weight", {d.hidden});
     b.add(p + "eh_proj.weight", {d.hidden, 2 * d.hidden});
-    b.attention(p, true, false);
+    b.attention(p, true, d.qk_norm);
     b.deepseek_moe(p, true);
     b.layer_norms(p);
     b.add(p + "shared_head.norm.weight", {d.hidden});
@@ -927,6 +1234,128 @@ std::vector<SynthTensor> synth_tensor_list(std::string_view family_name,
     b.add("lm_head.weight", {d.vocab, d.hidden});
   }
   return b.take();
+}
+
+// The sizes to write for `source`: its own, or scaled to hidden `scale_hidden`.
+Dims source_dims(const SynthSource& source, std::uint64_t scale_hidden) {
+  Family family = parse_family(source.family);
+  Dims d = dims_from_config(family, source.config, source.file);
+  if (scale_hidden == 0) {
+    return d;
+  }
+  return scaled_dims(d, scale_hidden_checked(d, scale_hidden, source.file));
+}
+
+}  // namespace
+
+std::vector<SynthTensor> synth_tensor_list(std::string_view family_name,
+                                           std::string_view preset_name, DType dtype,
+                                           bool tie_embeddings, bool fused_experts) {
+  Family family = parse_family(family_name);
+  return build_tensor_list(family, dims_for(family, parse_preset(preset_name)), dtype,
+                           tie_embeddings, fused_experts);
+}
+
+SynthSource synth_source(nlohmann::json config, std::string file) {
+  if (!config.is_object()) {
+    fail(file, "a config.json must hold a JSON object, not " + std::string(config.type_name()));
+  }
+  SynthSource source;
+  Family family = family_of_config(config, file);
+  Dims d = dims_from_config(family, config, file);  // refuse early what cannot be written
+  source.family = synth_families()[static_cast<std::size_t>(family)];
+  source.hidden_size = d.hidden;
+  source.config = std::move(config);
+  source.file = std::move(file);
+  return source;
+}
+
+SynthSource read_synth_source(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) {
+    fail(path, fs::exists(path, ec) ? "the model config is not a regular file"
+                                    : "the model config does not exist");
+  }
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    throw_errno(Stage::kSynth, path, "cannot open the model config", errno);
+  }
+  std::string text;
+  char buf[65536];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) {
+    text.append(buf, n);
+  }
+  bool bad = std::ferror(f) != 0;
+  std::fclose(f);
+  if (bad) {
+    fail(path, "cannot read the model config");
+  }
+  nlohmann::json config;
+  try {
+    config = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail(path, std::string("the model config is not valid JSON: ") + e.what());
+  }
+  return synth_source(std::move(config), path);
+}
+
+std::uint64_t synth_scaled_width(std::uint64_t width, std::uint64_t hidden,
+                                 std::uint64_t scale_hidden) {
+  if (width == 0) {
+    return 0;
+  }
+  if (hidden == 0) {
+    fail("", "cannot scale widths of a model with hidden_size 0");
+  }
+  // Real widths are below 2^20 and scale_hidden below hidden, so this cannot overflow.
+  std::uint64_t scaled = (width * scale_hidden + hidden - 1) / hidden;
+  return std::max<std::uint64_t>(8, (scaled + 7) / 8 * 8);
+}
+
+std::vector<SynthTensor> synth_tensor_list(const SynthSource& source, DType dtype,
+                                           std::uint64_t scale_hidden, bool fused_experts) {
+  Family family = parse_family(source.family);
+  bool tied = ConfigReader(source.config, source.file).boolean("tie_word_embeddings", false);
+  return build_tensor_list(family, source_dims(source, scale_hidden), dtype, tied, fused_experts);
+}
+
+nlohmann::json synth_config(const SynthSource& source, DType dtype, std::uint64_t scale_hidden) {
+  check_dtype(dtype);
+  Family family = parse_family(source.family);
+  Dims d = source_dims(source, scale_hidden);
+  nlohmann::json c = source.config;
+  c.erase("quantization_config");
+  c["torch_dtype"] = std::string(torch_dtype(dtype));
+  if (c.contains("dtype")) {  // the newer spelling of torch_dtype
+    c["dtype"] = std::string(torch_dtype(dtype));
+  }
+  if (scale_hidden == 0) {
+    return c;
+  }
+  // Only fields the config has are replaced (an absent one keeps its default meaning),
+  // and head_dim, which no longer equals hidden / heads.
+  auto replace = [&](const char* key, std::uint64_t value) {
+    if (auto it = c.find(key); it != c.end() && !it->is_null()) {
+      *it = value;
+    }
+  };
+  replace("hidden_size", d.hidden);
+  replace("intermediate_size", d.intermediate);
+  replace("moe_intermediate_size", d.moe_intermediate);
+  replace("shared_expert_intermediate_size", d.shared_intermediate);
+  replace("q_lora_rank", d.q_lora_rank);
+  replace("kv_lora_rank", d.kv_lora_rank);
+  replace("qk_nope_head_dim", d.qk_nope);
+  replace("qk_rope_head_dim", d.qk_rope);
+  replace("v_head_dim", d.v_head);
+  if (family != Family::kDeepseekV2 && family != Family::kDeepseekV3) {
+    c["head_dim"] = d.head_dim;
+  } else {
+    // transformers' DeepSeek configs, when saved, also hold these derived fields.
+    replace("head_dim", d.qk_rope);
+    replace("qk_head_dim", d.qk_nope + d.qk_rope);
+  }
+  return c;
 }
 
 nlohmann::json synth_config(std::string_view family_name, std::string_view preset_name, DType dtype,
@@ -1178,12 +1607,41 @@ std::vector<SynthShard> synth_shard_plan(const std::vector<SynthTensor>& tensors
 // ---- writing (public) ----------------------------------------------------------------
 
 SynthResult synthesize(const SynthOptions& options) {
-  std::vector<SynthTensor> tensors = synth_tensor_list(
-      options.family, options.preset, options.dtype, options.tie_embeddings, options.fused_experts);
-  nlohmann::json config =
-      synth_config(options.family, options.preset, options.dtype, options.tie_embeddings);
-  std::uint64_t shard_bytes =
-      options.shard_bytes != 0 ? options.shard_bytes : synth_default_shard_bytes(options.preset);
+  std::vector<SynthTensor> tensors;
+  nlohmann::json config;
+  std::uint64_t shard_bytes = options.shard_bytes;
+  std::string family = options.family;
+  std::string what;  // the "ferry_synth" metadata: how the checkpoint was made
+  if (!options.from_config.empty()) {
+    if (!options.family.empty() || !options.preset.empty()) {
+      fail(options.from_config,
+           "a model config replaces the family and preset; give one or the other");
+    }
+    if (options.tie_embeddings) {
+      fail(options.from_config, "with a model config, its tie_word_embeddings decides the lm_head");
+    }
+    SynthSource source = read_synth_source(options.from_config);
+    tensors = synth_tensor_list(source, options.dtype, options.scale_hidden, options.fused_experts);
+    config = synth_config(source, options.dtype, options.scale_hidden);
+    shard_bytes = shard_bytes != 0 ? shard_bytes : kSynthSourceShardBytes;
+    family = source.family;
+    what = family + " from " + fs::path(options.from_config).filename().string();
+    if (options.scale_hidden != 0) {
+      what += " scaled to hidden " + std::to_string(options.scale_hidden);
+    }
+  } else {
+    if (options.scale_hidden != 0) {
+      fail("", "scaling the dimensions (--scale-dims) needs a model config (--from-config)");
+    }
+    tensors = synth_tensor_list(options.family, options.preset, options.dtype,
+                                options.tie_embeddings, options.fused_experts);
+    config = synth_config(options.family, options.preset, options.dtype, options.tie_embeddings);
+    shard_bytes = shard_bytes != 0 ? shard_bytes : synth_default_shard_bytes(options.preset);
+    what = options.family + "/" + options.preset;
+  }
+  what += " seed " + std::to_string(options.seed);
+  what += options.fused_experts ? " fused-experts" : "";
+  what += options.sparse ? " sparse (all zeros)" : "";
   std::vector<SynthShard> plan = synth_shard_plan(tensors, shard_bytes);
 
   fs::path out = normalize_out(options.out);
@@ -1203,15 +1661,28 @@ SynthResult synthesize(const SynthOptions& options) {
 
   TempFolder tmp(out, ".tmp-");
   constexpr std::size_t kBlockBytes = std::size_t{4} << 20;
-  std::vector<std::byte> block(kBlockBytes);
-  const std::map<std::string, std::string> metadata{
-      {"format", "pt"},
-      {"ferry_synth", options.family + "/" + options.preset + " seed " +
-                          std::to_string(options.seed) +
-                          (options.fused_experts ? " fused-experts" : "")}};
+  std::vector<std::byte> block(options.sparse ? 0 : kBlockBytes);
+  const std::map<std::string, std::string> metadata{{"format", "pt"}, {"ferry_synth", what}};
   nlohmann::json weight_map = nlohmann::json::object();
   std::uint64_t done = 0;
   for (const auto& shard : plan) {
+    if (options.sparse) {
+      std::vector<io::SafetensorsEntry> entries;
+      entries.reserve(shard.tensors.size());
+      for (std::size_t i : shard.tensors) {
+        entries.push_back({tensors[i].name, tensors[i].dtype, tensors[i].shape});
+        if (shard.indexed) {
+          weight_map[tensors[i].name] = shard.file;
+        }
+      }
+      write_sparse_safetensors((tmp.path() / shard.file).string(), entries, metadata,
+                               shard.data_bytes, options.fsync);
+      done += shard.data_bytes;
+      if (options.progress) {
+        options.progress(done, total);
+      }
+      continue;
+    }
     io::SafetensorsWriter writer((tmp.path() / shard.file).string());
     for (std::size_t i : shard.tensors) {
       writer.add(tensors[i].name, tensors[i].dtype, tensors[i].shape);
@@ -1265,6 +1736,7 @@ SynthResult synthesize(const SynthOptions& options) {
   result.total_bytes = total;
   result.tensors = tensors.size();
   result.shards = plan.size();
+  result.family = family;
   return result;
 }
 

@@ -1,7 +1,9 @@
 // Synthetic Hugging Face checkpoints for tests, demos and benchmarks: a family's
-// real config.json field names and tensor names at toy sizes, sharded like
-// save_pretrained does, with values that are a pure function of (seed, tensor
-// name, element index) so any reader can recompute any element it loaded.
+// real config.json field names and tensor names at toy sizes (presets) or at a real
+// model's dimensions (read from its config.json, optionally with every width scaled
+// down), sharded like save_pretrained does, with values that are a pure function of
+// (seed, tensor name, element index) so any reader can recompute any element it
+// loaded, or, for full-size checkpoints that cost no disk, sparse files of zeros.
 #pragma once
 
 #include <cstdint>
@@ -156,19 +158,88 @@ struct SynthShard {
 std::vector<SynthShard> synth_shard_plan(const std::vector<SynthTensor>& tensors,
                                          std::uint64_t shard_bytes);
 
+// ---- a real model's dimensions ---------------------------------------------------
+
+// A real Hugging Face config.json to synthesize a checkpoint of, checked: its family
+// comes from architectures[0] (LlamaForCausalLM llama, Qwen2ForCausalLM qwen2,
+// MistralForCausalLM mistral, MixtralForCausalLM mixtral, Qwen3MoeForCausalLM
+// qwen3_moe, Qwen2MoeForCausalLM qwen2_moe, DeepseekV2ForCausalLM deepseek_v2,
+// DeepseekV3ForCausalLM deepseek_v3, Glm4MoeForCausalLM glm4_moe) and its sizes from
+// the family's own field names (hidden_size, intermediate_size, num_hidden_layers,
+// num_attention_heads, num_key_value_heads, head_dim or hidden / heads, vocab_size,
+// num_local_experts / num_experts / n_routed_experts, moe_intermediate_size,
+// shared_expert_intermediate_size, q_lora_rank (null: a plain q_proj), kv_lora_rank,
+// qk_nope_head_dim, qk_rope_head_dim, v_head_dim, n_shared_experts,
+// first_k_dense_replace, num_nextn_predict_layers (absent or 0: no MTP layer),
+// use_qk_norm (GLM-4 MoE), tie_word_embeddings, ...; absent optional fields mean what
+// they mean to ferry's models). Values the family's tensor list cannot express are
+// refused, never ignored: Qwen-MoE mlp_only_layers not empty or decoder_sparse_step
+// != 1 (every layer is sparse here); DeepSeek moe_layer_freq != 1, no routed or no
+// shared experts, a topk_method that changes whether the router has
+// e_score_correction_bias (V3: noaux_tc only; V2: anything else); DeepSeek-V3 and
+// GLM-4 MoE num_nextn_predict_layers above 1, DeepSeek-V2's above 0; attention_bias
+// true for Llama, Qwen3-MoE and DeepSeek, false or absent for GLM-4 MoE; Llama
+// mlp_bias true; a missing, zero or non-integer size.
+struct SynthSource {
+  std::string file;               // the path it was read from, named in every error
+  nlohmann::json config;          // as read
+  std::string family;             // one of synth_families()
+  std::uint64_t hidden_size = 0;  // the config's hidden_size
+};
+
+// Reads and checks `path`. Throws ferry::Error(Stage::kSynth) naming the file (and the
+// field) when it is missing, does not parse, names another architecture or holds a
+// value the family cannot express.
+SynthSource read_synth_source(const std::string& path);
+// The same checks on a config already parsed; `file` is only named in errors.
+SynthSource synth_source(nlohmann::json config, std::string file);
+
+// With --scale-dims H: `width` scaled by H / hidden, rounded up to a multiple of 8 and
+// at least 8 (0 stays 0: an absent width, such as q_lora_rank null).
+std::uint64_t synth_scaled_width(std::uint64_t width, std::uint64_t hidden,
+                                 std::uint64_t scale_hidden);
+
+// The tensors of `source`'s model, exactly as the family's preset lists are built
+// (same names, order and dtypes; tie_word_embeddings decides lm_head.weight). With
+// `scale_hidden` > 0, hidden_size becomes scale_hidden and intermediate_size,
+// moe_intermediate_size, shared_expert_intermediate_size, q_lora_rank, kv_lora_rank,
+// qk_nope_head_dim, qk_rope_head_dim, v_head_dim and head_dim are scaled by
+// synth_scaled_width; layers, experts, heads, key/value heads, shared experts and the
+// vocabulary stay. scale_hidden must be a multiple of 8 below hidden_size.
+std::vector<SynthTensor> synth_tensor_list(const SynthSource& source, DType dtype,
+                                           std::uint64_t scale_hidden = 0,
+                                           bool fused_experts = false);
+
+// config.json for that checkpoint: the source config less quantization_config (the
+// weights are plain `dtype`), torch_dtype (and `dtype`, when the config has one) set
+// to what is written, and with `scale_hidden` the scaled fields replaced (head_dim
+// always written for the grouped-query families, since hidden / heads changed).
+nlohmann::json synth_config(const SynthSource& source, DType dtype, std::uint64_t scale_hidden = 0);
+
+// Shard size used with a source config when SynthOptions::shard_bytes is 0: 5 GiB,
+// as save_pretrained's default.
+inline constexpr std::uint64_t kSynthSourceShardBytes = std::uint64_t{5} << 30;
+
 // ---- writing -----------------------------------------------------------------
 
+// The model is given one of two ways: `family` and `preset`, or `from_config`.
 struct SynthOptions {
-  std::string family;             // one of synth_families()
-  std::string preset;             // one of synth_presets()
-  std::string out;                // the checkpoint folder to create
-  std::uint64_t seed = 1;         // input of synth_value
-  DType dtype = DType::kBF16;     // BF16, F16 or F32
-  std::uint64_t shard_bytes = 0;  // 0 = synth_default_shard_bytes(preset)
-  bool tie_embeddings = false;    // no lm_head.weight; config says tied
-  bool fused_experts = false;     // 3-D experts.gate_up_proj / experts.down_proj (MoE only)
-  bool force = false;             // replace an existing non-empty `out`
-  bool fsync = true;              // durable before the rename makes it visible
+  std::string family;              // one of synth_families()
+  std::string preset;              // one of synth_presets()
+  std::string from_config;         // a real config.json (read_synth_source) instead
+  std::uint64_t scale_hidden = 0;  // with from_config: see synth_tensor_list (0 = real sizes)
+  std::string out;                 // the checkpoint folder to create
+  std::uint64_t seed = 1;          // input of synth_value
+  DType dtype = DType::kBF16;      // BF16, F16 or F32
+  std::uint64_t shard_bytes = 0;   // 0 = synth_default_shard_bytes(preset), or 5 GiB
+  bool tie_embeddings = false;     // no lm_head.weight; config says tied (presets only)
+  bool fused_experts = false;      // 3-D experts.gate_up_proj / experts.down_proj (MoE only)
+  // Every shard's data region is a hole (ftruncate, nothing written): real headers,
+  // zeros for data, no disk used, so full-size checkpoints take seconds. Its values
+  // are not synth_value's.
+  bool sparse = false;
+  bool force = false;  // replace an existing non-empty `out`
+  bool fsync = true;   // durable before the rename makes it visible
   // Called after each shard with (data bytes written so far, total data bytes).
   std::function<void(std::uint64_t, std::uint64_t)> progress;
 };
@@ -180,6 +251,7 @@ struct SynthResult {
   std::uint64_t total_bytes = 0;
   std::size_t tensors = 0;
   std::size_t shards = 0;  // safetensors files written, unindexed ones included
+  std::string family;      // the family written (from_config: the one it names)
 };
 
 // Writes config.json, model.safetensors.index.json (listing the indexed shards'
@@ -188,7 +260,8 @@ struct SynthResult {
 // checkpoint that looks complete. An existing empty `out` is replaced; a
 // non-empty one only with `force`, and only when it holds nothing but regular
 // files named *.safetensors or *.json, so a mistyped --out cannot wipe an
-// unrelated folder. Errors are ferry::Error(Stage::kSynth).
+// unrelated folder. With `sparse`, each shard is its 8-byte length and header, then
+// ftruncate to the full size. Errors are ferry::Error(Stage::kSynth).
 SynthResult synthesize(const SynthOptions& options);
 
 }  // namespace ferry::tools
