@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <new>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -61,6 +63,27 @@ std::size_t pitched_span(const std::string& device, std::string_view op, std::st
 
 // Checks a fill() call; returns the bytes it writes.
 std::size_t check_fill(const std::string& device, DType dtype, std::size_t count);
+
+// `bytes` of kPinnedAlignment-aligned host memory standing in for pinned memory (the
+// host and null backends), counted in state->stats; the release keeps `state` alive.
+// State has `name` and `stats` (a StatsTracker).
+template <class State>
+PinnedAllocation allocate_host_pinned(const std::shared_ptr<State>& state, std::size_t bytes) {
+  if (bytes == 0) {
+    return {};
+  }
+  std::byte* p = nullptr;
+  try {
+    p = static_cast<std::byte*>(::operator new (bytes, std::align_val_t{kPinnedAlignment}));
+  } catch (const std::bad_alloc&) {
+    fail(state->name, "allocate_pinned: host RAM refused " + std::to_string(bytes) + " bytes");
+  }
+  state->stats.add(MemoryKind::kPinned, bytes);
+  return PinnedAllocation(p, bytes, [state](std::byte* data, std::size_t size) {
+    state->stats.remove(MemoryKind::kPinned, size);
+    ::operator delete (data, std::align_val_t{kPinnedAlignment});
+  });
+}
 
 struct CastBytes {
   std::size_t dst = 0;

@@ -175,20 +175,7 @@ class NullDevice final : public Device {
   }
 
   PinnedAllocation allocate_pinned(std::size_t bytes) override {
-    if (bytes == 0) {
-      return {};
-    }
-    std::byte* p = nullptr;
-    try {
-      p = static_cast<std::byte*>(::operator new (bytes, std::align_val_t{kPinnedAlignment}));
-    } catch (const std::bad_alloc&) {
-      fail(state_->name, "allocate_pinned: host RAM refused " + std::to_string(bytes) + " bytes");
-    }
-    state_->stats.add(MemoryKind::kPinned, bytes);
-    return PinnedAllocation(p, bytes, [state = state_](std::byte* data, std::size_t size) {
-      state->stats.remove(MemoryKind::kPinned, size);
-      ::operator delete (data, std::align_val_t{kPinnedAlignment});
-    });
+    return detail::allocate_host_pinned(state_, bytes);
   }
 
   HostRegistration register_host(void* host, std::size_t bytes) override {
