@@ -17,4 +17,12 @@ std::string human_bytes(std::uint64_t n) {
   return buf;
 }
 
+std::string join_list(const std::vector<std::string>& items, const char* separator) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    out += (i ? separator : "") + items[i];
+  }
+  return out;
+}
+
 }  // namespace ferry

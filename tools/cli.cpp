@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/format.hpp"
 #include "embedded_config.hpp"
 
 extern char** environ;
@@ -32,15 +33,6 @@ constexpr ConfigFlag kSharedFlags[] = {
     {"--draft", "model.draft", Kind::kSwitch, "",
      "load the draft (MTP) model's weights instead of the target model's"},
 };
-
-std::string joined(const std::vector<std::string>& names, const char* separator) {
-  std::string out;
-  for (const std::string& n : names) {
-    out += out.empty() ? "" : separator;
-    out += n;
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -80,15 +72,22 @@ const CLI::Validator& whole_number() {
   return validator;
 }
 
-CLI::Validator one_of(std::vector<std::string> names, const std::string& what) {
+CLI::Validator known_value(std::function<bool(const std::string&)> accepts, const std::string& what,
+                           const std::string& choices) {
   return CLI::Validator(
-      [names, what](std::string& text) -> std::string {
-        if (std::find(names.begin(), names.end(), text) != names.end()) {
-          return "";
-        }
-        return "unknown " + what + " '" + text + "' (" + joined(names, ", ") + ")";
+      [accepts = std::move(accepts), what, choices](std::string& text) -> std::string {
+        return accepts(text) ? "" : "unknown " + what + " '" + text + "' (" + choices + ")";
       },
       "", what);
+}
+
+CLI::Validator one_of(std::vector<std::string> names, const std::string& what) {
+  const std::string choices = join_list(names);
+  return known_value(
+      [names = std::move(names)](const std::string& text) {
+        return std::find(names.begin(), names.end(), text) != names.end();
+      },
+      what, choices);
 }
 
 CLI::Option* add_switch(CLI::App& app, const std::string& name, bool& value,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,6 +23,10 @@ std::optional<int> parse_verb(CLI::App& app, const Args& args);
 // A whole number that fits 64 bits: digits only, no sign, fraction or exponent.
 // CLI11 alone would read "-1" as 2^64 - 1 for an unsigned option.
 const CLI::Validator& whole_number();
+
+// A value `accepts` takes; anything else is "unknown WHAT 'VALUE' (CHOICES)".
+CLI::Validator known_value(std::function<bool(const std::string&)> accepts, const std::string& what,
+                           const std::string& choices);
 
 // One of `names`; anything else is "unknown WHAT 'VALUE' (a, b, c)".
 CLI::Validator one_of(std::vector<std::string> names, const std::string& what);

@@ -131,7 +131,9 @@ int cmd_inspect(const Args& args) {
       ->required();
   app.add_option("--load-format", load_format, "which weight files to look for")
       ->type_name("auto|safetensors|mistral|pt")
-      ->check(one_of({"auto", "safetensors", "mistral", "pt"}, "load format"));
+      ->check(known_value(
+          [](const std::string& text) { return io::parse_load_format(text).has_value(); },
+          "load format", "auto, safetensors, mistral, pt"));
   add_switch(app, "--json", as_json,
              "print one JSON document (docs/inspect-json.md); logs go to stderr");
   add_switch(app, "--strict", options.index.strict,
@@ -139,12 +141,7 @@ int cmd_inspect(const Args& args) {
   if (std::optional<int> status = parse_verb(app, args)) {
     return *status;
   }
-  std::optional<io::LoadFormat> format = io::parse_load_format(load_format);
-  if (!format) {  // one_of and parse_load_format name the same formats
-    std::fprintf(stderr, "ferry inspect: unknown load format '%s'\n", load_format.c_str());
-    return 2;
-  }
-  options.discovery.format = *format;
+  options.discovery.format = *io::parse_load_format(load_format);  // checked by the validator
   Inspection in;
   try {
     in = inspect_path(path, options);

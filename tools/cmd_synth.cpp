@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/format.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 #include "tools/synth.hpp"
@@ -36,15 +37,6 @@ constexpr const char kDescription[] =
 int usage_error(const std::string& message) {
   std::fprintf(stderr, "ferry synth: %s\n(see ferry synth --help)\n", message.c_str());
   return 2;
-}
-
-std::string joined(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) {
-    out += out.empty() ? "" : ", ";
-    out += n;
-  }
-  return out;
 }
 
 std::optional<std::uint64_t> parse_uint(std::string_view text) {
@@ -128,7 +120,7 @@ int cmd_synth(const Args& args) {
     (synth_family_has_experts(family) ? moe : dense).push_back(family);
   }
   CLI::Option* family = app.add_option("--family", options.family,
-                                       "dense: " + joined(dense) + "\nMoE: " + joined(moe))
+                                       "dense: " + join_list(dense) + "\nMoE: " + join_list(moe))
                             ->type_name("F")
                             ->check(one_of(synth_families(), "family"));
   CLI::Option* preset =
@@ -175,7 +167,9 @@ int cmd_synth(const Args& args) {
                  "bf16 | f16 | f32 (with --from-config too, whatever its torch_dtype;\n"
                  "the written config.json says this one)")
       ->type_name("D")
-      ->check(one_of({"bf16", "f16", "f32", "BF16", "F16", "F32"}, "dtype"))
+      ->check(
+          known_value([](const std::string& text) { return parse_synth_dtype(text).has_value(); },
+                      "dtype", "bf16, f16, f32"))
       ->capture_default_str();
   app.add_option("--shard-bytes", shard_bytes,
                  "shard size; suffixes K, M, G (binary) allowed\n"
@@ -210,7 +204,7 @@ int cmd_synth(const Args& args) {
     return *status;
   }
   options.fsync = !no_fsync;
-  options.dtype = *parse_synth_dtype(dtype);  // checked by one_of above
+  options.dtype = *parse_synth_dtype(dtype);  // checked by the validator above
   if (!shard_bytes.empty()) {
     options.shard_bytes = *parse_size(shard_bytes);  // checked by the validator above
   }
@@ -237,7 +231,7 @@ int cmd_synth(const Args& args) {
   }
   if (options.fused_experts && !synth_family_has_experts(family_name)) {
     return usage_error("--fused-experts needs a family with routed experts; '" + family_name +
-                       "' is dense (" + joined(moe) + ")");
+                       "' is dense (" + join_list(moe) + ")");
   }
 
   // A large preset takes seconds; say how far it got when someone is watching.

@@ -21,6 +21,7 @@
 #include <utility>
 
 #include "common/error.hpp"
+#include "common/format.hpp"
 #include "common/log.hpp"
 #include "io/safetensors_writer.hpp"
 
@@ -108,15 +109,6 @@ enum class Family {
 };
 enum class Preset { kTiny, kSmall, kMedium };
 
-std::string joined(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) {
-    out += out.empty() ? "" : ", ";
-    out += n;
-  }
-  return out;
-}
-
 bool has_routed_experts(Family family) {
   switch (family) {
     case Family::kLlama:
@@ -152,7 +144,7 @@ Family parse_family(std::string_view text) {
       return static_cast<Family>(i);
     }
   }
-  fail("", "unknown family '" + std::string(text) + "' (expected one of " + joined(names) + ")");
+  fail("", "unknown family '" + std::string(text) + "' (expected one of " + join_list(names) + ")");
 }
 
 Preset parse_preset(std::string_view text) {
@@ -162,7 +154,7 @@ Preset parse_preset(std::string_view text) {
       return static_cast<Preset>(i);
     }
   }
-  fail("", "unknown preset '" + std::string(text) + "' (expected one of " + joined(names) + ")");
+  fail("", "unknown preset '" + std::string(text) + "' (expected one of " + join_list(names) + ")");
 }
 
 void check_dtype(DType dtype) {
@@ -1151,7 +1143,7 @@ std::vector<SynthTensor> build_tensor_list(Family family, const Dims& d, DType d
   if (fused_experts && !has_routed_experts(family)) {
     fail("", "fused experts (--fused-experts) need a family with routed experts; '" +
                  synth_families()[static_cast<std::size_t>(family)] +
-                 "' is dense (MoE families: " + joined(moe_family_names()) + ")");
+                 "' is dense (MoE families: " + join_list(moe_family_names()) + ")");
   }
   ListBuilder b(dtype, d, fused_experts);
   b.add("model.embed_tokens.weight", {d.vocab, d.hidden});
