@@ -89,26 +89,15 @@ std::vector<std::shared_ptr<Device>> make_devices(std::string_view spec,
   }
   std::vector<std::shared_ptr<Device>> devices;
 
-  if (backend == "host") {
+  if (backend == "host" || backend == "null") {
+    const bool host = backend == "host";
     int count = 1;
     if (has_list && (!parse_index(list, count) || count == 0)) {
-      bad_spec(spec, "'" + std::string(list) +
-                         "' is not a device count (host:N makes N >= 1 emulated devices)");
+      bad_spec(spec, "'" + std::string(list) + "' is not a device count (" + std::string(backend) +
+                         ":N makes N >= 1 " + (host ? "emulated" : "null") + " devices)");
     }
     for (int i = 0; i < count; ++i) {
-      devices.push_back(make_host_device(i, host_options));
-    }
-    return devices;
-  }
-
-  if (backend == "null") {
-    int count = 1;
-    if (has_list && (!parse_index(list, count) || count == 0)) {
-      bad_spec(spec, "'" + std::string(list) +
-                         "' is not a device count (null:N makes N >= 1 null devices)");
-    }
-    for (int i = 0; i < count; ++i) {
-      devices.push_back(make_null_device(i));
+      devices.push_back(host ? make_host_device(i, host_options) : make_null_device(i));
     }
     return devices;
   }

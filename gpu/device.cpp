@@ -81,22 +81,39 @@ void fail(const std::string& device, std::string rule) {
   throw Error(Stage::kCopy, device, "", std::move(rule));
 }
 
-bool inside_allocation(const std::map<std::uintptr_t, std::size_t>& allocations,
-                       const std::byte* p, std::size_t bytes) {
-  auto begin = reinterpret_cast<std::uintptr_t>(p);
-  auto it = allocations.upper_bound(begin);
-  if (it == allocations.begin()) {
-    return false;
-  }
-  --it;
-  std::uintptr_t offset = begin - it->first;
-  return offset <= it->second && bytes <= it->second - offset;
+void AllocationMap::add(const std::byte* p, std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  live_.emplace(reinterpret_cast<std::uintptr_t>(p), bytes);
 }
 
-void fail_outside_allocations(const std::string& device, std::string_view op,
-                              std::string_view which, const std::byte* p, std::size_t bytes) {
+void AllocationMap::remove(const std::byte* p) {
+  std::lock_guard lock(mu_);
+  live_.erase(reinterpret_cast<std::uintptr_t>(p));
+}
+
+void AllocationMap::check(const std::string& device, std::string_view op, std::string_view which,
+                          const std::byte* p, std::size_t bytes) const {
+  const auto begin = reinterpret_cast<std::uintptr_t>(p);
+  {
+    std::lock_guard lock(mu_);
+    auto it = live_.upper_bound(begin);
+    if (it != live_.begin()) {
+      --it;
+      const std::uintptr_t offset = begin - it->first;
+      if (offset <= it->second && bytes <= it->second - offset) {
+        return;
+      }
+    }
+  }
   fail(device, std::string(op) + ": " + std::string(which) + " [" + hex(p) + ", +" +
                    std::to_string(bytes) + ") is not inside a live allocation of this device");
+}
+
+void check_host_pointer(const std::string& device, std::string_view op, std::string_view which,
+                        const void* p, std::size_t bytes) {
+  if (p == nullptr && bytes != 0) {
+    fail(device, std::string(op) + ": " + std::string(which) + " is null");
+  }
 }
 
 std::string hex(const void* p) {

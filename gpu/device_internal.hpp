@@ -37,14 +37,26 @@ class StatsTracker {
   AllocationStats stats_;
 };
 
-// True when [p, p + bytes) lies inside one entry of `allocations` (begin -> size).
-bool inside_allocation(const std::map<std::uintptr_t, std::size_t>& allocations,
-                       const std::byte* p, std::size_t bytes);
+// The live device allocations of one device (begin -> size) and the check every
+// stream operation runs against them, so the backends that check (host, null)
+// refuse the same ranges with the same words. Thread-safe.
+class AllocationMap {
+ public:
+  void add(const std::byte* p, std::size_t bytes);
+  void remove(const std::byte* p);
+  // Fails (Stage::kCopy, naming `device`, `op` and `which`) unless [p, p + bytes)
+  // lies inside one live allocation.
+  void check(const std::string& device, std::string_view op, std::string_view which,
+             const std::byte* p, std::size_t bytes) const;
 
-// The words every backend uses when a device range is outside its allocations.
-[[noreturn]] void fail_outside_allocations(const std::string& device, std::string_view op,
-                                           std::string_view which, const std::byte* p,
-                                           std::size_t bytes);
+ private:
+  mutable std::mutex mu_;
+  std::map<std::uintptr_t, std::size_t> live_;
+};
+
+// Fails when a host pointer is null and `bytes` is not zero.
+void check_host_pointer(const std::string& device, std::string_view op, std::string_view which,
+                        const void* p, std::size_t bytes);
 
 // Throws ferry::Error(Stage::kCopy, device, "", rule).
 [[noreturn]] void fail(const std::string& device, std::string rule);

@@ -108,27 +108,8 @@ struct HostDeviceState {
 
   std::mutex mu;
   std::size_t live_device_bytes = 0;                    // guarded by mu
-  std::map<std::uintptr_t, std::size_t> allocations;    // begin -> size; guarded by mu
   std::map<std::uintptr_t, std::size_t> registrations;  // begin -> size; guarded by mu
-
-  // Fails unless [p, p + bytes) lies inside one live allocation of this device.
-  void check_device_range(std::string_view op, std::string_view which, const std::byte* p,
-                          std::size_t bytes) {
-    {
-      std::lock_guard lock(mu);
-      if (detail::inside_allocation(allocations, p, bytes)) {
-        return;
-      }
-    }
-    detail::fail_outside_allocations(name, op, which, p, bytes);
-  }
-
-  void check_host_pointer(std::string_view op, std::string_view which, const std::byte* p,
-                          std::size_t bytes) const {
-    if (p == nullptr && bytes != 0) {
-      fail(name, std::string(op) + ": " + std::string(which) + " is null");
-    }
-  }
+  detail::AllocationMap allocations;                    // device memory handed out
 };
 
 // When the emulated link has finished a stream's work: copies land in memory at
@@ -170,8 +151,8 @@ class HostStream final : public Stream {
     if (bytes == 0) {
       return;
     }
-    state_->check_device_range("copy_h2d", "destination", dst, bytes);
-    state_->check_host_pointer("copy_h2d", "source", src_host, bytes);
+    state_->allocations.check(state_->name, "copy_h2d", "destination", dst, bytes);
+    detail::check_host_pointer(state_->name, "copy_h2d", "source", src_host, bytes);
     host::copy_around_caches(dst, src_host, bytes);
     book(bytes);
   }
@@ -185,8 +166,8 @@ class HostStream final : public Stream {
     if (dst_span == 0) {
       return;
     }
-    state_->check_device_range("copy_h2d_2d", "destination", dst, dst_span);
-    state_->check_host_pointer("copy_h2d_2d", "source", src_host, width_bytes);
+    state_->allocations.check(state_->name, "copy_h2d_2d", "destination", dst, dst_span);
+    detail::check_host_pointer(state_->name, "copy_h2d_2d", "source", src_host, width_bytes);
     for (std::size_t r = 0; r < rows; ++r) {
       host::copy_around_caches(dst + r * dst_pitch, src_host + r * src_pitch, width_bytes);
     }
@@ -197,8 +178,8 @@ class HostStream final : public Stream {
     if (bytes == 0) {
       return;
     }
-    state_->check_device_range("copy_d2h", "source", src, bytes);
-    state_->check_host_pointer("copy_d2h", "destination", dst_host, bytes);
+    state_->allocations.check(state_->name, "copy_d2h", "source", src, bytes);
+    detail::check_host_pointer(state_->name, "copy_d2h", "destination", dst_host, bytes);
     std::memcpy(dst_host, src, bytes);
   }
 
@@ -207,7 +188,7 @@ class HostStream final : public Stream {
     if (bytes == 0) {
       return;
     }
-    state_->check_device_range("fill", "destination", dst, bytes);
+    state_->allocations.check(state_->name, "fill", "destination", dst, bytes);
     host::fill(dst, count, dtype, value);
   }
 
@@ -215,7 +196,7 @@ class HostStream final : public Stream {
     if (bytes == 0) {
       return;
     }
-    state_->check_device_range("zero", "destination", dst, bytes);
+    state_->allocations.check(state_->name, "zero", "destination", dst, bytes);
     std::memset(dst, 0, bytes);
   }
 
@@ -226,8 +207,8 @@ class HostStream final : public Stream {
     if (count == 0) {
       return;
     }
-    state_->check_device_range("cast", "destination", dst, bytes.dst);
-    state_->check_device_range("cast", "source", src, bytes.src);
+    state_->allocations.check(state_->name, "cast", "destination", dst, bytes.dst);
+    state_->allocations.check(state_->name, "cast", "source", src, bytes.src);
     host::cast(dst, dst_dtype, src, src_dtype, count);
   }
 
@@ -290,15 +271,12 @@ class HostDevice final : public Device {
     if (state_->options.poison_allocations) {
       std::memset(p, static_cast<int>(kPoisonByte), bytes);
     }
-    {
-      std::lock_guard lock(state_->mu);
-      state_->allocations.emplace(reinterpret_cast<std::uintptr_t>(p), bytes);
-    }
+    state_->allocations.add(p, bytes);
     state_->stats.add(MemoryKind::kDevice, bytes);
     return DeviceAllocation(p, bytes, [state = state_](std::byte* data, std::size_t size) {
+      state->allocations.remove(data);
       {
         std::lock_guard lock(state->mu);
-        state->allocations.erase(reinterpret_cast<std::uintptr_t>(data));
         state->live_device_bytes -= size;
       }
       state->stats.remove(MemoryKind::kDevice, size);

@@ -27,25 +27,7 @@ struct NullDeviceState {
   std::string name;
   detail::StatsTracker stats;
   std::atomic<std::uint64_t> bytes_written{0};
-  std::mutex mu;
-  std::map<std::uintptr_t, std::size_t> allocations;  // begin -> size; guarded by mu
-
-  void check_device_range(std::string_view op, std::string_view which, const std::byte* p,
-                          std::size_t bytes) {
-    {
-      std::lock_guard lock(mu);
-      if (detail::inside_allocation(allocations, p, bytes)) {
-        return;
-      }
-    }
-    detail::fail_outside_allocations(name, op, which, p, bytes);
-  }
-  void check_host_pointer(std::string_view op, std::string_view which, const void* p,
-                          std::size_t bytes) const {
-    if (p == nullptr && bytes != 0) {
-      fail(name, std::string(op) + ": " + std::string(which) + " is null");
-    }
-  }
+  detail::AllocationMap allocations;
   void written(std::size_t bytes) { bytes_written.fetch_add(bytes, std::memory_order_relaxed); }
 };
 
@@ -78,8 +60,8 @@ class NullStream final : public Stream {
     if (bytes == 0) {
       return;
     }
-    state_->check_device_range("copy_h2d", "destination", dst, bytes);
-    state_->check_host_pointer("copy_h2d", "source", src_host, bytes);
+    state_->allocations.check(state_->name, "copy_h2d", "destination", dst, bytes);
+    detail::check_host_pointer(state_->name, "copy_h2d", "source", src_host, bytes);
     state_->written(bytes);
   }
 
@@ -92,8 +74,8 @@ class NullStream final : public Stream {
     if (dst_span == 0) {
       return;
     }
-    state_->check_device_range("copy_h2d_2d", "destination", dst, dst_span);
-    state_->check_host_pointer("copy_h2d_2d", "source", src_host, width_bytes);
+    state_->allocations.check(state_->name, "copy_h2d_2d", "destination", dst, dst_span);
+    detail::check_host_pointer(state_->name, "copy_h2d_2d", "source", src_host, width_bytes);
     state_->written(width_bytes * rows);
   }
 
@@ -108,7 +90,7 @@ class NullStream final : public Stream {
     if (bytes == 0) {
       return;
     }
-    state_->check_device_range("fill", "destination", dst, bytes);
+    state_->allocations.check(state_->name, "fill", "destination", dst, bytes);
     state_->written(bytes);
   }
 
@@ -116,7 +98,7 @@ class NullStream final : public Stream {
     if (bytes == 0) {
       return;
     }
-    state_->check_device_range("zero", "destination", dst, bytes);
+    state_->allocations.check(state_->name, "zero", "destination", dst, bytes);
     state_->written(bytes);
   }
 
@@ -127,8 +109,8 @@ class NullStream final : public Stream {
     if (count == 0) {
       return;
     }
-    state_->check_device_range("cast", "destination", dst, bytes.dst);
-    state_->check_device_range("cast", "source", src, bytes.src);
+    state_->allocations.check(state_->name, "cast", "destination", dst, bytes.dst);
+    state_->allocations.check(state_->name, "cast", "source", src, bytes.src);
     state_->written(bytes.dst);
   }
 
@@ -159,19 +141,13 @@ class NullDevice final : public Device {
     // A gap of one alignment unit keeps neighbours apart, so a range that runs past
     // its allocation never lands inside the next one.
     const std::uintptr_t begin = g_next_address.fetch_add(rounded + kDeviceAlignment);
-    {
-      std::lock_guard lock(state_->mu);
-      state_->allocations.emplace(begin, bytes);
-    }
+    auto* p = reinterpret_cast<std::byte*>(begin);
+    state_->allocations.add(p, bytes);
     state_->stats.add(MemoryKind::kDevice, bytes);
-    return DeviceAllocation(reinterpret_cast<std::byte*>(begin), bytes,
-                            [state = state_](std::byte* data, std::size_t size) {
-                              {
-                                std::lock_guard lock(state->mu);
-                                state->allocations.erase(reinterpret_cast<std::uintptr_t>(data));
-                              }
-                              state->stats.remove(MemoryKind::kDevice, size);
-                            });
+    return DeviceAllocation(p, bytes, [state = state_](std::byte* data, std::size_t size) {
+      state->allocations.remove(data);
+      state->stats.remove(MemoryKind::kDevice, size);
+    });
   }
 
   PinnedAllocation allocate_pinned(std::size_t bytes) override {
@@ -182,7 +158,7 @@ class NullDevice final : public Device {
     if (bytes == 0) {
       return {};
     }
-    state_->check_host_pointer("register_host", "buffer", host, bytes);
+    detail::check_host_pointer(state_->name, "register_host", "buffer", host, bytes);
     state_->stats.add(MemoryKind::kRegistered, bytes);
     return HostRegistration(static_cast<std::byte*>(host), bytes,
                             [state = state_](std::byte*, std::size_t size) {

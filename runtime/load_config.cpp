@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <numeric>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -906,40 +907,23 @@ DeviceSpec resolve_devices(std::string_view spec, std::span<const int> local_ran
     fail("", "devices: no local ranks to place");
   }
   DeviceSpec out;
-  if (s.empty() || s == "host") {
-    out.kind = DeviceSpec::Kind::kHost;
-    out.ids.resize(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      out.ids[i] = static_cast<int>(i);
+  // "" / host / host:N and null / null:N: one device per local rank, numbered from 0.
+  const std::string_view backend = s.substr(0, s.find(':'));
+  if (s.empty() || backend == "host" || backend == "null") {
+    if (backend.size() < s.size()) {
+      auto count = parse_digits(trim(s.substr(backend.size() + 1)), INT_MAX);
+      if (!count || *count == 0) {
+        fail("", prefix + "expected " + std::string(backend) + ":N with N the number of " +
+                     std::string(backend) + " devices (at least 1)");
+      }
+      check_count(*count);
     }
+    out.kind = backend == "null" ? DeviceSpec::Kind::kNull : DeviceSpec::Kind::kHost;
+    out.ids.resize(n);
+    std::iota(out.ids.begin(), out.ids.end(), 0);
     return out;
   }
-  if (s == "null") {
-    out.kind = DeviceSpec::Kind::kNull;
-    out.ids.resize(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      out.ids[i] = static_cast<int>(i);
-    }
-    return out;
-  }
-  constexpr std::string_view kHost = "host:";
-  constexpr std::string_view kNull = "null:";
   constexpr std::string_view kCuda = "cuda:";
-  if (s.rfind(kHost, 0) == 0 || s.rfind(kNull, 0) == 0) {
-    const bool host = s.rfind(kHost, 0) == 0;
-    auto count = parse_digits(trim(s.substr(kHost.size())), INT_MAX);
-    if (!count || *count == 0) {
-      fail("", prefix + (host ? "expected host:N with N the number of host devices (at least 1)"
-                              : "expected null:N with N the number of null devices (at least 1)"));
-    }
-    check_count(*count);
-    out.kind = host ? DeviceSpec::Kind::kHost : DeviceSpec::Kind::kNull;
-    out.ids.resize(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      out.ids[i] = static_cast<int>(i);
-    }
-    return out;
-  }
   if (s.rfind(kCuda, 0) == 0) {
     out.kind = DeviceSpec::Kind::kCuda;
     out.ids = parse_int_list(
