@@ -326,8 +326,7 @@ caf::behavior copy_worker(caf::stateful_actor<CopyWorkerState>* self,
           return;  // dropping the message returns the buffer
         }
         st.ensure_ready(self);
-        const Window& w = st.shared->plan().windows.at(msg.window);
-        Landed landed = st.execute(w, msg.buf->data());
+        Landed landed = st.execute(*msg.window, msg.buf->data());
         st.parked.push_back({st.stream->record(), std::move(msg.buf), std::move(landed)});
         st.release_completed(self);
         if (!st.parked.empty() && !st.flush_scheduled) {

@@ -34,10 +34,12 @@
 
 namespace ferry::actors {
 
-// One completed read: the staging buffer holding plan window `window`.
+// One completed read: the staging buffer holding `window`, which the reader cut
+// from the plan just before reading it (shared by every worker it goes to, and
+// freed with the last of them).
 struct ChunkMsg {
   std::shared_ptr<io::StagingBuffer> buf;
-  std::uint32_t window = 0;
+  std::shared_ptr<const Window> window;
 };
 // The reader sent every chunk; the worker flushes and reports DrainedMsg.
 struct EndOfStreamMsg {};

@@ -18,17 +18,6 @@ constexpr std::size_t kMaxNamesListed = 50;
   throw Error(Stage::kPlacement, "", "", "internal: plan: " + rule);
 }
 
-// One placed tensor's read range, absolute in its file.
-struct Span {
-  std::uint32_t file = 0;
-  std::uint64_t begin = 0;
-  std::uint64_t end = 0;
-  std::uint32_t tensor = 0;
-  std::size_t route = 0;
-  std::size_t first_window = 0;  // windows [first_window, last_window] hold its bytes
-  std::size_t last_window = 0;
-};
-
 // The smallest contiguous ranges of a tensor (relative to its data) that cover
 // every piece: each piece's extent, merged where they overlap or touch. Ranks 0 and
 // 3 of a row-split tensor give two ranges; a column slice (a pitched piece) spans
@@ -157,6 +146,110 @@ void clip_piece(const models::Piece& piece, std::uint64_t tensor_offset,
   }
 }
 
+bool WindowCutter::next(Window& out) {
+  if (!cut(out, &segments_)) {
+    return false;
+  }
+  // Every piece of each span's tensor that overlaps the window's part of the span.
+  // A piece's source bytes lie inside one of its tensor's spans, so clipping it to
+  // the whole window is clipping it to that part; and a window holds at most one
+  // span of a tensor (a tensor's spans never touch, and a window is contiguous).
+  for (const Segment& seg : segments_) {
+    const Span& s = plan_.spans[seg.span];
+    const PlannedRoute& route = plan_.routes[s.route];
+    const std::uint64_t lo = seg.begin - s.tensor_offset;
+    const std::uint64_t hi = seg.end - s.tensor_offset;
+    auto first = std::partition_point(route.end_max.begin(), route.end_max.end(),
+                                      [&](std::uint64_t e) { return e <= lo; });
+    for (std::size_t i = static_cast<std::size_t>(first - route.end_max.begin());
+         i < route.pieces.size() && route.pieces[i].src_offset < hi; ++i) {
+      const models::Piece& p = route.pieces[i];
+      if (p.src_end() <= lo) {
+        continue;
+      }
+      clip_piece(p, s.tensor_offset, out.offset, out.nbytes, s.tensor, out.fragments);
+      ++clip_calls_;
+    }
+  }
+  std::stable_sort(
+      out.fragments.begin(), out.fragments.end(),
+      [](const Fragment& a, const Fragment& b) { return a.local_rank < b.local_rank; });
+  out.rank_begin.assign(plan_.local_ranks + 1, 0);
+  std::size_t f = 0;
+  for (std::size_t r = 0; r < plan_.local_ranks; ++r) {
+    while (f < out.fragments.size() && out.fragments[f].local_rank < r) {
+      ++f;
+    }
+    out.rank_begin[r] = static_cast<std::uint32_t>(f);
+  }
+  out.rank_begin[plan_.local_ranks] = static_cast<std::uint32_t>(out.fragments.size());
+  return true;
+}
+
+bool WindowCutter::next_extent(Window& out) {
+  return cut(out, nullptr);
+}
+
+bool WindowCutter::cut(Window& out, std::vector<Segment>* segments) {
+  out = Window{};
+  if (segments != nullptr) {
+    segments->clear();
+  }
+  const std::uint64_t chunk = plan_.options.chunk_bytes;
+  bool open = false;
+  while (span_ < plan_.spans.size()) {
+    const Span& s = plan_.spans[span_];
+    if (!entered_) {
+      pos_ = s.begin;
+      entered_ = true;
+    }
+    if (open && (out.file != s.file || out.offset + out.nbytes != pos_ || out.nbytes >= chunk)) {
+      break;  // not adjacent, or full: the next window starts here
+    }
+    if (!open) {
+      out.file = s.file;
+      out.offset = pos_;
+      out.first_tensor = s.tensor;
+      open = true;
+    }
+    std::uint64_t take = std::min(s.end, pos_ + (chunk - out.nbytes));
+    if (take < s.end) {
+      // Split inside this tensor: at an element boundary, 4096-aligned if direct.
+      const std::uint64_t es = s.elem_bytes;
+      take = s.tensor_offset + (take - s.tensor_offset) / es * es;
+      if (plan_.options.direct) {
+        const std::uint64_t aligned = take / kDirectAlignment * kDirectAlignment;
+        if (aligned > pos_ && (aligned - s.tensor_offset) % es == 0) {
+          take = aligned;
+        }
+      }
+      if (take <= pos_) {
+        if (out.nbytes == 0) {
+          internal("a window of " + std::to_string(chunk) + " bytes cannot hold one element");
+        }
+        break;  // no room for one element here: the next window starts with it
+      }
+    }
+    if (segments != nullptr) {
+      segments->push_back({span_, pos_, take});
+    }
+    out.nbytes += take - pos_;
+    out.tensor_count = s.tensor - out.first_tensor + 1;
+    pos_ = take;
+    if (take < s.end) {
+      break;  // split: this window is full
+    }
+    ++span_;
+    entered_ = false;
+  }
+  if (!open) {
+    return false;
+  }
+  out.index = cut_++;
+  out.plan_end = plan_.file_plan_offset[out.file] + out.offset + out.nbytes;
+  return true;
+}
+
 Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
                const PlanOptions& options, const std::string& folder) {
   if (options.chunk_bytes < 4096) {
@@ -165,6 +258,7 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
   }
   Plan plan;
   plan.local_ranks = model.shells().size();
+  plan.options = options;
   for (const io::CheckpointFile& f : index.files) {
     plan.file_plan_offset.push_back(plan.plan_bytes);
     plan.plan_bytes += f.size;
@@ -172,7 +266,6 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
 
   // Route every tensor before reading anything.
   std::vector<models::Route> routes;
-  std::vector<Span> spans;
   for (std::size_t i = 0; i < index.tensors.size(); ++i) {
     const io::TensorInfo& t = index.tensors[i];
     models::Route route = model.route(t);
@@ -183,12 +276,14 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
         for (const auto& [begin, end] : read_ranges(route)) {
           Span s;
           s.file = t.file_index;
+          s.tensor = static_cast<std::uint32_t>(i);
+          s.route = static_cast<std::uint32_t>(routes.size());
+          s.elem_bytes = static_cast<std::uint32_t>(dtype_size(t.dtype));
           s.begin = t.offset + begin;
           s.end = t.offset + end;
-          s.tensor = static_cast<std::uint32_t>(i);
-          s.route = routes.size();
+          s.tensor_offset = t.offset;
           plan.bytes_planned += end - begin;
-          spans.push_back(s);
+          plan.spans.push_back(s);
         }
         routes.push_back(std::move(route));
         break;
@@ -216,116 +311,34 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
   }
   plan.fills = model.fill_pieces();
 
-  // Cut the spans into windows: coalesce adjacent ones, split long ones.
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+  // Keep each route's copy pieces, sorted by source offset for the cutter's search.
+  plan.routes.reserve(routes.size());
+  for (models::Route& route : routes) {
+    PlannedRoute& pr = plan.routes.emplace_back();
+    for (models::Piece& p : route.pieces) {
+      if (p.kind == models::Piece::Kind::kCopy && p.src_end() > p.src_offset) {
+        pr.pieces.push_back(std::move(p));
+      }
+    }
+    std::stable_sort(
+        pr.pieces.begin(), pr.pieces.end(),
+        [](const models::Piece& a, const models::Piece& b) { return a.src_offset < b.src_offset; });
+    std::uint64_t running = 0;
+    for (const models::Piece& p : pr.pieces) {
+      running = std::max(running, p.src_end());
+      pr.end_max.push_back(running);
+    }
+  }
+  routes.clear();
+  std::sort(plan.spans.begin(), plan.spans.end(), [](const Span& a, const Span& b) {
     return a.file != b.file ? a.file < b.file : a.begin < b.begin;
   });
-  const std::uint64_t chunk = options.chunk_bytes;
-  bool open = false;
-  for (Span& s : spans) {
-    const io::TensorInfo& t = index.tensors[s.tensor];
-    const std::uint64_t es = dtype_size(t.dtype);
-    std::uint64_t pos = s.begin;
-    bool first = true;
-    while (pos < s.end) {
-      if (open) {
-        const Window& w = plan.windows.back();
-        if (w.file != s.file || w.offset + w.nbytes != pos || w.nbytes >= chunk) {
-          open = false;
-        }
-      }
-      if (!open) {
-        Window w;
-        w.file = s.file;
-        w.offset = pos;
-        w.first_tensor = s.tensor;
-        plan.windows.push_back(std::move(w));
-        open = true;
-      }
-      Window& w = plan.windows.back();
-      std::uint64_t take = std::min(s.end, pos + (chunk - w.nbytes));
-      if (take < s.end) {
-        // Split inside this tensor: at an element boundary, 4096-aligned if direct.
-        take = t.offset + (take - t.offset) / es * es;
-        if (options.direct) {
-          std::uint64_t aligned = take / kDirectAlignment * kDirectAlignment;
-          if (aligned > pos && (aligned - t.offset) % es == 0) {
-            take = aligned;
-          }
-        }
-        if (take <= pos) {
-          if (w.nbytes == 0) {
-            internal("a window of " + std::to_string(chunk) + " bytes cannot hold one element");
-          }
-          open = false;  // no room for one element here: start the next window
-          continue;
-        }
-      }
-      w.nbytes += take - pos;
-      w.tensor_count = s.tensor - w.first_tensor + 1;
-      if (first) {
-        s.first_window = plan.windows.size() - 1;
-        first = false;
-      }
-      s.last_window = plan.windows.size() - 1;
-      pos = take;
-      if (take < s.end) {
-        open = false;
-      }
-    }
-  }
-  // Clip every piece to the windows of its tensor's spans. Spans are sorted, so a
-  // tensor's spans are consecutive; a window may hold several spans (of this or of
-  // neighbouring tensors), hence the check that a window is visited once.
-  for (std::size_t a = 0; a < spans.size();) {
-    std::size_t b = a;
-    while (b < spans.size() && spans[b].route == spans[a].route) {
-      ++b;
-    }
-    const io::TensorInfo& t = index.tensors[spans[a].tensor];
-    std::vector<std::size_t> windows;
-    for (std::size_t k = a; k < b; ++k) {
-      for (std::size_t w = spans[k].first_window; w <= spans[k].last_window; ++w) {
-        if (windows.empty() || windows.back() != w) {
-          windows.push_back(w);
-        }
-      }
-    }
-    // Each piece visits only the windows its source bytes overlap: they are sorted
-    // by offset, so a binary search finds the first, which keeps the work
-    // O(pieces log windows + fragments), not O(pieces x windows), for a tensor that
-    // spans many windows and is split among many ranks.
-    for (const models::Piece& p : routes[spans[a].route].pieces) {
-      if (p.kind != models::Piece::Kind::kCopy || p.src_end() <= p.src_offset) {
-        continue;
-      }
-      const std::uint64_t begin = t.offset + p.src_offset;
-      const std::uint64_t end = t.offset + p.src_end();
-      auto w = std::partition_point(windows.begin(), windows.end(), [&](std::size_t i) {
-        const Window& win = plan.windows[i];
-        return win.offset + win.nbytes <= begin;
-      });
-      for (; w != windows.end() && plan.windows[*w].offset < end; ++w) {
-        Window& win = plan.windows[*w];
-        clip_piece(p, t.offset, win.offset, win.nbytes, spans[a].tensor, win.fragments);
-        ++plan.clip_calls;
-      }
-    }
-    a = b;
-  }
-  for (Window& w : plan.windows) {
-    std::stable_sort(
-        w.fragments.begin(), w.fragments.end(),
-        [](const Fragment& a, const Fragment& b) { return a.local_rank < b.local_rank; });
-    w.rank_begin.assign(plan.local_ranks + 1, 0);
-    std::size_t f = 0;
-    for (std::size_t r = 0; r <= plan.local_ranks; ++r) {
-      while (r < plan.local_ranks && f < w.fragments.size() && w.fragments[f].local_rank < r) {
-        ++f;
-      }
-      w.rank_begin[r] = static_cast<std::uint32_t>(r == plan.local_ranks ? w.fragments.size() : f);
-    }
-    w.plan_end = plan.file_plan_offset[w.file] + w.offset + w.nbytes;
+  // Count the windows (and meet a window too small for one element now, not in the
+  // reader): their extents only, O(windows) time and no memory.
+  WindowCutter counter(plan);
+  Window w;
+  while (counter.next_extent(w)) {
+    ++plan.window_count;
   }
   return plan;
 }

@@ -1,7 +1,13 @@
 // The load plan: every checkpoint tensor routed before any byte of it is read, and
-// the reads cut into staging-buffer-sized windows with the copy pieces clipped to
-// them. Plain C++ (no actors, no files, no devices), so that the arithmetic the
-// pipeline depends on is unit-tested on its own; the actors only walk the plan.
+// the reads it needs as spans, which a WindowCutter cuts, lazily and in read order,
+// into staging-buffer-sized windows with the copy pieces clipped to them. Plain C++
+// (no actors, no files, no devices), so that the arithmetic the pipeline depends on
+// is unit-tested on its own; the actors only walk the plan.
+//
+// The plan costs tensors, not bytes: it keeps one span per contiguous read range of
+// a placed tensor and the tensor's pieces, never the windows themselves. The reader
+// cuts each window just before it reads it, so at most the windows in flight (one
+// per staging buffer) exist at once, whatever the checkpoint's size.
 //
 // From routes to windows:
 //  - a placed tensor contributes its read spans: the smallest contiguous byte ranges
@@ -19,6 +25,9 @@
 //    inside become one 2-D fragment, a row cut by a window edge becomes a 1-D
 //    fragment for its part (a row larger than a window is split within the row).
 //    Fragments never overlap, and together they write exactly what the pieces do.
+//    A window finds its pieces by binary search over its tensors' pieces (sorted by
+//    source offset), so cutting every window costs O(spans + windows + fragments),
+//    up to a log factor, never pieces x windows.
 #pragma once
 
 #include <cstddef>
@@ -60,6 +69,7 @@ struct Fragment {
 
 // One read into one staging buffer: bytes [offset, offset + nbytes) of one file.
 struct Window {
+  std::uint32_t index = 0;          // position in read order (0, 1, 2, ...)
   std::uint32_t file = 0;           // index into CheckpointIndex::files
   std::uint64_t offset = 0;         // absolute file offset
   std::uint64_t nbytes = 0;         // <= chunk_bytes
@@ -77,8 +87,28 @@ struct PlanOptions {
   bool direct = false;  // O_DIRECT reads: prefer 4096-aligned window splits
 };
 
+// One contiguous read range of a placed tensor, absolute in its file.
+struct Span {
+  std::uint32_t file = 0;
+  std::uint32_t tensor = 0;      // index into CheckpointIndex::tensors
+  std::uint32_t route = 0;       // index into Plan::routes
+  std::uint32_t elem_bytes = 1;  // source element size: windows split on its multiples
+  std::uint64_t begin = 0;
+  std::uint64_t end = 0;
+  std::uint64_t tensor_offset = 0;  // file offset of the tensor's first data byte
+};
+
+// A placed tensor's copy pieces (those with source bytes), sorted by source offset,
+// with the running maximum of their source ends: the pieces that overlap a byte
+// range are a contiguous run found by two binary searches.
+struct PlannedRoute {
+  std::vector<models::Piece> pieces;
+  std::vector<std::uint64_t> end_max;  // end_max[i] = max(src_end of pieces[0..i])
+};
+
 struct Plan {
   std::size_t local_ranks = 0;
+  PlanOptions options;
   // What the router decided, per checkpoint tensor.
   std::size_t placed = 0;
   std::size_t dropped = 0;
@@ -87,12 +117,44 @@ struct Plan {
   std::uint64_t bytes_planned = 0;          // tensor bytes the windows read
   std::uint64_t bytes_skipped = 0;          // tensor bytes no window reads
   std::size_t pieces = 0;                   // copy pieces of all routes (before clipping)
-  std::size_t clip_calls = 0;  // (piece, window) pairs clipped: the planning work, for tests
   std::vector<models::Piece> fills;         // zero pieces (models::Model::fill_pieces)
-  std::vector<Window> windows;              // in read order: file order, then offset
+  std::vector<Span> spans;                  // in read order: file order, then offset
+  std::vector<PlannedRoute> routes;         // of the placed tensors
+  std::size_t window_count = 0;             // windows a WindowCutter cuts from the spans
   // Plan-byte coordinate of each file's first byte (sizes of the earlier files).
   std::vector<std::uint64_t> file_plan_offset;
   std::uint64_t plan_bytes = 0;  // sum of the file sizes
+};
+
+// Cuts a plan's spans into windows, one at a time, in read order. The plan must
+// outlive the cutter. Not thread-safe (the reader owns one).
+class WindowCutter {
+ public:
+  explicit WindowCutter(const Plan& plan) : plan_(plan) {}
+
+  // The next window with its fragments, sorted by local rank; false after the last.
+  bool next(Window& out);
+  // The next window's extent only (file, offset, nbytes, tensors, plan_end), with
+  // no fragments: how make_plan counts and checks the windows without keeping them.
+  bool next_extent(Window& out);
+  // (piece, window) pairs clipped so far: the cutting work, for tests.
+  std::size_t clip_calls() const { return clip_calls_; }
+
+ private:
+  struct Segment {
+    std::size_t span = 0;
+    std::uint64_t begin = 0;
+    std::uint64_t end = 0;
+  };
+  bool cut(Window& out, std::vector<Segment>* segments);
+
+  const Plan& plan_;
+  std::size_t span_ = 0;   // the span the next window starts in
+  std::uint64_t pos_ = 0;  // and where in it (0 before the span is entered)
+  bool entered_ = false;
+  std::uint32_t cut_ = 0;  // windows cut so far
+  std::size_t clip_calls_ = 0;
+  std::vector<Segment> segments_;
 };
 
 // Routes every tensor of `index` with `model` and cuts the reads into windows.

@@ -1,5 +1,7 @@
-// The reader: walks the plan's windows in order, reads each into a staging buffer
-// and hands the buffer to every copy worker that has fragments in it.
+// The reader: cuts the plan's windows in order (actors::WindowCutter, one window
+// just before it is read, so only the windows in flight exist), reads each into a
+// staging buffer and hands the buffer, with the window, to every copy worker that
+// has fragments in it.
 //
 //   reader ── ChunkMsg{lease, window} ──► copy workers (then EndOfStreamMsg)
 //   reader ── AdvanceMsg ──► prefetcher          reader ── ReaderDoneMsg ──► coordinator
@@ -84,25 +86,25 @@ class ReadLoop {
     ro.faults = input.faults;
     reader_ = io::make_reader(ro);
 
-    const std::vector<Window>& windows = shared_->plan().windows;
-    std::size_t next = 0;
+    WindowCutter cutter(shared_->plan());
+    std::shared_ptr<Window> next = cut(cutter);
     std::vector<io::Completion> done;
     while (true) {
       if (!drain_mailbox() || shared_->aborted()) {
         return false;
       }
       shared_->check_cancel();
-      while (next < windows.size()) {
+      while (next) {
         std::optional<io::StagingBuffer> lease = take_buffer();
         if (!lease) {
           break;
         }
-        const Window& w = windows[next];
+        const Window& w = *next;
         auto buf = std::make_shared<io::StagingBuffer>(std::move(*lease));
         reader_->submit(
-            {&files_[w.file], w.offset, static_cast<std::size_t>(w.nbytes), buf->data(), next});
-        in_flight_.emplace(next, std::move(buf));
-        ++next;
+            {&files_[w.file], w.offset, static_cast<std::size_t>(w.nbytes), buf->data(), w.index});
+        in_flight_.emplace(w.index, InFlight{std::move(buf), std::move(next)});
+        next = cut(cutter);
         // Hand over whatever is done before the next read: from the page cache a
         // read completes inside the submit, and batching several of them before
         // the first dispatch left the copy workers idle meanwhile (a convoy).
@@ -113,7 +115,7 @@ class ReadLoop {
           dispatch(c);
         }
       }
-      if (next == windows.size() && in_flight_.empty()) {
+      if (!next && in_flight_.empty()) {
         break;
       }
       if (!in_flight_.empty()) {
@@ -135,6 +137,17 @@ class ReadLoop {
   }
 
  private:
+  struct InFlight {
+    std::shared_ptr<io::StagingBuffer> buf;
+    std::shared_ptr<const Window> window;
+  };
+
+  // The next window, or null after the last.
+  static std::shared_ptr<Window> cut(WindowCutter& cutter) {
+    auto w = std::make_shared<Window>();
+    return cutter.next(*w) ? w : nullptr;
+  }
+
   // Handles what is in the mailbox now; false when an exit message arrived.
   bool drain_mailbox() {
     bool more = true;
@@ -157,10 +170,9 @@ class ReadLoop {
 
   void dispatch(const io::Completion& c) {
     auto it = in_flight_.find(c.tag);
-    std::shared_ptr<io::StagingBuffer> buf = std::move(it->second);
+    InFlight chunk = std::move(it->second);
     in_flight_.erase(it);
-    const std::uint32_t index = static_cast<std::uint32_t>(c.tag);
-    const Window& w = shared_->plan().windows[index];
+    const Window& w = *chunk.window;
     if (c.error) {
       const io::TensorInfo& t = shared_->index().tensors[w.first_tensor];
       Error e = to_error(c.error, Stage::kRead, t.file, t.name, "");
@@ -175,7 +187,7 @@ class ReadLoop {
     shared_->reads.fetch_add(1);
     for (std::size_t r = 0; r < workers_.size(); ++r) {
       if (w.has_rank(r)) {
-        self_->send(workers_[r], ChunkMsg{buf, index});
+        self_->send(workers_[r], ChunkMsg{chunk.buf, chunk.window});
       }
     }
     position_ = std::max(position_, w.plan_end);
@@ -192,7 +204,7 @@ class ReadLoop {
   // before the buffers its reads write into, and both before the files.
   std::vector<io::File> files_;
   std::optional<io::StagingBuffer> spare_;
-  std::map<std::uint64_t, std::shared_ptr<io::StagingBuffer>> in_flight_;
+  std::map<std::uint64_t, InFlight> in_flight_;
   std::unique_ptr<io::Reader> reader_;
   std::uint64_t position_ = 0;
 };

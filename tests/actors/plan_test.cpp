@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
@@ -180,6 +181,22 @@ Loaded open(const std::string& dir, int tp, std::vector<int> ranks,
   return l;
 }
 
+// Every window of `plan`, cut in read order (the reader cuts them one at a time).
+std::vector<Window> cut_all(const Plan& plan, std::size_t* clip_calls = nullptr) {
+  WindowCutter cutter(plan);
+  std::vector<Window> out;
+  Window w;
+  while (cutter.next(w)) {
+    EXPECT_EQ(w.index, out.size());
+    out.push_back(std::move(w));
+  }
+  EXPECT_EQ(out.size(), plan.window_count);
+  if (clip_calls != nullptr) {
+    *clip_calls = cutter.clip_calls();
+  }
+  return out;
+}
+
 // Executes the plan's windows and, separately, the unsplit pieces of every route,
 // straight from the files' bytes; both must agree and write each byte once.
 void check_plan(const Loaded& l, const PlanOptions& options) {
@@ -220,7 +237,8 @@ void check_plan(const Loaded& l, const PlanOptions& options) {
   }
   std::uint64_t read = 0;
   std::vector<std::uint64_t> last_end(files.size(), 0);
-  for (const Window& w : plan.windows) {
+  for (const Window& w : cut_all(plan)) {
+    EXPECT_EQ(w.plan_end, plan.file_plan_offset[w.file] + w.offset + w.nbytes);
     EXPECT_LE(w.nbytes, options.chunk_bytes);
     EXPECT_GT(w.nbytes, 0u);
     EXPECT_GE(w.offset, last_end[w.file]) << "windows overlap or go backwards";
@@ -301,14 +319,37 @@ TEST_F(PlanTest, ClippingVisitsOnlyTheWindowsEachPieceOverlaps) {
     SCOPED_TRACE(tp);
     Loaded l = open(ck("llama"), tp, {});
     const Plan plan = make_plan(l.index, *l.model, {4096, false});
+    std::size_t clip_calls = 0;
     std::size_t fragments = 0;
-    for (const Window& w : plan.windows) {
+    for (const Window& w : cut_all(plan, &clip_calls)) {
       fragments += w.fragments.size();
     }
-    EXPECT_GT(plan.clip_calls, 0u);
-    EXPECT_LE(plan.clip_calls, fragments);
+    EXPECT_GT(clip_calls, 0u);
+    EXPECT_LE(clip_calls, fragments);
     check_plan(l, {4096, false});
   }
+}
+
+TEST_F(PlanTest, ThePlanHoldsSpansAndPiecesWhateverTheChunkSize) {
+  // The plan is the same size for 4 KiB and 4 MiB windows: spans and pieces, one
+  // set per tensor; only the count of windows the reader will cut differs.
+  Loaded l = open(ck("llama"), 4, {});
+  const Plan small = make_plan(l.index, *l.model, {4096, false});
+  const Plan large = make_plan(l.index, *l.model, {std::size_t{4} << 20, false});
+  EXPECT_EQ(small.spans.size(), large.spans.size());
+  EXPECT_EQ(small.routes.size(), large.routes.size());
+  EXPECT_EQ(small.routes.size(), l.index.tensors.size());
+  // All ranks local: each tensor is read whole, in one span.
+  EXPECT_EQ(small.spans.size(), l.index.tensors.size());
+  EXPECT_EQ(large.window_count, l.index.files.size());
+  EXPECT_GT(small.window_count, 20 * large.window_count);
+  std::size_t route_pieces = 0;
+  for (const PlannedRoute& r : small.routes) {
+    route_pieces += r.pieces.size();
+    EXPECT_EQ(r.end_max.size(), r.pieces.size());
+    EXPECT_TRUE(std::is_sorted(r.end_max.begin(), r.end_max.end()));
+  }
+  EXPECT_EQ(route_pieces, small.pieces);
 }
 
 TEST_F(PlanTest, SubsetsCastsAndBiases) {
@@ -323,10 +364,11 @@ TEST_F(PlanTest, CoalescesAdjacentTensorsAndReadsEachByteOnce) {
   // All ranks local: every tensor byte is read, once, one window per file.
   EXPECT_EQ(plan.bytes_skipped, 0u);
   EXPECT_EQ(plan.bytes_planned, l.index.total_bytes);
-  EXPECT_EQ(plan.windows.size(), l.index.files.size());
+  const std::vector<Window> windows = cut_all(plan);
+  EXPECT_EQ(windows.size(), l.index.files.size());
   EXPECT_EQ(plan.placed, l.index.tensors.size());
-  EXPECT_EQ(plan.windows[0].first_tensor, 0u);
-  EXPECT_EQ(plan.windows[0].tensor_count, l.index.files[0].tensor_count);
+  EXPECT_EQ(windows[0].first_tensor, 0u);
+  EXPECT_EQ(windows[0].tensor_count, l.index.files[0].tensor_count);
 }
 
 TEST_F(PlanTest, OneRankReadsRowSlicesButWholeColumnSlicedTensors) {
@@ -339,7 +381,7 @@ TEST_F(PlanTest, OneRankReadsRowSlicesButWholeColumnSlicedTensors) {
   ASSERT_NE(o_proj, nullptr);
   std::uint64_t embed_read = 0;
   std::uint64_t o_read = 0;
-  for (const Window& w : plan.windows) {
+  for (const Window& w : cut_all(plan)) {
     auto overlap = [&](const io::TensorInfo& t) {
       if (w.file != t.file_index) {
         return std::uint64_t{0};
@@ -365,7 +407,7 @@ TEST_F(PlanTest, RanksZeroAndThreeReadTwoRangesOfARowSplitTensor) {
   const io::TensorInfo* embed = l.index.find("model.embed_tokens.weight");
   ASSERT_NE(embed, nullptr);
   std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;  // tensor-relative
-  for (const Window& w : plan.windows) {
+  for (const Window& w : cut_all(plan)) {
     if (w.file != embed->file_index) {
       continue;
     }
@@ -387,7 +429,7 @@ TEST_F(PlanTest, DirectSplitsInsideTensorsAre4096Aligned) {
   Loaded l = open(ck("llama"), 2, {});
   Plan plan = make_plan(l.index, *l.model, {8192, true});
   std::size_t inside = 0;
-  for (const Window& w : plan.windows) {
+  for (const Window& w : cut_all(plan)) {
     for (const io::TensorInfo& t : l.index.tensors) {
       if (t.file_index == w.file && w.offset > t.offset && w.offset < t.offset + t.nbytes) {
         EXPECT_EQ(w.offset % 4096, 0u) << "window at " << w.offset << " inside " << t.name;
