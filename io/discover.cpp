@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <system_error>
@@ -457,7 +458,10 @@ ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions&
   };
 
   if (use_index) {
-    const WeightIndex index = read_weight_index(index_path.string(), index_path.string());
+    auto parsed = std::make_shared<const WeightIndex>(
+        read_weight_index(index_path.string(), index_path.string()));
+    const WeightIndex& index = *parsed;
+    out.weight_index = parsed;
     if (index.weight_map.empty()) {
       throw Error(Stage::kDiscovery, index_path.string(), "",
                   "the index names no shard files (weight_map is empty)");

@@ -3,12 +3,15 @@
 // the folder, and every decision carries a reason that `ferry inspect` shows).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace ferry::io {
+
+struct WeightIndex;  // io/safetensors.hpp
 
 enum class LoadFormat {
   kAuto,         // *.safetensors, else *.bin (first pattern that matches wins)
@@ -50,6 +53,9 @@ struct ResolvedSource {
   FileFormat format = FileFormat::kSafetensors;
   std::string pattern;  // the glob that matched, e.g. "*.safetensors"
   std::optional<std::string> index_file;  // name of the index in the folder, when used
+  // The index as discovery parsed it, so that build_checkpoint_index does not read
+  // and parse it again (null when no index is used, or for a hand-made source).
+  std::shared_ptr<const WeightIndex> weight_index;
   std::vector<WeightFile> files;          // in load order
   std::vector<SkippedFile> skipped;       // matched a pattern but not chosen (by name)
   std::vector<std::string> warnings;

@@ -10,11 +10,11 @@
 #include <cerrno>
 #include <cmath>
 #include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <unordered_set>
-
-#include <nlohmann/json.hpp>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -817,7 +817,11 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
     return ci;
   }
   const std::string index_path = source.folder + "/" + *source.index_file;
-  WeightIndex index = read_weight_index(index_path, *source.index_file);
+  std::shared_ptr<const WeightIndex> parsed = source.weight_index;
+  if (!parsed) {
+    parsed = std::make_shared<const WeightIndex>(read_weight_index(index_path, *source.index_file));
+  }
+  const WeightIndex& index = *parsed;
   std::set<std::string> indexed_files;
   for (const auto& [name, shard] : index.weight_map) {
     indexed_files.insert(shard);

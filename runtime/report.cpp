@@ -27,6 +27,7 @@ nlohmann::json LoadReport::to_json() const {
       {"phases",
        {{"resolve", phases.resolve},
         {"plan", phases.plan},
+        {"allocate", phases.allocate},
         {"stream", phases.stream},
         {"postprocess", phases.postprocess},
         {"verify", phases.verify}}},
@@ -53,8 +54,9 @@ std::string LoadReport::summary() const {
   }
   s += "\n";
   s += "phases: resolve " + fixed(phases.resolve, 3) + " s, plan " + fixed(phases.plan, 3) +
-       " s, stream " + fixed(phases.stream, 3) + " s, postprocess " + fixed(phases.postprocess, 3) +
-       " s, verify " + fixed(phases.verify, 3) + " s\n";
+       " s, allocate " + fixed(phases.allocate, 3) + " s, stream " + fixed(phases.stream, 3) +
+       " s, postprocess " + fixed(phases.postprocess, 3) + " s, verify " + fixed(phases.verify, 3) +
+       " s\n";
   s += "host memory: staging high water " + human_bytes(staging_high_water_bytes) + ", peak RSS " +
        human_bytes(peak_rss_bytes) + "\n";
   if (!hooks_skipped.empty()) {

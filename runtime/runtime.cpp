@@ -2,8 +2,8 @@
 //
 //   resolve      discovery, every header (validated), config.json
 //   plan         the model's shells, every tensor routed (placed / dropped /
-//                unmapped), coverage checked, reads cut into windows, devices made,
-//                every param allocated, page cache dropped when asked
+//                unmapped), coverage checked, reads planned as spans
+//   allocate     devices made, every param allocated, page cache dropped when asked
 //   stream       the actor pipeline (actors/pipeline.hpp) until every copy landed
 //   postprocess  the rest of the pipeline: hooks that ran after the last copy,
 //                teardown of the actors
@@ -327,6 +327,10 @@ LoadResult Runtime::Impl::load(LoadReport& report) {
     report.warnings.push_back(w);
   }
 
+  check_cancel();
+  const Clock::time_point t_plan = Clock::now();
+
+  // ---- allocate
   const auto& shells = model->shells();
   auto state = std::make_shared<LoadedModel::State>();
   if (!hooks.devices.empty()) {
@@ -448,13 +452,14 @@ LoadResult Runtime::Impl::load(LoadReport& report) {
   const Clock::time_point t4 = Clock::now();
 
   report.phases.resolve = seconds_between(t0, t1);
-  report.phases.plan = seconds_between(t1, t2);
+  report.phases.plan = seconds_between(t1, t_plan);
+  report.phases.allocate = seconds_between(t_plan, t2);
   const double pipeline = seconds_between(t2, t3);
   report.phases.stream = std::min(streamed.stream_seconds, pipeline);
   report.phases.postprocess = pipeline - report.phases.stream;
   report.phases.verify = seconds_between(t3, t4);
-  report.seconds = report.phases.resolve + report.phases.plan + report.phases.stream +
-                   report.phases.postprocess + report.phases.verify;
+  report.seconds = report.phases.resolve + report.phases.plan + report.phases.allocate +
+                   report.phases.stream + report.phases.postprocess + report.phases.verify;
   report.gbps = report.phases.stream > 0
                     ? static_cast<double>(report.bytes_read) / report.phases.stream / 1e9
                     : 0;

@@ -64,7 +64,7 @@ struct LoadReport {
   std::uint64_t bytes_prefetched = 0;  // page-cache prefetch reads (not in bytes_read)
   double seconds = 0;
   struct Phases {
-    double resolve = 0, plan = 0, stream = 0, postprocess = 0, verify = 0;
+    double resolve = 0, plan = 0, allocate = 0, stream = 0, postprocess = 0, verify = 0;
   } phases;                            // add up to `seconds`
   double gbps = 0;                     // bytes_read / stream seconds / 1e9
   std::uint64_t peak_rss_bytes = 0;

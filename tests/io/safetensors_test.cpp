@@ -363,6 +363,22 @@ TEST(CheckpointIndexTest, IndexesEveryTensorWithFileAndRange) {
   EXPECT_EQ(ci.find("zz"), nullptr);
 }
 
+TEST(CheckpointIndexTest, TheIndexDiscoveryParsedIsNotReadAgain) {
+  TwoShards ck(kGoodIndex);
+  ResolvedSource resolved = resolve_source(ck.dir.str());
+  ASSERT_NE(resolved.weight_index, nullptr);
+  EXPECT_EQ(resolved.weight_index->weight_map.size(), 3u);
+  // The file is gone after discovery: the index is built from what discovery read.
+  std::filesystem::remove(ck.dir.file("model.safetensors.index.json"));
+  auto ci = build_checkpoint_index(resolved);
+  EXPECT_EQ(ci.tensors.size(), 3u);
+  EXPECT_TRUE(ci.warnings.empty());
+  // A hand-made source without the parsed index reads the file (gone here).
+  resolved.weight_index.reset();
+  EXPECT_THAT([&] { build_checkpoint_index(resolved); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("model.safetensors.index.json")));
+}
+
 TEST(CheckpointIndexTest, TensorInAnotherShardThanIndexedIsAnError) {
   TwoShards ck(R"({"weight_map":{"a":"s1.safetensors","b":"s2.safetensors","c":"s2.safetensors"}})");
   EXPECT_THAT([&] { build_checkpoint_index(ck.source); },

@@ -45,7 +45,7 @@ TEST(LoadCli, LoadsReportsAndDumps) {
   }
   EXPECT_EQ(j["tensors"]["placed"], ck.shapes.size());
   EXPECT_EQ(j["bytes_read"].get<std::uint64_t>(), ck.file_bytes());
-  for (const char* phase : {"resolve", "plan", "stream", "postprocess", "verify"}) {
+  for (const char* phase : {"resolve", "plan", "allocate", "stream", "postprocess", "verify"}) {
     EXPECT_TRUE(j["phases"].contains(phase)) << phase;
   }
 
