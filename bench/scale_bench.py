@@ -15,7 +15,7 @@ Rows, each a whole process, rounds in rotating order, medians (min-max):
 - `ferry load` of it with the same flags and `--devices null:1` (reads the rank's
   bytes, keeps none); its bytes read must equal the plan's read_bytes plus headers;
 - `ferry load --tp 8 --ep 8 --devices host:8` of the real-count checkpoint, with
-  the report's resolve + plan seconds;
+  the report's resolve + plan seconds (and, apart, its allocate seconds);
 - Python safetensors opening every header of the real-count checkpoint and reading
   its index (`safe_open(f, 'np').keys()` per shard, json.load of the index): the
   target for ferry's resolve + plan.
@@ -72,6 +72,7 @@ def main():
     rss = {k: [] for k in rows}
     checks = []
     phases = []
+    allocate = []
     for r in range(args.runs):
         order = list(rows)
         order = order[r % len(order):] + order[:r % len(order)]
@@ -93,6 +94,7 @@ def main():
                 with open(report) as f:
                     rep = json.load(f)
                 phases.append(rep["phases"]["resolve"] + rep["phases"]["plan"])
+                allocate.append(rep["phases"]["allocate"])
             else:
                 s, m, out = run_measured([sys.executable, "-c", PYTHON_OPEN_ALL, scaled])
                 checks.append(int(out))
@@ -120,7 +122,8 @@ def main():
     print()
     print(f"ferry load (h64) resolve + plan seconds: {cell(phases)}; python open-all / "
           f"(resolve + plan), median of rounds: "
-          f"{statistics.median(p / q for p, q in zip(rows['python-h64'], phases)):.2f}")
+          f"{statistics.median(p / q for p, q in zip(rows['python-h64'], phases)):.2f}; "
+          f"allocate (the eight host devices' parameters) seconds: {cell(allocate)}")
     return 0
 
 
