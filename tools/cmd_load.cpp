@@ -42,7 +42,8 @@ extern "C" void cancel_on_sigint(int) {
 // The flags only `ferry load` has (the shared ones are in tools/cli.cpp).
 constexpr ConfigFlag kLoadFlags[] = {
     {"--devices", "devices", ConfigFlag::Kind::kText, "SPEC",
-     "one device per local rank, in order: host:N | cuda:0,1,...; default host:<local ranks>"},
+     "one device per local rank, in order: host:N | cuda:0,1,... | null:N (keeps nothing, counts "
+     "bytes); default host:<local ranks>"},
     {"--dump-dir", "load.dump_dir", ConfigFlag::Kind::kText, "DIR",
      "write each local rank's parameters to DIR/rank-<r>.safetensors"},
     {"--report", "load.report", ConfigFlag::Kind::kText, "FILE", "write the load report as JSON"},
