@@ -266,6 +266,7 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
 
   // Route every tensor before reading anything.
   std::vector<models::Route> routes;
+  std::vector<std::string> route_names;  // for the coverage check's messages
   for (std::size_t i = 0; i < index.tensors.size(); ++i) {
     const io::TensorInfo& t = index.tensors[i];
     models::Route route = model.route(t);
@@ -286,6 +287,7 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
           plan.spans.push_back(s);
         }
         routes.push_back(std::move(route));
+        route_names.push_back(t.name);
         break;
       }
       case models::RouteKind::kDropped:
@@ -300,8 +302,9 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
   plan.bytes_skipped =
       index.total_bytes >= plan.bytes_planned ? index.total_bytes - plan.bytes_planned : 0;
 
-  // An unfillable param fails now, before a byte of tensor data is read.
-  std::vector<models::CoverageGap> gaps = models::check_coverage(model, routes);
+  // An unfillable param fails now, before a byte of tensor data is read; so does a
+  // byte written twice or outside its param (a family's bug).
+  std::vector<models::CoverageGap> gaps = models::check_coverage(model, routes, route_names);
   if (!gaps.empty()) {
     std::vector<std::string> names = models::gap_names(gaps);
     throw Error(Stage::kMapping, folder, "",

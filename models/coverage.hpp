@@ -1,11 +1,16 @@
-// Whether every param will be (or was) written entirely. The pieces that write one
-// param never overlap (models/model.hpp), so a param is complete exactly when the
-// bytes written into it equal its size; more than its size means two pieces
-// overlapped, which is a bug in a family's rules and is reported the same way.
+// Whether every param will be (or was) written entirely, and exactly once.
+//
+// check_coverage answers it up front, from the routes of a whole checkpoint, byte
+// by byte rather than by count: every piece's destination (each row of a pitched
+// one), every zero fill and every hook output becomes an interval of its param;
+// the intervals must lie inside the param, be pairwise disjoint, and together cover
+// it. A byte count alone is fooled by one region written twice and another of the
+// same size never written; the intervals are not. Fragments are the pieces cut at
+// window edges (actors/plan.hpp), so what holds for the pieces holds for them.
 //
 // The coordinator uses a CoverageTracker as pieces complete (to know when a hook's
-// inputs are ready and to list what is missing at the end); check_coverage answers
-// the same question up front from the routes of a whole checkpoint.
+// inputs are ready and to list what is missing at the end): there a count is
+// enough, because check_coverage has already proven the pieces disjoint.
 #pragma once
 
 #include <cstddef>
@@ -48,8 +53,13 @@ class CoverageTracker {
 };
 
 // Gaps left when every piece of `routes`, the model's fill pieces and its hooks'
-// outputs have been written.
-std::vector<CoverageGap> check_coverage(const Model& model, std::span<const Route> routes);
+// outputs have been written: the params some bytes of which nothing writes
+// (`written` counts the bytes that are written). Throws Error(Stage::kPlacement,
+// naming the param) for a family's bug: a destination outside its param, or two
+// writes to the same bytes, naming both (with `route_names`, one name per route,
+// the tensors they copy; else "route #i").
+std::vector<CoverageGap> check_coverage(const Model& model, std::span<const Route> routes,
+                                        std::span<const std::string> route_names = {});
 
 // The distinct param names of `gaps`, sorted: what the coordinator lists in "a
 // parameter that neither the checkpoint nor a post-load hook filled".

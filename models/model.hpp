@@ -49,7 +49,8 @@ struct ParallelLayout {
   int pp = 1;       // pipeline stages
   int pp_rank = 0;  // this process's stage
   // Decoder layers per stage (pp entries summing to num_hidden_layers); empty =
-  // stage s holds layers [s*L/pp, (s+1)*L/pp) (integer division). See pp_layers().
+  // SGLang's get_pp_indices (L / pp each, one more on each of the last L % pp
+  // stages). See pp_layers().
   // TP ranks this process serves, in device order: local rank i drives the i-th
   // device and holds tp rank local_ranks[i]. Empty means every rank 0..tp-1 (one
   // process driving all devices); Model::layout() reports the filled-in list.

@@ -85,9 +85,20 @@ Range pp_layers(std::uint64_t layers, int pp, int pp_rank, const std::vector<int
   }
   const auto stages = static_cast<std::uint64_t>(pp);
   const auto s = static_cast<std::uint64_t>(pp_rank);
+  if (layers < stages) {
+    // SGLang's make_layers asserts num_hidden_layers >= pp_size.
+    throw Error(Stage::kConfig, "", "",
+                "parallel layout: num_hidden_layers " + std::to_string(layers) +
+                    " is fewer than the pipeline stages (pp " + std::to_string(pp) +
+                    "); every stage needs at least one layer");
+  }
   if (partition.empty()) {
-    const std::uint64_t begin = s * layers / stages;
-    return {begin, (s + 1) * layers / stages - begin};
+    // SGLang's get_pp_indices: L // pp layers each, one more for each of the last
+    // L % pp stages.
+    const std::uint64_t base = layers / stages;
+    const std::uint64_t first_long = stages - layers % stages;  // first stage with base + 1
+    const std::uint64_t begin = s * base + (s > first_long ? s - first_long : 0);
+    return {begin, base + (s >= first_long ? 1 : 0)};
   }
   if (partition.size() != stages) {
     throw Error(Stage::kConfig, "", "",

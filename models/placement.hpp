@@ -71,8 +71,10 @@ Range even_shard(std::uint64_t total, int index, int parts, std::string_view wha
 // ---- pipeline stages -------------------------------------------------------------
 
 // The decoder layers [begin, begin + length) stage `pp_rank` of `pp` holds out of
-// `layers`: with an empty `partition`, [s*L/pp, (s+1)*L/pp) in integer division;
-// else partition[s] layers after the earlier stages' (the counts must be pp
+// `layers`: with an empty `partition`, SGLang's get_pp_indices (every stage L / pp
+// layers, and the last L % pp stages one more each: 61 layers at pp 8 are
+// 7,7,7,8,8,8,8,8); else, like SGLANG_PP_LAYER_PARTITION, partition[s] layers
+// after the earlier stages' (the counts must be pp
 // non-negative numbers summing to L). Throws Error(Stage::kConfig) naming the
 // mismatch (wrong count, wrong sum, pp_rank outside [0, pp)).
 Range pp_layers(std::uint64_t layers, int pp, int pp_rank, const std::vector<int>& partition);

@@ -15,6 +15,7 @@
 #include "models/host_hook_context.hpp"
 #include "models/reference_util.hpp"
 #include "models/table_model.hpp"
+#include "testing/error_of.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -22,6 +23,7 @@ namespace {
 using models::Block;
 using models::PostLoadHook;
 using models::Route;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -79,15 +81,83 @@ TEST(Coverage, AMissingTensorNamesItsParam) {
   EXPECT_EQ(padding, 24u * 128u * 2u);
 }
 
-TEST(Coverage, OverlappingWritesAreReported) {
+TEST(Coverage, OverlappingWritesAreAnInternalErrorNamingBothWriters) {
   SynthCase ck = tiny_case("llama", DType::kBF16, false);
   auto m = llama(1);
   std::vector<Route> routes = route_all(*m, ck);
+  std::vector<std::string> names = ck.names;
   routes.push_back(m->route(tensor_info("model.norm.weight", DType::kBF16, {128})));
-  auto gaps = models::check_coverage(*m, routes);
-  ASSERT_EQ(gaps.size(), 1u);
-  EXPECT_EQ(gaps[0].name, "model.norm.weight");
-  EXPECT_EQ(gaps[0].written, 2 * gaps[0].expected);
+  names.push_back("model.norm.weight (again)");
+  try {
+    models::check_coverage(*m, routes, names);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.stage(), Stage::kPlacement);
+    EXPECT_EQ(e.tensor(), "model.norm.weight");
+    EXPECT_THAT(e.rule(), HasSubstr("internal"));
+    EXPECT_THAT(e.rule(), HasSubstr("written twice"));
+    EXPECT_THAT(e.rule(), HasSubstr("a copy from tensor model.norm.weight ("));
+    EXPECT_THAT(e.rule(), HasSubstr("a copy from tensor model.norm.weight (again)"));
+  }
+  // Without names, the routes are numbered.
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::check_coverage(*m, routes); }),
+              HasSubstr("a copy of route #"));
+}
+
+// The case a byte count cannot see: one region written twice and another of the
+// same size never written. The param's count is exactly its size; the intervals
+// still catch it.
+TEST(Coverage, ARegionWrittenTwiceAndAnotherNeverWrittenIsCaught) {
+  SynthCase ck = tiny_case("llama", DType::kBF16, false);
+  auto m = llama(1);
+  std::vector<Route> routes = route_all(*m, ck);
+  const std::size_t norm = m->shells()[0].by_name.at("model.norm.weight");
+  bool moved = false;
+  for (Route& r : routes) {
+    for (models::Piece& p : r.pieces) {
+      if (p.param == norm) {
+        ASSERT_EQ(p.dst_bytes(), 256u);
+        // Two halves: [0, 128) and [128, 256); the second now lands on the first.
+        models::Piece half = p;
+        half.width_elems = 64;
+        p.width_elems = 64;
+        half.src_offset += 128;
+        r.pieces.push_back(half);
+        moved = true;
+        break;
+      }
+    }
+    if (moved) {
+      break;
+    }
+  }
+  ASSERT_TRUE(moved);
+  models::CoverageTracker count(*m);
+  for (const Route& r : routes) {
+    for (const models::Piece& p : r.pieces) {
+      count.add(p);
+    }
+  }
+  EXPECT_EQ(count.written(0, norm), 256u);  // the count alone says complete
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::check_coverage(*m, routes); }),
+              AllOf(HasSubstr("model.norm.weight"), HasSubstr("bytes [0, 128) are written twice")));
+}
+
+TEST(Coverage, AWriteOutsideItsParamIsCaught) {
+  SynthCase ck = tiny_case("llama", DType::kBF16, false);
+  auto m = llama(1);
+  std::vector<Route> routes = route_all(*m, ck);
+  const std::size_t norm = m->shells()[0].by_name.at("model.norm.weight");
+  for (Route& r : routes) {
+    for (models::Piece& p : r.pieces) {
+      if (p.param == norm) {
+        p.dst_offset = 2;
+      }
+    }
+  }
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::check_coverage(*m, routes); }),
+              AllOf(HasSubstr("model.norm.weight"), HasSubstr("bytes [2, 258)"),
+                    HasSubstr("outside its 256 bytes")));
 }
 
 TEST(Coverage, TrackerCompletesAParamPieceByPiece) {
@@ -285,15 +355,17 @@ TEST(Hooks, WithHooksDecoratesARealModel) {
   auto info = tensor_info("model.norm.weight", DType::kBF16, {128});
   EXPECT_EQ(hooked->route(info).pieces, base->route(info).pieces);
   EXPECT_EQ(hooked->fill_pieces(), base->fill_pieces());
-  // A hook whose output a tensor already writes shows up as overlap in coverage.
+  // A hook whose output a tensor already writes is an overlap: an internal error.
   PostLoadHook clash = watch;
   clash.name = "clash";
   clash.inputs = {};
   clash.outputs = {shell.by_name.at("model.norm.weight")};
   auto clashing = models::with_hooks(base, {clash});
   SynthCase ck = tiny_case("llama", DType::kBF16, false);
-  EXPECT_THAT(models::gap_names(models::check_coverage(*clashing, route_all(*clashing, ck))),
-              ElementsAre("model.norm.weight"));
+  EXPECT_THAT(error_of(Stage::kPlacement,
+                       [&] { models::check_coverage(*clashing, route_all(*clashing, ck)); }),
+              AllOf(HasSubstr("model.norm.weight"), HasSubstr("post-load hook 'clash'"),
+                    HasSubstr("written twice")));
   watch.local_rank = 5;
   EXPECT_THROW(models::with_hooks(base, {watch}), Error);
   EXPECT_THROW(models::with_hooks(nullptr, {}), Error);

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "models/sglang_rules.hpp"
 
 namespace ferry::testing::ds {
 
@@ -97,9 +98,8 @@ struct Layout {
 
 // Layers [begin, end) of the stage.
 inline std::pair<std::uint64_t, std::uint64_t> stage_layers(const Dims& d, const Layout& l) {
-  const auto s = static_cast<std::uint64_t>(l.pp_rank);
-  const auto n = static_cast<std::uint64_t>(l.pp);
-  return {s * d.L / n, (s + 1) * d.L / n};
+  return sglang::get_pp_indices(d.L, static_cast<std::uint64_t>(l.pp_rank),
+                                static_cast<std::uint64_t>(l.pp));
 }
 
 // The experts (checkpoint ids) of tp rank `rank`, in slot order.

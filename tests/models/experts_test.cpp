@@ -321,8 +321,8 @@ std::size_t run_contract(const Case& c, const Ckpt& ck) {
     }
   }
   EXPECT_EQ(model->layout().local_ranks, local);
-  const std::uint64_t l0 = static_cast<std::uint64_t>(c.pp_rank) * rc.L / c.pp;
-  const std::uint64_t l1 = static_cast<std::uint64_t>(c.pp_rank + 1) * rc.L / c.pp;
+  const auto [l0, l1] = sglang::get_pp_indices(rc.L, static_cast<std::uint64_t>(c.pp_rank),
+                                               static_cast<std::uint64_t>(c.pp));
 
   ParamBuffers buffers = make_buffers(*model);
   std::vector<models::Route> routes;

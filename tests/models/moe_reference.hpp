@@ -37,6 +37,7 @@
 #include <utility>
 #include <vector>
 
+#include "models/sglang_rules.hpp"
 #include "tools/synth.hpp"
 
 namespace ferry::testing::moe_ref {
@@ -241,11 +242,10 @@ inline std::map<std::string, Tensor> reference_rank(const nlohmann::json& config
     out[p + "down_proj.weight"] = columns(p + "down_proj.weight", H, inter, R * il, il);
   };
 
-  // Pipeline stage: layers [s*L/pp, (s+1)*L/pp); embedding first, norm and head last.
+  // Pipeline stage: SGLang's get_pp_indices; embedding first, norm and head last.
   const std::uint64_t S = static_cast<std::uint64_t>(o.pp);
   const std::uint64_t s = static_cast<std::uint64_t>(o.pp_rank);
-  const std::uint64_t l0 = s * c.L / S;
-  const std::uint64_t l1 = (s + 1) * c.L / S;
+  const auto [l0, l1] = sglang::get_pp_indices(c.L, s, S);
   const bool first = s == 0;
   const bool last = s + 1 == S;
   auto vocab = [&](const std::string& param, const std::string& src) {

@@ -16,7 +16,9 @@
 #include "models/model.hpp"
 #include "models/placement.hpp"
 #include "models/reference_util.hpp"
+#include "models/sglang_rules.hpp"
 #include "models/table_model.hpp"
+#include "testing/error_of.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -33,18 +35,56 @@ constexpr std::uint64_t kRowBytes = kHidden * 2;  // BF16
 
 // ---- pp_layers ----------------------------------------------------------------------
 
-TEST(PpLayers, EvenSplitUsesIntegerDivisionOfStageBounds) {
-  // [s*L/pp, (s+1)*L/pp): 10 layers over 3 stages are 3, 3, 4.
-  EXPECT_EQ(models::pp_layers(10, 3, 0, {}), (Range{0, 3}));
-  EXPECT_EQ(models::pp_layers(10, 3, 1, {}), (Range{3, 3}));
-  EXPECT_EQ(models::pp_layers(10, 3, 2, {}), (Range{6, 4}));
-  EXPECT_EQ(models::pp_layers(4, 2, 0, {}), (Range{0, 2}));
-  EXPECT_EQ(models::pp_layers(4, 2, 1, {}), (Range{2, 2}));
+// Fixtures from SGLang's get_pp_indices (python/sglang/srt/distributed/utils.py at
+// commit 1107be112815907371027e0ab2203cb57d91c10e): every stage gets L // pp layers
+// and the last L % pp stages one more each. Worked by hand from that code, for
+// remainders 0, 1, 2, 5 and 7.
+TEST(PpLayers, SglangGetPpIndicesFixtures) {
+  struct Fixture {
+    std::uint64_t layers;
+    int pp;
+    std::vector<std::uint64_t> counts;
+  };
+  const std::vector<Fixture> fixtures{
+      {32, 4, {8, 8, 8, 8}},              // remainder 0
+      {48, 2, {24, 24}},                  // remainder 0
+      {33, 4, {8, 8, 8, 9}},              // remainder 1
+      {61, 4, {15, 15, 15, 16}},          // remainder 1
+      {62, 4, {15, 15, 16, 16}},          // remainder 2
+      {94, 4, {23, 23, 24, 24}},          // remainder 2 (Qwen3-235B-A22B)
+      {61, 8, {7, 7, 7, 8, 8, 8, 8, 8}},  // remainder 5 (DeepSeek-V3)
+      {63, 8, {7, 8, 8, 8, 8, 8, 8, 8}},  // remainder 7
+      {15, 8, {1, 2, 2, 2, 2, 2, 2, 2}},  // remainder 7
+      {10, 3, {3, 3, 4}},                 // remainder 1
+  };
+  for (const Fixture& f : fixtures) {
+    std::uint64_t begin = 0;
+    for (int s = 0; s < f.pp; ++s) {
+      SCOPED_TRACE(std::to_string(f.layers) + " layers, pp " + std::to_string(f.pp) + ", stage " +
+                   std::to_string(s));
+      const Range got = models::pp_layers(f.layers, f.pp, s, {});
+      EXPECT_EQ(got, (Range{begin, f.counts[static_cast<std::size_t>(s)]}));
+      // The transliteration of SGLang's code agrees with the table.
+      const auto [start, end] = sglang::get_pp_indices(f.layers, static_cast<std::uint64_t>(s),
+                                                       static_cast<std::uint64_t>(f.pp));
+      EXPECT_EQ(start, begin);
+      EXPECT_EQ(end, begin + f.counts[static_cast<std::size_t>(s)]);
+      begin += f.counts[static_cast<std::size_t>(s)];
+    }
+    EXPECT_EQ(begin, f.layers);
+  }
   EXPECT_EQ(models::pp_layers(4, 1, 0, {}), (Range{0, 4}));
-  // More stages than layers: some stages hold none.
-  EXPECT_EQ(models::pp_layers(2, 4, 0, {}), (Range{0, 0}));
-  EXPECT_EQ(models::pp_layers(2, 4, 1, {}), (Range{0, 1}));
-  EXPECT_EQ(models::pp_layers(2, 4, 3, {}), (Range{1, 1}));
+}
+
+TEST(PpLayers, MoreStagesThanLayersIsRefusedAsSglangAsserts) {
+  // SGLang's make_layers asserts num_hidden_layers >= pp_size.
+  EXPECT_THAT(error_of(Stage::kConfig, [] { models::pp_layers(2, 4, 0, {}); }),
+              AllOf(HasSubstr("num_hidden_layers 2"), HasSubstr("pp 4")));
+  EXPECT_THAT(error_of(Stage::kConfig,
+                       [] {
+                         models::pp_layers(2, 4, 0, {1, 1, 0, 0});
+                       }),
+              HasSubstr("num_hidden_layers 2"));
 }
 
 TEST(PpLayers, PartitionGivesEachStageItsCountInOrder) {
