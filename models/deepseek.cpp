@@ -45,9 +45,9 @@ std::string layer_prefix(std::uint64_t layer) {
 }
 
 // The per-rank sizes of an MLA attention module (heads % tp == 0 is checked first).
-MlaDims mla_dims(const DeepseekConfig& c, int tp) {
-  return {padded_heads(c.heads, tp) / static_cast<std::uint64_t>(tp), c.qk_nope, c.v_head,
-          c.kv_lora_rank};
+MlaDims mla_dims(const DeepseekConfig& c, int tp, Unaligned u) {
+  return {padded_heads(c.heads, tp, u, "num_attention_heads") / static_cast<std::uint64_t>(tp),
+          c.qk_nope, c.v_head, c.kv_lora_rank};
 }
 
 // Where one decoder layer's params go and where its tensors come from: the same
@@ -78,7 +78,7 @@ class Builder {
     if (moe) {
       moe_mlp(n);
     } else {
-      gated_mlp(n.param + "mlp.", n.tensor + "mlp.", c_.intermediate);
+      gated_mlp(n.param + "mlp.", n.tensor + "mlp.", c_.intermediate, "intermediate_size");
     }
     for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight"}) {
       replicated_param(n.param + norm, n.tensor + norm, Shape{c_.hidden});
@@ -99,7 +99,8 @@ class Builder {
   void column_heads(const std::string& param, const std::string& tensor, std::uint64_t per_head,
                     std::uint64_t cols, const std::string& what) {
     const std::uint64_t rows = c_.heads * per_head;
-    const std::uint64_t padded = padded_heads(c_.heads, tp_) * per_head;
+    const std::uint64_t padded =
+        padded_heads(c_.heads, tp_, options_.unaligned_tp, "num_attention_heads") * per_head;
     m_.add_param(param, Shape{padded / static_cast<std::uint64_t>(tp_), cols});
     m_.add_target(tensor, param, Shape{rows, cols}, [=, tp = tp_](int rank) {
       return Blocks{padded_shard(0, rows, padded, rank, tp, what).copy};
@@ -113,13 +114,15 @@ class Builder {
 
   // gate_proj and up_proj fused into gate_up_proj, down_proj row-parallel.
   void gated_mlp(const std::string& param_prefix, const std::string& tensor_prefix,
-                 std::uint64_t inter) {
-    add_gated_mlp(m_, param_prefix, tensor_prefix, c_.hidden, inter, false, tp_,
-                  "MLP intermediate size");
+                 std::uint64_t inter, const char* what) {
+    add_gated_mlp(m_, param_prefix, tensor_prefix, c_.hidden, inter, tp_, options_.unaligned_tp,
+                  what);
   }
 
   void mla(const std::string& pa, const std::string& ta) {
-    if (const std::uint64_t padded = padded_heads(c_.heads, tp_); padded != c_.heads) {
+    if (const std::uint64_t padded =
+            padded_heads(c_.heads, tp_, options_.unaligned_tp, "num_attention_heads");
+        padded != c_.heads) {
       m_.add_note(uneven_note("num_attention_heads " + std::to_string(c_.heads) + " (MLA)", "heads",
                               padded, c_.heads, tp_, std::to_string(padded), "tp ranks"));
     }
@@ -156,13 +159,14 @@ class Builder {
                  c_.kv_lora_rank, "num_attention_heads * (qk_nope_head_dim + v_head_dim)");
     // o_proj's input dim follows the heads, padded columns included.
     const std::uint64_t o_in = c_.heads * c_.v_head;
-    const std::uint64_t o_padded = padded_heads(c_.heads, tp_) * c_.v_head;
+    const std::uint64_t o_padded =
+        padded_heads(c_.heads, tp_, options_.unaligned_tp, "num_attention_heads") * c_.v_head;
     m_.add_param(pa + "o_proj.weight",
                  Shape{c_.hidden, o_padded / static_cast<std::uint64_t>(tp_)});
     add_row_parallel(m_, ta + "o_proj.weight", pa + "o_proj.weight", c_.hidden, o_in, o_padded,
                      tp_, "num_attention_heads * v_head_dim");
     // Filled by the post-load hook only.
-    const MlaDims dims = mla_dims(c_, tp_);
+    const MlaDims dims = mla_dims(c_, tp_, options_.unaligned_tp);
     m_.add_param(pa + "w_kc", mla_w_kc_shape(dims));
     m_.add_param(pa + "w_vc", mla_w_vc_shape(dims));
     mla_prefixes_.push_back(pa);
@@ -176,7 +180,8 @@ class Builder {
                        .kv_heads = c_.kv_heads,
                        .head_dim = c_.head_dim,
                        .qkv_bias = c_.qkv_bias,
-                       .o_bias = false},
+                       .o_bias = false,
+                       .unaligned = options_.unaligned_tp},
                       tp_);
     if (c_.qk_norm) {
       for (const char* norm : {"q_norm.weight", "k_norm.weight"}) {
@@ -202,13 +207,15 @@ class Builder {
     spec.intermediate = c_.moe_intermediate;
     spec.param_prefix = pm + "experts.";
     spec.checkpoint_prefix = tm + "experts.";
-    if (options_.fuse_shared_experts) {
+    const bool fused = options_.fuse_shared_experts.value_or(false);
+    if (fused) {
       spec.shared_checkpoint_prefix = tm + "shared_experts.";
     }
     add_moe_experts(m_, spec, layout_, options_);
-    if (!options_.fuse_shared_experts && c_.shared_experts > 0) {
+    if (!fused && c_.shared_experts > 0) {
       gated_mlp(pm + "shared_experts.", tm + "shared_experts.",
-                c_.shared_experts * c_.moe_intermediate);
+                c_.shared_experts * c_.moe_intermediate,
+                "n_shared_experts * moe_intermediate_size");
     }
   }
 
@@ -226,23 +233,36 @@ void check_splits(const DeepseekConfig& c, const ParallelLayout& layout,
                   const ModelOptions& options, bool any_moe,
                   const std::vector<std::uint64_t>& moe_layers) {
   const int tp = layout.tp;
-  if (!c.mla) {
-    check_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, tp);
+  const Unaligned u = options.unaligned_tp;
+  if (c.mla) {
+    padded_heads(c.heads, tp, u, "num_attention_heads");
+  } else {
+    padded_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, tp, u);
+  }
+  if (!any_moe || c.first_k_dense > 0 || c.moe_layer_freq > 1) {
+    padded_intermediate(c.intermediate, tp, u, "intermediate_size");
+  }
+  if (any_moe && c.shared_experts > 0 && !options.fuse_shared_experts.value_or(false)) {
+    padded_intermediate(c.shared_experts * c.moe_intermediate, tp, u,
+                        "n_shared_experts * moe_intermediate_size");
   }
   if (!any_moe) {
+    for (const auto& [set, option] :
+         {std::pair{options.eplb.has_value(), "model.eplb_map"},
+          std::pair{options.switch_w13, "model.switch_w13"},
+          std::pair{options.pad_moe_intermediate_to != 0, "model.pad_moe_intermediate_to"}}) {
+      if (set) {
+        throw Error(Stage::kConfig, kConfigFile, "",
+                    std::string(option) + ": " + c.architecture +
+                        " as configured has no MoE layers, so the option does not apply");
+      }
+    }
     if (layout.ep != 1) {
       throw Error(Stage::kConfig, "", "",
                   "parallel layout: ep " + std::to_string(layout.ep) + " needs MoE layers; " +
                       c.architecture + " as configured has none (use ep 1)");
     }
     return;
-  }
-  if (options.fuse_shared_experts && c.shared_experts != 1) {
-    throw Error(Stage::kConfig, kConfigFile, "",
-                "model.fuse_shared_experts: n_shared_experts is " +
-                    std::to_string(c.shared_experts) +
-                    "; the shared expert can be folded into the routed experts only when there "
-                    "is exactly one (as SGLang does); turn fuse_shared_experts off");
   }
   check_expert_parallel(layout, c.experts, options, c.architecture, "n_routed_experts", moe_layers);
 }
@@ -276,6 +296,7 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
   c.shared_experts = config_count(hf_config, "n_shared_experts", 0);
   c.first_k_dense = config_count(hf_config, "first_k_dense_replace", 0);
   c.nextn_layers = config_count(hf_config, "num_nextn_predict_layers", 0);
+  c.index_topk = hf_config.contains("index_topk") && !hf_config["index_topk"].is_null();
 
   if (c.family == "glm4_moe") {
     c.mla = false;
@@ -308,14 +329,49 @@ bool deepseek_moe_layer(const DeepseekConfig& c, std::uint64_t layer) {
   return c.experts != 0 && layer >= c.first_k_dense && layer % c.moe_layer_freq == 0;
 }
 
+FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const ParallelLayout& layout) {
+  if (c.experts == 0 || c.shared_experts == 0) {
+    return {false, c.architecture + " as configured has no shared experts"};
+  }
+  if (c.family == "glm4_moe") {
+    if (c.shared_experts != 1) {
+      return {false, "ferry fuses a single shared expert; this GLM-4 MoE config has " +
+                         std::to_string(c.shared_experts)};
+    }
+  } else if (c.architecture != kDeepseekV3 || c.experts != 256 || c.shared_experts != 1) {
+    return {false,
+            "SGLang fuses the shared expert only for DeepSeek-V3/R1-shaped models "
+            "(DeepseekV3ForCausalLM, 256 routed experts, 1 shared expert); this is " +
+                c.architecture + " with " + std::to_string(c.experts) + " routed and " +
+                std::to_string(c.shared_experts) + " shared"};
+  }
+  if (layout.ep > 1) {
+    return {false, "SGLang does not fuse the shared expert under expert parallelism (ep " +
+                       std::to_string(layout.ep) + ")"};
+  }
+  return {true, ""};
+}
+
 std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const ParallelLayout& layout,
                                            DType dtype, const ModelOptions& options) {
+  if (c.index_topk) {
+    throw Error(Stage::kMapping, kConfigFile, "",
+                c.architecture +
+                    " with index_topk (DeepSeek-V3.2's sparse-attention indexer) is "
+                    "not supported yet: its indexer weights would have no parameter");
+  }
   if (options.draft) {
     if (c.nextn_layers == 0) {
       throw Error(Stage::kConfig, kConfigFile, "",
                   "model.draft: " + c.architecture +
                       " config has no MTP layer (num_nextn_predict_layers is 0 or missing), so "
                       "there is no draft model to load");
+    }
+    if (c.nextn_layers != 1) {
+      // SGLang's NextN loader asserts num_nextn_predict_layers == 1.
+      throw Error(Stage::kConfig, kConfigFile, "",
+                  "model.draft: num_nextn_predict_layers is " + std::to_string(c.nextn_layers) +
+                      "; the draft model has exactly one MTP layer (as SGLang asserts)");
     }
     if (layout.pp != 1) {
       throw Error(Stage::kConfig, "", "",
@@ -328,12 +384,26 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
                   "model.draft: the MTP layer is a MoE layer but n_routed_experts is not set");
     }
   }
-  const Range stage = pp_layers(c.layers, layout.pp, layout.pp_rank, layout.pp_partition);
+  // Shared-expert fusion: SGLang's decision, or the operator's where it agrees.
+  ModelOptions o = options;
+  const FusionDecision fusion = sglang_shared_expert_fusion(c, layout);
+  if (!options.fuse_shared_experts) {
+    o.fuse_shared_experts = fusion.fuse;
+  } else if (*options.fuse_shared_experts && !fusion.fuse) {
+    throw Error(Stage::kConfig, kConfigFile, "",
+                "model.fuse_shared_experts=true: " + fusion.why_not);
+  }
+  // The draft's MTP layer: model.layers.<num_hidden_layers>, or layer 0 of a
+  // stand-alone NextN checkpoint (num_hidden_layers == 1), as SGLang's loader reads.
+  const std::uint64_t mtp = c.layers == 1 && options.draft ? 0 : c.layers;
+  const Range stage = options.draft
+                          ? Range{0, 0}
+                          : pp_layers(c.layers, layout.pp, layout.pp_rank, layout.pp_partition);
   // Experts are checked whenever the model has any, so that every pipeline stage
   // of one layout accepts or refuses the same ep.
-  std::vector<std::uint64_t> moe_layers;  // the MoE layers this model holds
+  std::vector<std::uint64_t> moe_layers;  // the MoE layers this model holds (EPLB rows)
   if (options.draft) {
-    moe_layers.push_back(c.layers);
+    moe_layers.push_back(0);  // SGLang builds the NextN layer with layer id 0
   } else {
     for (std::uint64_t l = stage.begin; l < stage.end(); ++l) {
       if (deepseek_moe_layer(c, l)) {
@@ -341,12 +411,11 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
       }
     }
   }
-  check_splits(c, layout, options, c.experts != 0, moe_layers);
+  check_splits(c, layout, o, c.experts != 0, moe_layers);
 
-  auto m = std::make_unique<TableModel>(c.family, c.architecture, layout, dtype, options.strict);
-  Builder b(*m, c, layout, options);
-  const std::uint64_t mtp = c.layers;  // index of the first MTP layer
-  if (!options.draft) {
+  auto m = std::make_unique<TableModel>(c.family, c.architecture, layout, dtype, o.strict);
+  Builder b(*m, c, layout, o);
+  if (!o.draft) {
     for (std::uint64_t l = stage.begin; l < stage.end(); ++l) {
       b.layer({l, layer_prefix(l), layer_prefix(l)}, deepseek_moe_layer(c, l));
     }
@@ -370,18 +439,16 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
     b.replicated_param("model.eh_proj.weight", t + "eh_proj.weight", Shape{c.hidden, 2 * c.hidden});
     m->add_drop_pattern(t + "shared_head.head", "draft_shared");
     m->add_drop_pattern(t + "embed_tokens", "draft_shared");
-    b.layer({mtp, "model.decoder.", t}, /*moe=*/true);
+    b.layer({0, "model.decoder.", t}, /*moe=*/true);  // EPLB row 0, as SGLang's layer id
     for (std::uint64_t l = 0; l < c.layers; ++l) {
-      m->add_drop_pattern(layer_prefix(l), "draft_target");
+      if (l != mtp) {
+        m->add_drop_pattern(layer_prefix(l), "draft_target");
+      }
     }
     for (const char* name : {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"}) {
       m->add_drop_name(name, "draft_target");
     }
-    for (std::uint64_t l = mtp + 1; l < mtp + c.nextn_layers; ++l) {
-      m->add_drop_pattern(layer_prefix(l), "mtp_layer");
-    }
   }
-  m->add_drop_pattern("self_attn.indexer.", "no_indexer");
   m->add_drop_pattern("rotary_emb.inv_freq", "inv_freq");
   m->finish();
 
@@ -389,7 +456,7 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
     return m;
   }
   std::shared_ptr<const Model> base = std::move(m);
-  const MlaDims dims = mla_dims(c, layout.tp);
+  const MlaDims dims = mla_dims(c, layout.tp, o.unaligned_tp);
   std::map<std::string, std::vector<std::uint64_t>> strides;
   std::vector<PostLoadHook> hooks;
   for (const std::string& pa : b.mla_prefixes()) {

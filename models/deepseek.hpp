@@ -34,10 +34,12 @@
 //   shared_head.head and embed_tokens are dropped with "draft_shared" (the draft
 //   uses the target's embedding and head); every tensor of the target model
 //   (decoder layers, model.embed_tokens, model.norm, lm_head) is dropped with
-//   "draft_target"; further MTP layers with "mtp_layer". Refused without an MTP
-//   layer or with pp > 1.
-// DeepSeek-V3.2's sparse-attention indexer (self_attn.indexer.*) is not loaded:
-// "no_indexer".
+//   "draft_target". Refused unless num_nextn_predict_layers is 1 (SGLang asserts
+//   it), and with pp > 1. As SGLang builds it with layer id 0, the MTP layer reads
+//   row 0 of an EPLB map. A stand-alone NextN checkpoint (num_hidden_layers 1)
+//   keeps its MTP layer at model.layers.0.
+// DeepSeek-V3.2 (a config with index_topk) is refused until its sparse-attention
+// indexer has parameters; its tensors are never dropped silently.
 #pragma once
 
 #include <cstdint>
@@ -80,6 +82,7 @@ struct DeepseekConfig {
   std::uint64_t moe_layer_freq = 1;
   bool gate_bias = false;          // mlp.gate.e_score_correction_bias exists
   std::uint64_t nextn_layers = 0;  // num_nextn_predict_layers
+  bool index_topk = false;         // DeepSeek-V3.2's sparse-attention indexer is configured
 };
 
 // Reads the fields of `architecture` (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
@@ -91,12 +94,26 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
 // Whether decoder layer `layer` (< c.layers) has a MoE MLP.
 bool deepseek_moe_layer(const DeepseekConfig& c, std::uint64_t layer);
 
+// Whether SGLang fuses the shared expert into the routed experts, as its
+// determine_num_fused_shared_experts decides on an NVIDIA GPU of compute capability
+// >= 8.0 with default server options (python/sglang/srt/models/deepseek_v2.py at
+// commit 3e4a39ee73308590c5c753108bdcb8d333f7f1c6; glm4_moe.py at 005ffc65dc0f):
+// DeepseekV3ForCausalLM with 256 routed experts and 1 shared expert, or GLM-4 MoE
+// (ferry: with 1 shared expert), at ep 1. No DeepEP and no W4AFP8 in ferry, so
+// those conditions never apply. `why_not` says why not, for the refusal of true.
+struct FusionDecision {
+  bool fuse = false;
+  std::string why_not;
+};
+FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const ParallelLayout& layout);
+
 // The model for `c` under `layout` (normalized) with params of `dtype` (the gate's
-// correction bias is F32 regardless). Heads and intermediate sizes tp does not
-// divide are padded with zeros; throws Error(Stage::kPlacement) when the padded
-// vocabulary does not split over tp or the experts over ep; Error(Stage::kConfig)
-// for a draft request without an MTP layer or with pp > 1, and for
-// fuse_shared_experts unless n_shared_experts is 1 (what SGLang folds).
+// correction bias is F32 regardless). Sizes tp does not divide are refused, or
+// zero-padded under options.unaligned_tp; throws Error(Stage::kPlacement) when the
+// padded vocabulary does not split over tp or the experts over ep;
+// Error(Stage::kConfig) for a draft request without exactly one MTP layer or with
+// pp > 1, and for fuse_shared_experts=true where SGLang would not fuse;
+// Error(Stage::kMapping) for index_topk (the indexer is not supported yet).
 std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const ParallelLayout& layout,
                                            DType dtype, const ModelOptions& options);
 

@@ -17,14 +17,13 @@ std::string layer_prefix(std::uint64_t layer) {
 }
 
 // Declares the params of one layer and the checkpoint names that feed them.
-void add_layer(TableModel& m, const DenseConfig& c, int tp, std::uint64_t layer) {
+void add_layer(TableModel& m, const DenseConfig& c, int tp, Unaligned u, std::uint64_t layer) {
   const std::string p = layer_prefix(layer);
   // Attention: q, k and v fused into qkv_proj (slots q, k, v), o_proj row-parallel.
   add_gqa_attention(m, p + "self_attn.", p + "self_attn.",
-                    gqa_attention(c, c.qkv_bias, c.o_bias), tp);
+                    gqa_attention(c, c.qkv_bias, c.o_bias, u), tp);
   // MLP: gate and up fused into gate_up_proj, down_proj row-parallel.
-  add_gated_mlp(m, p + "mlp.", p + "mlp.", c.hidden, c.intermediate, c.mlp_bias, tp,
-                "intermediate_size");
+  add_gated_mlp(m, p + "mlp.", p + "mlp.", c.hidden, c.intermediate, tp, u, "intermediate_size");
   for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight"}) {
     add_replicated(m, p + norm, p + norm, Shape{c.hidden});
   }
@@ -50,17 +49,39 @@ DenseConfig parse_dense_config(const nlohmann::json& hf_config, const std::strin
   if (c.family == "qwen2") {
     c.qkv_bias = true;  // Qwen2Attention always has q/k/v biases, o_proj has none
   } else {
-    // LlamaAttention's bias flag covers qkv_proj and o_proj.
-    bool attention_bias = config_bool(hf_config, "attention_bias", false);
+    // SGLang's LlamaDecoderLayer (python/sglang/srt/models/llama.py at commit
+    // 00239548f1cd): attention_bias or bias gives qkv_proj and o_proj a bias; its
+    // LlamaMLP has none, whatever mlp_bias says.
+    const bool attention_bias =
+        config_bool(hf_config, "attention_bias", false) || config_bool(hf_config, "bias", false);
     c.qkv_bias = attention_bias;
     c.o_bias = attention_bias;
-    c.mlp_bias = config_bool(hf_config, "mlp_bias", false);
   }
   return c;
 }
 
 std::unique_ptr<Model> make_dense_model(const DenseConfig& c, const ParallelLayout& layout,
-                                        DType dtype, bool strict) {
+                                        DType dtype, const ModelOptions& options) {
+  // Options of MoE and MTP models mean nothing here: refused rather than ignored.
+  auto refuse = [&](const std::string& option, const std::string& why) {
+    throw Error(Stage::kConfig, kConfigFile, "",
+                option + ": " + c.architecture + " " + why + ", so the option does not apply");
+  };
+  if (options.draft) {
+    refuse("model.draft", "has no MTP (NextN) layers and no draft model");
+  }
+  if (options.eplb) {
+    refuse("model.eplb_map", "has no experts to place");
+  }
+  if (options.switch_w13) {
+    refuse("model.switch_w13", "has no fused expert weights (w13)");
+  }
+  if (options.pad_moe_intermediate_to != 0) {
+    refuse("model.pad_moe_intermediate_to", "has no MoE intermediate size");
+  }
+  if (options.fuse_shared_experts.value_or(false)) {
+    refuse("model.fuse_shared_experts", "has no shared experts");
+  }
   if (layout.ep != 1) {
     throw Error(Stage::kConfig, "", "",
                 "parallel layout: ep " + std::to_string(layout.ep) + " needs a mixture-of-" +
@@ -69,16 +90,17 @@ std::unique_ptr<Model> make_dense_model(const DenseConfig& c, const ParallelLayo
   const int tp = layout.tp;
   const QkvShape qkv{c.heads, c.kv_heads, c.head_dim};
   // Check every split up front so the error names the config field, not a tensor.
-  check_qkv(qkv, tp);
+  padded_qkv(qkv, tp, options.unaligned_tp);
+  padded_intermediate(c.intermediate, tp, options.unaligned_tp, "intermediate_size");
   even_shard(padded_vocab(c.vocab), 0, tp, "padded vocab_size");
 
   // Pipeline stage: only this stage's layers get params; the others' tensors are
   // dropped unread, and the embedding / final norm / lm_head live on the edges.
   const Range stage = pp_layers(c.layers, layout.pp, layout.pp_rank, layout.pp_partition);
 
-  auto m = std::make_unique<TableModel>(c.family, c.architecture, layout, dtype, strict);
+  auto m = std::make_unique<TableModel>(c.family, c.architecture, layout, dtype, options.strict);
   for (std::uint64_t layer = stage.begin; layer < stage.end(); ++layer) {
-    add_layer(*m, c, tp, layer);
+    add_layer(*m, c, tp, options.unaligned_tp, layer);
   }
   add_layer_drops(*m, c.layers, stage);
   StageEdges edges;
@@ -87,6 +109,20 @@ std::unique_ptr<Model> make_dense_model(const DenseConfig& c, const ParallelLayo
   edges.tie_embeddings = c.tie_embeddings;
   add_stage_edges(*m, edges, layout);
   add_rope_cache_drops(*m);
+  // A bias the model has no param for (an mlp_bias checkpoint's MLP biases, or
+  // attention biases without attention_bias): SGLang's load_weights skips any
+  // ".bias" not among its params; ferry drops it, with its reason.
+  if (c.family != "qwen2") {
+    for (const char* proj : {"mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias"}) {
+      m->add_drop_pattern(proj, "no_bias_param");
+    }
+    if (!c.qkv_bias) {
+      for (const char* proj : {"self_attn.q_proj.bias", "self_attn.k_proj.bias",
+                               "self_attn.v_proj.bias", "self_attn.o_proj.bias"}) {
+        m->add_drop_pattern(proj, "no_bias_param");
+      }
+    }
+  }
   m->finish();
   return m;
 }

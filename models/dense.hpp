@@ -21,7 +21,6 @@ struct DenseConfig : GqaDecoderDims {
   std::uint64_t intermediate = 0;
   bool qkv_bias = false;        // Qwen2 always; Llama/Mistral with attention_bias
   bool o_bias = false;          // Llama/Mistral attention_bias
-  bool mlp_bias = false;        // Llama/Mistral mlp_bias
 };
 
 // Reads the fields of `architecture` (one of the three above) from config.json.
@@ -31,9 +30,11 @@ DenseConfig parse_dense_config(const nlohmann::json& hf_config, const std::strin
 // The model for `config` under `layout` (already normalized) with params of `dtype`.
 // A pipeline stage (layout.pp > 1) holds only its layers (models/stages.hpp: the
 // others' tensors are dropped "pp_stage") and the edges that fall to it. Throws
-// Error(Stage::kPlacement) when the layout cannot split it, Error(kConfig) for ep > 1
-// or a bad pp_partition.
+// Error(Stage::kPlacement) when the layout cannot split it (sizes tp does not
+// divide, unless options.unaligned_tp pads them), Error(kConfig) for ep > 1, a bad
+// pp_partition, or an option only MoE or MTP models take (draft, eplb, switch_w13,
+// pad_moe_intermediate_to, fuse_shared_experts=true): refused, not ignored.
 std::unique_ptr<Model> make_dense_model(const DenseConfig& config, const ParallelLayout& layout,
-                                        DType dtype, bool strict);
+                                        DType dtype, const ModelOptions& options);
 
 }  // namespace ferry::models

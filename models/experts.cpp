@@ -253,9 +253,14 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
   if (spec.intermediate == 0) {
     throw Error(Stage::kPlacement, kConfigFile, "", spec.intermediate_field + " is 0");
   }
-  // Uneven moe-tp pads I (padded_intermediate); real_rows says how much of each
-  // share is real.
-  const std::uint64_t i_padded = padded_intermediate(spec.intermediate, g->moe_tp);
+  // FusedMoE asserts that moe-tp divides I; under model.unaligned_tp=pad, SGLang's
+  // CPU rule pads I to a multiple of tp * 32 (which moe-tp then divides), and
+  // real_rows says how much of each share is real.
+  const std::uint64_t i_padded =
+      options.unaligned_tp == Unaligned::kPad
+          ? padded_intermediate(spec.intermediate, tp, Unaligned::kPad, spec.intermediate_field)
+          : padded_intermediate(spec.intermediate, g->moe_tp, Unaligned::kRefuse,
+                                spec.intermediate_field);
   g->i_local = i_padded / moe_tp;
   if (i_padded != spec.intermediate) {
     m.add_note(uneven_note("the experts' " + spec.intermediate_field + " " +
@@ -281,7 +286,8 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
     }
   }
   g->per_rank = physical / static_cast<std::uint64_t>(layout.ep);
-  const bool shared = options.fuse_shared_experts && !spec.shared_checkpoint_prefix.empty();
+  const bool shared =
+      options.fuse_shared_experts.value_or(false) && !spec.shared_checkpoint_prefix.empty();
   g->slots = g->per_rank + (shared ? 1 : 0);
 
   const std::string w13 = spec.param_prefix + "w13_weight";

@@ -1,5 +1,7 @@
 #include "models/hf_config.hpp"
 
+#include <map>
+
 #include "common/error.hpp"
 
 namespace ferry::models {
@@ -102,30 +104,37 @@ DType resolve_dtype(const nlohmann::json& config, const std::optional<DType>& re
   if (requested) {
     return *requested;
   }
-  const char* key = "torch_dtype";
+  // SGLang's _get_and_verify_dtype (python/sglang/srt/configs/model_config.py at
+  // commit 001adf564fd3) for "auto": config.dtype, else config.torch_dtype; a
+  // missing or unknown value counts as float32, and float32 loads as float16, or
+  // bfloat16 when model_type starts with "gemma"; bfloat16 and float16 load as given.
+  const char* key = "dtype";
   const nlohmann::json* v = find(config, key);
-  if (v == nullptr) {
-    key = "dtype";
+  if (v == nullptr || v->is_null()) {
+    key = "torch_dtype";
     v = find(config, key);
   }
-  if (v == nullptr) {
-    bad("the model dtype is \"auto\" but config.json has no torch_dtype: set the dtype");
-  }
-  if (!v->is_string()) {
-    bad("field '" + std::string(key) + "' must be a string (got " + v->dump() + ")");
-  }
-  std::string text = v->get<std::string>();
   std::optional<DType> dtype;
-  try {
-    dtype = parse_model_dtype(text);
-  } catch (const Error&) {
-    dtype = std::nullopt;
+  if (v != nullptr && !v->is_null()) {
+    if (!v->is_string()) {
+      bad("field '" + std::string(key) + "' must be a string (got " + v->dump() + ")");
+    }
+    static const std::map<std::string, DType> kTorchNames{{"half", DType::kF16},
+                                                          {"float16", DType::kF16},
+                                                          {"float", DType::kF32},
+                                                          {"float32", DType::kF32},
+                                                          {"bfloat16", DType::kBF16}};
+    if (auto it = kTorchNames.find(v->get<std::string>()); it != kTorchNames.end()) {
+      dtype = it->second;
+    }
   }
-  if (!dtype) {
-    bad("field '" + std::string(key) + "' is \"" + text +
-        "\"; ferry loads bfloat16, float16 or float32 models (set the dtype)");
+  if (dtype && *dtype != DType::kF32) {
+    return *dtype;
   }
-  return *dtype;
+  const nlohmann::json* type = find(config, "model_type");
+  const bool gemma =
+      type != nullptr && type->is_string() && type->get<std::string>().rfind("gemma", 0) == 0;
+  return gemma ? DType::kBF16 : DType::kF16;
 }
 
 }  // namespace ferry::models

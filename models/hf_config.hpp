@@ -42,9 +42,10 @@ struct GqaDecoderDims {
 };
 GqaDecoderDims config_gqa_decoder_dims(const nlohmann::json& config);
 
-// The param dtype: `requested` when set, else config.json's torch_dtype (or the
-// newer `dtype` key). Throws when neither says, or the config's value is not
-// bfloat16, float16 or float32.
+// The param dtype: `requested` when set, else SGLang's rule for "auto" from
+// config.json's dtype (or torch_dtype): bfloat16 and float16 as given; float32,
+// missing or unknown as float16 (bfloat16 for a model_type starting with "gemma").
+// Throws only when the field is not a string.
 DType resolve_dtype(const nlohmann::json& config, const std::optional<DType>& requested);
 
 }  // namespace ferry::models

@@ -28,19 +28,22 @@ std::string uneven_note(const std::string& what, const std::string& unit, std::u
   return out;
 }
 
-GqaAttention gqa_attention(const GqaDecoderDims& d, bool qkv_bias, bool o_bias) {
+GqaAttention gqa_attention(const GqaDecoderDims& d, bool qkv_bias, bool o_bias,
+                           Unaligned unaligned) {
   return {.hidden = d.hidden,
           .heads = d.heads,
           .kv_heads = d.kv_heads,
           .head_dim = d.head_dim,
           .qkv_bias = qkv_bias,
-          .o_bias = o_bias};
+          .o_bias = o_bias,
+          .unaligned = unaligned};
 }
 
 void add_gqa_attention(TableModel& m, const std::string& param_prefix,
                        const std::string& tensor_prefix, const GqaAttention& a, int tp) {
   const QkvShape qkv{a.heads, a.kv_heads, a.head_dim};
-  const QkvShape padded = padded_qkv(qkv, tp);
+  const Unaligned u = a.unaligned;
+  const QkvShape padded = padded_qkv(qkv, tp, u);
   if (padded != qkv) {
     m.add_note(uneven_note("num_attention_heads / num_key_value_heads " +
                                std::to_string(qkv.q_heads) + " / " + std::to_string(qkv.kv_heads),
@@ -53,9 +56,9 @@ void add_gqa_attention(TableModel& m, const std::string& param_prefix,
   const std::uint64_t kv_rows = qkv_slot_rows(qkv, QkvSlot::kK);
   const std::string w = param_prefix + "qkv_proj.weight";
   const std::string b = param_prefix + "qkv_proj.bias";
-  m.add_param(w, Shape{qkv_local_rows(qkv, tp), a.hidden});
+  m.add_param(w, Shape{qkv_local_rows(qkv, tp, u), a.hidden});
   if (a.qkv_bias) {
-    m.add_param(b, Shape{qkv_local_rows(qkv, tp)});
+    m.add_param(b, Shape{qkv_local_rows(qkv, tp, u)});
   }
   constexpr std::array<std::pair<const char*, QkvSlot>, 3> kSlots{{
       {"q_proj", QkvSlot::kQ},
@@ -65,8 +68,8 @@ void add_gqa_attention(TableModel& m, const std::string& param_prefix,
   for (const auto& [name, slot] : kSlots) {
     const std::string src = tensor_prefix + name;
     const std::uint64_t rows = slot == QkvSlot::kQ ? q_rows : kv_rows;
-    auto rule = [qkv, slot = slot, tp](int rank) {
-      return Blocks{qkv_slot(qkv, slot, rank, tp).copy};
+    auto rule = [qkv, slot = slot, tp, u](int rank) {
+      return Blocks{qkv_slot(qkv, slot, rank, tp, u).copy};
     };
     m.add_target(src + ".weight", w, Shape{rows, a.hidden}, rule);
     if (a.qkv_bias) {
@@ -75,10 +78,10 @@ void add_gqa_attention(TableModel& m, const std::string& param_prefix,
   }
   // Uneven tp: the padded heads of every slot are zeros (no tensor writes them).
   if (padded != qkv) {
-    auto zeros = [qkv, tp](int rank) {
+    auto zeros = [qkv, tp, u](int rank) {
       Blocks out;
       for (QkvSlot slot : {QkvSlot::kQ, QkvSlot::kK, QkvSlot::kV}) {
-        out.push_back(qkv_slot(qkv, slot, rank, tp).zero);
+        out.push_back(qkv_slot(qkv, slot, rank, tp, u).zero);
       }
       return out;
     };
@@ -112,23 +115,19 @@ void add_row_parallel(TableModel& m, const std::string& tensor, const std::strin
   }
 }
 
-void add_gated_mlp(TableModel& m, const std::string& param_prefix,
-                   const std::string& tensor_prefix, std::uint64_t hidden,
-                   std::uint64_t intermediate, bool bias, int tp, const char* what) {
-  // Uneven tp pads the intermediate size (padded_intermediate): each rank's gate and
-  // up shares end in zero rows, its down_proj share in zero columns.
-  const std::uint64_t padded = padded_intermediate(intermediate, tp);
+void add_gated_mlp(TableModel& m, const std::string& param_prefix, const std::string& tensor_prefix,
+                   std::uint64_t hidden, std::uint64_t intermediate, int tp, Unaligned policy,
+                   const char* what) {
+  // Uneven tp, under kPad, pads the intermediate size (padded_intermediate): each
+  // rank's gate and up shares end in zero rows, its down_proj share in zero columns.
+  const std::uint64_t padded = padded_intermediate(intermediate, tp, policy, what);
   const std::uint64_t local = even_shard(padded, 0, tp, what).length;
   if (padded != intermediate) {
     m.add_note(uneven_note(std::string(what) + " " + std::to_string(intermediate), "rows", padded,
                            intermediate, tp, std::to_string(padded), "tp ranks"));
   }
   const std::string gu_w = param_prefix + "gate_up_proj.weight";
-  const std::string gu_b = param_prefix + "gate_up_proj.bias";
   m.add_param(gu_w, Shape{2 * local, hidden});
-  if (bias) {
-    m.add_param(gu_b, Shape{2 * local});
-  }
   const std::string label = what;
   // Slot 0 (gate) or 1 (up) of the rank: its share, placed after the earlier slot.
   auto share = [intermediate, padded, local, tp, label](std::size_t slot, int rank) {
@@ -142,25 +141,16 @@ void add_gated_mlp(TableModel& m, const std::string& param_prefix,
     const std::string src = tensor_prefix + kMerged[slot];
     auto rule = [share, slot](int rank) { return Blocks{share(slot, rank).copy}; };
     m.add_target(src + ".weight", gu_w, Shape{intermediate, hidden}, rule);
-    if (bias) {
-      m.add_target(src + ".bias", gu_b, Shape{intermediate}, rule);
-    }
   }
   if (padded != intermediate) {
-    auto zeros = [share](int rank) { return Blocks{share(0, rank).zero, share(1, rank).zero}; };
-    m.add_fill(gu_w, zeros);
-    if (bias) {
-      m.add_fill(gu_b, zeros);
-    }
+    m.add_fill(gu_w, [share](int rank) {
+      return Blocks{share(0, rank).zero, share(1, rank).zero};
+    });
   }
   const std::string down_w = param_prefix + "down_proj.weight";
   m.add_param(down_w, Shape{hidden, local});
   add_row_parallel(m, tensor_prefix + "down_proj.weight", down_w, hidden, intermediate, padded, tp,
                    label);
-  if (bias) {
-    add_replicated(m, param_prefix + "down_proj.bias", tensor_prefix + "down_proj.bias",
-                   Shape{hidden});
-  }
 }
 
 void add_rope_cache_drops(TableModel& m) {

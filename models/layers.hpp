@@ -20,27 +20,30 @@ struct GqaAttention {
   std::uint64_t head_dim = 0;
   bool qkv_bias = false;  // q/k/v biases, placed like their weights' qkv slots
   bool o_bias = false;    // o_proj bias: replicated (a row-parallel layer's bias is whole)
+  Unaligned unaligned = Unaligned::kRefuse;  // heads tp does not split: model.unaligned_tp
 };
 
 // <param_prefix>qkv_proj.weight (and .bias): q, k and v slots of this rank (GQA
 // replication rule in placement.hpp) from <tensor_prefix>{q,k,v}_proj; and
 // <param_prefix>o_proj.weight, row-parallel, from <tensor_prefix>o_proj. Heads tp
-// does not split are padded (padded_qkv): the padded heads' qkv rows and o_proj
-// columns are zero fills. The caller checks the heads first (check_qkv) so the
-// error names the config fields.
+// does not split are refused, or padded (padded_qkv, `a.unaligned`): the padded
+// heads' qkv rows and o_proj columns are zero fills. The caller checks the heads first (check_qkv)
+// so the error names the config fields.
 void add_gqa_attention(TableModel& m, const std::string& param_prefix,
                        const std::string& tensor_prefix, const GqaAttention& a, int tp);
 // The attention of a family whose config has the common GQA decoder fields.
-GqaAttention gqa_attention(const GqaDecoderDims& d, bool qkv_bias, bool o_bias);
+GqaAttention gqa_attention(const GqaDecoderDims& d, bool qkv_bias, bool o_bias,
+                           Unaligned unaligned);
 
-// <param_prefix>gate_up_proj.weight (this rank's gate rows, then its up rows; and
-// .bias with `bias`) from <tensor_prefix>{gate,up}_proj, and <param_prefix>down_proj
-// row-parallel (its bias replicated). An intermediate size tp does not divide is
-// padded (padded_intermediate): each rank's share ends in zero rows of gate and up
-// and zero columns of down. `what` names the config field in messages.
-void add_gated_mlp(TableModel& m, const std::string& param_prefix,
-                   const std::string& tensor_prefix, std::uint64_t hidden,
-                   std::uint64_t intermediate, bool bias, int tp, const char* what);
+// <param_prefix>gate_up_proj.weight (this rank's gate rows, then its up rows) from
+// <tensor_prefix>{gate,up}_proj, and <param_prefix>down_proj row-parallel (no
+// biases: SGLang's gated MLPs have none). An intermediate size tp does not divide is
+// refused; under Unaligned::kPad one SGLang's CPU rule pads (padded_intermediate)
+// ends each rank's share in zero rows of gate and up and zero columns of down.
+// `what` names the config field in messages.
+void add_gated_mlp(TableModel& m, const std::string& param_prefix, const std::string& tensor_prefix,
+                   std::uint64_t hidden, std::uint64_t intermediate, int tp, Unaligned policy,
+                   const char* what);
 
 // The operator's note (Model::notes) for a size `parts` ranks do not split: `what`
 // names it ("intermediate_size 100"), `padded_text` its padded form, `unit` what

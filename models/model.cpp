@@ -19,12 +19,7 @@ using Factory = std::function<std::unique_ptr<Model>(
 std::unique_ptr<Model> dense(const nlohmann::json& config, const std::string& architecture,
                              const ParallelLayout& layout, DType dtype,
                              const ModelOptions& options) {
-  if (options.draft) {
-    throw Error(Stage::kConfig, kConfigFile, "",
-                "model.draft: " + architecture +
-                    " has no MTP (NextN) layers, so there is no draft model to load");
-  }
-  return make_dense_model(parse_dense_config(config, architecture), layout, dtype, options.strict);
+  return make_dense_model(parse_dense_config(config, architecture), layout, dtype, options);
 }
 
 const std::map<std::string, Factory>& factories() {

@@ -112,13 +112,14 @@ struct Route {
   RouteKind kind = RouteKind::kPlaced;
   // Stable code (docs/plan-json.md lists them all). Dropped: "inv_freq"
   // (rotary_emb.inv_freq), "rope_cache" (rotary_emb.cos_cached / sin_cached),
+  // "no_bias_param" (a Llama/Mistral bias SGLang has no param for),
   // "tied_lm_head" (lm_head.weight with tie_word_embeddings), "no_local_slice" (the
   // local ranks' slices are all padding), "pp_stage" (a layer of another pipeline
   // stage), "first_stage_only" / "last_stage_only" (embed_tokens; norm and lm_head),
   // "remote_expert" (no local rank owns the expert), "mtp_layer" (an MTP layer when
   // loading the target model), "draft_target" (a target-model tensor when loading
   // the draft), "draft_shared" (embed_tokens / shared_head.head of the MTP layer,
-  // shared with the target), "no_indexer" (DeepSeek-V3.2 indexer). Unmapped:
+  // shared with the target). Unmapped:
   // "unknown_name". Empty when placed.
   std::string reason;
   std::vector<Piece> pieces;  // copy pieces only, grouped by local rank
@@ -180,6 +181,10 @@ class Model {
   virtual std::vector<std::string> notes() const;
 };
 
+// Sizes tensor parallelism does not divide (models/placement.hpp): refused as
+// SGLang's GPU path asserts, or zero-padded as its CPU path does.
+enum class Unaligned { kRefuse, kPad };
+
 struct ModelOptions {
   // Param dtype; nullopt = "auto": config.json's torch_dtype (or dtype).
   std::optional<DType> dtype{};
@@ -200,8 +205,13 @@ struct ModelOptions {
   };
   std::optional<Eplb> eplb{};
   // The shared expert becomes routed expert n_routed_experts, placed after the
-  // local physical routed experts on every rank.
-  bool fuse_shared_experts = false;
+  // local physical routed experts on every rank. nullopt = auto: as SGLang's
+  // determine_num_fused_shared_experts decides on an NVIDIA GPU of compute
+  // capability >= 8.0 with default server options (DeepSeek-V3/R1-shaped models and
+  // GLM-4 MoE at ep 1); true where auto would not fuse is refused, naming why.
+  std::optional<bool> fuse_shared_experts{};
+  // model.unaligned_tp.
+  Unaligned unaligned_tp = Unaligned::kRefuse;
   // Round the per-rank MoE intermediate size up to a multiple of this (0 = off);
   // the tail is zero-filled.
   std::uint64_t pad_moe_intermediate_to = 0;

@@ -68,7 +68,7 @@ class Builder {
       replicated_param(p + norm, c_.hidden);
     }
     if (!c_.sparse[layer]) {
-      dense_mlp(p + "mlp.", c_.dense_intermediate);
+      dense_mlp(p + "mlp.", c_.dense_intermediate, "intermediate_size");
       return;
     }
     const std::string moe = p + (c_.family == "mixtral" ? "block_sparse_moe." : "mlp.");
@@ -90,17 +90,13 @@ class Builder {
       spec.up_name = "w3";
       spec.down_name = "w2";
     }
-    const bool fuse_shared = c_.shared_intermediate > 0 && options_.fuse_shared_experts;
-    if (fuse_shared) {
-      spec.shared_checkpoint_prefix = moe + "shared_expert.";
-    }
     spec.intermediate_field = c_.moe_intermediate_field;
     add_moe_experts(m_, spec, layout_, options_);
 
     if (c_.shared_intermediate > 0) {
-      if (!fuse_shared) {
-        dense_mlp(moe + "shared_expert.", c_.shared_intermediate);
-      }
+      // Qwen2-MoE's shared expert is never fused (SGLang's Qwen2MoeSparseMoeBlock
+      // builds it as its own tensor-parallel MLP, gated by shared_expert_gate).
+      dense_mlp(moe + "shared_expert.", c_.shared_intermediate, "shared_expert_intermediate_size");
       // The shared expert's sigmoid gate: a [1, H] ReplicatedLinear.
       const std::string sg = moe + "shared_expert_gate.weight";
       m_.add_param(sg, Shape{1, c_.hidden});
@@ -117,7 +113,7 @@ class Builder {
   // per-head q/k RMSNorm weights are replicated.
   void attention(const std::string& p) {
     add_gqa_attention(m_, p + "self_attn.", p + "self_attn.",
-                      gqa_attention(c_, c_.qkv_bias, c_.o_bias), tp_);
+                      gqa_attention(c_, c_.qkv_bias, c_.o_bias, options_.unaligned_tp), tp_);
     if (c_.qk_norm) {
       replicated_param(p + "self_attn.q_norm.weight", c_.head_dim);
       replicated_param(p + "self_attn.k_norm.weight", c_.head_dim);
@@ -125,8 +121,8 @@ class Builder {
   }
 
   // A tensor-parallel gated MLP under `p` (dense layers, Qwen2-MoE's shared expert).
-  void dense_mlp(const std::string& p, std::uint64_t inter) {
-    add_gated_mlp(m_, p, p, c_.hidden, inter, false, tp_, "MLP intermediate size");
+  void dense_mlp(const std::string& p, std::uint64_t inter, const char* what) {
+    add_gated_mlp(m_, p, p, c_.hidden, inter, tp_, options_.unaligned_tp, what);
   }
 
   TableModel& m_;
@@ -140,7 +136,7 @@ class Builder {
 // names the config field rather than a tensor.
 void check_splits(const MoeConfig& c, const ParallelLayout& layout, const ModelOptions& options) {
   const int tp = layout.tp;
-  check_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, tp);
+  padded_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, tp, options.unaligned_tp);
   even_shard(padded_vocab(c.vocab), 0, tp, "padded vocab_size");
   std::vector<std::uint64_t> moe_layers;
   for (std::uint64_t l = 0; l < c.layers; ++l) {
@@ -149,17 +145,22 @@ void check_splits(const MoeConfig& c, const ParallelLayout& layout, const ModelO
     }
   }
   check_expert_parallel(layout, c.experts, options, c.architecture, c.experts_field, moe_layers);
-  if (c.shared_intermediate > 0 && !moe_layers.empty()) {
-    if (options.fuse_shared_experts) {
-      if (c.shared_intermediate != c.moe_intermediate) {
-        throw Error(Stage::kConfig, kConfigFile, "",
-                    "model.fuse_shared_experts: shared_expert_intermediate_size (" +
-                        std::to_string(c.shared_intermediate) + ") differs from " +
-                        c.moe_intermediate_field + " (" + std::to_string(c.moe_intermediate) +
-                        "), so the shared expert cannot become one more expert slot; turn "
-                        "fuse_shared_experts off");
-      }
-    }
+  if (c.shared_intermediate > 0) {
+    padded_intermediate(c.shared_intermediate, tp, options.unaligned_tp,
+                        "shared_expert_intermediate_size");
+  }
+  if (moe_layers.size() < c.layers) {
+    padded_intermediate(c.dense_intermediate, tp, options.unaligned_tp, "intermediate_size");
+  }
+  // SGLang fuses shared experts only for DeepSeek-V3/R1-shaped models and GLM-4 MoE
+  // (determine_num_fused_shared_experts): asking for it here is refused.
+  if (options.fuse_shared_experts.value_or(false)) {
+    throw Error(Stage::kConfig, kConfigFile, "",
+                "model.fuse_shared_experts=true: " + c.architecture +
+                    (c.shared_intermediate > 0
+                         ? " keeps its shared expert as a separate, gated MLP; SGLang never "
+                           "fuses it into the routed experts"
+                         : " has no shared experts"));
   }
 }
 

@@ -139,18 +139,37 @@ Range even_shard(std::uint64_t total, int index, int parts, std::string_view wha
 
 // ---- uneven tensor parallelism -----------------------------------------------------
 
-std::uint64_t padded_intermediate(std::uint64_t intermediate, int parts) {
-  check_parts(0, parts, "intermediate size");
-  const auto p = static_cast<std::uint64_t>(parts);
-  if (intermediate % p == 0) {
-    return intermediate;
-  }
-  return round_up(intermediate, checked_mul(p, kIntermediatePadding, "intermediate size"));
+namespace {
+
+[[noreturn]] void refuse_unaligned(const std::string& what, int tp) {
+  fail("", what + " is not divisible by tensor parallel size " + std::to_string(tp) +
+               ": SGLang asserts this on GPU, and model.unaligned_tp is refuse; set "
+               "model.unaligned_tp=pad to zero-pad it as SGLang does on CPU");
 }
 
-std::uint64_t padded_heads(std::uint64_t heads, int tp) {
+}  // namespace
+
+std::uint64_t padded_intermediate(std::uint64_t intermediate, int parts, Unaligned policy,
+                                  std::string_view what) {
+  check_parts(0, parts, "intermediate size");
+  const auto p = static_cast<std::uint64_t>(parts);
+  if (policy == Unaligned::kRefuse) {
+    if (intermediate % p != 0) {
+      refuse_unaligned(std::string(what) + " (" + std::to_string(intermediate) + ")", parts);
+    }
+    return intermediate;
+  }
+  const std::uint64_t multiple = checked_mul(p, kIntermediatePadding, "intermediate size");
+  return intermediate % multiple == 0 ? intermediate : round_up(intermediate, multiple);
+}
+
+std::uint64_t padded_heads(std::uint64_t heads, int tp, Unaligned policy, std::string_view what) {
   check_parts(0, tp, "tensor parallel size");
-  return round_up(heads, static_cast<std::uint64_t>(tp));
+  const auto t = static_cast<std::uint64_t>(tp);
+  if (heads % t != 0 && policy == Unaligned::kRefuse) {
+    refuse_unaligned(std::string(what) + " (" + std::to_string(heads) + ")", tp);
+  }
+  return round_up(heads, t);
 }
 
 // ---- QKVParallelLinear -------------------------------------------------------
@@ -196,10 +215,23 @@ void check_qkv(const QkvShape& shape, int tp) {
   }
 }
 
-QkvShape padded_qkv(const QkvShape& real, int tp) {
+QkvShape padded_qkv(const QkvShape& real, int tp, Unaligned policy) {
   check_qkv(real, tp);
   const auto t = static_cast<std::uint64_t>(tp);
-  if (splits_evenly(real, t)) {
+  if (policy == Unaligned::kRefuse) {
+    if (real.q_heads % t != 0) {
+      refuse_unaligned("num_attention_heads (" + std::to_string(real.q_heads) + ")", tp);
+    }
+    if (!splits_evenly(real, t)) {
+      refuse_unaligned("num_key_value_heads (" + std::to_string(real.kv_heads) +
+                           ", which tp neither splits nor replicates evenly)",
+                       tp);
+    }
+    return real;
+  }
+  // SGLang's adjust_config_with_unaligned_cpu_tp: when either head count is not a
+  // multiple of tp, the kv heads are padded to one and the q heads follow.
+  if (real.q_heads % t == 0 && real.kv_heads % t == 0) {
     return real;
   }
   QkvShape padded = real;
@@ -225,8 +257,8 @@ Range kv_heads_of_rank(const QkvShape& shape, int rank, int tp) {
   return {static_cast<std::uint64_t>(rank) / replicas, 1};
 }
 
-std::uint64_t qkv_local_rows(const QkvShape& real, int tp) {
-  const QkvShape s = padded_qkv(real, tp);
+std::uint64_t qkv_local_rows(const QkvShape& real, int tp, Unaligned policy) {
+  const QkvShape s = padded_qkv(real, tp, policy);
   std::uint64_t q = even_shard(s.q_heads, 0, tp, "num_attention_heads").length;
   std::uint64_t kv = kv_heads_of_rank(s, 0, tp).length;
   return checked_mul(q + 2 * kv, s.head_dim, "qkv_proj");
@@ -237,8 +269,8 @@ std::uint64_t qkv_slot_rows(const QkvShape& real, QkvSlot slot) {
   return checked_mul(heads, real.head_dim, "qkv_proj");
 }
 
-PaddedShard qkv_slot(const QkvShape& real, QkvSlot slot, int rank, int tp) {
-  const QkvShape s = padded_qkv(real, tp);
+PaddedShard qkv_slot(const QkvShape& real, QkvSlot slot, int rank, int tp, Unaligned policy) {
+  const QkvShape s = padded_qkv(real, tp, policy);
   Range q = even_shard(s.q_heads, rank, tp, "num_attention_heads");
   Range kv = kv_heads_of_rank(s, rank, tp);
   switch (slot) {

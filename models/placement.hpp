@@ -94,20 +94,29 @@ PaddedShard padded_shard(std::size_t axis, std::uint64_t real, std::uint64_t pad
 
 // ---- uneven tensor parallelism -----------------------------------------------------
 //
-// SGLang's answer to sizes tp does not divide (its unaligned-TP config adjustment,
-// with narrow_padded_param_and_loaded_weight at load): the size is padded up to one
-// that splits evenly, every rank gets an even share of the padded size, and the
-// share's entries past the real size are zeros. Only sizes that do not split are
-// padded, so every evenly divisible layout keeps SGLang's usual shapes exactly.
+// Sizes tp does not divide. SGLang on GPU asserts that they divide (its attention
+// modules, QKVParallelLinear, MergedColumnParallelLinear, FusedMoE); only on CPU does
+// it pad them (adjust_config_with_unaligned_cpu_tp in
+// python/sglang/srt/configs/update_config.py, with narrow_padded_param_and_loaded_weight
+// at load). ferry refuses by default on every backend (model.unaligned_tp=refuse),
+// naming the field and the option; with `pad` it uses exactly SGLang's CPU
+// triggers and sizes: every rank gets an even share of the padded size, and the
+// share's entries past the real size are zeros (the last ranks'). The policy,
+// Unaligned, is declared with ModelOptions (models/model.hpp).
 
-// SGLang's DEFAULT_MOE_PADDING_SIZE: an intermediate size that `parts` does not
-// divide is padded to a multiple of parts * 32 (an even share stays a multiple of 32).
+// SGLang's DEFAULT_MOE_PADDING_SIZE: under `pad`, an intermediate size that is not a
+// multiple of tp * 32 is rounded up to one.
 inline constexpr std::uint64_t kIntermediatePadding = 32;
-// `intermediate` when `parts` divides it, else the padded size above.
-std::uint64_t padded_intermediate(std::uint64_t intermediate, int parts);
+// kRefuse: `intermediate` when `parts` divides it, else Error(Stage::kPlacement)
+// naming `what`. kPad (`parts` is then tp): rounded up to a multiple of
+// parts * 32 unless it is one already (SGLang's update_intermediate_size).
+std::uint64_t padded_intermediate(std::uint64_t intermediate, int parts, Unaligned policy,
+                                  std::string_view what);
 // Attention heads without groups (MLA, where every head reads the one shared
-// latent): `heads` when tp divides it, else rounded up to a multiple of tp.
-std::uint64_t padded_heads(std::uint64_t heads, int tp);
+// latent): `heads` when tp divides it; else refused, or under kPad rounded up to a
+// multiple of tp (SGLang's CPU rule for MLA is not ferry's spec here: see
+// docs/ARCHITECTURE.md).
+std::uint64_t padded_heads(std::uint64_t heads, int tp, Unaligned policy, std::string_view what);
 
 // ---- QKVParallelLinear -------------------------------------------------------
 
@@ -121,30 +130,32 @@ struct QkvShape {
 enum class QkvSlot { kQ, kK, kV };
 
 // Throws Error(Stage::kPlacement) when the heads make no attention: a count or
-// head_dim of 0, or q_heads not a multiple of kv_heads. Any tp >= 1 is fine
-// otherwise (padded_qkv).
+// head_dim of 0, or q_heads not a multiple of kv_heads. Whether tp splits them is
+// padded_qkv's question.
 void check_qkv(const QkvShape& shape, int tp);
-// The heads every rank's share is cut from: `real` itself when q_heads % tp == 0
-// and either kv_heads % tp == 0 (kv heads split) or tp % kv_heads == 0 (kv heads
-// replicated). Otherwise (e.g. 28 q / 4 kv heads at tp 8) the kv heads are padded
-// to a multiple of tp and the q heads to padded kv heads * (q_heads / kv_heads),
-// so each rank keeps whole GQA groups and the padded heads (the last ranks') are
-// zeros.
-QkvShape padded_qkv(const QkvShape& real, int tp);
+// The heads every rank's share is cut from. kRefuse (SGLang on GPU): `real` itself
+// when q_heads % tp == 0 and either kv_heads % tp == 0 (kv heads split) or
+// tp % kv_heads == 0 (kv heads replicated), else Error(Stage::kPlacement) naming
+// the field and model.unaligned_tp. kPad (SGLang on CPU): `real` when both counts
+// are multiples of tp; otherwise (28 q / 4 kv heads at tp 8, and also 12 q / 2 kv
+// at tp 4, which the GPU would replicate) the kv heads are padded to a multiple of
+// tp and the q heads to padded kv heads * (q_heads / kv_heads), so each rank keeps
+// whole GQA groups and the padded heads (the last ranks') are zeros.
+QkvShape padded_qkv(const QkvShape& real, int tp, Unaligned policy);
 // KV heads rank `rank` holds of an evenly splitting `shape` (padded_qkv's result):
 // heads [rank*kv/tp, ...) when kv_heads >= tp, else the single head
 // rank / (tp / kv_heads).
 Range kv_heads_of_rank(const QkvShape& shape, int rank, int tp);
 // Rows of the local qkv param: (q_heads/tp + 2 * local kv heads) * head_dim of the
 // padded heads.
-std::uint64_t qkv_local_rows(const QkvShape& real, int tp);
+std::uint64_t qkv_local_rows(const QkvShape& real, int tp, Unaligned policy);
 // Full checkpoint rows of one slot (q: q_heads*head_dim, k/v: kv_heads*head_dim).
 std::uint64_t qkv_slot_rows(const QkvShape& real, QkvSlot slot);
 // Where the slot's rows of rank `rank` come from and go: q at 0, k after the local
 // q rows, v after the local k rows. `copy` holds the real heads of the rank's share
-// of padded_qkv(real, tp), `zero` its padded heads (either may be empty). Axis 0, so
-// it serves the weight and the bias.
-PaddedShard qkv_slot(const QkvShape& real, QkvSlot slot, int rank, int tp);
+// of padded_qkv(real, tp, policy), `zero` its padded heads (either may be empty).
+// Axis 0, so it serves the weight and the bias.
+PaddedShard qkv_slot(const QkvShape& real, QkvSlot slot, int rank, int tp, Unaligned policy);
 
 // ---- column / row parallel, replicated ------------------------------------------
 //

@@ -209,6 +209,7 @@ Route TableModel::route(const io::TensorInfo& tensor) const {
     route.reason = "unknown_name";
     return route;
   }
+  bool any_block = false;  // some local rank's rule gave a block, if only an empty one
   for (const Target& t : it->second) {
     const RankShell& first = shells_.front();
     const ParamSpec& first_spec = first.params[first.by_name.at(t.param)];
@@ -232,6 +233,7 @@ Route TableModel::route(const io::TensorInfo& tensor) const {
       std::size_t param = shell.by_name.at(t.param);
       const ParamSpec& spec = shell.params[param];
       for (const Block& b : t.copy(shell.tp_rank)) {
+        any_block = true;
         if (b.length == 0) {
           continue;
         }
@@ -249,8 +251,12 @@ Route TableModel::route(const io::TensorInfo& tensor) const {
   std::stable_sort(route.pieces.begin(), route.pieces.end(),
                    [](const Piece& a, const Piece& b) { return a.local_rank < b.local_rank; });
   if (route.pieces.empty()) {
+    // A local rank holds the tensor's part but all of it is padding (say, an
+    // expert whose moe-tp share lies past the real intermediate size under
+    // unaligned_tp=pad): no_local_slice; no local rank holds it at all: the
+    // target's own reason.
     route.kind = RouteKind::kDropped;
-    route.reason = it->second.front().empty_reason;
+    route.reason = any_block ? "no_local_slice" : it->second.front().empty_reason;
     return route;
   }
   route.kind = RouteKind::kPlaced;

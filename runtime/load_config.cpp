@@ -598,8 +598,29 @@ LoadConfig ConfigBuilder::build() const {
   c.model.draft = f.get_bool("model.draft", d.model.draft);
   c.model.switch_w13 = f.get_bool("model.switch_w13", d.model.switch_w13);
   c.model.eplb_map = f.get_string("model.eplb_map", d.model.eplb_map);
-  c.model.fuse_shared_experts =
-      f.get_bool("model.fuse_shared_experts", d.model.fuse_shared_experts);
+  if (const Fields::Entry* e = f.find("model.fuse_shared_experts")) {
+    const nlohmann::json& v = *e->value;
+    if (v.is_boolean()) {
+      c.model.fuse_shared_experts = v.get<bool>();
+    } else if (v.is_string() && (v == "auto" || v == "true" || v == "false")) {
+      c.model.fuse_shared_experts = v == "auto" ? std::nullopt : std::optional<bool>(v == "true");
+    } else {
+      f.fail_key("model.fuse_shared_experts", "expected auto, true or false, got " + v.dump());
+    }
+  } else {
+    c.model.fuse_shared_experts = d.model.fuse_shared_experts;
+  }
+  {
+    const std::string text = f.get_string(
+        "model.unaligned_tp", d.model.unaligned_tp == models::Unaligned::kPad ? "pad" : "refuse");
+    if (text == "refuse") {
+      c.model.unaligned_tp = models::Unaligned::kRefuse;
+    } else if (text == "pad") {
+      c.model.unaligned_tp = models::Unaligned::kPad;
+    } else {
+      f.fail_key("model.unaligned_tp", "expected refuse or pad, got " + json_quoted(text));
+    }
+  }
   c.model.pad_moe_intermediate_to = static_cast<int>(
       f.get_int("model.pad_moe_intermediate_to", 0, 1 << 20, d.model.pad_moe_intermediate_to));
 
@@ -743,7 +764,10 @@ nlohmann::json to_json(const LoadConfig& c) {
            {"draft", c.model.draft},
            {"switch_w13", c.model.switch_w13},
            {"eplb_map", c.model.eplb_map},
-           {"fuse_shared_experts", c.model.fuse_shared_experts},
+           {"fuse_shared_experts", c.model.fuse_shared_experts
+                                       ? nlohmann::json(*c.model.fuse_shared_experts)
+                                       : nlohmann::json("auto")},
+           {"unaligned_tp", c.model.unaligned_tp == models::Unaligned::kPad ? "pad" : "refuse"},
            {"pad_moe_intermediate_to", c.model.pad_moe_intermediate_to},
        }},
       {"parallel",

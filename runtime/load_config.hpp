@@ -29,6 +29,7 @@
 #include "common/dtype.hpp"
 #include "io/discover.hpp"
 #include "io/reader.hpp"
+#include "models/model.hpp"
 
 namespace ferry::runtime {
 
@@ -39,8 +40,14 @@ struct ModelConfig {
   bool draft = false;          // load the draft (speculative) model's weights instead
   bool switch_w13 = false;     // swap the gate (w1) and up (w3) halves of fused MLPs
   std::string eplb_map;        // expert-placement (EPLB) map file; "" = identity
-  bool fuse_shared_experts = false;  // fold shared experts into the routed expert tensor
-  int pad_moe_intermediate_to = 0;   // round MoE intermediate size up to this multiple; 0 = off
+  // Fold the shared expert into the routed experts: nullopt = "auto" (SGLang's
+  // decision on an NVIDIA GPU with default options), true (refused where auto would
+  // not fuse) or false.
+  std::optional<bool> fuse_shared_experts;
+  int pad_moe_intermediate_to = 0;  // round MoE intermediate size up to this multiple; 0 = off
+  // Sizes tp does not divide: "refuse" (as SGLang asserts on GPU) or "pad" (zeros,
+  // as SGLang's CPU path does).
+  models::Unaligned unaligned_tp = models::Unaligned::kRefuse;
   bool operator==(const ModelConfig&) const = default;
 };
 

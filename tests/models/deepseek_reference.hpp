@@ -92,9 +92,21 @@ struct Layout {
   int pp = 1;
   int pp_rank = 0;
   bool draft = false;
-  bool fuse_shared = false;
+  bool fuse_shared = false;  // the decision: sglang::fuses_shared_experts, or the option
   bool switch_w13 = false;
+  bool pad = false;  // model.unaligned_tp=pad
 };
+
+// SGLang's determine_num_fused_shared_experts for these dims and layout.
+inline bool sglang_fuses(const Dims& d, const Layout& l) {
+  return sglang::fuses_shared_experts(d.arch, d.E, d.n_shared, l.ep);
+}
+
+// An intermediate size under model.unaligned_tp=pad: a multiple of T * 32 (SGLang's
+// update_intermediate_size on CPU); unchanged without pad.
+inline std::uint64_t padded_inter(std::uint64_t inter, std::uint64_t T, bool pad) {
+  return !pad || inter % (T * 32) == 0 ? inter : (inter + T * 32 - 1) / (T * 32) * (T * 32);
+}
 
 // Layers [begin, end) of the stage.
 inline std::pair<std::uint64_t, std::uint64_t> stage_layers(const Dims& d, const Layout& l) {
@@ -169,17 +181,6 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     put(param, c == 1 ? std::vector<std::uint64_t>{r} : std::vector<std::uint64_t>{r, c},
         std::move(v), f32);
   };
-  // Columns [c0, c0 + n) of every row of a [r, c] tensor.
-  auto cols = [&](const std::string& tensor, std::uint64_t r, std::uint64_t c, std::uint64_t c0,
-                  std::uint64_t n) {
-    std::vector<float> v;
-    for (std::uint64_t i = 0; i < r; ++i) {
-      for (std::uint64_t j = 0; j < n; ++j) {
-        v.push_back(value(tensor, i * c + c0 + j));
-      }
-    }
-    return v;
-  };
   auto vocab = [&](const std::string& param, const std::string& tensor) {
     const std::uint64_t padded = (d.V + 63) / 64 * 64;
     const std::uint64_t per = padded / T;
@@ -194,14 +195,37 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     }
     put(param, {per, H}, std::move(v));
   };
-  // gate_up [2*n, H] = this rank's gate rows then up rows; down [H, n] = its columns.
+  // Rows [r0, r0 + n) as `rows`, with zeros for rows at or past `real`.
+  auto padded_rows = [&](std::vector<float>& dst, const std::string& name, std::uint64_t c,
+                         std::uint64_t real, std::uint64_t r0, std::uint64_t n) {
+    for (std::uint64_t r = r0; r < r0 + n; ++r) {
+      if (r < real) {
+        rows(dst, name, c, r, 1);
+      } else {
+        dst.insert(dst.end(), c, 0.0f);
+      }
+    }
+  };
+  // Columns [c0, c0 + n) of a [r, real] tensor, zeros at or past `real`.
+  auto padded_cols = [&](const std::string& tensor, std::uint64_t r, std::uint64_t real,
+                         std::uint64_t c0, std::uint64_t n) {
+    std::vector<float> v;
+    for (std::uint64_t i = 0; i < r; ++i) {
+      for (std::uint64_t j = c0; j < c0 + n; ++j) {
+        v.push_back(j < real ? value(tensor, i * real + j) : 0.0f);
+      }
+    }
+    return v;
+  };
+  // gate_up [2*n, H] = this rank's gate rows then up rows; down [H, n] = its columns
+  // (of the padded width under pad).
   auto mlp = [&](const std::string& p, const std::string& t, std::uint64_t inter) {
-    const std::uint64_t n = inter / T;
+    const std::uint64_t n = padded_inter(inter, T, l.pad) / T;
     std::vector<float> gu;
-    rows(gu, t + "gate_proj.weight", H, R * n, n);
-    rows(gu, t + "up_proj.weight", H, R * n, n);
+    padded_rows(gu, t + "gate_proj.weight", H, inter, R * n, n);
+    padded_rows(gu, t + "up_proj.weight", H, inter, R * n, n);
     put(p + "gate_up_proj.weight", {2 * n, H}, std::move(gu));
-    put(p + "down_proj.weight", {H, n}, cols(t + "down_proj.weight", H, inter, R * n, n));
+    put(p + "down_proj.weight", {H, n}, padded_cols(t + "down_proj.weight", H, inter, R * n, n));
   };
 
   auto attention = [&](const std::string& p, const std::string& t) {
@@ -213,7 +237,7 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
       const std::uint64_t hd = d.head_dim;
       std::uint64_t heads = d.heads;
       std::uint64_t kv = d.kv_heads;
-      if (heads % T != 0 || (kv >= T ? kv % T != 0 : T % kv != 0)) {
+      if (l.pad && (heads % T != 0 || kv % T != 0)) {
         kv = (d.kv_heads + T - 1) / T * T;
         heads = kv * (d.heads / d.kv_heads);
       }
@@ -343,7 +367,7 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
       full(p + "gate.e_score_correction_bias", t + "gate.e_score_correction_bias", d.E, 1, true);
     }
     const std::uint64_t moe_tp = T / static_cast<std::uint64_t>(l.ep);
-    const std::uint64_t il = d.moe_I / moe_tp;
+    const std::uint64_t il = padded_inter(d.moe_I, T, l.pad) / moe_tp;
     const std::uint64_t mr = R % moe_tp;  // moe-tp rank
     std::vector<std::string> sources;     // checkpoint prefix per local slot
     for (std::uint64_t e : experts_of(d, l, rank)) {
@@ -357,9 +381,9 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     for (const std::string& s : sources) {
       const char* first = l.switch_w13 ? "up_proj" : "gate_proj";
       const char* second = l.switch_w13 ? "gate_proj" : "up_proj";
-      rows(w13, s + first + ".weight", H, mr * il, il);
-      rows(w13, s + second + ".weight", H, mr * il, il);
-      std::vector<float> down = cols(s + "down_proj.weight", H, d.moe_I, mr * il, il);
+      padded_rows(w13, s + first + ".weight", H, d.moe_I, mr * il, il);
+      padded_rows(w13, s + second + ".weight", H, d.moe_I, mr * il, il);
+      std::vector<float> down = padded_cols(s + "down_proj.weight", H, d.moe_I, mr * il, il);
       w2.insert(w2.end(), down.begin(), down.end());
     }
     const std::uint64_t slots = sources.size();
@@ -459,19 +483,39 @@ inline std::string expected_reason(const nlohmann::json& config, const Layout& l
       return "pp_stage";
     }
   }
-  if (rest.find("self_attn.indexer.") != std::string::npos) {
-    return "no_indexer";
-  }
   if (starts_with(rest, "mlp.experts.")) {
     const std::uint64_t e = std::stoull(rest.substr(12, rest.find('.', 12) - 12));
+    const auto T = static_cast<std::uint64_t>(l.tp);
+    const std::uint64_t moe_tp = T / static_cast<std::uint64_t>(l.ep);
+    const std::uint64_t il = padded_inter(d.moe_I, T, l.pad) / moe_tp;
+    bool owned = false;
     for (int r : ranks) {
       for (std::uint64_t mine : experts_of(d, l, r)) {
         if (mine == e) {
-          return "";
+          owned = true;
+          // A rank whose moe-tp share lies past the real width holds only zeros.
+          if (static_cast<std::uint64_t>(r) % moe_tp * il < d.moe_I) {
+            return "";
+          }
         }
       }
     }
-    return "remote_expert";
+    return owned ? "no_local_slice" : "remote_expert";
+  }
+  // A tensor-parallel MLP (a dense layer's, or the unfused shared experts') whose
+  // every local share lies past the real width under pad holds only zeros.
+  const bool shared = starts_with(rest, "mlp.shared_experts.");
+  if (shared || starts_with(rest, "mlp.gate_proj") || starts_with(rest, "mlp.up_proj") ||
+      starts_with(rest, "mlp.down_proj")) {
+    const auto T = static_cast<std::uint64_t>(l.tp);
+    const std::uint64_t inter = shared ? d.n_shared * d.moe_I : d.I;
+    const std::uint64_t n = padded_inter(inter, T, l.pad) / T;
+    for (int r : ranks) {
+      if (static_cast<std::uint64_t>(r) * n < inter) {
+        return "";
+      }
+    }
+    return "no_local_slice";
   }
   return "";
 }

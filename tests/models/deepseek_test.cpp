@@ -183,9 +183,10 @@ struct Case {
   int pp_rank = 0;
   std::vector<int> local;  // empty: all ranks
   bool draft = false;
-  bool fuse = false;
+  std::optional<bool> fuse;  // model.fuse_shared_experts; nullopt = auto (SGLang's rule)
   bool switch_w13 = false;
   std::optional<DType> param_dtype;
+  bool pad = false;  // model.unaligned_tp=pad
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -202,7 +203,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
     }
   }
   n += c.draft ? "_draft" : "";
-  n += c.fuse ? "_fused" : "";
+  n += c.fuse ? (*c.fuse ? "_fuse" : "_nofuse") : "";
+  n += c.pad ? "_tppad" : "";
   n += c.switch_w13 ? "_w31" : "";
   if (c.param_dtype) {
     n += "_to_" + std::string(dtype_name(*c.param_dtype));
@@ -230,6 +232,7 @@ TEST_P(DeepseekReference, EveryElementMatchesTheReference) {
   options.draft = c.draft;
   options.fuse_shared_experts = c.fuse;
   options.switch_w13 = c.switch_w13;
+  options.unaligned_tp = c.pad ? models::Unaligned::kPad : models::Unaligned::kRefuse;
   std::unique_ptr<models::Model> model = models::make_model(ck.config, layout, options);
   ASSERT_EQ(model->family(), c.family);
   const DType param_dtype = c.param_dtype.value_or(DType::kBF16);
@@ -240,7 +243,8 @@ TEST_P(DeepseekReference, EveryElementMatchesTheReference) {
     }
   }
   ASSERT_EQ(model->layout().local_ranks, local);
-  ds::Layout rl{c.tp, c.ep, c.pp, c.pp_rank, c.draft, c.fuse, c.switch_w13};
+  ds::Layout rl{c.tp, c.ep, c.pp, c.pp_rank, c.draft, false, c.switch_w13, c.pad};
+  rl.fuse_shared = c.fuse.value_or(ds::sglang_fuses(ds::dims_of(ck.config), rl));
 
   ParamBuffers buffers = make_buffers(*model);
   std::vector<models::Route> routes;
@@ -351,8 +355,12 @@ Case draft(Case c) {
   c.draft = true;
   return c;
 }
-Case fused(Case c) {
-  c.fuse = true;
+Case fuse(Case c, bool on) {
+  c.fuse = on;
+  return c;
+}
+Case padded(Case c) {
+  c.pad = true;
   return c;
 }
 Case up_first(Case c) {
@@ -384,8 +392,9 @@ std::vector<Case> cases() {
   // Draft (MTP) model, shared-expert folding, up-first w13, other param dtypes.
   out.push_back(draft(make_case("deepseek_v3", 1, 1)));
   out.push_back(draft(make_case("deepseek_v3", 4, 2)));
-  out.push_back(fused(make_case("deepseek_v3", 2, 2)));
-  out.push_back(on(draft(fused(make_case("deepseek_v3", 4, 4))), {1}));
+  // (tiny DeepSeek-V3 has 8 routed experts: SGLang never fuses it; GLM-4 MoE at
+  // ep 1 is where fusion is tested, below.)
+  out.push_back(fuse(make_case("deepseek_v3", 2, 1), false));
   out.push_back(up_first(make_case("deepseek_v3", 2, 1)));
   out.push_back(as(make_case("deepseek_v3", 2, 2), DType::kF32));
   out.push_back(as(draft(make_case("deepseek_v3", 4, 1)), DType::kF16));
@@ -396,8 +405,10 @@ std::vector<Case> cases() {
   out.push_back(make_case("deepseek_v3", 2, 2, "greedy"));
   // Uneven tp: 8 MLA heads padded to 16 at tp 16 (one head a rank; ranks 8..15 hold
   // zero heads, and the hook splits their zero kv_b_proj into zero w_kc / w_vc).
-  out.push_back(on(make_case("deepseek_v3", 16, 8), {7, 8, 15}));
-  out.push_back(on(draft(make_case("deepseek_v3", 16, 4, "no_q_lora")), {0, 9}));
+  // Under model.unaligned_tp=pad, with every intermediate size rounded up to a
+  // multiple of 16 * 32, so some ranks' expert shares are all zeros.
+  out.push_back(padded(on(make_case("deepseek_v3", 16, 8), {7, 8, 15})));
+  out.push_back(padded(on(draft(make_case("deepseek_v3", 16, 4, "no_q_lora")), {0, 9})));
   // Families whose synthetic checkpoints tools/synth.cpp provides.
   if (synth_has("deepseek_v2")) {
     out.push_back(make_case("deepseek_v2", 1, 1));
@@ -418,12 +429,16 @@ std::vector<Case> cases() {
     out.push_back(stage(make_case("glm4_moe", 2, 2), 2, 1));
     out.push_back(on(make_case("glm4_moe", 4, 2), {2, 1}));
     out.push_back(draft(make_case("glm4_moe", 2, 2)));
-    out.push_back(fused(make_case("glm4_moe", 2, 1)));
+    // GLM-4 MoE at ep 1: SGLang fuses the shared expert (the cases above at ep 1
+    // do so under auto); true agrees, false keeps it a tensor-parallel MLP.
+    out.push_back(fuse(make_case("glm4_moe", 2, 1), true));
+    out.push_back(fuse(make_case("glm4_moe", 2, 1), false));
+    out.push_back(draft(make_case("glm4_moe", 2, 1)));
     out.push_back(make_case("glm4_moe", 4, 2, "bias_norm"));
     // Uneven tp: 8 q / 2 kv heads padded to 64 / 16 at tp 16 (ranks 2..15 hold zero
     // heads; ranks 0 and 1 the real ones).
-    out.push_back(on(make_case("glm4_moe", 16, 8), {0, 1, 9}));
-    out.push_back(draft(on(make_case("glm4_moe", 16, 4), {1, 15})));
+    out.push_back(padded(on(make_case("glm4_moe", 16, 8), {0, 1, 9})));
+    out.push_back(padded(draft(on(make_case("glm4_moe", 16, 4), {1, 15}))));
   }
   return out;
 }
@@ -517,14 +532,20 @@ TEST(Deepseek, DraftModelNamesFollowSglangNextN) {
   EXPECT_EQ(target->hooks().size(), 2u);
 }
 
-TEST(Deepseek, IndexerTensorsAreDroppedAndRouterBiasStaysF32) {
-  const Ckpt ck = make_ckpt("deepseek_v3");
+TEST(Deepseek, TheIndexerIsRefusedNotDroppedAndRouterBiasStaysF32) {
+  Ckpt ck = make_ckpt("deepseek_v3");
   models::ModelOptions options;
   options.dtype = DType::kF16;
+  // Without index_topk an indexer tensor is no parameter's: unmapped, never dropped.
   auto m = models::make_model(ck.config, models::ParallelLayout{}, options);
   auto r = m->route(tensor_info("model.layers.1.self_attn.indexer.wk.weight", DType::kBF16, {4}));
-  EXPECT_EQ(r.kind, models::RouteKind::kDropped);
-  EXPECT_EQ(r.reason, "no_indexer");
+  EXPECT_EQ(r.kind, models::RouteKind::kUnmapped);
+  EXPECT_EQ(r.reason, "unknown_name");
+  // DeepSeek-V3.2 (index_topk set) is refused until the indexer has parameters.
+  Ckpt v32 = ck;
+  v32.config["index_topk"] = 2048;
+  expect_error([&] { models::make_model(v32.config, {}); }, Stage::kMapping,
+               "index_topk (DeepSeek-V3.2's sparse-attention indexer) is not supported yet");
   const auto& shell = m->shells()[0];
   EXPECT_EQ(shell.params[shell.by_name.at("model.layers.1.mlp.gate.e_score_correction_bias")].dtype,
             DType::kF32);
@@ -606,8 +627,13 @@ TEST(DeepseekUneven, MlaHeadsTpDoesNotDivideArePadded) {
   ck.config["num_attention_heads"] = 6;
   models::ParallelLayout l;
   l.tp = 4;
-  // 6 heads padded to 8: 2 a rank; ranks 0-2 real heads 0..5, rank 3 zeros.
-  auto m = models::make_model(ck.config, l);
+  // Refused by default (SGLang's DeepseekV2AttentionMLA asserts heads % tp == 0).
+  expect_error([&] { models::make_model(ck.config, l); }, Stage::kPlacement,
+               "num_attention_heads (6) is not divisible by tensor parallel size 4");
+  // Under pad, 6 heads padded to 8: 2 a rank; ranks 0-2 real heads 0..5, rank 3 zeros.
+  models::ModelOptions options;
+  options.unaligned_tp = models::Unaligned::kPad;
+  auto m = models::make_model(ck.config, l, options);
   const std::uint64_t qk = ck.config["qk_nope_head_dim"].get<std::uint64_t>() +
                            ck.config["qk_rope_head_dim"].get<std::uint64_t>();
   const std::uint64_t dv = ck.config["v_head_dim"].get<std::uint64_t>();
@@ -620,8 +646,9 @@ TEST(DeepseekUneven, MlaHeadsTpDoesNotDivideArePadded) {
   EXPECT_EQ(shape("w_kc")[0], 2u);
   EXPECT_EQ(shape("w_vc")[0], 2u);
   EXPECT_FALSE(m->fill_pieces().empty());
-  // The wrappers (strided params, hooks) pass the family's note on.
-  ASSERT_EQ(m->notes().size(), 1u);
+  // The wrappers (strided params, hooks) pass the family's notes on: the heads, and
+  // the intermediate sizes pad rounds up to multiples of 4 * 32.
+  ASSERT_FALSE(m->notes().empty());
   EXPECT_NE(m->notes()[0].find("num_attention_heads 6 (MLA); padded to 8 with zero heads"),
             std::string::npos)
       << m->notes()[0];
@@ -673,13 +700,25 @@ TEST(DeepseekErrors, WrongKvBProjShapeNamesTensorAndParam) {
       Stage::kPostProcess, "declares no such parameter");
 }
 
-TEST(DeepseekErrors, FusingTwoSharedExpertsIsRefused) {
+TEST(DeepseekErrors, FusingWhereSglangWouldNotIsRefused) {
   Ckpt ck = make_ckpt("deepseek_v3");
-  ck.config["n_shared_experts"] = 2;
   models::ModelOptions options;
   options.fuse_shared_experts = true;
+  // Tiny DeepSeek-V3 has 8 routed experts: not DeepSeek-V3/R1-shaped.
   expect_error([&] { models::make_model(ck.config, {}, options); }, Stage::kConfig,
-               "n_shared_experts is 2");
+               "model.fuse_shared_experts=true: SGLang fuses the shared expert only for "
+               "DeepSeek-V3/R1-shaped models");
+  ck.config["n_shared_experts"] = 2;
+  expect_error([&] { models::make_model(ck.config, {}, options); }, Stage::kConfig,
+               "with 8 routed and 2 shared");
+  // GLM-4 MoE fuses at ep 1 but not under expert parallelism.
+  const Ckpt glm = make_ckpt("glm4_moe");
+  models::ParallelLayout ep2;
+  ep2.tp = 2;
+  ep2.ep = 2;
+  expect_error([&] { models::make_model(glm.config, ep2, options); }, Stage::kConfig,
+               "does not fuse the shared expert under expert parallelism (ep 2)");
+  EXPECT_NO_THROW(models::make_model(glm.config, {}, options));
   options.fuse_shared_experts = false;
   auto m = models::make_model(ck.config, {}, options);  // unfused: a 2 * 32 wide MLP
   const auto& shell = m->shells()[0];

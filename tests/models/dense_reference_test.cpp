@@ -34,6 +34,9 @@ struct Case {
   std::uint64_t inter = 0;
   // Non-zero: num_key_value_heads instead of tiny's 2 (of 8 q heads).
   std::uint64_t kv_heads = 0;
+  // model.unaligned_tp=pad: sizes tp does not divide are zero-padded as SGLang's
+  // CPU path does (without it such a layout is refused).
+  bool pad = false;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -61,6 +64,9 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   }
   if (c.kv_heads != 0) {
     name += "_kv" + std::to_string(c.kv_heads);
+  }
+  if (c.pad) {
+    name += "_pad";
   }
   return name;
 }
@@ -139,6 +145,7 @@ TEST_P(DenseReference, EveryElementMatchesTheReference) {
   layout.local_ranks = c.local;
   models::ModelOptions options;
   options.dtype = c.param_dtype;
+  options.unaligned_tp = c.pad ? models::Unaligned::kPad : models::Unaligned::kRefuse;
   std::unique_ptr<models::Model> model = models::make_model(ck.config, layout, options);
   ASSERT_EQ(model->family(), c.family);
   const DType param_dtype = c.param_dtype.value_or(c.ckpt_dtype);
@@ -157,6 +164,12 @@ TEST_P(DenseReference, EveryElementMatchesTheReference) {
   for (const std::string& name : ck.names) {
     const HostTensor& t = full.at(name);
     models::Route route = model->route(tensor_info(name, c.ckpt_dtype, t.shape));
+    if (name.find(".mlp.") != std::string::npos && name.ends_with(".bias")) {
+      // SGLang's Llama MLP has no biases, whatever mlp_bias says: dropped.
+      EXPECT_EQ(route.kind, models::RouteKind::kDropped) << name;
+      EXPECT_EQ(route.reason, "no_bias_param") << name;
+      continue;
+    }
     ASSERT_EQ(route.kind, models::RouteKind::kPlaced) << name << " " << route.reason;
     ASSERT_FALSE(route.pieces.empty()) << name;
     std::vector<std::byte> bytes = encode(t.values, c.ckpt_dtype);
@@ -180,7 +193,8 @@ TEST_P(DenseReference, EveryElementMatchesTheReference) {
   }
   EXPECT_TRUE(models::check_coverage(*model, routes).empty());
 
-  const RefConfig rc = ref_config(ck.config);
+  RefConfig rc = ref_config(ck.config);
+  rc.pad = c.pad;
   for (std::size_t i = 0; i < local.size(); ++i) {
     const models::RankShell& shell = model->shells()[i];
     ASSERT_EQ(shell.tp_rank, local[i]);
@@ -234,20 +248,30 @@ std::vector<Case> cases() {
   out.push_back({"llama", 8, {7, 0, 4}, true, DType::kF32, DType::kBF16, false});
   out.push_back({"qwen2", 2, {1}, false, DType::kBF16, std::nullopt, false});
   out.push_back({"qwen2", 8, {5}, true, DType::kBF16, DType::kF16, false});
-  // Llama with attention_bias and mlp_bias: qkv/o/gate_up/down biases.
+  // Llama with attention_bias and mlp_bias: qkv and o biases; the MLP biases are
+  // dropped (SGLang's LlamaMLP has none).
   out.push_back({"llama", 2, {}, false, DType::kBF16, std::nullopt, true});
   out.push_back({"llama", 8, {}, true, DType::kBF16, DType::kF32, true});
-  // Uneven tensor parallelism: heads and widths tp does not split are padded with
-  // zeros (8 q / 2 kv heads: 12 / 3 at tp 3, 24 / 6 at tp 6, 64 / 16 at tp 16; 8 q /
-  // 8 kv: 9 kv and q heads at tp 3; intermediate 200 or 256 at tp 3 -> 288, at tp 6
-  // -> 384; 200 at tp 16 -> 512).
-  out.push_back({"llama", 3, {}, false, DType::kBF16, std::nullopt, false, 960});
-  out.push_back({"qwen2", 3, {}, true, DType::kBF16, std::nullopt, false, 960, 200});
-  out.push_back({"llama", 3, {2, 0}, false, DType::kF32, DType::kBF16, true, 960, 200, 8});
-  out.push_back({"llama", 6, {}, false, DType::kBF16, std::nullopt, true, 1152});
-  out.push_back({"qwen2", 6, {5, 1}, false, DType::kF16, std::nullopt, false, 1152, 200});
-  out.push_back({"mistral", 16, {}, false, DType::kBF16, std::nullopt, false, 0, 200});
-  out.push_back({"llama", 16, {1, 12}, true, DType::kBF16, std::nullopt, true});
+  // Uneven tensor parallelism under model.unaligned_tp=pad, SGLang's CPU sizes
+  // (8 q / 2 kv heads: 12 / 3 at tp 3, 24 / 6 at tp 6, 64 / 16 at tp 16; 8 q / 8 kv:
+  // 9 kv and q heads at tp 3; intermediate 200 or 256 at tp 3 -> 288, at tp 6 ->
+  // 384; 200 at tp 16 -> 512, and 256 at tp 16 too, since it is not a multiple of
+  // 16 * 32).
+  auto pad = [](Case c) {
+    c.pad = true;
+    return c;
+  };
+  out.push_back(pad({"llama", 3, {}, false, DType::kBF16, std::nullopt, false, 960}));
+  out.push_back(pad({"qwen2", 3, {}, true, DType::kBF16, std::nullopt, false, 960, 200}));
+  out.push_back(pad({"llama", 3, {2, 0}, false, DType::kF32, DType::kBF16, true, 960, 200, 8}));
+  out.push_back(pad({"llama", 6, {}, false, DType::kBF16, std::nullopt, true, 1152}));
+  out.push_back(pad({"qwen2", 6, {5, 1}, false, DType::kF16, std::nullopt, false, 1152, 200}));
+  out.push_back(pad({"mistral", 16, {}, false, DType::kBF16, std::nullopt, false, 0, 200}));
+  out.push_back(pad({"llama", 16, {1, 12}, true, DType::kBF16, std::nullopt, true}));
+  // Under pad, layouts the GPU accepts are padded too when SGLang's CPU rule says
+  // so: 2 kv heads at tp 4 (replicated on GPU) become 4, with 16 q heads; tiny's
+  // intermediate 256 at tp 4 is a multiple of 128 and stays.
+  out.push_back(pad({"llama", 4, {}, false, DType::kBF16, std::nullopt, false}));
   out.push_back({"qwen2", 8, {}, false, DType::kBF16, std::nullopt, false, 0, 0, 8});
   return out;
 }

@@ -39,6 +39,7 @@ namespace ferry::testing {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::HasSubstr;
 
 // ---- the EPLB map parser ----------------------------------------------------------
@@ -188,7 +189,7 @@ struct Case {
   bool switch_w13 = false;
   std::uint64_t pad = 0;
   bool eplb = false;
-  bool fuse_shared = false;
+  bool unaligned_pad = false;  // model.unaligned_tp=pad
   bool fused_ckpt = false;
   int pp = 1;
   int pp_rank = 0;
@@ -216,8 +217,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   if (c.eplb) {
     n += "_eplb";
   }
-  if (c.fuse_shared) {
-    n += "_fuseshared";
+  if (c.unaligned_pad) {
+    n += "_tppad";
   }
   if (c.fused_ckpt) {
     n += "_fusedckpt";
@@ -295,7 +296,7 @@ std::size_t run_contract(const Case& c, const Ckpt& ck) {
   models::ModelOptions options;
   options.switch_w13 = c.switch_w13;
   options.pad_moe_intermediate_to = c.pad;
-  options.fuse_shared_experts = c.fuse_shared;
+  options.unaligned_tp = c.unaligned_pad ? models::Unaligned::kPad : models::Unaligned::kRefuse;
   moe_ref::Options ro;
   ro.tp = c.tp;
   ro.ep = c.ep;
@@ -303,7 +304,7 @@ std::size_t run_contract(const Case& c, const Ckpt& ck) {
   ro.pp_rank = c.pp_rank;
   ro.switch_w13 = c.switch_w13;
   ro.pad = c.pad;
-  ro.fuse_shared = c.fuse_shared;
+  ro.unaligned_pad = c.unaligned_pad;
   ro.fused_checkpoint = c.fused_ckpt;
   const moe_ref::Config rc = moe_ref::read_config(ck.config);
   if (c.eplb) {
@@ -341,7 +342,11 @@ std::size_t run_contract(const Case& c, const Ckpt& ck) {
       expected_drop = "last_stage_only";
     } else if (layer && expert_of(name) &&
                !moe_ref::expert_is_local(rc, ro, *layer, *expert_of(name), local)) {
-      expected_drop = "remote_expert";
+      // Held by no local rank, or only by ranks whose share is padding.
+      ro.unaligned_pad = false;
+      const bool owned = moe_ref::expert_is_local(rc, ro, *layer, *expert_of(name), local);
+      ro.unaligned_pad = c.unaligned_pad;
+      expected_drop = owned ? "no_local_slice" : "remote_expert";
     }
     if (!expected_drop.empty()) {
       EXPECT_EQ(route.kind, models::RouteKind::kDropped) << name;
@@ -473,54 +478,47 @@ std::vector<Case> contract_cases() {
                    .switch_w13 = true,
                    .pad = 128,
                    .eplb = true,
-                   .fuse_shared = true,
                    .dtype = DType::kF32});
     // Pipeline stages: only the stage's layers, edges on the first / last stage.
     out.push_back({.family = family, .tp = 2, .ep = 2, .pp = 2, .pp_rank = 1});
     out.push_back({.family = family, .tp = 2, .ep = 1, .eplb = true, .pp = 2, .pp_rank = 0});
   }
-  // Uneven tensor parallelism: 8 q / 2 kv heads padded to 12 / 3 at tp 3 (rank 2's
-  // heads are zeros) and to 24 / 6 at tp 6, 64 / 16 at tp 16; expert widths 64
-  // (Mixtral: 128) that moe_tp 3 does not split padded to 96 (192); the dense and
-  // shared-expert MLPs of Qwen2-MoE likewise over tp.
+  // Uneven tensor parallelism under model.unaligned_tp=pad, SGLang's CPU sizes:
+  // 8 q / 2 kv heads padded to 12 / 3 at tp 3 (rank 2's heads are zeros), 24 / 6 at
+  // tp 6 and 64 / 16 at tp 16; every intermediate size (the experts' 64, Mixtral's
+  // 128, Qwen2-MoE's dense and shared MLPs) rounded up to a multiple of tp * 32 and
+  // the experts' split by moe_tp.
   for (const char* f : {"mixtral", "qwen3_moe", "qwen2_moe"}) {
     const std::string family = f;
-    out.push_back({.family = family, .tp = 3, .ep = 1, .vocab = 960});
-    out.push_back({.family = family, .tp = 3, .ep = 1, .local = {2, 0}, .pad = 128,
+    out.push_back({.family = family, .tp = 3, .ep = 1, .unaligned_pad = true, .vocab = 960});
+    out.push_back({.family = family,
+                   .tp = 3,
+                   .ep = 1,
+                   .local = {2, 0},
+                   .pad = 128,
+                   .unaligned_pad = true,
                    .vocab = 960});
-    out.push_back({.family = family, .tp = 6, .ep = 2, .switch_w13 = true, .vocab = 1152});
-    out.push_back({.family = family, .tp = 16, .ep = 8, .local = {0, 5, 15}});
+    out.push_back({.family = family,
+                   .tp = 6,
+                   .ep = 2,
+                   .switch_w13 = true,
+                   .unaligned_pad = true,
+                   .vocab = 1152});
+    out.push_back(
+        {.family = family, .tp = 16, .ep = 8, .local = {0, 5, 15}, .unaligned_pad = true});
+    // Even layouts under pad: 2 kv heads at tp 4 become 4 (16 q heads), and the
+    // experts' 64 becomes 128.
+    out.push_back({.family = family, .tp = 4, .ep = 2, .unaligned_pad = true});
   }
-  out.push_back({.family = "qwen2_moe", .tp = 6, .ep = 2, .fuse_shared = true, .vocab = 1152});
   out.push_back({.family = "qwen2_moe",
                  .tp = 3,
                  .ep = 1,
                  .eplb = true,
+                 .unaligned_pad = true,
                  .fused_ckpt = true,
                  .pp = 2,
                  .pp_rank = 1,
                  .vocab = 960});
-  // Qwen2-MoE's shared expert folded in as one more slot.
-  for (int tp : {1, 2, 4}) {
-    for (int ep : {1, 2, 4}) {
-      if (tp % ep == 0) {
-        out.push_back({.family = "qwen2_moe", .tp = tp, .ep = ep, .fuse_shared = true});
-      }
-    }
-  }
-  out.push_back({.family = "qwen2_moe",
-                 .tp = 4,
-                 .ep = 4,
-                 .local = {2, 1},
-                 .switch_w13 = true,
-                 .pad = 128,
-                 .fuse_shared = true});
-  out.push_back({.family = "qwen2_moe",
-                 .tp = 2,
-                 .ep = 2,
-                 .eplb = true,
-                 .fuse_shared = true,
-                 .fused_ckpt = true});
   return out;
 }
 
@@ -619,15 +617,26 @@ TEST(MoeQwen2Shared, AWiderSharedExpertIsATensorParallelMlp) {
     SCOPED_TRACE("tp " + std::to_string(tp) + " ep " + std::to_string(ep));
     EXPECT_GT(run_contract({.family = "qwen2_moe", .tp = tp, .ep = ep}, ck), 0u);
   }
-  // Folding it in would need the routed experts' width.
+  // SGLang never folds Qwen2-MoE's gated shared expert into the routed experts:
+  // asking for it is refused, at any width and layout.
   models::ParallelLayout layout;
   layout.tp = 2;
   models::ModelOptions options;
   options.fuse_shared_experts = true;
-  EXPECT_THAT(
-      error_of(Stage::kConfig, [&] { models::make_model(ck.config, layout, options); }),
-      AllOf(HasSubstr("fuse_shared_experts"), HasSubstr("shared_expert_intermediate_size (128)"),
-            HasSubstr("moe_intermediate_size (64)")));
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(ck.config, layout, options); }),
+              AllOf(HasSubstr("model.fuse_shared_experts=true"), HasSubstr("Qwen2MoeForCausalLM"),
+                    HasSubstr("never fuses")));
+  // Families without shared experts refuse it too, rather than ignore it.
+  for (const char* family : {"mixtral", "qwen3_moe"}) {
+    Ckpt other = synth_ckpt(family, false);
+    EXPECT_THAT(
+        error_of(Stage::kConfig, [&] { models::make_model(other.config, layout, options); }),
+        HasSubstr("has no shared experts"))
+        << family;
+    options.fuse_shared_experts = false;
+    EXPECT_NO_THROW(models::make_model(other.config, layout, options)) << family;
+    options.fuse_shared_experts = true;
+  }
 }
 
 TEST(MoeQwen3, AttentionBiasAddsQkvAndOBiases) {
@@ -759,11 +768,15 @@ TEST(MoeUneven, AnIntermediateMoeTpDoesNotSplitIsPaddedPerShare) {
   qwen["moe_intermediate_size"] = 100;
   const std::string w13 = "model.layers.0.mlp.experts.w13_weight";
   const std::string w2 = "model.layers.0.mlp.experts.w2_weight";
-  // moe_tp 8: 100 padded to 256 (a multiple of 8 * 32), 32 rows a share; with
-  // pad_moe_intermediate_to 128 each share is 128 wide.
+  // Refused by default: SGLang's FusedMoE asserts that moe_tp divides it.
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(qwen, ep_layout(8, 1)); }),
+              AllOf(HasSubstr("moe_intermediate_size (100)"), HasSubstr("model.unaligned_tp")));
+  // Under pad, moe_tp 8: 100 padded to 256 (a multiple of 8 * 32), 32 rows a share;
+  // with pad_moe_intermediate_to 128 each share is 128 wide.
   for (std::uint64_t pad : {0u, 128u}) {
     models::ModelOptions options;
     options.pad_moe_intermediate_to = pad;
+    options.unaligned_tp = models::Unaligned::kPad;
     auto m = models::make_model(qwen, ep_layout(8, 1), options);
     const std::uint64_t share = pad == 0 ? 32 : 128;
     for (const models::RankShell& shell : m->shells()) {
@@ -772,9 +785,10 @@ TEST(MoeUneven, AnIntermediateMoeTpDoesNotSplitIsPaddedPerShare) {
     }
     // Ranks 4..7 hold no real rows: their shares are all fill.
     EXPECT_FALSE(m->fill_pieces().empty());
-    ASSERT_EQ(m->notes().size(), 1u);
-    EXPECT_THAT(m->notes()[0], AllOf(HasSubstr("moe_intermediate_size 100; padded to 256"),
-                                     HasSubstr("of the moe-tp ranks (tp rank % (tp / ep)), 4..7 hold")));
+    // (Pad also pads tiny's 2 kv heads to 8: a note of its own.)
+    EXPECT_THAT(m->notes(),
+                Contains(AllOf(HasSubstr("moe_intermediate_size 100; padded to 256"),
+                               HasSubstr("of the moe-tp ranks (tp rank % (tp / ep)), 4..7 hold"))));
   }
   // moe_tp = 8 / 2 = 4 divides 100: 25 rows a share, no padding.
   auto even = models::make_model(qwen, ep_layout(8, 2));

@@ -13,6 +13,7 @@ namespace ferry::testing {
 namespace {
 
 using ::testing::AllOf;
+using ::testing::Contains;
 using ::testing::HasSubstr;
 
 nlohmann::json llama_config() {
@@ -134,16 +135,31 @@ TEST(MakeModel, ParamDtypeComesFromTheConfigOrTheOptions) {
   const auto& p = param(*m, "model.norm.weight");
   EXPECT_EQ(p.dtype, DType::kF32);
   EXPECT_EQ(p.nbytes, 128u * 4u);
-  // Newer transformers write "dtype".
-  c.erase("torch_dtype");
+  // SGLang's _get_and_verify_dtype for "auto" (python/sglang/srt/configs/
+  // model_config.py at 001adf564fd3): config.dtype first (newer transformers), then
+  // torch_dtype; float32, missing or unknown load as float16, or bfloat16 for a
+  // model_type starting with "gemma"; bfloat16 and float16 as given.
+  auto dtype_of = [&](const nlohmann::json& config) {
+    return param(*models::make_model(config, {}), "model.norm.weight").dtype;
+  };
+  c["torch_dtype"] = "bfloat16";
+  EXPECT_EQ(dtype_of(c), DType::kBF16);
+  c["dtype"] = "float16";  // wins over torch_dtype
+  EXPECT_EQ(dtype_of(c), DType::kF16);
   c["dtype"] = "float32";
-  EXPECT_EQ(param(*models::make_model(c, {}), "model.norm.weight").dtype, DType::kF32);
+  EXPECT_EQ(dtype_of(c), DType::kF16);
+  c["model_type"] = "gemma2";
+  EXPECT_EQ(dtype_of(c), DType::kBF16);
+  c["model_type"] = "llama";
   c.erase("dtype");
-  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}); }),
-              HasSubstr("torch_dtype"));
-  EXPECT_NO_THROW(models::make_model(c, {}, o));
+  c.erase("torch_dtype");
+  EXPECT_EQ(dtype_of(c), DType::kF16);  // missing
   c["torch_dtype"] = "int8";
-  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}); }), HasSubstr("\"int8\""));
+  EXPECT_EQ(dtype_of(c), DType::kF16);  // unknown: as float32
+  c["torch_dtype"] = 16;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}); }),
+              HasSubstr("'torch_dtype' must be a string"));
+  EXPECT_EQ(param(*models::make_model(c, {}, o), "model.norm.weight").dtype, DType::kF32);
 }
 
 TEST(MakeModel, ParseModelDtype) {
@@ -188,20 +204,30 @@ TEST(MakeModel, LayoutIsValidatedAndCompleted) {
 TEST(MakeModel, HeadsAndWidthsTpDoesNotSplitArePadded) {
   // (Every element of padded layouts is checked in dense_reference_test.cpp.)
   nlohmann::json c = llama_config();  // 8 q / 2 kv heads of 16, intermediate 256
-  // 8 heads over 16 ranks: kv heads padded to 16, q heads to 64; one kv head and
-  // 4 q heads a rank, and o_proj 4 heads wide.
-  auto m = models::make_model(c, tp_layout(16, {0, 15}));
+  // Refused by default, naming the field and the option.
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(c, tp_layout(16)); }),
+              AllOf(HasSubstr("num_attention_heads (8) is not divisible by tensor parallel "
+                              "size 16"),
+                    HasSubstr("model.unaligned_tp=pad")));
+  models::ModelOptions pad;
+  pad.unaligned_tp = models::Unaligned::kPad;
+  // Under pad, 8 heads over 16 ranks: kv heads padded to 16, q heads to 64; one kv
+  // head and 4 q heads a rank, and o_proj 4 heads wide.
+  auto m = models::make_model(c, tp_layout(16, {0, 15}), pad);
   EXPECT_EQ(param(*m, "model.layers.0.self_attn.qkv_proj.weight").shape,
             (models::Shape{(4 + 2) * 16, 128}));
   EXPECT_EQ(param(*m, "model.layers.0.self_attn.o_proj.weight", 1).shape,
             (models::Shape{128, 64}));
-  // The operator is told, once (not per layer).
-  ASSERT_EQ(m->notes().size(), 1u);
-  EXPECT_THAT(m->notes()[0],
-              AllOf(HasSubstr("16 tp ranks do not split num_attention_heads / num_key_value_heads "
-                              "8 / 2; padded to 64 / 16 with zero heads"),
-                    HasSubstr("of the tp ranks, 2..15 hold only zero heads")));
+  // The operator is told, once (not per layer): the heads, and the intermediate
+  // size 256, which is not a multiple of 16 * 32.
+  ASSERT_EQ(m->notes().size(), 2u);
+  EXPECT_THAT(m->notes(),
+              Contains(AllOf(HasSubstr("16 tp ranks do not split num_attention_heads / "
+                                       "num_key_value_heads 8 / 2; padded to 64 / 16 with zero "
+                                       "heads"),
+                             HasSubstr("of the tp ranks, 2..15 hold only zero heads"))));
   EXPECT_TRUE(models::make_model(c, tp_layout(2))->notes().empty());
+  EXPECT_TRUE(models::make_model(c, tp_layout(2), pad)->notes().empty());
   // The checkpoint must hold the real heads: a q_proj already padded is refused,
   // naming the shape the config implies.
   EXPECT_THAT(error_of(Stage::kPlacement,
@@ -212,26 +238,32 @@ TEST(MakeModel, HeadsAndWidthsTpDoesNotSplitArePadded) {
               AllOf(HasSubstr("Attempted to load weight"), HasSubstr("[128, 128]")));
   // intermediate 260 at tp 8: padded to 512 (a multiple of 8 * 32), 64 a rank.
   c["intermediate_size"] = 260;
-  m = models::make_model(c, tp_layout(8, {7}));
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(c, tp_layout(8)); }),
+              HasSubstr("intermediate_size (260) is not divisible by tensor parallel size 8"));
+  m = models::make_model(c, tp_layout(8, {7}), pad);
   EXPECT_EQ(param(*m, "model.layers.0.mlp.gate_up_proj.weight").shape,
             (models::Shape{2 * 64, 128}));
   EXPECT_EQ(param(*m, "model.layers.0.mlp.down_proj.weight").shape, (models::Shape{128, 64}));
-  ASSERT_EQ(m->notes().size(), 1u);
-  EXPECT_THAT(m->notes()[0], AllOf(HasSubstr("intermediate_size 260; padded to 512 with zero rows"),
-                                   HasSubstr("of the tp ranks, 5..7 hold only zero rows")));
+  EXPECT_THAT(m->notes(),
+              Contains(AllOf(HasSubstr("intermediate_size 260; padded to 512 with zero rows"),
+                             HasSubstr("of the tp ranks, 5..7 hold only zero rows"))));
 }
 
 TEST(MakeModel, ARankThatHoldsOnlyPaddedHeadsReadsNoAttentionTensor) {
-  // 8 q / 2 kv heads at tp 16: ranks 0 and 1 hold the real heads, rank 15 only
-  // padding. Its q/k/v/o tensors are dropped unread, its attention params are zero
+  // Under pad, 8 q / 2 kv heads at tp 16: ranks 0 and 1 hold the real heads, rank
+  // 15 only padding (and of the intermediate size 256, padded to 512, only zero
+  // rows). Its attention and MLP tensors are dropped unread, those params are zero
   // fills, and nothing is left unfilled.
   SynthCase ck = tiny_case("llama", DType::kBF16, false);
-  auto m = models::make_model(ck.config, tp_layout(16, {15}));
+  models::ModelOptions pad;
+  pad.unaligned_tp = models::Unaligned::kPad;
+  auto m = models::make_model(ck.config, tp_layout(16, {15}), pad);
   std::vector<models::Route> routes;
   for (const std::string& name : ck.names) {
     models::Route r = m->route(tensor_info(name, DType::kBF16, ck.shapes.at(name)));
-    const bool attention = name.find("self_attn.") != std::string::npos;
-    if (attention) {
+    const bool padding_only =
+        name.find("self_attn.") != std::string::npos || name.find(".mlp.") != std::string::npos;
+    if (padding_only) {
       EXPECT_EQ(r.kind, models::RouteKind::kDropped) << name;
       EXPECT_EQ(r.reason, "no_local_slice") << name;
     } else {
@@ -254,8 +286,11 @@ TEST(MakeModel, ARankThatHoldsOnlyPaddedHeadsReadsNoAttentionTensor) {
 
 TEST(MakeModel, SplitsThatCannotBePaddedAreRefused) {
   nlohmann::json c = llama_config();
-  // The vocabulary is padded to a multiple of 64 (1024 here), not further.
-  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(c, tp_layout(3)); }),
+  // The vocabulary is padded to a multiple of 64 (1024 here), not further, even
+  // under pad.
+  models::ModelOptions pad;
+  pad.unaligned_tp = models::Unaligned::kPad;
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(c, tp_layout(3), pad); }),
               HasSubstr("padded vocab_size (1024) is not divisible by tensor parallel size 3"));
   // Heads that make no attention.
   c["num_key_value_heads"] = 3;

@@ -14,17 +14,19 @@
 //   - experts: moe_tp = T / ep; rank R is ep rank R / moe_tp and moe-tp rank
 //     R % moe_tp; with P physical slots (E without EPLB), ep rank e holds slots
 //     [e*P/ep, (e+1)*P/ep), slot s holding the logical expert whose EPLB list names
-//     physical id e*P/ep + s (without EPLB: expert e*P/ep + s); then, with a fused
-//     shared expert, one slot for it. w13[s] is [gate | up] (up first with
+//     physical id e*P/ep + s (without EPLB: expert e*P/ep + s). (SGLang never fuses
+//     these families' shared experts.) w13[s] is [gate | up] (up first with
 //     switch_w13), each half I_pad rows: rows j < I/moe_tp are expert rows
 //     (R % moe_tp) * I/moe_tp + j, the rest zero; w2[s] is [H, I_pad] with columns
 //     (R % moe_tp) * I/moe_tp + k, the rest zero;
-//   - uneven tensor parallelism (SGLang's unaligned-TP padding): when T does not
-//     split the heads (q % T, or kv neither divisible by T nor dividing it), kv heads
-//     are padded to a multiple of T and q heads to padded kv * (q / kv); an
-//     intermediate size I that n ranks (T, or moe_tp for experts) do not divide is
-//     padded to a multiple of n * 32; shares are cut from the padded sizes and every
-//     head, row or column past the real size is zero.
+//   - uneven tensor parallelism, only with model.unaligned_tp=pad (SGLang's CPU
+//     rule, adjust_config_with_unaligned_cpu_tp in python/sglang/srt/configs/
+//     update_config.py at 041d7c58cca7): when q % T or kv % T is not 0, kv heads
+//     are padded to a multiple of T and q heads to padded kv * (q / kv); every
+//     intermediate size (dense, shared and the experts') not a multiple of T * 32
+//     is padded to one; shares are cut from the padded sizes (the experts' by
+//     moe_tp) and every head, row or column past the real size is zero. Without
+//     pad nothing is padded.
 #pragma once
 
 #include <algorithm>
@@ -48,8 +50,8 @@ struct Options {
   int pp = 1;
   int pp_rank = 0;
   bool switch_w13 = false;
-  std::uint64_t pad = 0;     // pad_moe_intermediate_to (0 = off)
-  bool fuse_shared = false;  // Qwen2-MoE's shared expert as one more slot
+  std::uint64_t pad = 0;       // pad_moe_intermediate_to (0 = off)
+  bool unaligned_pad = false;  // model.unaligned_tp=pad
   // EPLB: the physical slot count and, per layer, each logical expert's physical
   // ids. An empty map is the identity (P = E).
   std::uint64_t physical = 0;
@@ -167,6 +169,17 @@ inline std::vector<std::uint64_t> physical_ids(const Options& o, std::uint64_t l
 }
 
 // Whether any of `ranks` (tp ranks) holds a replica of logical expert x of layer l.
+// Whether tp rank `rank`'s moe-tp share of the experts' intermediate size holds any
+// real row: under unaligned pad, I is rounded up to a multiple of T * 32 before
+// moe_tp splits it, so the last moe-tp ranks may hold only zeros.
+inline bool holds_real_rows(const Config& c, const Options& o, int rank) {
+  const auto T = static_cast<std::uint64_t>(o.tp);
+  const std::uint64_t moe_tp = T / static_cast<std::uint64_t>(o.ep);
+  const std::uint64_t padded =
+      !o.unaligned_pad || c.I % (T * 32) == 0 ? c.I : (c.I + T * 32 - 1) / (T * 32) * (T * 32);
+  return static_cast<std::uint64_t>(rank) % moe_tp * (padded / moe_tp) < c.I;
+}
+
 inline bool expert_is_local(const Config& c, const Options& o, std::uint64_t layer, std::uint64_t x,
                             const std::vector<int>& ranks) {
   const std::uint64_t P = o.eplb.empty() ? c.E : o.physical;
@@ -174,6 +187,9 @@ inline bool expert_is_local(const Config& c, const Options& o, std::uint64_t lay
   const int moe_tp = o.tp / o.ep;
   for (int r : ranks) {
     const auto ep_rank = static_cast<std::uint64_t>(r / moe_tp);
+    if (!holds_real_rows(c, o, r)) {
+      continue;  // its moe-tp share of the (padded) intermediate size is all zeros
+    }
     for (std::uint64_t p : physical_ids(o, layer, x)) {
       if (p >= ep_rank * per && p < (ep_rank + 1) * per) {
         return true;
@@ -227,14 +243,14 @@ inline std::map<std::string, Tensor> reference_rank(const nlohmann::json& config
     }
     return t;
   };
-  // An intermediate size as n ranks split it: padded to a multiple of n * 32 when n
-  // does not divide it.
-  auto padded_inter = [](std::uint64_t inter, std::uint64_t n) {
-    return inter % n == 0 ? inter : (inter + n * 32 - 1) / (n * 32) * (n * 32);
+  // An intermediate size under pad: a multiple of T * 32.
+  auto padded_inter = [&](std::uint64_t inter) {
+    return !o.unaligned_pad || inter % (T * 32) == 0 ? inter
+                                                     : (inter + T * 32 - 1) / (T * 32) * (T * 32);
   };
   // A tensor-parallel gated MLP of width `inter` under checkpoint/param prefix `p`.
   auto dense_mlp = [&](const std::string& p, std::uint64_t inter) {
-    const std::uint64_t il = padded_inter(inter, T) / T;
+    const std::uint64_t il = padded_inter(inter) / T;
     Tensor gu{{2 * il, H}, {}};
     rows(gu.values, p + "gate_proj.weight", inter, H, R * il, il);
     rows(gu.values, p + "up_proj.weight", inter, H, R * il, il);
@@ -273,11 +289,10 @@ inline std::map<std::string, Tensor> reference_rank(const nlohmann::json& config
     }
   }
 
-  // Heads, padded when T does not split them.
+  // Heads, padded under pad when q or kv heads are not multiples of T.
   std::uint64_t heads_p = c.heads;
   std::uint64_t kv_p = c.kv;
-  const bool even_heads = c.heads % T == 0 && (c.kv >= T ? c.kv % T == 0 : T % c.kv == 0);
-  if (!even_heads) {
+  if (o.unaligned_pad && (c.heads % T != 0 || c.kv % T != 0)) {
     kv_p = (c.kv + T - 1) / T * T;
     heads_p = kv_p * (c.heads / c.kv);
   }
@@ -289,27 +304,21 @@ inline std::map<std::string, Tensor> reference_rank(const nlohmann::json& config
   const std::uint64_t moe_tp = T / static_cast<std::uint64_t>(o.ep);
   const std::uint64_t ep_rank = R / moe_tp;
   const std::uint64_t mr = R % moe_tp;
-  const std::uint64_t il = padded_inter(c.I, moe_tp) / moe_tp;
+  const std::uint64_t il = padded_inter(c.I) / moe_tp;
   const std::uint64_t ip = o.pad == 0 ? il : (il + o.pad - 1) / o.pad * o.pad;
   const std::uint64_t P = o.eplb.empty() ? c.E : o.physical;
   const std::uint64_t per = P / static_cast<std::uint64_t>(o.ep);
-  const bool fused_shared = o.fuse_shared && c.shared_I > 0;
-  const std::uint64_t slots = per + (fused_shared ? 1 : 0);
+  const std::uint64_t slots = per;
   // One expert's three matrices: gate and up [I, H], down [H, I], row-major.
   struct ExpertView {
     const float* gate = nullptr;
     const float* up = nullptr;
     const float* down = nullptr;
   };
-  // Logical expert x of the MoE block `moe`; x == E is the shared expert.
+  // Logical expert x of the MoE block `moe`.
   auto expert_view = [&](const std::string& moe, std::uint64_t x) {
     ExpertView v;
-    if (x == c.E) {
-      const std::string s0 = moe + "shared_expert.";
-      v.gate = full(s0 + "gate_proj.weight", c.I * H).data();
-      v.up = full(s0 + "up_proj.weight", c.I * H).data();
-      v.down = full(s0 + "down_proj.weight", H * c.I).data();
-    } else if (o.fused_checkpoint) {
+    if (o.fused_checkpoint) {
       // gate_up_proj [E, 2I, H]: expert x's gate rows, then its up rows.
       const float* gu = full(moe + "experts.gate_up_proj", c.E * 2 * c.I * H).data();
       v.gate = gu + x * 2 * c.I * H;
@@ -368,7 +377,6 @@ inline std::map<std::string, Tensor> reference_rank(const nlohmann::json& config
     Tensor w13{{slots, 2 * ip, H}, {}};
     Tensor w2{{slots, H, ip}, {}};
     for (std::uint64_t sl = 0; sl < slots; ++sl) {
-      // slot_expert == E: the shared expert (the last slot).
       const ExpertView v = expert_view(moe, slot_expert[sl]);
       for (std::uint64_t j = 0; j < 2 * ip; ++j) {
         const bool first_half = j < ip;
@@ -389,9 +397,7 @@ inline std::map<std::string, Tensor> reference_rank(const nlohmann::json& config
     out[moe + "experts.w13_weight"] = std::move(w13);
     out[moe + "experts.w2_weight"] = std::move(w2);
     if (c.shared_I > 0) {
-      if (!fused_shared) {
-        dense_mlp(moe + "shared_expert.", c.shared_I);
-      }
+      dense_mlp(moe + "shared_expert.", c.shared_I);
       copy_full(moe + "shared_expert_gate.weight", {1, H});
     }
   }

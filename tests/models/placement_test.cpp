@@ -10,6 +10,7 @@
 namespace ferry::models {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string error_of(const std::function<void()>& fn) {
@@ -41,8 +42,8 @@ TEST(Placement, KvHeadsAreSplitOrReplicated) {
   }
   QkvShape wide{32, 8, 128};
   EXPECT_EQ(kv_heads_of_rank(wide, 1, 2), (Range{4, 4}));
-  EXPECT_EQ(qkv_local_rows(wide, 2), (16u + 8u) * 128u);
-  EXPECT_EQ(qkv_local_rows(s, 8), (1u + 2u) * 16u);
+  EXPECT_EQ(qkv_local_rows(wide, 2, Unaligned::kRefuse), (16u + 8u) * 128u);
+  EXPECT_EQ(qkv_local_rows(s, 8, Unaligned::kRefuse), (1u + 2u) * 16u);
 }
 
 TEST(Placement, CheckQkvRefusesHeadsThatMakeNoAttention) {
@@ -53,22 +54,63 @@ TEST(Placement, CheckQkvRefusesHeadsThatMakeNoAttention) {
   EXPECT_THAT(error_of([] { check_qkv({8, 0, 16}, 2); }), HasSubstr("> 0"));
   EXPECT_THAT(error_of([] { check_qkv({8, 2, 16}, 0); }), HasSubstr("does not exist"));
   EXPECT_NO_THROW(check_qkv({8, 2, 16}, 8));
-  // Any tp is fine now: heads tp does not split are padded.
+  // Whether tp splits them is padded_qkv's question.
   EXPECT_NO_THROW(check_qkv({28, 4, 128}, 8));
-  EXPECT_NO_THROW(check_qkv({12, 6, 64}, 4));
 }
 
-TEST(Placement, PaddedQkvKeepsEvenSplitsAndPadsTheRest) {
-  // Even splits and kv replication are left alone.
-  EXPECT_EQ(padded_qkv({32, 8, 128}, 8), (QkvShape{32, 8, 128}));
-  EXPECT_EQ(padded_qkv({8, 2, 16}, 8), (QkvShape{8, 2, 16}));
-  // Qwen2.5-7B at tp 8: 28 q / 4 kv heads -> 8 kv heads, 56 q heads (groups of 7).
-  EXPECT_EQ(padded_qkv({28, 4, 128}, 8), (QkvShape{56, 8, 128}));
-  // 32 q / 8 kv at tp 3 -> 9 kv heads, 36 q heads.
-  EXPECT_EQ(padded_qkv({32, 8, 128}, 3), (QkvShape{36, 9, 128}));
-  // kv heads 6 at tp 4: neither split nor replicated -> 8 kv, 16 q.
-  EXPECT_EQ(padded_qkv({12, 6, 64}, 4), (QkvShape{16, 8, 64}));
-  EXPECT_EQ(qkv_local_rows({28, 4, 128}, 8), (7u + 2u) * 128u);
+// Under refuse, exactly what SGLang's GPU path accepts (LlamaAttention.__init__ and
+// QKVParallelLinear in python/sglang/srt/models/llama.py at 00239548f1cd and
+// layers/linear.py at 0079fcc18b3e): q heads % tp == 0, and kv heads split
+// (kv % tp == 0) or replicated (tp % kv == 0).
+TEST(Placement, RefuseKeepsWhatTheGpuAcceptsAndNamesTheFieldAndTheOption) {
+  EXPECT_EQ(padded_qkv({32, 8, 128}, 8, Unaligned::kRefuse), (QkvShape{32, 8, 128}));
+  EXPECT_EQ(padded_qkv({8, 2, 16}, 8, Unaligned::kRefuse), (QkvShape{8, 2, 16}));  // replicated
+  EXPECT_EQ(padded_qkv({12, 2, 64}, 4, Unaligned::kRefuse), (QkvShape{12, 2, 64}));
+  EXPECT_THAT(error_of([] {
+                padded_qkv({28, 4, 128}, 8, Unaligned::kRefuse);
+              }),
+              AllOf(HasSubstr("num_attention_heads (28)"), HasSubstr("tensor parallel size 8"),
+                    HasSubstr("model.unaligned_tp=pad")));
+  EXPECT_THAT(error_of([] {
+                padded_qkv({12, 6, 64}, 4, Unaligned::kRefuse);
+              }),
+              AllOf(HasSubstr("num_key_value_heads (6"), HasSubstr("model.unaligned_tp")));
+  EXPECT_EQ(padded_intermediate(14336, 8, Unaligned::kRefuse, "intermediate_size"), 14336u);
+  EXPECT_EQ(padded_intermediate(1408, 8, Unaligned::kRefuse, "moe_intermediate_size"), 1408u);
+  EXPECT_THAT(
+      error_of([] { padded_intermediate(14336, 6, Unaligned::kRefuse, "intermediate_size"); }),
+      AllOf(HasSubstr("intermediate_size (14336)"), HasSubstr("model.unaligned_tp")));
+  EXPECT_EQ(padded_heads(128, 8, Unaligned::kRefuse, "num_attention_heads"), 128u);
+  EXPECT_THAT(error_of([] { padded_heads(20, 8, Unaligned::kRefuse, "num_attention_heads"); }),
+              HasSubstr("num_attention_heads (20)"));
+}
+
+// Under pad, SGLang's CPU rule (adjust_config_with_unaligned_cpu_tp and
+// update_intermediate_size, python/sglang/srt/configs/update_config.py at commit
+// 041d7c58cca73e3c137b551f91a396f02dfbcab2): when q or kv heads are not a multiple
+// of tp, kv heads are rounded up to one and q heads follow; an intermediate size
+// not a multiple of tp * 32 is rounded up to one. Worked by hand from that code.
+TEST(Placement, PadFollowsSglangsCpuTriggersAndSizes) {
+  EXPECT_EQ(padded_qkv({32, 8, 128}, 8, Unaligned::kPad), (QkvShape{32, 8, 128}));
+  // Qwen2.5-7B at tp 8: 28 q / 4 kv -> 56 / 8; at tp 3 -> 42 / 6.
+  EXPECT_EQ(padded_qkv({28, 4, 128}, 8, Unaligned::kPad), (QkvShape{56, 8, 128}));
+  EXPECT_EQ(padded_qkv({28, 4, 128}, 3, Unaligned::kPad), (QkvShape{42, 6, 128}));
+  // 12 q / 2 kv at tp 4: the GPU would replicate kv; the CPU rule pads to 24 / 4.
+  EXPECT_EQ(padded_qkv({12, 2, 64}, 4, Unaligned::kPad), (QkvShape{24, 4, 64}));
+  EXPECT_EQ(padded_qkv({8, 2, 16}, 8, Unaligned::kPad), (QkvShape{32, 8, 16}));
+  EXPECT_EQ(padded_qkv({12, 6, 64}, 4, Unaligned::kPad), (QkvShape{16, 8, 64}));
+  EXPECT_EQ(qkv_local_rows({28, 4, 128}, 8, Unaligned::kPad), (7u + 2u) * 128u);
+  // Qwen2.5-7B's 18944 is 74 * 256: unchanged at tp 8, 19008 at tp 3 (a multiple of 96).
+  EXPECT_EQ(padded_intermediate(18944, 8, Unaligned::kPad, "intermediate_size"), 18944u);
+  EXPECT_EQ(padded_intermediate(18944, 3, Unaligned::kPad, "intermediate_size"), 19008u);
+  // DeepSeek-V2-Lite's moe_intermediate_size 1408 at tp 8: tp divides it, but it is
+  // not a multiple of 256, so 1536.
+  EXPECT_EQ(padded_intermediate(1408, 8, Unaligned::kPad, "moe_intermediate_size"), 1536u);
+  EXPECT_EQ(padded_intermediate(14336, 6, Unaligned::kPad, "intermediate_size"), 14400u);
+  EXPECT_EQ(padded_intermediate(7, 1, Unaligned::kPad, "intermediate_size"), 32u);
+  EXPECT_THAT(error_of([] { padded_intermediate(64, 0, Unaligned::kPad, "x"); }),
+              HasSubstr("does not exist"));
+  EXPECT_EQ(padded_heads(20, 8, Unaligned::kPad, "num_attention_heads"), 24u);
 }
 
 TEST(Placement, PaddedQkvSlotsCopyRealHeadsAndZeroTheRest) {
@@ -76,53 +118,44 @@ TEST(Placement, PaddedQkvSlotsCopyRealHeadsAndZeroTheRest) {
   // and 1 kv head (rows: q 0..11, k 12..15, v 16..19).
   const QkvShape s{6, 2, 4};
   // Rank 1: q heads 3..5, kv head 1 -- all real.
-  PaddedShard q1 = qkv_slot(s, QkvSlot::kQ, 1, 4);
+  PaddedShard q1 = qkv_slot(s, QkvSlot::kQ, 1, 4, Unaligned::kPad);
   EXPECT_EQ(q1.copy.src_start, 12u);
   EXPECT_EQ(q1.copy.length, 12u);
   EXPECT_EQ(q1.zero.length, 0u);
-  PaddedShard v1 = qkv_slot(s, QkvSlot::kV, 1, 4);
+  PaddedShard v1 = qkv_slot(s, QkvSlot::kV, 1, 4, Unaligned::kPad);
   EXPECT_EQ(v1.copy.src_start, 4u);
   EXPECT_EQ(v1.copy.dst_start, 16u);
   EXPECT_EQ(v1.copy.length, 4u);
   // Rank 2: q heads 6..8 and kv head 2 -- all padding.
   for (QkvSlot slot : {QkvSlot::kQ, QkvSlot::kK, QkvSlot::kV}) {
-    PaddedShard p = qkv_slot(s, slot, 2, 4);
+    PaddedShard p = qkv_slot(s, slot, 2, 4, Unaligned::kPad);
     EXPECT_EQ(p.copy.length, 0u);
     EXPECT_EQ(p.zero.kind, Block::Kind::kZero);
   }
-  PaddedShard k2 = qkv_slot(s, QkvSlot::kK, 2, 4);
+  PaddedShard k2 = qkv_slot(s, QkvSlot::kK, 2, 4, Unaligned::kPad);
   EXPECT_EQ(k2.zero.dst_start, 12u);
   EXPECT_EQ(k2.zero.length, 4u);
   // 5 q / 5 kv heads at tp 2 (padded to 6 / 6): rank 1 holds q heads 3, 4 and a
   // zero head 5 in each slot.
-  PaddedShard q = qkv_slot({5, 5, 2}, QkvSlot::kQ, 1, 2);
+  PaddedShard q = qkv_slot({5, 5, 2}, QkvSlot::kQ, 1, 2, Unaligned::kPad);
   EXPECT_EQ(q.copy.src_start, 6u);
   EXPECT_EQ(q.copy.length, 4u);
   EXPECT_EQ(q.zero.dst_start, 4u);
   EXPECT_EQ(q.zero.length, 2u);
-  PaddedShard v = qkv_slot({5, 5, 2}, QkvSlot::kV, 1, 2);
+  PaddedShard v = qkv_slot({5, 5, 2}, QkvSlot::kV, 1, 2, Unaligned::kPad);
   EXPECT_EQ(v.copy.dst_start, 12u);
   EXPECT_EQ(v.zero.dst_start, 16u);
   EXPECT_EQ(v.zero.length, 2u);
-}
-
-TEST(Placement, PaddedIntermediateOnlyWhenTpDoesNotDivide) {
-  EXPECT_EQ(padded_intermediate(14336, 8), 14336u);
-  // 14336 % 6 != 0: padded to a multiple of 6 * 32 = 192.
-  EXPECT_EQ(padded_intermediate(14336, 6), 14400u);
-  EXPECT_EQ(padded_intermediate(100, 3), 192u);
-  EXPECT_EQ(padded_intermediate(7, 1), 7u);
-  EXPECT_THAT(error_of([] { padded_intermediate(64, 0); }), HasSubstr("does not exist"));
 }
 
 TEST(Placement, QkvSlotsFollowEachOther) {
   QkvShape s{8, 2, 16};
   // tp 2 rank 1: q heads 4..7 (rows 64..127) at 0, k head 1 (rows 16..31) at 64,
   // v head 1 at 80.
-  Block q = qkv_slot(s, QkvSlot::kQ, 1, 2).copy;
-  Block k = qkv_slot(s, QkvSlot::kK, 1, 2).copy;
-  Block v = qkv_slot(s, QkvSlot::kV, 1, 2).copy;
-  EXPECT_EQ(qkv_slot(s, QkvSlot::kQ, 1, 2).zero.length, 0u);
+  Block q = qkv_slot(s, QkvSlot::kQ, 1, 2, Unaligned::kRefuse).copy;
+  Block k = qkv_slot(s, QkvSlot::kK, 1, 2, Unaligned::kRefuse).copy;
+  Block v = qkv_slot(s, QkvSlot::kV, 1, 2, Unaligned::kRefuse).copy;
+  EXPECT_EQ(qkv_slot(s, QkvSlot::kQ, 1, 2, Unaligned::kRefuse).zero.length, 0u);
   EXPECT_EQ(q.src_start, 64u);
   EXPECT_EQ(q.dst_start, 0u);
   EXPECT_EQ(q.length, 64u);

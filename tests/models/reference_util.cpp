@@ -48,9 +48,9 @@ RefConfig ref_config(const nlohmann::json& config) {
   if (arch == "Qwen2ForCausalLM") {
     c.qkv_bias = true;
   } else {
-    c.qkv_bias = get_bool(config, "attention_bias");
+    // SGLang's LlamaDecoderLayer: attention_bias or bias; its MLP has no bias.
+    c.qkv_bias = get_bool(config, "attention_bias") || get_bool(config, "bias");
     c.o_bias = c.qkv_bias;
-    c.mlp_bias = get_bool(config, "mlp_bias");
   }
   return c;
 }
@@ -158,18 +158,25 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
   auto copy_full = [&](const std::string& name) { out[name] = at(ck, name); };
   copy_full("model.norm.weight");
 
-  // Uneven tensor parallelism (SGLang's unaligned-TP padding): when tp does not
-  // split the heads, kv heads are padded to a multiple of tp and q heads to
-  // padded kv * (heads / kv); an intermediate size tp does not divide is padded to a
-  // multiple of tp * 32. Heads, rows and columns past the real ones are zeros.
+  // Uneven tensor parallelism, with model.unaligned_tp=pad (c.pad): SGLang's CPU
+  // rule (adjust_config_with_unaligned_cpu_tp, python/sglang/srt/configs/
+  // update_config.py at 041d7c58cca7): when q or kv heads are not a multiple of tp,
+  // kv heads are padded to one and q heads to padded kv * (heads / kv); an
+  // intermediate size not a multiple of tp * 32 is padded to one. Heads, rows and
+  // columns past the real ones are zeros. Without pad, nothing is padded (the
+  // layouts the GPU accepts).
   std::uint64_t heads = c.heads;
   std::uint64_t kv_heads = c.kv_heads;
-  if (heads % tp != 0 || (kv_heads >= tp ? kv_heads % tp != 0 : tp % kv_heads != 0)) {
-    kv_heads = (c.kv_heads + tp - 1) / tp * tp;
-    heads = kv_heads * (c.heads / c.kv_heads);
+  std::uint64_t inter = c.inter;
+  if (c.pad) {
+    if (heads % tp != 0 || kv_heads % tp != 0) {
+      kv_heads = (c.kv_heads + tp - 1) / tp * tp;
+      heads = kv_heads * (c.heads / c.kv_heads);
+    }
+    if (inter % (tp * 32) != 0) {
+      inter = (c.inter + tp * 32 - 1) / (tp * 32) * (tp * 32);
+    }
   }
-  const std::uint64_t inter =
-      c.inter % tp == 0 ? c.inter : (c.inter + tp * 32 - 1) / (tp * 32) * (tp * 32);
 
   // Heads of this rank: q heads [rank*hq, (rank+1)*hq); kv heads split when there are
   // at least tp of them, else rank r holds kv head r / (tp / kv).
@@ -241,30 +248,20 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
     if (c.o_bias) {
       copy_full(p + "self_attn.o_proj.bias");
     }
-    // gate_up_proj: this rank's gate rows, then its up rows.
-    for (bool bias : {false, true}) {
-      if (bias && !c.mlp_bias) {
-        continue;
-      }
-      const std::string suffix = bias ? ".bias" : ".weight";
-      const std::uint64_t cols = bias ? 1 : H;
-      HostTensor t;
-      for (const char* src : {"gate_proj", "up_proj"}) {
-        const HostTensor& full = at(ck, p + "mlp." + src + suffix);
-        for (std::uint64_t i = 0; i < il; ++i) {
-          for (std::uint64_t j = 0; j < cols; ++j) {
-            const std::uint64_t row = rank * il + i;
-            t.values.push_back(row < c.inter ? elem(full, row, j) : 0.0f);
-          }
+    // gate_up_proj: this rank's gate rows, then its up rows (no biases).
+    HostTensor t;
+    for (const char* src : {"gate_proj", "up_proj"}) {
+      const HostTensor& full = at(ck, p + "mlp." + src + ".weight");
+      for (std::uint64_t i = 0; i < il; ++i) {
+        for (std::uint64_t j = 0; j < H; ++j) {
+          const std::uint64_t row = rank * il + i;
+          t.values.push_back(row < c.inter ? elem(full, row, j) : 0.0f);
         }
       }
-      t.shape = bias ? std::vector<std::uint64_t>{2 * il} : std::vector<std::uint64_t>{2 * il, H};
-      out[p + "mlp.gate_up_proj" + suffix] = std::move(t);
     }
+    t.shape = {2 * il, H};
+    out[p + "mlp.gate_up_proj.weight"] = std::move(t);
     column_slice(p + "mlp.down_proj.weight", inter, c.inter);
-    if (c.mlp_bias) {
-      copy_full(p + "mlp.down_proj.bias");
-    }
   }
   return out;
 }

@@ -31,11 +31,11 @@ struct RefConfig {
   bool tied = false;
   bool qkv_bias = false;
   bool o_bias = false;
-  bool mlp_bias = false;
+  bool pad = false;  // model.unaligned_tp=pad (not from config.json: the test sets it)
 };
 
 // Reads the fields the reference needs (Qwen2: q/k/v biases; Llama/Mistral:
-// attention_bias, mlp_bias).
+// attention_bias or bias; an MLP has no biases, whatever mlp_bias says).
 RefConfig ref_config(const nlohmann::json& config);
 
 struct HostTensor {

@@ -278,9 +278,11 @@ TEST(Routes, QwenBiasesFollowTheQkvSlots) {
   EXPECT_EQ(k.pieces[0].src_offset, 16u * 2u);
   EXPECT_EQ(k.pieces[0].dst_offset, 64u * 2u);
   EXPECT_EQ(v.pieces[0].dst_offset, 80u * 2u);
-  // Llama has no biases: the same name is unmapped.
-  EXPECT_EQ(route_of(*tiny_model("llama", 2), "model.layers.0.self_attn.q_proj.bias", {128}).kind,
-            RouteKind::kUnmapped);
+  // Llama without attention_bias has no bias param: SGLang's loader skips such a
+  // tensor, ferry drops it with its reason.
+  Route llama = route_of(*tiny_model("llama", 2), "model.layers.0.self_attn.q_proj.bias", {128});
+  EXPECT_EQ(llama.kind, RouteKind::kDropped);
+  EXPECT_EQ(llama.reason, "no_bias_param");
 }
 
 TEST(Routes, RoutingIsSafeFromSeveralThreads) {

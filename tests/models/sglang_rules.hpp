@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
 namespace ferry::testing::sglang {
@@ -30,6 +31,30 @@ inline std::pair<std::uint64_t, std::uint64_t> get_pp_indices(std::uint64_t num_
     return {start, start + base_layers + 1};
   }
   return {pp_rank * base_layers, pp_rank * base_layers + base_layers};
+}
+
+// Shared-expert fusion on an NVIDIA GPU of compute capability >= 8.0 with default
+// server options (no DeepEP, no W4AFP8):
+// - DeepSeek: python/sglang/srt/models/deepseek_v2.py at commit
+//   3e4a39ee73308590c5c753108bdcb8d333f7f1c6,
+//   DeepseekV2ForCausalLM.determine_num_fused_shared_experts:
+//     if (... or self.config.architectures[0] != architecture   # "DeepseekV3ForCausalLM"
+//         or self.config.n_routed_experts != 256 or self.config.n_shared_experts != 1):
+//         disable
+//     elif get_moe_expert_parallel_world_size() > 1: disable
+// - GLM-4 MoE: python/sglang/srt/models/glm4_moe.py at commit
+//   005ffc65dc0f72d42a1436c31ef129ed98cccc58, Glm4MoeForCausalLM's
+//   determine_num_fused_shared_experts: disabled by moe_ep_size > 1 (on NVIDIA); its
+//   earlier version also required n_shared_experts == 1, which ferry keeps.
+inline bool fuses_shared_experts(const std::string& architecture, std::uint64_t n_routed,
+                                 std::uint64_t n_shared, int ep) {
+  if (n_shared == 0 || ep > 1) {
+    return false;
+  }
+  if (architecture == "Glm4MoeForCausalLM") {
+    return n_shared == 1;
+  }
+  return architecture == "DeepseekV3ForCausalLM" && n_routed == 256 && n_shared == 1;
 }
 
 }  // namespace ferry::testing::sglang

@@ -5,10 +5,12 @@
 // reference of tests/models/deepseek_reference.hpp — including w_kc and w_vc, which
 // the MLA post-load hook fills on the copy workers and which are read through the
 // strides the LoadedParam reports — and --dump-dir writes them in logical order.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +26,7 @@ namespace {
 
 using testing::Checkpoint;
 using testing::decode_one;
+using ::testing::HasSubstr;
 using testing::make_config;
 using testing::synth_checkpoint;
 using testing::TempDir;
@@ -34,8 +37,9 @@ bool synth_has(const std::string& family) {
 }
 
 struct LoadSetup {
-  testing::ds::Layout layout;
-  std::vector<int> ranks;  // empty: all
+  testing::ds::Layout layout;  // layout.fuse_shared is decided in load_and_check
+  std::vector<int> ranks;      // empty: all
+  std::optional<bool> fuse;    // model.fuse_shared_experts; nullopt = auto
 };
 
 std::vector<std::string> sets_of(const LoadSetup& s) {
@@ -46,8 +50,11 @@ std::vector<std::string> sets_of(const LoadSetup& s) {
   if (s.layout.draft) {
     out.push_back("model.draft=true");
   }
-  if (s.layout.fuse_shared) {
-    out.push_back("model.fuse_shared_experts=true");
+  if (s.fuse) {
+    out.push_back(std::string("model.fuse_shared_experts=") + (*s.fuse ? "true" : "false"));
+  }
+  if (s.layout.pad) {
+    out.push_back("model.unaligned_tp=pad");
   }
   if (!s.ranks.empty()) {
     std::string r;
@@ -61,7 +68,10 @@ std::vector<std::string> sets_of(const LoadSetup& s) {
 
 // Loads `ck` with `s` and checks every param of every local rank, the param set, and
 // the report's placed / dropped counts against the reference.
-std::shared_ptr<LoadedModel> load_and_check(const Checkpoint& ck, const LoadSetup& s) {
+std::shared_ptr<LoadedModel> load_and_check(const Checkpoint& ck, LoadSetup s) {
+  // What SGLang decides about fusion, unless the setup says.
+  s.layout.fuse_shared =
+      s.fuse.value_or(testing::ds::sglang_fuses(testing::ds::dims_of(ck.config), s.layout));
   Runtime rt(make_config(ck.dir, sets_of(s)));
   LoadResult r = rt.load();
   EXPECT_TRUE(r) << (r.error ? r.error->message : "");
@@ -184,26 +194,39 @@ TEST_F(DeepseekLoad, PipelineStagesAndRankSubsets) {
 }
 
 TEST_F(DeepseekLoad, UnevenTpPadsMlaHeadsAndTheHookSplitsZeroHeads) {
-  // 8 heads at tp 16: padded to 16, one a rank. Rank 7 holds real head 7; rank 12
-  // only a padded head, so its kv_b_proj is all zero fill and its hook must still
-  // run (on fills alone) and write zero w_kc / w_vc.
+  // Under model.unaligned_tp=pad, 8 heads at tp 16: padded to 16, one a rank. Rank 7
+  // holds real head 7; rank 12 only a padded head, so its kv_b_proj is all zero fill
+  // and its hook must still run (on fills alone) and write zero w_kc / w_vc.
   LoadSetup s = load_setup(16, 8);
   s.ranks = {7, 12};
+  s.layout.pad = true;
   load_and_check(*v3_, s);
+  // Without pad the layout is refused before anything is read.
+  s.layout.pad = false;
+  Runtime rt(make_config(v3_->dir, sets_of(s)));
+  LoadResult r = rt.load();
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.error->message, HasSubstr("model.unaligned_tp=pad"));
 }
 
-TEST_F(DeepseekLoad, DraftModelAndFoldedSharedExperts) {
+TEST_F(DeepseekLoad, DraftModelAndSharedExpertFusion) {
   LoadSetup s = load_setup(2, 2);
   s.layout.draft = true;
   auto m = load_and_check(*v3_, s);
   ASSERT_NE(m, nullptr);
   EXPECT_NE(m->ranks()[0].find("model.decoder.self_attn.w_kc"), nullptr);
   EXPECT_EQ(m->ranks()[0].find("model.embed_tokens.weight"), nullptr);
-  s = load_setup(2, 2);
-  s.layout.fuse_shared = true;
+  // Tiny DeepSeek-V3 (8 routed experts) is not V3/R1-shaped: SGLang keeps its shared
+  // expert separate, false agrees, and true is refused naming why.
+  s = load_setup(2, 1);
+  s.fuse = false;
   load_and_check(*v3_, s);
-  s.layout.draft = true;
-  load_and_check(*v3_, s);
+  s.fuse = true;
+  Runtime rt(make_config(v3_->dir, sets_of(s)));
+  LoadResult r = rt.load();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error->stage, Stage::kConfig);
+  EXPECT_THAT(r.error->message, HasSubstr("DeepSeek-V3/R1-shaped"));
 }
 
 TEST_F(DeepseekLoad, DumpWritesStridedSplitParamsInLogicalOrder) {
@@ -247,6 +270,8 @@ TEST(DeepseekLoadFamilies, DeepseekV2AndGlm4MoeWhenSynthesized) {
     Checkpoint ck = synth_checkpoint(dir.file(family), family, false, 9);
     load_and_check(ck, load_setup(2, 2));
     load_and_check(ck, load_setup(4, 2, 2, 1));
+    // At ep 1, GLM-4 MoE's shared expert is fused (SGLang's rule); DeepSeek-V2's not.
+    load_and_check(ck, load_setup(2, 1));
     const testing::ds::Dims d = testing::ds::dims_of(ck.config);
     if (d.nextn > 0) {
       LoadSetup s = load_setup(2, 1);

@@ -83,7 +83,8 @@ TEST(LoadConfigTest, InCodeDefaults) {
   EXPECT_FALSE(c.model.draft);
   EXPECT_FALSE(c.model.switch_w13);
   EXPECT_EQ(c.model.eplb_map, "");
-  EXPECT_FALSE(c.model.fuse_shared_experts);
+  EXPECT_EQ(c.model.fuse_shared_experts, std::nullopt);  // auto
+  EXPECT_EQ(c.model.unaligned_tp, models::Unaligned::kRefuse);
   EXPECT_EQ(c.model.pad_moe_intermediate_to, 0);
   EXPECT_EQ(c.host.bandwidth_gbps, 0.0);
   EXPECT_EQ(c.metrics.prometheus_file, "");
@@ -358,6 +359,15 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
               HasSubstr("config: test.json: model.path: expected a string, got 3"));
   EXPECT_THAT(config_error([] { from_sets({"model.dtype=fp8"}); }),
               HasSubstr("model.dtype: expected auto, bf16, f16 or f32, got \"fp8\""));
+  EXPECT_THAT(config_error([] { from_sets({"model.fuse_shared_experts=maybe"}); }),
+              HasSubstr("model.fuse_shared_experts: expected auto, true or false, got \"maybe\""));
+  EXPECT_THAT(config_error([] { from_sets({"model.fuse_shared_experts=1"}); }),
+              HasSubstr("model.fuse_shared_experts: expected auto, true or false, got 1"));
+  EXPECT_THAT(config_error([] { from_sets({"model.unaligned_tp=round"}); }),
+              HasSubstr("model.unaligned_tp: expected refuse or pad, got \"round\""));
+  EXPECT_EQ(from_sets({"model.fuse_shared_experts=auto"}).model.fuse_shared_experts, std::nullopt);
+  EXPECT_EQ(from_sets({"model.fuse_shared_experts=false"}).model.fuse_shared_experts, false);
+  EXPECT_EQ(from_sets({"model.unaligned_tp=pad"}).model.unaligned_tp, models::Unaligned::kPad);
   EXPECT_THAT(config_error([] { from_sets({"model.load_format=gguf"}); }),
               HasSubstr("model.load_format: expected auto, safetensors, mistral or pt"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.tp=0"}); }),
@@ -547,6 +557,7 @@ LoadConfig every_field_changed() {
   c.model.eplb_map = "/maps/eplb.json";
   c.model.fuse_shared_experts = true;
   c.model.pad_moe_intermediate_to = 128;
+  c.model.unaligned_tp = models::Unaligned::kPad;
   c.parallel.tp = 4;
   c.parallel.ep = 2;
   c.parallel.pp = 2;
@@ -588,6 +599,9 @@ TEST(LoadConfigTest, ToJsonRoundTrip) {
   EXPECT_EQ(j["model"]["dtype"], "f16");
   EXPECT_EQ(j["io"]["chunk_bytes"], 8u << 20);
   EXPECT_EQ(to_json(LoadConfig{})["model"]["dtype"], "auto");
+  EXPECT_EQ(to_json(LoadConfig{})["model"]["fuse_shared_experts"], "auto");
+  EXPECT_EQ(j["model"]["fuse_shared_experts"], true);
+  EXPECT_EQ(j["model"]["unaligned_tp"], "pad");
 
   // Every field differs from its default in every_field_changed(), so the round trip
   // above read each key; a key to_json writes but build() ignored would show here.

@@ -187,11 +187,11 @@ TEST_F(MoeLoadTest, SubsetsOfRanksSwitchW13PaddingEplbAndFusedSharedExperts) {
     std::vector<std::string> sets;
     moe_ref::Options o;
   };
-  auto opts = [&](int t, int e, bool sw, std::uint64_t pad, bool use_eplb, bool fuse) {
+  auto opts = [&](int t, int e, bool sw, std::uint64_t pad, bool use_eplb, bool unaligned) {
     moe_ref::Options o = ref_options(t, e);
     o.switch_w13 = sw;
     o.pad = pad;
-    o.fuse_shared = fuse;
+    o.unaligned_pad = unaligned;
     if (use_eplb) {
       o.physical = 12;
       o.eplb = eplb;
@@ -204,7 +204,7 @@ TEST_F(MoeLoadTest, SubsetsOfRanksSwitchW13PaddingEplbAndFusedSharedExperts) {
        opts(2, 1, true, 128, false, false)},
       {{tp(4), ep(2), set("model.eplb_map", map_file), "parallel.ranks=1,2"},
        opts(4, 2, false, 0, true, false)},
-      {{tp(4), ep(4), set("model.eplb_map", map_file), "model.fuse_shared_experts=true",
+      {{tp(4), ep(4), set("model.eplb_map", map_file), "model.unaligned_tp=pad",
         "model.switch_w13=true", "model.pad_moe_intermediate_to=128", "parallel.ranks=2"},
        opts(4, 4, true, 128, true, true)},
   };
@@ -446,12 +446,17 @@ TEST_F(MoeLoadTest, LayoutsThatDoNotSplitFailBeforeReading) {
     const std::string dir = with_config(*qwen3_, dir_->file("qwen3-100"), [](nlohmann::json& c) {
       c["moe_intermediate_size"] = 100;
     });
-    // moe_tp 8 does not split 100: the experts are padded (to 256, 32 rows a
-    // share), and the checkpoint's 64-row experts no longer fit the config.
-    ErrorInfo e = load_error(make_config(dir, {tp(8), ep(1)}));
+    // moe_tp 8 does not split 100: under pad the experts are padded (to 256, 32
+    // rows a share), and the checkpoint's 64-row experts no longer fit the config.
+    ErrorInfo e = load_error(make_config(dir, {tp(8), ep(1), "model.unaligned_tp=pad"}));
     EXPECT_EQ(e.stage, Stage::kPlacement);
     EXPECT_THAT(e.message, AllOf(HasSubstr("model.layers.0.mlp.experts.0.gate_proj.weight"),
                                  HasSubstr("must be [100, 128]")));
+    // Without pad it is refused before any tensor is looked at.
+    e = load_error(make_config(dir, {tp(8), ep(1)}));
+    EXPECT_EQ(e.stage, Stage::kPlacement);
+    EXPECT_THAT(e.message,
+                AllOf(HasSubstr("moe_intermediate_size (100)"), HasSubstr("model.unaligned_tp")));
   }
   {
     testing::write_file(dir_->file("bad-eplb.json"),

@@ -89,21 +89,29 @@ TEST_F(LoadTest, Qwen2BiasesWithKvReplicationAtTp8) {
 }
 
 TEST_F(LoadTest, UnevenTpPadsHeadsWithZeros) {
-  // 8 q / 2 kv heads at tp 16: padded to 64 / 16 heads; ranks 0 and 1 hold the real
-  // heads, the others zeros (fills), and the ranks that hold only padding read no
-  // attention tensor. Every element is checked against the reference.
-  LoadResult r = load(make_config(qwen2_->dir, {tp(16)}));
+  // Under model.unaligned_tp=pad, 8 q / 2 kv heads at tp 16: padded to 64 / 16
+  // heads; ranks 0 and 1 hold the real heads, the others zeros (fills), and the
+  // ranks that hold only padding read no attention tensor. Every element is checked
+  // against the reference.
+  LoadResult r = load(make_config(qwen2_->dir, {tp(16), "model.unaligned_tp=pad"}));
   ASSERT_TRUE(r);
-  EXPECT_EQ(expect_matches_reference(*r.model, *qwen2_, 16, DType::kBF16), 31u * 16u);
+  EXPECT_EQ(expect_matches_reference(*r.model, *qwen2_, 16, DType::kBF16, true), 31u * 16u);
   // The report tells the operator.
   const std::vector<std::string>& warnings = r.model->report().warnings;
   EXPECT_TRUE(std::any_of(warnings.begin(), warnings.end(), [](const std::string& w) {
     return w.find("uneven tensor parallelism") != std::string::npos &&
            w.find("of the tp ranks, 2..15 hold only zero heads") != std::string::npos;
   }));
-  LoadResult sub = load(make_config(qwen2_->dir, {tp(16), "parallel.ranks=9,1"}));
+  LoadResult sub =
+      load(make_config(qwen2_->dir, {tp(16), "parallel.ranks=9,1", "model.unaligned_tp=pad"}));
   ASSERT_TRUE(sub);
-  EXPECT_EQ(expect_matches_reference(*sub.model, *qwen2_, 16, DType::kBF16), 31u * 2u);
+  EXPECT_EQ(expect_matches_reference(*sub.model, *qwen2_, 16, DType::kBF16, true), 31u * 2u);
+  // By default the layout is refused, as SGLang's GPU path asserts.
+  Runtime refused(make_config(qwen2_->dir, {tp(16)}));
+  LoadResult no = refused.load();
+  ASSERT_FALSE(no);
+  EXPECT_EQ(no.error->stage, Stage::kPlacement);
+  EXPECT_NE(no.error->message.find("model.unaligned_tp=pad"), std::string::npos);
 }
 
 TEST_F(LoadTest, TiedEmbeddingsHaveNoLmHead) {

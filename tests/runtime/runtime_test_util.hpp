@@ -103,7 +103,9 @@ struct RefTensor {
 
 // Every param tp rank `rank` of `tp` must hold, by SGLang name, computed with
 // plain index arithmetic from the checkpoint's values.
-inline std::map<std::string, RefTensor> reference_rank(const Checkpoint& ck, int tp, int rank) {
+// `pad`: model.unaligned_tp=pad (SGLang's CPU padding); without it nothing is padded.
+inline std::map<std::string, RefTensor> reference_rank(const Checkpoint& ck, int tp, int rank,
+                                                       bool pad = false) {
   const nlohmann::json& c = ck.config;
   const std::uint64_t H = c.at("hidden_size");
   const std::uint64_t heads = c.at("num_attention_heads");
@@ -158,16 +160,17 @@ inline std::map<std::string, RefTensor> reference_rank(const Checkpoint& ck, int
   }
   out["model.norm.weight"] = {{H}, src("model.norm.weight")};
 
-  // Uneven tp (SGLang's padding): heads tp does not split become kv heads padded to
-  // a multiple of tp and q heads padded kv * (heads / kv); an intermediate size tp
-  // does not divide is padded to a multiple of tp * 32; padded parts are zeros.
+  // Uneven tp under pad (SGLang's adjust_config_with_unaligned_cpu_tp): when q or kv
+  // heads are not multiples of tp, kv heads are padded to one and q heads to padded
+  // kv * (heads / kv); an intermediate size not a multiple of tp * 32 is padded to
+  // one; padded parts are zeros.
   std::uint64_t heads_p = heads;
   std::uint64_t kv_p = kv;
-  if (heads % T != 0 || (kv >= T ? kv % T != 0 : T % kv != 0)) {
+  if (pad && (heads % T != 0 || kv % T != 0)) {
     kv_p = (kv + T - 1) / T * T;
     heads_p = kv_p * (heads / kv);
   }
-  const std::uint64_t I_p = I % T == 0 ? I : (I + T * 32 - 1) / (T * 32) * (T * 32);
+  const std::uint64_t I_p = !pad || I % (T * 32) == 0 ? I : (I + T * 32 - 1) / (T * 32) * (T * 32);
   const std::uint64_t qh = heads_p / T;
   const std::uint64_t kvl = kv_p >= T ? kv_p / T : 1;
   const std::uint64_t kv0 = kv_p >= T ? R * kvl : R / (T / kv_p);  // first kv head of this rank
@@ -221,11 +224,11 @@ inline std::map<std::string, RefTensor> reference_rank(const Checkpoint& ck, int
 // Checks every element of every param of every local rank against the reference,
 // and that the param set is exactly the reference's. Returns the number of params.
 inline std::size_t expect_matches_reference(const runtime::LoadedModel& model, const Checkpoint& ck,
-                                            int tp, DType dtype) {
+                                            int tp, DType dtype, bool pad = false) {
   std::size_t checked = 0;
   for (std::size_t r = 0; r < model.ranks().size(); ++r) {
     const runtime::LoadedRank& rank = model.ranks()[r];
-    std::map<std::string, RefTensor> ref = reference_rank(ck, tp, rank.tp_rank);
+    std::map<std::string, RefTensor> ref = reference_rank(ck, tp, rank.tp_rank, pad);
     std::vector<std::string> names;
     for (const runtime::LoadedParam& p : rank.params) {
       names.push_back(p.name);
