@@ -1,0 +1,309 @@
+// Golden fixtures taken from SGLang's own rules, not from ferry's formulas: the
+// parameter names and per-rank shapes SGLang builds for real models, and its
+// shared-expert fusion decisions. Each table was derived by hand from the SGLang
+// code it cites (sgl-project/sglang; the files and commits are named per fixture),
+// with the configs in ../shared/data; ferry's shells must match them exactly.
+//
+// Common rules used in the derivations (cited once):
+// - VocabParallelEmbedding / ParallelLMHead (python/sglang/srt/layers/
+//   vocab_parallel_embedding.py at 04d5e392629c): the vocabulary is padded to a
+//   multiple of DEFAULT_VOCAB_PADDING_SIZE = 64 and divided by tp.
+// - QKVParallelLinear (python/sglang/srt/layers/linear.py at 0079fcc18b3e): rows
+//   (q heads / tp + 2 * max(1, kv heads / tp)) * head_dim; kv heads are replicated
+//   when tp > kv heads. MergedColumnParallelLinear: gate rows then up rows, each
+//   intermediate / tp. RowParallelLinear: [out, in / tp].
+// - FusedMoE / UnquantizedFusedMoEMethod.create_weights (python/sglang/srt/layers/
+//   moe/fused_moe_triton/layer.py at 008d7d0e947e, quantization/unquant.py at
+//   0038b2b5e53c): w13_weight [experts / ep, 2 * I / moe_tp, H], w2_weight
+//   [experts / ep, H, I / moe_tp] with moe_tp = tp / ep.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "models/deepseek.hpp"
+#include "models/model.hpp"
+#include "testing/error_of.hpp"
+#include "testing/test_data.hpp"
+
+namespace ferry::testing {
+namespace {
+
+using models::Shape;
+using ::testing::HasSubstr;
+
+nlohmann::json config_of(const std::string& model) {
+  std::ifstream in(test_data_path("models/" + model + "/config.json"));
+  EXPECT_TRUE(in) << model;
+  nlohmann::json c = nlohmann::json::parse(in);
+  // The BF16 layout of an FP8 checkpoint (quantized checkpoints are a later issue).
+  c.erase("quantization_config");
+  return c;
+}
+
+struct Fixture {
+  std::string model;  // folder in ../shared/data/models
+  int tp = 8;
+  int ep = 1;
+  int rank = 0;                 // the tp rank whose shell is compared
+  std::string layer;            // "model.layers.<i>.": every param under it is listed
+  std::map<std::string, Shape> params;  // names relative to the model (layer ones too)
+  models::Unaligned unaligned = models::Unaligned::kRefuse;
+};
+
+void expect_fixture(const Fixture& f) {
+  SCOPED_TRACE(f.model + " tp " + std::to_string(f.tp) + " ep " + std::to_string(f.ep));
+  models::ParallelLayout layout;
+  layout.tp = f.tp;
+  layout.ep = f.ep;
+  layout.local_ranks = {f.rank};
+  models::ModelOptions options;
+  options.unaligned_tp = f.unaligned;
+  std::unique_ptr<models::Model> m = models::make_model(config_of(f.model), layout, options);
+  const models::RankShell& shell = m->shells().at(0);
+  for (const auto& [name, shape] : f.params) {
+    auto it = shell.by_name.find(name);
+    ASSERT_NE(it, shell.by_name.end()) << "no param " << name;
+    EXPECT_EQ(shell.params[it->second].shape, shape) << name;
+  }
+  // The layer holds exactly the fixture's params, no more.
+  std::set<std::string> got;
+  for (const models::ParamSpec& p : shell.params) {
+    if (p.name.rfind(f.layer, 0) == 0) {
+      got.insert(p.name);
+    }
+  }
+  std::set<std::string> want;
+  for (const auto& [name, shape] : f.params) {
+    if (name.rfind(f.layer, 0) == 0) {
+      want.insert(name);
+    }
+  }
+  EXPECT_EQ(got, want) << f.layer;
+}
+
+// python/sglang/srt/models/llama.py at 00239548f1cd (LlamaAttention, LlamaMLP,
+// LlamaForCausalLM): Llama-3.1-8B, H 4096, 32 q / 8 kv heads of 128, I 14336,
+// vocabulary 128256 (2004 * 64), untied.
+TEST(SglangFixtures, Llama31_8bAtTp8) {
+  FERRY_NEED_TEST_DATA();
+  const std::string l = "model.layers.5.";
+  expect_fixture({"llama-3.1-8b", 8, 1, 3, l,
+                  {{"model.embed_tokens.weight", {16032, 4096}},
+                   {"lm_head.weight", {16032, 4096}},
+                   {"model.norm.weight", {4096}},
+                   {l + "self_attn.qkv_proj.weight", {(4 + 2 * 1) * 128, 4096}},
+                   {l + "self_attn.o_proj.weight", {4096, 512}},
+                   {l + "mlp.gate_up_proj.weight", {2 * 1792, 4096}},
+                   {l + "mlp.down_proj.weight", {4096, 1792}},
+                   {l + "input_layernorm.weight", {4096}},
+                   {l + "post_attention_layernorm.weight", {4096}}}});
+}
+
+// python/sglang/srt/models/qwen2.py at 0005b7e1e252 (Qwen2Attention: q/k/v biases,
+// none on o_proj): Qwen2.5-7B, H 3584, 28 q / 4 kv heads of 128, I 18944,
+// vocabulary 152064 (2376 * 64).
+TEST(SglangFixtures, Qwen25_7bAtTp4AndTp8) {
+  FERRY_NEED_TEST_DATA();
+  const std::string l = "model.layers.0.";
+  expect_fixture({"qwen2.5-7b", 4, 1, 1, l,
+                  {{"model.embed_tokens.weight", {38016, 3584}},
+                   {"lm_head.weight", {38016, 3584}},
+                   {l + "self_attn.qkv_proj.weight", {(7 + 2 * 1) * 128, 3584}},
+                   {l + "self_attn.qkv_proj.bias", {(7 + 2 * 1) * 128}},
+                   {l + "self_attn.o_proj.weight", {3584, 896}},
+                   {l + "mlp.gate_up_proj.weight", {2 * 4736, 3584}},
+                   {l + "mlp.down_proj.weight", {3584, 4736}},
+                   {l + "input_layernorm.weight", {3584}},
+                   {l + "post_attention_layernorm.weight", {3584}}}});
+  // tp 8: LlamaAttention-style `assert self.total_num_heads % tp_size == 0` fails on
+  // GPU (28 % 8), so the default refuses it.
+  models::ParallelLayout tp8;
+  tp8.tp = 8;
+  EXPECT_THAT(error_of(Stage::kPlacement,
+                       [&] { models::make_model(config_of("qwen2.5-7b"), tp8); }),
+              HasSubstr("num_attention_heads (28) is not divisible by tensor parallel size 8"));
+  // Under pad, adjust_config_with_unaligned_cpu_tp (python/sglang/srt/configs/
+  // update_config.py at 041d7c58cca7): kv 4 -> 8, q -> 8 * 7 = 56 (7 q + 1 kv a rank);
+  // 18944 is a multiple of 8 * 32 and stays (2368 a rank).
+  expect_fixture({"qwen2.5-7b",
+                  8,
+                  1,
+                  6,
+                  l,
+                  {{"model.embed_tokens.weight", {19008, 3584}},
+                   {l + "self_attn.qkv_proj.weight", {(7 + 2 * 1) * 128, 3584}},
+                   {l + "self_attn.qkv_proj.bias", {(7 + 2 * 1) * 128}},
+                   {l + "self_attn.o_proj.weight", {3584, 896}},
+                   {l + "mlp.gate_up_proj.weight", {2 * 2368, 3584}},
+                   {l + "mlp.down_proj.weight", {3584, 2368}},
+                   {l + "input_layernorm.weight", {3584}},
+                   {l + "post_attention_layernorm.weight", {3584}}},
+                  models::Unaligned::kPad});
+}
+
+// python/sglang/srt/models/mixtral.py at 7f1f5bc113ce (MixtralAttention,
+// MixtralMoE): Mixtral-8x7B, H 4096, 32 q / 8 kv heads of 128, 8 experts of I 14336,
+// vocabulary 32000 (500 * 64).
+TEST(SglangFixtures, Mixtral8x7bAtTp8Ep1AndEp8) {
+  FERRY_NEED_TEST_DATA();
+  const std::string l = "model.layers.9.";
+  std::map<std::string, Shape> common{
+      {"model.embed_tokens.weight", {4000, 4096}},
+      {"lm_head.weight", {4000, 4096}},
+      {l + "self_attn.qkv_proj.weight", {768, 4096}},
+      {l + "self_attn.o_proj.weight", {4096, 512}},
+      {l + "block_sparse_moe.gate.weight", {8, 4096}},
+      {l + "input_layernorm.weight", {4096}},
+      {l + "post_attention_layernorm.weight", {4096}}};
+  Fixture ep1{"mixtral-8x7b-v0.1", 8, 1, 2, l, common};
+  ep1.params[l + "block_sparse_moe.experts.w13_weight"] = {8, 2 * 1792, 4096};
+  ep1.params[l + "block_sparse_moe.experts.w2_weight"] = {8, 4096, 1792};
+  expect_fixture(ep1);
+  Fixture ep8{"mixtral-8x7b-v0.1", 8, 8, 2, l, common};
+  ep8.params[l + "block_sparse_moe.experts.w13_weight"] = {1, 2 * 14336, 4096};
+  ep8.params[l + "block_sparse_moe.experts.w2_weight"] = {1, 4096, 14336};
+  expect_fixture(ep8);
+}
+
+// python/sglang/srt/models/qwen3_moe.py at e3d8e9aec2c7 (Qwen3MoeAttention with
+// q_norm / k_norm, Qwen3MoeSparseMoeBlock): Qwen3-30B-A3B, H 2048, 32 q / 4 kv heads
+// of 128 (kv replicated twice at tp 8), 128 experts of I 768, vocabulary 151936
+// (2374 * 64).
+TEST(SglangFixtures, Qwen3_30bA3bAtTp8Ep1AndEp8) {
+  FERRY_NEED_TEST_DATA();
+  const std::string l = "model.layers.11.";
+  std::map<std::string, Shape> common{
+      {"model.embed_tokens.weight", {18992, 2048}},
+      {"lm_head.weight", {18992, 2048}},
+      {l + "self_attn.qkv_proj.weight", {(4 + 2 * 1) * 128, 2048}},
+      {l + "self_attn.o_proj.weight", {2048, 512}},
+      {l + "self_attn.q_norm.weight", {128}},
+      {l + "self_attn.k_norm.weight", {128}},
+      {l + "mlp.gate.weight", {128, 2048}},
+      {l + "input_layernorm.weight", {2048}},
+      {l + "post_attention_layernorm.weight", {2048}}};
+  Fixture ep1{"qwen3-30b-a3b", 8, 1, 7, l, common};
+  ep1.params[l + "mlp.experts.w13_weight"] = {128, 2 * 96, 2048};
+  ep1.params[l + "mlp.experts.w2_weight"] = {128, 2048, 96};
+  expect_fixture(ep1);
+  Fixture ep8{"qwen3-30b-a3b", 8, 8, 7, l, common};
+  ep8.params[l + "mlp.experts.w13_weight"] = {16, 2 * 768, 2048};
+  ep8.params[l + "mlp.experts.w2_weight"] = {16, 2048, 768};
+  expect_fixture(ep8);
+}
+
+// python/sglang/srt/models/deepseek_v2.py at 3e4a39ee7330 (DeepseekV2AttentionMLA,
+// DeepseekV2MLP, DeepseekV2MoE, MoEGate, post_load_weights): DeepSeek-V3, H 7168,
+// 128 heads (16 a rank), q_lora 1536, kv_lora 512, qk_nope 128, qk_rope 64, v 128,
+// dense I 18432 on layers 0-2, 256 experts of I 2048 and 1 shared expert,
+// vocabulary 129280 (2020 * 64). At ep 1 SGLang fuses the shared expert as expert
+// 256 (determine_num_fused_shared_experts); at ep 8 it does not, and the shared
+// expert is a tensor-parallel DeepseekV2MLP of 1 * 2048.
+TEST(SglangFixtures, DeepseekV3AtTp8Ep1AndEp8) {
+  FERRY_NEED_TEST_DATA();
+  const std::string l = "model.layers.3.";
+  const std::string a = l + "self_attn.";
+  std::map<std::string, Shape> common{
+      {"model.embed_tokens.weight", {16160, 7168}},
+      {"lm_head.weight", {16160, 7168}},
+      {"model.layers.2.mlp.gate_up_proj.weight", {2 * 2304, 7168}},
+      {"model.layers.2.mlp.down_proj.weight", {7168, 2304}},
+      {a + "fused_qkv_a_proj_with_mqa.weight", {1536 + 512 + 64, 7168}},
+      {a + "q_a_layernorm.weight", {1536}},
+      {a + "kv_a_layernorm.weight", {512}},
+      {a + "q_b_proj.weight", {16 * 192, 1536}},
+      {a + "kv_b_proj.weight", {16 * 256, 512}},
+      {a + "o_proj.weight", {7168, 16 * 128}},
+      {a + "w_kc", {16, 128, 512}},
+      {a + "w_vc", {16, 512, 128}},
+      {l + "mlp.gate.weight", {256, 7168}},
+      {l + "mlp.gate.e_score_correction_bias", {256}},
+      {l + "input_layernorm.weight", {7168}},
+      {l + "post_attention_layernorm.weight", {7168}}};
+  Fixture ep1{"deepseek-v3", 8, 1, 4, l, common};
+  ep1.params[l + "mlp.experts.w13_weight"] = {257, 2 * 256, 7168};
+  ep1.params[l + "mlp.experts.w2_weight"] = {257, 7168, 256};
+  expect_fixture(ep1);
+  Fixture ep8{"deepseek-v3", 8, 8, 4, l, common};
+  ep8.params[l + "mlp.experts.w13_weight"] = {32, 2 * 2048, 7168};
+  ep8.params[l + "mlp.experts.w2_weight"] = {32, 7168, 2048};
+  ep8.params[l + "mlp.shared_experts.gate_up_proj.weight"] = {2 * 256, 7168};
+  ep8.params[l + "mlp.shared_experts.down_proj.weight"] = {7168, 256};
+  expect_fixture(ep8);
+}
+
+// determine_num_fused_shared_experts outcomes on an NVIDIA GPU of compute
+// capability >= 8.0 with default server options: DeepSeek from
+// python/sglang/srt/models/deepseek_v2.py at 3e4a39ee7330, GLM-4 MoE from
+// python/sglang/srt/models/glm4_moe.py at 005ffc65dc0f. The fields the rule reads
+// are written here where the config is not in ../shared/data, from each model
+// card's config.json: deepseek-ai/DeepSeek-R1 (DeepseekV3ForCausalLM, 256 routed,
+// 1 shared), deepseek-ai/DeepSeek-V2-Lite (DeepseekV2ForCausalLM, 64 routed, 2
+// shared), zai-org/GLM-4.5 (Glm4MoeForCausalLM, 160 routed, 1 shared).
+TEST(SglangFixtures, SharedExpertFusionDecisions) {
+  FERRY_NEED_TEST_DATA();
+  struct Row {
+    std::string model;
+    models::DeepseekConfig config;
+    bool fused_at_ep1;
+    bool fused_at_ep8;
+  };
+  auto fields = [](const std::string& arch, const std::string& family, std::uint64_t routed,
+                   std::uint64_t shared) {
+    models::DeepseekConfig c;
+    c.architecture = arch;
+    c.family = family;
+    c.experts = routed;
+    c.shared_experts = shared;
+    return c;
+  };
+  const nlohmann::json v3 = config_of("deepseek-v3");
+  const std::vector<Row> rows{
+      {"DeepSeek-V3 (../shared/data)",
+       models::parse_deepseek_config(v3, v3["architectures"][0].get<std::string>()), true, false},
+      {"DeepSeek-R1", fields("DeepseekV3ForCausalLM", "deepseek_v3", 256, 1), true, false},
+      {"DeepSeek-V2-Lite", fields("DeepseekV2ForCausalLM", "deepseek_v2", 64, 2), false, false},
+      {"GLM-4.5", fields("Glm4MoeForCausalLM", "glm4_moe", 160, 1), true, false},
+  };
+  for (const Row& r : rows) {
+    for (int ep : {1, 8}) {
+      models::ParallelLayout layout;
+      layout.tp = 8;
+      layout.ep = ep;
+      const models::FusionDecision d = models::sglang_shared_expert_fusion(r.config, layout);
+      EXPECT_EQ(d.fuse, ep == 1 ? r.fused_at_ep1 : r.fused_at_ep8) << r.model << " ep " << ep;
+      EXPECT_EQ(d.why_not.empty(), d.fuse) << r.model << " ep " << ep;
+    }
+  }
+  // Qwen2-MoE (Qwen1.5-MoE-A2.7B: 60 routed experts and a gated shared expert of
+  // 5632, python/sglang/srt/models/qwen2_moe.py at 0115497da8f2): never fused, at any
+  // ep; its shared expert stays a tensor-parallel MLP.
+  nlohmann::json qwen2_moe = config_of("qwen3-30b-a3b");
+  qwen2_moe["architectures"] = {"Qwen2MoeForCausalLM"};
+  qwen2_moe["model_type"] = "qwen2_moe";
+  qwen2_moe["num_experts"] = 64;
+  qwen2_moe["shared_expert_intermediate_size"] = 5632;
+  for (int ep : {1, 8}) {
+    models::ParallelLayout layout;
+    layout.tp = 8;
+    layout.ep = ep;
+    layout.local_ranks = {0};
+    auto m = models::make_model(qwen2_moe, layout);
+    const models::RankShell& shell = m->shells()[0];
+    EXPECT_TRUE(shell.by_name.contains("model.layers.0.mlp.shared_expert.gate_up_proj.weight"))
+        << "ep " << ep;
+    EXPECT_EQ(shell.params[shell.by_name.at("model.layers.0.mlp.experts.w13_weight")].shape[0],
+              64u / static_cast<std::uint64_t>(ep))
+        << "ep " << ep;
+  }
+}
+
+}  // namespace
+}  // namespace ferry::testing
