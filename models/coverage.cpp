@@ -157,7 +157,7 @@ class IntervalCheck {
       case Writer::Kind::kFill:
         return "zero fill #" + std::to_string(w.index);
       case Writer::Kind::kHook:
-        return "post-load hook '" + model_.hooks()[w.index].name + "'";
+        return "post-load hook '" + model_.hooks().at(w.index).name + "'";  // errors only
     }
     return "?";
   }
@@ -186,8 +186,9 @@ std::vector<CoverageGap> check_coverage(const Model& model, std::span<const Rout
   for (std::size_t i = 0; i < fills.size(); ++i) {
     check.add(fills[i], {Writer::Kind::kFill, i});
   }
-  for (std::size_t i = 0; i < model.hooks().size(); ++i) {
-    check.add_hook(model.hooks()[i], i);
+  const std::vector<PostLoadHook> hooks = model.hooks();  // a copy per call: take it once
+  for (std::size_t i = 0; i < hooks.size(); ++i) {
+    check.add_hook(hooks[i], i);
   }
   return check.gaps();
 }
