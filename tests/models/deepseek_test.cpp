@@ -664,11 +664,81 @@ TEST(DeepseekErrors, DraftWithoutMtpLayersOrWithPipelineStages) {
                "num_nextn_predict_layers");
   ck.config.erase("num_nextn_predict_layers");
   expect_error([&] { models::make_model(ck.config, {}, options); }, Stage::kConfig, "no MTP layer");
+  // SGLang's NextN loader asserts num_nextn_predict_layers == 1.
+  ck.config["num_nextn_predict_layers"] = 2;
+  expect_error([&] { models::make_model(ck.config, {}, options); }, Stage::kConfig,
+               "num_nextn_predict_layers is 2; the draft model has exactly one MTP layer");
   ck.config["num_nextn_predict_layers"] = 1;
   models::ParallelLayout l;
   l.pp = 2;
   expect_error([&] { models::make_model(ck.config, l, options); }, Stage::kConfig,
                "parallel.pp is 2");
+}
+
+// SGLang builds the NextN decoder layer with layer id 0 (deepseek_nextn.py at
+// c28bdc9012d2, DeepseekModelNextN: DeepseekV2DecoderLayer(config, 0, ...)), so
+// its FusedMoE looks experts up in row 0 of the expert-location map, not in row
+// num_hidden_layers.
+TEST(DeepseekMtp, TheDraftLayerReadsEplbRowZero) {
+  const Ckpt ck = make_ckpt("deepseek_v3");  // 2 layers, the MTP layer is layer 2
+  const ds::Dims d = ds::dims_of(ck.config);
+  models::ModelOptions options;
+  options.draft = true;
+  models::ModelOptions::Eplb eplb;
+  eplb.num_physical_experts = d.E;
+  std::vector<std::vector<std::uint64_t>> reversed, identity;
+  for (std::uint64_t e = 0; e < d.E; ++e) {
+    reversed.push_back({d.E - 1 - e});
+    identity.push_back({e});
+  }
+  eplb.layers[0] = reversed;  // row 0: logical e on physical E-1-e
+  eplb.layers[1] = identity;
+  options.eplb = eplb;
+  models::ParallelLayout layout;
+  layout.tp = 2;
+  layout.ep = 2;
+  auto m = models::make_model(ck.config, layout, options);
+  // Logical expert E-1 is physical 0: the first slot of ep rank 0 (tp rank 0).
+  const std::string name =
+      "model.layers.2.mlp.experts." + std::to_string(d.E - 1) + ".gate_proj.weight";
+  const models::Route r = m->route(tensor_info(name, DType::kBF16, {d.moe_I, d.H}));
+  ASSERT_EQ(r.kind, models::RouteKind::kPlaced);
+  ASSERT_EQ(r.pieces.size(), 1u);
+  EXPECT_EQ(r.pieces[0].local_rank, 0u);
+  EXPECT_EQ(r.pieces[0].dst_offset, 0u);
+  // A map without row 0 is refused, naming the row the draft needs.
+  eplb.layers.erase(0);
+  options.eplb = eplb;
+  expect_error([&] { models::make_model(ck.config, layout, options); }, Stage::kConfig,
+               "model.eplb_map");
+}
+
+// A stand-alone NextN checkpoint (num_hidden_layers 1) keeps its MTP layer at
+// model.layers.0 (SGLang's loader: nextn_layer_id = 0 if num_hidden_layers == 1
+// else num_hidden_layers, deepseek_v2.py at 3e4a39ee7330, load_weights).
+TEST(DeepseekMtp, AStandAloneNextnCheckpointIsLayerZero) {
+  Ckpt ck = make_ckpt("deepseek_v3");
+  const ds::Dims d = ds::dims_of(ck.config);
+  ck.config["num_hidden_layers"] = 1;
+  ck.config["first_k_dense_replace"] = 0;
+  models::ModelOptions options;
+  options.draft = true;
+  auto m = models::make_model(ck.config, {}, options);
+  const auto& shell = m->shells()[0];
+  EXPECT_TRUE(shell.by_name.contains("model.eh_proj.weight"));
+  EXPECT_TRUE(shell.by_name.contains("model.decoder.mlp.experts.w13_weight"));
+  const models::Route eh =
+      m->route(tensor_info("model.layers.0.eh_proj.weight", DType::kBF16, {d.H, 2 * d.H}));
+  ASSERT_EQ(eh.kind, models::RouteKind::kPlaced);
+  EXPECT_EQ(shell.params[eh.pieces[0].param].name, "model.eh_proj.weight");
+  const models::Route expert = m->route(
+      tensor_info("model.layers.0.mlp.experts.3.up_proj.weight", DType::kBF16, {d.moe_I, d.H}));
+  ASSERT_EQ(expert.kind, models::RouteKind::kPlaced);
+  EXPECT_EQ(shell.params[expert.pieces[0].param].name, "model.decoder.mlp.experts.w13_weight");
+  // embed_tokens and shared_head.head come from the target, as for a full checkpoint.
+  EXPECT_EQ(
+      m->route(tensor_info("model.layers.0.embed_tokens.weight", DType::kBF16, {d.V, d.H})).reason,
+      "draft_shared");
 }
 
 TEST(DeepseekErrors, WrongKvBProjShapeNamesTensorAndParam) {

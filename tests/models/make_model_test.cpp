@@ -298,6 +298,34 @@ TEST(MakeModel, SplitsThatCannotBePaddedAreRefused) {
               HasSubstr("num_attention_heads (8) is not a multiple of num_key_value_heads (3)"));
 }
 
+TEST(MakeModel, OptionsADenseFamilyIgnoresAreRefused) {
+  // Options of MoE and MTP models mean nothing to Llama: refused, naming the
+  // option, rather than silently ignored.
+  const nlohmann::json c = llama_config();
+  models::ModelOptions o;
+  o.draft = true;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); }),
+              AllOf(HasSubstr("model.draft"), HasSubstr("no MTP")));
+  o = {};
+  o.eplb = models::ModelOptions::Eplb{8, {}};
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); }),
+              HasSubstr("model.eplb_map: LlamaForCausalLM has no experts"));
+  o = {};
+  o.switch_w13 = true;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); }),
+              HasSubstr("model.switch_w13"));
+  o = {};
+  o.pad_moe_intermediate_to = 128;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); }),
+              HasSubstr("model.pad_moe_intermediate_to"));
+  o = {};
+  o.fuse_shared_experts = true;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); }),
+              HasSubstr("model.fuse_shared_experts: LlamaForCausalLM has no shared experts"));
+  o.fuse_shared_experts = false;  // false (and auto) ask for nothing
+  EXPECT_NO_THROW(models::make_model(c, {}, o));
+}
+
 TEST(MakeModel, ShellsAreSortedWithContiguousStrides) {
   auto m = models::make_model(llama_config(), tp_layout(2));
   for (const auto& shell : m->shells()) {
