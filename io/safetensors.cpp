@@ -18,6 +18,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "io/safetensors_internal.hpp"
 
 namespace ferry::io {
 namespace {
@@ -556,6 +557,221 @@ std::size_t pread_full(int fd, char* dst, std::size_t n, std::uint64_t off,
   return done;
 }
 
+// The plainest headers, the ones writers produce, without any JSON library: a
+// byte scanner for {"__metadata__": {str: str}, name: {"dtype": str, "shape":
+// [uint...], "data_offsets": [uint, uint]}, ...} whose strings hold printable
+// ASCII without escapes and whose numbers are plain digits. It accepts a strict
+// subset of what HeaderSax accepts, with the same rules (finish_entry's), and gives
+// up at anything else (an escape, a non-ASCII byte, a sign, a fraction, an unknown
+// key, a duplicate field), so the SAX pass, and past it the document path with its
+// errors, takes over. nlohmann's lexer reads a character at a time through an
+// input adapter and copies every string; this reads the bytes in place
+// (docs/PERFORMANCE.md, "Header parsing", has the times).
+class PlainHeaderScanner {
+ public:
+  explicit PlainHeaderScanner(std::string_view text) : p_(text.data()), end_(p_ + text.size()) {}
+
+  std::vector<RawEntry> entries;
+  std::map<std::string, std::string> metadata;
+
+  bool scan() {
+    if (!expect('{')) {
+      return false;
+    }
+    if (peek() == '}') {
+      ++p_;
+      return rest_is_space();
+    }
+    bool have_metadata = false;
+    while (true) {
+      std::string_view key;
+      if (!string(key) || !expect(':')) {
+        return false;
+      }
+      if (key == "__metadata__") {
+        if (have_metadata || !metadata_object()) {
+          return false;
+        }
+        have_metadata = true;
+      } else if (!entry(key)) {
+        return false;
+      }
+      const char c = next();
+      if (c == '}') {
+        return rest_is_space();
+      }
+      if (c != ',') {
+        return false;
+      }
+    }
+  }
+
+ private:
+  void skip_space() {
+    while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) {
+      ++p_;
+    }
+  }
+  char peek() {
+    skip_space();
+    return p_ < end_ ? *p_ : '\0';
+  }
+  char next() {
+    skip_space();
+    return p_ < end_ ? *p_++ : '\0';
+  }
+  bool expect(char c) { return next() == c; }
+  bool rest_is_space() {
+    skip_space();
+    return p_ == end_;
+  }
+  // A string of printable ASCII without escapes, as a view into the text.
+  bool string(std::string_view& out) {
+    if (next() != '"') {
+      return false;
+    }
+    const char* begin = p_;
+    while (p_ < end_ && *p_ != '"') {
+      const auto c = static_cast<unsigned char>(*p_);
+      if (c < 0x20 || c >= 0x7f || c == '\\') {
+        return false;
+      }
+      ++p_;
+    }
+    if (p_ == end_) {
+      return false;
+    }
+    out = std::string_view(begin, static_cast<std::size_t>(p_ - begin));
+    ++p_;
+    return true;
+  }
+  // Plain digits, no leading zero, no sign, fraction or exponent, within 64 bits.
+  bool number(std::uint64_t& out) {
+    skip_space();
+    const char* begin = p_;
+    std::uint64_t v = 0;
+    while (p_ < end_ && *p_ >= '0' && *p_ <= '9') {
+      if (mul_overflows(v, 10, &v) || __builtin_add_overflow(v, std::uint64_t(*p_ - '0'), &v)) {
+        return false;
+      }
+      ++p_;
+    }
+    if (p_ == begin || (p_ - begin > 1 && *begin == '0')) {
+      return false;
+    }
+    if (p_ < end_ && (*p_ == '.' || *p_ == 'e' || *p_ == 'E')) {
+      return false;
+    }
+    out = v;
+    return true;
+  }
+  bool metadata_object() {
+    if (!expect('{')) {
+      return false;
+    }
+    if (peek() == '}') {
+      ++p_;
+      return true;
+    }
+    while (true) {
+      std::string_view key;
+      std::string_view value;
+      if (!string(key) || !expect(':') || !string(value) ||
+          !metadata.emplace(std::string(key), std::string(value)).second) {
+        return false;
+      }
+      const char c = next();
+      if (c == '}') {
+        return true;
+      }
+      if (c != ',') {
+        return false;
+      }
+    }
+  }
+  bool entry(std::string_view name) {
+    if (!expect('{')) {
+      return false;
+    }
+    RawEntry e;
+    e.info.name = std::string(name);
+    unsigned seen = 0;
+    constexpr unsigned kDtype = 1, kShape = 2, kOffsets = 4;
+    while (true) {
+      std::string_view key;
+      if (!string(key) || !expect(':')) {
+        return false;
+      }
+      if (key == "dtype" && (seen & kDtype) == 0) {
+        std::string_view text;
+        if (!string(text)) {
+          return false;
+        }
+        std::optional<DType> dtype = parse_dtype(text);
+        if (!dtype) {
+          return false;
+        }
+        e.info.dtype = *dtype;
+        seen |= kDtype;
+      } else if (key == "shape" && (seen & kShape) == 0) {
+        if (!expect('[')) {
+          return false;
+        }
+        if (peek() == ']') {
+          ++p_;
+        } else {
+          while (true) {
+            std::uint64_t dim = 0;
+            if (!number(dim)) {
+              return false;
+            }
+            e.info.shape.push_back(dim);
+            const char c = next();
+            if (c == ']') {
+              break;
+            }
+            if (c != ',') {
+              return false;
+            }
+          }
+        }
+        seen |= kShape;
+      } else if (key == "data_offsets" && (seen & kOffsets) == 0) {
+        if (!expect('[') || !number(e.begin) || !expect(',') || !number(e.end) || !expect(']')) {
+          return false;
+        }
+        seen |= kOffsets;
+      } else {
+        return false;
+      }
+      const char c = next();
+      if (c == '}') {
+        break;
+      }
+      if (c != ',') {
+        return false;
+      }
+    }
+    if (seen != (kDtype | kShape | kOffsets) || e.end < e.begin) {
+      return false;
+    }
+    std::uint64_t n = dtype_size(e.info.dtype);
+    for (std::uint64_t d : e.info.shape) {
+      if (mul_overflows(n, d, &n)) {
+        return false;
+      }
+    }
+    if (e.end - e.begin != n) {
+      return false;
+    }
+    e.info.nbytes = n;
+    entries.push_back(std::move(e));
+    return true;
+  }
+
+  const char* p_;
+  const char* end_;
+};
 
 // Tensor names are the top-level keys: the SAX pass checks them for duplicates here.
 bool unique_names(const std::vector<RawEntry>& entries) {
@@ -631,8 +847,11 @@ std::uint64_t TensorInfo::elements() const {
   return n;
 }
 
-SafetensorsHeader parse_safetensors_header(std::string_view text, std::uint64_t file_size,
-                                           const std::string& display) {
+namespace detail {
+
+// The checks every path shares: the header's length against the limit and the file.
+SafetensorsHeader header_frame(std::string_view text, std::uint64_t file_size,
+                               const std::string& display) {
   const std::uint64_t n = text.size();
   if (n > kMaxHeaderBytes) {
     header_error(display, "",
@@ -648,18 +867,46 @@ SafetensorsHeader parse_safetensors_header(std::string_view text, std::uint64_t 
   h.file = display;
   h.file_size = file_size;
   h.header_bytes = 8 + n;
-  std::vector<RawEntry> entries;
-  if (text.find('\0') == std::string_view::npos) {
-    HeaderSax sax;
-    if (json::sax_parse(text.begin(), text.end(), &sax) && sax.done() &&
-        unique_names(sax.entries)) {
-      for (RawEntry& e : sax.entries) {
-        e.info.file = display;
-      }
-      h.metadata = std::move(sax.metadata);
-      return tile_entries(std::move(h), std::move(sax.entries), text.size());
-    }
+  return h;
+}
+
+std::optional<SafetensorsHeader> parse_header_plain(std::string_view text, std::uint64_t file_size,
+                                                    const std::string& display) {
+  SafetensorsHeader h = header_frame(text, file_size, display);
+  PlainHeaderScanner scanner(text);
+  if (!scanner.scan() || !unique_names(scanner.entries)) {
+    return std::nullopt;
   }
+  for (RawEntry& e : scanner.entries) {
+    e.info.file = display;
+  }
+  h.metadata = std::move(scanner.metadata);
+  return tile_entries(std::move(h), std::move(scanner.entries), text.size());
+}
+
+std::optional<SafetensorsHeader> parse_header_sax(std::string_view text, std::uint64_t file_size,
+                                                  const std::string& display) {
+  SafetensorsHeader h = header_frame(text, file_size, display);
+  if (text.find('\0') != std::string_view::npos) {
+    return std::nullopt;
+  }
+  HeaderSax sax;
+  if (!json::sax_parse(text.begin(), text.end(), &sax) || !sax.done() ||
+      !unique_names(sax.entries)) {
+    return std::nullopt;
+  }
+  for (RawEntry& e : sax.entries) {
+    e.info.file = display;
+  }
+  h.metadata = std::move(sax.metadata);
+  return tile_entries(std::move(h), std::move(sax.entries), text.size());
+}
+
+SafetensorsHeader parse_header_document(std::string_view text, std::uint64_t file_size,
+                                        const std::string& display) {
+  SafetensorsHeader h = header_frame(text, file_size, display);
+  const std::uint64_t n = text.size();
+  std::vector<RawEntry> entries;
   json doc = parse_json_no_duplicates(text, Stage::kHeader, display);
   if (!doc.is_object()) {
     header_error(display, "", "header JSON is not an object (got " + describe(doc) + ")");
@@ -685,6 +932,20 @@ SafetensorsHeader parse_safetensors_header(std::string_view text, std::uint64_t 
   return tile_entries(std::move(h), std::move(entries), n);
 }
 
+}  // namespace detail
+
+SafetensorsHeader parse_safetensors_header(std::string_view text, std::uint64_t file_size,
+                                           const std::string& display) {
+  // The plain scanner, then the SAX pass, then the document path with its errors:
+  // each accepts a subset of the next and gives the same result where it accepts.
+  if (auto h = detail::parse_header_plain(text, file_size, display)) {
+    return std::move(*h);
+  }
+  if (auto h = detail::parse_header_sax(text, file_size, display)) {
+    return std::move(*h);
+  }
+  return detail::parse_header_document(text, file_size, display);
+}
 
 SafetensorsHeader read_safetensors_header(const std::string& path, const std::string& display) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

@@ -1,17 +1,21 @@
-// The header's SAX fast path against the document path it falls back to: a field
-// the fast path does not expect (here an unknown key in the first entry, which the
-// document path ignores) sends the same header down the document path, and both
-// must give the same tensors, in the same order, and the same metadata.
+// The header's three paths (io/safetensors_internal.hpp) against each other: the
+// plain scanner, the SAX pass and the document path must give the same tensors, in
+// the same order, and the same metadata wherever they accept a header. Random
+// headers are read by each path directly; an escaped name is the SAX pass's and
+// not the scanner's, and an unknown entry field (which the document path ignores)
+// is the document path's alone.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "common/error.hpp"
 #include "io/safetensors.hpp"
+#include "io/safetensors_internal.hpp"
 
 namespace ferry::io {
 namespace {
@@ -93,23 +97,81 @@ void expect_same(const SafetensorsHeader& a, const SafetensorsHeader& b) {
   EXPECT_EQ(a.header_bytes, b.header_bytes);
 }
 
-TEST(HeaderFastPath, AgreesWithTheDocumentPathOnRandomHeaders) {
+// `text` with the first tensor name's leading 't' written as the escape \u0074:
+// the same header to a JSON reader, not to the plain scanner.
+std::string escaped(std::string text) {
+  const std::size_t at = text.find("\"t");
+  text.replace(at + 1, 1, "\\u0074");
+  return text;
+}
+
+TEST(HeaderFastPath, ThePlainScannerTheSaxPassAndTheDocumentPathAgree) {
   std::mt19937_64 rng(20261130);
   for (int round = 0; round < 300; ++round) {
     SCOPED_TRACE(round);
     Header h = random_header(rng);
-    const std::string fast = with_extra(h.text, "");
-    // Same length, so that the data region starts at the same offset.
-    const std::string slow = with_extra(h.text, ",\"x\":0");
-    const std::string fast_padded = fast + std::string(slow.size() - fast.size(), ' ');
-    SafetensorsHeader a =
-        parse_safetensors_header(fast_padded, 8 + slow.size() + h.data_bytes, "f");
-    SafetensorsHeader b = parse_safetensors_header(slow, 8 + slow.size() + h.data_bytes, "f");
-    expect_same(a, b);
+    // Three spellings of one header, padded with trailing spaces to one length so
+    // that the data region starts at one offset.
+    std::string plain = with_extra(h.text, "");
+    std::string esc = escaped(plain);
+    std::string doc = with_extra(h.text, ",\"x\":0");
+    const std::size_t length = std::max({plain.size(), esc.size(), doc.size()});
+    for (std::string* t : {&plain, &esc, &doc}) {
+      t->append(length - t->size(), ' ');
+    }
+    const std::string& plain_padded = plain;
+    const std::uint64_t file_size = 8 + doc.size() + h.data_bytes;
+    std::optional<SafetensorsHeader> a = detail::parse_header_plain(plain_padded, file_size, "f");
+    std::optional<SafetensorsHeader> b = detail::parse_header_sax(plain_padded, file_size, "f");
+    ASSERT_TRUE(a.has_value()) << plain;
+    ASSERT_TRUE(b.has_value()) << plain;
+    SafetensorsHeader c = detail::parse_header_document(plain_padded, file_size, "f");
+    expect_same(*a, *b);
+    expect_same(*a, c);
+    // The escaped name: the scanner declines, the SAX pass and the document agree.
+    EXPECT_FALSE(detail::parse_header_plain(esc, file_size, "f").has_value());
+    std::optional<SafetensorsHeader> d = detail::parse_header_sax(esc, file_size, "f");
+    ASSERT_TRUE(d.has_value());
+    expect_same(*a, *d);
+    expect_same(*a, detail::parse_header_document(esc, file_size, "f"));
+    // The unknown field: only the document path reads it, to the same result.
+    EXPECT_FALSE(detail::parse_header_plain(doc, file_size, "f").has_value());
+    EXPECT_FALSE(detail::parse_header_sax(doc, file_size, "f").has_value());
+    expect_same(*a, detail::parse_header_document(doc, file_size, "f"));
+    // And the public entry point takes the first path that accepts.
+    expect_same(*a, parse_safetensors_header(doc, file_size, "f"));
     if (HasFailure()) {
-      ADD_FAILURE() << fast;
+      ADD_FAILURE() << plain;
       return;
     }
+  }
+}
+
+// What the plain scanner leaves to the other paths, one case each.
+TEST(HeaderFastPath, ThePlainScannerDeclinesAnythingButPlainJson) {
+  const std::string good = R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})";
+  ASSERT_TRUE(detail::parse_header_plain(good, 8 + good.size() + 4, "f").has_value());
+  for (
+      const std::string text : {
+          R"({"\u0061":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",           // escape
+          "{\"\xc3\xa9\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",  // UTF-8
+          R"({"a":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}})",              // fraction
+          R"({"a":{"dtype":"F32","shape":[1e0],"data_offsets":[0,4]}})",              // exponent
+          R"({"a":{"dtype":"F32","shape":[01],"data_offsets":[0,4]}})",  // leading zero
+          R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})",  // sign
+          R"({"a":{"dtype":"F32","shape":[18446744073709551616],"data_offsets":[0,4]}})",
+          R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4],"x":1}})",  // unknown key
+          R"({"a":{"dtype":"F32","dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+          R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+          R"({"__metadata__":{"k":"v","k":"w"},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+          R"({"__metadata__":{"k":1},"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
+          R"({"a":{"dtype":"Q4","shape":[1],"data_offsets":[0,4]}})",     // unknown dtype
+          R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,8]}})",    // wrong span
+          R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}} x)",  // trailing bytes
+          R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})",     // unterminated
+      }) {
+    SCOPED_TRACE(text);
+    EXPECT_FALSE(detail::parse_header_plain(text, 8 + text.size() + 4, "f").has_value());
   }
 }
 
