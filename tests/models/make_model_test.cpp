@@ -302,28 +302,28 @@ TEST(MakeModel, OptionsADenseFamilyIgnoresAreRefused) {
   // Options of MoE and MTP models mean nothing to Llama: refused, naming the
   // option, rather than silently ignored.
   const nlohmann::json c = llama_config();
-  models::ModelOptions o;
-  o.draft = true;
-  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); }),
-              AllOf(HasSubstr("model.draft"), HasSubstr("no MTP")));
-  o = {};
-  o.eplb = models::ModelOptions::Eplb{8, {}};
-  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); }),
-              HasSubstr("model.eplb_map: LlamaForCausalLM has no experts"));
-  o = {};
-  o.switch_w13 = true;
-  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); }),
-              HasSubstr("model.switch_w13"));
-  o = {};
-  o.pad_moe_intermediate_to = 128;
-  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); }),
-              HasSubstr("model.pad_moe_intermediate_to"));
-  o = {};
-  o.fuse_shared_experts = true;
-  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); }),
+  auto refusal = [&](const models::ModelOptions& o) {
+    return error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); });
+  };
+  models::ModelOptions draft;
+  draft.draft = true;
+  EXPECT_THAT(refusal(draft), AllOf(HasSubstr("model.draft"), HasSubstr("no MTP")));
+  models::ModelOptions eplb;
+  eplb.eplb.emplace().num_physical_experts = 8;
+  EXPECT_THAT(refusal(eplb), HasSubstr("model.eplb_map: LlamaForCausalLM has no experts"));
+  models::ModelOptions switched;
+  switched.switch_w13 = true;
+  EXPECT_THAT(refusal(switched), HasSubstr("model.switch_w13"));
+  models::ModelOptions padded;
+  padded.pad_moe_intermediate_to = 128;
+  EXPECT_THAT(refusal(padded), HasSubstr("model.pad_moe_intermediate_to"));
+  models::ModelOptions fused;
+  fused.fuse_shared_experts = true;
+  EXPECT_THAT(refusal(fused),
               HasSubstr("model.fuse_shared_experts: LlamaForCausalLM has no shared experts"));
-  o.fuse_shared_experts = false;  // false (and auto) ask for nothing
-  EXPECT_NO_THROW(models::make_model(c, {}, o));
+  models::ModelOptions unfused;
+  unfused.fuse_shared_experts = false;  // false (and auto) ask for nothing
+  EXPECT_NO_THROW(models::make_model(c, {}, unfused));
 }
 
 TEST(MakeModel, ShellsAreSortedWithContiguousStrides) {
