@@ -252,6 +252,9 @@ struct CopyWorkerState {
       }
       landed[f.param] += f.dst_bytes();
       shared->bytes_copied.fetch_add(f.dst_bytes());
+      if (actors::PipelineProgress* p = input.progress) {
+        p->bytes_copied.fetch_add(f.dst_bytes(), std::memory_order_relaxed);
+      }
     }
     return landed;
   }

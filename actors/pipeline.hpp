@@ -47,6 +47,13 @@ struct RankTarget {
   std::vector<std::byte*> params;  // indexed like the rank's RankShell::params
 };
 
+// Counters a caller may watch while the pipeline runs (runtime::LoadHandle::progress):
+// bytes of windows read and of param bytes copied so far.
+struct PipelineProgress {
+  std::atomic<std::uint64_t> bytes_read{0};
+  std::atomic<std::uint64_t> bytes_copied{0};
+};
+
 struct PipelineInput {
   const io::CheckpointIndex* index = nullptr;
   const models::Model* model = nullptr;
@@ -62,6 +69,8 @@ struct PipelineInput {
   std::function<void(std::size_t local_rank, const std::string& param)> before_copy;
   // Set by another thread to cancel; checked by every actor between steps.
   const std::atomic<bool>* cancel = nullptr;
+  // Updated as windows are read and fragments copied; null = not watched.
+  PipelineProgress* progress = nullptr;
 };
 
 struct PipelineResult {

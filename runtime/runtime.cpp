@@ -19,11 +19,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "actors/pipeline.hpp"
 #include "actors/plan.hpp"
@@ -240,19 +242,106 @@ void LoadedModel::dump(const std::string& dir) const {
 
 // ---- Runtime ------------------------------------------------------------------------
 
-struct Runtime::Impl {
-  LoadConfig config;
-  RuntimeHooks hooks;
+// One load: its cancel flag, where it is, and (once it ends) its result.
+struct LoadHandle::State {
   std::atomic<bool> cancel{false};
-  std::mutex load_mu;  // one load at a time per Runtime
+  std::atomic<LoadPhase> phase{LoadPhase::kStarting};
+  std::atomic<std::uint64_t> bytes_planned{0};
+  std::atomic<std::size_t> tensors_placed{0};
+  actors::PipelineProgress pipeline;
 
+  mutable std::mutex mu;
+  mutable std::condition_variable cv;
+  std::optional<LoadResult> result;  // set once, under mu
+
+  void finish(LoadResult r) {
+    phase.store(r ? LoadPhase::kDone : LoadPhase::kFailed);
+    {
+      std::lock_guard lock(mu);
+      result = std::move(r);
+    }
+    cv.notify_all();
+  }
   void check_cancel() const {
     if (cancel.load()) {
       throw Error(Stage::kCancelled, "", "", "the load was cancelled");
     }
   }
+  bool phase_is_final() const {
+    std::lock_guard lock(mu);
+    return result.has_value();
+  }
+};
 
-  LoadResult load(LoadReport& report);
+std::string_view to_string(LoadPhase phase) {
+  switch (phase) {
+    case LoadPhase::kStarting:
+      return "starting";
+    case LoadPhase::kResolve:
+      return "resolve";
+    case LoadPhase::kPlan:
+      return "plan";
+    case LoadPhase::kAllocate:
+      return "allocate";
+    case LoadPhase::kStream:
+      return "stream";
+    case LoadPhase::kVerify:
+      return "verify";
+    case LoadPhase::kDone:
+      return "done";
+    case LoadPhase::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+LoadResult LoadHandle::wait() const {
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait(lock, [this] { return state_->result.has_value(); });
+  return *state_->result;
+}
+
+std::optional<LoadResult> LoadHandle::wait_for(std::chrono::milliseconds timeout) const {
+  std::unique_lock lock(state_->mu);
+  if (!state_->cv.wait_for(lock, timeout, [this] { return state_->result.has_value(); })) {
+    return std::nullopt;
+  }
+  return *state_->result;
+}
+
+void LoadHandle::cancel() const {
+  state_->cancel.store(true);
+}
+
+bool LoadHandle::done() const {
+  std::lock_guard lock(state_->mu);
+  return state_->result.has_value();
+}
+
+LoadProgress LoadHandle::progress() const {
+  LoadProgress p;
+  p.phase = state_->phase.load();
+  p.bytes_planned = state_->bytes_planned.load();
+  p.bytes_read = state_->pipeline.bytes_read.load();
+  p.bytes_copied = state_->pipeline.bytes_copied.load();
+  p.tensors_placed = state_->tensors_placed.load();
+  return p;
+}
+
+// ---- Runtime ------------------------------------------------------------------------
+
+struct Runtime::Impl {
+  LoadConfig config;
+  RuntimeHooks hooks;
+  std::mutex mu;  // guards current and worker
+  // The last load started. Weak: the Runtime never keeps a finished load's model
+  // alive; its handles and its thread (until the thread ends) do.
+  std::weak_ptr<LoadHandle::State> current;
+  std::thread worker;  // runs it
+
+  // One load with `state`: never throws, always finishes the state.
+  void run(LoadHandle::State& state);
+  LoadResult load(LoadReport& report, LoadHandle::State& handle);
 };
 
 Runtime::Runtime(LoadConfig config, RuntimeHooks hooks) : impl_(std::make_unique<Impl>()) {
@@ -260,44 +349,84 @@ Runtime::Runtime(LoadConfig config, RuntimeHooks hooks) : impl_(std::make_unique
   impl_->hooks = std::move(hooks);
 }
 
-Runtime::~Runtime() = default;
-
-void Runtime::cancel() {
-  impl_->cancel.store(true);
-}
-
-LoadResult Runtime::load() {
-  std::lock_guard lock(impl_->load_mu);
-  impl_->cancel.store(false);
-  LoadReport report;
-  try {
-    return impl_->load(report);
-  } catch (const Error& e) {
-    LoadResult r;
-    r.error = to_info(e);
-    return r;
-  } catch (const std::exception& e) {
-    LoadResult r;
-    r.error = to_info(Error(Stage::kConfig, "", "", std::string("unexpected: ") + e.what()));
-    return r;
+Runtime::~Runtime() {
+  std::lock_guard lock(impl_->mu);
+  if (auto running = impl_->current.lock()) {
+    running->cancel.store(true);
+  }
+  if (impl_->worker.joinable()) {
+    impl_->worker.join();
   }
 }
 
-LoadResult Runtime::Impl::load(LoadReport& report) {
+void Runtime::cancel() {
+  std::lock_guard lock(impl_->mu);
+  if (auto running = impl_->current.lock(); running && !running->phase_is_final()) {
+    running->cancel.store(true);
+  }
+}
+
+LoadHandle Runtime::start() {
+  std::lock_guard lock(impl_->mu);
+  auto state = std::make_shared<LoadHandle::State>();
+  if (auto running = impl_->current.lock(); running && !running->phase_is_final()) {
+    LoadResult r;
+    r.error = to_info(Error(Stage::kConfig, "", "",
+                            "a load is already running on this Runtime; wait for it (or "
+                            "cancel it) before starting another"));
+    state->finish(std::move(r));
+    return LoadHandle(state);
+  }
+  if (impl_->worker.joinable()) {
+    impl_->worker.join();  // the previous load has finished: its thread is ending
+  }
+  impl_->current = state;
+  impl_->worker = std::thread([impl = impl_.get(), state] { impl->run(*state); });
+  return LoadHandle(state);
+}
+
+LoadResult Runtime::load() {
+  LoadHandle handle = start();
+  LoadResult r = handle.wait();
+  // Join this load's thread, so that once the caller drops the result nothing of the
+  // load is left (the thread's reference to the state goes with it).
+  std::lock_guard lock(impl_->mu);
+  if (impl_->current.lock() == handle.state_ && impl_->worker.joinable()) {
+    impl_->worker.join();
+  }
+  return r;
+}
+
+void Runtime::Impl::run(LoadHandle::State& state) {
+  LoadReport report;
+  LoadResult r;
+  try {
+    r = load(report, state);
+  } catch (const Error& e) {
+    r.error = to_info(e);
+  } catch (const std::exception& e) {
+    r.error = to_info(Error(Stage::kConfig, "", "", std::string("unexpected: ") + e.what()));
+  }
+  state.finish(std::move(r));
+}
+
+LoadResult Runtime::Impl::load(LoadReport& report, LoadHandle::State& handle) {
   const LoadConfig& c = config;
   const Clock::time_point t0 = Clock::now();
 
   // ---- resolve
+  handle.phase.store(LoadPhase::kResolve);
   // Shared with `ferry plan` (runtime/plan_report.hpp).
   ResolvedCheckpoint resolved = resolve_checkpoint(c);
   const io::ResolvedSource& source = resolved.source;
   const io::CheckpointIndex& index = resolved.index;
   report.files = index.files.size();
   report.warnings = resolved.warnings;
-  check_cancel();
+  handle.check_cancel();
   const Clock::time_point t1 = Clock::now();
 
   // ---- plan
+  handle.phase.store(LoadPhase::kPlan);
   // The layout and model options from the config (shared with `ferry plan`).
   std::shared_ptr<const models::Model> model = make_configured_model(c, resolved.hf_config);
   if (hooks.wrap_model) {
@@ -327,10 +456,13 @@ LoadResult Runtime::Impl::load(LoadReport& report) {
     report.warnings.push_back(w);
   }
 
-  check_cancel();
+  handle.check_cancel();
   const Clock::time_point t_plan = Clock::now();
 
   // ---- allocate
+  handle.phase.store(LoadPhase::kAllocate);
+  handle.bytes_planned.store(plan.bytes_planned);
+  handle.tensors_placed.store(plan.placed);
   const auto& shells = model->shells();
   auto state = std::make_shared<LoadedModel::State>();
   if (!hooks.devices.empty()) {
@@ -386,10 +518,11 @@ LoadResult Runtime::Impl::load(LoadReport& report) {
       io::drop_page_cache(io::File::open(f.path, false, f.name));
     }
   }
-  check_cancel();
+  handle.check_cancel();
   const Clock::time_point t2 = Clock::now();
 
   // ---- stream (+ postprocess)
+  handle.phase.store(LoadPhase::kStream);
   actors::PipelineInput input;
   input.index = &index;
   input.model = model.get();
@@ -415,7 +548,8 @@ LoadResult Runtime::Impl::load(LoadReport& report) {
   }
   input.faults = hooks.faults;
   input.before_copy = hooks.before_copy;
-  input.cancel = &cancel;
+  input.cancel = &handle.cancel;
+  input.progress = &handle.pipeline;
   actors::PipelineResult streamed = actors::run_pipeline(input);
   report.bytes_read = index.header_bytes_read + streamed.bytes_read;
   report.bytes_copied = streamed.bytes_copied;
@@ -432,6 +566,7 @@ LoadResult Runtime::Impl::load(LoadReport& report) {
   const Clock::time_point t3 = Clock::now();
 
   // ---- verify: every param written exactly once over
+  handle.phase.store(LoadPhase::kVerify);
   std::vector<std::string> short_params;
   for (std::size_t r = 0; r < shells.size(); ++r) {
     for (std::size_t p = 0; p < shells[r].params.size(); ++p) {

@@ -11,15 +11,16 @@
 // allocated.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/dtype.hpp"
 #include "common/error.hpp"
@@ -133,17 +134,58 @@ struct RuntimeHooks {
       wrap_model;
 };
 
+// Where a load is, for an engine that watches it.
+enum class LoadPhase { kStarting, kResolve, kPlan, kAllocate, kStream, kVerify, kDone, kFailed };
+std::string_view to_string(LoadPhase phase);
+
+// A snapshot of a running (or finished) load.
+struct LoadProgress {
+  LoadPhase phase = LoadPhase::kStarting;
+  std::uint64_t bytes_planned = 0;  // tensor bytes the plan reads (0 until planned)
+  std::uint64_t bytes_read = 0;     // of them, read so far (O_DIRECT widening included)
+  std::uint64_t bytes_copied = 0;   // param bytes written from checkpoint data so far
+  std::size_t tensors_placed = 0;   // checkpoint tensors the plan places (0 until planned)
+};
+
+// One load started by Runtime::start(). Copyable; every copy is the same load.
+// The load runs on a thread of the Runtime whether or not a handle is kept.
+class LoadHandle {
+ public:
+  // Blocks until the load ends; returns its result (the same on every call).
+  LoadResult wait() const;
+  // The result when the load ends within `timeout`, else nullopt.
+  std::optional<LoadResult> wait_for(std::chrono::milliseconds timeout) const;
+  // Asks this load to stop; it ends with Stage::kCancelled unless it already ended.
+  // Thread-safe, never blocks.
+  void cancel() const;
+  LoadProgress progress() const;
+  bool done() const;
+
+  struct State;  // internal (runtime/runtime.cpp)
+
+ private:
+  friend class Runtime;
+  explicit LoadHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
 class Runtime {
  public:
   explicit Runtime(LoadConfig config, RuntimeHooks hooks = {});
+  // Cancels a load still running and waits for it to stop.
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
 
-  // Runs one load to completion. Never throws.
+  // Starts one load on a ferry thread and returns at once. One load at a time: a
+  // start() while the previous load runs returns a handle whose result is an error
+  // (Stage::kConfig, "a load is already running"). Never throws.
+  LoadHandle start();
+  // start().wait(). Never throws.
   LoadResult load();
-  // Asks a running load() to stop; it returns an error with Stage::kCancelled.
-  // Thread-safe; harmless when no load runs.
+  // Asks the load that is running, or starting, to stop; it ends with
+  // Stage::kCancelled. A cancel after start() returned is never lost; with no load
+  // in progress it does nothing (the next load is not affected). Thread-safe.
   void cancel();
 
  private:

@@ -250,7 +250,8 @@ TEST_F(FailureTest, CancelFromAnotherThreadAtRandomTimes) {
     LoadResult r = rt.load();
     canceller.join();
     if (r) {
-      // The cancel came before load() started (which resets it) or after the end.
+      // The cancel came before the load was started (no load in progress, so it did
+      // nothing) or after it ended.
       r.model.reset();
     } else {
       EXPECT_EQ(r.error->stage, Stage::kCancelled) << r.error->message;

@@ -1,0 +1,218 @@
+// Runtime::start() and its LoadHandle: a load on a ferry thread that an engine can
+// wait for (with or without a deadline), watch and cancel; a cancel issued once
+// start() has returned is never lost; one load at a time; and nothing of a load is
+// left once its results and handles are released.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu/host_device.hpp"
+#include "models/model.hpp"
+#include "runtime/runtime.hpp"
+#include "runtime/runtime_test_util.hpp"
+#include "testing/temp_dir.hpp"
+
+namespace ferry::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::Checkpoint;
+using testing::make_config;
+using testing::synth_checkpoint;
+using testing::TempDir;
+
+// A gate a hook waits at until the test opens it (bounded, so a bug cannot hang).
+class Gate {
+ public:
+  void wait() {
+    reached_.store(true);
+    for (int i = 0; i < 10'000 && !open_.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  void open() { open_.store(true); }
+  bool reached() const { return reached_.load(); }
+  // Waits (bounded) until a hook has reached the gate.
+  bool await_reached() const {
+    for (int i = 0; i < 10'000 && !reached_.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return reached_.load();
+  }
+
+ private:
+  std::atomic<bool> open_{false};
+  std::atomic<bool> reached_{false};
+};
+
+class LoadHandleTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    ck_ = new Checkpoint(synth_checkpoint(dir_->file("llama"), "llama"));
+  }
+  static void TearDownTestSuite() {
+    delete ck_;
+    delete dir_;
+  }
+  static LoadConfig config() { return make_config(ck_->dir, {"parallel.tp=2"}); }
+  // Host devices whose allocations a test checks after everything is released.
+  static std::vector<std::shared_ptr<gpu::Device>> devices() {
+    return {gpu::make_host_device(0), gpu::make_host_device(1)};
+  }
+  static void expect_released(const std::vector<std::shared_ptr<gpu::Device>>& devices) {
+    for (const auto& d : devices) {
+      EXPECT_TRUE(d->stats().all_released()) << d->name();
+    }
+  }
+  static TempDir* dir_;
+  static Checkpoint* ck_;
+};
+TempDir* LoadHandleTest::dir_ = nullptr;
+Checkpoint* LoadHandleTest::ck_ = nullptr;
+
+TEST_F(LoadHandleTest, StartThenWaitIsALoadAndProgressEndsAtItsReport) {
+  RuntimeHooks hooks;
+  hooks.devices = devices();
+  {
+    Runtime rt(config(), hooks);
+    LoadHandle h = rt.start();
+    LoadResult r = h.wait();
+    ASSERT_TRUE(r) << r.error->message;
+    EXPECT_TRUE(h.done());
+    EXPECT_EQ(h.wait().model, r.model);  // the same result on every call
+    const LoadReport& rep = r.model->report();
+    const LoadProgress p = h.progress();
+    EXPECT_EQ(p.phase, LoadPhase::kDone);
+    EXPECT_EQ(to_string(p.phase), "done");
+    EXPECT_EQ(p.tensors_placed, rep.tensors.placed);
+    EXPECT_GT(p.bytes_planned, 0u);
+    EXPECT_EQ(p.bytes_read, p.bytes_planned);  // buffered reads: exactly the plan
+    EXPECT_EQ(p.bytes_copied, rep.bytes_copied);
+    // A plain load of the same config gives the same parameters.
+    LoadResult again = rt.load();
+    ASSERT_TRUE(again);
+    for (std::size_t rank = 0; rank < 2; ++rank) {
+      for (const LoadedParam& param : r.model->ranks()[rank].params) {
+        EXPECT_EQ(r.model->read_param(rank, param.name),
+                  again.model->read_param(rank, param.name))
+            << param.name;
+      }
+    }
+  }
+  expect_released(hooks.devices);
+}
+
+TEST_F(LoadHandleTest, WaitForTimesOutWhileTheLoadStreamsAndProgressShowsIt) {
+  Gate gate;
+  RuntimeHooks hooks;
+  hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
+  Runtime rt(config(), hooks);
+  LoadHandle h = rt.start();
+  ASSERT_TRUE(gate.await_reached());
+  EXPECT_EQ(h.wait_for(std::chrono::milliseconds(20)), std::nullopt);
+  EXPECT_FALSE(h.done());
+  const LoadProgress p = h.progress();
+  EXPECT_EQ(p.phase, LoadPhase::kStream);
+  EXPECT_GT(p.bytes_planned, 0u);
+  EXPECT_GT(p.tensors_placed, 0u);
+  gate.open();
+  std::optional<LoadResult> r = h.wait_for(std::chrono::seconds(30));
+  ASSERT_TRUE(r.has_value());
+  EXPECT_TRUE(*r) << r->error->message;
+}
+
+TEST_F(LoadHandleTest, TheHandleCancelsItsLoad) {
+  Gate gate;
+  RuntimeHooks hooks;
+  hooks.devices = devices();
+  hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
+  {
+    Runtime rt(config(), hooks);
+    LoadHandle h = rt.start();
+    ASSERT_TRUE(gate.await_reached());
+    h.cancel();
+    gate.open();
+    LoadResult r = h.wait();
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error->stage, Stage::kCancelled) << r.error->message;
+    EXPECT_EQ(h.progress().phase, LoadPhase::kFailed);
+  }
+  expect_released(hooks.devices);
+}
+
+TEST_F(LoadHandleTest, ACancelRightAfterStartIsNeverLost) {
+  // The load is held in its plan phase (wrap_model runs there) until the cancel has
+  // been issued: Runtime::cancel() right after start() must reach it every time.
+  for (int round = 0; round < 20; ++round) {
+    SCOPED_TRACE(round);
+    Gate gate;
+    RuntimeHooks hooks;
+    hooks.wrap_model = [&](std::shared_ptr<const models::Model> m) {
+      gate.wait();
+      return m;
+    };
+    Runtime rt(config(), hooks);
+    LoadHandle h = rt.start();
+    rt.cancel();
+    gate.open();
+    LoadResult r = h.wait();
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error->stage, Stage::kCancelled);
+  }
+  // With no load in progress a cancel does nothing, and the next load runs.
+  Runtime rt(config());
+  rt.cancel();
+  EXPECT_TRUE(rt.load());
+  rt.cancel();
+  EXPECT_TRUE(rt.load());
+}
+
+TEST_F(LoadHandleTest, OneLoadAtATime) {
+  Gate gate;
+  RuntimeHooks hooks;
+  hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
+  Runtime rt(config(), hooks);
+  LoadHandle first = rt.start();
+  ASSERT_TRUE(gate.await_reached());
+  LoadHandle second = rt.start();
+  ASSERT_TRUE(second.done());
+  LoadResult refused = second.wait();
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error->stage, Stage::kConfig);
+  EXPECT_THAT(refused.error->message, HasSubstr("a load is already running"));
+  gate.open();
+  EXPECT_TRUE(first.wait());
+  EXPECT_TRUE(rt.start().wait());  // once it has ended, the next may start
+}
+
+TEST_F(LoadHandleTest, DestroyingTheRuntimeCancelsARunningLoad) {
+  // A slow stream (every copy sleeps), then the Runtime goes: its destructor cancels
+  // the load and waits for it, and the handle kept by the engine sees the end.
+  RuntimeHooks hooks;
+  hooks.devices = devices();
+  hooks.before_copy = [](std::size_t, const std::string&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  };
+  std::optional<LoadHandle> h;
+  {
+    Runtime rt(make_config(ck_->dir, {"parallel.tp=2", "io.chunk_bytes=8192"}), hooks);
+    h = rt.start();
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  }
+  ASSERT_TRUE(h->done());
+  LoadResult r = h->wait();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error->stage, Stage::kCancelled);
+  h.reset();
+  expect_released(hooks.devices);
+}
+
+}  // namespace
+}  // namespace ferry::runtime
