@@ -71,6 +71,9 @@ struct PipelineInput {
   const std::atomic<bool>* cancel = nullptr;
   // Updated as windows are read and fragments copied; null = not watched.
   PipelineProgress* progress = nullptr;
+  // Called by the post-processor (an actor: it must not block) when every byte of a
+  // param has landed, hook outputs included; empty = not watched.
+  std::function<void(std::size_t local_rank, std::size_t param)> on_param_complete;
 };
 
 struct PipelineResult {

@@ -101,6 +101,9 @@ struct PostProcessorState {
   }
 
   void completed(std::size_t rank, std::size_t param) {
+    if (const auto& notify = shared->input().on_param_complete) {
+      notify(rank, param);
+    }
     --missing_all;
     if (!is_output[rank][param]) {
       --missing_copied;

@@ -242,8 +242,11 @@ void LoadedModel::dump(const std::string& dir) const {
 
 // ---- Runtime ------------------------------------------------------------------------
 
+class CallbackThread;
+
 // One load: its cancel flag, where it is, and (once it ends) its result.
 struct LoadHandle::State {
+  CallbackThread* callbacks = nullptr;  // set while the load runs, when it has any
   std::atomic<bool> cancel{false};
   std::atomic<LoadPhase> phase{LoadPhase::kStarting};
   std::atomic<std::uint64_t> bytes_planned{0};
@@ -271,6 +274,155 @@ struct LoadHandle::State {
     std::lock_guard lock(mu);
     return result.has_value();
   }
+};
+
+namespace {
+
+LoadProgress snapshot(const LoadHandle::State& s) {
+  LoadProgress p;
+  p.phase = s.phase.load();
+  p.bytes_planned = s.bytes_planned.load();
+  p.bytes_read = s.pipeline.bytes_read.load();
+  p.bytes_copied = s.pipeline.bytes_copied.load();
+  p.tensors_placed = s.tensors_placed.load();
+  return p;
+}
+
+// "model.layers.<i>." -> i; nothing for other names.
+std::optional<std::uint64_t> layer_of(const std::string& name) {
+  constexpr std::string_view kPrefix = "model.layers.";
+  if (name.rfind(kPrefix, 0) != 0) {
+    return std::nullopt;
+  }
+  std::uint64_t layer = 0;
+  std::size_t i = kPrefix.size();
+  if (i >= name.size() || name[i] < '0' || name[i] > '9') {
+    return std::nullopt;
+  }
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) {
+    layer = layer * 10 + static_cast<std::uint64_t>(name[i] - '0');
+  }
+  return i < name.size() && name[i] == '.' ? std::optional(layer) : std::nullopt;
+}
+
+}  // namespace
+
+// Runs one load's LoadCallbacks on a thread of its own. The pipeline only posts to
+// it (param_complete takes a short lock and returns); progress is sampled, so
+// updates coalesce; the first callback that throws cancels the load and silences
+// the rest.
+class CallbackThread {
+ public:
+  CallbackThread(LoadCallbacks callbacks, LoadHandle::State& state)
+      : callbacks_(std::move(callbacks)), state_(state), thread_([this] { loop(); }) {}
+  CallbackThread(const CallbackThread&) = delete;
+  CallbackThread& operator=(const CallbackThread&) = delete;
+  ~CallbackThread() { stop(); }
+
+  // Before the stream: the decoder layer of each param of each local rank.
+  void set_layers(const std::vector<models::RankShell>& shells) {
+    std::lock_guard lock(mu_);
+    for (const models::RankShell& shell : shells) {
+      auto& of = param_layer_.emplace_back();
+      auto& left = remaining_.emplace_back();
+      tp_ranks_.push_back(shell.tp_rank);
+      for (const models::ParamSpec& p : shell.params) {
+        std::optional<std::uint64_t> layer = p.nbytes == 0 ? std::nullopt : layer_of(p.name);
+        of.push_back(layer);
+        if (layer) {
+          ++left[*layer];
+        }
+      }
+    }
+  }
+  // From the post-processor: every byte of (rank, param) has landed.
+  void param_complete(std::size_t rank, std::size_t param) {
+    std::lock_guard lock(mu_);
+    if (rank >= param_layer_.size() || param >= param_layer_[rank].size()) {
+      return;
+    }
+    if (const std::optional<std::uint64_t> layer = param_layer_[rank][param]) {
+      if (--remaining_[rank][*layer] == 0) {
+        ready_.emplace_back(*layer, tp_ranks_[rank]);
+        cv_.notify_one();
+      }
+    }
+  }
+  // Delivers what is pending and a last progress, then stops. Returns what the
+  // first callback that threw said, if one did.
+  std::optional<std::string> stop() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_one();
+    if (thread_.joinable()) {
+      thread_.join();
+    }
+    return error_;
+  }
+
+ private:
+  void loop() {
+    std::optional<LoadProgress> last;
+    std::unique_lock lock(mu_);
+    while (true) {
+      cv_.wait_for(lock, std::chrono::milliseconds(5),
+                   [this] { return stopping_ || !ready_.empty(); });
+      std::vector<std::pair<std::uint64_t, int>> ready;
+      ready.swap(ready_);
+      const bool stopping = stopping_;
+      lock.unlock();
+      for (const auto& [layer, tp_rank] : ready) {
+        call("on_layer_ready", [&] {
+          if (callbacks_.on_layer_ready) {
+            callbacks_.on_layer_ready(layer, tp_rank);
+          }
+        });
+      }
+      const LoadProgress now = snapshot(state_);
+      if (callbacks_.on_progress && (!last || now != *last)) {
+        last = now;
+        call("on_progress", [&] {
+          if (!callbacks_.on_progress(now)) {
+            state_.cancel.store(true);  // the engine asked to stop
+          }
+        });
+      }
+      lock.lock();
+      if (stopping && ready_.empty()) {
+        return;
+      }
+    }
+  }
+  template <class F>
+  void call(const char* which, F&& f) {
+    if (error_) {
+      return;  // the load is failing already: no more callbacks
+    }
+    try {
+      f();
+    } catch (const std::exception& e) {
+      error_ = std::string(which) + " threw: " + e.what();
+    } catch (...) {
+      error_ = std::string(which) + " threw a non-standard exception";
+    }
+    if (error_) {
+      state_.cancel.store(true);
+    }
+  }
+
+  LoadCallbacks callbacks_;
+  LoadHandle::State& state_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::vector<std::vector<std::optional<std::uint64_t>>> param_layer_;  // [rank][param]
+  std::vector<std::map<std::uint64_t, std::size_t>> remaining_;         // [rank][layer]
+  std::vector<int> tp_ranks_;
+  std::vector<std::pair<std::uint64_t, int>> ready_;  // (layer, tp rank) to deliver
+  std::optional<std::string> error_;                  // written by the thread only
+  std::thread thread_;  // last: it starts once everything above exists
 };
 
 std::string_view to_string(LoadPhase phase) {
@@ -319,13 +471,7 @@ bool LoadHandle::done() const {
 }
 
 LoadProgress LoadHandle::progress() const {
-  LoadProgress p;
-  p.phase = state_->phase.load();
-  p.bytes_planned = state_->bytes_planned.load();
-  p.bytes_read = state_->pipeline.bytes_read.load();
-  p.bytes_copied = state_->pipeline.bytes_copied.load();
-  p.tensors_placed = state_->tensors_placed.load();
-  return p;
+  return snapshot(*state_);
 }
 
 // ---- Runtime ------------------------------------------------------------------------
@@ -340,7 +486,7 @@ struct Runtime::Impl {
   std::thread worker;  // runs it
 
   // One load with `state`: never throws, always finishes the state.
-  void run(LoadHandle::State& state);
+  void run(LoadHandle::State& state, const LoadCallbacks& callbacks);
   LoadResult load(LoadReport& report, LoadHandle::State& handle);
 };
 
@@ -366,7 +512,7 @@ void Runtime::cancel() {
   }
 }
 
-LoadHandle Runtime::start() {
+LoadHandle Runtime::start(LoadCallbacks callbacks) {
   std::lock_guard lock(impl_->mu);
   auto state = std::make_shared<LoadHandle::State>();
   if (auto running = impl_->current.lock(); running && !running->phase_is_final()) {
@@ -381,7 +527,8 @@ LoadHandle Runtime::start() {
     impl_->worker.join();  // the previous load has finished: its thread is ending
   }
   impl_->current = state;
-  impl_->worker = std::thread([impl = impl_.get(), state] { impl->run(*state); });
+  impl_->worker = std::thread(
+      [impl = impl_.get(), state, cb = std::move(callbacks)] { impl->run(*state, cb); });
   return LoadHandle(state);
 }
 
@@ -397,7 +544,12 @@ LoadResult Runtime::load() {
   return r;
 }
 
-void Runtime::Impl::run(LoadHandle::State& state) {
+void Runtime::Impl::run(LoadHandle::State& state, const LoadCallbacks& callbacks) {
+  std::unique_ptr<CallbackThread> notifier;
+  if (callbacks.on_progress || callbacks.on_layer_ready) {
+    notifier = std::make_unique<CallbackThread>(callbacks, state);
+    state.callbacks = notifier.get();
+  }
   LoadReport report;
   LoadResult r;
   try {
@@ -406,6 +558,16 @@ void Runtime::Impl::run(LoadHandle::State& state) {
     r.error = to_info(e);
   } catch (const std::exception& e) {
     r.error = to_info(Error(Stage::kConfig, "", "", std::string("unexpected: ") + e.what()));
+  }
+  if (notifier) {
+    // The callbacks see the end (a last progress in its final phase) before wait().
+    state.phase.store(r ? LoadPhase::kDone : LoadPhase::kFailed);
+    if (std::optional<std::string> threw = notifier->stop()) {
+      r = LoadResult{};
+      r.error =
+          to_info(Error(Stage::kCancelled, "", "", "a LoadCallbacks callback failed: " + *threw));
+    }
+    state.callbacks = nullptr;
   }
   state.finish(std::move(r));
 }
@@ -550,6 +712,12 @@ LoadResult Runtime::Impl::load(LoadReport& report, LoadHandle::State& handle) {
   input.before_copy = hooks.before_copy;
   input.cancel = &handle.cancel;
   input.progress = &handle.pipeline;
+  if (CallbackThread* cb = handle.callbacks) {
+    cb->set_layers(shells);
+    input.on_param_complete = [cb](std::size_t rank, std::size_t param) {
+      cb->param_complete(rank, param);
+    };
+  }
   actors::PipelineResult streamed = actors::run_pipeline(input);
   report.bytes_read = index.header_bytes_read + streamed.bytes_read;
   report.bytes_copied = streamed.bytes_copied;

@@ -145,6 +145,23 @@ struct LoadProgress {
   std::uint64_t bytes_read = 0;     // of them, read so far (O_DIRECT widening included)
   std::uint64_t bytes_copied = 0;   // param bytes written from checkpoint data so far
   std::size_t tensors_placed = 0;   // checkpoint tensors the plan places (0 until planned)
+  bool operator==(const LoadProgress&) const = default;
+};
+
+// What an engine is told while a load runs. Both run on one ferry thread per load,
+// never on a reader or copy worker: a slow callback delays only the callbacks.
+// Progress updates coalesce (a callback sees the latest snapshot, not every
+// step). A callback that throws fails the load (Stage::kCancelled, its message
+// naming the callback and what it threw).
+struct LoadCallbacks {
+  // Called when the progress has changed, at most every few milliseconds, and
+  // once at the end; returning false cancels the load.
+  std::function<bool(const LoadProgress&)> on_progress;
+  // Called once per decoder layer and tp rank when every parameter of that layer on
+  // that rank has landed on the device (post-load hook outputs included), so that
+  // an engine can start on early layers. Layer indices are the checkpoint's
+  // (model.layers.<i>.); the draft model's layer, which has none, is not reported.
+  std::function<void(std::uint64_t layer, int tp_rank)> on_layer_ready;
 };
 
 // One load started by Runtime::start(). Copyable; every copy is the same load.
@@ -180,7 +197,7 @@ class Runtime {
   // Starts one load on a ferry thread and returns at once. One load at a time: a
   // start() while the previous load runs returns a handle whose result is an error
   // (Stage::kConfig, "a load is already running"). Never throws.
-  LoadHandle start();
+  LoadHandle start(LoadCallbacks callbacks = {});
   // start().wait(). Never throws.
   LoadResult load();
   // Asks the load that is running, or starting, to stop; it ends with

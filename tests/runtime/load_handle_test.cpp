@@ -7,7 +7,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -211,6 +215,104 @@ TEST_F(LoadHandleTest, DestroyingTheRuntimeCancelsARunningLoad) {
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error->stage, Stage::kCancelled);
   h.reset();
+  expect_released(hooks.devices);
+}
+
+// Every (layer, tp rank) once, every progress snapshot in phase order, all on the
+// callback thread and all before wait() returns; a DeepSeek layer is ready only
+// when its MLA hook outputs are too.
+TEST_F(LoadHandleTest, CallbacksSeeProgressAndEveryLayerOnEveryRank) {
+  for (const char* family : {"llama", "deepseek_v3"}) {
+    SCOPED_TRACE(family);
+    TempDir dir;
+    const Checkpoint ck =
+        std::string(family) == "llama" ? *ck_ : synth_checkpoint(dir.file(family), family);
+    const std::uint64_t layers = ck.config.at("num_hidden_layers").get<std::uint64_t>();
+    std::mutex mu;
+    std::map<std::pair<std::uint64_t, int>, int> ready;
+    std::vector<LoadProgress> seen;
+    std::set<std::thread::id> threads;
+    LoadCallbacks cb;
+    cb.on_layer_ready = [&](std::uint64_t layer, int tp_rank) {
+      std::lock_guard lock(mu);
+      ++ready[{layer, tp_rank}];
+      threads.insert(std::this_thread::get_id());
+    };
+    cb.on_progress = [&](const LoadProgress& p) {
+      std::lock_guard lock(mu);
+      seen.push_back(p);
+      threads.insert(std::this_thread::get_id());
+      return true;
+    };
+    const std::vector<std::string> sets =
+        std::string(family) == "llama" ? std::vector<std::string>{"parallel.tp=2"}
+                                       : std::vector<std::string>{"parallel.tp=2", "parallel.ep=2"};
+    Runtime rt(make_config(ck.dir, sets));
+    LoadHandle h = rt.start(cb);
+    LoadResult r = h.wait();
+    ASSERT_TRUE(r) << r.error->message;
+    std::lock_guard lock(mu);
+    EXPECT_EQ(ready.size(), layers * 2);
+    for (std::uint64_t l = 0; l < layers; ++l) {
+      for (int rank : {0, 1}) {
+        EXPECT_EQ((ready[{l, rank}]), 1) << "layer " << l << " rank " << rank;
+      }
+    }
+    ASSERT_GE(seen.size(), 2u);
+    for (std::size_t i = 1; i < seen.size(); ++i) {
+      EXPECT_LE(seen[i - 1].phase, seen[i].phase);
+      EXPECT_LE(seen[i - 1].bytes_copied, seen[i].bytes_copied);
+    }
+    EXPECT_EQ(seen.back().phase, LoadPhase::kDone);
+    EXPECT_EQ(seen.back().bytes_copied, r.model->report().bytes_copied);
+    EXPECT_EQ(threads.size(), 1u);
+    EXPECT_EQ(threads.count(std::this_thread::get_id()), 0u);
+  }
+}
+
+TEST_F(LoadHandleTest, AProgressCallbackCanCancel) {
+  // The stream is held at its first copy until the callback, seeing the stream
+  // phase, has asked to stop.
+  std::atomic<bool> asked{false};
+  LoadCallbacks cb;
+  cb.on_progress = [&](const LoadProgress& p) {
+    if (p.phase == LoadPhase::kStream) {
+      asked.store(true);
+      return false;
+    }
+    return true;
+  };
+  Gate gate;
+  RuntimeHooks hooks;
+  hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
+  Runtime rt(config(), hooks);
+  LoadHandle h = rt.start(cb);
+  for (int i = 0; i < 10'000 && !asked.load(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(asked.load());
+  gate.open();
+  LoadResult r = h.wait();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error->stage, Stage::kCancelled) << r.error->message;
+}
+
+TEST_F(LoadHandleTest, ACallbackThatThrowsFailsTheLoadCleanly) {
+  LoadCallbacks cb;
+  cb.on_layer_ready = [](std::uint64_t layer, int) {
+    if (layer == 1) {
+      throw std::runtime_error("boom at layer 1");
+    }
+  };
+  RuntimeHooks hooks;
+  hooks.devices = devices();
+  {
+    Runtime rt(config(), hooks);
+    LoadResult r = rt.start(cb).wait();
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error->stage, Stage::kCancelled);
+    EXPECT_THAT(r.error->message, HasSubstr("on_layer_ready threw: boom at layer 1"));
+  }
   expect_released(hooks.devices);
 }
 
