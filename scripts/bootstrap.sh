@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(g++ cmake ninja-build pkg-config ccache
-          libcaf-dev liburing-dev nlohmann-json3-dev prometheus-cpp-dev libcli11-dev
+          libcaf-dev liburing-dev nlohmann-json3-dev prometheus-cpp-dev libcli11-dev libdlpack-dev
           libgtest-dev libgmock-dev libbenchmark-dev)
 
 missing=()

@@ -25,8 +25,8 @@
 namespace ferry::runtime {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::Checkpoint;
+using ::testing::HasSubstr;
 using testing::make_config;
 using testing::synth_checkpoint;
 using testing::TempDir;
@@ -104,8 +104,7 @@ TEST_F(LoadHandleTest, StartThenWaitIsALoadAndProgressEndsAtItsReport) {
     ASSERT_TRUE(again);
     for (std::size_t rank = 0; rank < 2; ++rank) {
       for (const LoadedParam& param : r.model->ranks()[rank].params) {
-        EXPECT_EQ(r.model->read_param(rank, param.name),
-                  again.model->read_param(rank, param.name))
+        EXPECT_EQ(r.model->read_param(rank, param.name), again.model->read_param(rank, param.name))
             << param.name;
       }
     }

@@ -1,0 +1,127 @@
+#include "runtime/dlpack.hpp"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+
+static_assert(DLPACK_VERSION >= 60, "ferry exports DLPack 0.6 tensors (kDLCUDA, kDLBfloat)");
+
+namespace ferry::runtime {
+namespace {
+
+// What the DLManagedTensor points into: the model (kept alive) and the shape and
+// strides arrays DLTensor borrows.
+struct Context {
+  std::shared_ptr<LoadedModel> model;
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;
+  DLManagedTensor tensor{};
+};
+
+DLDataType dl_dtype(DType d) {
+  switch (d) {
+    case DType::kBool:  // no kDLBool before DLPack 0.8: bytes, as FP8
+    case DType::kU8:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kF8E8M0:
+      return {kDLUInt, 8, 1};  // FP8 and BOOL as bytes: DLPack 0.6 has no code for them
+    case DType::kI8:
+      return {kDLInt, 8, 1};
+    case DType::kU16:
+      return {kDLUInt, 16, 1};
+    case DType::kI16:
+      return {kDLInt, 16, 1};
+    case DType::kU32:
+      return {kDLUInt, 32, 1};
+    case DType::kI32:
+      return {kDLInt, 32, 1};
+    case DType::kU64:
+      return {kDLUInt, 64, 1};
+    case DType::kI64:
+      return {kDLInt, 64, 1};
+    case DType::kF16:
+      return {kDLFloat, 16, 1};
+    case DType::kBF16:
+      return {kDLBfloat, 16, 1};
+    case DType::kF32:
+      return {kDLFloat, 32, 1};
+    case DType::kF64:
+      return {kDLFloat, 64, 1};
+  }
+  return {kDLUInt, 8, 1};
+}
+
+[[noreturn]] void refuse(const std::string& device, const std::string& name,
+                         const std::string& rule) {
+  throw Error(Stage::kConfig, device, name, "DLPack export: " + rule);
+}
+
+// "host:3" -> {kDLCPU, 3}; "cuda:1" -> {kDLCUDA, 1}.
+DLDevice dl_device(const std::string& device, const std::string& name) {
+  const std::size_t colon = device.find(':');
+  const std::string kind = device.substr(0, colon);
+  int id = 0;
+  if (colon != std::string::npos) {
+    try {
+      id = std::stoi(device.substr(colon + 1));
+    } catch (const std::exception&) {
+      refuse(device, name, "cannot read the device id of '" + device + "'");
+    }
+  }
+  if (kind == "host") {
+    return {kDLCPU, id};
+  }
+  if (kind == "cuda") {
+    return {kDLCUDA, id};
+  }
+  if (kind == "null") {
+    refuse(device, name, "a null device keeps no parameter data to export");
+  }
+  refuse(device, name, "device '" + device + "' has no DLPack device type");
+}
+
+}  // namespace
+
+DLManagedTensor* to_dlpack(const std::shared_ptr<LoadedModel>& model, std::size_t local_rank,
+                           const std::string& name) {
+  if (!model) {
+    refuse("", name, "no loaded model");
+  }
+  if (local_rank >= model->ranks().size()) {
+    refuse("", name,
+           "local rank " + std::to_string(local_rank) + " does not exist (the model has " +
+               std::to_string(model->ranks().size()) + ")");
+  }
+  const LoadedRank& rank = model->ranks()[local_rank];
+  const LoadedParam* p = rank.find(name);
+  if (p == nullptr) {
+    refuse(rank.device, name, "no parameter '" + name + "' on " + rank.device);
+  }
+  const DLDevice device = dl_device(rank.device, name);
+  auto ctx = std::make_unique<Context>();
+  ctx->model = model;
+  for (std::uint64_t d : p->shape) {
+    ctx->shape.push_back(static_cast<std::int64_t>(d));
+  }
+  for (std::uint64_t s : p->strides) {
+    ctx->strides.push_back(static_cast<std::int64_t>(s));
+  }
+  DLTensor& t = ctx->tensor.dl_tensor;
+  t.data = p->data;
+  t.device = device;
+  t.ndim = static_cast<std::int32_t>(ctx->shape.size());
+  t.dtype = dl_dtype(p->dtype);
+  t.shape = ctx->shape.data();
+  t.strides = ctx->strides.empty() ? nullptr : ctx->strides.data();
+  t.byte_offset = 0;
+  ctx->tensor.manager_ctx = ctx.get();
+  ctx->tensor.deleter = [](DLManagedTensor* self) {
+    delete static_cast<Context*>(self->manager_ctx);  // drops the model reference
+  };
+  return &ctx.release()->tensor;
+}
+
+}  // namespace ferry::runtime

@@ -1,0 +1,108 @@
+// Parameters exported as DLPack tensors: zero-copy views of the loaded storage with
+// DLPack's dtype and device codes, shapes and strides in elements (the MLA w_kc's
+// column-major strides included), keeping the model alive until the deleter runs;
+// bad requests name the parameter.
+#include "runtime/dlpack.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpu/host_device.hpp"
+#include "gpu/null_device.hpp"
+#include "runtime/runtime.hpp"
+#include "runtime/runtime_test_util.hpp"
+#include "testing/error_of.hpp"
+#include "testing/temp_dir.hpp"
+
+namespace ferry::runtime {
+namespace {
+
+using testing::error_of;
+using ::testing::HasSubstr;
+using testing::make_config;
+using testing::synth_checkpoint;
+using testing::TempDir;
+
+TEST(Dlpack, ParamsExportAsZeroCopyTensorsThatKeepTheModelAlive) {
+  TempDir dir;
+  const testing::Checkpoint ck = synth_checkpoint(dir.file("ds"), "deepseek_v3");
+  RuntimeHooks hooks;
+  hooks.devices = {gpu::make_host_device(0), gpu::make_host_device(1)};
+  std::vector<DLManagedTensor*> tensors;
+  {
+    Runtime rt(make_config(ck.dir, {"parallel.tp=2", "model.dtype=f32"}), hooks);
+    LoadResult r = rt.load();
+    ASSERT_TRUE(r) << r.error->message;
+    for (const std::string name :
+         {"model.layers.0.self_attn.kv_b_proj.weight", "model.layers.0.self_attn.w_kc",
+          "model.layers.1.mlp.gate.e_score_correction_bias"}) {
+      SCOPED_TRACE(name);
+      const LoadedParam* p = r.model->ranks()[1].find(name);
+      ASSERT_NE(p, nullptr);
+      DLManagedTensor* t = to_dlpack(r.model, 1, name);
+      tensors.push_back(t);
+      EXPECT_EQ(t->dl_tensor.data, p->data);
+      EXPECT_EQ(t->dl_tensor.device.device_type, kDLCPU);
+      EXPECT_EQ(t->dl_tensor.device.device_id, 1);
+      EXPECT_EQ(t->dl_tensor.dtype.code, kDLFloat);
+      EXPECT_EQ(t->dl_tensor.dtype.bits, 32);
+      EXPECT_EQ(t->dl_tensor.dtype.lanes, 1);
+      ASSERT_EQ(t->dl_tensor.ndim, static_cast<int>(p->shape.size()));
+      for (std::size_t d = 0; d < p->shape.size(); ++d) {
+        EXPECT_EQ(t->dl_tensor.shape[d], static_cast<std::int64_t>(p->shape[d]));
+        EXPECT_EQ(t->dl_tensor.strides[d], static_cast<std::int64_t>(p->strides[d]));
+      }
+      EXPECT_EQ(t->dl_tensor.byte_offset, 0u);
+    }
+    // w_kc is [heads, qk_nope, kv_lora] with strides (kv_lora*qk_nope, 1, qk_nope).
+    const DLTensor& kc = tensors[1]->dl_tensor;
+    EXPECT_EQ(kc.strides[1], 1);
+    EXPECT_EQ(kc.strides[2], kc.shape[1]);
+    // The bytes are the loaded ones, read through the view.
+    const std::vector<std::byte> want =
+        r.model->read_param(1, "model.layers.1.mlp.gate.e_score_correction_bias");
+    EXPECT_EQ(std::memcmp(tensors[2]->dl_tensor.data, want.data(), want.size()), 0);
+  }
+  // The LoadResult and the Runtime are gone: the tensors still hold the model.
+  for (const auto& d : hooks.devices) {
+    EXPECT_FALSE(d->stats().all_released()) << d->name();
+  }
+  for (DLManagedTensor* t : tensors) {
+    t->deleter(t);
+  }
+  for (const auto& d : hooks.devices) {
+    EXPECT_TRUE(d->stats().all_released()) << d->name();
+  }
+}
+
+TEST(Dlpack, Bf16HasItsOwnCodeAndBadRequestsNameTheParameter) {
+  TempDir dir;
+  const testing::Checkpoint ck = synth_checkpoint(dir.file("llama"), "llama");
+  Runtime rt(make_config(ck.dir, {"parallel.tp=1"}));
+  LoadResult r = rt.load();
+  ASSERT_TRUE(r) << r.error->message;
+  DLManagedTensor* t = to_dlpack(r.model, 0, "model.norm.weight");
+  EXPECT_EQ(t->dl_tensor.dtype.code, kDLBfloat);
+  EXPECT_EQ(t->dl_tensor.dtype.bits, 16);
+  t->deleter(t);
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { to_dlpack(r.model, 0, "model.nope.weight"); }),
+              HasSubstr("no parameter 'model.nope.weight' on host:0"));
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { to_dlpack(r.model, 3, "model.norm.weight"); }),
+              HasSubstr("local rank 3 does not exist"));
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { to_dlpack(nullptr, 0, "model.norm.weight"); }),
+              HasSubstr("no loaded model"));
+  // A null device keeps no data to export.
+  Runtime null_rt(make_config(ck.dir, {"parallel.tp=1", "devices=null"}));
+  LoadResult n = null_rt.load();
+  ASSERT_TRUE(n) << n.error->message;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { to_dlpack(n.model, 0, "model.norm.weight"); }),
+              HasSubstr("a null device keeps no parameter data"));
+}
+
+}  // namespace
+}  // namespace ferry::runtime
