@@ -208,6 +208,15 @@ class Device {
   // bytes == 0 gives an empty handle and counts nothing. Throws when out of memory.
   virtual DeviceAllocation allocate(std::size_t bytes) = 0;
 
+  // Takes `bytes` bytes at `data` that the embedding engine allocated for this
+  // device (device memory the backend can copy into: host memory for the host
+  // backend), tracking them like its own allocations; when the handle dies the
+  // device stops tracking them and calls `release` (which gives them back to the
+  // engine). Fails (Stage::kCopy) for a null pointer, or where the backend cannot
+  // use foreign memory (null devices). bytes == 0 gives an empty handle.
+  virtual DeviceAllocation adopt(std::byte* data, std::size_t bytes,
+                                 DeviceAllocation::Release release) = 0;
+
   // `bytes` bytes of page-locked host memory, kPinnedAlignment-aligned.
   // bytes == 0 gives an empty handle.
   virtual PinnedAllocation allocate_pinned(std::size_t bytes) = 0;

@@ -284,6 +284,25 @@ class HostDevice final : public Device {
     });
   }
 
+  DeviceAllocation adopt(std::byte* data, std::size_t bytes,
+                         DeviceAllocation::Release release) override {
+    if (bytes == 0) {
+      return {};
+    }
+    if (data == nullptr) {
+      fail(state_->name, "adopt: the engine's memory is null");
+    }
+    state_->allocations.add(data, bytes);
+    state_->stats.add(MemoryKind::kDevice, bytes);
+    return DeviceAllocation(
+        data, bytes,
+        [state = state_, release = std::move(release)](std::byte* p, std::size_t size) {
+          state->allocations.remove(p);
+          state->stats.remove(MemoryKind::kDevice, size);
+          release(p, size);
+        });
+  }
+
   PinnedAllocation allocate_pinned(std::size_t bytes) override {
     return detail::allocate_host_pinned(state_, bytes);
   }

@@ -150,6 +150,10 @@ class NullDevice final : public Device {
     });
   }
 
+  DeviceAllocation adopt(std::byte*, std::size_t, DeviceAllocation::Release) override {
+    fail(state_->name, "adopt: a null device keeps no data, so it takes no engine memory");
+  }
+
   PinnedAllocation allocate_pinned(std::size_t bytes) override {
     return detail::allocate_host_pinned(state_, bytes);
   }

@@ -242,6 +242,41 @@ void LoadedModel::dump(const std::string& dir) const {
 
 // ---- Runtime ------------------------------------------------------------------------
 
+namespace {
+
+// `bytes` bytes of the engine's memory for `device`, tracked by the device and given
+// back to the engine when the handle dies.
+gpu::DeviceAllocation engine_allocation(const std::shared_ptr<Allocator>& allocator,
+                                        gpu::Device& device, std::size_t bytes) {
+  const std::string name = device.name();
+  void* p = nullptr;
+  try {
+    p = allocator->allocate(name, bytes, gpu::kDeviceAlignment);
+  } catch (const std::exception& e) {
+    throw Error(Stage::kCopy, name, "", std::string("the engine's Allocator refused: ") + e.what());
+  }
+  if (p == nullptr) {
+    throw Error(Stage::kCopy, name, "", "the engine's Allocator returned null");
+  }
+  auto give_back = [allocator, name](std::byte* data, std::size_t size) {
+    allocator->release(name, data, size);
+  };
+  if (reinterpret_cast<std::uintptr_t>(p) % gpu::kDeviceAlignment != 0) {
+    give_back(static_cast<std::byte*>(p), bytes);
+    throw Error(Stage::kCopy, name, "",
+                "the engine's Allocator returned memory not aligned to " +
+                    std::to_string(gpu::kDeviceAlignment) + " bytes");
+  }
+  try {
+    return device.adopt(static_cast<std::byte*>(p), bytes, give_back);
+  } catch (...) {
+    give_back(static_cast<std::byte*>(p), bytes);
+    throw;
+  }
+}
+
+}  // namespace
+
 class CallbackThread;
 
 // One load: its cancel flag, where it is, and (once it ends) its result.
@@ -479,6 +514,7 @@ LoadProgress LoadHandle::progress() const {
 struct Runtime::Impl {
   LoadConfig config;
   RuntimeHooks hooks;
+  std::shared_ptr<Allocator> allocator;
   std::mutex mu;  // guards current and worker
   // The last load started. Weak: the Runtime never keeps a finished load's model
   // alive; its handles and its thread (until the thread ends) do.
@@ -490,9 +526,11 @@ struct Runtime::Impl {
   LoadResult load(LoadReport& report, LoadHandle::State& handle);
 };
 
-Runtime::Runtime(LoadConfig config, RuntimeHooks hooks) : impl_(std::make_unique<Impl>()) {
+Runtime::Runtime(LoadConfig config, RuntimeHooks hooks, std::shared_ptr<Allocator> allocator)
+    : impl_(std::make_unique<Impl>()) {
   impl_->config = std::move(config);
   impl_->hooks = std::move(hooks);
+  impl_->allocator = std::move(allocator);
 }
 
 Runtime::~Runtime() {
@@ -657,7 +695,8 @@ LoadResult Runtime::Impl::load(LoadReport& report, LoadHandle::State& handle) {
     for (const models::ParamSpec& spec : shells[r].params) {
       gpu::DeviceAllocation a;
       try {
-        a = device.allocate(spec.nbytes);
+        a = allocator && spec.nbytes != 0 ? engine_allocation(allocator, device, spec.nbytes)
+                                          : device.allocate(spec.nbytes);
       } catch (const Error& e) {
         throw Error(Stage::kCopy, device.name(), spec.name,
                     "allocating " + std::to_string(spec.nbytes) + " bytes: " + e.rule());

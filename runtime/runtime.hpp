@@ -186,9 +186,27 @@ class LoadHandle {
   std::shared_ptr<State> state_;
 };
 
+// Memory an embedding engine manages, for parameters: with one, every parameter
+// (one call each) comes from it instead of the device backend. Called from the
+// loading thread; release may be called from any thread.
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // `bytes` (> 0) bytes for `device` ("host:0", "cuda:1"), aligned to `alignment`:
+  // device memory the backend can copy into (host memory for host devices). Throw
+  // (or return null) to refuse; the load then fails naming the parameter.
+  virtual void* allocate(const std::string& device, std::size_t bytes, std::size_t alignment) = 0;
+  // Gives back what allocate returned, once, when nothing of the load uses it any
+  // more (the loaded model, its views and DLPack tensors are gone, or the load failed).
+  virtual void release(const std::string& device, void* data, std::size_t bytes) noexcept = 0;
+};
+
 class Runtime {
  public:
-  explicit Runtime(LoadConfig config, RuntimeHooks hooks = {});
+  // `allocator`: parameters come from the engine's memory (null: from the devices).
+  // The null device keeps no data and refuses one.
+  explicit Runtime(LoadConfig config, RuntimeHooks hooks = {},
+                   std::shared_ptr<Allocator> allocator = nullptr);
   // Cancels a load still running and waits for it to stop.
   ~Runtime();
   Runtime(const Runtime&) = delete;

@@ -18,6 +18,7 @@
 #include <string>
 #include <utility>
 
+#include "common/error.hpp"
 #include "common/log.hpp"
 #include "gpu/cuda/cuda_check.hpp"
 #include "gpu/cuda/cuda_kernels.hpp"
@@ -253,6 +254,24 @@ class CudaDevice final : public Device {
                               warn_if_failed(cudaFree(data), "cudaFree", state->name);
                               state->stats.remove(MemoryKind::kDevice, size);
                             });
+  }
+
+  DeviceAllocation adopt(std::byte* data, std::size_t bytes,
+                         DeviceAllocation::Release release) override {
+    if (bytes == 0) {
+      return {};
+    }
+    if (data == nullptr) {
+      throw ferry::Error(ferry::Stage::kCopy, state_->name, "",
+                         "adopt: the engine's memory is null");
+    }
+    state_->stats.add(MemoryKind::kDevice, bytes);
+    return DeviceAllocation(
+        data, bytes,
+        [state = state_, release = std::move(release)](std::byte* p, std::size_t size) {
+          state->stats.remove(MemoryKind::kDevice, size);
+          release(p, size);
+        });
   }
 
   PinnedAllocation allocate_pinned(std::size_t bytes) override {

@@ -71,6 +71,10 @@ class ForwardingDevice final : public Device {
     }
     inner_->bind();
   }
+  DeviceAllocation adopt(std::byte* data, std::size_t bytes,
+                         DeviceAllocation::Release release) override {
+    return inner_->adopt(data, bytes, std::move(release));
+  }
   DeviceAllocation allocate(std::size_t bytes) override {
     if (faults_->leak_allocations) {
       leaked_.push_back(inner_->allocate(1));

@@ -98,6 +98,10 @@ class ShortDevice final : public gpu::Device {
   std::string name() const override { return inner_->name(); }
   void bind() override { inner_->bind(); }
   bool holds_data() const override { return false; }
+  gpu::DeviceAllocation adopt(std::byte* data, std::size_t bytes,
+                              gpu::DeviceAllocation::Release release) override {
+    return inner_->adopt(data, bytes, std::move(release));
+  }
   gpu::DeviceAllocation allocate(std::size_t bytes) override {
     gpu::DeviceAllocation a = inner_->allocate(bytes > 2 ? bytes - 2 : bytes);
     std::byte* data = a.data();
