@@ -39,6 +39,7 @@
 #include "io/staging_pool.hpp"
 #include "models/model.hpp"
 #include "runtime/plan_report.hpp"
+#include "runtime/runtime_internal.hpp"
 
 namespace ferry::runtime {
 
@@ -525,6 +526,9 @@ struct Runtime::Impl {
   void run(LoadHandle::State& state, const LoadCallbacks& callbacks);
   LoadResult load(LoadReport& report, LoadHandle::State& handle);
 };
+
+Runtime::Runtime(LoadConfig config, std::shared_ptr<Allocator> allocator)
+    : Runtime(std::move(config), RuntimeHooks{}, std::move(allocator)) {}
 
 Runtime::Runtime(LoadConfig config, RuntimeHooks hooks, std::shared_ptr<Allocator> allocator)
     : impl_(std::make_unique<Impl>()) {

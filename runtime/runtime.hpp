@@ -26,17 +26,6 @@
 #include "common/error.hpp"
 #include "runtime/load_config.hpp"
 
-namespace ferry::io {
-class BufferAllocator;
-class FaultInjector;
-}  // namespace ferry::io
-namespace ferry::gpu {
-class Device;
-}  // namespace ferry::gpu
-namespace ferry::models {
-class Model;
-}  // namespace ferry::models
-
 namespace ferry::runtime {
 
 struct LoadedParam {
@@ -115,24 +104,9 @@ struct LoadResult {
   explicit operator bool() const { return model != nullptr; }
 };
 
-// Test and experiment hooks; an engine leaves these empty.
-struct RuntimeHooks {
-  std::shared_ptr<io::FaultInjector> faults;  // perturbs every system read of the reader
-  // Use these devices instead of creating them from the config (one per local rank),
-  // e.g. host devices whose allocation stats a test inspects after a failed load.
-  std::vector<std::shared_ptr<gpu::Device>> devices;
-  // Called by the copy workers before each piece; throwing fails the load at the
-  // copy stage (tests use it to inject copy failures and to cancel at random points).
-  std::function<void(std::size_t local_rank, const std::string& param)> before_copy;
-  // Staging memory comes from here instead of aligned host memory (or pinned memory
-  // of the first CUDA device), e.g. a counting allocator that proves a failed load
-  // gave every staging buffer back.
-  std::shared_ptr<io::BufferAllocator> staging_allocator;
-  // Replaces the model made from config.json before planning, e.g. with
-  // models::with_hooks(base, extra) to add post-load hooks.
-  std::function<std::shared_ptr<const models::Model>(std::shared_ptr<const models::Model>)>
-      wrap_model;
-};
+// Test and experiment hooks (fault injection, injected devices, copy callbacks):
+// runtime/runtime_internal.hpp, not part of the embedding API.
+struct RuntimeHooks;
 
 // Where a load is, for an engine that watches it.
 enum class LoadPhase { kStarting, kResolve, kPlan, kAllocate, kStream, kVerify, kDone, kFailed };
@@ -205,8 +179,9 @@ class Runtime {
  public:
   // `allocator`: parameters come from the engine's memory (null: from the devices).
   // The null device keeps no data and refuses one.
-  explicit Runtime(LoadConfig config, RuntimeHooks hooks = {},
-                   std::shared_ptr<Allocator> allocator = nullptr);
+  explicit Runtime(LoadConfig config, std::shared_ptr<Allocator> allocator = nullptr);
+  // With test and experiment hooks (runtime/runtime_internal.hpp).
+  Runtime(LoadConfig config, RuntimeHooks hooks, std::shared_ptr<Allocator> allocator = nullptr);
   // Cancels a load still running and waits for it to stop.
   ~Runtime();
   Runtime(const Runtime&) = delete;

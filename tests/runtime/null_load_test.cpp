@@ -12,6 +12,7 @@
 #include "common/error.hpp"
 #include "gpu/null_device.hpp"
 #include "runtime/runtime.hpp"
+#include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/error_of.hpp"
 #include "testing/run.hpp"

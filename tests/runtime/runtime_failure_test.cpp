@@ -17,6 +17,7 @@
 #include "models/hooks.hpp"
 #include "models/model.hpp"
 #include "runtime/runtime.hpp"
+#include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 

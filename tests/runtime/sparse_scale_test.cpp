@@ -11,6 +11,7 @@
 #include "gpu/null_device.hpp"
 #include "runtime/plan_report.hpp"
 #include "runtime/runtime.hpp"
+#include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"

@@ -1,0 +1,46 @@
+// Test and experiment hooks of the Runtime: not part of the embedding API (they
+// expose io/, gpu/ and models/ types). Tests and benchmark probes include this
+// header and pass the hooks to Runtime's second constructor.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/runtime.hpp"
+
+namespace ferry::io {
+class BufferAllocator;
+class FaultInjector;
+}  // namespace ferry::io
+namespace ferry::gpu {
+class Device;
+}  // namespace ferry::gpu
+namespace ferry::models {
+class Model;
+}  // namespace ferry::models
+
+namespace ferry::runtime {
+
+// An engine never sets these; a default RuntimeHooks changes nothing.
+struct RuntimeHooks {
+  std::shared_ptr<io::FaultInjector> faults;  // perturbs every system read of the reader
+  // Use these devices instead of creating them from the config (one per local rank),
+  // e.g. host devices whose allocation stats a test inspects after a failed load.
+  std::vector<std::shared_ptr<gpu::Device>> devices;
+  // Called by the copy workers before each piece; throwing fails the load at the
+  // copy stage (tests use it to inject copy failures and to cancel at random points).
+  std::function<void(std::size_t local_rank, const std::string& param)> before_copy;
+  // Staging memory comes from here instead of aligned host memory (or pinned memory
+  // of the first CUDA device), e.g. a counting allocator that proves a failed load
+  // gave every staging buffer back.
+  std::shared_ptr<io::BufferAllocator> staging_allocator;
+  // Replaces the model made from config.json before planning, e.g. with
+  // models::with_hooks(base, extra) to add post-load hooks.
+  std::function<std::shared_ptr<const models::Model>(std::shared_ptr<const models::Model>)>
+      wrap_model;
+};
+
+}  // namespace ferry::runtime
