@@ -538,12 +538,17 @@ Runtime::Runtime(LoadConfig config, RuntimeHooks hooks, std::shared_ptr<Allocato
 }
 
 Runtime::~Runtime() {
-  std::lock_guard lock(impl_->mu);
-  if (auto running = impl_->current.lock()) {
-    running->cancel.store(true);
+  std::thread worker;
+  {
+    std::lock_guard lock(impl_->mu);
+    if (auto running = impl_->current.lock()) {
+      running->cancel.store(true);
+    }
+    worker = std::move(impl_->worker);
   }
-  if (impl_->worker.joinable()) {
-    impl_->worker.join();
+  // Joined without the lock: a callback of the ending load may call cancel().
+  if (worker.joinable()) {
+    worker.join();
   }
 }
 
@@ -578,10 +583,17 @@ LoadResult Runtime::load() {
   LoadHandle handle = start();
   LoadResult r = handle.wait();
   // Join this load's thread, so that once the caller drops the result nothing of the
-  // load is left (the thread's reference to the state goes with it).
-  std::lock_guard lock(impl_->mu);
-  if (impl_->current.lock() == handle.state_ && impl_->worker.joinable()) {
-    impl_->worker.join();
+  // load is left (the thread's reference to the state goes with it). Joined without
+  // the lock, which a callback of the ending load may want for cancel().
+  std::thread worker;
+  {
+    std::lock_guard lock(impl_->mu);
+    if (impl_->current.lock() == handle.state_) {
+      worker = std::move(impl_->worker);
+    }
+  }
+  if (worker.joinable()) {
+    worker.join();
   }
   return r;
 }

@@ -316,5 +316,33 @@ TEST_F(LoadHandleTest, ACallbackThatThrowsFailsTheLoadCleanly) {
   expect_released(hooks.devices);
 }
 
+// A callback may call Runtime::cancel() while the Runtime is being destroyed (the
+// destructor joins the load's thread without holding the lock cancel() takes).
+TEST_F(LoadHandleTest, ACallbackMayCancelThroughTheRuntimeWhileItIsDestroyed) {
+  std::atomic<Runtime*> rt_ptr{nullptr};
+  LoadCallbacks cb;
+  cb.on_progress = [&](const LoadProgress&) {
+    if (Runtime* rt = rt_ptr.load()) {
+      rt->cancel();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return true;
+  };
+  RuntimeHooks hooks;
+  hooks.before_copy = [](std::size_t, const std::string&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  std::optional<LoadHandle> h;
+  {
+    Runtime rt(make_config(ck_->dir, {"parallel.tp=2", "io.chunk_bytes=8192"}), hooks);
+    rt_ptr.store(&rt);
+    h = rt.start(cb);
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  rt_ptr.store(nullptr);
+  ASSERT_TRUE(h->done());
+  EXPECT_FALSE(h->wait());
+}
+
 }  // namespace
 }  // namespace ferry::runtime
