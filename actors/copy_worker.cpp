@@ -20,7 +20,9 @@
 // worker (the load benchmark counted ~6 context switches per 1 MiB chunk). The
 // worker counts its rank's bytes itself and reports them when kLandedBatchBytes
 // have accumulated, at once when a param some post-load hook waits for is
-// complete, and before it reports a drain or runs a hook.
+// complete (or any param, when the embedder watches completions: a layer is then
+// announced as its last param lands, not at the next batch), and before it
+// reports a drain or runs a hook.
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
 #include <deque>
@@ -167,12 +169,13 @@ struct CopyWorkerState {
   // Counts bytes whose copies have completed; reports them in batches (see top).
   void add_landed(caf::event_based_actor* self, const Landed& landed) {
     const auto& params = shared->model().shells()[rank].params;
+    const bool watched = static_cast<bool>(shared->input().on_param_complete);
     bool now = false;
     for (const auto& [param, bytes] : landed) {
       pending[param] += bytes;
       pending_bytes += bytes;
       totals[param] += bytes;
-      now = now || (hook_input[param] && totals[param] >= params[param].nbytes);
+      now = now || ((hook_input[param] || watched) && totals[param] >= params[param].nbytes);
     }
     if (now || pending_bytes >= kLandedBatchBytes) {
       report_landed(self);

@@ -316,6 +316,34 @@ TEST_F(LoadHandleTest, ACallbackThatThrowsFailsTheLoadCleanly) {
   expect_released(hooks.devices);
 }
 
+// Layers are announced as they land, not when the stream ends: with a slow stream,
+// the first layer is ready while most bytes are still to be copied.
+TEST_F(LoadHandleTest, LayersAreAnnouncedWhileTheStreamRuns) {
+  std::atomic<LoadHandle*> handle{nullptr};
+  std::atomic<std::uint64_t> copied_at_first{0};
+  std::atomic<bool> first{true};
+  LoadCallbacks cb;
+  cb.on_layer_ready = [&](std::uint64_t, int) {
+    if (first.exchange(false)) {
+      while (handle.load() == nullptr) {
+        std::this_thread::yield();
+      }
+      copied_at_first.store(handle.load()->progress().bytes_copied);
+    }
+  };
+  RuntimeHooks hooks;
+  hooks.before_copy = [](std::size_t, const std::string&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  };
+  Runtime rt(make_config(ck_->dir, {"parallel.tp=2", "io.chunk_bytes=8192"}), hooks);
+  LoadHandle h = rt.start(cb);
+  handle.store(&h);
+  LoadResult r = h.wait();
+  ASSERT_TRUE(r) << r.error->message;
+  EXPECT_FALSE(first.load());
+  EXPECT_LT(copied_at_first.load(), r.model->report().bytes_copied / 2);
+}
+
 // A callback may call Runtime::cancel() while the Runtime is being destroyed (the
 // destructor joins the load's thread without holding the lock cancel() takes).
 TEST_F(LoadHandleTest, ACallbackMayCancelThroughTheRuntimeWhileItIsDestroyed) {
