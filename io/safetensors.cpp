@@ -240,6 +240,27 @@ RawEntry parse_entry(const std::string& name, const json& v, const std::string& 
   return e;
 }
 
+// The document path's parse_entry rules for an entry the fast paths read: all three
+// fields, end not before begin, and a span of exactly the shape's bytes. Sets
+// nbytes; false when a rule is broken (the caller then leaves the header to the
+// next path, whose errors name the rule).
+bool complete_entry(RawEntry& e, bool all_fields) {
+  if (!all_fields || e.end < e.begin) {
+    return false;
+  }
+  std::uint64_t n = dtype_size(e.info.dtype);
+  for (std::uint64_t d : e.info.shape) {
+    if (mul_overflows(n, d, &n)) {
+      return false;
+    }
+  }
+  if (e.end - e.begin != n) {
+    return false;
+  }
+  e.info.nbytes = n;
+  return true;
+}
+
 // The common case without a document: a SAX pass that fills the entries straight
 // from a well-formed header. It accepts only what the document path below accepts
 // and yields the same entries; at the first thing it does not expect (a duplicate
@@ -389,19 +410,9 @@ class HeaderSax {
 
   // The document path's parse_entry rules; false sends the header there.
   bool finish_entry() {
-    if (seen_ != (kSeenDtype | kSeenShape | kSeenOffsets) || entry_.end < entry_.begin) {
+    if (!complete_entry(entry_, seen_ == (kSeenDtype | kSeenShape | kSeenOffsets))) {
       return false;
     }
-    std::uint64_t n = dtype_size(entry_.info.dtype);
-    for (std::uint64_t d : entry_.info.shape) {
-      if (mul_overflows(n, d, &n)) {
-        return false;
-      }
-    }
-    if (entry_.end - entry_.begin != n) {
-      return false;
-    }
-    entry_.info.nbytes = n;
     entries.push_back(std::move(entry_));
     return true;
   }
@@ -752,19 +763,9 @@ class PlainHeaderScanner {
         return false;
       }
     }
-    if (seen != (kDtype | kShape | kOffsets) || e.end < e.begin) {
+    if (!complete_entry(e, seen == (kDtype | kShape | kOffsets))) {
       return false;
     }
-    std::uint64_t n = dtype_size(e.info.dtype);
-    for (std::uint64_t d : e.info.shape) {
-      if (mul_overflows(n, d, &n)) {
-        return false;
-      }
-    }
-    if (e.end - e.begin != n) {
-      return false;
-    }
-    e.info.nbytes = n;
     entries.push_back(std::move(e));
     return true;
   }
@@ -870,18 +871,31 @@ SafetensorsHeader header_frame(std::string_view text, std::uint64_t file_size,
   return h;
 }
 
+// A fast path's entries and metadata as the header: nullopt for a duplicate name
+// (the document path names it), else tiled like the document path's.
+static std::optional<SafetensorsHeader> fast_header(SafetensorsHeader h,
+                                                    std::vector<RawEntry> entries,
+                                                    std::map<std::string, std::string> metadata,
+                                                    std::uint64_t n) {
+  if (!unique_names(entries)) {
+    return std::nullopt;
+  }
+  for (RawEntry& e : entries) {
+    e.info.file = h.file;
+  }
+  h.metadata = std::move(metadata);
+  return tile_entries(std::move(h), std::move(entries), n);
+}
+
 std::optional<SafetensorsHeader> parse_header_plain(std::string_view text, std::uint64_t file_size,
                                                     const std::string& display) {
   SafetensorsHeader h = header_frame(text, file_size, display);
   PlainHeaderScanner scanner(text);
-  if (!scanner.scan() || !unique_names(scanner.entries)) {
+  if (!scanner.scan()) {
     return std::nullopt;
   }
-  for (RawEntry& e : scanner.entries) {
-    e.info.file = display;
-  }
-  h.metadata = std::move(scanner.metadata);
-  return tile_entries(std::move(h), std::move(scanner.entries), text.size());
+  return fast_header(std::move(h), std::move(scanner.entries), std::move(scanner.metadata),
+                     text.size());
 }
 
 std::optional<SafetensorsHeader> parse_header_sax(std::string_view text, std::uint64_t file_size,
@@ -891,15 +905,10 @@ std::optional<SafetensorsHeader> parse_header_sax(std::string_view text, std::ui
     return std::nullopt;
   }
   HeaderSax sax;
-  if (!json::sax_parse(text.begin(), text.end(), &sax) || !sax.done() ||
-      !unique_names(sax.entries)) {
+  if (!json::sax_parse(text.begin(), text.end(), &sax) || !sax.done()) {
     return std::nullopt;
   }
-  for (RawEntry& e : sax.entries) {
-    e.info.file = display;
-  }
-  h.metadata = std::move(sax.metadata);
-  return tile_entries(std::move(h), std::move(sax.entries), text.size());
+  return fast_header(std::move(h), std::move(sax.entries), std::move(sax.metadata), text.size());
 }
 
 SafetensorsHeader parse_header_document(std::string_view text, std::uint64_t file_size,
