@@ -155,6 +155,56 @@ std::size_t check_fill(const std::string& device, DType dtype, std::size_t count
   return checked_mul(device, "fill", count, dtype_size(dtype));
 }
 
+std::size_t TrackedStreamChecks::copy_h2d(const std::byte* dst, const std::byte* src_host,
+                                          std::size_t bytes) const {
+  if (bytes == 0) {
+    return 0;
+  }
+  allocations_.check(device_, "copy_h2d", "destination", dst, bytes);
+  check_host_pointer(device_, "copy_h2d", "source", src_host, bytes);
+  return bytes;
+}
+
+std::size_t TrackedStreamChecks::copy_h2d_2d(const std::byte* dst, std::size_t dst_pitch,
+                                             const std::byte* src_host, std::size_t src_pitch,
+                                             std::size_t width_bytes, std::size_t rows) const {
+  const std::size_t dst_span =
+      pitched_span(device_, "copy_h2d_2d", "destination", dst_pitch, width_bytes, rows);
+  pitched_span(device_, "copy_h2d_2d", "source", src_pitch, width_bytes, rows);
+  if (dst_span == 0) {
+    return 0;
+  }
+  allocations_.check(device_, "copy_h2d_2d", "destination", dst, dst_span);
+  check_host_pointer(device_, "copy_h2d_2d", "source", src_host, width_bytes);
+  return dst_span;
+}
+
+std::size_t TrackedStreamChecks::fill(const std::byte* dst, std::size_t count, DType dtype) const {
+  const std::size_t bytes = check_fill(device_, dtype, count);
+  if (bytes != 0) {
+    allocations_.check(device_, "fill", "destination", dst, bytes);
+  }
+  return bytes;
+}
+
+std::size_t TrackedStreamChecks::zero(const std::byte* dst, std::size_t bytes) const {
+  if (bytes != 0) {
+    allocations_.check(device_, "zero", "destination", dst, bytes);
+  }
+  return bytes;
+}
+
+std::size_t TrackedStreamChecks::cast(const std::byte* dst, DType dst_dtype, const std::byte* src,
+                                      DType src_dtype, std::size_t count) const {
+  const CastBytes bytes = check_cast(device_, dst, dst_dtype, src, src_dtype, count);
+  if (count == 0) {
+    return 0;
+  }
+  allocations_.check(device_, "cast", "destination", dst, bytes.dst);
+  allocations_.check(device_, "cast", "source", src, bytes.src);
+  return bytes.dst;
+}
+
 CastBytes check_cast(const std::string& device, const std::byte* dst, DType dst_dtype,
                      const std::byte* src, DType src_dtype, std::size_t count) {
   if (!castable_dtype(dst_dtype) || !castable_dtype(src_dtype)) {

@@ -105,4 +105,26 @@ struct CastBytes {
 CastBytes check_cast(const std::string& device, const std::byte* dst, DType dst_dtype,
                      const std::byte* src, DType src_dtype, std::size_t count);
 
+// A stream's checks on the backends that track their allocations (host, null): the
+// arguments, then every device range against `allocations` and every host pointer,
+// with the same words on both. Each returns the bytes the operation writes on the
+// device (0: nothing to do, nothing checked further).
+class TrackedStreamChecks {
+ public:
+  TrackedStreamChecks(const std::string& device, const AllocationMap& allocations)
+      : device_(device), allocations_(allocations) {}
+  std::size_t copy_h2d(const std::byte* dst, const std::byte* src_host, std::size_t bytes) const;
+  // The destination's pitched span; the bytes written are width_bytes * rows.
+  std::size_t copy_h2d_2d(const std::byte* dst, std::size_t dst_pitch, const std::byte* src_host,
+                          std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) const;
+  std::size_t fill(const std::byte* dst, std::size_t count, DType dtype) const;
+  std::size_t zero(const std::byte* dst, std::size_t bytes) const;
+  std::size_t cast(const std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
+                   std::size_t count) const;
+
+ private:
+  const std::string& device_;
+  const AllocationMap& allocations_;
+};
+
 }  // namespace ferry::gpu::detail

@@ -148,26 +148,18 @@ class HostStream final : public Stream {
   HostStream& operator=(const HostStream&) = delete;
 
   void copy_h2d(std::byte* dst, const std::byte* src_host, std::size_t bytes) override {
-    if (bytes == 0) {
+    if (checks().copy_h2d(dst, src_host, bytes) == 0) {
       return;
     }
-    state_->allocations.check(state_->name, "copy_h2d", "destination", dst, bytes);
-    detail::check_host_pointer(state_->name, "copy_h2d", "source", src_host, bytes);
     host::copy_around_caches(dst, src_host, bytes);
     book(bytes);
   }
 
   void copy_h2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src_host,
                    std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) override {
-    const std::string& name = state_->name;
-    std::size_t dst_span =
-        detail::pitched_span(name, "copy_h2d_2d", "destination", dst_pitch, width_bytes, rows);
-    detail::pitched_span(name, "copy_h2d_2d", "source", src_pitch, width_bytes, rows);
-    if (dst_span == 0) {
+    if (checks().copy_h2d_2d(dst, dst_pitch, src_host, src_pitch, width_bytes, rows) == 0) {
       return;
     }
-    state_->allocations.check(state_->name, "copy_h2d_2d", "destination", dst, dst_span);
-    detail::check_host_pointer(state_->name, "copy_h2d_2d", "source", src_host, width_bytes);
     for (std::size_t r = 0; r < rows; ++r) {
       host::copy_around_caches(dst + r * dst_pitch, src_host + r * src_pitch, width_bytes);
     }
@@ -184,32 +176,22 @@ class HostStream final : public Stream {
   }
 
   void fill(std::byte* dst, std::size_t count, DType dtype, double value) override {
-    std::size_t bytes = detail::check_fill(state_->name, dtype, count);
-    if (bytes == 0) {
-      return;
+    if (checks().fill(dst, count, dtype) != 0) {
+      host::fill(dst, count, dtype, value);
     }
-    state_->allocations.check(state_->name, "fill", "destination", dst, bytes);
-    host::fill(dst, count, dtype, value);
   }
 
   void zero(std::byte* dst, std::size_t bytes) override {
-    if (bytes == 0) {
-      return;
+    if (checks().zero(dst, bytes) != 0) {
+      std::memset(dst, 0, bytes);
     }
-    state_->allocations.check(state_->name, "zero", "destination", dst, bytes);
-    std::memset(dst, 0, bytes);
   }
 
   void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
             std::size_t count) override {
-    detail::CastBytes bytes =
-        detail::check_cast(state_->name, dst, dst_dtype, src, src_dtype, count);
-    if (count == 0) {
-      return;
+    if (checks().cast(dst, dst_dtype, src, src_dtype, count) != 0) {
+      host::cast(dst, dst_dtype, src, src_dtype, count);
     }
-    state_->allocations.check(state_->name, "cast", "destination", dst, bytes.dst);
-    state_->allocations.check(state_->name, "cast", "source", src, bytes.src);
-    host::cast(dst, dst_dtype, src, src_dtype, count);
   }
 
   std::unique_ptr<Event> record() override {
@@ -219,6 +201,8 @@ class HostStream final : public Stream {
   void synchronize() override { std::this_thread::sleep_until(done_at_); }
 
  private:
+  detail::TrackedStreamChecks checks() const { return {state_->name, state_->allocations}; }
+
   // Books a host-to-device transfer on the device's link, in stream order: it
   // starts when queued, after the stream's previous transfer, once the link is free.
   void book(std::size_t bytes) {

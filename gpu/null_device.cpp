@@ -57,26 +57,14 @@ class NullStream final : public Stream {
   NullStream& operator=(const NullStream&) = delete;
 
   void copy_h2d(std::byte* dst, const std::byte* src_host, std::size_t bytes) override {
-    if (bytes == 0) {
-      return;
-    }
-    state_->allocations.check(state_->name, "copy_h2d", "destination", dst, bytes);
-    detail::check_host_pointer(state_->name, "copy_h2d", "source", src_host, bytes);
-    state_->written(bytes);
+    state_->written(checks().copy_h2d(dst, src_host, bytes));
   }
 
   void copy_h2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src_host,
                    std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) override {
-    const std::string& name = state_->name;
-    std::size_t dst_span =
-        detail::pitched_span(name, "copy_h2d_2d", "destination", dst_pitch, width_bytes, rows);
-    detail::pitched_span(name, "copy_h2d_2d", "source", src_pitch, width_bytes, rows);
-    if (dst_span == 0) {
-      return;
+    if (checks().copy_h2d_2d(dst, dst_pitch, src_host, src_pitch, width_bytes, rows) != 0) {
+      state_->written(width_bytes * rows);
     }
-    state_->allocations.check(state_->name, "copy_h2d_2d", "destination", dst, dst_span);
-    detail::check_host_pointer(state_->name, "copy_h2d_2d", "source", src_host, width_bytes);
-    state_->written(width_bytes * rows);
   }
 
   void copy_d2h(std::byte*, const std::byte*, std::size_t bytes) override {
@@ -86,38 +74,24 @@ class NullStream final : public Stream {
   }
 
   void fill(std::byte* dst, std::size_t count, DType dtype, double) override {
-    std::size_t bytes = detail::check_fill(state_->name, dtype, count);
-    if (bytes == 0) {
-      return;
-    }
-    state_->allocations.check(state_->name, "fill", "destination", dst, bytes);
-    state_->written(bytes);
+    state_->written(checks().fill(dst, count, dtype));
   }
 
   void zero(std::byte* dst, std::size_t bytes) override {
-    if (bytes == 0) {
-      return;
-    }
-    state_->allocations.check(state_->name, "zero", "destination", dst, bytes);
-    state_->written(bytes);
+    state_->written(checks().zero(dst, bytes));
   }
 
   void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
             std::size_t count) override {
-    detail::CastBytes bytes =
-        detail::check_cast(state_->name, dst, dst_dtype, src, src_dtype, count);
-    if (count == 0) {
-      return;
-    }
-    state_->allocations.check(state_->name, "cast", "destination", dst, bytes.dst);
-    state_->allocations.check(state_->name, "cast", "source", src, bytes.src);
-    state_->written(bytes.dst);
+    state_->written(checks().cast(dst, dst_dtype, src, src_dtype, count));
   }
 
   std::unique_ptr<Event> record() override { return std::make_unique<NullEvent>(state_); }
   void synchronize() override {}
 
  private:
+  detail::TrackedStreamChecks checks() const { return {state_->name, state_->allocations}; }
+
   std::shared_ptr<NullDeviceState> state_;
 };
 
