@@ -266,7 +266,7 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
 
   // Route every tensor before reading anything.
   std::vector<models::Route> routes;
-  std::vector<std::string> route_names;  // for the coverage check's messages
+  std::vector<std::uint32_t> route_tensor;  // each route's tensor, for error messages
   for (std::size_t i = 0; i < index.tensors.size(); ++i) {
     const io::TensorInfo& t = index.tensors[i];
     models::Route route = model.route(t);
@@ -287,7 +287,7 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
           plan.spans.push_back(s);
         }
         routes.push_back(std::move(route));
-        route_names.push_back(t.name);
+        route_tensor.push_back(static_cast<std::uint32_t>(i));
         break;
       }
       case models::RouteKind::kDropped:
@@ -304,7 +304,8 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
 
   // An unfillable param fails now, before a byte of tensor data is read; so does a
   // byte written twice or outside its param (a family's bug).
-  std::vector<models::CoverageGap> gaps = models::check_coverage(model, routes, route_names);
+  std::vector<models::CoverageGap> gaps = models::check_coverage(
+      model, routes, [&](std::size_t route) { return index.tensors[route_tensor[route]].name; });
   if (!gaps.empty()) {
     std::vector<std::string> names = models::gap_names(gaps);
     throw Error(Stage::kMapping, folder, "",

@@ -71,8 +71,8 @@ struct Interval {
 
 class IntervalCheck {
  public:
-  IntervalCheck(const Model& model, std::span<const std::string> route_names)
-      : model_(model), names_(route_names) {
+  IntervalCheck(const Model& model, const std::function<std::string(std::size_t)>& route_name)
+      : model_(model), route_name_(route_name) {
     for (const RankShell& shell : model.shells()) {
       intervals_.emplace_back(shell.params.size());
     }
@@ -152,8 +152,8 @@ class IntervalCheck {
   std::string describe(Writer w) const {
     switch (w.kind) {
       case Writer::Kind::kCopy:
-        return w.index < names_.size() ? "a copy from tensor " + names_[w.index]
-                                       : "a copy of route #" + std::to_string(w.index);
+        return route_name_ ? "a copy from tensor " + route_name_(w.index)
+                           : "a copy of route #" + std::to_string(w.index);
       case Writer::Kind::kFill:
         return "zero fill #" + std::to_string(w.index);
       case Writer::Kind::kHook:
@@ -168,15 +168,16 @@ class IntervalCheck {
   }
 
   const Model& model_;
-  std::span<const std::string> names_;
+  const std::function<std::string(std::size_t)>& route_name_;
   std::vector<std::vector<std::vector<Interval>>> intervals_;  // [local rank][param]
 };
 
 }  // namespace
 
-std::vector<CoverageGap> check_coverage(const Model& model, std::span<const Route> routes,
-                                        std::span<const std::string> route_names) {
-  IntervalCheck check(model, route_names);
+std::vector<CoverageGap> check_coverage(
+    const Model& model, std::span<const Route> routes,
+    const std::function<std::string(std::size_t route)>& route_name) {
+  IntervalCheck check(model, route_name);
   for (std::size_t i = 0; i < routes.size(); ++i) {
     for (const Piece& p : routes[i].pieces) {
       check.add(p, {Writer::Kind::kCopy, i});

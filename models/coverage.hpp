@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,10 +57,11 @@ class CoverageTracker {
 // outputs have been written: the params some bytes of which nothing writes
 // (`written` counts the bytes that are written). Throws Error(Stage::kPlacement,
 // naming the param) for a family's bug: a destination outside its param, or two
-// writes to the same bytes, naming both (with `route_names`, one name per route,
-// the tensors they copy; else "route #i").
-std::vector<CoverageGap> check_coverage(const Model& model, std::span<const Route> routes,
-                                        std::span<const std::string> route_names = {});
+// writes to the same bytes, naming both (with `route_name`, asked only for such an
+// error, the tensors they copy; else "route #i").
+std::vector<CoverageGap> check_coverage(
+    const Model& model, std::span<const Route> routes,
+    const std::function<std::string(std::size_t route)>& route_name = {});
 
 // The distinct param names of `gaps`, sorted: what the coordinator lists in "a
 // parameter that neither the checkpoint nor a post-load hook filled".

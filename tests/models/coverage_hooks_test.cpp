@@ -89,7 +89,7 @@ TEST(Coverage, OverlappingWritesAreAnInternalErrorNamingBothWriters) {
   routes.push_back(m->route(tensor_info("model.norm.weight", DType::kBF16, {128})));
   names.push_back("model.norm.weight (again)");
   try {
-    models::check_coverage(*m, routes, names);
+    models::check_coverage(*m, routes, [&](std::size_t route) { return names[route]; });
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_EQ(e.stage(), Stage::kPlacement);
