@@ -306,7 +306,7 @@ struct LoadHandle::State {
       throw Error(Stage::kCancelled, "", "", "the load was cancelled");
     }
   }
-  bool phase_is_final() const {
+  bool ended() const {  // the result is set
     std::lock_guard lock(mu);
     return result.has_value();
   }
@@ -502,8 +502,7 @@ void LoadHandle::cancel() const {
 }
 
 bool LoadHandle::done() const {
-  std::lock_guard lock(state_->mu);
-  return state_->result.has_value();
+  return state_->ended();
 }
 
 LoadProgress LoadHandle::progress() const {
@@ -554,7 +553,7 @@ Runtime::~Runtime() {
 
 void Runtime::cancel() {
   std::lock_guard lock(impl_->mu);
-  if (auto running = impl_->current.lock(); running && !running->phase_is_final()) {
+  if (auto running = impl_->current.lock(); running && !running->ended()) {
     running->cancel.store(true);
   }
 }
@@ -562,7 +561,7 @@ void Runtime::cancel() {
 LoadHandle Runtime::start(LoadCallbacks callbacks) {
   std::lock_guard lock(impl_->mu);
   auto state = std::make_shared<LoadHandle::State>();
-  if (auto running = impl_->current.lock(); running && !running->phase_is_final()) {
+  if (auto running = impl_->current.lock(); running && !running->ended()) {
     LoadResult r;
     r.error = to_info(Error(Stage::kConfig, "", "",
                             "a load is already running on this Runtime; wait for it (or "

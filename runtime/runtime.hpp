@@ -116,7 +116,8 @@ std::string_view to_string(LoadPhase phase);
 struct LoadProgress {
   LoadPhase phase = LoadPhase::kStarting;
   std::uint64_t bytes_planned = 0;  // tensor bytes the plan reads (0 until planned)
-  std::uint64_t bytes_read = 0;     // of them, read so far (O_DIRECT widening included)
+  std::uint64_t bytes_read = 0;     // of them, read so far (the planned windows: no headers,
+                                    // no O_DIRECT widening)
   std::uint64_t bytes_copied = 0;   // param bytes written from checkpoint data so far
   std::size_t tensors_placed = 0;   // checkpoint tensors the plan places (0 until planned)
   bool operator==(const LoadProgress&) const = default;
