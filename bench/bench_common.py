@@ -1,6 +1,7 @@
 """Shared setup of the benchmark scripts: the checkpoint they read, and how a child
 process is timed."""
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,3 +36,9 @@ def run_measured(cmd, capture=True):
     if os.waitstatus_to_exitcode(status) != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{err}")
     return seconds, usage.ru_maxrss * 1024, out
+
+
+def cell(values, scale=1.0, fmt="{:.2f}"):
+    """A table cell: the median of `values` times `scale`, then (min-max)."""
+    v = [x * scale for x in values]
+    return (fmt + " (" + fmt + "-" + fmt + ")").format(statistics.median(v), min(v), max(v))

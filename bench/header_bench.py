@@ -23,7 +23,7 @@ import statistics
 import struct
 import sys
 
-from bench_common import run_measured
+from bench_common import cell, run_measured
 
 PYTHON_OPEN = "import sys; from safetensors import safe_open; safe_open(sys.argv[1], 'np').keys()"
 
@@ -89,11 +89,8 @@ def main():
                 seconds[key].append(s)
                 rss[key].append(m)
         ratio = [p / f for p, f in zip(seconds["python"], seconds["ferry"])]
-
-        def cell(v):
-            return f"{statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})"
-
-        print(f"| {n:,} | {header_mb:.1f} | {cell(seconds['ferry'])} | {cell(seconds['python'])} "
+        print(f"| {n:,} | {header_mb:.1f} | {cell(seconds['ferry'], fmt='{:.3f}')} "
+              f"| {cell(seconds['python'], fmt='{:.3f}')} "
               f"| {statistics.median(ratio):.2f} | {statistics.median(rss['ferry']) / 2**20:.0f} "
               f"| {statistics.median(rss['python']) / 2**20:.0f} |", flush=True)
     return 0

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_common import run_measured
+from bench_common import cell, run_measured
 
 PYTHON_OPEN_ALL = """
 import json, os, sys
@@ -48,11 +48,6 @@ def synth(ferry, out, config, *extra):
         subprocess.run([ferry, "synth", "--from-config", config, "--out", out, "--no-fsync",
                         *extra], check=True)
     return out
-
-
-def cell(values, scale=1.0, fmt="{:.2f}"):
-    v = [x * scale for x in values]
-    return (fmt + " (" + fmt + "-" + fmt + ")").format(statistics.median(v), min(v), max(v))
 
 
 def main():
