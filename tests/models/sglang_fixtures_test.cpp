@@ -88,6 +88,16 @@ void expect_fixture(const Fixture& f) {
   EXPECT_EQ(got, want) << f.layer;
 }
 
+// `common` at tp 8 and `ep`, plus the layer's fused experts (`experts` is their
+// param prefix) of the shapes given.
+void expect_with_experts(const std::string& model, int ep, int rank, const std::string& layer,
+                         std::map<std::string, Shape> params, const std::string& experts,
+                         Shape w13, Shape w2) {
+  params[experts + "w13_weight"] = std::move(w13);
+  params[experts + "w2_weight"] = std::move(w2);
+  expect_fixture({model, 8, ep, rank, layer, std::move(params)});
+}
+
 // python/sglang/srt/models/llama.py at 00239548f1cd (LlamaAttention, LlamaMLP,
 // LlamaForCausalLM): Llama-3.1-8B, H 4096, 32 q / 8 kv heads of 128, I 14336,
 // vocabulary 128256 (2004 * 64), untied.
@@ -162,14 +172,11 @@ TEST(SglangFixtures, Mixtral8x7bAtTp8Ep1AndEp8) {
       {l + "block_sparse_moe.gate.weight", {8, 4096}},
       {l + "input_layernorm.weight", {4096}},
       {l + "post_attention_layernorm.weight", {4096}}};
-  Fixture ep1{"mixtral-8x7b-v0.1", 8, 1, 2, l, common};
-  ep1.params[l + "block_sparse_moe.experts.w13_weight"] = {8, 2 * 1792, 4096};
-  ep1.params[l + "block_sparse_moe.experts.w2_weight"] = {8, 4096, 1792};
-  expect_fixture(ep1);
-  Fixture ep8{"mixtral-8x7b-v0.1", 8, 8, 2, l, common};
-  ep8.params[l + "block_sparse_moe.experts.w13_weight"] = {1, 2 * 14336, 4096};
-  ep8.params[l + "block_sparse_moe.experts.w2_weight"] = {1, 4096, 14336};
-  expect_fixture(ep8);
+  const std::string experts = l + "block_sparse_moe.experts.";
+  expect_with_experts("mixtral-8x7b-v0.1", 1, 2, l, common, experts, {8, 2 * 1792, 4096},
+                      {8, 4096, 1792});
+  expect_with_experts("mixtral-8x7b-v0.1", 8, 2, l, common, experts, {1, 2 * 14336, 4096},
+                      {1, 4096, 14336});
 }
 
 // python/sglang/srt/models/qwen3_moe.py at e3d8e9aec2c7 (Qwen3MoeAttention with
@@ -189,14 +196,11 @@ TEST(SglangFixtures, Qwen3_30bA3bAtTp8Ep1AndEp8) {
       {l + "mlp.gate.weight", {128, 2048}},
       {l + "input_layernorm.weight", {2048}},
       {l + "post_attention_layernorm.weight", {2048}}};
-  Fixture ep1{"qwen3-30b-a3b", 8, 1, 7, l, common};
-  ep1.params[l + "mlp.experts.w13_weight"] = {128, 2 * 96, 2048};
-  ep1.params[l + "mlp.experts.w2_weight"] = {128, 2048, 96};
-  expect_fixture(ep1);
-  Fixture ep8{"qwen3-30b-a3b", 8, 8, 7, l, common};
-  ep8.params[l + "mlp.experts.w13_weight"] = {16, 2 * 768, 2048};
-  ep8.params[l + "mlp.experts.w2_weight"] = {16, 2048, 768};
-  expect_fixture(ep8);
+  const std::string experts = l + "mlp.experts.";
+  expect_with_experts("qwen3-30b-a3b", 1, 7, l, common, experts, {128, 2 * 96, 2048},
+                      {128, 2048, 96});
+  expect_with_experts("qwen3-30b-a3b", 8, 7, l, common, experts, {16, 2 * 768, 2048},
+                      {16, 2048, 768});
 }
 
 // python/sglang/srt/models/deepseek_v2.py at 3e4a39ee7330 (DeepseekV2AttentionMLA,
@@ -227,16 +231,14 @@ TEST(SglangFixtures, DeepseekV3AtTp8Ep1AndEp8) {
       {l + "mlp.gate.e_score_correction_bias", {256}},
       {l + "input_layernorm.weight", {7168}},
       {l + "post_attention_layernorm.weight", {7168}}};
-  Fixture ep1{"deepseek-v3", 8, 1, 4, l, common};
-  ep1.params[l + "mlp.experts.w13_weight"] = {257, 2 * 256, 7168};
-  ep1.params[l + "mlp.experts.w2_weight"] = {257, 7168, 256};
-  expect_fixture(ep1);
-  Fixture ep8{"deepseek-v3", 8, 8, 4, l, common};
-  ep8.params[l + "mlp.experts.w13_weight"] = {32, 2 * 2048, 7168};
-  ep8.params[l + "mlp.experts.w2_weight"] = {32, 7168, 2048};
-  ep8.params[l + "mlp.shared_experts.gate_up_proj.weight"] = {2 * 256, 7168};
-  ep8.params[l + "mlp.shared_experts.down_proj.weight"] = {7168, 256};
-  expect_fixture(ep8);
+  const std::string experts = l + "mlp.experts.";
+  expect_with_experts("deepseek-v3", 1, 4, l, common, experts, {257, 2 * 256, 7168},
+                      {257, 7168, 256});
+  std::map<std::string, Shape> unfused = common;
+  unfused[l + "mlp.shared_experts.gate_up_proj.weight"] = {2 * 256, 7168};
+  unfused[l + "mlp.shared_experts.down_proj.weight"] = {7168, 256};
+  expect_with_experts("deepseek-v3", 8, 4, l, unfused, experts, {32, 2 * 2048, 7168},
+                      {32, 7168, 2048});
 }
 
 // determine_num_fused_shared_experts outcomes on an NVIDIA GPU of compute
