@@ -254,10 +254,7 @@ struct CopyWorkerState {
                     "into parameter " + param + " on " + device_name() + ": " + e.what());
       }
       landed[f.param] += f.dst_bytes();
-      shared->bytes_copied.fetch_add(f.dst_bytes());
-      if (actors::PipelineProgress* p = input.progress) {
-        p->bytes_copied.fetch_add(f.dst_bytes(), std::memory_order_relaxed);
-      }
+      shared->progress().bytes_copied.fetch_add(f.dst_bytes(), std::memory_order_relaxed);
     }
     return landed;
   }

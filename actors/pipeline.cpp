@@ -56,7 +56,7 @@ PipelineResult run_pipeline(const PipelineInput& input) {
   }
   result.error = shared->error();
   result.bytes_read = shared->bytes_read.load();
-  result.bytes_copied = shared->bytes_copied.load();
+  result.bytes_copied = shared->progress().bytes_copied.load();
   result.bytes_prefetched = shared->bytes_prefetched.load();
   result.reads = shared->reads.load();
   result.total_seconds = shared->seconds_since_start();

@@ -69,7 +69,8 @@ struct PipelineInput {
   std::function<void(std::size_t local_rank, const std::string& param)> before_copy;
   // Set by another thread to cancel; checked by every actor between steps.
   const std::atomic<bool>* cancel = nullptr;
-  // Updated as windows are read and fragments copied; null = not watched.
+  // Updated as windows are read and fragments copied (the result's bytes_copied is
+  // read from it); null: the pipeline keeps its own.
   PipelineProgress* progress = nullptr;
   // Called by the post-processor (an actor: it must not block) when every byte of a
   // param has landed, hook outputs included; empty = not watched.

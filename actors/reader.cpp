@@ -185,9 +185,7 @@ class ReadLoop {
                       std::to_string(w.offset + w.nbytes) + "]" + more);
     }
     shared_->reads.fetch_add(1);
-    if (PipelineProgress* p = shared_->input().progress) {
-      p->bytes_read.fetch_add(w.nbytes, std::memory_order_relaxed);
-    }
+    shared_->progress().bytes_read.fetch_add(w.nbytes, std::memory_order_relaxed);
     for (std::size_t r = 0; r < workers_.size(); ++r) {
       if (w.has_rank(r)) {
         self_->send(workers_[r], ChunkMsg{chunk.buf, chunk.window});

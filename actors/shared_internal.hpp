@@ -28,7 +28,10 @@ using Clock = std::chrono::steady_clock;
 
 class Shared {
  public:
-  explicit Shared(const PipelineInput& input) : input_(input), start_(Clock::now()) {}
+  explicit Shared(const PipelineInput& input)
+      : input_(input),
+        progress_(input.progress ? input.progress : &own_progress_),
+        start_(Clock::now()) {}
 
   const PipelineInput& input() const { return input_; }
   const Plan& plan() const { return *input_.plan; }
@@ -70,8 +73,10 @@ class Shared {
   // The pool is created by run_pipeline before any actor starts and outlives them.
   std::shared_ptr<io::StagingPool> pool;
 
-  std::atomic<std::uint64_t> bytes_read{0};
-  std::atomic<std::uint64_t> bytes_copied{0};
+  std::atomic<std::uint64_t> bytes_read{0};  // requested by the reader (O_DIRECT widening)
+  // Windows read and param bytes copied so far: the caller's counters when it
+  // watches them (PipelineInput::progress), else the pipeline's own.
+  PipelineProgress& progress() { return *progress_; }
   std::atomic<std::uint64_t> bytes_prefetched{0};
   std::atomic<std::uint64_t> reads{0};
 
@@ -93,6 +98,8 @@ class Shared {
 
  private:
   const PipelineInput& input_;
+  PipelineProgress own_progress_;
+  PipelineProgress* progress_;
   Clock::time_point start_;
   mutable std::mutex mu_;
   std::optional<Error> error_;
