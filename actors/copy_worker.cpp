@@ -34,6 +34,7 @@
 #include "actors/messages_internal.hpp"
 #include "common/log.hpp"
 #include "gpu/device.hpp"
+#include "models/hooks.hpp"
 
 namespace ferry::actors {
 namespace {
@@ -45,35 +46,6 @@ constexpr std::uint64_t kLandedBatchBytes = std::uint64_t{64} << 20;
 std::vector<std::pair<std::uint32_t, std::uint64_t>> to_vector(const Landed& landed) {
   return {landed.begin(), landed.end()};
 }
-
-// What a post-load hook may touch: its own inputs and outputs on this rank's device.
-class WorkerHookContext final : public models::HookContext {
- public:
-  WorkerHookContext(const models::PostLoadHook& hook, const RankTarget& target, gpu::Stream& stream)
-      : hook_(hook), target_(target), stream_(stream) {}
-
-  std::byte* param_data(std::size_t param) override {
-    bool declared = false;
-    for (std::size_t i : hook_.inputs) {
-      declared = declared || i == param;
-    }
-    for (std::size_t i : hook_.outputs) {
-      declared = declared || i == param;
-    }
-    if (!declared || param >= target_.params.size()) {
-      throw Error(Stage::kPostProcess, "", "",
-                  "post-load hook '" + hook_.name + "' asked for param " + std::to_string(param) +
-                      ", which is not one of its declared inputs or outputs");
-    }
-    return target_.params[param];
-  }
-  gpu::Stream& stream() override { return stream_; }
-
- private:
-  const models::PostLoadHook& hook_;
-  const RankTarget& target_;
-  gpu::Stream& stream_;
-};
 
 struct CopyWorkerState {
   std::shared_ptr<Shared> shared;
@@ -283,11 +255,22 @@ struct CopyWorkerState {
     add_landed(self, landed);
   }
 
+  // How a hook that declares `reallocates` gets new storage: through the runtime
+  // (PipelineInput::reallocate), which keeps the old storage alive.
+  models::ParamsHookContext::ReallocateParam reallocate_param(const models::PostLoadHook& hook) {
+    const auto& realloc = shared->input().reallocate;
+    if (!realloc || !hook.reallocates) {
+      return {};
+    }
+    return [&realloc, r = rank](std::size_t param) { return realloc(r, param); };
+  }
+
   void run_hook(std::uint32_t index) {
     const models::PostLoadHook& hook = hooks.at(index);
     try {
       shared->check_cancel();
-      WorkerHookContext context(hook, target(), *stream);
+      models::ParamsHookContext context(hook, target().params, *stream, device_name(),
+                                        reallocate_param(hook));
       if (!target().device->holds_data()) {
         // Nothing to transform on a device that keeps no bytes (null): check that
         // every declared param exists on this rank, and skip (the report lists it).

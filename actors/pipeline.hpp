@@ -75,6 +75,10 @@ struct PipelineInput {
   // Called by the post-processor (an actor: it must not block) when every byte of a
   // param has landed, hook outputs included; empty = not watched.
   std::function<void(std::size_t local_rank, std::size_t param)> on_param_complete;
+  // Gives a param new storage for a post-load hook that declares `reallocates`
+  // (models::HookContext::reallocate) and returns it; called on the hook's copy
+  // worker. Empty: such a hook fails.
+  std::function<std::byte*(std::size_t local_rank, std::size_t param)> reallocate;
 };
 
 struct PipelineResult {

@@ -1,5 +1,6 @@
 #include "models/hooks.hpp"
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <utility>
@@ -95,6 +96,53 @@ std::unique_ptr<Model> with_hooks(std::shared_ptr<const Model> base,
     all.push_back(std::move(h));
   }
   return std::make_unique<HookedModel>(std::move(base), std::move(all));
+}
+
+ParamsHookContext::ParamsHookContext(const PostLoadHook& hook, std::span<std::byte* const> params,
+                                     gpu::Stream& stream, std::string device,
+                                     ReallocateParam reallocate_param)
+    : hook_(hook),
+      params_(params),
+      stream_(stream),
+      device_(std::move(device)),
+      reallocate_param_(std::move(reallocate_param)) {}
+
+bool ParamsHookContext::declared(std::size_t param, bool outputs_only) const {
+  auto has = [param](const std::vector<std::size_t>& ids) {
+    return std::find(ids.begin(), ids.end(), param) != ids.end();
+  };
+  return param < params_.size() && (has(hook_.outputs) || (!outputs_only && has(hook_.inputs)));
+}
+
+std::byte* ParamsHookContext::param_data(std::size_t param) {
+  if (!declared(param, false)) {
+    throw Error(Stage::kPostProcess, device_, "",
+                "post-load hook '" + hook_.name + "' asked for param " + std::to_string(param) +
+                    ", which is not one of its declared inputs or outputs");
+  }
+  auto moved = moved_.find(param);
+  return moved != moved_.end() ? moved->second : params_[param];
+}
+
+std::byte* ParamsHookContext::reallocate(std::size_t param) {
+  if (!declared(param, true)) {
+    throw Error(Stage::kPostProcess, device_, "",
+                "post-load hook '" + hook_.name + "' asked to reallocate param " +
+                    std::to_string(param) + ", which is not one of its declared outputs");
+  }
+  if (!hook_.reallocates) {
+    throw Error(Stage::kPostProcess, device_, "",
+                "post-load hook '" + hook_.name +
+                    "' reallocated an output but does not declare `reallocates`");
+  }
+  if (!reallocate_param_) {
+    throw Error(Stage::kPostProcess, device_, "",
+                "post-load hook '" + hook_.name + "' asked to reallocate param " +
+                    std::to_string(param) + ", but storage cannot be replaced here");
+  }
+  std::byte* fresh = reallocate_param_(param);
+  moved_[param] = fresh;
+  return fresh;
 }
 
 }  // namespace ferry::models

@@ -3,7 +3,11 @@
 // pipeline can exercise the mechanism on a real family before one needs a hook.
 #pragma once
 
+#include <cstddef>
+#include <functional>
+#include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "models/model.hpp"
@@ -21,5 +25,33 @@ void validate_hooks(const Model& model, const std::vector<PostLoadHook>& hooks,
 // (validated). The result is as immutable and thread-safe as `base`.
 std::unique_ptr<Model> with_hooks(std::shared_ptr<const Model> base,
                                   std::vector<PostLoadHook> extra);
+
+// A hook's context over the param pointers of its rank (as the pipeline and the
+// runtime's startup run hooks): refuses a param the hook did not declare, and a
+// reallocate() by a hook that does not declare `reallocates` (or with no
+// `reallocate_param` to do it: the storage cannot move here). `device` names the
+// device in errors.
+class ParamsHookContext final : public HookContext {
+ public:
+  // Allocates new storage for `param` and records it; returns the new pointer.
+  using ReallocateParam = std::function<std::byte*(std::size_t param)>;
+
+  ParamsHookContext(const PostLoadHook& hook, std::span<std::byte* const> params,
+                    gpu::Stream& stream, std::string device,
+                    ReallocateParam reallocate_param = {});
+  std::byte* param_data(std::size_t param) override;
+  gpu::Stream& stream() override { return stream_; }
+  std::byte* reallocate(std::size_t param) override;
+
+ private:
+  bool declared(std::size_t param, bool outputs_only) const;
+
+  const PostLoadHook& hook_;
+  std::span<std::byte* const> params_;
+  gpu::Stream& stream_;
+  std::string device_;
+  ReallocateParam reallocate_param_;
+  std::map<std::size_t, std::byte*> moved_;  // params this run reallocated
+};
 
 }  // namespace ferry::models

@@ -79,6 +79,12 @@ std::vector<std::string> Model::notes() const {
   return {};
 }
 
+std::byte* HookContext::reallocate(std::size_t param) {
+  throw Error(Stage::kPostProcess, "", "",
+              "a post-load hook asked to reallocate param " + std::to_string(param) +
+                  ", which this context cannot do");
+}
+
 std::vector<PostLoadHook> Model::hooks() const {
   return {};
 }

@@ -140,6 +140,12 @@ class HookContext {
   // The stream of the hook's device. The hook only enqueues work; the pipeline
   // synchronizes the stream before it reports the outputs complete.
   virtual gpu::Stream& stream() = 0;
+  // Gives output `param` new storage of the same size on the hook's device and
+  // returns it; param_data(param) returns it from then on. For a hook that must
+  // rebuild a buffer out of place; only a hook that declares `reallocates` may ask.
+  // The old storage stays allocated until the loaded model is released (a captured
+  // graph may point at it). Throws ferry::Error(Stage::kPostProcess) when refused.
+  virtual std::byte* reallocate(std::size_t param);
 };
 
 // Work that runs on one local rank once every input param is complete and that
@@ -151,6 +157,14 @@ struct PostLoadHook {
   std::vector<std::size_t> inputs;   // param indices that must be complete first
   std::vector<std::size_t> outputs;  // param indices the hook fills
   std::function<void(HookContext&)> run;
+  // What a capture-safe startup (runtime prepare()/commit() in overlap mode) needs:
+  // it runs every hook twice, on sentinel weights and then on the real ones, into
+  // storage that must not move. `idempotent`: the outputs depend only on the inputs
+  // as they are when the hook runs (not on an earlier run, nor on outputs it wrote
+  // before). `reallocates`: the hook calls HookContext::reallocate. A hook that is
+  // not idempotent or that reallocates refuses the overlap (runtime admission).
+  bool idempotent = true;
+  bool reallocates = false;
 };
 
 // One per checkpoint + layout. Immutable once made: every method is const and safe

@@ -717,6 +717,20 @@ LoadConfig ConfigBuilder::build() const {
   c.host.bandwidth_gbps = f.get_double("host.bandwidth_gbps", 0, 1e6, d.host.bandwidth_gbps);
   c.metrics.prometheus_file = f.get_string("metrics.prometheus_file", d.metrics.prometheus_file);
 
+  // startup
+  {
+    std::string text = f.get_string("startup.mode", std::string(to_string(d.startup.mode)));
+    if (text == "serial") {
+      c.startup.mode = StartupMode::kSerial;
+    } else if (text == "overlap") {
+      c.startup.mode = StartupMode::kOverlap;
+    } else if (text == "auto") {
+      c.startup.mode = StartupMode::kAuto;
+    } else {
+      f.fail_key("startup.mode", "expected serial, overlap or auto, got " + json_quoted(text));
+    }
+  }
+
   if (auto left = f.unread(); !left.empty()) {
     // to_json knows a key this function does not read: a bug, not a user error.
     throw std::logic_error("LoadConfig: build() does not read key '" + left.front() + "'");
@@ -805,7 +819,20 @@ nlohmann::json to_json(const LoadConfig& c) {
        }},
       {"host", {{"bandwidth_gbps", c.host.bandwidth_gbps}}},
       {"metrics", {{"prometheus_file", c.metrics.prometheus_file}}},
+      {"startup", {{"mode", to_string(c.startup.mode)}}},
   };
+}
+
+std::string_view to_string(StartupMode mode) {
+  switch (mode) {
+    case StartupMode::kSerial:
+      return "serial";
+    case StartupMode::kOverlap:
+      return "overlap";
+    case StartupMode::kAuto:
+      return "auto";
+  }
+  return "?";
 }
 
 // ---- sizes, ranks, devices -------------------------------------------------------

@@ -114,6 +114,21 @@ struct MetricsConfig {
   bool operator==(const MetricsConfig&) const = default;
 };
 
+// How Runtime::prepare()/commit() start a model (runtime/runtime.hpp). load() and
+// start() ignore it: they are always one serial pass.
+enum class StartupMode {
+  kSerial,   // prepare() loads fully; commit() only verifies
+  kOverlap,  // prepare() fills sentinel shells and prefetches; commit() streams (or fails
+             // with the admission's refusals)
+  kAuto,     // overlap when admission allows it, else serial (the refusals are logged)
+};
+std::string_view to_string(StartupMode mode);
+
+struct StartupConfig {
+  StartupMode mode = StartupMode::kSerial;
+  bool operator==(const StartupConfig&) const = default;
+};
+
 struct LoadConfig {
   ModelConfig model;
   ParallelConfig parallel;
@@ -125,6 +140,7 @@ struct LoadConfig {
   LoadOptions load;
   HostConfig host;
   MetricsConfig metrics;
+  StartupConfig startup;
   bool operator==(const LoadConfig&) const = default;
 };
 

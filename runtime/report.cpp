@@ -18,6 +18,10 @@ std::string fixed(double v, int digits) {
 }  // namespace
 
 nlohmann::json LoadReport::to_json() const {
+  nlohmann::json refusals = nlohmann::json::array();
+  for (const StartupRefusal& r : startup_refusals) {
+    refusals.push_back({{"code", r.code}, {"message", r.message}});
+  }
   return nlohmann::json{
       {"bytes_read", bytes_read},
       {"bytes_skipped", bytes_skipped},
@@ -39,6 +43,15 @@ nlohmann::json LoadReport::to_json() const {
        {{"placed", tensors.placed}, {"dropped", tensors.dropped}, {"unmapped", tensors.unmapped}}},
       {"warnings", warnings},
       {"hooks_skipped", hooks_skipped},
+      {"startup_mode", startup_mode},
+      {"startup_refusals", refusals},
+      {"startup",
+       {{"prepare", startup.prepare},
+        {"sentinel", startup.sentinel},
+        {"capture", startup.capture},
+        {"commit", startup.commit},
+        {"time_to_ready", startup.time_to_ready},
+        {"bytes_prefetched", startup.bytes_prefetched}}},
   };
 }
 
@@ -62,6 +75,14 @@ std::string LoadReport::summary() const {
   if (!hooks_skipped.empty()) {
     s += "post-load hooks skipped (their devices keep no data): " +
          std::to_string(hooks_skipped.size()) + "\n";
+  }
+  if (startup_mode != "load") {
+    s += "startup " + startup_mode + ": ready " + fixed(startup.time_to_ready, 3) +
+         " s after prepare() (prepare " + fixed(startup.prepare, 3) + " s, capture " +
+         fixed(startup.capture, 3) + " s, commit " + fixed(startup.commit, 3) + " s)\n";
+  }
+  for (const StartupRefusal& r : startup_refusals) {
+    s += "startup overlap refused: " + r.code + ": " + r.message + "\n";
   }
   for (const std::string& w : warnings) {
     s += "warning: " + w + "\n";

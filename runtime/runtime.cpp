@@ -15,11 +15,14 @@
 #include "runtime/runtime.hpp"
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -32,11 +35,14 @@
 #include "common/log.hpp"
 #include "gpu/backends.hpp"
 #include "gpu/device.hpp"
+#include "gpu/kernels_host.hpp"
 #include "io/discover.hpp"
 #include "io/file.hpp"
+#include "io/prefetch.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
 #include "io/staging_pool.hpp"
+#include "models/hooks.hpp"
 #include "models/model.hpp"
 #include "runtime/plan_report.hpp"
 #include "runtime/runtime_internal.hpp"
@@ -46,7 +52,11 @@ namespace ferry::runtime {
 struct LoadedModel::State {
   std::vector<std::shared_ptr<gpu::Device>> devices;        // per local rank
   std::vector<std::vector<gpu::DeviceAllocation>> storage;  // [rank][param]; freed first
+  // Storage that hooks declaring `reallocates` replaced: freed with the model, as
+  // a captured graph may still point at it.
+  std::vector<gpu::DeviceAllocation> retired;
   std::vector<LoadedRank> ranks;
+  std::vector<ManifestEntry> manifest;  // recorded by prepare()
   LoadReport report;
 };
 
@@ -139,6 +149,34 @@ const std::vector<LoadedRank>& LoadedModel::ranks() const {
 
 const LoadReport& LoadedModel::report() const {
   return state_->report;
+}
+
+const std::vector<ManifestEntry>& LoadedModel::manifest() const {
+  return state_->manifest;
+}
+
+std::vector<ParamView> LoadedModel::views() const {
+  std::shared_ptr<const LoadedModel> self = shared_from_this();
+  std::vector<ParamView> out;
+  for (std::size_t r = 0; r < state_->ranks.size(); ++r) {
+    const LoadedRank& rank = state_->ranks[r];
+    for (std::size_t p = 0; p < rank.params.size(); ++p) {
+      const LoadedParam& param = rank.params[p];
+      const gpu::DeviceAllocation& a = state_->storage[r][p];
+      ParamView v;
+      v.name = param.name;
+      v.device = rank.device;
+      v.tp_rank = rank.tp_rank;
+      v.data = param.data;
+      v.dtype = param.dtype;
+      v.shape = param.shape;
+      v.strides = param.strides;
+      v.byte_offset = a.empty() ? 0 : static_cast<std::uint64_t>(param.data - a.data());
+      v.model = self;
+      out.push_back(std::move(v));
+    }
+  }
+  return out;
 }
 
 namespace {
@@ -292,6 +330,9 @@ struct LoadHandle::State {
   mutable std::mutex mu;
   mutable std::condition_variable cv;
   std::optional<LoadResult> result;  // set once, under mu
+  // A failed or cancelled commit's storage: kept while a handle lives, because
+  // graphs captured against the prepared model may still point at it.
+  std::shared_ptr<const void> keep_alive;
 
   void finish(LoadResult r) {
     phase.store(r ? LoadPhase::kDone : LoadPhase::kFailed);
@@ -471,6 +512,8 @@ std::string_view to_string(LoadPhase phase) {
       return "plan";
     case LoadPhase::kAllocate:
       return "allocate";
+    case LoadPhase::kSentinel:
+      return "sentinel";
     case LoadPhase::kStream:
       return "stream";
     case LoadPhase::kVerify:
@@ -509,22 +552,179 @@ LoadProgress LoadHandle::progress() const {
   return snapshot(*state_);
 }
 
-// ---- Runtime ------------------------------------------------------------------------
+std::string_view to_string(RuntimeState state) {
+  switch (state) {
+    case RuntimeState::kCreated:
+      return "created";
+    case RuntimeState::kLoading:
+      return "loading";
+    case RuntimeState::kPreparing:
+      return "preparing";
+    case RuntimeState::kPrepared:
+      return "prepared";
+    case RuntimeState::kCommitting:
+      return "committing";
+    case RuntimeState::kReady:
+      return "ready";
+    case RuntimeState::kFailed:
+      return "failed";
+  }
+  return "?";
+}
+
+// ---- one load's work ------------------------------------------------------------
+
+namespace {
+
+// The value every floating-point parameter holds between prepare() and commit().
+constexpr double kSentinel = 1e-3;
+
+bool floating(DType dtype) {
+  switch (dtype) {
+    case DType::kF16:
+    case DType::kBF16:
+    case DType::kF32:
+    case DType::kF64:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+    case DType::kF8E8M0:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// One element of the sentinel in `dtype`, as its bytes. FP8 has no Stream::fill:
+// its encodings of the value nearest 1e-3 are written here.
+std::vector<std::byte> sentinel_element(DType dtype) {
+  switch (dtype) {
+    case DType::kF8E4M3:
+      return {std::byte{0x01}};  // 2^-9, the smallest E4M3FN subnormal (1e-3 rounds to it)
+    case DType::kF8E5M2:
+      return {std::byte{0x14}};  // 2^-10 (exponent 5, mantissa 0)
+    case DType::kF8E8M0:
+      return {std::byte{0x75}};  // 2^-10 (biased exponent 117)
+    default: {
+      const std::uint64_t bits = gpu::host::fill_pattern(dtype, kSentinel);
+      std::vector<std::byte> out(dtype_size(dtype));
+      std::memcpy(out.data(), &bits, out.size());  // the low bytes, in machine order
+      return out;
+    }
+  }
+}
+
+// `bytes` bytes of memory for `spec` on `device`: from the engine's Allocator when
+// there is one, else from the device.
+gpu::DeviceAllocation allocate_param(const std::shared_ptr<Allocator>& allocator,
+                                     gpu::Device& device, const models::ParamSpec& spec) {
+  try {
+    return allocator && spec.nbytes != 0 ? engine_allocation(allocator, device, spec.nbytes)
+                                         : device.allocate(spec.nbytes);
+  } catch (const Error& e) {
+    throw Error(Stage::kCopy, device.name(), spec.name,
+                "allocating " + std::to_string(spec.nbytes) + " bytes: " + e.rule());
+  }
+}
+
+// A planned weight file as prepare() saw it; commit() refuses a file that changed.
+struct FileStamp {
+  std::string path;
+  std::string name;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  off_t size = 0;
+  std::int64_t mtime_ns = 0;
+  bool operator==(const FileStamp&) const = default;
+};
+
+FileStamp stamp(const std::string& path, const std::string& name) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw Error(Stage::kRead, name, "", std::string("stat: ") + std::strerror(errno));
+  }
+  return FileStamp{path,
+                   name,
+                   st.st_dev,
+                   st.st_ino,
+                   st.st_size,
+                   static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+}  // namespace
+
+// Everything one load builds, step by step. A prepared startup keeps it between
+// prepare() and commit().
+struct LoadWork {
+  ResolvedCheckpoint resolved;
+  std::shared_ptr<const models::Model> model;
+  actors::Plan plan;
+  std::shared_ptr<LoadedModel::State> state = std::make_shared<LoadedModel::State>();
+  std::mutex state_mu;  // ranks and storage, for hooks that reallocate while copies run
+  LoadReport report;
+  Clock::time_point begin = Clock::now();
+  Clock::time_point resolved_at, planned_at, allocated_at;
+
+  // prepare()/commit() only.
+  StartupMode mode = StartupMode::kSerial;  // after admission
+  std::shared_ptr<LoadedModel> loaded;      // what prepare() handed over
+  std::unique_ptr<io::Prefetcher> prefetcher;
+  std::vector<FileStamp> stamps;
+  Clock::time_point prepared_at;
+};
 
 struct Runtime::Impl {
   LoadConfig config;
   RuntimeHooks hooks;
   std::shared_ptr<Allocator> allocator;
-  std::mutex mu;  // guards current and worker
+
+  mutable std::mutex mu;  // guards everything below
+  RuntimeState status = RuntimeState::kCreated;
   // The last load started. Weak: the Runtime never keeps a finished load's model
   // alive; its handles and its thread (until the thread ends) do.
   std::weak_ptr<LoadHandle::State> current;
-  std::thread worker;  // runs it
+  std::thread worker;                  // runs it
+  std::shared_ptr<LoadWork> prepared;  // in the prepared state
 
-  // One load with `state`: never throws, always finishes the state.
-  void run(LoadHandle::State& state, const LoadCallbacks& callbacks);
-  LoadResult load(LoadReport& report, LoadHandle::State& handle);
+  using Body = std::function<LoadResult(LoadHandle::State&)>;
+  // Under `mu`: an error handle when a load is running or `allowed` says no, else
+  // starts `body` on the worker thread in state `running`; on success the runtime
+  // goes to `success` (and keeps `keep` as the prepared work).
+  LoadHandle launch(RuntimeState running, RuntimeState success, LoadCallbacks callbacks, Body body,
+                    std::shared_ptr<LoadWork> keep);
+  void run(LoadHandle::State& state, const LoadCallbacks& callbacks, const Body& body,
+           RuntimeState success, const std::shared_ptr<LoadWork>& keep);
+
+  // The steps.
+  void resolve_and_plan(LoadWork& w, LoadHandle::State& handle);
+  void make_devices(LoadWork& w);
+  void allocate(LoadWork& w, LoadHandle::State& handle);
+  void stream(LoadWork& w, LoadHandle::State& handle);  // + verify the bytes landed
+  std::byte* reallocate(LoadWork& w, std::size_t rank, std::size_t param);
+  std::vector<StartupRefusal> overlap_refusals(const LoadWork& w) const;
+  void fill_sentinel(LoadWork& w, LoadHandle::State& handle);
+  void verify_startup(LoadWork& w);
+
+  LoadResult load(LoadHandle::State& handle);
+  LoadResult prepare(LoadWork& w, LoadHandle::State& handle);
+  LoadResult commit(LoadWork& w, LoadHandle::State& handle);
 };
+
+namespace {
+
+bool running(RuntimeState s) {
+  return s == RuntimeState::kLoading || s == RuntimeState::kPreparing ||
+         s == RuntimeState::kCommitting;
+}
+
+// A handle whose load failed before it started (a call in the wrong state).
+LoadHandle::State& refuse(LoadHandle::State& state, const std::string& why) {
+  LoadResult r;
+  r.error = to_info(Error(Stage::kConfig, "", "", why));
+  state.finish(std::move(r));
+  return state;
+}
+
+}  // namespace
 
 Runtime::Runtime(LoadConfig config, std::shared_ptr<Allocator> allocator)
     : Runtime(std::move(config), RuntimeHooks{}, std::move(allocator)) {}
@@ -538,44 +738,112 @@ Runtime::Runtime(LoadConfig config, RuntimeHooks hooks, std::shared_ptr<Allocato
 
 Runtime::~Runtime() {
   std::thread worker;
+  std::shared_ptr<LoadWork> prepared;
   {
     std::lock_guard lock(impl_->mu);
     if (auto running = impl_->current.lock()) {
       running->cancel.store(true);
     }
     worker = std::move(impl_->worker);
+    prepared = std::move(impl_->prepared);
   }
   // Joined without the lock: a callback of the ending load may call cancel().
   if (worker.joinable()) {
     worker.join();
   }
+  prepared.reset();  // stops its prefetch
+}
+
+RuntimeState Runtime::state() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->status;
 }
 
 void Runtime::cancel() {
+  std::shared_ptr<LoadWork> prepared;  // dropped (its prefetch stopped) after the lock
   std::lock_guard lock(impl_->mu);
-  if (auto running = impl_->current.lock(); running && !running->ended()) {
-    running->cancel.store(true);
+  if (running(impl_->status)) {
+    if (auto current = impl_->current.lock()) {
+      current->cancel.store(true);
+    }
+  } else if (impl_->status == RuntimeState::kPrepared) {
+    log::warn("startup cancelled while prepared: the prefetch stops; the prepared model stays "
+              "valid until it is released");
+    prepared = std::move(impl_->prepared);
+    impl_->status = RuntimeState::kFailed;
   }
+}
+
+LoadHandle Runtime::Impl::launch(RuntimeState running_state, RuntimeState success,
+                                 LoadCallbacks callbacks, Body body,
+                                 std::shared_ptr<LoadWork> keep) {
+  auto handle = std::make_shared<LoadHandle::State>();
+  if (running(status)) {
+    refuse(*handle,
+                  "a load is already running on this Runtime; wait for it (or cancel it) before "
+                  "starting another");
+    return LoadHandle(handle);
+  }
+  if (worker.joinable()) {
+    worker.join();  // the previous load has ended (it set the state): its thread is ending
+  }
+  status = running_state;
+  current = handle;
+  worker = std::thread([this, handle, cb = std::move(callbacks), body = std::move(body), success,
+                        keep = std::move(keep)]() mutable {
+    run(*handle, cb, body, success, keep);
+    body = nullptr;  // the work it holds goes before the thread ends
+    keep.reset();
+  });
+  return LoadHandle(handle);
 }
 
 LoadHandle Runtime::start(LoadCallbacks callbacks) {
   std::lock_guard lock(impl_->mu);
-  auto state = std::make_shared<LoadHandle::State>();
-  if (auto running = impl_->current.lock(); running && !running->ended()) {
-    LoadResult r;
-    r.error = to_info(Error(Stage::kConfig, "", "",
-                            "a load is already running on this Runtime; wait for it (or "
-                            "cancel it) before starting another"));
-    state->finish(std::move(r));
-    return LoadHandle(state);
+  if (impl_->status == RuntimeState::kPrepared) {
+    auto handle = std::make_shared<LoadHandle::State>();
+    refuse(*handle, "a prepared model waits for commit() (or cancel()); start() refused");
+    return LoadHandle(handle);
   }
-  if (impl_->worker.joinable()) {
-    impl_->worker.join();  // the previous load has finished: its thread is ending
+  return impl_->launch(
+      RuntimeState::kLoading, RuntimeState::kReady, std::move(callbacks),
+      [impl = impl_.get()](LoadHandle::State& h) { return impl->load(h); }, nullptr);
+}
+
+LoadHandle Runtime::prepare(LoadCallbacks callbacks) {
+  std::lock_guard lock(impl_->mu);
+  if (impl_->status == RuntimeState::kPrepared) {
+    auto handle = std::make_shared<LoadHandle::State>();
+    refuse(*handle, "a prepared model waits for commit() (or cancel()); prepare() refused");
+    return LoadHandle(handle);
   }
-  impl_->current = state;
-  impl_->worker = std::thread(
-      [impl = impl_.get(), state, cb = std::move(callbacks)] { impl->run(*state, cb); });
-  return LoadHandle(state);
+  auto work = std::make_shared<LoadWork>();
+  return impl_->launch(
+      RuntimeState::kPreparing, RuntimeState::kPrepared, std::move(callbacks),
+      [impl = impl_.get(), w = work.get()](LoadHandle::State& h) { return impl->prepare(*w, h); },
+      work);
+}
+
+LoadHandle Runtime::commit(LoadCallbacks callbacks) {
+  std::lock_guard lock(impl_->mu);
+  if (impl_->status != RuntimeState::kPrepared && !running(impl_->status)) {
+    auto handle = std::make_shared<LoadHandle::State>();
+    refuse(*handle, "commit() needs a prepared model (call prepare() first); the runtime is " +
+                              std::string(to_string(impl_->status)));
+    return LoadHandle(handle);
+  }
+  std::shared_ptr<LoadWork> work = running(impl_->status) ? nullptr : std::move(impl_->prepared);
+  return impl_->launch(
+      RuntimeState::kCommitting, RuntimeState::kReady, std::move(callbacks),
+      [impl = impl_.get(), work](LoadHandle::State& h) {
+        try {
+          return impl->commit(*work, h);
+        } catch (...) {
+          h.keep_alive = work->loaded;  // graphs may point at it
+          throw;
+        }
+      },
+      nullptr);
 }
 
 LoadResult Runtime::load() {
@@ -587,7 +855,7 @@ LoadResult Runtime::load() {
   std::thread worker;
   {
     std::lock_guard lock(impl_->mu);
-    if (impl_->current.lock() == handle.state_) {
+    if (impl_->current.lock() == handle.state_ && !running(impl_->status)) {
       worker = std::move(impl_->worker);
     }
   }
@@ -597,16 +865,17 @@ LoadResult Runtime::load() {
   return r;
 }
 
-void Runtime::Impl::run(LoadHandle::State& state, const LoadCallbacks& callbacks) {
+void Runtime::Impl::run(LoadHandle::State& handle, const LoadCallbacks& callbacks,
+                        const Body& body, RuntimeState success,
+                        const std::shared_ptr<LoadWork>& keep) {
   std::unique_ptr<CallbackThread> notifier;
   if (callbacks.on_progress || callbacks.on_layer_ready) {
-    notifier = std::make_unique<CallbackThread>(callbacks, state);
-    state.callbacks = notifier.get();
+    notifier = std::make_unique<CallbackThread>(callbacks, handle);
+    handle.callbacks = notifier.get();
   }
-  LoadReport report;
   LoadResult r;
   try {
-    r = load(report, state);
+    r = body(handle);
   } catch (const Error& e) {
     r.error = to_info(e);
   } catch (const std::exception& e) {
@@ -614,108 +883,116 @@ void Runtime::Impl::run(LoadHandle::State& state, const LoadCallbacks& callbacks
   }
   if (notifier) {
     // The callbacks see the end (a last progress in its final phase) before wait().
-    state.phase.store(r ? LoadPhase::kDone : LoadPhase::kFailed);
+    handle.phase.store(r ? LoadPhase::kDone : LoadPhase::kFailed);
     if (std::optional<std::string> threw = notifier->stop()) {
       r = LoadResult{};
       r.error =
           to_info(Error(Stage::kCancelled, "", "", "a LoadCallbacks callback failed: " + *threw));
     }
-    state.callbacks = nullptr;
+    handle.callbacks = nullptr;
   }
-  state.finish(std::move(r));
+  {
+    // Under the lock that Runtime::cancel() takes: a cancel that came while the load
+    // was running is never lost, even one that came after its last check.
+    std::lock_guard lock(mu);
+    if (r && handle.cancel.load()) {
+      if (status == RuntimeState::kCommitting) {
+        handle.keep_alive = r.model;  // a commit's storage outlives its cancel
+      }
+      r = LoadResult{};
+      r.error = to_info(Error(Stage::kCancelled, "", "", "the load was cancelled"));
+    }
+    status = r ? success : RuntimeState::kFailed;
+    if (r && keep) {
+      prepared = keep;
+    }
+  }
+  handle.finish(std::move(r));
 }
 
-LoadResult Runtime::Impl::load(LoadReport& report, LoadHandle::State& handle) {
+void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   const LoadConfig& c = config;
-  const Clock::time_point t0 = Clock::now();
+  LoadReport& report = w.report;
 
   // ---- resolve
   handle.phase.store(LoadPhase::kResolve);
   // Shared with `ferry plan` (runtime/plan_report.hpp).
-  ResolvedCheckpoint resolved = resolve_checkpoint(c);
-  const io::ResolvedSource& source = resolved.source;
-  const io::CheckpointIndex& index = resolved.index;
-  report.files = index.files.size();
-  report.warnings = resolved.warnings;
+  w.resolved = resolve_checkpoint(c);
+  report.files = w.resolved.index.files.size();
+  report.warnings = w.resolved.warnings;
   handle.check_cancel();
-  const Clock::time_point t1 = Clock::now();
+  w.resolved_at = Clock::now();
 
   // ---- plan
   handle.phase.store(LoadPhase::kPlan);
   // The layout and model options from the config (shared with `ferry plan`).
-  std::shared_ptr<const models::Model> model = make_configured_model(c, resolved.hf_config);
+  w.model = make_configured_model(c, w.resolved.hf_config);
   if (hooks.wrap_model) {
-    model = hooks.wrap_model(model);
-    if (!model) {
+    w.model = hooks.wrap_model(w.model);
+    if (!w.model) {
       throw Error(Stage::kConfig, "", "", "RuntimeHooks::wrap_model returned no model");
     }
   }
-  for (const std::string& note : model->notes()) {
+  for (const std::string& note : w.model->notes()) {
     log::warn(note);
     report.warnings.push_back(note);
   }
   actors::PlanOptions plan_options;
   plan_options.chunk_bytes = c.io.chunk_bytes;
   plan_options.direct = c.io.direct;
-  actors::Plan plan = actors::make_plan(index, *model, plan_options, source.folder);
-  report.tensors.placed = plan.placed;
-  report.tensors.dropped = plan.dropped;
-  report.tensors.unmapped = plan.unmapped;
-  report.bytes_skipped = plan.bytes_skipped;
-  if (plan.unmapped > 0) {
-    std::string w = std::to_string(plan.unmapped) +
-                    " checkpoint tensor(s) map to no parameter of " + model->family() +
-                    " and were not read (load.strict makes this an error): " +
-                    join_names(plan.unmapped_names, 20);
-    log::warn(w);
-    report.warnings.push_back(w);
+  w.plan = actors::make_plan(w.resolved.index, *w.model, plan_options, w.resolved.source.folder);
+  report.tensors.placed = w.plan.placed;
+  report.tensors.dropped = w.plan.dropped;
+  report.tensors.unmapped = w.plan.unmapped;
+  report.bytes_skipped = w.plan.bytes_skipped;
+  if (w.plan.unmapped > 0) {
+    std::string warning = std::to_string(w.plan.unmapped) +
+                          " checkpoint tensor(s) map to no parameter of " + w.model->family() +
+                          " and were not read (load.strict makes this an error): " +
+                          join_names(w.plan.unmapped_names, 20);
+    log::warn(warning);
+    report.warnings.push_back(warning);
   }
-
   handle.check_cancel();
-  const Clock::time_point t_plan = Clock::now();
+  w.planned_at = Clock::now();
+}
 
-  // ---- allocate
-  handle.phase.store(LoadPhase::kAllocate);
-  handle.bytes_planned.store(plan.bytes_planned);
-  handle.tensors_placed.store(plan.placed);
-  const auto& shells = model->shells();
-  auto state = std::make_shared<LoadedModel::State>();
+void Runtime::Impl::make_devices(LoadWork& w) {
+  LoadedModel::State& state = *w.state;
+  const auto& shells = w.model->shells();
   if (!hooks.devices.empty()) {
-    state->devices = hooks.devices;
+    state.devices = hooks.devices;
   } else {
     gpu::HostDeviceOptions host;
-    host.bandwidth_gbps = c.host.bandwidth_gbps;
-    state->devices = gpu::make_devices(to_string(c.devices), host);
+    host.bandwidth_gbps = config.host.bandwidth_gbps;
+    state.devices = gpu::make_devices(to_string(config.devices), host);
   }
-  if (state->devices.size() != shells.size()) {
+  if (state.devices.size() != shells.size()) {
     throw Error(Stage::kConfig, "", "",
-                std::to_string(state->devices.size()) + " device(s) for " +
+                std::to_string(state.devices.size()) + " device(s) for " +
                     std::to_string(shells.size()) +
                     " local rank(s): each local rank needs exactly one device");
   }
   for (std::size_t r = 0; r < shells.size(); ++r) {
-    if (!state->devices[r]) {
+    if (!state.devices[r]) {
       throw Error(Stage::kConfig, "", "", "device of local rank " + std::to_string(r) + " is null");
     }
   }
-  std::vector<actors::RankTarget> targets(shells.size());
-  state->storage.resize(shells.size());
+}
+
+void Runtime::Impl::allocate(LoadWork& w, LoadHandle::State& handle) {
+  handle.phase.store(LoadPhase::kAllocate);
+  LoadedModel::State& state = *w.state;
+  const auto& shells = w.model->shells();
+  state.storage.resize(shells.size());
   for (std::size_t r = 0; r < shells.size(); ++r) {
-    gpu::Device& device = *state->devices[r];
+    gpu::Device& device = *state.devices[r];
     LoadedRank rank;
     rank.tp_rank = shells[r].tp_rank;
-    rank.pp_rank = c.parallel.pp_rank;
+    rank.pp_rank = config.parallel.pp_rank;
     rank.device = device.name();
-    targets[r].device = state->devices[r];
     for (const models::ParamSpec& spec : shells[r].params) {
-      gpu::DeviceAllocation a;
-      try {
-        a = allocator && spec.nbytes != 0 ? engine_allocation(allocator, device, spec.nbytes)
-                                          : device.allocate(spec.nbytes);
-      } catch (const Error& e) {
-        throw Error(Stage::kCopy, device.name(), spec.name,
-                    "allocating " + std::to_string(spec.nbytes) + " bytes: " + e.rule());
-      }
+      gpu::DeviceAllocation a = allocate_param(allocator, device, spec);
       LoadedParam p;
       p.name = spec.name;
       p.dtype = spec.dtype;
@@ -723,27 +1000,52 @@ LoadResult Runtime::Impl::load(LoadReport& report, LoadHandle::State& handle) {
       p.strides = spec.strides;
       p.data = a.data();
       p.nbytes = spec.nbytes;
-      targets[r].params.push_back(a.data());
       rank.params.push_back(std::move(p));
-      state->storage[r].push_back(std::move(a));
+      state.storage[r].push_back(std::move(a));
     }
-    state->ranks.push_back(std::move(rank));
+    state.ranks.push_back(std::move(rank));
   }
-  if (c.io.drop_cache) {
-    for (const io::CheckpointFile& f : index.files) {
+  if (config.io.drop_cache) {
+    for (const io::CheckpointFile& f : w.resolved.index.files) {
       io::drop_page_cache(io::File::open(f.path, false, f.name));
     }
   }
   handle.check_cancel();
-  const Clock::time_point t2 = Clock::now();
+  w.allocated_at = Clock::now();
+}
+
+std::byte* Runtime::Impl::reallocate(LoadWork& w, std::size_t rank, std::size_t param) {
+  const models::ParamSpec& spec = w.model->shells().at(rank).params.at(param);
+  std::lock_guard lock(w.state_mu);
+  LoadedModel::State& state = *w.state;
+  gpu::DeviceAllocation fresh = allocate_param(allocator, *state.devices.at(rank), spec);
+  std::byte* data = fresh.data();
+  state.retired.push_back(std::exchange(state.storage.at(rank).at(param), std::move(fresh)));
+  state.ranks.at(rank).params.at(param).data = data;
+  return data;
+}
+
+void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
+  const LoadConfig& c = config;
+  LoadReport& report = w.report;
+  const auto& shells = w.model->shells();
+  handle.bytes_planned.store(w.plan.bytes_planned);
+  handle.tensors_placed.store(w.plan.placed);
+  const Clock::time_point t_begin = Clock::now();
 
   // ---- stream (+ postprocess)
   handle.phase.store(LoadPhase::kStream);
   actors::PipelineInput input;
-  input.index = &index;
-  input.model = model.get();
-  input.plan = &plan;
-  input.ranks = std::move(targets);
+  input.index = &w.resolved.index;
+  input.model = w.model.get();
+  input.plan = &w.plan;
+  for (std::size_t r = 0; r < shells.size(); ++r) {
+    actors::RankTarget& target = input.ranks.emplace_back();
+    target.device = w.state->devices[r];
+    for (const LoadedParam& p : w.state->ranks[r].params) {
+      target.params.push_back(p.data);
+    }
+  }
   input.options.engine = c.io.engine;
   input.options.queue_depth = c.io.queue_depth;
   input.options.chunk_bytes = c.io.chunk_bytes;
@@ -755,7 +1057,7 @@ LoadResult Runtime::Impl::load(LoadReport& report, LoadHandle::State& handle) {
   input.options.prefetch_ahead_bytes = c.prefetch.ahead_bytes;
   input.staging_allocator = hooks.staging_allocator;
   if (!input.staging_allocator) {
-    for (const auto& d : state->devices) {
+    for (const auto& d : w.state->devices) {
       if (d->name().rfind("cuda", 0) == 0) {
         input.staging_allocator = std::make_shared<PinnedStagingAllocator>(d);
         break;
@@ -772,20 +1074,23 @@ LoadResult Runtime::Impl::load(LoadReport& report, LoadHandle::State& handle) {
       cb->param_complete(rank, param);
     };
   }
+  input.reallocate = [this, &w](std::size_t rank, std::size_t param) {
+    return reallocate(w, rank, param);
+  };
   actors::PipelineResult streamed = actors::run_pipeline(input);
-  report.bytes_read = index.header_bytes_read + streamed.bytes_read;
+  report.bytes_read = w.resolved.index.header_bytes_read + streamed.bytes_read;
   report.bytes_copied = streamed.bytes_copied;
-  report.bytes_prefetched = streamed.bytes_prefetched;
+  report.bytes_prefetched += streamed.bytes_prefetched;
   report.staging_high_water_bytes = streamed.staging_high_water_bytes;
   if (streamed.error) {
-    throw *streamed.error;  // `state` (and with it every allocation) goes with the stack
+    throw *streamed.error;  // the caller drops the work (and every allocation)
   }
   if (streamed.staging_buffers_leased_at_end != 0) {
     throw Error(Stage::kStaging, "", "",
                 "internal: " + std::to_string(streamed.staging_buffers_leased_at_end) +
                     " staging buffer(s) still leased after the pipeline stopped");
   }
-  const Clock::time_point t3 = Clock::now();
+  const Clock::time_point t_streamed = Clock::now();
 
   // ---- verify: every param written exactly once over
   handle.phase.store(LoadPhase::kVerify);
@@ -802,35 +1107,384 @@ LoadResult Runtime::Impl::load(LoadReport& report, LoadHandle::State& handle) {
     }
   }
   if (!short_params.empty()) {
-    throw Error(Stage::kVerify, source.folder, "",
+    throw Error(Stage::kVerify, w.resolved.source.folder, "",
                 std::to_string(short_params.size()) +
                     " parameter(s) not completely written: " + join_names(short_params, 20));
   }
-  const Clock::time_point t4 = Clock::now();
+  const Clock::time_point t_verified = Clock::now();
 
-  report.phases.resolve = seconds_between(t0, t1);
-  report.phases.plan = seconds_between(t1, t_plan);
-  report.phases.allocate = seconds_between(t_plan, t2);
-  const double pipeline = seconds_between(t2, t3);
+  report.phases.resolve = seconds_between(w.begin, w.resolved_at);
+  report.phases.plan = seconds_between(w.resolved_at, w.planned_at);
+  report.phases.allocate = seconds_between(w.planned_at, w.allocated_at);
+  const double pipeline = seconds_between(t_begin, t_streamed);
   report.phases.stream = std::min(streamed.stream_seconds, pipeline);
   report.phases.postprocess = pipeline - report.phases.stream;
-  report.phases.verify = seconds_between(t3, t4);
+  report.phases.verify = seconds_between(t_streamed, t_verified);
   report.seconds = report.phases.resolve + report.phases.plan + report.phases.allocate +
                    report.phases.stream + report.phases.postprocess + report.phases.verify;
   report.gbps = report.phases.stream > 0
                     ? static_cast<double>(report.bytes_read) / report.phases.stream / 1e9
                     : 0;
-  for (const models::PostLoadHook& hook : model->hooks()) {
-    const gpu::Device& device = *state->devices.at(hook.local_rank);
+  report.hooks_skipped.clear();
+  for (const models::PostLoadHook& hook : w.model->hooks()) {
+    const gpu::Device& device = *w.state->devices.at(hook.local_rank);
     if (!device.holds_data()) {  // the copy workers checked its params and skipped it
       report.hooks_skipped.push_back(hook.name + " on " + device.name());
     }
   }
   report.peak_rss_bytes = peak_rss_bytes();
-  state->report = report;
+}
 
+LoadResult Runtime::Impl::load(LoadHandle::State& handle) {
+  LoadWork w;
+  resolve_and_plan(w, handle);
+  make_devices(w);
+  allocate(w, handle);
+  stream(w, handle);
+  w.state->report = w.report;
   LoadResult result;
-  result.model = std::make_shared<LoadedModel>(std::move(state));
+  result.model = std::make_shared<LoadedModel>(std::move(w.state));
+  return result;
+}
+
+// ---- capture-safe startup ----------------------------------------------------------
+
+namespace {
+
+std::vector<ManifestEntry> record_manifest(const LoadedModel::State& state) {
+  std::vector<ManifestEntry> out;
+  for (std::size_t r = 0; r < state.ranks.size(); ++r) {
+    const LoadedRank& rank = state.ranks[r];
+    for (std::size_t p = 0; p < rank.params.size(); ++p) {
+      const LoadedParam& param = rank.params[p];
+      const gpu::DeviceAllocation& a = state.storage[r][p];
+      ManifestEntry e;
+      e.local_rank = r;
+      e.name = param.name;
+      e.device = rank.device;
+      e.data = param.data;
+      e.byte_offset = a.empty() ? 0 : static_cast<std::uint64_t>(param.data - a.data());
+      e.dtype = param.dtype;
+      e.shape = param.shape;
+      e.strides = param.strides;
+      out.push_back(std::move(e));
+    }
+  }
+  return out;
+}
+
+std::string rank_name(const LoadedModel::State& state, std::size_t local_rank,
+                      const std::string& param) {
+  return param + " (tp rank " + std::to_string(state.ranks.at(local_rank).tp_rank) + ")";
+}
+
+// The manifest entries that differ from `before`, each with what changed.
+std::vector<std::string> manifest_changes(const std::vector<ManifestEntry>& before,
+                                          const LoadedModel::State& state) {
+  const std::vector<ManifestEntry> now = record_manifest(state);
+  std::vector<std::string> out;
+  if (now.size() != before.size()) {
+    out.push_back("the parameter list (" + std::to_string(before.size()) + " entries, now " +
+                  std::to_string(now.size()) + ")");
+    return out;
+  }
+  for (std::size_t i = 0; i < now.size(); ++i) {
+    const ManifestEntry& a = before[i];
+    const ManifestEntry& b = now[i];
+    std::vector<std::string> what;
+    if (a.name != b.name || a.local_rank != b.local_rank) {
+      what.push_back("name (now " + b.name + ")");
+    }
+    if (a.data != b.data) {
+      what.push_back("pointer");
+    }
+    if (a.byte_offset != b.byte_offset) {
+      what.push_back("offset");
+    }
+    if (a.shape != b.shape) {
+      what.push_back("shape");
+    }
+    if (a.strides != b.strides) {
+      what.push_back("strides");
+    }
+    if (a.dtype != b.dtype) {
+      what.push_back("dtype");
+    }
+    if (a.device != b.device) {
+      what.push_back("device");
+    }
+    if (!what.empty()) {
+      std::string changed;
+      for (const std::string& x : what) {
+        changed += (changed.empty() ? "" : ", ") + x;
+      }
+      out.push_back(rank_name(state, a.local_rank, a.name) + ": " + changed);
+    }
+  }
+  return out;
+}
+
+// The floating-point params whose every element is still the sentinel. Reads
+// each param back until one element differs: the first 4 KiB settle almost every
+// param, so the check costs little even for a large model.
+std::vector<std::string> sentinel_params(const LoadedModel::State& state) {
+  constexpr std::size_t kFirst = 4096;
+  constexpr std::size_t kBlock = std::size_t{1} << 20;
+  std::vector<std::string> out;
+  std::vector<std::byte> buf;
+  for (std::size_t r = 0; r < state.ranks.size(); ++r) {
+    if (!state.devices[r]->holds_data()) {
+      continue;
+    }
+    auto stream = state.devices[r]->create_stream();
+    for (const LoadedParam& p : state.ranks[r].params) {
+      if (!floating(p.dtype) || p.nbytes == 0) {
+        continue;
+      }
+      const std::vector<std::byte> element = sentinel_element(p.dtype);
+      const std::size_t es = element.size();
+      bool all_sentinel = true;
+      for (std::size_t off = 0; off < p.nbytes && all_sentinel;) {
+        std::size_t n = std::min(off == 0 ? kFirst : kBlock, p.nbytes - off);
+        n -= n % es;
+        if (n == 0) {
+          break;
+        }
+        buf.resize(n);
+        stream->copy_d2h(buf.data(), p.data + off, n);
+        stream->synchronize();
+        for (std::size_t i = 0; i < n && all_sentinel; i += es) {
+          all_sentinel = std::memcmp(buf.data() + i, element.data(), es) == 0;
+        }
+        off += n;
+      }
+      if (all_sentinel) {
+        out.push_back(rank_name(state, r, p.name));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<StartupRefusal> Runtime::Impl::overlap_refusals(const LoadWork& w) const {
+  std::vector<StartupRefusal> out;
+  if (w.resolved.source.format != io::FileFormat::kSafetensors) {
+    out.push_back({"load_format",
+                   "the checkpoint is not safetensors: only safetensors headers give every "
+                   "tensor's place before the data is read"});
+  }
+  for (const auto& d : w.state->devices) {
+    if (!d->holds_data()) {
+      out.push_back({"backend", "device " + d->name() +
+                                    " keeps no data (a null device): there is no storage to "
+                                    "capture against"});
+      break;
+    }
+  }
+  if (config.io.direct) {
+    out.push_back({"io_direct",
+                   "io.direct reads bypass the page cache, so a prefetch during the capture "
+                   "gains nothing"});
+  }
+  std::vector<std::string> not_idempotent, reallocating;
+  for (const models::PostLoadHook& h : w.model->hooks()) {
+    if (!h.idempotent) {
+      not_idempotent.push_back(h.name);
+    }
+    if (h.reallocates) {
+      reallocating.push_back(h.name);
+    }
+  }
+  if (!not_idempotent.empty()) {
+    out.push_back({"hook_not_idempotent",
+                   "post-load hook(s) that cannot run again on the real weights after the "
+                   "sentinel: " +
+                       join_names(not_idempotent, 8)});
+  }
+  if (!reallocating.empty()) {
+    out.push_back({"hook_reallocates",
+                   "post-load hook(s) that replace their outputs' storage, which captured graphs "
+                   "would lose: " +
+                       join_names(reallocating, 8)});
+  }
+  return out;
+}
+
+void Runtime::Impl::fill_sentinel(LoadWork& w, LoadHandle::State& handle) {
+  handle.phase.store(LoadPhase::kSentinel);
+  LoadedModel::State& state = *w.state;
+  std::vector<std::byte> fp8_block;
+  for (std::size_t r = 0; r < state.ranks.size(); ++r) {
+    handle.check_cancel();
+    auto stream = state.devices[r]->create_stream();
+    for (const LoadedParam& p : state.ranks[r].params) {
+      if (!floating(p.dtype) || p.nbytes == 0) {
+        continue;
+      }
+      const std::size_t es = dtype_size(p.dtype);
+      if (es != 1) {
+        stream->fill(p.data, p.nbytes / es, p.dtype, kSentinel);
+        continue;
+      }
+      const std::byte value = sentinel_element(p.dtype).front();
+      fp8_block.assign(std::min<std::size_t>(p.nbytes, std::size_t{1} << 20), value);
+      for (std::size_t off = 0; off < p.nbytes; off += fp8_block.size()) {
+        stream->copy_h2d(p.data + off, fp8_block.data(),
+                         std::min(fp8_block.size(), p.nbytes - off));
+      }
+      stream->synchronize();  // before fp8_block changes
+    }
+    stream->synchronize();
+  }
+  // The post-load hooks run on the sentinel weights (the MLA split included), so
+  // their outputs are in place and the engine captures the same buffers.
+  for (const models::PostLoadHook& hook : w.model->hooks()) {
+    handle.check_cancel();
+    gpu::Device& device = *state.devices.at(hook.local_rank);
+    auto stream = device.create_stream();
+    std::vector<std::byte*> params;
+    for (const LoadedParam& p : state.ranks.at(hook.local_rank).params) {
+      params.push_back(p.data);
+    }
+    models::ParamsHookContext context(
+        hook, params, *stream, device.name(),
+        [this, &w, r = hook.local_rank](std::size_t param) { return reallocate(w, r, param); });
+    try {
+      hook.run(context);
+      stream->synchronize();
+    } catch (const std::exception& e) {
+      throw Error(Stage::kPostProcess, device.name(), "",
+                  "post-load hook '" + hook.name + "' failed on the sentinel weights: " + e.what());
+    }
+  }
+}
+
+LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
+  resolve_and_plan(w, handle);
+  make_devices(w);
+  LoadReport& report = w.report;
+  // ---- admission: decided before anything is allocated
+  w.mode = StartupMode::kSerial;
+  if (config.startup.mode != StartupMode::kSerial) {
+    report.startup_refusals = overlap_refusals(w);
+    if (report.startup_refusals.empty()) {
+      w.mode = StartupMode::kOverlap;
+    } else if (config.startup.mode == StartupMode::kOverlap) {
+      std::string why;
+      for (const StartupRefusal& refusal : report.startup_refusals) {
+        why += (why.empty() ? "" : "; ") + refusal.code + ": " + refusal.message;
+      }
+      throw Error(Stage::kConfig, w.resolved.source.folder, "",
+                  "startup.mode overlap refused: " + why);
+    } else {
+      for (const StartupRefusal& refusal : report.startup_refusals) {
+        log::warn("startup.mode auto runs serially: " + refusal.code + ": " + refusal.message);
+      }
+    }
+  }
+  report.startup_mode = std::string(to_string(w.mode));
+  allocate(w, handle);
+
+  if (w.mode == StartupMode::kSerial) {
+    stream(w, handle);  // the whole load; commit() only verifies
+    w.state->manifest = record_manifest(*w.state);
+  } else {
+    const Clock::time_point t_sentinel = Clock::now();
+    fill_sentinel(w, handle);
+    w.state->manifest = record_manifest(*w.state);
+    report.startup.sentinel = seconds_between(t_sentinel, Clock::now());
+    // Warm the page cache while the engine captures: whole planned files, in plan
+    // order (commit() stops it).
+    std::vector<bool> planned(w.resolved.index.files.size(), false);
+    for (const actors::Span& span : w.plan.spans) {
+      planned.at(span.file) = true;
+    }
+    std::vector<io::PrefetchFile> files;
+    for (std::size_t i = 0; i < planned.size(); ++i) {
+      if (planned[i]) {
+        const io::CheckpointFile& f = w.resolved.index.files[i];
+        w.stamps.push_back(stamp(f.path, f.name));
+        files.push_back({f.path, f.name, f.size});
+      }
+    }
+    io::PrefetchOptions options;
+    options.threads = config.prefetch.threads;
+    options.block_bytes = config.prefetch.block_bytes;
+    w.prefetcher = std::make_unique<io::Prefetcher>(std::move(files), options);
+  }
+  w.prepared_at = Clock::now();
+  report.startup.prepare = seconds_between(w.begin, w.prepared_at);
+  w.state->report = report;
+  w.loaded = std::make_shared<LoadedModel>(w.state);
+  LoadResult result;
+  result.model = w.loaded;
+  return result;
+}
+
+void Runtime::Impl::verify_startup(LoadWork& w) {
+  std::vector<std::string> moved;
+  {
+    std::lock_guard lock(w.state_mu);
+    moved = manifest_changes(w.state->manifest, *w.state);
+  }
+  std::vector<std::string> sentinel;
+  if (w.mode == StartupMode::kOverlap) {
+    sentinel = sentinel_params(*w.state);
+  }
+  if (moved.empty() && sentinel.empty()) {
+    return;
+  }
+  std::string message;
+  if (!moved.empty()) {
+    message += std::to_string(moved.size()) +
+               " storage manifest entr(ies) changed since prepare(): " + join_names(moved, 8);
+  }
+  if (!sentinel.empty()) {
+    message += std::string(message.empty() ? "" : "; ") + std::to_string(sentinel.size()) +
+               " floating-point parameter(s) still hold only the sentinel (nothing wrote them): " +
+               join_names(sentinel, 8);
+  }
+  throw Error(Stage::kVerify, w.resolved.source.folder, "", message);
+}
+
+LoadResult Runtime::Impl::commit(LoadWork& w, LoadHandle::State& handle) {
+  const Clock::time_point t_commit = Clock::now();
+  LoadReport& report = w.report;
+  report.startup.capture = seconds_between(w.prepared_at, t_commit);
+  if (w.mode == StartupMode::kOverlap) {
+    // Stop the prefetch: a bounded wait, and its failures only warn.
+    constexpr std::chrono::milliseconds kPrefetchStop{2000};
+    if (!w.prefetcher->stop(kPrefetchStop)) {
+      log::warn("startup: the prefetch did not stop within 2 s; committing anyway");
+    }
+    for (const std::string& f : w.prefetcher->failed()) {
+      log::warn(f);
+      report.warnings.push_back(f);
+    }
+    report.startup.bytes_prefetched = w.prefetcher->bytes_prefetched();
+    report.bytes_prefetched = report.startup.bytes_prefetched;
+    w.prefetcher.reset();
+    for (const FileStamp& before : w.stamps) {
+      if (stamp(before.path, before.name) != before) {
+        throw Error(Stage::kRead, before.name, "",
+                    "the file changed between prepare() and commit() (size, modification time "
+                    "or inode): prepare again");
+      }
+    }
+    handle.check_cancel();
+    stream(w, handle);
+  }
+  handle.phase.store(LoadPhase::kVerify);
+  handle.check_cancel();
+  verify_startup(w);
+  const Clock::time_point t_ready = Clock::now();
+  report.startup.commit = seconds_between(t_commit, t_ready);
+  report.startup.time_to_ready = seconds_between(w.begin, t_ready);
+  w.state->report = report;
+  LoadResult result;
+  result.model = w.loaded;
   return result;
 }
 

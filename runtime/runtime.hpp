@@ -1,14 +1,28 @@
-// ferry's embedding API. An inference engine builds a Runtime from a LoadConfig,
-// calls load() (from any thread; cancel() from another), and receives a
-// LoadedModel: for each local rank, its parameters by name with device, pointer,
-// dtype, shape and strides. No CAF type appears here, and nothing throws across
-// this boundary: load() returns a LoadResult that holds either the model or the
-// error (stage, file, tensor, rule).
+// ferry's embedding API. An inference engine builds a Runtime from a LoadConfig and
+// either loads in one pass (load(), or start() to watch and cancel it), or boots
+// capture-safe in two steps:
+//
+//   prepare()  resolve, plan, allocate every parameter, fill it with the sentinel
+//              (1e-3), run the post-load hooks on it and record the storage
+//              manifest; start prefetching the planned files. The engine now holds
+//              a complete model whose storage will not move: it may capture CUDA
+//              graphs against it.
+//   commit()   stop the prefetch, stream the real weights into the same storage,
+//              post-process in place, and verify against the manifest.
+//
+// startup.mode decides how much of the work overlaps the engine's capture
+// (serial: prepare() loads fully and commit() only verifies). Every load's result
+// is a LoadedModel: for each local rank, its parameters by name with device,
+// pointer, dtype, shape and strides, also as ParamViews and DLPack tensors
+// (runtime/dlpack.hpp). No CAF type appears here, and nothing throws across this
+// boundary: results hold either the model or the error (stage, file, tensor, rule).
 //
 // Lifetime: the LoadedModel owns its devices' allocations and stays valid after
-// the Runtime (and its actor system) is gone, until the last reference to it is
-// released. A failed or cancelled load hands nothing over and frees everything it
-// allocated.
+// the Runtime (and its actor system) is gone, until the last reference to it (a
+// handle's result, a ParamView, a DLPack tensor) is released. A failed or
+// cancelled load() hands nothing over and frees everything it allocated; a failed
+// or cancelled commit() keeps the prepared storage until its handles and views are
+// released, because captured graphs may still point at it.
 #pragma once
 
 #include <chrono>
@@ -45,6 +59,18 @@ struct LoadedRank {
   const LoadedParam* find(const std::string& name) const;
 };
 
+// Why a capture-safe overlap was refused (LoadReport::startup_refusals). The codes
+// are stable: "load_format" (not safetensors), "backend" (a device that keeps no
+// data or cannot keep storage fixed: the null device), "io_direct" (O_DIRECT reads
+// bypass the page cache, so a prefetch is meaningless), "hook_not_idempotent",
+// "hook_reallocates" (models::PostLoadHook). "quantization" and "layered" are
+// reserved for those features.
+struct StartupRefusal {
+  std::string code;
+  std::string message;
+  bool operator==(const StartupRefusal&) const = default;
+};
+
 // What happened during a load (`--report FILE` writes to_json()).
 struct LoadReport {
   std::uint64_t bytes_read = 0;        // every byte requested from weight files: headers,
@@ -67,18 +93,67 @@ struct LoadReport {
   // Post-load hooks not run because their device keeps no data (null devices):
   // "<hook name> on <device>", after their params were checked.
   std::vector<std::string> hooks_skipped;
+  // Which path ran: "load" (start()/load()), "serial" or "overlap" (prepare() and
+  // commit(), after admission); the refusals that made auto run serially.
+  std::string startup_mode = "load";
+  std::vector<StartupRefusal> startup_refusals;
+  struct Startup {                       // prepare()/commit() only
+    double prepare = 0;                  // prepare() called .. prepared
+    double sentinel = 0;                 // of it: sentinel fill, hooks on it, manifest
+    double capture = 0;                  // prepared .. commit() called (the engine's capture)
+    double commit = 0;                   // commit() called .. ready
+    double time_to_ready = 0;            // prepare() called .. ready
+    std::uint64_t bytes_prefetched = 0;  // by the prefetch that ran during the capture
+  } startup;
 
   nlohmann::json to_json() const;
   std::string summary() const;  // a few human lines for the CLI
 };
 
-class LoadedModel {
+// One entry of the storage manifest prepare() records: where a parameter (or a
+// post-load hook's derived buffer, e.g. MLA w_kc) lives. commit() fails when any
+// field of any entry changed.
+struct ManifestEntry {
+  std::size_t local_rank = 0;  // index into LoadedModel::ranks()
+  std::string name;
+  std::string device;
+  const std::byte* data = nullptr;
+  std::uint64_t byte_offset = 0;  // from the start of the allocation that holds it
+  DType dtype = DType::kBF16;
+  std::vector<std::uint64_t> shape;
+  std::vector<std::uint64_t> strides;  // in elements
+  bool operator==(const ManifestEntry&) const = default;
+};
+
+class LoadedModel;
+
+// A parameter or derived buffer as an engine binds it. Holding a view keeps the
+// whole loaded model (every allocation) alive.
+struct ParamView {
+  std::string name;
+  std::string device;  // "host:0", "cuda:1"
+  int tp_rank = 0;
+  std::byte* data = nullptr;
+  DType dtype = DType::kBF16;  // the real dtype (DLPack shows FP8 as uint8)
+  std::vector<std::uint64_t> shape;
+  std::vector<std::uint64_t> strides;  // in elements
+  std::uint64_t byte_offset = 0;       // from the start of its allocation
+  std::shared_ptr<const LoadedModel> model;
+};
+
+class LoadedModel : public std::enable_shared_from_this<LoadedModel> {
  public:
   struct State;  // devices, allocations, params (runtime/runtime.cpp)
   explicit LoadedModel(std::shared_ptr<State> state);
 
   const std::vector<LoadedRank>& ranks() const;
+  // Complete once the load (or commit) has ended; prepare() gives the part so far.
   const LoadReport& report() const;
+  // The storage manifest recorded by prepare() (empty for start()/load()).
+  const std::vector<ManifestEntry>& manifest() const;
+  // Every parameter and derived buffer of every local rank, by rank then name. The
+  // model must be owned by a shared_ptr (it always is when ferry hands it over).
+  std::vector<ParamView> views() const;
   // Copies one parameter back to host memory in its storage layout (nbytes bytes).
   // Both this and dump() fail on devices that keep no data (null devices).
   std::vector<std::byte> read_param(std::size_t rank_index, const std::string& name) const;
@@ -109,7 +184,19 @@ struct LoadResult {
 struct RuntimeHooks;
 
 // Where a load is, for an engine that watches it.
-enum class LoadPhase { kStarting, kResolve, kPlan, kAllocate, kStream, kVerify, kDone, kFailed };
+// kSentinel: prepare() in overlap mode fills the shells with the sentinel, runs the
+// hooks on them and records the manifest.
+enum class LoadPhase {
+  kStarting,
+  kResolve,
+  kPlan,
+  kAllocate,
+  kSentinel,
+  kStream,
+  kVerify,
+  kDone,
+  kFailed
+};
 std::string_view to_string(LoadPhase phase);
 
 // A snapshot of a running (or finished) load.
@@ -176,6 +263,12 @@ class Allocator {
   virtual void release(const std::string& device, void* data, std::size_t bytes) noexcept = 0;
 };
 
+// Where a Runtime is. start(): created -> loading -> ready. prepare()/commit():
+// created -> preparing -> prepared -> committing -> ready. Anything can end in
+// failed; start() or prepare() leaves ready or failed for a new load.
+enum class RuntimeState { kCreated, kLoading, kPreparing, kPrepared, kCommitting, kReady, kFailed };
+std::string_view to_string(RuntimeState state);
+
 class Runtime {
  public:
   // `allocator`: parameters come from the engine's memory (null: from the devices).
@@ -194,10 +287,22 @@ class Runtime {
   LoadHandle start(LoadCallbacks callbacks = {});
   // start().wait(). Never throws.
   LoadResult load();
-  // Asks the load that is running, or starting, to stop; it ends with
-  // Stage::kCancelled. A cancel after start() returned is never lost; with no load
-  // in progress it does nothing (the next load is not affected). Thread-safe.
+  // Capture-safe startup, step 1 (see the top of this file): returns at once; the
+  // handle's result is the prepared model, whose storage then stays where it is.
+  // Same rules as start() for a load already running; also refused while a
+  // prepared model waits for commit().
+  LoadHandle prepare(LoadCallbacks callbacks = {});
+  // Step 2, only in the prepared state: the handle's result is the same model, now
+  // holding the real weights, or the error (the manifest check lists the entries
+  // that moved and the parameters still holding only the sentinel).
+  LoadHandle commit(LoadCallbacks callbacks = {});
+  // Asks the load that is running, or starting (start(), prepare() or commit()), to
+  // stop; it ends with Stage::kCancelled. A cancel after the call returned is never
+  // lost. In the prepared state it stops the prefetch and fails the startup (the
+  // prepared model stays valid for whoever holds it). With no load in progress it
+  // does nothing (the next load is not affected). Thread-safe.
   void cancel();
+  RuntimeState state() const;
 
  private:
   struct Impl;

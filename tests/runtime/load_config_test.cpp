@@ -353,6 +353,9 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
             "integer, got \"abc\"");
   EXPECT_EQ(config_error([] { from_sets({"io.engine=aio"}); }),
             "config: --set io.engine: io.engine: expected uring or pread, got \"aio\"");
+  EXPECT_EQ(config_error([] { from_sets({"startup.mode=parallel"}); }),
+            "config: --set startup.mode: startup.mode: expected serial, overlap or auto, got "
+            "\"parallel\"");
   EXPECT_THAT(config_error([] { from_sets({"io.direct=1"}); }),
               HasSubstr("io.direct: expected true or false, got 1"));
   EXPECT_THAT(config_error([] { from_json_text(R"({"model": {"path": 3}})"); }),
@@ -581,6 +584,7 @@ LoadConfig every_field_changed() {
   c.load.dump_dir = "/tmp/dump";
   c.host.bandwidth_gbps = 12.3;
   c.metrics.prometheus_file = "/tmp/metrics.prom";
+  c.startup.mode = StartupMode::kAuto;
   return c;
 }
 
