@@ -1163,6 +1163,7 @@ std::vector<ManifestEntry> record_manifest(const LoadedModel::State& state) {
       e.name = param.name;
       e.device = rank.device;
       e.data = param.data;
+      e.nbytes = param.nbytes;
       e.byte_offset = a.empty() ? 0 : static_cast<std::uint64_t>(param.data - a.data());
       e.dtype = param.dtype;
       e.shape = param.shape;
@@ -1195,7 +1196,7 @@ std::vector<std::string> manifest_changes(const std::vector<ManifestEntry>& befo
     if (a.name != b.name || a.local_rank != b.local_rank) {
       what.push_back("name (now " + b.name + ")");
     }
-    if (a.data != b.data) {
+    if (a.data != b.data || a.nbytes != b.nbytes) {
       what.push_back("pointer");
     }
     if (a.byte_offset != b.byte_offset) {
@@ -1224,43 +1225,42 @@ std::vector<std::string> manifest_changes(const std::vector<ManifestEntry>& befo
   return out;
 }
 
-// The floating-point params whose every element is still the sentinel. Reads
-// each param back until one element differs: the first 4 KiB settle almost every
-// param, so the check costs little even for a large model.
-std::vector<std::string> sentinel_params(const LoadedModel::State& state) {
+// The floating-point params whose every element is still the sentinel, read where
+// the manifest says ferry put them (never through a pointer that moved since).
+// Each param is read until one element differs: the first 4 KiB settle almost
+// every param, so the check costs little even for a large model.
+std::vector<std::string> sentinel_params(const std::vector<ManifestEntry>& manifest,
+                                         const LoadedModel::State& state) {
   constexpr std::size_t kFirst = 4096;
   constexpr std::size_t kBlock = std::size_t{1} << 20;
   std::vector<std::string> out;
   std::vector<std::byte> buf;
-  for (std::size_t r = 0; r < state.ranks.size(); ++r) {
-    if (!state.devices[r]->holds_data()) {
+  std::vector<std::unique_ptr<gpu::Stream>> streams(state.devices.size());
+  for (const ManifestEntry& e : manifest) {
+    const gpu::Device& device = *state.devices.at(e.local_rank);
+    if (!floating(e.dtype) || !device.holds_data() || e.nbytes == 0) {
       continue;
     }
-    auto stream = state.devices[r]->create_stream();
-    for (const LoadedParam& p : state.ranks[r].params) {
-      if (!floating(p.dtype) || p.nbytes == 0) {
-        continue;
+    auto& stream = streams[e.local_rank];
+    if (!stream) {
+      stream = state.devices[e.local_rank]->create_stream();
+    }
+    const std::vector<std::byte> element = sentinel_element(e.dtype);
+    const std::size_t es = element.size();
+    const std::size_t total = static_cast<std::size_t>(e.nbytes);
+    bool all_sentinel = true;
+    for (std::size_t off = 0; off < total && all_sentinel;) {
+      const std::size_t n = std::min(off == 0 ? kFirst : kBlock, total - off);
+      buf.resize(n);
+      stream->copy_d2h(buf.data(), e.data + off, n);
+      stream->synchronize();
+      for (std::size_t i = 0; i + es <= n && all_sentinel; i += es) {
+        all_sentinel = std::memcmp(buf.data() + i, element.data(), es) == 0;
       }
-      const std::vector<std::byte> element = sentinel_element(p.dtype);
-      const std::size_t es = element.size();
-      bool all_sentinel = true;
-      for (std::size_t off = 0; off < p.nbytes && all_sentinel;) {
-        std::size_t n = std::min(off == 0 ? kFirst : kBlock, p.nbytes - off);
-        n -= n % es;
-        if (n == 0) {
-          break;
-        }
-        buf.resize(n);
-        stream->copy_d2h(buf.data(), p.data + off, n);
-        stream->synchronize();
-        for (std::size_t i = 0; i < n && all_sentinel; i += es) {
-          all_sentinel = std::memcmp(buf.data() + i, element.data(), es) == 0;
-        }
-        off += n;
-      }
-      if (all_sentinel) {
-        out.push_back(rank_name(state, r, p.name));
-      }
+      off += n;
+    }
+    if (all_sentinel) {
+      out.push_back(rank_name(state, e.local_rank, e.name));
     }
   }
   return out;
@@ -1368,7 +1368,9 @@ LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
   // ---- admission: decided before anything is allocated
   w.mode = StartupMode::kSerial;
   if (config.startup.mode != StartupMode::kSerial) {
-    report.startup_refusals = overlap_refusals(w);
+    if (!hooks.skip_startup_admission) {
+      report.startup_refusals = overlap_refusals(w);
+    }
     if (report.startup_refusals.empty()) {
       w.mode = StartupMode::kOverlap;
     } else if (config.startup.mode == StartupMode::kOverlap) {
@@ -1427,11 +1429,14 @@ void Runtime::Impl::verify_startup(LoadWork& w) {
   std::vector<std::string> moved;
   {
     std::lock_guard lock(w.state_mu);
+    if (hooks.before_startup_verify) {
+      hooks.before_startup_verify(w.state->ranks);
+    }
     moved = manifest_changes(w.state->manifest, *w.state);
   }
   std::vector<std::string> sentinel;
   if (w.mode == StartupMode::kOverlap) {
-    sentinel = sentinel_params(*w.state);
+    sentinel = sentinel_params(w.state->manifest, *w.state);
   }
   if (moved.empty() && sentinel.empty()) {
     return;

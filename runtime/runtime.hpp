@@ -118,6 +118,7 @@ struct ManifestEntry {
   std::string name;
   std::string device;
   const std::byte* data = nullptr;
+  std::uint64_t nbytes = 0;       // bytes of storage
   std::uint64_t byte_offset = 0;  // from the start of the allocation that holds it
   DType dtype = DType::kBF16;
   std::vector<std::uint64_t> shape;

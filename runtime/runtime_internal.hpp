@@ -41,6 +41,13 @@ struct RuntimeHooks {
   // models::with_hooks(base, extra) to add post-load hooks.
   std::function<std::shared_ptr<const models::Model>(std::shared_ptr<const models::Model>)>
       wrap_model;
+  // Capture-safe startup probes. `before_startup_verify` runs in commit() just
+  // before the manifest check, on the loaded model's table, so that a test can
+  // move storage, strides or dtypes behind ferry's back. `skip_startup_admission`
+  // runs overlap even when admission would refuse it, to prove that the manifest
+  // still catches what a refused hook does.
+  std::function<void(std::vector<LoadedRank>& ranks)> before_startup_verify;
+  bool skip_startup_admission = false;
 };
 
 }  // namespace ferry::runtime
