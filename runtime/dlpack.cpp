@@ -14,7 +14,7 @@ namespace {
 // What the DLManagedTensor points into: the model (kept alive) and the shape and
 // strides arrays DLTensor borrows.
 struct Context {
-  std::shared_ptr<LoadedModel> model;
+  std::shared_ptr<const LoadedModel> model;
   std::vector<std::int64_t> shape;
   std::vector<std::int64_t> strides;
   DLManagedTensor tensor{};
@@ -100,20 +100,36 @@ DLManagedTensor* to_dlpack(const std::shared_ptr<LoadedModel>& model, std::size_
   if (p == nullptr) {
     refuse(rank.device, name, "no parameter '" + name + "' on " + rank.device);
   }
-  const DLDevice device = dl_device(rank.device, name);
+  ParamView view;
+  view.name = p->name;
+  view.device = rank.device;
+  view.tp_rank = rank.tp_rank;
+  view.data = p->data;
+  view.dtype = p->dtype;
+  view.shape = p->shape;
+  view.strides = p->strides;
+  view.model = model;
+  return to_dlpack(view);
+}
+
+DLManagedTensor* to_dlpack(const ParamView& view) {
+  if (!view.model) {
+    refuse(view.device, view.name, "the view holds no loaded model");
+  }
+  const DLDevice device = dl_device(view.device, view.name);
   auto ctx = std::make_unique<Context>();
-  ctx->model = model;
-  for (std::uint64_t d : p->shape) {
+  ctx->model = view.model;
+  for (std::uint64_t d : view.shape) {
     ctx->shape.push_back(static_cast<std::int64_t>(d));
   }
-  for (std::uint64_t s : p->strides) {
+  for (std::uint64_t s : view.strides) {
     ctx->strides.push_back(static_cast<std::int64_t>(s));
   }
   DLTensor& t = ctx->tensor.dl_tensor;
-  t.data = p->data;
+  t.data = view.data;
   t.device = device;
   t.ndim = static_cast<std::int32_t>(ctx->shape.size());
-  t.dtype = dl_dtype(p->dtype);
+  t.dtype = dl_dtype(view.dtype);
   t.shape = ctx->shape.data();
   t.strides = ctx->strides.empty() ? nullptr : ctx->strides.data();
   t.byte_offset = 0;

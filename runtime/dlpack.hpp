@@ -26,5 +26,7 @@ namespace ferry::runtime {
 // name, or a device that holds no data.
 DLManagedTensor* to_dlpack(const std::shared_ptr<LoadedModel>& model, std::size_t local_rank,
                            const std::string& name);
+// The same for a view (LoadedModel::views()); the tensor holds the view's model.
+DLManagedTensor* to_dlpack(const ParamView& view);
 
 }  // namespace ferry::runtime

@@ -105,5 +105,47 @@ TEST(Dlpack, Bf16HasItsOwnCodeAndBadRequestsNameTheParameter) {
               HasSubstr("a null device keeps no parameter data"));
 }
 
+TEST(Dlpack, EveryViewExportsAndAViewKeepsTheModelAlive) {
+  TempDir dir;
+  const testing::Checkpoint ck = synth_checkpoint(dir.file("ds"), "deepseek_v3");
+  RuntimeHooks hooks;
+  hooks.devices = {gpu::make_host_device(0), gpu::make_host_device(1)};
+  std::vector<ParamView> views;
+  {
+    Runtime rt(make_config(ck.dir, {"parallel.tp=2"}), hooks);
+    LoadResult r = rt.load();
+    ASSERT_TRUE(r) << r.error->message;
+    views = r.model->views();
+    std::size_t params = 0;
+    for (const LoadedRank& rank : r.model->ranks()) {
+      params += rank.params.size();
+    }
+    ASSERT_EQ(views.size(), params);  // every parameter and derived buffer
+    for (const ParamView& v : views) {
+      DLManagedTensor* t = to_dlpack(v);
+      EXPECT_EQ(t->dl_tensor.data, v.data) << v.name;
+      EXPECT_EQ(t->dl_tensor.device.device_id, v.device == "host:1" ? 1 : 0) << v.name;
+      EXPECT_EQ(t->dl_tensor.dtype.code, v.dtype == DType::kBF16 ? kDLBfloat : kDLFloat);
+      ASSERT_EQ(t->dl_tensor.ndim, static_cast<int>(v.shape.size()));
+      t->deleter(t);
+    }
+  }
+  // The Runtime and the result are gone; the views alone hold every allocation.
+  for (const auto& d : hooks.devices) {
+    EXPECT_FALSE(d->stats().all_released()) << d->name();
+  }
+  DLManagedTensor* last = to_dlpack(views.back());
+  views.clear();
+  for (const auto& d : hooks.devices) {
+    EXPECT_FALSE(d->stats().all_released()) << d->name();  // the tensor holds it now
+  }
+  last->deleter(last);
+  for (const auto& d : hooks.devices) {
+    EXPECT_TRUE(d->stats().all_released()) << d->name();
+  }
+  EXPECT_THAT(error_of(Stage::kConfig, [] { to_dlpack(ParamView{}); }),
+              HasSubstr("the view holds no loaded model"));
+}
+
 }  // namespace
 }  // namespace ferry::runtime

@@ -95,6 +95,42 @@ TEST(LoadCli, FailingLoadExitsNonZeroAndDumpsNothing) {
   EXPECT_FALSE(std::filesystem::exists(report));
 }
 
+TEST(LoadCli, StartupBootsThroughPrepareACaptureAndCommit) {
+  TempDir dir;
+  Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
+  for (const std::string mode : {"serial", "overlap", "auto"}) {
+    SCOPED_TRACE(mode);
+    const std::string report = dir.file(mode + ".json");
+    testing::RunResult r = run({FERRY_BINARY, "load", "--model", ck.dir, "--startup", mode,
+                                "--capture-seconds", "0.2", "--report", report});
+    ASSERT_EQ(r.status, 0) << r.err;
+    const std::string ran = mode == "serial" ? "serial" : "overlap";
+    EXPECT_NE(r.out.find("startup " + ran + ": ready "), std::string::npos) << r.out;
+    nlohmann::json j = nlohmann::json::parse(read_file(report));
+    EXPECT_EQ(j["startup_mode"], ran);
+    EXPECT_GE(j["startup"]["capture"].get<double>(), 0.2);
+    EXPECT_GE(j["startup"]["time_to_ready"].get<double>(), 0.2);
+  }
+  // Overlap refuses O_DIRECT reads with its code; auto says why it ran serially.
+  testing::RunResult r = run({FERRY_BINARY, "load", "--model", ck.dir, "--startup", "overlap",
+                              "--set", "io.direct=true"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("startup.mode overlap refused: io_direct: "), std::string::npos) << r.err;
+  r = run({FERRY_BINARY, "load", "--model", ck.dir, "--startup", "auto", "--set",
+           "io.direct=true"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("startup overlap refused: io_direct: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("startup serial: ready "), std::string::npos) << r.out;
+  // Bad values.
+  r = run({FERRY_BINARY, "load", "--model", ck.dir, "--startup", "eager"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("startup.mode"), std::string::npos) << r.err;
+  r = run({FERRY_BINARY, "load", "--model", ck.dir, "--startup", "overlap", "--capture-seconds",
+           "-1"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--capture-seconds"), std::string::npos) << r.err;
+}
+
 TEST(LoadCli, UsageErrors) {
   testing::RunResult r = run({FERRY_BINARY, "load"});
   EXPECT_EQ(r.status, 2);
