@@ -37,8 +37,7 @@ class ParamsHookContext final : public HookContext {
   using ReallocateParam = std::function<std::byte*(std::size_t param)>;
 
   ParamsHookContext(const PostLoadHook& hook, std::span<std::byte* const> params,
-                    gpu::Stream& stream, std::string device,
-                    ReallocateParam reallocate_param = {});
+                    gpu::Stream& stream, std::string device, ReallocateParam reallocate_param = {});
   std::byte* param_data(std::size_t param) override;
   gpu::Stream& stream() override { return stream_; }
   std::byte* reallocate(std::size_t param) override;

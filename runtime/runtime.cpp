@@ -19,8 +19,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -642,12 +642,10 @@ FileStamp stamp(const std::string& path, const std::string& name) {
   if (::stat(path.c_str(), &st) != 0) {
     throw Error(Stage::kRead, name, "", std::string("stat: ") + std::strerror(errno));
   }
-  return FileStamp{path,
-                   name,
-                   st.st_dev,
-                   st.st_ino,
-                   st.st_size,
-                   static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  return FileStamp{
+      path,       name,
+      st.st_dev,  st.st_ino,
+      st.st_size, static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
 }
 
 }  // namespace
@@ -767,8 +765,9 @@ void Runtime::cancel() {
       current->cancel.store(true);
     }
   } else if (impl_->status == RuntimeState::kPrepared) {
-    log::warn("startup cancelled while prepared: the prefetch stops; the prepared model stays "
-              "valid until it is released");
+    log::warn(
+        "startup cancelled while prepared: the prefetch stops; the prepared model stays "
+        "valid until it is released");
     prepared = std::move(impl_->prepared);
     impl_->status = RuntimeState::kFailed;
   }
@@ -780,8 +779,8 @@ LoadHandle Runtime::Impl::launch(RuntimeState running_state, RuntimeState succes
   auto handle = std::make_shared<LoadHandle::State>();
   if (running(status)) {
     refuse(*handle,
-                  "a load is already running on this Runtime; wait for it (or cancel it) before "
-                  "starting another");
+           "a load is already running on this Runtime; wait for it (or cancel it) before "
+           "starting another");
     return LoadHandle(handle);
   }
   if (worker.joinable()) {
@@ -829,7 +828,7 @@ LoadHandle Runtime::commit(LoadCallbacks callbacks) {
   if (impl_->status != RuntimeState::kPrepared && !running(impl_->status)) {
     auto handle = std::make_shared<LoadHandle::State>();
     refuse(*handle, "commit() needs a prepared model (call prepare() first); the runtime is " +
-                              std::string(to_string(impl_->status)));
+                        std::string(to_string(impl_->status)));
     return LoadHandle(handle);
   }
   std::shared_ptr<LoadWork> work = running(impl_->status) ? nullptr : std::move(impl_->prepared);
@@ -865,9 +864,8 @@ LoadResult Runtime::load() {
   return r;
 }
 
-void Runtime::Impl::run(LoadHandle::State& handle, const LoadCallbacks& callbacks,
-                        const Body& body, RuntimeState success,
-                        const std::shared_ptr<LoadWork>& keep) {
+void Runtime::Impl::run(LoadHandle::State& handle, const LoadCallbacks& callbacks, const Body& body,
+                        RuntimeState success, const std::shared_ptr<LoadWork>& keep) {
   std::unique_ptr<CallbackThread> notifier;
   if (callbacks.on_progress || callbacks.on_layer_ready) {
     notifier = std::make_unique<CallbackThread>(callbacks, handle);

@@ -66,8 +66,10 @@ runtime::LoadResult boot(runtime::Runtime& rt, double capture_seconds) {
   if (!prepared) {
     return prepared;
   }
-  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(capture_seconds);
-  while (std::chrono::steady_clock::now() < until && rt.state() == runtime::RuntimeState::kPrepared) {
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(capture_seconds);
+  while (std::chrono::steady_clock::now() < until &&
+         rt.state() == runtime::RuntimeState::kPrepared) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   return rt.commit().wait();

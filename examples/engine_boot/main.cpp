@@ -77,8 +77,8 @@ std::vector<CapturedLayer> capture(const std::vector<ParamView>& views, std::str
     }
     const std::uint64_t layer =
         std::stoull(v.name.substr(prefix.size(), v.name.size() - prefix.size() - suffix.size()));
-    layers[layer] = CapturedLayer{v.name,        v.data,        v.dtype,      v.shape[0],
-                                  v.shape[1],    v.strides[0],  v.strides[1]};
+    layers[layer] =
+        CapturedLayer{v.name, v.data, v.dtype, v.shape[0], v.shape[1], v.strides[0], v.strides[1]};
   }
   std::vector<CapturedLayer> out;
   for (auto& [layer, l] : layers) {

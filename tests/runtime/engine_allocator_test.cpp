@@ -13,17 +13,17 @@
 
 #include "gpu/host_device.hpp"
 #include "runtime/dlpack.hpp"
+#include "runtime/engine_memory.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/runtime_internal.hpp"
-#include "runtime/engine_memory.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::EngineMemory;
+using ::testing::HasSubstr;
 using testing::make_config;
 using testing::synth_checkpoint;
 using testing::TempDir;

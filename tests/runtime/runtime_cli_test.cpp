@@ -112,12 +112,12 @@ TEST(LoadCli, StartupBootsThroughPrepareACaptureAndCommit) {
     EXPECT_GE(j["startup"]["time_to_ready"].get<double>(), 0.2);
   }
   // Overlap refuses O_DIRECT reads with its code; auto says why it ran serially.
-  testing::RunResult r = run({FERRY_BINARY, "load", "--model", ck.dir, "--startup", "overlap",
-                              "--set", "io.direct=true"});
+  testing::RunResult r = run(
+      {FERRY_BINARY, "load", "--model", ck.dir, "--startup", "overlap", "--set", "io.direct=true"});
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find("startup.mode overlap refused: io_direct: "), std::string::npos) << r.err;
-  r = run({FERRY_BINARY, "load", "--model", ck.dir, "--startup", "auto", "--set",
-           "io.direct=true"});
+  r = run(
+      {FERRY_BINARY, "load", "--model", ck.dir, "--startup", "auto", "--set", "io.direct=true"});
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("startup overlap refused: io_direct: "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("startup serial: ready "), std::string::npos) << r.out;
@@ -125,8 +125,8 @@ TEST(LoadCli, StartupBootsThroughPrepareACaptureAndCommit) {
   r = run({FERRY_BINARY, "load", "--model", ck.dir, "--startup", "eager"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("startup.mode"), std::string::npos) << r.err;
-  r = run({FERRY_BINARY, "load", "--model", ck.dir, "--startup", "overlap", "--capture-seconds",
-           "-1"});
+  r = run(
+      {FERRY_BINARY, "load", "--model", ck.dir, "--startup", "overlap", "--capture-seconds", "-1"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--capture-seconds"), std::string::npos) << r.err;
 }

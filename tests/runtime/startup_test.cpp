@@ -25,11 +25,11 @@
 namespace ferry::runtime {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::Not;
 using testing::Checkpoint;
 using testing::EngineMemory;
+using ::testing::HasSubstr;
 using testing::make_config;
+using ::testing::Not;
 using testing::synth_checkpoint;
 using testing::TempDir;
 
@@ -269,7 +269,9 @@ TEST_F(StartupTest, OverlapFailsWithEachRefusalCodeAndAutoRunsSerially) {
       {{"devices=null"}, true, false, {"backend"}},
       {{}, false, false, {"hook_not_idempotent"}},
       {{}, true, true, {"hook_reallocates"}},
-      {{"io.direct=true", "devices=null"}, false, true,
+      {{"io.direct=true", "devices=null"},
+       false,
+       true,
        {"backend", "io_direct", "hook_not_idempotent", "hook_reallocates"}},
   };
   for (const Case& c : cases) {
@@ -328,14 +330,10 @@ TEST_F(StartupTest, TheManifestCatchesReplacedStorageAndChangedStridesOrDtypes) 
   };
   const std::vector<Case> cases = {
       {"pointer",
-       [&](std::vector<LoadedRank>& ranks) {
-         ranks[0].params[1].data = elsewhere.data();
-       },
+       [&](std::vector<LoadedRank>& ranks) { ranks[0].params[1].data = elsewhere.data(); }, ""},
+      {"strides", [](std::vector<LoadedRank>& ranks) { ranks[0].params[2].strides.back() = 2; },
        ""},
-      {"strides",
-       [](std::vector<LoadedRank>& ranks) { ranks[0].params[2].strides.back() = 2; }, ""},
-      {"dtype", [](std::vector<LoadedRank>& ranks) { ranks[0].params[3].dtype = DType::kF16; },
-       ""},
+      {"dtype", [](std::vector<LoadedRank>& ranks) { ranks[0].params[3].dtype = DType::kF16; }, ""},
   };
   for (const std::string mode : {"overlap", "serial"}) {
     for (std::size_t i = 0; i < cases.size(); ++i) {
