@@ -7,8 +7,8 @@
 On a `medium` Llama checkpoint (synthesized under BUILD/bench-cache unless --model
 is given), every run is one process: `ferry load --startup MODE --capture-seconds C`
 (prepare(), a stand-in capture of C seconds, commit()), whose report gives
-time-to-ready (prepare() called .. ready). Configurations are interleaved inside
-every round.
+time-to-ready (prepare() called .. ready). Configurations run in rotated order
+inside every round (one untimed warm-up load first).
 
 - hot: the files are in the page cache (read once before each run);
 - cold: every file's pages are dropped with POSIX_FADV_DONTNEED before each run, and
@@ -115,21 +115,30 @@ def main():
     def add(temperature, key, value):
         results[temperature].setdefault(key, []).append(value)
 
-    for round_ in range(args.runs):
-        for temperature in ("hot", "cold"):
-            prepare_cache(temperature)
+    configs = ["prefetch", "load"] + [(mode, c) for c in captures for mode in ("serial", "overlap")]
+
+    def run_config(temperature, config):
+        prepare_cache(temperature)
+        if config == "prefetch":
             add(temperature, "prefetch", prefetch_seconds(files))
-            prepare_cache(temperature)
+        elif config == "load":
             add(temperature, "load", ferry_load("load")["seconds"])
-            for c in captures:
-                for mode in ("serial", "overlap"):
-                    prepare_cache(temperature)
-                    r = ferry_load(f"{mode}-{c}", "--startup", mode, "--capture-seconds", str(c))
-                    if r["startup_mode"] != mode:
-                        raise SystemExit(f"{mode} ran as {r['startup_mode']}: {r['startup_refusals']}")
-                    add(temperature, (mode, c), r["startup"]["time_to_ready"])
-                    add(temperature, ("prefetched", c), r["startup"]["bytes_prefetched"]
-                        if mode == "overlap" else None)
+        else:
+            mode, c = config
+            r = ferry_load(f"{mode}-{c}", "--startup", mode, "--capture-seconds", str(c))
+            if r["startup_mode"] != mode:
+                raise SystemExit(f"{mode} ran as {r['startup_mode']}: {r['startup_refusals']}")
+            add(temperature, config, r["startup"]["time_to_ready"])
+            if mode == "overlap":
+                add(temperature, ("prefetched", c), r["startup"]["bytes_prefetched"])
+
+    ferry_load("warm-up")  # the first process after the synthesis pays for reclaim
+    for round_ in range(args.runs):
+        # Rotated order: every configuration takes every position across rounds.
+        order = configs[round_ % len(configs):] + configs[:round_ % len(configs)]
+        for temperature in ("hot", "cold"):
+            for config in order:
+                run_config(temperature, config)
         print(f"round {round_ + 1}/{args.runs} done", flush=True)
 
     med = statistics.median
@@ -148,7 +157,7 @@ def main():
             overlap = r[("overlap", c)]
             ideal_serial = c + med(r["load"])
             ideal_overlap = max(c, med(r["prefetch"])) + load_hot
-            prefetched = [x for x in r[("prefetched", c)] if x is not None]
+            prefetched = r[("prefetched", c)]
             print(f"| {c:g} | {cell(serial)} | {ideal_serial:.2f} | {cell(overlap)} | "
                   f"{ideal_overlap:.2f} | {med(overlap) / med(serial):.2f} | "
                   f"{med(prefetched) / nbytes * 100:.0f}% |")

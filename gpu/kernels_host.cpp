@@ -4,6 +4,7 @@
 #include <emmintrin.h>
 #endif
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -188,8 +189,17 @@ void fill(std::byte* dst, std::size_t count, DType dtype, double value) {
   std::size_t size = dtype_size(dtype);
   std::byte element[8];
   std::memcpy(element, &pattern, size);  // little-endian: the low bytes are the element
-  for (std::size_t i = 0; i < count; ++i) {
-    std::memcpy(dst + i * size, element, size);
+  // Element by element for the first 4 KiB, then the filled prefix is copied onto
+  // what follows it in blocks of up to 1 MiB (memcpy speed, not one call an element).
+  const std::size_t total = count * size;
+  const std::size_t head = std::min(total, std::size_t{4096});
+  for (std::size_t off = 0; off < head; off += size) {
+    std::memcpy(dst + off, element, size);
+  }
+  for (std::size_t done = head; done < total;) {
+    const std::size_t n = std::min({done, total - done, std::size_t{1} << 20});
+    std::memcpy(dst + done, dst, n);
+    done += n;
   }
 }
 

@@ -284,7 +284,9 @@ class Runtime {
 
   // Starts one load on a ferry thread and returns at once. One load at a time: a
   // start() while the previous load runs returns a handle whose result is an error
-  // (Stage::kConfig, "a load is already running"). Never throws.
+  // (Stage::kConfig, "a load is already running"); so does one while a prepared
+  // model waits for commit(). One serial pass whatever startup.mode says. Never
+  // throws.
   LoadHandle start(LoadCallbacks callbacks = {});
   // start().wait(). Never throws.
   LoadResult load();

@@ -231,6 +231,27 @@ TEST(KernelsHostTest, FillWritesEveryElementAtAnyAlignment) {
   EXPECT_EQ(buf[0], std::byte{0xEE});
 }
 
+TEST(KernelsHostTest, LargeFillsWriteEveryElementAndNothingAround) {
+  // Past the element-by-element head, fills copy their own prefix in blocks: check
+  // every element of counts around the block edges, at an odd address.
+  for (DType dtype : {DType::kBF16, DType::kF32, DType::kF64}) {
+    const std::size_t es = dtype_size(dtype);
+    const std::uint64_t pattern = fill_pattern(dtype, 1e-3);
+    for (std::size_t count : {std::size_t{4096} / es - 1, std::size_t{4096} / es + 1,
+                              (std::size_t{3} << 20) / es + 7}) {
+      std::vector<std::byte> buf(count * es + 2, std::byte{0xEE});
+      fill(buf.data() + 1, count, dtype, 1e-3);
+      ASSERT_EQ(buf.front(), std::byte{0xEE});
+      ASSERT_EQ(buf.back(), std::byte{0xEE});
+      for (std::size_t i = 0; i < count; ++i) {
+        std::uint64_t v = 0;
+        std::memcpy(&v, buf.data() + 1 + i * es, es);
+        ASSERT_EQ(v, pattern) << dtype_name(dtype) << " count " << count << " element " << i;
+      }
+    }
+  }
+}
+
 template <class T>
 std::vector<std::byte> bytes_of(const std::vector<T>& v) {
   std::vector<std::byte> out(v.size() * sizeof(T));
