@@ -31,6 +31,9 @@ PipelineResult run_pipeline(const PipelineInput& input) {
     shared->pool = std::make_shared<io::StagingPool>(
         o.staging_buffers, o.chunk_bytes,
         input.staging_allocator ? input.staging_allocator : io::aligned_host_allocator());
+    if (input.on_staging) {
+      shared->pool->observe(input.on_staging);
+    }
     {
       caf::actor_system_config config;
       // No cfg.parse(): an embedded library reads no argv or caf-application.ini.

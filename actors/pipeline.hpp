@@ -79,6 +79,11 @@ struct PipelineInput {
   // (models::HookContext::reallocate) and returns it; called on the hook's copy
   // worker. Empty: such a hook fails.
   std::function<std::byte*(std::size_t local_rank, std::size_t param)> reallocate;
+  // Observers (runtime metrics). `wrap_reader` decorates the reader the pipeline
+  // makes (io::MeteredReader); `on_staging` observes the staging pool
+  // (io::StagingPool::observe). Empty: none.
+  std::function<std::unique_ptr<io::Reader>(std::unique_ptr<io::Reader>)> wrap_reader;
+  std::function<void(std::size_t in_use)> on_staging;
 };
 
 struct PipelineResult {

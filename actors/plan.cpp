@@ -274,7 +274,9 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
       case models::RouteKind::kPlaced: {
         ++plan.placed;
         plan.pieces += route.pieces.size();
+        std::uint64_t read = 0;
         for (const auto& [begin, end] : read_ranges(route)) {
+          read += end - begin;
           Span s;
           s.file = t.file_index;
           s.tensor = static_cast<std::uint32_t>(i);
@@ -286,16 +288,21 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
           plan.bytes_planned += end - begin;
           plan.spans.push_back(s);
         }
+        if (read < t.nbytes) {
+          plan.bytes_skipped_by_reason[std::string(kOutsideLocalSlices)] += t.nbytes - read;
+        }
         routes.push_back(std::move(route));
         route_tensor.push_back(static_cast<std::uint32_t>(i));
         break;
       }
       case models::RouteKind::kDropped:
         ++plan.dropped;
+        plan.bytes_skipped_by_reason[route.reason] += t.nbytes;
         break;
       case models::RouteKind::kUnmapped:
         ++plan.unmapped;
         plan.unmapped_names.push_back(t.name);
+        plan.bytes_skipped_by_reason[std::string(kUnmappedReason)] += t.nbytes;
         break;
     }
   }

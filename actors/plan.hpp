@@ -32,7 +32,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/dtype.hpp"
@@ -101,6 +103,9 @@ struct Span {
 // A placed tensor's copy pieces (those with source bytes), sorted by source offset,
 // with the running maximum of their source ends: the pieces that overlap a byte
 // range are a contiguous run found by two binary searches.
+inline constexpr std::string_view kUnmappedReason = "unmapped";
+inline constexpr std::string_view kOutsideLocalSlices = "outside_local_slices";
+
 struct PlannedRoute {
   std::vector<models::Piece> pieces;
   std::vector<std::uint64_t> end_max;  // end_max[i] = max(src_end of pieces[0..i])
@@ -116,6 +121,10 @@ struct Plan {
   std::vector<std::string> unmapped_names;  // in checkpoint order
   std::uint64_t bytes_planned = 0;          // tensor bytes the windows read
   std::uint64_t bytes_skipped = 0;          // tensor bytes no window reads
+  // bytes_skipped by why: a dropped route's reason (models::Route::reason), "unmapped",
+  // or "outside_local_slices" (the bytes of a placed tensor that no local rank's
+  // slice covers). The values add up to bytes_skipped.
+  std::map<std::string, std::uint64_t> bytes_skipped_by_reason;
   std::size_t pieces = 0;                   // copy pieces of all routes (before clipping)
   std::vector<models::Piece> fills;         // zero pieces (models::Model::fill_pieces)
   std::vector<Span> spans;                  // in read order: file order, then offset

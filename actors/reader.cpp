@@ -85,6 +85,9 @@ class ReadLoop {
     ro.chunk_bytes = o.chunk_bytes;
     ro.faults = input.faults;
     reader_ = io::make_reader(ro);
+    if (input.wrap_reader) {
+      reader_ = input.wrap_reader(std::move(reader_));
+    }
 
     WindowCutter cutter(shared_->plan());
     std::shared_ptr<Window> next = cut(cutter);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <new>
@@ -66,6 +67,7 @@ struct StagingPoolState {
   std::vector<std::size_t> free;  // free indices, used as a stack: reuse the warmest buffer
   std::size_t high_water = 0;
   bool closed = false;
+  std::function<void(std::size_t in_use)> observer;  // set before use; called under mu
 
   StagingPoolState() = default;
   StagingPoolState(const StagingPoolState&) = delete;
@@ -83,6 +85,9 @@ struct StagingPoolState {
     {
       std::lock_guard lock(mu);
       free.push_back(index);
+      if (observer) {
+        observer(count - free.size());
+      }
     }
     // One buffer freed, so one waiter can proceed.
     cv.notify_one();
@@ -132,6 +137,9 @@ StagingBuffer detail::StagingPoolState::take(std::shared_ptr<StagingPoolState> s
   std::size_t used = count - free.size();
   if (used > high_water) {
     high_water = used;
+  }
+  if (observer) {
+    observer(used);
   }
   std::byte* data = buffers[index];
   return StagingBuffer(std::move(self), index, data, buffer_bytes);
@@ -277,6 +285,11 @@ std::size_t StagingPool::in_use() const {
 std::size_t StagingPool::high_water() const {
   std::lock_guard lock(state_->mu);
   return state_->high_water;
+}
+
+void StagingPool::observe(std::function<void(std::size_t in_use)> observer) {
+  std::lock_guard lock(state_->mu);
+  state_->observer = std::move(observer);
 }
 
 const BufferAllocator& StagingPool::allocator() const {

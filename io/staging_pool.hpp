@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -127,6 +128,10 @@ class StagingPool {
   std::size_t in_use() const;       // buffers leased now
   std::size_t high_water() const;   // most buffers leased at the same time so far
   const BufferAllocator& allocator() const;
+  // Called with the number of buffers leased after every lease and return, under
+  // the pool's lock (it must be quick and must not touch the pool), e.g. to keep a
+  // gauge current. Replaces any earlier observer.
+  void observe(std::function<void(std::size_t in_use)> observer);
 
  private:
   std::shared_ptr<detail::StagingPoolState> state_;

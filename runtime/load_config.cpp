@@ -93,6 +93,15 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
 // "unknown key 'io.chunk_byte' (did you mean 'io.chunk_bytes'?)" for near misses,
 // and "unknown key 'tp' (did you mean 'parallel.tp'?)" for a key without its section.
 std::string unknown_key(const std::string& key) {
+  // Keys that were removed, with what replaced them.
+  static const std::map<std::string, std::string> kRemoved = {
+      {"metrics.prometheus_file",
+       "it was removed: metrics.textfile writes the metrics after each load (and "
+       "metrics.listen serves them)"},
+  };
+  if (auto it = kRemoved.find(key); it != kRemoved.end()) {
+    return "unknown key '" + key + "': " + it->second;
+  }
   std::string rule = "unknown key '" + key + "'";
   std::string best;
   std::size_t best_distance = std::min<std::size_t>(3, (key.size() + 1) / 2);  // typos only
@@ -715,7 +724,15 @@ LoadConfig ConfigBuilder::build() const {
 
   // host, metrics
   c.host.bandwidth_gbps = f.get_double("host.bandwidth_gbps", 0, 1e6, d.host.bandwidth_gbps);
-  c.metrics.prometheus_file = f.get_string("metrics.prometheus_file", d.metrics.prometheus_file);
+  c.metrics.listen = f.get_string("metrics.listen", d.metrics.listen);
+  c.metrics.textfile = f.get_string("metrics.textfile", d.metrics.textfile);
+  if (!c.metrics.listen.empty()) {
+    try {
+      c.metrics.listen = metrics_bind_address(c.metrics.listen);
+    } catch (const Error& err) {
+      fail(f.source("metrics.listen"), "metrics.listen: " + err.rule());
+    }
+  }
 
   // startup
   {
@@ -818,9 +835,26 @@ nlohmann::json to_json(const LoadConfig& c) {
            {"dump_dir", c.load.dump_dir},
        }},
       {"host", {{"bandwidth_gbps", c.host.bandwidth_gbps}}},
-      {"metrics", {{"prometheus_file", c.metrics.prometheus_file}}},
+      {"metrics", {{"listen", c.metrics.listen}, {"textfile", c.metrics.textfile}}},
       {"startup", {{"mode", to_string(c.startup.mode)}}},
   };
+}
+
+std::string metrics_bind_address(const std::string& text) {
+  std::string host = "127.0.0.1";
+  std::string port = text;
+  if (const std::size_t colon = text.rfind(':'); colon != std::string::npos) {
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  }
+  const bool digits = !port.empty() && port.size() <= 5 &&
+                      port.find_first_not_of("0123456789") == std::string::npos;
+  if (host.empty() || !digits || std::stoul(port) > 65535) {
+    throw Error(Stage::kConfig, "", "",
+                "expected PORT or ADDRESS:PORT (port 0-65535; 0 picks a free one), got " +
+                    json_quoted(text));
+  }
+  return host + ":" + port;
 }
 
 std::string_view to_string(StartupMode mode) {

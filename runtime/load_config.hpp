@@ -110,7 +110,12 @@ struct HostConfig {
 };
 
 struct MetricsConfig {
-  std::string prometheus_file;  // write Prometheus text metrics here at the end; "" = none
+  // Serve Prometheus metrics at http://ADDRESS:PORT/metrics while the Runtime lives;
+  // "PORT" binds 127.0.0.1. "" = off. build() normalizes it to ADDRESS:PORT.
+  std::string listen;
+  // Write the metrics here after every load, through a temporary file renamed into
+  // place (node_exporter's textfile collector); "" = none.
+  std::string textfile;
   bool operator==(const MetricsConfig&) const = default;
 };
 
@@ -123,6 +128,10 @@ enum class StartupMode {
   kAuto,     // overlap when admission allows it, else serial (the refusals are logged)
 };
 std::string_view to_string(StartupMode mode);
+
+// metrics.listen's value as ADDRESS:PORT ("9400" -> "127.0.0.1:9400"). Throws
+// ferry::Error(Stage::kConfig) for anything else.
+std::string metrics_bind_address(const std::string& text);
 
 struct StartupConfig {
   StartupMode mode = StartupMode::kSerial;

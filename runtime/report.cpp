@@ -25,6 +25,7 @@ nlohmann::json LoadReport::to_json() const {
   return nlohmann::json{
       {"bytes_read", bytes_read},
       {"bytes_skipped", bytes_skipped},
+      {"bytes_skipped_by_reason", bytes_skipped_by_reason},
       {"bytes_copied", bytes_copied},
       {"bytes_prefetched", bytes_prefetched},
       {"seconds", seconds},

@@ -17,6 +17,8 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <prometheus/exposer.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -36,15 +38,19 @@
 #include "gpu/backends.hpp"
 #include "gpu/device.hpp"
 #include "gpu/kernels_host.hpp"
+#include "gpu/metered_device.hpp"
 #include "io/discover.hpp"
 #include "io/file.hpp"
+#include "io/metered_reader.hpp"
 #include "io/prefetch.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
 #include "io/staging_pool.hpp"
 #include "models/hooks.hpp"
 #include "models/model.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/plan_report.hpp"
+#include "runtime/prometheus.hpp"
 #include "runtime/runtime_internal.hpp"
 
 namespace ferry::runtime {
@@ -662,6 +668,8 @@ struct LoadWork {
   Clock::time_point begin = Clock::now();
   Clock::time_point resolved_at, planned_at, allocated_at;
 
+  std::shared_ptr<LoadMetrics> metrics;  // null: none
+
   // prepare()/commit() only.
   StartupMode mode = StartupMode::kSerial;  // after admission
   std::shared_ptr<LoadedModel> loaded;      // what prepare() handed over
@@ -682,6 +690,17 @@ struct Runtime::Impl {
   std::weak_ptr<LoadHandle::State> current;
   std::thread worker;                  // runs it
   std::shared_ptr<LoadWork> prepared;  // in the prepared state
+  // Metrics: on the engine's registry (use_registry), or on one of ferry's own when
+  // metrics.listen or metrics.textfile is set; null when neither.
+  std::shared_ptr<LoadMetrics> metrics;
+  std::unique_ptr<prometheus::Exposer> exposer;  // metrics.listen, while the Runtime lives
+  std::optional<Error> metrics_error;            // the endpoint could not be opened
+
+  void start_metrics();
+  std::shared_ptr<LoadMetrics> current_metrics() const {
+    std::lock_guard lock(mu);
+    return metrics;
+  }
 
   using Body = std::function<LoadResult(LoadHandle::State&)>;
   // Under `mu`: an error handle when a load is running or `allowed` says no, else
@@ -732,6 +751,44 @@ Runtime::Runtime(LoadConfig config, RuntimeHooks hooks, std::shared_ptr<Allocato
   impl_->config = std::move(config);
   impl_->hooks = std::move(hooks);
   impl_->allocator = std::move(allocator);
+  impl_->start_metrics();
+}
+
+void Runtime::Impl::start_metrics() {
+  const MetricsConfig& m = config.metrics;
+  if (m.listen.empty() && m.textfile.empty()) {
+    return;
+  }
+  metrics = std::make_shared<LoadMetrics>(std::make_shared<prometheus::Registry>());
+  if (m.listen.empty()) {
+    return;
+  }
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(m.listen);
+    exposer->RegisterCollectable(metrics->registry());
+  } catch (const std::exception& e) {
+    // Every load then fails with this (a constructor that never throws).
+    metrics_error = Error(Stage::kConfig, "", "",
+                          "metrics.listen: cannot serve metrics on " + m.listen + ": " + e.what());
+  }
+}
+
+void use_registry(Runtime& runtime, std::shared_ptr<prometheus::Registry> registry) {
+  if (!registry) {
+    return;
+  }
+  Runtime::Impl& impl = *runtime.impl_;
+  auto metrics = std::make_shared<LoadMetrics>(std::move(registry));
+  std::lock_guard lock(impl.mu);
+  if (impl.exposer) {
+    impl.exposer->RegisterCollectable(metrics->registry());
+  }
+  impl.metrics = std::move(metrics);
+}
+
+std::vector<int> metrics_ports(const Runtime& runtime) {
+  std::lock_guard lock(runtime.impl_->mu);
+  return runtime.impl_->exposer ? runtime.impl_->exposer->GetListeningPorts() : std::vector<int>{};
 }
 
 Runtime::~Runtime() {
@@ -905,12 +962,30 @@ void Runtime::Impl::run(LoadHandle::State& handle, const LoadCallbacks& callback
       prepared = keep;
     }
   }
+  if (std::shared_ptr<LoadMetrics> m = current_metrics()) {
+    // A load or a commit that ended well is recorded; a prepared startup is not yet.
+    if (r && success == RuntimeState::kReady) {
+      m->record_load(r.model->report(), std::filesystem::path(config.model.path).filename());
+    } else if (!r) {
+      m->record_error(r.error->stage);
+    }
+    if (!config.metrics.textfile.empty() && success != RuntimeState::kPrepared) {
+      try {
+        m->write_textfile(config.metrics.textfile);
+      } catch (const Error& e) {
+        log::warn(e.what());
+      }
+    }
+  }
   handle.finish(std::move(r));
 }
 
 void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   const LoadConfig& c = config;
   LoadReport& report = w.report;
+  if (metrics_error) {
+    throw *metrics_error;
+  }
 
   // ---- resolve
   handle.phase.store(LoadPhase::kResolve);
@@ -943,6 +1018,7 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   report.tensors.dropped = w.plan.dropped;
   report.tensors.unmapped = w.plan.unmapped;
   report.bytes_skipped = w.plan.bytes_skipped;
+  report.bytes_skipped_by_reason = w.plan.bytes_skipped_by_reason;
   if (w.plan.unmapped > 0) {
     std::string warning = std::to_string(w.plan.unmapped) +
                           " checkpoint tensor(s) map to no parameter of " + w.model->family() +
@@ -974,6 +1050,12 @@ void Runtime::Impl::make_devices(LoadWork& w) {
   for (std::size_t r = 0; r < shells.size(); ++r) {
     if (!state.devices[r]) {
       throw Error(Stage::kConfig, "", "", "device of local rank " + std::to_string(r) + " is null");
+    }
+  }
+  w.metrics = current_metrics();
+  if (w.metrics) {
+    for (auto& d : state.devices) {
+      d = gpu::metered_device(d, w.metrics->copy_observer());
     }
   }
 }
@@ -1075,6 +1157,13 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   input.reallocate = [this, &w](std::size_t rank, std::size_t param) {
     return reallocate(w, rank, param);
   };
+  if (w.metrics) {
+    input.wrap_reader = [observer = w.metrics->read_observer()](
+                            std::unique_ptr<io::Reader> reader) -> std::unique_ptr<io::Reader> {
+      return std::make_unique<io::MeteredReader>(std::move(reader), observer);
+    };
+    input.on_staging = w.metrics->staging_observer();
+  }
   actors::PipelineResult streamed = actors::run_pipeline(input);
   report.bytes_read = w.resolved.index.header_bytes_read + streamed.bytes_read;
   report.bytes_copied = streamed.bytes_copied;

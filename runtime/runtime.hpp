@@ -29,6 +29,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -39,6 +40,10 @@
 #include "common/dtype.hpp"
 #include "common/error.hpp"
 #include "runtime/load_config.hpp"
+
+namespace prometheus {
+class Registry;
+}  // namespace prometheus
 
 namespace ferry::runtime {
 
@@ -76,6 +81,10 @@ struct LoadReport {
   std::uint64_t bytes_read = 0;        // every byte requested from weight files: headers,
                                        // tensor data, O_DIRECT alignment
   std::uint64_t bytes_skipped = 0;     // tensor bytes never read
+  // bytes_skipped by why: a dropped tensor's route reason ("remote_expert",
+  // "pp_stage", ...), "unmapped", or "outside_local_slices" (the parts of placed
+  // tensors no local rank keeps); they add up to bytes_skipped.
+  std::map<std::string, std::uint64_t> bytes_skipped_by_reason;
   std::uint64_t bytes_copied = 0;      // bytes written to devices
   std::uint64_t bytes_prefetched = 0;  // page-cache prefetch reads (not in bytes_read)
   double seconds = 0;
@@ -308,6 +317,8 @@ class Runtime {
   RuntimeState state() const;
 
  private:
+  friend void use_registry(Runtime& runtime, std::shared_ptr<prometheus::Registry> registry);
+  friend std::vector<int> metrics_ports(const Runtime& runtime);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

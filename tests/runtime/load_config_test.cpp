@@ -87,7 +87,8 @@ TEST(LoadConfigTest, InCodeDefaults) {
   EXPECT_EQ(c.model.unaligned_tp, models::Unaligned::kRefuse);
   EXPECT_EQ(c.model.pad_moe_intermediate_to, 0);
   EXPECT_EQ(c.host.bandwidth_gbps, 0.0);
-  EXPECT_EQ(c.metrics.prometheus_file, "");
+  EXPECT_EQ(c.metrics.listen, "");
+  EXPECT_EQ(c.metrics.textfile, "");
 }
 
 TEST(LoadConfigTest, EmptyObjectAndNoSourcesGiveInCodeDefaults) {
@@ -353,6 +354,15 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
             "integer, got \"abc\"");
   EXPECT_EQ(config_error([] { from_sets({"io.engine=aio"}); }),
             "config: --set io.engine: io.engine: expected uring or pread, got \"aio\"");
+  EXPECT_EQ(from_sets({"metrics.listen=9400"}).metrics.listen, "127.0.0.1:9400");
+  EXPECT_EQ(from_sets({"metrics.listen=0.0.0.0:0"}).metrics.listen, "0.0.0.0:0");
+  EXPECT_THAT(config_error([] { from_sets({"metrics.listen=port80"}); }),
+              HasSubstr("metrics.listen: expected PORT or ADDRESS:PORT"));
+  EXPECT_THAT(config_error([] { from_sets({"metrics.listen=99999"}); }),
+              HasSubstr("metrics.listen: expected PORT or ADDRESS:PORT"));
+  EXPECT_THAT(config_error([] { from_sets({"metrics.prometheus_file=/tmp/m.prom"}); }),
+              HasSubstr("unknown key 'metrics.prometheus_file': it was removed: "
+                        "metrics.textfile"));
   EXPECT_EQ(config_error([] { from_sets({"startup.mode=parallel"}); }),
             "config: --set startup.mode: startup.mode: expected serial, overlap or auto, got "
             "\"parallel\"");
@@ -583,7 +593,8 @@ LoadConfig every_field_changed() {
   c.load.report = "/tmp/report.json";
   c.load.dump_dir = "/tmp/dump";
   c.host.bandwidth_gbps = 12.3;
-  c.metrics.prometheus_file = "/tmp/metrics.prom";
+  c.metrics.listen = "0.0.0.0:9400";
+  c.metrics.textfile = "/tmp/metrics.prom";
   c.startup.mode = StartupMode::kAuto;
   return c;
 }

@@ -1,0 +1,91 @@
+#include "gpu/metered_device.hpp"
+
+#include <chrono>
+#include <utility>
+
+namespace ferry::gpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class MeteredStream final : public Stream {
+ public:
+  MeteredStream(std::unique_ptr<Stream> inner, std::shared_ptr<const CopyObserver> observer,
+                std::string device)
+      : inner_(std::move(inner)), observer_(std::move(observer)), device_(std::move(device)) {}
+
+  void copy_h2d(std::byte* dst, const std::byte* src_host, std::size_t bytes) override {
+    const Clock::time_point t = Clock::now();
+    inner_->copy_h2d(dst, src_host, bytes);
+    report(bytes, t);
+  }
+  void copy_h2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src_host,
+                   std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) override {
+    const Clock::time_point t = Clock::now();
+    inner_->copy_h2d_2d(dst, dst_pitch, src_host, src_pitch, width_bytes, rows);
+    report(width_bytes * rows, t);
+  }
+  void copy_d2h(std::byte* dst_host, const std::byte* src, std::size_t bytes) override {
+    inner_->copy_d2h(dst_host, src, bytes);
+  }
+  void fill(std::byte* dst, std::size_t count, DType dtype, double value) override {
+    inner_->fill(dst, count, dtype, value);
+  }
+  void zero(std::byte* dst, std::size_t bytes) override { inner_->zero(dst, bytes); }
+  void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
+            std::size_t count) override {
+    inner_->cast(dst, dst_dtype, src, src_dtype, count);
+  }
+  std::unique_ptr<Event> record() override { return inner_->record(); }
+  void synchronize() override { inner_->synchronize(); }
+
+ private:
+  void report(std::size_t bytes, Clock::time_point started) {
+    if (observer_->on_copy && bytes != 0) {
+      observer_->on_copy(device_, bytes,
+                         std::chrono::duration<double>(Clock::now() - started).count());
+    }
+  }
+
+  std::unique_ptr<Stream> inner_;
+  std::shared_ptr<const CopyObserver> observer_;
+  std::string device_;
+};
+
+class MeteredDevice final : public Device {
+ public:
+  MeteredDevice(std::shared_ptr<Device> inner, CopyObserver observer)
+      : inner_(std::move(inner)),
+        observer_(std::make_shared<const CopyObserver>(std::move(observer))) {}
+
+  std::string name() const override { return inner_->name(); }
+  void bind() override { inner_->bind(); }
+  DeviceAllocation allocate(std::size_t bytes) override { return inner_->allocate(bytes); }
+  DeviceAllocation adopt(std::byte* data, std::size_t bytes,
+                         DeviceAllocation::Release release) override {
+    return inner_->adopt(data, bytes, std::move(release));
+  }
+  PinnedAllocation allocate_pinned(std::size_t bytes) override {
+    return inner_->allocate_pinned(bytes);
+  }
+  HostRegistration register_host(void* host, std::size_t bytes) override {
+    return inner_->register_host(host, bytes);
+  }
+  std::unique_ptr<Stream> create_stream() override {
+    return std::make_unique<MeteredStream>(inner_->create_stream(), observer_, inner_->name());
+  }
+  AllocationStats stats() const override { return inner_->stats(); }
+  bool holds_data() const override { return inner_->holds_data(); }
+
+ private:
+  std::shared_ptr<Device> inner_;
+  std::shared_ptr<const CopyObserver> observer_;
+};
+
+}  // namespace
+
+std::shared_ptr<Device> metered_device(std::shared_ptr<Device> inner, CopyObserver observer) {
+  return std::make_shared<MeteredDevice>(std::move(inner), std::move(observer));
+}
+
+}  // namespace ferry::gpu

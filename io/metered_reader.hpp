@@ -1,0 +1,47 @@
+// A Reader decorator that reports what an observer (runtime metrics) wants to know:
+// how many reads are in flight, and how long each took from submit() until poll()
+// returned it. The reads themselves, their order and their errors are the inner
+// reader's, untouched.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "io/reader.hpp"
+
+namespace ferry::io {
+
+struct ReadObserver {
+  // After every submit() and every poll() that returned something.
+  std::function<void(std::size_t in_flight)> on_in_flight;
+  // Per op poll() returned: seconds since its submit(), its bytes, and whether it failed.
+  std::function<void(double seconds, std::size_t bytes, bool failed)> on_read;
+};
+
+class MeteredReader final : public Reader {
+ public:
+  MeteredReader(std::unique_ptr<Reader> inner, ReadObserver observer);
+
+  void submit(const ReadOp& op) override;
+  std::size_t poll(std::vector<Completion>& out, std::chrono::milliseconds wait) override;
+  std::size_t outstanding() const override { return inner_->outstanding(); }
+  const ReaderStats& stats() const override { return inner_->stats(); }
+  std::string name() const override { return inner_->name(); }
+
+ private:
+  struct Pending {
+    std::chrono::steady_clock::time_point submitted;
+    std::size_t bytes = 0;
+  };
+  std::unique_ptr<Reader> inner_;
+  ReadObserver observer_;
+  std::unordered_map<std::uint64_t, Pending> pending_;  // by tag
+};
+
+}  // namespace ferry::io
