@@ -17,33 +17,46 @@ class MeteredStream final : public Stream {
   void copy_h2d(std::byte* dst, const std::byte* src_host, std::size_t bytes) override {
     const Clock::time_point t = Clock::now();
     inner_->copy_h2d(dst, src_host, bytes);
-    report(bytes, t);
+    report("copy", bytes, t);
   }
   void copy_h2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src_host,
                    std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) override {
     const Clock::time_point t = Clock::now();
     inner_->copy_h2d_2d(dst, dst_pitch, src_host, src_pitch, width_bytes, rows);
-    report(width_bytes * rows, t);
+    report("copy", width_bytes * rows, t);
   }
   void copy_d2h(std::byte* dst_host, const std::byte* src, std::size_t bytes) override {
     inner_->copy_d2h(dst_host, src, bytes);
   }
   void fill(std::byte* dst, std::size_t count, DType dtype, double value) override {
+    const Clock::time_point t = Clock::now();
     inner_->fill(dst, count, dtype, value);
+    report("fill", count * dtype_size(dtype), t);
   }
-  void zero(std::byte* dst, std::size_t bytes) override { inner_->zero(dst, bytes); }
+  void zero(std::byte* dst, std::size_t bytes) override {
+    const Clock::time_point t = Clock::now();
+    inner_->zero(dst, bytes);
+    report("zero", bytes, t);
+  }
   void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
             std::size_t count) override {
+    const Clock::time_point t = Clock::now();
     inner_->cast(dst, dst_dtype, src, src_dtype, count);
+    report("cast", count * dtype_size(dst_dtype), t);
   }
   std::unique_ptr<Event> record() override { return inner_->record(); }
   void synchronize() override { inner_->synchronize(); }
 
  private:
-  void report(std::size_t bytes, Clock::time_point started) {
-    if (observer_->on_copy && bytes != 0) {
-      observer_->on_copy(device_, bytes,
-                         std::chrono::duration<double>(Clock::now() - started).count());
+  void report(std::string_view op, std::size_t bytes, Clock::time_point began) {
+    if (observer_->on_op && bytes != 0) {
+      DeviceOp o;
+      o.device = &device_;
+      o.op = op;
+      o.bytes = bytes;
+      o.begin = began;
+      o.end = Clock::now();
+      observer_->on_op(o);
     }
   }
 

@@ -1,22 +1,32 @@
-// A Device decorator that tells an observer (runtime metrics) about every
-// host-to-device copy its streams make: bytes and the time the call took. On the
-// host backend the call is the copy; on CUDA it is the enqueue (and, for pageable
+// A Device decorator that tells an observer (runtime metrics and trace) about every
+// stream operation that writes device memory: host-to-device copies, casts, fills
+// and zero fills, with bytes and when the call began and returned. On the host
+// backend the call is the work; on CUDA it is the enqueue (and, for pageable
 // memory, the staging the driver does before returning). Everything else forwards
 // to the inner device unchanged.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "gpu/device.hpp"
 
 namespace ferry::gpu {
 
+struct DeviceOp {
+  const std::string* device = nullptr;  // the device's name
+  std::string_view op;                  // "copy" (copy_h2d, copy_h2d_2d), "cast", "fill", "zero"
+  std::size_t bytes = 0;                // bytes written to the device
+  std::chrono::steady_clock::time_point begin, end;
+  double seconds() const { return std::chrono::duration<double>(end - begin).count(); }
+};
+
 struct CopyObserver {
-  // Per copy_h2d / copy_h2d_2d call: the device's name, bytes written, seconds.
-  std::function<void(const std::string& device, std::size_t bytes, double seconds)> on_copy;
+  std::function<void(const DeviceOp& op)> on_op;  // after each call returned
 };
 
 // `inner` must not be null.

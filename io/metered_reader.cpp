@@ -10,7 +10,7 @@ MeteredReader::MeteredReader(std::unique_ptr<Reader> inner, ReadObserver observe
 void MeteredReader::submit(const ReadOp& op) {
   const auto now = std::chrono::steady_clock::now();
   inner_->submit(op);  // a throw leaves nothing pending
-  pending_[op.tag] = Pending{now, op.nbytes};
+  pending_[op.tag] = Pending{now, op};
   if (observer_.on_in_flight) {
     observer_.on_in_flight(inner_->outstanding());
   }
@@ -29,8 +29,7 @@ std::size_t MeteredReader::poll(std::vector<Completion>& out, std::chrono::milli
       continue;  // not submitted through this decorator
     }
     if (observer_.on_read) {
-      observer_.on_read(std::chrono::duration<double>(now - it->second.submitted).count(),
-                        it->second.bytes, out[i].error != nullptr);
+      observer_.on_read(it->second.op, it->second.submitted, now, out[i].error != nullptr);
     }
     pending_.erase(it);
   }

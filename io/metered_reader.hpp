@@ -20,8 +20,11 @@ namespace ferry::io {
 struct ReadObserver {
   // After every submit() and every poll() that returned something.
   std::function<void(std::size_t in_flight)> on_in_flight;
-  // Per op poll() returned: seconds since its submit(), its bytes, and whether it failed.
-  std::function<void(double seconds, std::size_t bytes, bool failed)> on_read;
+  // Per op poll() returned: when it was submitted and returned, its file and
+  // bytes, and whether it failed.
+  std::function<void(const ReadOp& op, std::chrono::steady_clock::time_point submitted,
+                     std::chrono::steady_clock::time_point completed, bool failed)>
+      on_read;
 };
 
 class MeteredReader final : public Reader {
@@ -37,7 +40,7 @@ class MeteredReader final : public Reader {
  private:
   struct Pending {
     std::chrono::steady_clock::time_point submitted;
-    std::size_t bytes = 0;
+    ReadOp op;
   };
   std::unique_ptr<Reader> inner_;
   ReadObserver observer_;

@@ -734,6 +734,8 @@ LoadConfig ConfigBuilder::build() const {
     }
   }
 
+  c.trace.path = f.get_string("trace.path", d.trace.path);
+
   // startup
   {
     std::string text = f.get_string("startup.mode", std::string(to_string(d.startup.mode)));
@@ -836,6 +838,7 @@ nlohmann::json to_json(const LoadConfig& c) {
        }},
       {"host", {{"bandwidth_gbps", c.host.bandwidth_gbps}}},
       {"metrics", {{"listen", c.metrics.listen}, {"textfile", c.metrics.textfile}}},
+      {"trace", {{"path", c.trace.path}}},
       {"startup", {{"mode", to_string(c.startup.mode)}}},
   };
 }

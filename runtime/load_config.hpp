@@ -119,6 +119,13 @@ struct MetricsConfig {
   bool operator==(const MetricsConfig&) const = default;
 };
 
+struct TraceConfig {
+  // Write a Chrome trace-event JSON of each load here (Perfetto, chrome://tracing):
+  // reads, copies, casts, hooks and phases on lanes; "" = none.
+  std::string path;
+  bool operator==(const TraceConfig&) const = default;
+};
+
 // How Runtime::prepare()/commit() start a model (runtime/runtime.hpp). load() and
 // start() ignore it: they are always one serial pass.
 enum class StartupMode {
@@ -149,6 +156,7 @@ struct LoadConfig {
   LoadOptions load;
   HostConfig host;
   MetricsConfig metrics;
+  TraceConfig trace;
   StartupConfig startup;
   bool operator==(const LoadConfig&) const = default;
 };

@@ -122,9 +122,10 @@ io::ReadObserver LoadMetrics::read_observer() {
   prometheus::Gauge* in_flight = &reader_in_flight_.Add({});
   prometheus::Histogram* latency = &read_seconds_.Add({}, latency_buckets());
   o.on_in_flight = [in_flight](std::size_t n) { in_flight->Set(static_cast<double>(n)); };
-  o.on_read = [latency](double seconds, std::size_t, bool failed) {
+  o.on_read = [latency](const io::ReadOp&, std::chrono::steady_clock::time_point submitted,
+                        std::chrono::steady_clock::time_point completed, bool failed) {
     if (!failed) {
-      latency->Observe(seconds);
+      latency->Observe(std::chrono::duration<double>(completed - submitted).count());
     }
   };
   return o;
@@ -132,9 +133,11 @@ io::ReadObserver LoadMetrics::read_observer() {
 
 gpu::CopyObserver LoadMetrics::copy_observer() {
   gpu::CopyObserver o;
-  o.on_copy = [this](const std::string& device, std::size_t bytes, double seconds) {
-    bytes_copied_.Add({{"device", device}}).Increment(static_cast<double>(bytes));
-    copy_seconds_.Add({{"device", device}}, latency_buckets()).Observe(seconds);
+  o.on_op = [this](const gpu::DeviceOp& op) {
+    if (op.op == "copy") {
+      bytes_copied_.Add({{"device", *op.device}}).Increment(static_cast<double>(op.bytes));
+      copy_seconds_.Add({{"device", *op.device}}, latency_buckets()).Observe(op.seconds());
+    }
   };
   return o;
 }

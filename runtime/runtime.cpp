@@ -31,6 +31,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "actors/pipeline.hpp"
 #include "actors/plan.hpp"
@@ -51,6 +52,7 @@
 #include "runtime/metrics.hpp"
 #include "runtime/plan_report.hpp"
 #include "runtime/prometheus.hpp"
+#include "runtime/trace.hpp"
 #include "runtime/runtime_internal.hpp"
 
 namespace ferry::runtime {
@@ -669,7 +671,13 @@ struct LoadWork {
   Clock::time_point resolved_at, planned_at, allocated_at;
 
   std::shared_ptr<LoadMetrics> metrics;  // null: none
+  std::shared_ptr<TraceRecorder> trace;  // trace.path; null: none
+  // Phases for the trace's runtime lane: (name, begin, end).
+  std::vector<std::tuple<std::string, Clock::time_point, Clock::time_point>> spans;
 
+  void span(std::string name, Clock::time_point b, Clock::time_point e) {
+    spans.emplace_back(std::move(name), b, e);
+  }
   // prepare()/commit() only.
   StartupMode mode = StartupMode::kSerial;  // after admission
   std::shared_ptr<LoadedModel> loaded;      // what prepare() handed over
@@ -697,6 +705,21 @@ struct Runtime::Impl {
   std::optional<Error> metrics_error;            // the endpoint could not be opened
 
   void start_metrics();
+  // Adds the work's phases to its trace and writes it to trace.path (a failure
+  // only warns). Never throws.
+  void write_trace(LoadWork& w) noexcept;
+  // Writes the trace when the scope ends, unless disarmed (a prepare() that
+  // succeeded: its commit() writes the whole startup).
+  struct TraceOnExit {
+    Impl& impl;
+    LoadWork& work;
+    bool armed = true;
+    ~TraceOnExit() {
+      if (armed) {
+        impl.write_trace(work);
+      }
+    }
+  };
   std::shared_ptr<LoadMetrics> current_metrics() const {
     std::lock_guard lock(mu);
     return metrics;
@@ -986,6 +1009,9 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   if (metrics_error) {
     throw *metrics_error;
   }
+  if (!c.trace.path.empty() && !w.trace) {
+    w.trace = std::make_shared<TraceRecorder>();
+  }
 
   // ---- resolve
   handle.phase.store(LoadPhase::kResolve);
@@ -995,6 +1021,7 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   report.warnings = w.resolved.warnings;
   handle.check_cancel();
   w.resolved_at = Clock::now();
+  w.span("resolve", w.begin, w.resolved_at);
 
   // ---- plan
   handle.phase.store(LoadPhase::kPlan);
@@ -1005,6 +1032,9 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
     if (!w.model) {
       throw Error(Stage::kConfig, "", "", "RuntimeHooks::wrap_model returned no model");
     }
+  }
+  if (w.trace) {
+    w.model = w.trace->time_hooks(w.model);
   }
   for (const std::string& note : w.model->notes()) {
     log::warn(note);
@@ -1029,6 +1059,7 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   }
   handle.check_cancel();
   w.planned_at = Clock::now();
+  w.span("plan", w.resolved_at, w.planned_at);
 }
 
 void Runtime::Impl::make_devices(LoadWork& w) {
@@ -1053,9 +1084,12 @@ void Runtime::Impl::make_devices(LoadWork& w) {
     }
   }
   w.metrics = current_metrics();
-  if (w.metrics) {
-    for (auto& d : state.devices) {
+  for (auto& d : state.devices) {
+    if (w.metrics) {
       d = gpu::metered_device(d, w.metrics->copy_observer());
+    }
+    if (w.trace) {
+      d = gpu::metered_device(d, w.trace->copy_observer());
     }
   }
 }
@@ -1092,6 +1126,7 @@ void Runtime::Impl::allocate(LoadWork& w, LoadHandle::State& handle) {
   }
   handle.check_cancel();
   w.allocated_at = Clock::now();
+  w.span("allocate", w.planned_at, w.allocated_at);
 }
 
 std::byte* Runtime::Impl::reallocate(LoadWork& w, std::size_t rank, std::size_t param) {
@@ -1157,12 +1192,21 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   input.reallocate = [this, &w](std::size_t rank, std::size_t param) {
     return reallocate(w, rank, param);
   };
+  std::vector<io::ReadObserver> readers;
   if (w.metrics) {
-    input.wrap_reader = [observer = w.metrics->read_observer()](
-                            std::unique_ptr<io::Reader> reader) -> std::unique_ptr<io::Reader> {
-      return std::make_unique<io::MeteredReader>(std::move(reader), observer);
-    };
+    readers.push_back(w.metrics->read_observer());
     input.on_staging = w.metrics->staging_observer();
+  }
+  if (w.trace) {
+    readers.push_back(w.trace->read_observer());
+  }
+  if (!readers.empty()) {
+    input.wrap_reader = [readers](std::unique_ptr<io::Reader> reader) {
+      for (const io::ReadObserver& o : readers) {
+        reader = std::make_unique<io::MeteredReader>(std::move(reader), o);
+      }
+      return reader;
+    };
   }
   actors::PipelineResult streamed = actors::run_pipeline(input);
   report.bytes_read = w.resolved.index.header_bytes_read + streamed.bytes_read;
@@ -1199,6 +1243,8 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
                     " parameter(s) not completely written: " + join_names(short_params, 20));
   }
   const Clock::time_point t_verified = Clock::now();
+  w.span("stream", t_begin, t_streamed);
+  w.span("verify", t_streamed, t_verified);
 
   report.phases.resolve = seconds_between(w.begin, w.resolved_at);
   report.phases.plan = seconds_between(w.resolved_at, w.planned_at);
@@ -1222,8 +1268,24 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   report.peak_rss_bytes = peak_rss_bytes();
 }
 
+void Runtime::Impl::write_trace(LoadWork& w) noexcept {
+  if (!w.trace) {
+    return;
+  }
+  try {
+    for (auto& [name, begin, end] : w.spans) {
+      w.trace->complete("runtime", name, begin, end);
+    }
+    w.spans.clear();
+    w.trace->write(config.trace.path);
+  } catch (const std::exception& e) {
+    log::warn(std::string("trace: ") + e.what());
+  }
+}
+
 LoadResult Runtime::Impl::load(LoadHandle::State& handle) {
   LoadWork w;
+  TraceOnExit trace{*this, w};
   resolve_and_plan(w, handle);
   make_devices(w);
   allocate(w, handle);
@@ -1449,6 +1511,7 @@ void Runtime::Impl::fill_sentinel(LoadWork& w, LoadHandle::State& handle) {
 }
 
 LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
+  TraceOnExit trace{*this, w};
   resolve_and_plan(w, handle);
   make_devices(w);
   LoadReport& report = w.report;
@@ -1484,6 +1547,7 @@ LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
     fill_sentinel(w, handle);
     w.state->manifest = record_manifest(*w.state);
     report.startup.sentinel = seconds_between(t_sentinel, Clock::now());
+    w.span("sentinel", t_sentinel, Clock::now());
     // Warm the page cache while the engine captures: whole planned files, in plan
     // order (commit() stops it).
     std::vector<bool> planned(w.resolved.index.files.size(), false);
@@ -1507,6 +1571,7 @@ LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
   report.startup.prepare = seconds_between(w.begin, w.prepared_at);
   w.state->report = report;
   w.loaded = std::make_shared<LoadedModel>(w.state);
+  trace.armed = false;  // commit() writes the whole startup
   LoadResult result;
   result.model = w.loaded;
   return result;
@@ -1542,9 +1607,11 @@ void Runtime::Impl::verify_startup(LoadWork& w) {
 }
 
 LoadResult Runtime::Impl::commit(LoadWork& w, LoadHandle::State& handle) {
+  TraceOnExit trace{*this, w};
   const Clock::time_point t_commit = Clock::now();
   LoadReport& report = w.report;
   report.startup.capture = seconds_between(w.prepared_at, t_commit);
+  w.span("capture (engine)", w.prepared_at, t_commit);
   if (w.mode == StartupMode::kOverlap) {
     // Stop the prefetch: a bounded wait, and its failures only warn.
     constexpr std::chrono::milliseconds kPrefetchStop{2000};
@@ -1556,6 +1623,7 @@ LoadResult Runtime::Impl::commit(LoadWork& w, LoadHandle::State& handle) {
       report.warnings.push_back(f);
     }
     report.startup.bytes_prefetched = w.prefetcher->bytes_prefetched();
+    w.span("prefetch (capture)", w.prepared_at, Clock::now());
     report.bytes_prefetched = report.startup.bytes_prefetched;
     w.prefetcher.reset();
     for (const FileStamp& before : w.stamps) {

@@ -54,6 +54,8 @@ constexpr ConfigFlag kLoadFlags[] = {
     {"--dump-dir", "load.dump_dir", ConfigFlag::Kind::kText, "DIR",
      "write each local rank's parameters to DIR/rank-<r>.safetensors"},
     {"--report", "load.report", ConfigFlag::Kind::kText, "FILE", "write the load report as JSON"},
+    {"--trace", "trace.path", ConfigFlag::Kind::kText, "FILE",
+     "write a Chrome trace of the load (open it in Perfetto or chrome://tracing)"},
     {"--startup", "startup.mode", ConfigFlag::Kind::kText, "MODE",
      "boot as an engine does: prepare(), a stand-in capture (--capture-seconds), commit(); "
      "serial | overlap | auto"},

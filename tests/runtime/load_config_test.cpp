@@ -595,6 +595,7 @@ LoadConfig every_field_changed() {
   c.host.bandwidth_gbps = 12.3;
   c.metrics.listen = "0.0.0.0:9400";
   c.metrics.textfile = "/tmp/metrics.prom";
+  c.trace.path = "/tmp/trace.json";
   c.startup.mode = StartupMode::kAuto;
   return c;
 }

@@ -1,0 +1,161 @@
+#include "runtime/trace.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <utility>
+
+#include "common/error.hpp"
+
+namespace ferry::runtime {
+namespace {
+
+// A Model whose hooks' runs report their time; everything else is the base's.
+class TimedHooks final : public models::Model {
+ public:
+  TimedHooks(std::shared_ptr<const models::Model> base, TraceRecorder* trace)
+      : base_(std::move(base)) {
+    hooks_ = base_->hooks();
+    for (models::PostLoadHook& h : hooks_) {
+      h.run = [run = std::move(h.run), trace, name = h.name,
+               lane = "hooks rank " + std::to_string(h.local_rank)](models::HookContext& ctx) {
+        const auto begin = TraceRecorder::Clock::now();
+        run(ctx);
+        trace->complete(lane, name, begin, TraceRecorder::Clock::now());
+      };
+    }
+  }
+  std::string family() const override { return base_->family(); }
+  const models::ParallelLayout& layout() const override { return base_->layout(); }
+  const std::vector<models::RankShell>& shells() const override { return base_->shells(); }
+  models::Route route(const io::TensorInfo& tensor) const override {
+    return base_->route(tensor);
+  }
+  std::vector<models::Piece> fill_pieces() const override { return base_->fill_pieces(); }
+  std::vector<models::PostLoadHook> hooks() const override { return hooks_; }
+  std::vector<std::string> notes() const override { return base_->notes(); }
+
+ private:
+  std::shared_ptr<const models::Model> base_;
+  std::vector<models::PostLoadHook> hooks_;
+};
+
+}  // namespace
+
+TraceRecorder::TraceRecorder() : t0_(Clock::now()) {}
+
+void TraceRecorder::complete(const std::string& group, std::string name, Clock::time_point begin,
+                             Clock::time_point end, nlohmann::json args) {
+  std::lock_guard lock(mu_);
+  if (events_.size() >= kMaxEvents) {
+    ++dropped_;
+    return;
+  }
+  // The group's lanes are "group", "group #2", ...: the first free at `begin`.
+  int lane = -1;
+  int copies = 0;
+  for (std::size_t i = 0; i < lanes_.size(); ++i) {
+    const std::string& n = lanes_[i].name;
+    if (n == group || n.rfind(group + " #", 0) == 0) {
+      ++copies;
+      if (lanes_[i].end <= begin) {
+        lane = static_cast<int>(i);
+        break;
+      }
+    }
+  }
+  if (lane < 0) {
+    lanes_.push_back({copies == 0 ? group : group + " #" + std::to_string(copies + 1), end});
+    lane = static_cast<int>(lanes_.size()) - 1;
+  }
+  lanes_[static_cast<std::size_t>(lane)].end = end;
+  Event e;
+  e.name = std::move(name);
+  e.lane = lane;
+  e.ts_us = std::chrono::duration<double, std::micro>(begin - t0_).count();
+  e.dur_us = std::chrono::duration<double, std::micro>(end - begin).count();
+  e.args = std::move(args);
+  events_.push_back(std::move(e));
+}
+
+io::ReadObserver TraceRecorder::read_observer() {
+  io::ReadObserver o;
+  o.on_read = [this](const io::ReadOp& op, Clock::time_point submitted,
+                     Clock::time_point completed, bool failed) {
+    nlohmann::json args = {{"file", op.file != nullptr ? op.file->display() : ""},
+                           {"offset", op.offset},
+                           {"bytes", op.nbytes}};
+    if (failed) {
+      args["failed"] = true;
+    }
+    complete("read", "read", submitted, completed, std::move(args));
+  };
+  return o;
+}
+
+gpu::CopyObserver TraceRecorder::copy_observer() {
+  gpu::CopyObserver o;
+  o.on_op = [this](const gpu::DeviceOp& op) {
+    complete(*op.device, std::string(op.op), op.begin, op.end, {{"bytes", op.bytes}});
+  };
+  return o;
+}
+
+std::shared_ptr<const models::Model> TraceRecorder::time_hooks(
+    std::shared_ptr<const models::Model> model) {
+  return std::make_shared<TimedHooks>(std::move(model), this);
+}
+
+nlohmann::json TraceRecorder::to_json() const {
+  std::lock_guard lock(mu_);
+  nlohmann::json events = nlohmann::json::array();
+  for (std::size_t i = 0; i < lanes_.size(); ++i) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", i + 1},
+                      {"args", {{"name", lanes_[i].name}}}});
+    events.push_back({{"name", "thread_sort_index"},
+                      {"ph", "M"},
+                      {"pid", 1},
+                      {"tid", i + 1},
+                      {"args", {{"sort_index", i}}}});
+  }
+  std::vector<const Event*> sorted;
+  for (const Event& e : events_) {
+    sorted.push_back(&e);
+  }
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [](const Event* a, const Event* b) { return a->ts_us < b->ts_us; });
+  for (const Event* e : sorted) {
+    events.push_back({{"name", e->name},
+                      {"ph", "X"},
+                      {"pid", 1},
+                      {"tid", e->lane + 1},
+                      {"ts", e->ts_us},
+                      {"dur", e->dur_us},
+                      {"args", e->args}});
+  }
+  return {{"traceEvents", events},
+          {"displayTimeUnit", "ms"},
+          {"otherData", {{"producer", "ferry"}, {"ferry_dropped_events", dropped_}}}};
+}
+
+void TraceRecorder::write(const std::string& path) const {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << to_json().dump() << "\n";
+    out.flush();
+    if (!out) {
+      std::remove(tmp.c_str());
+      throw Error(Stage::kConfig, path, "", "trace.path: cannot write " + tmp);
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    throw Error(Stage::kConfig, path, "", "trace.path: cannot rename " + tmp + " into place");
+  }
+}
+
+}  // namespace ferry::runtime
