@@ -27,6 +27,7 @@
 #include "runtime/runtime.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
+#include "tools/progress.hpp"
 
 namespace ferry::tools {
 namespace {
@@ -63,8 +64,9 @@ constexpr ConfigFlag kLoadFlags[] = {
 
 // prepare(), then a stand-in capture of `capture_seconds` (cut short when Ctrl-C
 // cancels the prepared startup), then commit().
-runtime::LoadResult boot(runtime::Runtime& rt, double capture_seconds) {
-  runtime::LoadResult prepared = rt.prepare().wait();
+runtime::LoadResult boot(runtime::Runtime& rt, double capture_seconds,
+                         const runtime::LoadCallbacks& callbacks) {
+  runtime::LoadResult prepared = rt.prepare(callbacks).wait();
   if (!prepared) {
     return prepared;
   }
@@ -74,7 +76,7 @@ runtime::LoadResult boot(runtime::Runtime& rt, double capture_seconds) {
          rt.state() == runtime::RuntimeState::kPrepared) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  return rt.commit().wait();
+  return rt.commit(callbacks).wait();
 }
 
 }  // namespace
@@ -89,6 +91,8 @@ int cmd_load(const Args& args) {
                      "with --startup: how long the stand-in graph capture between prepare() and "
                      "commit() lasts (default 0)")
           ->check(CLI::Range(0.0, 86400.0));
+  bool quiet = false;
+  app.add_flag("--quiet", quiet, "no progress on standard error");
   if (std::optional<int> status = parse_verb(app, args)) {
     return *status;
   }
@@ -108,7 +112,11 @@ int cmd_load(const Args& args) {
   sigemptyset(&action.sa_mask);
   g_running.store(&rt);
   sigaction(SIGINT, &action, &previous);
-  runtime::LoadResult result = startup ? boot(rt, capture_seconds) : rt.load();
+  ProgressPrinter progress(stderr, isatty(fileno(stderr)) != 0);
+  const runtime::LoadCallbacks callbacks = quiet ? runtime::LoadCallbacks{} : progress.callbacks();
+  runtime::LoadResult result =
+      startup ? boot(rt, capture_seconds, callbacks) : rt.start(callbacks).wait();
+  progress.finish();
   sigaction(SIGINT, &previous, nullptr);
   g_running.store(nullptr);
   if (!result) {
