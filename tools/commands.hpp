@@ -24,6 +24,7 @@ int cmd_demo(const Args& args);      // tools/cmd_demo.cpp
 int cmd_load(const Args& args);      // tools/cmd_load.cpp
 int cmd_plan(const Args& args);      // tools/cmd_plan.cpp
 int cmd_selftest(const Args& args);  // tools/cmd_selftest.cpp
+int cmd_bench(const Args& args);     // tools/cmd_bench.cpp
 
 // ---- configuration flags shared by `ferry load` and `ferry plan` (tools/cli.cpp)
 
