@@ -2,10 +2,10 @@
 
 #include <prometheus/text_serializer.h>
 
-#include <cstdio>
-#include <fstream>
 #include <utility>
 #include <vector>
+
+#include "common/format.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -153,8 +153,8 @@ void LoadMetrics::record_load(const LoadReport& r, const std::string& model) {
       r.startup_mode == "load" ? r.seconds : r.startup.time_to_ready;  // start .. ready
   load_seconds_.Add(labels).Set(total);
   const std::vector<std::pair<const char*, double>> phases = {
-      {"resolve", r.phases.resolve},   {"plan", r.phases.plan},
-      {"allocate", r.phases.allocate}, {"stream", r.phases.stream},
+      {"resolve", r.phases.resolve},         {"plan", r.phases.plan},
+      {"allocate", r.phases.allocate},       {"stream", r.phases.stream},
       {"postprocess", r.phases.postprocess}, {"verify", r.phases.verify}};
   double sum = 0;
   for (const auto& [phase, seconds] : phases) {
@@ -194,20 +194,7 @@ std::string LoadMetrics::text() const {
 }
 
 void LoadMetrics::write_textfile(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text();
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Error(Stage::kConfig, path, "", "metrics.textfile: cannot write " + tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(Stage::kConfig, path, "", "metrics.textfile: cannot rename " + tmp + " into place");
-  }
+  write_file_replacing(path, text(), "metrics.textfile");
 }
 
 }  // namespace ferry::runtime

@@ -7,16 +7,6 @@
 #include "runtime/runtime.hpp"
 
 namespace ferry::runtime {
-namespace {
-
-std::string fixed(double v, int digits) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
-}  // namespace
-
 nlohmann::json LoadReport::to_json() const {
   nlohmann::json refusals = nlohmann::json::array();
   for (const StartupRefusal& r : startup_refusals) {

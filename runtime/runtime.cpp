@@ -14,10 +14,9 @@
 // frees the device memory; on success it becomes the LoadedModel.
 #include "runtime/runtime.hpp"
 
+#include <prometheus/exposer.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-
-#include <prometheus/exposer.h>
 
 #include <algorithm>
 #include <atomic>
@@ -52,8 +51,8 @@
 #include "runtime/metrics.hpp"
 #include "runtime/plan_report.hpp"
 #include "runtime/prometheus.hpp"
-#include "runtime/trace.hpp"
 #include "runtime/runtime_internal.hpp"
+#include "runtime/trace.hpp"
 
 namespace ferry::runtime {
 

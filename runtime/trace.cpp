@@ -1,11 +1,9 @@
 #include "runtime/trace.hpp"
 
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 #include <utility>
 
-#include "common/error.hpp"
+#include "common/format.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -28,9 +26,7 @@ class TimedHooks final : public models::Model {
   std::string family() const override { return base_->family(); }
   const models::ParallelLayout& layout() const override { return base_->layout(); }
   const std::vector<models::RankShell>& shells() const override { return base_->shells(); }
-  models::Route route(const io::TensorInfo& tensor) const override {
-    return base_->route(tensor);
-  }
+  models::Route route(const io::TensorInfo& tensor) const override { return base_->route(tensor); }
   std::vector<models::Piece> fill_pieces() const override { return base_->fill_pieces(); }
   std::vector<models::PostLoadHook> hooks() const override { return hooks_; }
   std::vector<std::string> notes() const override { return base_->notes(); }
@@ -80,8 +76,8 @@ void TraceRecorder::complete(const std::string& group, std::string name, Clock::
 
 io::ReadObserver TraceRecorder::read_observer() {
   io::ReadObserver o;
-  o.on_read = [this](const io::ReadOp& op, Clock::time_point submitted,
-                     Clock::time_point completed, bool failed) {
+  o.on_read = [this](const io::ReadOp& op, Clock::time_point submitted, Clock::time_point completed,
+                     bool failed) {
     nlohmann::json args = {{"file", op.file != nullptr ? op.file->display() : ""},
                            {"offset", op.offset},
                            {"bytes", op.nbytes}};
@@ -142,20 +138,7 @@ nlohmann::json TraceRecorder::to_json() const {
 }
 
 void TraceRecorder::write(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << to_json().dump() << "\n";
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Error(Stage::kConfig, path, "", "trace.path: cannot write " + tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(Stage::kConfig, path, "", "trace.path: cannot rename " + tmp + " into place");
-  }
+  write_file_replacing(path, to_json().dump() + "\n", "trace.path");
 }
 
 }  // namespace ferry::runtime

@@ -34,7 +34,8 @@ Experiment parse_experiment(const nlohmann::ordered_json& j, const std::string& 
                                                "cold",       "overlap", "peers"};
   for (const auto& [key, unused] : j.items()) {
     if (!fields.count(key)) {
-      bad(file, "unknown field '" + key + "' (fields: checkpoint, base, matrix, cold, overlap, peers)");
+      bad(file,
+          "unknown field '" + key + "' (fields: checkpoint, base, matrix, cold, overlap, peers)");
     }
   }
   Experiment e;
@@ -90,8 +91,8 @@ Experiment parse_experiment(const nlohmann::ordered_json& j, const std::string& 
     }
     for (const auto& p : j["peers"]) {
       const auto& known = known_peers();
-      if (!p.is_string() || std::find(known.begin(), known.end(), p.get<std::string>()) ==
-                                known.end()) {
+      if (!p.is_string() ||
+          std::find(known.begin(), known.end(), p.get<std::string>()) == known.end()) {
         bad(file, "peers: unknown peer " + p.dump() + " (known: cat, pread, sglang, load_file)");
       }
       e.peers.push_back(p.get<std::string>());
@@ -145,7 +146,8 @@ std::vector<Combination> expand(const Experiment& e, const std::string& model_di
       }
       runtime::LoadConfig config = b.build();
       if (config.prefetch.enabled && config.io.direct) {
-        c.skipped = "prefetch with io.direct: O_DIRECT reads bypass the page cache the prefetch warms";
+        c.skipped =
+            "prefetch with io.direct: O_DIRECT reads bypass the page cache the prefetch warms";
       } else {
         c.config = std::move(config);
       }

@@ -220,9 +220,7 @@ double median(std::vector<double> v) {
 }
 
 std::string fmt(double v, int digits = 2) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
+  return fixed(v, digits);
 }
 
 std::string xml_escape(const std::string& s) {
@@ -266,18 +264,19 @@ std::string chart(const std::vector<const Entry*>& rows, const std::string& trac
     const double med = median(e->seconds);
     const double lo = *std::min_element(e->seconds.begin(), e->seconds.end());
     const double hi = *std::max_element(e->seconds.begin(), e->seconds.end());
-    const char* colour = e->kind == "peer" ? "#999999" : e->kind == "read-alone" ? "#8fb3d9"
-                                                                                  : "#2f6db5";
+    const char* colour = e->kind == "peer"         ? "#999999"
+                         : e->kind == "read-alone" ? "#8fb3d9"
+                                                   : "#2f6db5";
     body += "<text x=\"4\" y=\"" + std::to_string(y + 13) + "\" font-size=\"12\">" +
             xml_escape(e->name) + "</text>\n";
-    body += "<rect x=\"" + std::to_string(label_w) + "\" y=\"" + std::to_string(y) +
-            "\" width=\"" + fmt(med * scale, 1) + "\" height=\"" + std::to_string(bar_h) +
-            "\" fill=\"" + colour + "\"/>\n";
+    body += "<rect x=\"" + std::to_string(label_w) + "\" y=\"" + std::to_string(y) + "\" width=\"" +
+            fmt(med * scale, 1) + "\" height=\"" + std::to_string(bar_h) + "\" fill=\"" + colour +
+            "\"/>\n";
     body += "<line x1=\"" + fmt(label_w + lo * scale, 1) + "\" x2=\"" +
-            fmt(label_w + hi * scale, 1) + "\" y1=\"" + std::to_string(y + bar_h / 2) +
-            "\" y2=\"" + std::to_string(y + bar_h / 2) + "\" stroke=\"black\"/>\n";
-    body += "<text x=\"" + fmt(label_w + med * scale + 6, 1) + "\" y=\"" +
-            std::to_string(y + 13) + "\" font-size=\"12\">" + fmt(med) + " s</text>\n";
+            fmt(label_w + hi * scale, 1) + "\" y1=\"" + std::to_string(y + bar_h / 2) + "\" y2=\"" +
+            std::to_string(y + bar_h / 2) + "\" stroke=\"black\"/>\n";
+    body += "<text x=\"" + fmt(label_w + med * scale + 6, 1) + "\" y=\"" + std::to_string(y + 13) +
+            "\" font-size=\"12\">" + fmt(med) + " s</text>\n";
     y += bar_h + gap;
   }
   // The timeline: one row per trace lane, events as rectangles.
@@ -308,9 +307,11 @@ std::string chart(const std::vector<const Entry*>& rows, const std::string& trac
         y += 16;
       }
       const double ts_scale = (width - label_w - 20) / end_us;
-      static const std::map<std::string, std::string> colours = {
-          {"read", "#2f6db5"}, {"copy", "#e08a1e"}, {"cast", "#c0392b"},
-          {"fill", "#8e44ad"}, {"zero", "#7f8c8d"}};
+      static const std::map<std::string, std::string> colours = {{"read", "#2f6db5"},
+                                                                 {"copy", "#e08a1e"},
+                                                                 {"cast", "#c0392b"},
+                                                                 {"fill", "#8e44ad"},
+                                                                 {"zero", "#7f8c8d"}};
       for (const nlohmann::json& ev : trace["traceEvents"]) {
         if (ev["ph"] != "X" || !row_y.count(ev["tid"].get<int>())) {
           continue;
@@ -463,10 +464,10 @@ int cmd_bench(const Args& args) {
         if (entry.config) {
           const std::string report = (runs / (id + ".report.json")).string();
           const std::string trace = (runs / (id + ".trace.json")).string();
-          m = run_process({exe, "load", "--config",
-                           (runs / ("config-" + std::to_string(i) + ".json")).string(), "--report",
-                           report, "--trace", trace, "--quiet"},
-                          log);
+          m = run_process(
+              {exe, "load", "--config", (runs / ("config-" + std::to_string(i) + ".json")).string(),
+               "--report", report, "--trace", trace, "--quiet"},
+              log);
           if (m.status == 0) {
             std::ifstream in(report);
             entry.reports.push_back(nlohmann::json::parse(in));
@@ -564,10 +565,14 @@ int cmd_bench(const Args& args) {
                   fmt(med).c_str(), fmt(lo).c_str(), fmt(hi).c_str(), fmt(gbps).c_str(),
                   ratio > 0 ? fmt(ratio).c_str() : "", efficiency ? fmt(*efficiency).c_str() : "",
                   human_bytes(bytes_read).c_str(), fmt(rss_med / (1 << 20), 0).c_str());
-      nlohmann::json run = {{"name", entry.name},         {"kind", entry.kind},
-                            {"seconds", entry.seconds},   {"median_s", med},
-                            {"min_s", lo},                {"max_s", hi},
-                            {"gbps", gbps},               {"bytes_read", bytes_read},
+      nlohmann::json run = {{"name", entry.name},
+                            {"kind", entry.kind},
+                            {"seconds", entry.seconds},
+                            {"median_s", med},
+                            {"min_s", lo},
+                            {"max_s", hi},
+                            {"gbps", gbps},
+                            {"bytes_read", bytes_read},
                             {"peak_rss_bytes", entry.rss}};
       if (ratio > 0) {
         run["ratio_to_best_ferry"] = ratio;
@@ -605,8 +610,7 @@ int cmd_bench(const Args& args) {
         << chart(rows, timeline,
                  fs::path(experiment_file).filename().string() + " on " +
                      fs::path(model).filename().string() + " (" + human_bytes(file_bytes) +
-                     (e.cold ? ", cold" : ", hot") + ", median of " + std::to_string(repeat) +
-                     ")");
+                     (e.cold ? ", cold" : ", hot") + ", median of " + std::to_string(repeat) + ")");
     std::printf("\nwrote %s/results.json, results.csv, chart.svg\n", out.c_str());
   } catch (const Error& err) {
     std::fprintf(stderr, "ferry bench: error: %s\n", err.what());

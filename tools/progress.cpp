@@ -5,16 +5,6 @@
 #include "common/format.hpp"
 
 namespace ferry::tools {
-namespace {
-
-std::string fixed(double v, int digits) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
-}  // namespace
-
 ProgressPrinter::ProgressPrinter(std::FILE* out, bool terminal, std::chrono::milliseconds interval)
     : out_(out), terminal_(terminal), interval_(interval) {}
 

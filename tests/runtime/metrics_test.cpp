@@ -25,8 +25,8 @@
 namespace ferry::runtime {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::Checkpoint;
+using ::testing::HasSubstr;
 using testing::make_config;
 using testing::read_file;
 using testing::synth_checkpoint;
@@ -117,8 +117,7 @@ void expect_matches_report(const Samples& s, const LoadReport& r, std::size_t de
     EXPECT_GT(sum(s, "ferry_copy_seconds_count", "device=host:" + std::to_string(d)), 0) << d;
   }
   EXPECT_EQ(sum(s, "ferry_tensors_total", "route=placed"), static_cast<double>(r.tensors.placed));
-  EXPECT_EQ(sum(s, "ferry_tensors_total", "route=dropped"),
-            static_cast<double>(r.tensors.dropped));
+  EXPECT_EQ(sum(s, "ferry_tensors_total", "route=dropped"), static_cast<double>(r.tensors.dropped));
   EXPECT_NEAR(sum(s, "ferry_load_phase_seconds"), sum(s, "ferry_load_seconds"), 1e-9);
   EXPECT_NEAR(sum(s, "ferry_load_seconds"), r.seconds, 1e-9);
   EXPECT_GT(sum(s, "ferry_read_seconds_count"), 0);
@@ -132,8 +131,8 @@ TEST(Metrics, TheTextfileAfterALoadMatchesItsReport) {
   TempDir dir;
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
   const std::string file = dir.file("ferry.prom");
-  Runtime rt(make_config(ck.dir, {"parallel.tp=4", "parallel.ranks=1,2",
-                                  "metrics.textfile=" + file}));
+  Runtime rt(
+      make_config(ck.dir, {"parallel.tp=4", "parallel.ranks=1,2", "metrics.textfile=" + file}));
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   ASSERT_TRUE(std::filesystem::exists(file));
@@ -229,8 +228,8 @@ TEST(Metrics, FailedLoadsCountByStageAndABadEndpointFailsLoadsClearly) {
   LoadResult r = second.load();
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error->stage, Stage::kConfig);
-  EXPECT_THAT(r.error->message,
-              HasSubstr("metrics.listen: cannot serve metrics on 127.0.0.1:" + std::to_string(port)));
+  EXPECT_THAT(r.error->message, HasSubstr("metrics.listen: cannot serve metrics on 127.0.0.1:" +
+                                          std::to_string(port)));
 }
 
 }  // namespace

@@ -26,7 +26,7 @@ using testing::synth_checkpoint;
 using testing::TempDir;
 
 struct Trace {
-  std::map<int, std::string> lanes;                    // tid -> name
+  std::map<int, std::string> lanes;                           // tid -> name
   std::map<std::string, std::vector<nlohmann::json>> events;  // lane name -> X events
 };
 
@@ -86,8 +86,7 @@ TEST(Trace, ALoadShowsReadsCopiesAndPhasesOnTheirLanes) {
   TempDir dir;
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
   const std::string path = dir.file("trace.json");
-  Runtime rt(make_config(ck.dir, {"parallel.tp=2", "io.chunk_bytes=64KiB",
-                                  "trace.path=" + path}));
+  Runtime rt(make_config(ck.dir, {"parallel.tp=2", "io.chunk_bytes=64KiB", "trace.path=" + path}));
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   const Trace t = read_trace(path);
@@ -137,9 +136,8 @@ TEST(Trace, HooksAndTheStartupPhasesHaveTheirOwnEvents) {
   }
   EXPECT_EQ(runs, 2 * hooks.size());
   const std::set<std::string> phases = names_on(t, "runtime");
-  for (const char* phase :
-       {"resolve", "plan", "allocate", "sentinel", "capture (engine)", "prefetch (capture)",
-        "stream", "verify"}) {
+  for (const char* phase : {"resolve", "plan", "allocate", "sentinel", "capture (engine)",
+                            "prefetch (capture)", "stream", "verify"}) {
     EXPECT_TRUE(phases.count(phase)) << phase;
   }
   EXPECT_TRUE(names_on(t, "host:0").count("fill"));  // the sentinel

@@ -2,8 +2,6 @@
 // expansion with skipped combinations, every shipped experiment building every
 // combination (a renamed key breaks this test, not the user), and a whole run
 // through the binary with its table, JSON, CSV and chart.
-#include "tools/bench_experiment.hpp"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -16,12 +14,13 @@
 #include "testing/error_of.hpp"
 #include "testing/run.hpp"
 #include "testing/temp_dir.hpp"
+#include "tools/bench_experiment.hpp"
 
 namespace ferry::tools {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::error_of;
+using ::testing::HasSubstr;
 
 Experiment parse(const std::string& text) {
   return parse_experiment(nlohmann::ordered_json::parse(text), "exp.json");
@@ -114,9 +113,8 @@ TEST(BenchCli, ARunWritesTheTableJsonCsvAndChart) {
                  "io.direct": [false, true]},
       "overlap": true, "peers": ["cat", "pread", "sglang"]})";
   const std::string out = dir.file("out");
-  testing::RunResult r = testing::run(
-      {"env", "FERRY_BENCH_PYTHON=", FERRY_BINARY, "bench", "--experiment", exp, "--repeat", "2",
-       "--out", out});
+  testing::RunResult r = testing::run({"env", "FERRY_BENCH_PYTHON=", FERRY_BINARY, "bench",
+                                       "--experiment", exp, "--repeat", "2", "--out", out});
   ASSERT_EQ(r.status, 0) << r.err << r.out;
   EXPECT_THAT(r.out, HasSubstr("skipped: io.queue_depth=2 prefetch.enabled=true io.direct=true: "
                                "prefetch with io.direct"));

@@ -17,10 +17,10 @@
 namespace ferry::tools {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::Not;
 using runtime::LoadPhase;
 using runtime::LoadProgress;
+using ::testing::HasSubstr;
+using ::testing::Not;
 using Clock = ProgressPrinter::Clock;
 using std::chrono::milliseconds;
 
