@@ -22,6 +22,7 @@
 #include "actors/plan.hpp"
 #include "common/error.hpp"
 #include "gpu/device.hpp"
+#include "io/prefetch.hpp"
 #include "io/reader.hpp"
 #include "io/safetensors.hpp"
 #include "io/staging_pool.hpp"
@@ -84,6 +85,8 @@ struct PipelineInput {
   // (io::StagingPool::observe). Empty: none.
   std::function<std::unique_ptr<io::Reader>(std::unique_ptr<io::Reader>)> wrap_reader;
   std::function<void(std::size_t in_use)> on_staging;
+  // Observes the page-cache prefetch's block reads (io::PrefetchOptions::on_block_read).
+  decltype(io::PrefetchOptions::on_block_read) on_prefetch_block;
 };
 
 struct PipelineResult {

@@ -48,6 +48,7 @@ caf::behavior prefetcher(caf::stateful_actor<PrefetcherState>* self,
   options.threads = o.prefetch_threads;
   options.block_bytes = o.prefetch_block_bytes;
   options.ahead_bytes = o.prefetch_ahead_bytes;
+  options.on_block_read = st.shared->input().on_prefetch_block;
   try {
     st.prefetcher = std::make_unique<io::Prefetcher>(std::move(files), options);
   } catch (const std::exception& e) {

@@ -323,7 +323,12 @@ void Prefetcher::run_worker() {
           if (options_.on_block) {
             options_.on_block(file, block.offset, block.len);
           }
+          const auto began = std::chrono::steady_clock::now();
           error = read_block(fd.get(), file, block.offset, block.len, buffer.get(), got);
+          if (error.empty() && options_.on_block_read) {
+            options_.on_block_read(file, block.offset, got, began,
+                                   std::chrono::steady_clock::now());
+          }
         } catch (const std::exception& e) {
           error = e.what();
         } catch (...) {

@@ -46,6 +46,12 @@ struct PrefetchOptions {
   // from several workers. It may block (a slow disk) or throw (the file fails with
   // the exception's message).
   std::function<void(const PrefetchFile& file, std::uint64_t offset, std::size_t len)> on_block;
+  // Observers (the runtime's trace): after each block read that succeeded, on its
+  // worker thread, with when the read began and ended. It must not throw.
+  std::function<void(const PrefetchFile& file, std::uint64_t offset, std::uint64_t bytes,
+                     std::chrono::steady_clock::time_point begin,
+                     std::chrono::steady_clock::time_point end)>
+      on_block_read;
 };
 
 class Prefetcher {

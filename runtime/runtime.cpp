@@ -1198,6 +1198,7 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   }
   if (w.trace) {
     readers.push_back(w.trace->read_observer());
+    input.on_prefetch_block = w.trace->prefetch_observer();
   }
   if (!readers.empty()) {
     input.wrap_reader = [readers](std::unique_ptr<io::Reader> reader) {
@@ -1564,6 +1565,9 @@ LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
     io::PrefetchOptions options;
     options.threads = config.prefetch.threads;
     options.block_bytes = config.prefetch.block_bytes;
+    if (w.trace) {
+      options.on_block_read = w.trace->prefetch_observer();
+    }
     w.prefetcher = std::make_unique<io::Prefetcher>(std::move(files), options);
   }
   w.prepared_at = Clock::now();

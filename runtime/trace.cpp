@@ -89,6 +89,16 @@ io::ReadObserver TraceRecorder::read_observer() {
   return o;
 }
 
+decltype(io::PrefetchOptions::on_block_read) TraceRecorder::prefetch_observer() {
+  return [this](const io::PrefetchFile& file, std::uint64_t offset, std::uint64_t bytes,
+                Clock::time_point begin, Clock::time_point end) {
+    complete("prefetch", "prefetch", begin, end,
+             {{"file", file.name.empty() ? file.path : file.name},
+              {"offset", offset},
+              {"bytes", bytes}});
+  };
+}
+
 gpu::CopyObserver TraceRecorder::copy_observer() {
   gpu::CopyObserver o;
   o.on_op = [this](const gpu::DeviceOp& op) {

@@ -2,7 +2,8 @@
 // chrome://tracing: complete events ("ph": "X") on one lane per device (copies,
 // casts, fills and zero fills), on read lanes (each read from submit to
 // completion; reads in flight together take parallel lanes "read #2", ...), on hook
-// lanes (each post-load hook's run, per local rank) and on the runtime lane (the
+// lanes (each post-load hook's run, per local rank), on prefetch lanes (each block
+// the page-cache prefetch read) and on the runtime lane (the
 // phases: resolve, plan, allocate, sentinel, capture, prefetch, stream, verify).
 // The events come from the same decorators as the metrics (io::MeteredReader,
 // gpu::metered_device) and from a Model wrapper that times hooks. Internal to
@@ -19,6 +20,7 @@
 
 #include "gpu/metered_device.hpp"
 #include "io/metered_reader.hpp"
+#include "io/prefetch.hpp"
 #include "models/model.hpp"
 
 namespace ferry::runtime {
@@ -38,6 +40,8 @@ class TraceRecorder {
                 Clock::time_point end, nlohmann::json args = nlohmann::json::object());
 
   io::ReadObserver read_observer();
+  // For io::PrefetchOptions::on_block_read: lanes "prefetch", "prefetch #2", ...
+  decltype(io::PrefetchOptions::on_block_read) prefetch_observer();
   gpu::CopyObserver copy_observer();
   // `model` whose hooks' runs are recorded on lane "hooks rank <local rank>".
   std::shared_ptr<const models::Model> time_hooks(std::shared_ptr<const models::Model> model);

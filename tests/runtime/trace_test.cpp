@@ -4,12 +4,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/runtime.hpp"
@@ -111,6 +113,20 @@ TEST(Trace, ALoadShowsReadsCopiesAndPhasesOnTheirLanes) {
   for (const char* phase : {"resolve", "plan", "allocate", "stream", "verify"}) {
     EXPECT_TRUE(names_on(t, "runtime").count(phase)) << phase;
   }
+  EXPECT_TRUE(names_on(t, "prefetch").empty());  // prefetch.enabled is off
+}
+
+TEST(Trace, ThePipelinesPrefetchHasItsLanes) {
+  TempDir dir;
+  Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
+  const std::string path = dir.file("trace.json");
+  Runtime rt(make_config(
+      ck.dir, {"prefetch.enabled=true", "prefetch.block_bytes=64KiB", "trace.path=" + path}));
+  LoadResult r = rt.load();
+  ASSERT_TRUE(r) << r.error->message;
+  const Trace t = read_trace(path);
+  EXPECT_EQ(bytes_of(t, "prefetch", "prefetch"), r.model->report().bytes_prefetched);
+  EXPECT_GT(r.model->report().bytes_prefetched, 0u);
 }
 
 TEST(Trace, HooksAndTheStartupPhasesHaveTheirOwnEvents) {
@@ -120,7 +136,9 @@ TEST(Trace, HooksAndTheStartupPhasesHaveTheirOwnEvents) {
   Runtime rt(make_config(ck.dir, {"startup.mode=overlap", "trace.path=" + path}));
   ASSERT_TRUE(rt.prepare().wait());
   EXPECT_FALSE(std::filesystem::exists(path));  // written once, by commit()
-  ASSERT_TRUE(rt.commit().wait());
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the "capture"
+  LoadResult ready = rt.commit().wait();
+  ASSERT_TRUE(ready);
   const Trace t = read_trace(path);
   const std::set<std::string> hooks = names_on(t, "hooks rank 0");
   ASSERT_FALSE(hooks.empty());
@@ -141,6 +159,8 @@ TEST(Trace, HooksAndTheStartupPhasesHaveTheirOwnEvents) {
     EXPECT_TRUE(phases.count(phase)) << phase;
   }
   EXPECT_TRUE(names_on(t, "host:0").count("fill"));  // the sentinel
+  // The startup prefetch's blocks, during the capture: exactly what it read.
+  EXPECT_EQ(bytes_of(t, "prefetch", "prefetch"), ready.model->report().startup.bytes_prefetched);
 }
 
 }  // namespace
