@@ -4,6 +4,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -121,9 +122,20 @@ TEST(Trace, ThePipelinesPrefetchHasItsLanes) {
   TempDir dir;
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
   const std::string path = dir.file("trace.json");
-  Runtime rt(make_config(
-      ck.dir, {"prefetch.enabled=true", "prefetch.block_bytes=64KiB", "trace.path=" + path}));
+  // Slow copies keep the load running for a while (0.1 s or more), so that the
+  // prefetch, which stops when the load ends, has time to read ahead even on a busy
+  // machine.
+  RuntimeHooks hooks;
+  std::atomic<int> copies{0};
+  hooks.before_copy = [&copies](std::size_t, const std::string&) {
+    ++copies;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  };
+  Runtime rt(make_config(ck.dir, {"prefetch.enabled=true", "prefetch.block_bytes=64KiB",
+                                  "io.chunk_bytes=64KiB", "trace.path=" + path}),
+             hooks);
   LoadResult r = rt.load();
+  EXPECT_GE(copies.load(), 10);
   ASSERT_TRUE(r) << r.error->message;
   const Trace t = read_trace(path);
   EXPECT_EQ(bytes_of(t, "prefetch", "prefetch"), r.model->report().bytes_prefetched);
