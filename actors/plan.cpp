@@ -354,4 +354,22 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
   return plan;
 }
 
+std::vector<io::PrefetchFile> planned_prefetch_files(const Plan& plan,
+                                                     const io::CheckpointIndex& index) {
+  std::vector<io::PrefetchFile> out;
+  for (const io::CheckpointFile& f : index.files) {
+    out.push_back(io::PrefetchFile{f.path, f.name, f.size,
+                                   std::vector<std::pair<std::uint64_t, std::uint64_t>>{}});
+  }
+  for (const Span& span : plan.spans) {  // sorted by file, then begin
+    auto& ranges = *out.at(span.file).ranges;
+    if (!ranges.empty() && span.begin <= ranges.back().second) {
+      ranges.back().second = std::max(ranges.back().second, span.end);
+    } else if (span.end > span.begin) {
+      ranges.emplace_back(span.begin, span.end);
+    }
+  }
+  return out;
+}
+
 }  // namespace ferry::actors

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "io/prefetch.hpp"
 #include "io/safetensors.hpp"
 #include "models/model.hpp"
 
@@ -182,5 +183,11 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
 void clip_piece(const models::Piece& piece, std::uint64_t tensor_offset,
                 std::uint64_t window_offset, std::uint64_t window_nbytes, std::uint32_t tensor,
                 std::vector<Fragment>& out);
+
+// What a page-cache prefetch of `plan` reads: every file of the index, in order (so
+// that plan byte positions agree with the reader's), each with its planned spans
+// merged into ranges (adjacent ones joined); a file the plan does not read has none.
+std::vector<io::PrefetchFile> planned_prefetch_files(const Plan& plan,
+                                                     const io::CheckpointIndex& index);
 
 }  // namespace ferry::actors

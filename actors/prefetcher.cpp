@@ -40,10 +40,10 @@ caf::behavior prefetcher(caf::stateful_actor<PrefetcherState>* self,
   auto& st = self->state;
   st.shared = std::move(shared);
   const PipelineOptions& o = st.shared->input().options;
-  std::vector<io::PrefetchFile> files;
-  for (const io::CheckpointFile& f : st.shared->index().files) {
-    files.push_back({f.path, f.name, f.size});
-  }
+  // Only the planned ranges, never whole files (what the ranks do not read is not
+  // warmed either).
+  std::vector<io::PrefetchFile> files =
+      planned_prefetch_files(st.shared->plan(), st.shared->index());
   io::PrefetchOptions options;
   options.threads = o.prefetch_threads;
   options.block_bytes = o.prefetch_block_bytes;

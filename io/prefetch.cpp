@@ -108,7 +108,21 @@ Prefetcher::Prefetcher(std::vector<PrefetchFile> files, PrefetchOptions options)
   files_.reserve(files.size());
   std::uint64_t blocks = 0;
   for (PrefetchFile& f : files) {
-    blocks += (f.size + options_.block_bytes - 1) / options_.block_bytes;
+    if (!f.ranges) {
+      f.ranges.emplace();
+      if (f.size > 0) {
+        f.ranges->emplace_back(0, f.size);
+      }
+    }
+    std::uint64_t last_end = 0;
+    for (const auto& [begin, end] : *f.ranges) {
+      if (begin < last_end || end <= begin || end > f.size) {
+        throw Error(Stage::kConfig, display_name(f), "",
+                    "prefetch ranges must be sorted, disjoint, non-empty and inside the file");
+      }
+      last_end = end;
+      blocks += (end - begin + options_.block_bytes - 1) / options_.block_bytes;
+    }
     FileState state;
     state.plan_offset = total_bytes_;
     total_bytes_ += f.size;
@@ -222,15 +236,35 @@ bool Prefetcher::next_block(std::unique_lock<std::mutex>& lock, Block& block) {
     if (cancelled_) {
       return false;
     }
-    // Skip finished and empty files (failed ones were skipped by fail_file).
-    while (next_file_ < files_.size() && next_offset_ >= files_[next_file_].file.size) {
-      ++next_file_;
-      next_offset_ = 0;
-    }
     if (next_file_ == files_.size()) {
       return false;
     }
     const FileState& f = files_[next_file_];
+    const auto& ranges = *f.file.ranges;
+    // Past this file's last range: the rest of the file is not planned.
+    if (next_range_ >= ranges.size()) {
+      finish_range(f.plan_offset + next_offset_, f.plan_offset + f.file.size);
+      ++next_file_;
+      next_range_ = 0;
+      next_offset_ = 0;
+      continue;
+    }
+    const auto [range_begin, range_end] = ranges[next_range_];
+    if (next_offset_ < range_begin) {  // a gap between ranges: nothing to read
+      finish_range(f.plan_offset + next_offset_, f.plan_offset + range_begin);
+      next_offset_ = range_begin;
+    }
+    if (next_offset_ >= range_end) {
+      ++next_range_;
+      continue;
+    }
+    // The reader has passed this point: skip forward to it.
+    if (consumer_ > f.plan_offset + next_offset_) {
+      const std::uint64_t to = std::min(consumer_ - f.plan_offset, range_end);
+      finish_range(f.plan_offset + next_offset_, f.plan_offset + to);
+      next_offset_ = to;
+      continue;
+    }
     const std::uint64_t start = f.plan_offset + next_offset_;
     // Written as a difference so a huge ahead_bytes cannot overflow.
     if (options_.ahead_bytes > 0 && start >= consumer_ &&
@@ -241,7 +275,7 @@ bool Prefetcher::next_block(std::unique_lock<std::mutex>& lock, Block& block) {
     block.file = next_file_;
     block.offset = next_offset_;
     block.len = static_cast<std::size_t>(
-        std::min<std::uint64_t>(options_.block_bytes, f.file.size - next_offset_));
+        std::min<std::uint64_t>(options_.block_bytes, range_end - next_offset_));
     next_offset_ += block.len;
     return true;
   }
@@ -278,6 +312,7 @@ void Prefetcher::fail_file(std::size_t index, const std::string& rule) {
       // Give up on the blocks not yet handed out.
       finish_range(f.plan_offset + next_offset_, f.plan_offset + f.file.size);
       ++next_file_;
+      next_range_ = 0;
       next_offset_ = 0;
     }
   }

@@ -26,8 +26,10 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace ferry::io {
@@ -35,7 +37,10 @@ namespace ferry::io {
 struct PrefetchFile {
   std::string path;
   std::string name;        // shown in messages; the path when empty
-  std::uint64_t size = 0;  // planned size: bytes [0, size) are prefetched
+  std::uint64_t size = 0;  // the file's size in plan bytes
+  // The byte ranges [begin, end) to prefetch, sorted, disjoint, inside [0, size):
+  // a load's planned reads (empty: nothing of this file). Unset: the whole file.
+  std::optional<std::vector<std::pair<std::uint64_t, std::uint64_t>>> ranges;
 };
 
 struct PrefetchOptions {
@@ -56,6 +61,9 @@ struct PrefetchOptions {
 
 class Prefetcher {
  public:
+  // Only the files' ranges are read (the whole file when it has none); a block never
+  // crosses a range's end. When the consumer (advance()) has passed the next block,
+  // the prefetch skips forward to it: what the reader already read is not warmed.
   // Starts min(threads, blocks to read) workers at once; with nothing to read
   // (no files, or all empty) none start and done() is true immediately. Files of
   // size 0 are skipped without being opened. Throws ferry::Error(Stage::kConfig)
@@ -99,7 +107,7 @@ class Prefetcher {
 
  private:
   struct FileState {
-    PrefetchFile file;
+    PrefetchFile file;              // ranges always set: [0, size) when they were not
     std::uint64_t plan_offset = 0;  // where the file starts in plan bytes
     bool failed = false;
   };
@@ -127,7 +135,8 @@ class Prefetcher {
   std::condition_variable work_cv_;  // workers: consumer advanced or cancelled
   std::condition_variable done_cv_;  // waiters: a worker exited
   std::size_t next_file_ = 0;        // the next block to hand out: file index ...
-  std::uint64_t next_offset_ = 0;    // ... and offset within it
+  std::size_t next_range_ = 0;       // ... range of that file ...
+  std::uint64_t next_offset_ = 0;    // ... and offset within the file
   std::uint64_t consumer_ = 0;
   bool cancelled_ = false;
   unsigned running_ = 0;  // workers not yet exited

@@ -1008,6 +1008,11 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   if (metrics_error) {
     throw *metrics_error;
   }
+  if (c.prefetch.enabled && c.io.direct) {
+    throw Error(Stage::kConfig, "", "",
+                "prefetch.enabled with io.direct: refused, because O_DIRECT reads bypass the "
+                "page cache the prefetch warms (turn one of them off)");
+  }
   if (!c.trace.path.empty() && !w.trace) {
     w.trace = std::make_shared<TraceRecorder>();
   }
@@ -1548,18 +1553,12 @@ LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
     w.state->manifest = record_manifest(*w.state);
     report.startup.sentinel = seconds_between(t_sentinel, Clock::now());
     w.span("sentinel", t_sentinel, Clock::now());
-    // Warm the page cache while the engine captures: whole planned files, in plan
-    // order (commit() stops it).
-    std::vector<bool> planned(w.resolved.index.files.size(), false);
-    for (const actors::Span& span : w.plan.spans) {
-      planned.at(span.file) = true;
-    }
-    std::vector<io::PrefetchFile> files;
-    for (std::size_t i = 0; i < planned.size(); ++i) {
-      if (planned[i]) {
-        const io::CheckpointFile& f = w.resolved.index.files[i];
+    // Warm the page cache while the engine captures: the planned ranges, in plan
+    // order (commit() stops it). Every planned file is stamped.
+    std::vector<io::PrefetchFile> files = actors::planned_prefetch_files(w.plan, w.resolved.index);
+    for (const io::PrefetchFile& f : files) {
+      if (!f.ranges->empty()) {
         w.stamps.push_back(stamp(f.path, f.name));
-        files.push_back({f.path, f.name, f.size});
       }
     }
     io::PrefetchOptions options;

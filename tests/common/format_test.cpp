@@ -26,7 +26,6 @@ TEST(FormatTest, JoinListSeparatesItemsInOrder) {
   EXPECT_EQ(join_list({"x", "y"}, "|"), "x|y");
 }
 
-}  // namespace
 TEST(FormatTest, FixedRoundsToTheDigitsAsked) {
   EXPECT_EQ(fixed(1.23456, 2), "1.23");
   EXPECT_EQ(fixed(2.0, 0), "2");
@@ -53,4 +52,5 @@ TEST(FormatTest, WriteFileReplacingLeavesNoTemporaryAndNamesTheSettingOnFailure)
   }
 }
 
+}  // namespace
 }  // namespace ferry

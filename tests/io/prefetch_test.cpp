@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -48,7 +49,7 @@ bool eventually(const std::function<bool()>& pred) {
 // Writes `size` bytes under `dir` and returns its plan entry.
 PrefetchFile make_file(const TempDir& dir, const std::string& name, std::uint64_t size) {
   write_file(dir.file(name), std::string(size, static_cast<char>('a' + name.size() % 26)));
-  return PrefetchFile{dir.file(name), name, size};
+  return PrefetchFile{dir.file(name), name, size, std::nullopt};
 }
 
 // Records every on_block call; thread-safe.
@@ -230,15 +231,17 @@ TEST(PrefetchTest, NeverReadsFurtherAheadOfTheConsumerThanAllowed) {
   p.advance(1 * kBlock);  // going back is ignored
   ASSERT_TRUE(eventually([&] { return p.position() == 7 * kBlock; }));
   std::this_thread::sleep_for(30ms);
-  EXPECT_EQ(log.count(), 7u);
+  // Blocks 2-4 are behind the reader: skipped, not read. Blocks 5 and 6 are read.
+  EXPECT_EQ(log.count(), 4u);
   EXPECT_EQ(max_start.load(), 6 * kBlock);
 
   limit = 12 * kBlock;
-  p.advance(10 * kBlock);
+  p.advance(10 * kBlock);  // the reader is at the end: nothing is left to warm
   p.wait();
   EXPECT_EQ(violations.load(), 0);
-  EXPECT_EQ(p.bytes_prefetched(), 10 * kBlock);
-  EXPECT_EQ(log.count(), 10u);
+  EXPECT_EQ(p.bytes_prefetched(), 4 * kBlock);
+  EXPECT_EQ(log.count(), 4u);
+  EXPECT_EQ(p.position(), p.total_bytes());
   EXPECT_TRUE(p.failed().empty());
 }
 
@@ -302,7 +305,8 @@ TEST(PrefetchTest, MissingAndShortFilesAreReportedAndTheRestIsRead) {
   TempDir dir;
   WarnCapture warns;
   PrefetchFile a = make_file(dir, "a.safetensors", 3 * kBlock);
-  PrefetchFile missing{dir.file("missing.safetensors"), "missing.safetensors", 2 * kBlock};
+  PrefetchFile missing{dir.file("missing.safetensors"), "missing.safetensors", 2 * kBlock,
+                       std::nullopt};
   PrefetchFile short_file = make_file(dir, "short.safetensors", kBlock + 10);
   short_file.size = 3 * kBlock;  // claims more than is on disk
   PrefetchFile c = make_file(dir, "c.safetensors", 2 * kBlock + 5);
@@ -398,7 +402,7 @@ TEST(PrefetchTest, NothingToReadIsDoneAtOnce) {
   EXPECT_TRUE(none.stop(0ms));
 
   // Empty files are not even opened, so a missing one is not an error.
-  Prefetcher empty({PrefetchFile{"/nonexistent/ferry/x.safetensors", "x", 0}});
+  Prefetcher empty({PrefetchFile{"/nonexistent/ferry/x.safetensors", "x", 0, std::nullopt}});
   EXPECT_TRUE(empty.done());
   EXPECT_TRUE(empty.failed().empty());
 }
@@ -485,8 +489,79 @@ TEST(PrefetchTest, ConcurrentCallersFromManyThreads) {
     t.join();
   }
   p.wait();
-  EXPECT_EQ(p.bytes_prefetched(), total);
+  // Consumers that race past the prefetch make it skip what they read.
+  EXPECT_LE(p.bytes_prefetched(), total);
   EXPECT_EQ(p.position(), total);
+}
+
+TEST(PrefetcherRanges, OnlyTheRangesAreReadAndGapsStillCompleteThePosition) {
+  TempDir dir;
+  PrefetchFile a = make_file(dir, "a.safetensors", 10 * kBlock);
+  a.ranges = std::vector<std::pair<std::uint64_t, std::uint64_t>>{{kBlock, 3 * kBlock + 100},
+                                                                  {6 * kBlock, 7 * kBlock}};
+  PrefetchFile skipped = make_file(dir, "bb.safetensors", 4 * kBlock);
+  skipped.ranges = std::vector<std::pair<std::uint64_t, std::uint64_t>>{};  // nothing planned
+  PrefetchFile whole = make_file(dir, "c.safetensors", 2 * kBlock);         // unset: all of it
+  BlockLog log;
+  PrefetchOptions o;
+  o.threads = 1;
+  o.block_bytes = kBlock;
+  o.on_block = [&](const PrefetchFile& f, std::uint64_t offset, std::size_t len) {
+    log.add(f, offset, len);
+  };
+  Prefetcher p({a, skipped, whole}, o);
+  p.wait();
+  EXPECT_EQ(p.bytes_prefetched(), (2 * kBlock + 100) + kBlock + 2 * kBlock);
+  EXPECT_EQ(log.bytes, p.bytes_prefetched());
+  std::set<std::pair<std::string, std::uint64_t>> calls(log.calls.begin(), log.calls.end());
+  EXPECT_EQ(calls, (std::set<std::pair<std::string, std::uint64_t>>{
+                       {"a.safetensors", kBlock},
+                       {"a.safetensors", 2 * kBlock},
+                       {"a.safetensors", 3 * kBlock},  // 100 bytes: a block stops at its range
+                       {"a.safetensors", 6 * kBlock},
+                       {"c.safetensors", 0},
+                       {"c.safetensors", kBlock}}));
+  EXPECT_EQ(p.position(), p.total_bytes());  // gaps and unplanned files count as done
+  EXPECT_TRUE(p.failed().empty());
+}
+
+TEST(PrefetcherRanges, ItSkipsForwardWhenTheReaderHasPassedIt) {
+  TempDir dir;
+  PrefetchFile a = make_file(dir, "a.safetensors", 16 * kBlock);
+  BlockLog log;
+  Gate gate;
+  PrefetchOptions o;
+  o.threads = 1;
+  o.block_bytes = kBlock;
+  o.on_block = [&](const PrefetchFile& f, std::uint64_t offset, std::size_t len) {
+    if (offset == 0) {
+      gate.pass();  // hold the first block until the reader has moved on
+    }
+    log.add(f, offset, len);
+  };
+  Prefetcher p({a}, o);
+  ASSERT_TRUE(eventually([&] { return gate.waiting() == 1; }));
+  p.advance(10 * kBlock);  // the reader is already at block 10
+  gate.open();
+  p.wait();
+  // Block 0 was in flight; blocks 1-9 are behind the reader and never read.
+  std::set<std::uint64_t> offsets;
+  for (const auto& [name, offset] : log.calls) {
+    offsets.insert(offset);
+  }
+  EXPECT_EQ(offsets, (std::set<std::uint64_t>{0, 10 * kBlock, 11 * kBlock, 12 * kBlock, 13 * kBlock,
+                                              14 * kBlock, 15 * kBlock}));
+  EXPECT_EQ(p.position(), p.total_bytes());
+}
+
+TEST(PrefetcherRanges, BadRangesAreRefused) {
+  TempDir dir;
+  for (const auto& ranges : std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>>{
+           {{0, 10}, {5, 20}}, {{10, 10}}, {{0, 5 * kBlock}}, {{20, 30}, {0, 10}}}) {
+    PrefetchFile f = make_file(dir, "a.safetensors", 4 * kBlock);
+    f.ranges = ranges;
+    EXPECT_THROW(Prefetcher({f}), Error);
+  }
 }
 
 }  // namespace

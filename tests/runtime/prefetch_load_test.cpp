@@ -1,0 +1,82 @@
+// The page-cache prefetch of a load reads only the planned ranges: at ep 8 a rank's
+// prefetch stays within what it reads (the pipeline's prefetch and the startup's
+// during the capture alike); prefetch with io.direct is refused.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "io/safetensors.hpp"
+#include "runtime/runtime.hpp"
+#include "runtime/runtime_internal.hpp"
+#include "runtime/runtime_test_util.hpp"
+#include "testing/temp_dir.hpp"
+
+namespace ferry::runtime {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::make_config;
+using testing::synth_checkpoint;
+using testing::TempDir;
+
+// Tensor bytes of every shard (what a whole-file prefetch would approach).
+std::uint64_t tensor_bytes(const std::string& dir) {
+  std::uint64_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() == ".safetensors") {
+      for (const io::TensorInfo& t :
+           io::read_safetensors_header(e.path().string(), e.path().string()).tensors) {
+        n += t.nbytes;
+      }
+    }
+  }
+  return n;
+}
+
+TEST(PrefetchLoad, AtEp8ThePrefetchStaysWithinThePlannedReads) {
+  TempDir dir;
+  testing::Checkpoint ck = synth_checkpoint(dir.file("ck"), "mixtral");
+  const std::uint64_t all = tensor_bytes(ck.dir);
+  RuntimeHooks hooks;  // slow copies: the prefetch gets ahead of the reader
+  hooks.before_copy = [](std::size_t, const std::string&) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  };
+  Runtime rt(make_config(ck.dir, {"parallel.tp=8", "parallel.ep=8", "parallel.ranks=0",
+                                  "prefetch.enabled=true", "prefetch.block_bytes=4KiB",
+                                  "io.chunk_bytes=64KiB"}),
+             hooks);
+  LoadResult r = rt.load();
+  ASSERT_TRUE(r) << r.error->message;
+  const LoadReport& report = r.model->report();
+  const std::uint64_t planned = all - report.bytes_skipped;
+  EXPECT_LT(planned * 3, all);  // rank 0 of ep 8 reads a small part of the checkpoint
+  EXPECT_GT(report.bytes_prefetched, 0u);
+  EXPECT_LE(report.bytes_prefetched, planned);
+
+  // The startup's prefetch during the capture: planned ranges too.
+  Runtime boot(make_config(ck.dir, {"parallel.tp=8", "parallel.ep=8", "parallel.ranks=0",
+                                    "prefetch.block_bytes=4KiB", "startup.mode=overlap"}));
+  ASSERT_TRUE(boot.prepare().wait());
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the "capture"
+  LoadResult ready = boot.commit().wait();
+  ASSERT_TRUE(ready) << ready.error->message;
+  EXPECT_GT(ready.model->report().startup.bytes_prefetched, 0u);
+  EXPECT_LE(ready.model->report().startup.bytes_prefetched, planned);
+}
+
+TEST(PrefetchLoad, PrefetchWithDirectReadsIsRefused) {
+  TempDir dir;
+  testing::Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
+  Runtime rt(make_config(ck.dir, {"prefetch.enabled=true", "io.direct=true"}));
+  LoadResult r = rt.load();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error->stage, Stage::kConfig);
+  EXPECT_THAT(r.error->message, HasSubstr("prefetch.enabled with io.direct: refused"));
+}
+
+}  // namespace
+}  // namespace ferry::runtime
