@@ -244,7 +244,8 @@ struct CopyWorkerState {
   // after every chunk queued before the flush (which left the reader idle while the
   // worker drained its queue, and then the worker idle while the reader refilled).
   void release_completed(caf::event_based_actor* self) {
-    while (!parked.empty() && parked.front().done->query()) {
+    const bool early = shared->input().release_staging_early;  // a test's broken pipeline
+    while (!parked.empty() && (early || parked.front().done->query())) {
       release_front(self);
     }
   }

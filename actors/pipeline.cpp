@@ -34,6 +34,7 @@ PipelineResult run_pipeline(const PipelineInput& input) {
     if (input.on_staging) {
       shared->pool->observe(input.on_staging);
     }
+    shared->pool->poison_on_return(o.poison_staging);
     {
       caf::actor_system_config config;
       // No cfg.parse(): an embedded library reads no argv or caf-application.ini.

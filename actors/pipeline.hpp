@@ -40,6 +40,9 @@ struct PipelineOptions {
   unsigned prefetch_threads = 4;
   std::size_t prefetch_block_bytes = std::size_t{16} << 20;
   std::uint64_t prefetch_ahead_bytes = std::uint64_t{1} << 30;
+  // Poison staging buffers as they return (io::StagingPool::poison_on_return), with
+  // host devices that defer their copies (host.deferred_copies).
+  bool poison_staging = false;
 };
 
 // One local rank: its device and the storage of each param of its shell.
@@ -85,6 +88,10 @@ struct PipelineInput {
   // (io::StagingPool::observe). Empty: none.
   std::function<std::unique_ptr<io::Reader>(std::unique_ptr<io::Reader>)> wrap_reader;
   std::function<void(std::size_t in_use)> on_staging;
+  // Tests only: copy workers give each staging buffer back as soon as its copies
+  // are queued, without waiting for them to complete (a broken pipeline), to show
+  // that host.deferred_copies catches it.
+  bool release_staging_early = false;
   // Observes the page-cache prefetch's block reads (io::PrefetchOptions::on_block_read).
   decltype(io::PrefetchOptions::on_block_read) on_prefetch_block;
 };

@@ -5,9 +5,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <deque>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -138,12 +142,96 @@ class HostEvent final : public Event {
   TimePoint done_at_;
 };
 
+// host.deferred_copies: a stream's operations, run in order on a thread of their
+// own some time after they were queued.
+class DeferredQueue {
+ public:
+  DeferredQueue() : thread_([this] { run(); }) {}
+  ~DeferredQueue() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  DeferredQueue(const DeferredQueue&) = delete;
+  DeferredQueue& operator=(const DeferredQueue&) = delete;
+
+  // Queues `op`; returns its sequence number.
+  std::uint64_t push(std::function<void()> op) {
+    std::lock_guard lock(mu_);
+    ops_.push_back(std::move(op));
+    cv_.notify_all();
+    return ++queued_;
+  }
+  std::uint64_t queued() const {
+    std::lock_guard lock(mu_);
+    return queued_;
+  }
+  bool done(std::uint64_t seq) const {
+    std::lock_guard lock(mu_);
+    return done_ >= seq;
+  }
+  void wait(std::uint64_t seq) {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_ >= seq; });
+  }
+
+ private:
+  void run() {
+    std::unique_lock lock(mu_);
+    while (true) {
+      cv_.wait(lock, [&] { return stopping_ || !ops_.empty(); });
+      if (ops_.empty()) {
+        return;  // stopping, and everything queued has run
+      }
+      std::function<void()> op = std::move(ops_.front());
+      ops_.pop_front();
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::microseconds(100));  // the DMA's latency
+      op();
+      lock.lock();
+      ++done_;
+      cv_.notify_all();
+    }
+  }
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> ops_;
+  std::uint64_t queued_ = 0;
+  std::uint64_t done_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;  // last: starts once the rest exists
+};
+
+class DeferredEvent final : public Event {
+ public:
+  DeferredEvent(std::shared_ptr<DeferredQueue> queue, std::uint64_t seq)
+      : queue_(std::move(queue)), seq_(seq) {}
+  bool query() override { return queue_->done(seq_); }
+  void synchronize() override { queue_->wait(seq_); }
+
+ private:
+  std::shared_ptr<DeferredQueue> queue_;
+  std::uint64_t seq_;
+};
+
 class HostStream final : public Stream {
  public:
   explicit HostStream(std::shared_ptr<HostDeviceState> state) : state_(std::move(state)) {
     state_->stats.stream_created();
+    if (state_->options.deferred_copies) {
+      deferred_ = std::make_shared<DeferredQueue>();
+    }
   }
-  ~HostStream() override { state_->stats.stream_destroyed(); }
+  ~HostStream() override {
+    if (deferred_) {
+      deferred_->wait(deferred_->queued());
+    }
+    state_->stats.stream_destroyed();
+  }
   HostStream(const HostStream&) = delete;
   HostStream& operator=(const HostStream&) = delete;
 
@@ -151,7 +239,7 @@ class HostStream final : public Stream {
     if (checks().copy_h2d(dst, src_host, bytes) == 0) {
       return;
     }
-    host::copy_around_caches(dst, src_host, bytes);
+    run([=] { host::copy_around_caches(dst, src_host, bytes); });
     book(bytes);
   }
 
@@ -160,9 +248,11 @@ class HostStream final : public Stream {
     if (checks().copy_h2d_2d(dst, dst_pitch, src_host, src_pitch, width_bytes, rows) == 0) {
       return;
     }
-    for (std::size_t r = 0; r < rows; ++r) {
-      host::copy_around_caches(dst + r * dst_pitch, src_host + r * src_pitch, width_bytes);
-    }
+    run([=] {
+      for (std::size_t r = 0; r < rows; ++r) {
+        host::copy_around_caches(dst + r * dst_pitch, src_host + r * src_pitch, width_bytes);
+      }
+    });
     book(width_bytes * rows);
   }
 
@@ -172,35 +262,53 @@ class HostStream final : public Stream {
     }
     state_->allocations.check(state_->name, "copy_d2h", "source", src, bytes);
     detail::check_host_pointer(state_->name, "copy_d2h", "destination", dst_host, bytes);
-    std::memcpy(dst_host, src, bytes);
+    run([=] { std::memcpy(dst_host, src, bytes); });
   }
 
   void fill(std::byte* dst, std::size_t count, DType dtype, double value) override {
     if (checks().fill(dst, count, dtype) != 0) {
-      host::fill(dst, count, dtype, value);
+      run([=] { host::fill(dst, count, dtype, value); });
     }
   }
 
   void zero(std::byte* dst, std::size_t bytes) override {
     if (checks().zero(dst, bytes) != 0) {
-      std::memset(dst, 0, bytes);
+      run([=] { std::memset(dst, 0, bytes); });
     }
   }
 
   void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
             std::size_t count) override {
     if (checks().cast(dst, dst_dtype, src, src_dtype, count) != 0) {
-      host::cast(dst, dst_dtype, src, src_dtype, count);
+      run([=] { host::cast(dst, dst_dtype, src, src_dtype, count); });
     }
   }
 
   std::unique_ptr<Event> record() override {
+    if (deferred_) {
+      return std::make_unique<DeferredEvent>(deferred_, deferred_->queued());
+    }
     return std::make_unique<HostEvent>(state_, done_at_);
   }
 
-  void synchronize() override { std::this_thread::sleep_until(done_at_); }
+  void synchronize() override {
+    if (deferred_) {
+      deferred_->wait(deferred_->queued());
+    }
+    std::this_thread::sleep_until(done_at_);
+  }
 
  private:
+  // Runs `op` now, or queues it on the deferred queue (host.deferred_copies).
+  template <class F>
+  void run(F&& op) {
+    if (deferred_) {
+      deferred_->push(std::forward<F>(op));
+    } else {
+      op();
+    }
+  }
+
   detail::TrackedStreamChecks checks() const { return {state_->name, state_->allocations}; }
 
   // Books a host-to-device transfer on the device's link, in stream order: it
@@ -213,6 +321,7 @@ class HostStream final : public Stream {
 
   std::shared_ptr<HostDeviceState> state_;
   TimePoint done_at_{};  // when the link has carried everything queued so far
+  std::shared_ptr<DeferredQueue> deferred_;  // host.deferred_copies; null otherwise
 };
 
 class HostDevice final : public Device {

@@ -35,6 +35,13 @@ struct HostDeviceOptions {
   // Fill each new device allocation with kPoisonByte (cudaMalloc gives garbage;
   // fresh host pages would read as zeros and hide missing writes).
   bool poison_allocations = false;
+  // Run every stream operation later, in order, on a thread of the stream, as a DMA
+  // engine would (each about 100 us after the one before); events and
+  // synchronize() complete when the work queued before them has run. Argument
+  // checks still happen at the call. With it, a pipeline that gives a staging
+  // buffer back before the copy reading it has run copies whatever the buffer
+  // holds by then (see io::StagingPool::poison_on_return): host.deferred_copies.
+  bool deferred_copies = false;
 };
 
 inline constexpr std::byte kPoisonByte{0xA5};

@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <limits>
@@ -68,6 +69,7 @@ struct StagingPoolState {
   std::size_t high_water = 0;
   bool closed = false;
   std::function<void(std::size_t in_use)> observer;  // set before use; called under mu
+  bool poison = false;                               // set before use
 
   StagingPoolState() = default;
   StagingPoolState(const StagingPoolState&) = delete;
@@ -82,6 +84,9 @@ struct StagingPoolState {
   StagingBuffer take(std::shared_ptr<StagingPoolState> self);
 
   void give_back(std::size_t index) noexcept {
+    if (poison) {
+      std::memset(buffers[index], static_cast<int>(StagingPool::kPoisonPattern), buffer_bytes);
+    }
     {
       std::lock_guard lock(mu);
       free.push_back(index);
@@ -290,6 +295,11 @@ std::size_t StagingPool::high_water() const {
 void StagingPool::observe(std::function<void(std::size_t in_use)> observer) {
   std::lock_guard lock(state_->mu);
   state_->observer = std::move(observer);
+}
+
+void StagingPool::poison_on_return(bool on) {
+  std::lock_guard lock(state_->mu);
+  state_->poison = on;
 }
 
 const BufferAllocator& StagingPool::allocator() const {

@@ -132,6 +132,11 @@ class StagingPool {
   // the pool's lock (it must be quick and must not touch the pool), e.g. to keep a
   // gauge current. Replaces any earlier observer.
   void observe(std::function<void(std::size_t in_use)> observer);
+  // Overwrite every buffer with kPoisonPattern as it comes back, so that a copy
+  // still reading it afterwards (a buffer released before its copy completed)
+  // lands the pattern instead of checkpoint bytes: host.deferred_copies' check.
+  void poison_on_return(bool on);
+  static constexpr std::byte kPoisonPattern{0x5A};
 
  private:
   std::shared_ptr<detail::StagingPoolState> state_;

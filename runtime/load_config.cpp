@@ -724,6 +724,7 @@ LoadConfig ConfigBuilder::build() const {
 
   // host, metrics
   c.host.bandwidth_gbps = f.get_double("host.bandwidth_gbps", 0, 1e6, d.host.bandwidth_gbps);
+  c.host.deferred_copies = f.get_bool("host.deferred_copies", d.host.deferred_copies);
   c.metrics.listen = f.get_string("metrics.listen", d.metrics.listen);
   c.metrics.textfile = f.get_string("metrics.textfile", d.metrics.textfile);
   if (!c.metrics.listen.empty()) {
@@ -836,7 +837,8 @@ nlohmann::json to_json(const LoadConfig& c) {
            {"report", c.load.report},
            {"dump_dir", c.load.dump_dir},
        }},
-      {"host", {{"bandwidth_gbps", c.host.bandwidth_gbps}}},
+      {"host",
+       {{"bandwidth_gbps", c.host.bandwidth_gbps}, {"deferred_copies", c.host.deferred_copies}}},
       {"metrics", {{"listen", c.metrics.listen}, {"textfile", c.metrics.textfile}}},
       {"trace", {{"path", c.trace.path}}},
       {"startup", {{"mode", to_string(c.startup.mode)}}},

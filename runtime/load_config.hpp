@@ -106,6 +106,10 @@ struct LoadOptions {
 
 struct HostConfig {
   double bandwidth_gbps = 0;  // host-device copy cap in GB/s to mimic PCIe; 0 = no cap
+  // Host devices run copies later on a thread of their own, as a DMA engine would,
+  // and staging buffers are poisoned when they return: a pipeline that released a
+  // buffer before its copy completed loads wrong bytes (a test of asynchrony).
+  bool deferred_copies = false;
   bool operator==(const HostConfig&) const = default;
 };
 

@@ -1074,6 +1074,7 @@ void Runtime::Impl::make_devices(LoadWork& w) {
   } else {
     gpu::HostDeviceOptions host;
     host.bandwidth_gbps = config.host.bandwidth_gbps;
+    host.deferred_copies = config.host.deferred_copies;
     state.devices = gpu::make_devices(to_string(config.devices), host);
   }
   if (state.devices.size() != shells.size()) {
@@ -1174,6 +1175,8 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   input.options.prefetch_threads = c.prefetch.threads;
   input.options.prefetch_block_bytes = c.prefetch.block_bytes;
   input.options.prefetch_ahead_bytes = c.prefetch.ahead_bytes;
+  input.options.poison_staging = c.host.deferred_copies;
+  input.release_staging_early = hooks.release_staging_early;
   input.staging_allocator = hooks.staging_allocator;
   if (!input.staging_allocator) {
     for (const auto& d : w.state->devices) {

@@ -48,6 +48,9 @@ struct RuntimeHooks {
   // still catches what a refused hook does.
   std::function<void(std::vector<LoadedRank>& ranks)> before_startup_verify;
   bool skip_startup_admission = false;
+  // A broken pipeline on purpose: copy workers return staging buffers before their
+  // copies complete (actors::PipelineInput::release_staging_early).
+  bool release_staging_early = false;
 };
 
 }  // namespace ferry::runtime

@@ -593,6 +593,7 @@ LoadConfig every_field_changed() {
   c.load.report = "/tmp/report.json";
   c.load.dump_dir = "/tmp/dump";
   c.host.bandwidth_gbps = 12.3;
+  c.host.deferred_copies = true;
   c.metrics.listen = "0.0.0.0:9400";
   c.metrics.textfile = "/tmp/metrics.prom";
   c.trace.path = "/tmp/trace.json";

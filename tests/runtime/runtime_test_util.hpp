@@ -270,6 +270,11 @@ inline runtime::LoadConfig make_config(const std::string& model_dir,
                                        const std::vector<std::string>& sets) {
   runtime::ConfigBuilder b;
   b.apply_set("model.path=" + model_dir);
+#ifdef FERRY_TEST_DEFERRED_COPIES
+  // The Release test run: every load through here runs its copies deferred, so the
+  // contract and end-to-end tests also prove the pipeline waits for its copies.
+  b.apply_set("host.deferred_copies=true");
+#endif
   for (const std::string& s : sets) {
     b.apply_set(s);
   }
