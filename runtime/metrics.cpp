@@ -16,40 +16,6 @@ prometheus::Histogram::BucketBoundaries latency_buckets() {
   return {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 3, 10};
 }
 
-std::string_view stage_label(Stage stage) {
-  switch (stage) {
-    case Stage::kConfig:
-      return "config";
-    case Stage::kDiscovery:
-      return "discovery";
-    case Stage::kHeader:
-      return "header";
-    case Stage::kIndex:
-      return "index";
-    case Stage::kRead:
-      return "read";
-    case Stage::kPrefetch:
-      return "prefetch";
-    case Stage::kStaging:
-      return "staging";
-    case Stage::kSynth:
-      return "synth";
-    case Stage::kMapping:
-      return "mapping";
-    case Stage::kPlacement:
-      return "placement";
-    case Stage::kCopy:
-      return "copy";
-    case Stage::kPostProcess:
-      return "postprocess";
-    case Stage::kVerify:
-      return "verify";
-    case Stage::kCancelled:
-      return "cancelled";
-  }
-  return "unknown";
-}
-
 }  // namespace
 
 LoadMetrics::LoadMetrics(std::shared_ptr<prometheus::Registry> registry)
@@ -113,7 +79,7 @@ LoadMetrics::LoadMetrics(std::shared_ptr<prometheus::Registry> registry)
   reader_in_flight_.Add({}).Set(0);
   // Every stage at 0, so rate() over errors works before the first one.
   for (int stage = 0; stage <= static_cast<int>(Stage::kCancelled); ++stage) {
-    errors_.Add({{"stage", std::string(stage_label(static_cast<Stage>(stage)))}});
+    errors_.Add({{"stage", std::string(to_string(static_cast<Stage>(stage)))}});
   }
 }
 
@@ -186,7 +152,7 @@ void LoadMetrics::record_load(const LoadReport& r, const std::string& model) {
 }
 
 void LoadMetrics::record_error(Stage stage) {
-  errors_.Add({{"stage", std::string(stage_label(stage))}}).Increment();
+  errors_.Add({{"stage", std::string(to_string(stage))}}).Increment();
 }
 
 std::string LoadMetrics::text() const {
