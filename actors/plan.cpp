@@ -265,6 +265,7 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
   }
 
   // Route every tensor before reading anything.
+  std::uint64_t remote_slices = 0;  // unread bytes of placed tensors
   std::vector<models::Route> routes;
   std::vector<std::uint32_t> route_tensor;  // each route's tensor, for error messages
   for (std::size_t i = 0; i < index.tensors.size(); ++i) {
@@ -288,9 +289,7 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
           plan.bytes_planned += end - begin;
           plan.spans.push_back(s);
         }
-        if (read < t.nbytes) {
-          plan.bytes_skipped_by_reason[std::string(kOutsideLocalSlices)] += t.nbytes - read;
-        }
+        remote_slices += t.nbytes - read;
         routes.push_back(std::move(route));
         route_tensor.push_back(static_cast<std::uint32_t>(i));
         break;
@@ -302,12 +301,15 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
       case models::RouteKind::kUnmapped:
         ++plan.unmapped;
         plan.unmapped_names.push_back(t.name);
-        plan.bytes_skipped_by_reason[std::string(kUnmappedReason)] += t.nbytes;
+        plan.bytes_skipped_by_reason[route.reason] += t.nbytes;
         break;
     }
   }
   plan.bytes_skipped =
       index.total_bytes >= plan.bytes_planned ? index.total_bytes - plan.bytes_planned : 0;
+  if (remote_slices > 0) {
+    plan.bytes_skipped_by_reason[kRemoteSlicesReason] = remote_slices;
+  }
 
   // An unfillable param fails now, before a byte of tensor data is read; so does a
   // byte written twice or outside its param (a family's bug).

@@ -104,8 +104,9 @@ struct Span {
 // A placed tensor's copy pieces (those with source bytes), sorted by source offset,
 // with the running maximum of their source ends: the pieces that overlap a byte
 // range are a contiguous run found by two binary searches.
-inline constexpr std::string_view kUnmappedReason = "unmapped";
-inline constexpr std::string_view kOutsideLocalSlices = "outside_local_slices";
+// Unread bytes of placed tensors that only tp ranks outside the local ranks need: a
+// key of Plan::bytes_skipped_by_reason beside the route reasons.
+inline constexpr const char* kRemoteSlicesReason = "remote_slices";
 
 struct PlannedRoute {
   std::vector<models::Piece> pieces;
@@ -122,9 +123,9 @@ struct Plan {
   std::vector<std::string> unmapped_names;  // in checkpoint order
   std::uint64_t bytes_planned = 0;          // tensor bytes the windows read
   std::uint64_t bytes_skipped = 0;          // tensor bytes no window reads
-  // bytes_skipped by why: a dropped route's reason (models::Route::reason), "unmapped",
-  // or "outside_local_slices" (the bytes of a placed tensor that no local rank's
-  // slice covers). The values add up to bytes_skipped.
+  // bytes_skipped by why: the reason of each dropped or unmapped route
+  // (models::Route::reason: all its bytes), and kRemoteSlicesReason. The values
+  // add up to bytes_skipped (`ferry plan` prints them).
   std::map<std::string, std::uint64_t> bytes_skipped_by_reason;
   std::size_t pieces = 0;                   // copy pieces of all routes (before clipping)
   std::vector<models::Piece> fills;         // zero pieces (models::Model::fill_pieces)

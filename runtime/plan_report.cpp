@@ -127,7 +127,6 @@ PlanReport make_plan_report(const LoadConfig& config) {
   report.checkpoint_bytes = ck.index.total_bytes;
 
   const std::vector<models::RankShell>& shells = model->shells();
-  std::uint64_t unread_whole = 0;  // bytes of dropped and unmapped tensors
   for (const io::TensorInfo& t : ck.index.tensors) {
     models::Route route = model->route(t);
     PlannedTensor p;
@@ -153,10 +152,6 @@ PlanReport make_plan_report(const LoadConfig& config) {
         ++report.unmapped;
         break;
     }
-    if (route.kind != models::RouteKind::kPlaced) {
-      report.skipped_bytes[p.reason] += t.nbytes;
-      unread_whole += t.nbytes;
-    }
     report.tensors.push_back(std::move(p));
   }
 
@@ -167,15 +162,7 @@ PlanReport make_plan_report(const LoadConfig& config) {
   plan_options.direct = config.io.direct;
   actors::Plan plan = actors::make_plan(ck.index, *model, plan_options, ck.source.folder);
   report.read_bytes = plan.bytes_planned;
-  if (plan.bytes_skipped < unread_whole) {
-    throw Error(Stage::kPlacement, ck.source.folder, "",
-                "internal: the plan skips " + std::to_string(plan.bytes_skipped) +
-                    " tensor bytes but dropped and unmapped tensors hold " +
-                    std::to_string(unread_whole));
-  }
-  if (plan.bytes_skipped > unread_whole) {
-    report.skipped_bytes[kRemoteSlicesReason] = plan.bytes_skipped - unread_whole;
-  }
+  report.skipped_bytes = plan.bytes_skipped_by_reason;
   if (report.unmapped > 0) {
     report.warnings.push_back(std::to_string(report.unmapped) +
                               " checkpoint tensor(s) map to no parameter of " + report.family +

@@ -59,10 +59,6 @@ struct PlannedTensor {
   std::uint64_t nbytes = 0;         // tensor data bytes
 };
 
-// Unread bytes of placed tensors that only tp ranks outside the local ranks need;
-// a key of PlanReport::skipped_bytes beside the route reasons.
-inline constexpr const char* kRemoteSlicesReason = "remote_slices";
-
 struct PlanReport {
   std::string family;
   models::ParallelLayout layout;  // local_ranks filled in
@@ -74,9 +70,9 @@ struct PlanReport {
   std::uint64_t checkpoint_bytes = 0;  // sum of tensor data bytes
   std::uint64_t read_bytes = 0;        // tensor data the reader will request (no headers,
                                        // no alignment padding)
-  // Tensor bytes never read, by reason: the reason of each dropped or unmapped
-  // tensor (all its bytes), and kRemoteSlicesReason. checkpoint_bytes == read_bytes +
-  // the sum of these.
+  // Tensor bytes never read, by reason (actors::Plan::bytes_skipped_by_reason: the
+  // reason of each dropped or unmapped tensor, and actors::kRemoteSlicesReason).
+  // checkpoint_bytes == read_bytes + the sum of these.
   std::map<std::string, std::uint64_t> skipped_bytes;
   std::vector<std::string> warnings;
 

@@ -81,9 +81,10 @@ struct LoadReport {
   std::uint64_t bytes_read = 0;        // every byte requested from weight files: headers,
                                        // tensor data, O_DIRECT alignment
   std::uint64_t bytes_skipped = 0;     // tensor bytes never read
-  // bytes_skipped by why: a dropped tensor's route reason ("remote_expert",
-  // "pp_stage", ...), "unmapped", or "outside_local_slices" (the parts of placed
-  // tensors no local rank keeps); they add up to bytes_skipped.
+  // bytes_skipped by why, as `ferry plan` names it: a dropped or unmapped tensor's
+  // route reason ("remote_expert", "pp_stage", "unknown_name", ...), or
+  // "remote_slices" (the parts of placed tensors no local rank keeps); they add up
+  // to bytes_skipped.
   std::map<std::string, std::uint64_t> bytes_skipped_by_reason;
   std::uint64_t bytes_copied = 0;      // bytes written to devices
   std::uint64_t bytes_prefetched = 0;  // page-cache prefetch reads (not in bytes_read)

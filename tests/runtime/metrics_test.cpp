@@ -138,7 +138,7 @@ TEST(Metrics, TheTextfileAfterALoadMatchesItsReport) {
   ASSERT_TRUE(std::filesystem::exists(file));
   EXPECT_FALSE(std::filesystem::exists(file + ".tmp"));
   const LoadReport& report = r.model->report();
-  EXPECT_GT(report.bytes_skipped_by_reason.at("outside_local_slices"), 0u);
+  EXPECT_GT(report.bytes_skipped_by_reason.at("remote_slices"), 0u);
   std::uint64_t reasons = 0;
   for (const auto& [reason, bytes] : report.bytes_skipped_by_reason) {
     reasons += bytes;
