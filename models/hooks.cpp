@@ -98,6 +98,20 @@ std::unique_ptr<Model> with_hooks(std::shared_ptr<const Model> base,
   return std::make_unique<HookedModel>(std::move(base), std::move(all));
 }
 
+std::unique_ptr<Model> with_wrapped_hooks(
+    std::shared_ptr<const Model> base,
+    const std::function<std::function<void(HookContext&)>(
+        const PostLoadHook&, std::function<void(HookContext&)>)>& wrap) {
+  if (!base) {
+    throw Error(Stage::kPostProcess, "", "", "with_wrapped_hooks: no model");
+  }
+  std::vector<PostLoadHook> hooks = base->hooks();
+  for (PostLoadHook& h : hooks) {
+    h.run = wrap(h, std::move(h.run));
+  }
+  return std::make_unique<HookedModel>(std::move(base), std::move(hooks));
+}
+
 ParamsHookContext::ParamsHookContext(const PostLoadHook& hook, std::span<std::byte* const> params,
                                      gpu::Stream& stream, std::string device,
                                      ReallocateParam reallocate_param)

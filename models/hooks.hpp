@@ -26,6 +26,14 @@ void validate_hooks(const Model& model, const std::vector<PostLoadHook>& hooks,
 std::unique_ptr<Model> with_hooks(std::shared_ptr<const Model> base,
                                   std::vector<PostLoadHook> extra);
 
+// A Model that behaves as `base` with each of base's hooks' `run` wrapped by `wrap`
+// (which gets the hook and its run, and returns the run to use), e.g. to time
+// every hook. Everything else about the hooks stays as declared.
+std::unique_ptr<Model> with_wrapped_hooks(
+    std::shared_ptr<const Model> base,
+    const std::function<std::function<void(HookContext&)>(
+        const PostLoadHook&, std::function<void(HookContext&)>)>& wrap);
+
 // A hook's context over the param pointers of its rank (as the pipeline and the
 // runtime's startup run hooks): refuses a param the hook did not declare, and a
 // reallocate() by a hook that does not declare `reallocates` (or with no

@@ -4,39 +4,9 @@
 #include <utility>
 
 #include "common/format.hpp"
+#include "models/hooks.hpp"
 
 namespace ferry::runtime {
-namespace {
-
-// A Model whose hooks' runs report their time; everything else is the base's.
-class TimedHooks final : public models::Model {
- public:
-  TimedHooks(std::shared_ptr<const models::Model> base, TraceRecorder* trace)
-      : base_(std::move(base)) {
-    hooks_ = base_->hooks();
-    for (models::PostLoadHook& h : hooks_) {
-      h.run = [run = std::move(h.run), trace, name = h.name,
-               lane = "hooks rank " + std::to_string(h.local_rank)](models::HookContext& ctx) {
-        const auto begin = TraceRecorder::Clock::now();
-        run(ctx);
-        trace->complete(lane, name, begin, TraceRecorder::Clock::now());
-      };
-    }
-  }
-  std::string family() const override { return base_->family(); }
-  const models::ParallelLayout& layout() const override { return base_->layout(); }
-  const std::vector<models::RankShell>& shells() const override { return base_->shells(); }
-  models::Route route(const io::TensorInfo& tensor) const override { return base_->route(tensor); }
-  std::vector<models::Piece> fill_pieces() const override { return base_->fill_pieces(); }
-  std::vector<models::PostLoadHook> hooks() const override { return hooks_; }
-  std::vector<std::string> notes() const override { return base_->notes(); }
-
- private:
-  std::shared_ptr<const models::Model> base_;
-  std::vector<models::PostLoadHook> hooks_;
-};
-
-}  // namespace
 
 TraceRecorder::TraceRecorder() : t0_(Clock::now()) {}
 
@@ -109,7 +79,16 @@ gpu::CopyObserver TraceRecorder::copy_observer() {
 
 std::shared_ptr<const models::Model> TraceRecorder::time_hooks(
     std::shared_ptr<const models::Model> model) {
-  return std::make_shared<TimedHooks>(std::move(model), this);
+  return models::with_wrapped_hooks(
+      std::move(model),
+      [this](const models::PostLoadHook& h, std::function<void(models::HookContext&)> run) {
+        return [this, run = std::move(run), name = h.name,
+                lane = "hooks rank " + std::to_string(h.local_rank)](models::HookContext& ctx) {
+          const Clock::time_point begin = Clock::now();
+          run(ctx);
+          complete(lane, name, begin, Clock::now());
+        };
+      });
 }
 
 nlohmann::json TraceRecorder::to_json() const {
