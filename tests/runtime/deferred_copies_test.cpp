@@ -22,16 +22,6 @@ using testing::make_config;
 using testing::synth_checkpoint;
 using testing::TempDir;
 
-std::map<std::string, std::vector<std::byte>> bytes_of(const LoadedModel& m) {
-  std::map<std::string, std::vector<std::byte>> out;
-  for (std::size_t r = 0; r < m.ranks().size(); ++r) {
-    for (const LoadedParam& p : m.ranks()[r].params) {
-      out[std::to_string(r) + "/" + p.name] = m.read_param(r, p.name);
-    }
-  }
-  return out;
-}
-
 TEST(DeferredCopies, TheRealPipelineLoadsTheSameBytesAndAnEarlyReleaseIsCaught) {
   TempDir dir;
   testing::Checkpoint ck = synth_checkpoint(dir.file("ck"), "qwen2");
@@ -42,14 +32,14 @@ TEST(DeferredCopies, TheRealPipelineLoadsTheSameBytesAndAnEarlyReleaseIsCaught) 
   Runtime reference(make_config(ck.dir, immediate));
   LoadResult want = reference.load();
   ASSERT_TRUE(want) << want.error->message;
-  const auto expected = bytes_of(*want.model);
+  const auto expected = testing::param_bytes(*want.model);
 
   std::vector<std::string> deferred = layout;
   deferred.push_back("host.deferred_copies=true");
   Runtime rt(make_config(ck.dir, deferred));
   LoadResult got = rt.load();
   ASSERT_TRUE(got) << got.error->message;
-  EXPECT_EQ(bytes_of(*got.model), expected);
+  EXPECT_EQ(testing::param_bytes(*got.model), expected);
 
   // The same with buffers given back before their copies ran: poison lands.
   RuntimeHooks broken;
@@ -57,7 +47,7 @@ TEST(DeferredCopies, TheRealPipelineLoadsTheSameBytesAndAnEarlyReleaseIsCaught) 
   Runtime bad(make_config(ck.dir, deferred), broken);
   LoadResult damaged = bad.load();
   ASSERT_TRUE(damaged) << damaged.error->message;  // the byte counts still add up
-  const auto actual = bytes_of(*damaged.model);
+  const auto actual = testing::param_bytes(*damaged.model);
   std::size_t wrong = 0;
   std::size_t poisoned_bytes = 0;
   for (const auto& [name, bytes] : actual) {

@@ -263,6 +263,17 @@ inline std::size_t expect_matches_reference(const runtime::LoadedModel& model, c
   return checked;
 }
 
+// Every parameter's stored bytes, "local rank/name" -> bytes, to compare two loads.
+inline std::map<std::string, std::vector<std::byte>> param_bytes(const runtime::LoadedModel& m) {
+  std::map<std::string, std::vector<std::byte>> out;
+  for (std::size_t r = 0; r < m.ranks().size(); ++r) {
+    for (const runtime::LoadedParam& p : m.ranks()[r].params) {
+      out[std::to_string(r) + "/" + p.name] = m.read_param(r, p.name);
+    }
+  }
+  return out;
+}
+
 // ---- configuration -----------------------------------------------------------
 
 // A LoadConfig from `--set`-style assignments over the in-code defaults.

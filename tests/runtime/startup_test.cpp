@@ -39,17 +39,6 @@ LoadConfig config_for(const std::string& dir, std::vector<std::string> sets,
   return make_config(dir, sets);
 }
 
-// Every parameter's stored bytes, "local rank/name" -> bytes.
-std::map<std::string, std::vector<std::byte>> all_bytes(const LoadedModel& m) {
-  std::map<std::string, std::vector<std::byte>> out;
-  for (std::size_t r = 0; r < m.ranks().size(); ++r) {
-    for (const LoadedParam& p : m.ranks()[r].params) {
-      out[std::to_string(r) + "/" + p.name] = m.read_param(r, p.name);
-    }
-  }
-  return out;
-}
-
 // 1e-3 as the test writes it out by hand: F32 0x3A83126F; BF16 keeps the top half
 // (the dropped half, 0x126F, is below the halfway point).
 bool entirely_sentinel(const std::vector<std::byte>& bytes, DType dtype) {
@@ -210,7 +199,7 @@ TEST_F(StartupTest, OverlapThenCommitIsByteIdenticalToASerialLoadForEveryFamilyA
     LoadResult ready = rt.commit().wait();
     ASSERT_TRUE(ready) << ready.error->message;
     EXPECT_EQ(ready.model->report().startup_mode, "overlap");
-    EXPECT_EQ(all_bytes(*ready.model), all_bytes(*expected.model));
+    EXPECT_EQ(testing::param_bytes(*ready.model), testing::param_bytes(*expected.model));
   }
 }
 
@@ -224,7 +213,7 @@ TEST_F(StartupTest, SerialModeLoadsInPrepareAndCommitOnlyVerifies) {
   LoadResult prepared = rt.prepare().wait();
   ASSERT_TRUE(prepared) << prepared.error->message;
   // The real weights are already there: nothing waits for commit().
-  EXPECT_EQ(all_bytes(*prepared.model), all_bytes(*expected.model));
+  EXPECT_EQ(testing::param_bytes(*prepared.model), testing::param_bytes(*expected.model));
   EXPECT_EQ(prepared.model->report().startup_mode, "serial");
   EXPECT_GT(prepared.model->report().bytes_copied, 0u);
   const std::uint64_t copied = prepared.model->report().bytes_copied;
@@ -232,7 +221,7 @@ TEST_F(StartupTest, SerialModeLoadsInPrepareAndCommitOnlyVerifies) {
   ASSERT_TRUE(ready) << ready.error->message;
   EXPECT_EQ(ready.model->report().bytes_copied, copied);  // nothing streamed again
   EXPECT_EQ(ready.model->report().startup.bytes_prefetched, 0u);
-  EXPECT_EQ(all_bytes(*ready.model), all_bytes(*expected.model));
+  EXPECT_EQ(testing::param_bytes(*ready.model), testing::param_bytes(*expected.model));
 }
 
 // ---- admission ------------------------------------------------------------------
