@@ -124,11 +124,13 @@ Measured run_process(const std::vector<std::string>& argv, const std::string& lo
 }
 
 // The pread peer in a forked child: every tensor of every file read with one
-// pread into preallocated (touched) memory.
-Measured run_pread_peer(const std::vector<std::string>& files) {
+// pread into preallocated (touched) memory. A failure is written to `log`, naming
+// the file and tensor.
+Measured run_pread_peer(const std::vector<std::string>& files, const std::string& log) {
   const Clock::time_point started = Clock::now();
   const pid_t pid = fork();
   if (pid == 0) {
+    int status = 0;
     try {
       std::vector<io::SafetensorsHeader> headers;
       std::uint64_t total = 0;
@@ -143,7 +145,7 @@ Measured run_pread_peer(const std::vector<std::string>& files) {
       for (std::size_t i = 0; i < files.size(); ++i) {
         const int fd = ::open(files[i].c_str(), O_RDONLY);
         if (fd < 0) {
-          _exit(2);
+          throw_errno(Stage::kRead, files[i], "pread peer: open", errno);
         }
         for (const io::TensorInfo& t : headers[i].tensors) {
           std::uint64_t done = 0;
@@ -151,7 +153,9 @@ Measured run_pread_peer(const std::vector<std::string>& files) {
             const ssize_t n = ::pread(fd, memory.data() + at + done, t.nbytes - done,
                                       static_cast<off_t>(t.offset + done));
             if (n <= 0) {
-              _exit(3);
+              throw Error(Stage::kRead, files[i], t.name,
+                          n == 0 ? "pread peer: the file ends inside the tensor"
+                                 : std::string("pread peer: pread: ") + std::strerror(errno));
             }
             done += static_cast<std::uint64_t>(n);
           }
@@ -159,10 +163,11 @@ Measured run_pread_peer(const std::vector<std::string>& files) {
         }
         ::close(fd);
       }
-      _exit(0);
-    } catch (...) {
-      _exit(4);
+    } catch (const std::exception& e) {
+      std::ofstream(log) << e.what() << "\n";
+      status = 1;
     }
+    _exit(status);
   }
   if (pid < 0) {
     return Measured{0, 0, -1};
@@ -487,7 +492,7 @@ int cmd_bench(const Args& args) {
           }
           m = run_process(argv, log);
         } else if (entry.peer == "pread") {
-          m = run_pread_peer(files);
+          m = run_pread_peer(files, log);
         } else {
           const std::string script =
               (runs / (entry.peer == "sglang" ? "peer_sglang.py" : "peer_load_file.py")).string();
