@@ -2,19 +2,21 @@
 // load is complete, and turns the first error anywhere (or a cancel request) into
 // an abort of everything.
 //
-//   coordinator ──spawns, monitors──► post-processor, copy workers, prefetcher, reader
-//   reader ── ReaderDoneMsg ──► coordinator ◄── AllCompleteMsg ── post-processor
+//   coordinator ──spawns, monitors──► post-processor, copy workers, prefetcher,
+//                                     a reader per read lane
+//   readers ── ReaderDoneMsg ──► coordinator ◄── AllCompleteMsg ── post-processor
 //   coordinator ── TickMsg ──► itself (every kTick: cancel requested? error recorded?)
 //
-// Complete: the reader has read every window and the post-processor has counted
+// Complete: every lane's reader has read all its windows and the post-processor has counted
 // every byte of every param (hook outputs included). Then every actor gets an exit
 // message and the coordinator quits.
 //
 // Abort: an actor that fails records its error in Shared (first one wins) and
 // stops; the coordinator learns it from the actor's down message or from its tick.
 // It marks the load aborted (workers drop queued chunks, the reader issues no more
-// reads), closes the staging pool (so a blocked acquire wakes), sends every actor
+// reads), closes the staging pools (so a blocked acquire wakes), sends every actor
 // an exit message and quits. run_pipeline then waits until every actor is gone.
+#include <algorithm>
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
 #include <caf/event_based_actor.hpp>
@@ -38,18 +40,19 @@ struct CoordinatorState {
   caf::actor post_processor;
   std::vector<caf::actor> workers;
   caf::actor prefetcher;
-  caf::actor reader;
-  bool reader_done = false;
+  std::vector<caf::actor> readers;  // one per read lane
+  std::size_t readers_done = 0;
   bool all_complete = false;
   bool finishing = false;
 
   std::vector<caf::actor> children() const {
     std::vector<caf::actor> out = workers;
-    for (const caf::actor& a : {post_processor, prefetcher, reader}) {
+    for (const caf::actor& a : {post_processor, prefetcher}) {
       if (a) {
         out.push_back(a);
       }
     }
+    out.insert(out.end(), readers.begin(), readers.end());
     return out;
   }
 
@@ -62,15 +65,13 @@ struct CoordinatorState {
 
   void abort(caf::event_based_actor* self) {
     shared->abort();
-    if (shared->pool) {
-      shared->pool->close();
-    }
+    shared->close_pools();
     stop_children(self);
     self->quit(caf::exit_reason::user_shutdown);
   }
 
   void maybe_finish(caf::event_based_actor* self) {
-    if (finishing || !reader_done || !all_complete) {
+    if (finishing || readers_done < readers.size() || !all_complete) {
       return;
     }
     stop_children(self);
@@ -78,8 +79,10 @@ struct CoordinatorState {
   }
 
   std::string name_of(const caf::actor_addr& source) const {
-    if (source == reader.address()) {
-      return "reader";
+    for (std::size_t l = 0; l < readers.size(); ++l) {
+      if (source == readers[l].address()) {
+        return "reader of read lane " + std::to_string(l);
+      }
     }
     if (source == post_processor.address()) {
       return "post-processor";
@@ -112,8 +115,10 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
     st.prefetcher = spawn_prefetcher(self, st.shared);
     self->monitor(st.prefetcher);
   }
-  st.reader = spawn_reader(self, st.shared, st.workers, st.prefetcher, me);
-  self->monitor(st.reader);
+  for (std::size_t l = 0; l < st.shared->lanes.size(); ++l) {
+    st.readers.push_back(spawn_reader(self, st.shared, l, st.workers, st.prefetcher, me));
+    self->monitor(st.readers.back());
+  }
 
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& s = self->state;
@@ -123,7 +128,9 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
     if (!s.shared->failed()) {
       // The reader quits normally after its last chunk; anything else that stops
       // before the load is complete is a bug, reported rather than waited on.
-      if (dm.source == s.reader.address() && !dm.reason) {
+      if (!dm.reason && std::any_of(s.readers.begin(), s.readers.end(), [&](const caf::actor& r) {
+            return dm.source == r.address();
+          })) {
         return;
       }
       s.shared->fail(Error(Stage::kCopy, "", "",
@@ -141,7 +148,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
   self->send(self, TickMsg{});
   return {
       [self](ReaderDoneMsg) {
-        self->state.reader_done = true;
+        ++self->state.readers_done;
         self->state.maybe_finish(self);
       },
       [self](AllCompleteMsg) {

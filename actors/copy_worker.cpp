@@ -66,6 +66,7 @@ struct CopyWorkerState {
   std::vector<bool> hook_input;        // a hook of this rank waits for the param
   bool ready = false;
   bool flush_scheduled = false;
+  std::size_t ends_seen = 0;  // EndOfStreamMsg, one from each read lane
 
   CopyWorkerState() = default;
   CopyWorkerState(const CopyWorkerState&) = delete;
@@ -177,7 +178,7 @@ struct CopyWorkerState {
     // A cast: the raw rows go to device scratch (contiguous), then the device's
     // cast kernel writes the param. Scratch is reused in stream order, so no wait.
     if (!scratch) {
-      scratch = device().allocate(shared->pool->buffer_bytes());
+      scratch = device().allocate(shared->input().options.chunk_bytes);
     }
     if (f.rows * rb > scratch.size()) {
       throw Error(Stage::kCopy, device_name(), "",
@@ -200,6 +201,8 @@ struct CopyWorkerState {
   }
 
   // Queues every fragment of this rank in window `w`; returns the bytes per param.
+  // A direct window (staging == nullptr) was read straight into its param: its one
+  // fragment has landed, nothing is copied.
   Landed execute(const Window& w, const std::byte* staging) {
     Landed landed;
     const PipelineInput& input = shared->input();
@@ -215,7 +218,9 @@ struct CopyWorkerState {
         if (input.before_copy) {
           input.before_copy(rank, param);
         }
-        copy_fragment(f, target().params[f.param], staging);
+        if (staging != nullptr) {
+          copy_fragment(f, target().params[f.param], staging);
+        }
       } catch (...) {
         const io::TensorInfo& t = shared->index().tensors[f.tensor];
         Error e = to_error(std::current_exception(), Stage::kCopy, t.file, t.name, "");
@@ -313,6 +318,10 @@ caf::behavior copy_worker(caf::stateful_actor<CopyWorkerState>* self,
           return;  // dropping the message returns the buffer
         }
         st.ensure_ready(self);
+        if (!msg.buf) {  // read straight into the param: landed, nothing to copy
+          st.add_landed(self, st.execute(*msg.window, nullptr));
+          return;
+        }
         Landed landed = st.execute(*msg.window, msg.buf->data());
         st.parked.push_back({st.stream->record(), std::move(msg.buf), std::move(landed)});
         st.release_completed(self);
@@ -339,8 +348,8 @@ caf::behavior copy_worker(caf::stateful_actor<CopyWorkerState>* self,
       },
       [self](EndOfStreamMsg) {
         auto& st = self->state;
-        if (st.shared->aborted()) {
-          return;
+        if (st.shared->aborted() || ++st.ends_seen < st.shared->lanes.size()) {
+          return;  // another lane is still reading
         }
         st.ensure_ready(self);
         st.flush(self);

@@ -3,11 +3,11 @@
 //
 // Message flow (one load):
 //
-//   coordinator ──spawns, monitors──► reader, copy worker × ranks, post-processor,
+//   coordinator ──spawns, monitors──► reader × lanes, copy worker × ranks, post-processor,
 //        ▲  ▲                         prefetcher (when enabled)
 //        │  └── AllCompleteMsg ─────── post-processor ◄── LandedMsg, HookDoneMsg,
 //        │                                 │              DrainedMsg ── copy workers
-//        └──── ReaderDoneMsg ─── reader    └── RunHookMsg ──────────────►  ▲
+//        └──── ReaderDoneMsg ─── readers   └── RunHookMsg ──────────────►  ▲
 //                                  │                                       │
 //                                  ├── ChunkMsg{staging lease, window} ────┤
 //                                  ├── EndOfStreamMsg (after the last) ────┘
@@ -16,9 +16,9 @@
 // Every payload is copyable (CAF 0.17 requires it): staging buffers travel as
 // shared_ptr<StagingBuffer>, so the buffer returns to its pool when the last copy
 // worker that used it drops its reference. Per-sender ordering is what the
-// protocol relies on: a worker sees EndOfStreamMsg after every chunk (both from
-// the reader), and the post-processor sees a worker's DrainedMsg after all of its
-// LandedMsgs (both from that worker).
+// protocol relies on: a worker sees each lane's EndOfStreamMsg after every chunk of
+// that lane (both from its reader), and the post-processor sees a worker's DrainedMsg after all of
+// its LandedMsgs (both from that worker).
 #pragma once
 
 #include <caf/actor.hpp>
@@ -36,12 +36,14 @@ namespace ferry::actors {
 
 // One completed read: the staging buffer holding `window`, which the reader cut
 // from the plan just before reading it (shared by every worker it goes to, and
-// freed with the last of them).
+// freed with the last of them). A null buffer: the window was read straight into
+// its one fragment's param (Window::direct).
 struct ChunkMsg {
   std::shared_ptr<io::StagingBuffer> buf;
   std::shared_ptr<const Window> window;
 };
-// The reader sent every chunk; the worker flushes and reports DrainedMsg.
+// A read lane sent every chunk; after one from every lane the worker flushes and
+// reports DrainedMsg.
 struct EndOfStreamMsg {};
 // A copy worker to itself: wait for queued copies and release their buffers.
 struct FlushMsg {};
@@ -69,8 +71,10 @@ struct WorkersMsg {
 struct ReaderDoneMsg {};
 struct AllCompleteMsg {};
 struct TickMsg {};
-// Reader to prefetcher: plan bytes [0, position) have been read.
+// Reader of lane `lane` to prefetcher: that lane has read its plan bytes up to
+// `position`.
 struct AdvanceMsg {
+  std::uint32_t lane = 0;
   std::uint64_t position = 0;
 };
 
@@ -81,8 +85,9 @@ caf::actor spawn_copy_worker(caf::event_based_actor* parent, std::shared_ptr<Sha
 caf::actor spawn_post_processor(caf::event_based_actor* parent, std::shared_ptr<Shared> shared,
                                 caf::actor coordinator);
 caf::actor spawn_prefetcher(caf::event_based_actor* parent, std::shared_ptr<Shared> shared);
+// The reader of read lane `lane` (Shared::lanes).
 caf::actor spawn_reader(caf::event_based_actor* parent, std::shared_ptr<Shared> shared,
-                        std::vector<caf::actor> workers, caf::actor prefetcher,
+                        std::size_t lane, std::vector<caf::actor> workers, caf::actor prefetcher,
                         caf::actor coordinator);
 caf::actor spawn_coordinator(caf::actor_system& system, std::shared_ptr<Shared> shared);
 

@@ -1,4 +1,5 @@
-// run_pipeline: one actor system per load. It creates the staging pool, starts the
+// run_pipeline: one actor system per load. It splits the plan among the read lanes
+// and creates each lane's staging pool, starts the
 // coordinator (which starts everything else), waits for it to stop, then waits for
 // every actor to be gone before it tears the system down: a CAF actor handle that
 // outlives its system hangs the system's destructor, so every handle lives inside
@@ -6,16 +7,129 @@
 // stops.
 #include "actors/pipeline.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/system_messages.hpp>
 #include <exception>
 #include <memory>
+#include <thread>
+#include <utility>
+#include <vector>
 
 #include "actors/messages_internal.hpp"
+#include "io/numa.hpp"
 
 namespace ferry::actors {
+namespace {
+
+constexpr unsigned kMaxAutoLanes = 4;
+constexpr std::size_t kStagingPerRank = std::size_t{8} << 20;
+constexpr std::size_t kStagingAlignment = 4096;
+
+// Files the plan reads (its spans are sorted by file).
+std::size_t files_read(const Plan& plan) {
+  std::size_t files = 0;
+  for (std::size_t i = 0; i < plan.spans.size(); ++i) {
+    files += (i == 0 || plan.spans[i].file != plan.spans[i - 1].file) ? 1 : 0;
+  }
+  return files;
+}
+
+// Param bytes per local rank that the spans of `lane` feed (a tensor split over
+// several spans counts once per span: a weight, not a byte count).
+std::vector<unsigned long long> lane_rank_bytes(const Plan& plan,
+                                                std::pair<std::size_t, std::size_t> lane) {
+  std::vector<unsigned long long> bytes(plan.local_ranks, 0);
+  for (std::size_t i = lane.first; i < lane.second; ++i) {
+    for (const models::Piece& p : plan.routes[plan.spans[i].route].pieces) {
+      bytes.at(p.local_rank) += p.dst_bytes();
+    }
+  }
+  return bytes;
+}
+
+// How many lanes, their spans, and each one's staging pool (on its devices' NUMA
+// node where the system has several): the staging budget split evenly.
+void make_lanes(Shared& shared) {
+  const PipelineInput& input = shared.input();
+  const PipelineOptions& o = input.options;
+  const Plan& plan = shared.plan();
+  const std::size_t budget = o.staging_bytes != 0
+                                 ? o.staging_bytes
+                                 : kStagingPerRank * std::max<std::size_t>(1, plan.local_ranks);
+  const std::size_t buffer_bytes =
+      (o.chunk_bytes + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment;
+  const std::size_t buffers = buffer_bytes == 0 ? 0 : budget / buffer_bytes;
+  if (buffers == 0) {
+    throw Error(Stage::kConfig, "", "",
+                "io.staging_bytes (" + std::to_string(budget) + ") holds no staging buffer of " +
+                    "io.chunk_bytes (" + std::to_string(buffer_bytes) +
+                    " after rounding to 4096): raise io.staging_bytes or lower io.chunk_bytes");
+  }
+  if (o.direct_to_device == io::DirectToDevice::kOn &&
+      std::none_of(input.ranks.begin(), input.ranks.end(),
+                   [](const RankTarget& t) { return t.device->host_addressable(); })) {
+    std::string names;
+    for (const RankTarget& t : input.ranks) {
+      names += (names.empty() ? "" : ", ") + t.device->name();
+    }
+    throw Error(Stage::kConfig, names, "",
+                "io.direct_to_device=on, but no local device can take reads into its memory "
+                "(GPUs without mapped host memory, host devices with a bandwidth cap and null "
+                "devices cannot); use auto or off");
+  }
+  std::size_t lanes = o.read_lanes;
+  if (lanes == 0) {
+    const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
+    lanes = std::min({cores, std::max<std::size_t>(1, files_read(plan)), std::size_t{kMaxAutoLanes},
+                      std::max<std::size_t>(1, buffers / 2)});
+  }
+  lanes = std::min(lanes, buffers);
+  std::vector<std::pair<std::size_t, std::size_t>> spans =
+      lane_spans(plan, static_cast<unsigned>(lanes));
+  if (spans.empty()) {
+    spans.emplace_back(0, 0);  // nothing to read: one lane that reads nothing
+  }
+  const std::size_t per_lane = buffers / spans.size();
+  const std::vector<int> nodes = io::numa_nodes();
+  const auto base =
+      input.staging_allocator ? input.staging_allocator : io::aligned_host_allocator();
+  // The staging gauge sees the sum over the lanes' pools.
+  auto in_use = std::make_shared<std::vector<std::atomic<std::size_t>>>(spans.size());
+  for (std::size_t l = 0; l < spans.size(); ++l) {
+    std::shared_ptr<io::BufferAllocator> allocator = base;
+    if (nodes.size() > 1) {
+      std::vector<int> rank_nodes;
+      for (const RankTarget& t : input.ranks) {
+        rank_nodes.push_back(t.device->numa_node());
+      }
+      const int node = io::preferred_numa_node(lane_rank_bytes(plan, spans[l]), rank_nodes);
+      if (node >= 0) {
+        allocator = input.staging_allocator_on_node ? input.staging_allocator_on_node(node)
+                                                    : io::numa_allocator(base, node);
+      }
+    }
+    Shared::Lane& lane = shared.lanes.emplace_back();
+    lane.spans = spans[l];
+    lane.pool = std::make_shared<io::StagingPool>(per_lane, o.chunk_bytes, allocator);
+    if (input.on_staging) {
+      lane.pool->observe([in_use, l, observer = input.on_staging](std::size_t n) {
+        (*in_use)[l].store(n);
+        std::size_t total = 0;
+        for (const auto& count : *in_use) {
+          total += count.load();
+        }
+        observer(total);
+      });
+    }
+    lane.pool->poison_on_return(o.poison_staging);
+  }
+}
+
+}  // namespace
 
 PipelineResult run_pipeline(const PipelineInput& input) {
   PipelineResult result;
@@ -27,14 +141,7 @@ PipelineResult run_pipeline(const PipelineInput& input) {
                   "internal: run_pipeline needs a plan, a model, an index and one target per "
                   "local rank");
     }
-    const PipelineOptions& o = input.options;
-    shared->pool = std::make_shared<io::StagingPool>(
-        o.staging_buffers, o.chunk_bytes,
-        input.staging_allocator ? input.staging_allocator : io::aligned_host_allocator());
-    if (input.on_staging) {
-      shared->pool->observe(input.on_staging);
-    }
-    shared->pool->poison_on_return(o.poison_staging);
+    make_lanes(*shared);
     {
       caf::actor_system_config config;
       // No cfg.parse(): an embedded library reads no argv or caf-application.ini.
@@ -67,10 +174,16 @@ PipelineResult run_pipeline(const PipelineInput& input) {
   double stream_done = shared->stream_done_seconds.load();
   result.stream_seconds = stream_done >= 0 ? stream_done : result.total_seconds;
   result.landed = shared->landed();
-  if (shared->pool) {
-    result.staging_high_water_bytes = shared->pool->high_water() * shared->pool->buffer_bytes();
-    result.staging_buffers_leased_at_end = shared->pool->in_use();
-    shared->pool.reset();
+  result.bytes_direct = shared->bytes_direct.load();
+  result.bytes_staged = shared->bytes_staged.load();
+  result.read_lanes = static_cast<unsigned>(shared->lanes.size());
+  for (Shared::Lane& lane : shared->lanes) {
+    if (lane.pool) {
+      result.staging_bytes += lane.pool->total_bytes();
+      result.staging_high_water_bytes += lane.pool->high_water() * lane.pool->buffer_bytes();
+      result.staging_buffers_leased_at_end += lane.pool->in_use();
+      lane.pool.reset();
+    }
   }
   return result;
 }

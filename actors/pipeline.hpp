@@ -32,9 +32,21 @@ namespace ferry::actors {
 
 struct PipelineOptions {
   io::Engine engine = io::Engine::kUring;
-  unsigned queue_depth = 16;  // capped at staging_buffers: a read needs a buffer
+  // Reader threads, each with its own ring, staging and share of the spans
+  // (lane_spans); 0 = min(cores, files the plan reads, 4). Fewer run when the
+  // staging budget holds fewer buffers or the plan has fewer spans.
+  unsigned read_lanes = 1;
+  unsigned queue_depth = 16;  // reads in flight per lane
   std::size_t chunk_bytes = std::size_t{4} << 20;
-  unsigned staging_buffers = 8;
+  // Host staging memory, split evenly across the lanes in chunk_bytes buffers (at
+  // least one per lane): the pipeline never holds more. 0 = 8 MiB per local rank.
+  std::size_t staging_bytes = std::size_t{32} << 20;
+  // A read whose bytes are one contiguous run of exactly one local rank's param,
+  // on a device whose memory is host memory (gpu::Device::host_addressable), and
+  // under `direct` 4096-aligned at both ends and in memory, lands in the param with
+  // no staging (single-copy). kAuto: where possible; kOn: the same, and a load with
+  // no local device that can take such reads fails (naming them); kOff: never.
+  io::DirectToDevice direct_to_device = io::DirectToDevice::kAuto;
   bool direct = false;  // open the weight files with O_DIRECT
   bool prefetch = false;
   unsigned prefetch_threads = 4;
@@ -67,6 +79,10 @@ struct PipelineInput {
   // Staging memory; null = aligned host memory (runtime/ passes pinned memory of a
   // CUDA device when there is one).
   std::shared_ptr<io::BufferAllocator> staging_allocator;
+  // Staging memory for a lane whose devices sit on NUMA node `node` (used only when
+  // the system reports several nodes); empty = io::numa_allocator over
+  // staging_allocator (pinned memory needs its pages placed before it is pinned).
+  std::function<std::shared_ptr<io::BufferAllocator>(int node)> staging_allocator_on_node;
   std::shared_ptr<io::FaultInjector> faults;
   // Called by a copy worker before each fragment; throwing fails the load (a
   // ferry::Error keeps its stage, anything else becomes Stage::kCopy).
@@ -102,7 +118,12 @@ struct PipelineResult {
   std::uint64_t bytes_copied = 0;      // param bytes written from checkpoint data
   std::uint64_t bytes_prefetched = 0;  // page-cache prefetch reads
   std::uint64_t reads = 0;             // windows read
-  std::uint64_t staging_high_water_bytes = 0;     // most staging memory leased at once
+  std::uint64_t bytes_direct = 0;      // window bytes read straight into params
+  std::uint64_t bytes_staged = 0;      // window bytes read into staging buffers
+  unsigned read_lanes = 0;             // lanes that ran
+  std::uint64_t staging_bytes = 0;     // staging memory allocated (all lanes)
+  // Sum over the lanes of each lane's most staging memory leased at once.
+  std::uint64_t staging_high_water_bytes = 0;
   std::size_t staging_buffers_leased_at_end = 0;  // 0 unless a lease leaked (a bug)
   double stream_seconds = 0;                      // start until every copy and fill landed
   double total_seconds = 0;                       // start until every actor stopped

@@ -197,7 +197,7 @@ bool WindowCutter::cut(Window& out, std::vector<Segment>* segments) {
   }
   const std::uint64_t chunk = plan_.options.chunk_bytes;
   bool open = false;
-  while (span_ < plan_.spans.size()) {
+  while (span_ < span_end_) {
     const Span& s = plan_.spans[span_];
     if (!entered_) {
       pos_ = s.begin;
@@ -358,12 +358,19 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
 
 std::vector<io::PrefetchFile> planned_prefetch_files(const Plan& plan,
                                                      const io::CheckpointIndex& index) {
+  return planned_prefetch_files(plan, index, {0, plan.spans.size()});
+}
+
+std::vector<io::PrefetchFile> planned_prefetch_files(const Plan& plan,
+                                                     const io::CheckpointIndex& index,
+                                                     std::pair<std::size_t, std::size_t> lane) {
   std::vector<io::PrefetchFile> out;
   for (const io::CheckpointFile& f : index.files) {
     out.push_back(io::PrefetchFile{f.path, f.name, f.size,
                                    std::vector<std::pair<std::uint64_t, std::uint64_t>>{}});
   }
-  for (const Span& span : plan.spans) {  // sorted by file, then begin
+  for (std::size_t i = lane.first; i < lane.second && i < plan.spans.size(); ++i) {
+    const Span& span = plan.spans[i];  // sorted by file, then begin
     auto& ranges = *out.at(span.file).ranges;
     if (!ranges.empty() && span.begin <= ranges.back().second) {
       ranges.back().second = std::max(ranges.back().second, span.end);
@@ -372,6 +379,65 @@ std::vector<io::PrefetchFile> planned_prefetch_files(const Plan& plan,
     }
   }
   return out;
+}
+
+}  // namespace ferry::actors
+
+namespace ferry::actors {
+
+std::vector<std::pair<std::size_t, std::size_t>> lane_spans(const Plan& plan, unsigned lanes) {
+  const std::size_t n = plan.spans.size();
+  std::vector<std::pair<std::size_t, std::size_t>> out;
+  if (n == 0) {
+    return out;
+  }
+  lanes = std::max(1u, lanes);
+  // Cumulative bytes before each span, and whether a span starts a new file.
+  std::vector<std::uint64_t> before(n + 1, 0);
+  std::size_t files = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    before[i + 1] = before[i] + (plan.spans[i].end - plan.spans[i].begin);
+    files += (i == 0 || plan.spans[i].file != plan.spans[i - 1].file) ? 1 : 0;
+  }
+  const bool whole_files = files >= lanes;
+  auto is_cut = [&](std::size_t i) {
+    return i > 0 && i < n && (!whole_files || plan.spans[i].file != plan.spans[i - 1].file);
+  };
+  std::size_t begin = 0;
+  for (unsigned k = 1; k < lanes && begin < n; ++k) {
+    // The allowed boundary after `begin` nearest to k/lanes of the bytes.
+    const std::uint64_t target = before[n] / lanes * k;
+    std::size_t best = n;
+    std::uint64_t best_distance = ~std::uint64_t{0};
+    for (std::size_t i = begin + 1; i < n; ++i) {
+      if (!is_cut(i)) {
+        continue;
+      }
+      const std::uint64_t d = before[i] > target ? before[i] - target : target - before[i];
+      if (d < best_distance) {
+        best = i;
+        best_distance = d;
+      }
+      if (before[i] >= target) {
+        break;  // later boundaries are only farther
+      }
+    }
+    if (best == n) {
+      break;
+    }
+    out.emplace_back(begin, best);
+    begin = best;
+  }
+  out.emplace_back(begin, n);
+  return out;
+}
+
+std::uint64_t lane_plan_begin(const Plan& plan, std::pair<std::size_t, std::size_t> lane) {
+  if (lane.first >= plan.spans.size()) {
+    return plan.plan_bytes;
+  }
+  const Span& s = plan.spans[lane.first];
+  return plan.file_plan_offset.at(s.file) + s.begin;
 }
 
 }  // namespace ferry::actors

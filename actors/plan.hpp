@@ -35,6 +35,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.hpp"
@@ -77,6 +78,8 @@ struct Window {
   std::uint64_t offset = 0;         // absolute file offset
   std::uint64_t nbytes = 0;         // <= chunk_bytes
   std::uint64_t plan_end = 0;       // plan-byte position after this window (for the prefetcher)
+  // Set by the reader: read straight into its one fragment's param, no staging.
+  bool direct = false;
   std::uint32_t first_tensor = 0;   // tensors whose bytes it holds: [first, first + count)
   std::uint32_t tensor_count = 0;   //   (indices into CheckpointIndex::tensors)
   std::vector<Fragment> fragments;  // sorted by local rank
@@ -141,7 +144,10 @@ struct Plan {
 // outlive the cutter. Not thread-safe (the reader owns one).
 class WindowCutter {
  public:
-  explicit WindowCutter(const Plan& plan) : plan_(plan) {}
+  explicit WindowCutter(const Plan& plan) : WindowCutter(plan, {0, plan.spans.size()}) {}
+  // Only the spans [lane.first, lane.second): one read lane's share (lane_spans).
+  WindowCutter(const Plan& plan, std::pair<std::size_t, std::size_t> lane)
+      : plan_(plan), span_(lane.first), span_end_(lane.second) {}
 
   // The next window with its fragments, sorted by local rank; false after the last.
   bool next(Window& out);
@@ -161,6 +167,7 @@ class WindowCutter {
 
   const Plan& plan_;
   std::size_t span_ = 0;   // the span the next window starts in
+  std::size_t span_end_ = 0;  // one past the last span this cutter cuts
   std::uint64_t pos_ = 0;  // and where in it (0 before the span is entered)
   bool entered_ = false;
   std::uint32_t cut_ = 0;  // windows cut so far
@@ -188,7 +195,23 @@ void clip_piece(const models::Piece& piece, std::uint64_t tensor_offset,
 // What a page-cache prefetch of `plan` reads: every file of the index, in order (so
 // that plan byte positions agree with the reader's), each with its planned spans
 // merged into ranges (adjacent ones joined); a file the plan does not read has none.
+// With `lane`, only the spans [lane.first, lane.second) (one read lane's share).
 std::vector<io::PrefetchFile> planned_prefetch_files(const Plan& plan,
                                                      const io::CheckpointIndex& index);
+std::vector<io::PrefetchFile> planned_prefetch_files(const Plan& plan,
+                                                     const io::CheckpointIndex& index,
+                                                     std::pair<std::size_t, std::size_t> lane);
+
+// How the plan's spans are shared among at most `lanes` read lanes (each its own
+// reader thread, ring and staging): contiguous runs of spans [first, second), in
+// read order, of about equal bytes. When the plan reads at least `lanes` files, runs
+// end at file boundaries (each lane takes whole files); otherwise at span
+// boundaries (large spans of one file). No run is empty, so fewer than `lanes` come
+// back when the plan has fewer spans (none for a plan with no spans). lanes >= 1.
+std::vector<std::pair<std::size_t, std::size_t>> lane_spans(const Plan& plan, unsigned lanes);
+
+// The plan-byte position where spans [lane.first, ...) start: a lane's prefetch
+// begins there.
+std::uint64_t lane_plan_begin(const Plan& plan, std::pair<std::size_t, std::size_t> lane);
 
 }  // namespace ferry::actors

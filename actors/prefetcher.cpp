@@ -1,10 +1,11 @@
-// The prefetcher actor: runs io::Prefetcher (page-cache warm-up threads) over the
-// weight files in plan order, no further than `ahead_bytes` past the reader, whose
-// position arrives as AdvanceMsg. Detached, because stopping the prefetch joins
-// its threads, which may take one block read: that wait must not hold one of the
-// two scheduler threads. A prefetch never fails a load: a failure is logged.
+// The prefetcher actor: runs an io::Prefetcher (page-cache warm-up threads) per read
+// lane over that lane's planned ranges in plan order, no further than its share of
+// `ahead_bytes` past the lane's reader, whose position arrives as AdvanceMsg. Detached, because
+// stopping the prefetch joins its threads, which may take one block read: that wait must not hold
+// one of the two scheduler threads. A prefetch never fails a load: a failure is logged.
 //
 //   reader ── AdvanceMsg{plan position} ──► prefetcher
+#include <algorithm>
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
 #include <chrono>
@@ -21,17 +22,26 @@ namespace {
 
 struct PrefetcherState {
   std::shared_ptr<Shared> shared;
-  std::unique_ptr<io::Prefetcher> prefetcher;
+  std::vector<std::unique_ptr<io::Prefetcher>> lanes;  // by read lane; null: disabled
 
   PrefetcherState() = default;
   PrefetcherState(const PrefetcherState&) = delete;
   PrefetcherState& operator=(const PrefetcherState&) = delete;
   ~PrefetcherState() {
-    if (prefetcher) {
-      prefetcher->stop(std::chrono::seconds(10));
-      shared->bytes_prefetched.store(prefetcher->bytes_prefetched());
-      prefetcher.reset();
+    for (auto& p : lanes) {
+      if (p) {
+        p->cancel();  // all lanes stop at once, then each is joined
+      }
     }
+    std::uint64_t bytes = 0;
+    for (auto& p : lanes) {
+      if (p) {
+        p->stop(std::chrono::seconds(10));
+        bytes += p->bytes_prefetched();
+        p.reset();
+      }
+    }
+    shared->bytes_prefetched.store(bytes);
   }
 };
 
@@ -40,24 +50,35 @@ caf::behavior prefetcher(caf::stateful_actor<PrefetcherState>* self,
   auto& st = self->state;
   st.shared = std::move(shared);
   const PipelineOptions& o = st.shared->input().options;
-  // Only the planned ranges, never whole files (what the ranks do not read is not
-  // warmed either).
-  std::vector<io::PrefetchFile> files =
-      planned_prefetch_files(st.shared->plan(), st.shared->index());
-  io::PrefetchOptions options;
-  options.threads = o.prefetch_threads;
-  options.block_bytes = o.prefetch_block_bytes;
-  options.ahead_bytes = o.prefetch_ahead_bytes;
-  options.on_block_read = st.shared->input().on_prefetch_block;
-  try {
-    st.prefetcher = std::make_unique<io::Prefetcher>(std::move(files), options);
-  } catch (const std::exception& e) {
-    log::warn(std::string("prefetch disabled: ") + e.what());
+  const std::size_t lanes = st.shared->lanes.size();
+  for (std::size_t l = 0; l < lanes; ++l) {
+    const auto spans = st.shared->lanes[l].spans;
+    // Only the lane's planned ranges, never whole files (what the ranks do not read
+    // is not warmed either); the threads and the lead are shared among the lanes.
+    io::PrefetchOptions options;
+    options.threads = std::max<unsigned>(1, o.prefetch_threads / static_cast<unsigned>(lanes));
+    options.block_bytes = o.prefetch_block_bytes;
+    options.ahead_bytes = o.prefetch_ahead_bytes == 0
+                              ? 0
+                              : std::max<std::uint64_t>(1, o.prefetch_ahead_bytes / lanes);
+    options.on_block_read = st.shared->input().on_prefetch_block;
+    try {
+      auto p = std::make_unique<io::Prefetcher>(
+          planned_prefetch_files(st.shared->plan(), st.shared->index(), spans), options);
+      // The lane starts reading here: its lead counts from this point.
+      p->advance(lane_plan_begin(st.shared->plan(), spans));
+      st.lanes.push_back(std::move(p));
+    } catch (const std::exception& e) {
+      log::warn(std::string("prefetch of read lane ") + std::to_string(l) +
+                " disabled: " + e.what());
+      st.lanes.emplace_back();
+    }
   }
   return {
       [self](AdvanceMsg msg) {
-        if (self->state.prefetcher) {
-          self->state.prefetcher->advance(msg.position);
+        auto& prefetchers = self->state.lanes;
+        if (msg.lane < prefetchers.size() && prefetchers[msg.lane]) {
+          prefetchers[msg.lane]->advance(msg.position);
         }
       },
   };

@@ -1,10 +1,16 @@
-// The reader: cuts the plan's windows in order (actors::WindowCutter, one window
-// just before it is read, so only the windows in flight exist), reads each into a
-// staging buffer and hands the buffer, with the window, to every copy worker that
-// has fragments in it.
+// A read lane's reader: cuts its share of the plan's windows in order
+// (actors::WindowCutter over the lane's spans, one window just before it is read, so
+// only the windows in flight exist), reads each into a staging buffer of the lane's
+// own pool and hands the buffer, with the window, to every copy worker that has
+// fragments in it. Lanes run side by side, each on its own thread and ring.
+//
+// Single-copy reads: a window that is one contiguous run of one local rank's param,
+// on a device whose memory is host memory, is read straight into the param (no
+// buffer; PipelineOptions::direct_to_device) and announced to that rank's worker
+// with a null buffer once the read completed.
 //
 //   reader ── ChunkMsg{lease, window} ──► copy workers (then EndOfStreamMsg)
-//   reader ── AdvanceMsg ──► prefetcher          reader ── ReaderDoneMsg ──► coordinator
+//   reader ── AdvanceMsg{lane} ──► prefetcher    reader ── ReaderDoneMsg ──► coordinator
 //
 // The bridge between the mailbox and io_uring: the reader is a blocking actor on
 // its own thread that owns the io::Reader (ring) outright, and loops: drain the
@@ -17,9 +23,10 @@
 // completions to an event-based actor, needs a second thread and a handoff for the
 // same result.)
 //
-// Credits: a read is issued only into a leased staging buffer, so reads in flight
-// plus chunks queued at or held by the copy workers never exceed the pool's buffer
-// count; when none is free the reader waits on the pool (bounded, so it still sees
+// Credits: a staged read is issued only into a leased buffer of the lane's pool, so
+// its staged reads in flight plus chunks queued at or held by the copy workers
+// never exceed the pool's buffer count (and direct reads in flight never exceed
+// io.queue_depth); when none is free the reader waits on the pool (bounded, so it still sees
 // its mailbox). The lease travels as shared_ptr and returns when the last worker
 // that used the chunk has finished copying from it.
 //
@@ -46,13 +53,16 @@ namespace ferry::actors {
 namespace {
 
 constexpr std::chrono::milliseconds kPollWait{2};
+constexpr std::uintptr_t kDirectAlign = 4096;  // O_DIRECT offsets, lengths and memory
 
 class ReadLoop {
  public:
-  ReadLoop(caf::blocking_actor* self, std::shared_ptr<Shared> shared,
+  ReadLoop(caf::blocking_actor* self, std::shared_ptr<Shared> shared, std::size_t lane,
            std::vector<caf::actor> workers, caf::actor prefetcher)
       : self_(self),
         shared_(std::move(shared)),
+        lane_(lane),
+        pool_(*shared_->lanes.at(lane).pool),
         workers_(std::move(workers)),
         prefetcher_(std::move(prefetcher)) {}
 
@@ -67,7 +77,7 @@ class ReadLoop {
         done.clear();
         reader_->poll(done, std::chrono::milliseconds(50));
       }
-      shared_->bytes_read.store(reader_->stats().bytes_requested);
+      shared_->bytes_read.fetch_add(reader_->stats().bytes_requested);
     }
     in_flight_.clear();
   }
@@ -76,12 +86,19 @@ class ReadLoop {
   bool run() {
     const PipelineInput& input = shared_->input();
     const PipelineOptions& o = input.options;
-    for (const io::CheckpointFile& f : shared_->index().files) {
-      files_.push_back(io::File::open(f.path, o.direct, f.name));
+    const auto spans = shared_->lanes[lane_].spans;
+    files_.resize(shared_->index().files.size());
+    for (std::size_t i = spans.first; i < spans.second; ++i) {  // the lane's files only
+      const io::CheckpointFile& f = shared_->index().files[shared_->plan().spans[i].file];
+      std::optional<io::File>& file = files_[shared_->plan().spans[i].file];
+      if (!file) {
+        file.emplace(io::File::open(f.path, o.direct, f.name));
+      }
     }
+    depth_ = std::max(1u, o.queue_depth);
     io::ReaderOptions ro;
     ro.engine = o.engine;
-    ro.queue_depth = std::max(1u, std::min(o.queue_depth, o.staging_buffers));
+    ro.queue_depth = depth_;
     ro.chunk_bytes = o.chunk_bytes;
     ro.faults = input.faults;
     reader_ = io::make_reader(ro);
@@ -89,7 +106,7 @@ class ReadLoop {
       reader_ = input.wrap_reader(std::move(reader_));
     }
 
-    WindowCutter cutter(shared_->plan());
+    WindowCutter cutter(shared_->plan(), spans);
     std::shared_ptr<Window> next = cut(cutter);
     std::vector<io::Completion> done;
     while (true) {
@@ -97,15 +114,21 @@ class ReadLoop {
         return false;
       }
       shared_->check_cancel();
-      while (next) {
-        std::optional<io::StagingBuffer> lease = take_buffer();
-        if (!lease) {
-          break;
+      while (next && in_flight_.size() < depth_) {
+        Window& w = *next;
+        std::byte* dst = direct_destination(w);
+        std::shared_ptr<io::StagingBuffer> buf;
+        if (dst == nullptr) {
+          std::optional<io::StagingBuffer> lease = take_buffer();
+          if (!lease) {
+            break;
+          }
+          buf = std::make_shared<io::StagingBuffer>(std::move(*lease));
+          dst = buf->data();
         }
-        const Window& w = *next;
-        auto buf = std::make_shared<io::StagingBuffer>(std::move(*lease));
+        w.direct = !buf;
         reader_->submit(
-            {&files_[w.file], w.offset, static_cast<std::size_t>(w.nbytes), buf->data(), w.index});
+            {&*files_[w.file], w.offset, static_cast<std::size_t>(w.nbytes), dst, w.index});
         in_flight_.emplace(w.index, InFlight{std::move(buf), std::move(next)});
         next = cut(cutter);
         // Hand over whatever is done before the next read: from the page cache a
@@ -129,10 +152,9 @@ class ReadLoop {
         }
       } else {
         // Every buffer is with the copy workers: wait (bounded) for one to return.
-        spare_ = shared_->pool->acquire_for(kPollWait);
+        spare_ = pool_.acquire_for(kPollWait);
       }
     }
-    shared_->bytes_read.store(reader_->stats().bytes_requested);
     for (const caf::actor& w : workers_) {
       self_->send(w, EndOfStreamMsg{});
     }
@@ -168,7 +190,31 @@ class ReadLoop {
       spare_.reset();
       return out;
     }
-    return shared_->pool->try_acquire();
+    return pool_.try_acquire();
+  }
+
+  // Where window `w` may be read with no staging (see the file comment), or null.
+  std::byte* direct_destination(const Window& w) const {
+    const PipelineOptions& o = shared_->input().options;
+    if (o.direct_to_device == io::DirectToDevice::kOff || w.fragments.size() != 1) {
+      return nullptr;
+    }
+    const Fragment& f = w.fragments.front();
+    const bool contiguous =
+        f.rows == 1 || (f.src_pitch == f.src_row_bytes() && f.dst_pitch == f.dst_row_bytes());
+    if (f.src_dtype != f.dst_dtype || !contiguous || f.src_offset != 0 || f.src_end() != w.nbytes) {
+      return nullptr;
+    }
+    const RankTarget& target = shared_->input().ranks[f.local_rank];
+    if (!target.device->host_addressable()) {
+      return nullptr;
+    }
+    std::byte* dst = target.params[f.param] + f.dst_offset;
+    if (o.direct && (w.offset % kDirectAlign != 0 || w.nbytes % kDirectAlign != 0 ||
+                     reinterpret_cast<std::uintptr_t>(dst) % kDirectAlign != 0)) {
+      return nullptr;
+    }
+    return dst;
   }
 
   void dispatch(const io::Completion& c) {
@@ -189,6 +235,7 @@ class ReadLoop {
     }
     shared_->reads.fetch_add(1);
     shared_->progress().bytes_read.fetch_add(w.nbytes, std::memory_order_relaxed);
+    (w.direct ? shared_->bytes_direct : shared_->bytes_staged).fetch_add(w.nbytes);
     for (std::size_t r = 0; r < workers_.size(); ++r) {
       if (w.has_rank(r)) {
         self_->send(workers_[r], ChunkMsg{chunk.buf, chunk.window});
@@ -196,28 +243,31 @@ class ReadLoop {
     }
     position_ = std::max(position_, w.plan_end);
     if (prefetcher_) {
-      self_->send(prefetcher_, AdvanceMsg{position_});
+      self_->send(prefetcher_, AdvanceMsg{static_cast<std::uint32_t>(lane_), position_});
     }
   }
 
   caf::blocking_actor* self_;
   std::shared_ptr<Shared> shared_;
+  std::size_t lane_;
+  io::StagingPool& pool_;  // the lane's (Shared::lanes outlives the readers)
+  unsigned depth_ = 1;     // reads in flight at most
   std::vector<caf::actor> workers_;
   caf::actor prefetcher_;
   // Declaration order matters for the destructor: the reader (drained there) goes
   // before the buffers its reads write into, and both before the files.
-  std::vector<io::File> files_;
+  std::vector<std::optional<io::File>> files_;  // by file index: the lane's files only
   std::optional<io::StagingBuffer> spare_;
   std::map<std::uint64_t, InFlight> in_flight_;
   std::unique_ptr<io::Reader> reader_;
   std::uint64_t position_ = 0;
 };
 
-void reader(caf::blocking_actor* self, std::shared_ptr<Shared> shared,
+void reader(caf::blocking_actor* self, std::shared_ptr<Shared> shared, std::size_t lane,
             std::vector<caf::actor> workers, caf::actor prefetcher, caf::actor coordinator) {
   bool finished = false;
   try {
-    ReadLoop loop(self, shared, std::move(workers), std::move(prefetcher));
+    ReadLoop loop(self, shared, lane, std::move(workers), std::move(prefetcher));
     finished = loop.run();
   } catch (...) {
     // A closed pool after an abort is the abort's echo, not a new error; fail()
@@ -232,9 +282,9 @@ void reader(caf::blocking_actor* self, std::shared_ptr<Shared> shared,
 }  // namespace
 
 caf::actor spawn_reader(caf::event_based_actor* parent, std::shared_ptr<Shared> shared,
-                        std::vector<caf::actor> workers, caf::actor prefetcher,
+                        std::size_t lane, std::vector<caf::actor> workers, caf::actor prefetcher,
                         caf::actor coordinator) {
-  return parent->spawn(reader, std::move(shared), std::move(workers), std::move(prefetcher),
+  return parent->spawn(reader, std::move(shared), lane, std::move(workers), std::move(prefetcher),
                        std::move(coordinator));
 }
 

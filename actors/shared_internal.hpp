@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "actors/pipeline.hpp"
@@ -70,8 +71,21 @@ class Shared {
     }
   }
 
-  // The pool is created by run_pipeline before any actor starts and outlives them.
-  std::shared_ptr<io::StagingPool> pool;
+  // One read lane: its share of the plan's spans and its own staging pool, created
+  // by run_pipeline before any actor starts; they outlive the actors.
+  struct Lane {
+    std::pair<std::size_t, std::size_t> spans;
+    std::shared_ptr<io::StagingPool> pool;
+  };
+  std::vector<Lane> lanes;
+  // Closes every lane's pool, so a reader blocked on one wakes (an abort).
+  void close_pools() {
+    for (Lane& lane : lanes) {
+      if (lane.pool) {
+        lane.pool->close();
+      }
+    }
+  }
 
   std::atomic<std::uint64_t> bytes_read{0};  // requested by the reader (O_DIRECT widening)
   // Windows read and param bytes copied so far: the caller's counters when it
@@ -79,6 +93,8 @@ class Shared {
   PipelineProgress& progress() { return *progress_; }
   std::atomic<std::uint64_t> bytes_prefetched{0};
   std::atomic<std::uint64_t> reads{0};
+  std::atomic<std::uint64_t> bytes_direct{0};  // read straight into params
+  std::atomic<std::uint64_t> bytes_staged{0};  // read into staging
 
   double seconds_since_start() const {
     return std::chrono::duration<double>(Clock::now() - start_).count();

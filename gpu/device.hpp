@@ -234,6 +234,16 @@ class Device {
   // its copies are checked and counted but discarded, so nothing can be read back,
   // and work that needs parameter memory (post-load hooks, dumps) cannot run on it.
   virtual bool holds_data() const { return true; }
+
+  // True when this device's parameter memory is host memory that a file read may
+  // land in directly, with nothing to emulate on the way (the host backend without
+  // a bandwidth cap): the load pipeline's single-copy reads (io.direct_to_device).
+  // False for GPUs (no mapped host memory) and for devices that keep no data.
+  virtual bool host_addressable() const { return false; }
+
+  // The NUMA node the device is attached to (a GPU's PCI node), or -1 when unknown
+  // or not meaningful (host devices): where staging feeding it is best allocated.
+  virtual int numa_node() const { return -1; }
 };
 
 // True for the element types cast() converts: BF16, F16, F32.

@@ -330,6 +330,9 @@ class HostDevice final : public Device {
 
   std::string name() const override { return state_->name; }
 
+  // A capped link has bytes to emulate on the way, so reads go through staging then.
+  bool host_addressable() const override { return !state_->throttle; }
+
   // With a bandwidth cap, the calling thread (the copy worker's) sleeps until the
   // emulated link is through; Linux lets such sleeps overrun by the thread's timer
   // slack, 50 us by default, which per 1 MiB chunk is a quarter of its time on a

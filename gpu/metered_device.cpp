@@ -89,6 +89,8 @@ class MeteredDevice final : public Device {
   }
   AllocationStats stats() const override { return inner_->stats(); }
   bool holds_data() const override { return inner_->holds_data(); }
+  bool host_addressable() const override { return inner_->host_addressable(); }
+  int numa_node() const override { return inner_->numa_node(); }
 
  private:
   std::shared_ptr<Device> inner_;

@@ -60,6 +60,11 @@ struct ReaderStats {
 
 enum class Engine { kUring, kPread, kMmap };
 
+// Whether a read may land in its final memory (a parameter) instead of a staging
+// buffer, where the layer above finds that possible: kAuto where possible, kOn
+// likewise but insisting (the layer fails when nothing can), kOff never.
+enum class DirectToDevice { kAuto, kOn, kOff };
+
 struct ReaderOptions {
   Engine engine = Engine::kUring;               // io_uring, falling back to pread
   unsigned queue_depth = 16;                    // reads in flight (uring)

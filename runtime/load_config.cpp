@@ -27,6 +27,7 @@ constexpr std::string_view kDefaultsSource = "defaults";
 constexpr int kMaxParallel = 4096;     // tp, ep, pp: far beyond any deployment
 constexpr int kMaxCudaOrdinal = 1024;  // keeps "cuda:0-999999999" from allocating
 constexpr std::uint64_t kMaxChunkBytes = std::uint64_t{1} << 30;  // a read returns < 2 GiB
+constexpr std::uint64_t kMaxStagingBytes = std::uint64_t{64} << 30;  // staging for all lanes
 constexpr std::uint64_t kDirectAlign = 4096;  // O_DIRECT alignment (notes/toolchain.md)
 
 [[noreturn]] void fail(std::string_view source, std::string rule) {
@@ -98,6 +99,9 @@ std::string unknown_key(const std::string& key) {
       {"metrics.prometheus_file",
        "it was removed: metrics.textfile writes the metrics after each load (and "
        "metrics.listen serves them)"},
+      {"io.staging_buffers",
+       "it was replaced by io.staging_bytes, the host staging memory in bytes for all read "
+       "lanes together (io.staging_buffers x io.chunk_bytes before; e.g. 8MiB)"},
   };
   if (auto it = kRemoved.find(key); it != kRemoved.end()) {
     return "unknown key '" + key + "': " + it->second;
@@ -263,6 +267,18 @@ std::string ignored_variable_reason(const std::string& name) {
   }
   return "not a ferry variable (configuration variables are FERRY_ and a key in upper case "
          "with __ for each dot, as FERRY_IO__CHUNK_BYTES)";
+}
+
+std::string_view direct_to_device_name(io::DirectToDevice mode) {
+  switch (mode) {
+    case io::DirectToDevice::kOn:
+      return "on";
+    case io::DirectToDevice::kOff:
+      return "off";
+    case io::DirectToDevice::kAuto:
+      break;
+  }
+  return "auto";
 }
 
 std::string_view engine_name(io::Engine engine) {
@@ -691,10 +707,33 @@ LoadConfig ConfigBuilder::build() const {
       f.fail_key("io.engine", "expected uring or pread, got " + json_quoted(text));
     }
   }
+  c.io.read_lanes = static_cast<unsigned>(f.get_int("io.read_lanes", 0, 64, d.io.read_lanes));
   c.io.queue_depth = static_cast<unsigned>(f.get_int("io.queue_depth", 1, 32768, d.io.queue_depth));
   c.io.chunk_bytes = f.get_size("io.chunk_bytes", 4096, kMaxChunkBytes, d.io.chunk_bytes);
-  c.io.staging_buffers =
-      static_cast<unsigned>(f.get_int("io.staging_buffers", 1, 4096, d.io.staging_buffers));
+  c.io.staging_bytes = f.get_size("io.staging_bytes", 0, kMaxStagingBytes, d.io.staging_bytes);
+  if (c.io.staging_bytes != 0) {
+    const std::uint64_t buffer =
+        (c.io.chunk_bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    if (c.io.staging_bytes < buffer) {
+      f.fail_key("io.staging_bytes", "must hold at least one io.chunk_bytes buffer (" +
+                                         std::to_string(buffer) + " bytes), got " +
+                                         std::to_string(c.io.staging_bytes) +
+                                         " (0 means 8 MiB per local device)");
+    }
+  }
+  {
+    std::string text = f.get_string("io.direct_to_device",
+                                    std::string(direct_to_device_name(d.io.direct_to_device)));
+    if (text == "auto") {
+      c.io.direct_to_device = io::DirectToDevice::kAuto;
+    } else if (text == "on") {
+      c.io.direct_to_device = io::DirectToDevice::kOn;
+    } else if (text == "off") {
+      c.io.direct_to_device = io::DirectToDevice::kOff;
+    } else {
+      f.fail_key("io.direct_to_device", "expected auto, on or off, got " + json_quoted(text));
+    }
+  }
   c.io.direct = f.get_bool("io.direct", d.io.direct);
   c.io.drop_cache = f.get_bool("io.drop_cache", d.io.drop_cache);
   if (c.io.direct && c.io.chunk_bytes % kDirectAlign != 0) {
@@ -817,9 +856,11 @@ nlohmann::json to_json(const LoadConfig& c) {
       {"io",
        {
            {"engine", engine_name(c.io.engine)},
+           {"read_lanes", c.io.read_lanes},
            {"queue_depth", c.io.queue_depth},
            {"chunk_bytes", c.io.chunk_bytes},
-           {"staging_buffers", c.io.staging_buffers},
+           {"staging_bytes", c.io.staging_bytes},
+           {"direct_to_device", direct_to_device_name(c.io.direct_to_device)},
            {"direct", c.io.direct},
            {"drop_cache", c.io.drop_cache},
        }},

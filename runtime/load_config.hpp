@@ -79,9 +79,17 @@ struct IoConfig {
   // Defaults measured best from the page cache (docs/PERFORMANCE.md): 1 MiB
   // buffers keep the pool (8 MiB) in the CPU caches between the reader's kernel
   // copy and the copy workers; cold O_DIRECT reads prefer queue_depth 16 x 4 MiB.
-  unsigned queue_depth = 4;                        // reads in flight per reader
+  // Reader threads, each with its own ring, staging and whole files (or large
+  // spans of one file); 0 = min(cores, weight files read, 4).
+  unsigned read_lanes = 0;
+  unsigned queue_depth = 4;                        // reads in flight per lane
   std::size_t chunk_bytes = std::size_t{1} << 20;  // one read and one staging buffer
-  unsigned staging_buffers = 8;  // host staging memory is staging_buffers x chunk_bytes
+  // Host staging memory for all lanes together, split evenly across them in
+  // chunk_bytes buffers; 0 = 8 MiB per local device. (Replaces staging_buffers.)
+  std::size_t staging_bytes = 0;
+  // Reads that are one contiguous run of one host device's param land there with
+  // no staging: auto (where possible), on (and fail when no device can), off.
+  io::DirectToDevice direct_to_device = io::DirectToDevice::kAuto;
   bool direct = false;           // O_DIRECT reads (skip the page cache)
   bool drop_cache = false;       // evict the files from the page cache first (cold-cache runs)
   bool operator==(const IoConfig&) const = default;

@@ -70,6 +70,11 @@ LoadMetrics::LoadMetrics(std::shared_ptr<prometheus::Registry> registry)
                           .Name("ferry_prefetch_bytes_total")
                           .Help("Bytes the page-cache prefetch read")
                           .Register(*registry_)),
+      read_path_bytes_(prometheus::BuildCounter()
+                           .Name("ferry_read_path_bytes_total")
+                           .Help("Tensor bytes read, by path: direct_to_device (straight into "
+                                 "parameters, not in ferry_bytes_copied_total) or staged")
+                           .Register(*registry_)),
       errors_(prometheus::BuildCounter()
                   .Name("ferry_load_errors_total")
                   .Help("Loads that failed, by the stage of the error")
@@ -149,6 +154,10 @@ void LoadMetrics::record_load(const LoadReport& r, const std::string& model) {
       .Increment(static_cast<double>(r.tensors.unmapped));
   throughput_.Add({{"model", model}}).Set(r.gbps * 1e9);
   prefetch_bytes_.Add({{"model", model}}).Increment(static_cast<double>(r.bytes_prefetched));
+  read_path_bytes_.Add({{"model", model}, {"path", "direct_to_device"}})
+      .Increment(static_cast<double>(r.read_paths.direct_to_device));
+  read_path_bytes_.Add({{"model", model}, {"path", "staged"}})
+      .Increment(static_cast<double>(r.read_paths.staged));
 }
 
 void LoadMetrics::record_error(Stage stage) {

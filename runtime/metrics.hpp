@@ -61,6 +61,7 @@ class LoadMetrics {
   prometheus::Family<prometheus::Histogram>& read_seconds_;
   prometheus::Family<prometheus::Histogram>& copy_seconds_;
   prometheus::Family<prometheus::Counter>& prefetch_bytes_;
+  prometheus::Family<prometheus::Counter>& read_path_bytes_;
   prometheus::Family<prometheus::Counter>& errors_;
 };
 

@@ -29,6 +29,10 @@ nlohmann::json LoadReport::to_json() const {
       {"gbps", gbps},
       {"peak_rss_bytes", peak_rss_bytes},
       {"staging_high_water_bytes", staging_high_water_bytes},
+      {"staging_bytes", staging_bytes},
+      {"read_lanes", read_lanes},
+      {"read_paths",
+       {{"direct_to_device", read_paths.direct_to_device}, {"staged", read_paths.staged}}},
       {"files", files},
       {"tensors",
        {{"placed", tensors.placed}, {"dropped", tensors.dropped}, {"unmapped", tensors.unmapped}}},
@@ -61,8 +65,11 @@ std::string LoadReport::summary() const {
        " s, allocate " + fixed(phases.allocate, 3) + " s, stream " + fixed(phases.stream, 3) +
        " s, postprocess " + fixed(phases.postprocess, 3) + " s, verify " + fixed(phases.verify, 3) +
        " s\n";
-  s += "host memory: staging high water " + human_bytes(staging_high_water_bytes) + ", peak RSS " +
-       human_bytes(peak_rss_bytes) + "\n";
+  s += "reads: " + std::to_string(read_lanes) + " lane(s), " +
+       human_bytes(read_paths.direct_to_device) + " straight into parameters, " +
+       human_bytes(read_paths.staged) + " through staging\n";
+  s += "host memory: staging " + human_bytes(staging_bytes) + ", high water " +
+       human_bytes(staging_high_water_bytes) + ", peak RSS " + human_bytes(peak_rss_bytes) + "\n";
   if (!hooks_skipped.empty()) {
     s += "post-load hooks skipped (their devices keep no data): " +
          std::to_string(hooks_skipped.size()) + "\n";

@@ -42,6 +42,7 @@
 #include "io/discover.hpp"
 #include "io/file.hpp"
 #include "io/metered_reader.hpp"
+#include "io/numa.hpp"
 #include "io/prefetch.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
@@ -91,12 +92,32 @@ ErrorInfo to_info(const Error& e) {
 // memory of a CUDA device (portable, so every device's copies may use it).
 class PinnedStagingAllocator final : public io::BufferAllocator {
  public:
-  explicit PinnedStagingAllocator(std::shared_ptr<gpu::Device> device)
-      : device_(std::move(device)) {}
+  // node >= 0: the pages are placed on that NUMA node (bound, then touched) before
+  // they are pinned, since pinned pages cannot move; else allocate_pinned.
+  explicit PinnedStagingAllocator(std::shared_ptr<gpu::Device> device, int node = -1)
+      : device_(std::move(device)), node_(node) {}
 
   void* allocate(std::size_t bytes, std::size_t alignment) override {
     if (alignment > gpu::kPinnedAlignment) {
       return nullptr;
+    }
+    if (node_ >= 0) {
+      auto host = io::numa_allocator(io::aligned_host_allocator(), node_);
+      void* p = host->allocate(bytes, alignment);
+      if (p == nullptr) {
+        return nullptr;
+      }
+      std::memset(p, 0, bytes);  // first touch: the pages land on the node
+      Placed placed{host, {}};
+      try {
+        placed.registration = device_->register_host(p, bytes);
+      } catch (...) {
+        host->deallocate(p, bytes);
+        throw;
+      }
+      std::lock_guard lock(mu_);
+      placed_.emplace(p, std::move(placed));
+      return p;
     }
     gpu::PinnedAllocation a = device_->allocate_pinned(bytes);
     void* p = a.data();
@@ -104,16 +125,30 @@ class PinnedStagingAllocator final : public io::BufferAllocator {
     live_.emplace(p, std::move(a));
     return p;
   }
-  void deallocate(void* p, std::size_t /*bytes*/) noexcept override {
+  void deallocate(void* p, std::size_t bytes) noexcept override {
     std::lock_guard lock(mu_);
     live_.erase(p);
+    if (auto it = placed_.find(p); it != placed_.end()) {
+      it->second.registration = {};  // unpin before the memory goes
+      it->second.host->deallocate(p, bytes);
+      placed_.erase(it);
+    }
   }
-  std::string name() const override { return "pinned memory of " + device_->name(); }
+  std::string name() const override {
+    return "pinned memory of " + device_->name() +
+           (node_ >= 0 ? " on NUMA node " + std::to_string(node_) : "");
+  }
 
  private:
+  struct Placed {
+    std::shared_ptr<io::BufferAllocator> host;
+    gpu::HostRegistration registration;
+  };
   std::shared_ptr<gpu::Device> device_;
+  int node_;
   std::mutex mu_;
   std::map<void*, gpu::PinnedAllocation> live_;
+  std::map<void*, Placed> placed_;
 };
 
 bool contiguous(const LoadedParam& p) {
@@ -1167,9 +1202,11 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
     }
   }
   input.options.engine = c.io.engine;
+  input.options.read_lanes = c.io.read_lanes;
   input.options.queue_depth = c.io.queue_depth;
   input.options.chunk_bytes = c.io.chunk_bytes;
-  input.options.staging_buffers = c.io.staging_buffers;
+  input.options.staging_bytes = c.io.staging_bytes;
+  input.options.direct_to_device = c.io.direct_to_device;
   input.options.direct = c.io.direct;
   input.options.prefetch = c.prefetch.enabled;
   input.options.prefetch_threads = c.prefetch.threads;
@@ -1182,6 +1219,9 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
     for (const auto& d : w.state->devices) {
       if (d->name().rfind("cuda", 0) == 0) {
         input.staging_allocator = std::make_shared<PinnedStagingAllocator>(d);
+        input.staging_allocator_on_node = [d](int node) {
+          return std::make_shared<PinnedStagingAllocator>(d, node);
+        };
         break;
       }
     }
@@ -1221,6 +1261,10 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   report.bytes_copied = streamed.bytes_copied;
   report.bytes_prefetched += streamed.bytes_prefetched;
   report.staging_high_water_bytes = streamed.staging_high_water_bytes;
+  report.staging_bytes = streamed.staging_bytes;
+  report.read_lanes = streamed.read_lanes;
+  report.read_paths.direct_to_device += streamed.bytes_direct;
+  report.read_paths.staged += streamed.bytes_staged;
   if (streamed.error) {
     throw *streamed.error;  // the caller drops the work (and every allocation)
   }

@@ -94,7 +94,14 @@ struct LoadReport {
   } phases;                            // add up to `seconds`
   double gbps = 0;                     // bytes_read / stream seconds / 1e9
   std::uint64_t peak_rss_bytes = 0;
-  std::uint64_t staging_high_water_bytes = 0;
+  std::uint64_t staging_high_water_bytes = 0;  // summed over the read lanes
+  std::uint64_t staging_bytes = 0;             // staging allocated (io.staging_bytes)
+  unsigned read_lanes = 0;                     // reader threads that ran (io.read_lanes)
+  // Tensor bytes by the path they took from the file: read straight into params
+  // (io.direct_to_device) or into staging and copied; they add up to the windows read.
+  struct ReadPaths {
+    std::uint64_t direct_to_device = 0, staged = 0;
+  } read_paths;
   std::size_t files = 0;
   struct Tensors {
     std::size_t placed = 0, dropped = 0, unmapped = 0;

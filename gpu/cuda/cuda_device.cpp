@@ -13,7 +13,9 @@
 // Releasing never throws: failures in destructors and release functions are logged.
 #include <cuda_runtime_api.h>
 
+#include <cctype>
 #include <cstdint>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -233,6 +235,21 @@ class CudaDevice final : public Device {
   std::string name() const override { return state_->name; }
 
   void bind() override { FERRY_CUDA_CHECK(state_->name, cudaSetDevice(state_->index)); }
+
+  // The PCI device's node from sysfs; -1 when the driver or sysfs does not say.
+  int numa_node() const override {
+    char bus_id[32] = {};
+    if (cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, state_->index) != cudaSuccess) {
+      return -1;
+    }
+    std::string id(bus_id);
+    for (char& c : id) {
+      c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+    std::ifstream in("/sys/bus/pci/devices/" + id + "/numa_node");
+    int node = -1;
+    return in >> node ? node : -1;
+  }
 
   DeviceAllocation allocate(std::size_t bytes) override {
     if (bytes == 0) {

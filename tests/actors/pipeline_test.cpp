@@ -117,7 +117,7 @@ void run_toy(ToyRun& run, const std::string& dir, const models::Model& model,
     in.ranks[0].params.push_back(run.storage.back().data());
   }
   in.options.chunk_bytes = 4096;
-  in.options.staging_buffers = 2;
+  in.options.staging_bytes = 2 * 4096;
   in.cancel = cancel;
   run.result = run_pipeline(in);
 }

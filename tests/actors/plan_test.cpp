@@ -280,17 +280,23 @@ void check_plan(const Loaded& l, const PlanOptions& options) {
   }
 }
 
+// A tiny synthesized checkpoint of `family` at `out` (shard_bytes 0: the default).
+void synth_tiny(const std::string& out, const std::string& family, std::uint64_t shard_bytes = 0) {
+  tools::SynthOptions o;
+  o.family = family;
+  o.preset = "tiny";
+  o.out = out;
+  o.fsync = false;
+  o.shard_bytes = shard_bytes;
+  tools::synthesize(o);
+}
+
 class PlanTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
     for (const char* family : {"llama", "qwen2"}) {
-      tools::SynthOptions o;
-      o.family = family;
-      o.preset = "tiny";
-      o.out = dir_->file(family);
-      o.fsync = false;
-      tools::synthesize(o);
+      synth_tiny(dir_->file(family), family);
     }
   }
   static void TearDownTestSuite() { delete dir_; }
@@ -438,6 +444,82 @@ TEST_F(PlanTest, DirectSplitsInsideTensorsAre4096Aligned) {
     }
   }
   EXPECT_GT(inside, 10u);
+}
+
+TEST_F(PlanTest, ReadLanesShareTheSpansInOrderAndCutTheSameBytes) {
+  TempDir sharded;
+  synth_tiny(sharded.file("ck"), "llama", 96 * 1024);  // several files
+  for (const std::string& dir : {ck("llama"), sharded.file("ck")}) {
+    for (int tp : {1, 2}) {
+      Loaded l = open(dir, tp, {});
+      const Plan plan = make_plan(l.index, *l.model, {16384, false});
+      std::size_t files = 0;
+      std::uint64_t biggest_span = 0;
+      for (std::size_t i = 0; i < plan.spans.size(); ++i) {
+        files += (i == 0 || plan.spans[i].file != plan.spans[i - 1].file) ? 1 : 0;
+        biggest_span = std::max(biggest_span, plan.spans[i].end - plan.spans[i].begin);
+      }
+      std::uint64_t all_fragment_bytes = 0;
+      for (const Window& w : cut_all(plan)) {
+        for (const Fragment& f : w.fragments) {
+          all_fragment_bytes += f.dst_bytes();
+        }
+      }
+      for (unsigned lanes = 1; lanes <= 6; ++lanes) {
+        SCOPED_TRACE(dir + " tp " + std::to_string(tp) + " lanes " + std::to_string(lanes));
+        const auto runs = lane_spans(plan, lanes);
+        ASSERT_FALSE(runs.empty());
+        EXPECT_LE(runs.size(), lanes);
+        EXPECT_EQ(runs.size(), std::min<std::size_t>(lanes, files >= lanes ? lanes : runs.size()));
+        EXPECT_EQ(runs.front().first, 0u);
+        EXPECT_EQ(runs.back().second, plan.spans.size());
+        std::uint64_t read = 0, fragment_bytes = 0, prefetched = 0, largest = 0;
+        for (std::size_t k = 0; k < runs.size(); ++k) {
+          const auto [begin, end] = runs[k];
+          EXPECT_LT(begin, end) << "an empty lane";
+          if (k > 0) {
+            EXPECT_EQ(begin, runs[k - 1].second) << "lanes must be contiguous";
+            if (files >= lanes) {
+              EXPECT_NE(plan.spans[begin].file, plan.spans[begin - 1].file)
+                  << "with enough files each lane takes whole files";
+            }
+          }
+          EXPECT_EQ(lane_plan_begin(plan, runs[k]),
+                    plan.file_plan_offset[plan.spans[begin].file] + plan.spans[begin].begin);
+          std::uint64_t lane_bytes = 0;
+          for (std::size_t i = begin; i < end; ++i) {
+            lane_bytes += plan.spans[i].end - plan.spans[i].begin;
+          }
+          largest = std::max(largest, lane_bytes);
+          WindowCutter cutter(plan, runs[k]);
+          Window w;
+          std::uint64_t last = 0;
+          while (cutter.next(w)) {
+            EXPECT_GE(w.plan_end, last);  // in read order within the lane
+            last = w.plan_end;
+            read += w.nbytes;
+            for (const Fragment& f : w.fragments) {
+              fragment_bytes += f.dst_bytes();
+            }
+          }
+          for (const io::PrefetchFile& f : planned_prefetch_files(plan, l.index, runs[k])) {
+            for (const auto& [b, e] : *f.ranges) {
+              prefetched += e - b;
+            }
+          }
+        }
+        EXPECT_EQ(read, plan.bytes_planned);
+        EXPECT_EQ(fragment_bytes, all_fragment_bytes);
+        EXPECT_EQ(prefetched, plan.bytes_planned);
+        if (files < lanes) {
+          // Cut at span boundaries: no lane exceeds its share by more than a span.
+          EXPECT_LE(largest, plan.bytes_planned / runs.size() + biggest_span);
+        }
+      }
+    }
+  }
+  Plan empty;
+  EXPECT_TRUE(lane_spans(empty, 4).empty());
 }
 
 TEST_F(PlanTest, Errors) {

@@ -26,7 +26,7 @@ TEST(DeferredCopies, TheRealPipelineLoadsTheSameBytesAndAnEarlyReleaseIsCaught) 
   TempDir dir;
   testing::Checkpoint ck = synth_checkpoint(dir.file("ck"), "qwen2");
   const std::vector<std::string> layout = {"parallel.tp=2", "io.chunk_bytes=64KiB",
-                                           "io.staging_buffers=2"};
+                                           "io.staging_bytes=128KiB"};
   std::vector<std::string> immediate = layout;
   immediate.push_back("host.deferred_copies=false");
   Runtime reference(make_config(ck.dir, immediate));

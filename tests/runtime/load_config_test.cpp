@@ -69,7 +69,9 @@ TEST(LoadConfigTest, InCodeDefaults) {
   EXPECT_EQ(c.io.engine, io::Engine::kUring);
   EXPECT_EQ(c.io.queue_depth, 4u);
   EXPECT_EQ(c.io.chunk_bytes, std::size_t{1} << 20);
-  EXPECT_EQ(c.io.staging_buffers, 8u);
+  EXPECT_EQ(c.io.staging_bytes, 0u);  // 8 MiB per local device
+  EXPECT_EQ(c.io.read_lanes, 0u);     // min(cores, files, 4)
+  EXPECT_EQ(c.io.direct_to_device, io::DirectToDevice::kAuto);
   EXPECT_FALSE(c.io.direct);
   EXPECT_FALSE(c.io.drop_cache);
   EXPECT_FALSE(c.prefetch.enabled);
@@ -134,7 +136,7 @@ TEST(LoadConfigTest, PrecedenceDefaultsFileEnvSetFlag) {
   testing::TempDir dir;
   testing::write_file(dir.file("c.json"), R"({
     "model": {"path": "/file"},
-    "io": {"queue_depth": 32, "staging_buffers": 3, "engine": "pread"},
+    "io": {"queue_depth": 32, "staging_bytes": "3MiB", "engine": "pread"},
     "prefetch": {"threads": 2},
     "parallel": {"tp": 2}
   })");
@@ -145,13 +147,13 @@ TEST(LoadConfigTest, PrecedenceDefaultsFileEnvSetFlag) {
   sources.flags = {{"--model", "model.path", "/flag"}};
   Env env = {{"FERRY_MODEL__PATH", "/env"},
              {"FERRY_IO__QUEUE_DEPTH", "64"},
-             {"FERRY_IO__STAGING_BUFFERS", "5"},
+             {"FERRY_IO__STAGING_BYTES", "5MiB"},
              {"HOME", "/root"}};
 
   LoadConfig c = load_config(sources, env);
   EXPECT_EQ(c.model.path, "/flag");                   // file < env < --set < flag
   EXPECT_EQ(c.io.queue_depth, 128u);                  // file < env < --set
-  EXPECT_EQ(c.io.staging_buffers, 5u);                // file < env
+  EXPECT_EQ(c.io.staging_bytes, std::size_t{5} << 20);  // file < env
   EXPECT_EQ(c.prefetch.threads, 3u);                  // file < --set
   EXPECT_EQ(c.io.engine, io::Engine::kPread);         // file only
   EXPECT_EQ(c.parallel.tp, 2);                        // file only
@@ -391,8 +393,19 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
               HasSubstr("parallel.tp: expected an integer from 1 to 4096, got -1"));
   EXPECT_THAT(config_error([] { from_sets({"io.queue_depth=40000"}); }),
               HasSubstr("io.queue_depth: expected an integer from 1 to 32768"));
-  EXPECT_THAT(config_error([] { from_sets({"io.staging_buffers=0"}); }),
-              HasSubstr("io.staging_buffers: expected an integer from 1 to 4096"));
+  EXPECT_THAT(config_error([] { from_sets({"io.staging_buffers=8"}); }),
+              HasSubstr("unknown key 'io.staging_buffers': it was replaced by io.staging_bytes"));
+  EXPECT_THAT(config_error([] {
+                from_sets({"io.staging_bytes=1MiB", "io.chunk_bytes=2MiB"});
+              }),
+              HasSubstr("io.staging_bytes: must hold at least one io.chunk_bytes buffer (2097152 "
+                        "bytes), got 1048576"));
+  EXPECT_THAT(config_error([] { from_sets({"io.staging_bytes=lots"}); }),
+              HasSubstr("io.staging_bytes"));
+  EXPECT_THAT(config_error([] { from_sets({"io.read_lanes=65"}); }),
+              HasSubstr("io.read_lanes: expected an integer from 0 to 64, got 65"));
+  EXPECT_THAT(config_error([] { from_sets({"io.direct_to_device=yes"}); }),
+              HasSubstr("io.direct_to_device: expected auto, on or off, got \"yes\""));
   EXPECT_THAT(
       config_error([] {
         from_sets({"parallel.tp=4", "parallel.ep=3"});
@@ -581,7 +594,9 @@ LoadConfig every_field_changed() {
   c.io.engine = io::Engine::kPread;
   c.io.queue_depth = 64;
   c.io.chunk_bytes = std::size_t{8} << 20;
-  c.io.staging_buffers = 3;
+  c.io.staging_bytes = std::size_t{24} << 20;
+  c.io.read_lanes = 3;
+  c.io.direct_to_device = io::DirectToDevice::kOff;
   c.io.direct = true;
   c.io.drop_cache = true;
   c.prefetch.enabled = true;

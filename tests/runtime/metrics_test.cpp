@@ -110,8 +110,15 @@ void expect_matches_report(const Samples& s, const LoadReport& r, std::size_t de
     EXPECT_EQ(sum(s, "ferry_bytes_skipped_total", "reason=" + reason), static_cast<double>(bytes))
         << reason;
   }
-  // A dense family has no hooks: every device byte is checkpoint data.
-  EXPECT_EQ(sum(s, "ferry_bytes_copied_total"), static_cast<double>(r.bytes_copied));
+  // A dense family has no hooks: every device byte is checkpoint data, copied or
+  // read straight into its parameter.
+  EXPECT_EQ(sum(s, "ferry_read_path_bytes_total", "path=direct_to_device"),
+            static_cast<double>(r.read_paths.direct_to_device));
+  EXPECT_EQ(sum(s, "ferry_read_path_bytes_total", "path=staged"),
+            static_cast<double>(r.read_paths.staged));
+  EXPECT_EQ(sum(s, "ferry_bytes_copied_total") +
+                sum(s, "ferry_read_path_bytes_total", "path=direct_to_device"),
+            static_cast<double>(r.bytes_copied));
   for (std::size_t d = 0; d < devices; ++d) {
     EXPECT_GT(sum(s, "ferry_bytes_copied_total", "device=host:" + std::to_string(d)), 0) << d;
     EXPECT_GT(sum(s, "ferry_copy_seconds_count", "device=host:" + std::to_string(d)), 0) << d;
@@ -202,7 +209,8 @@ TEST(Metrics, AnEnginesOwnRegistryGetsFerrysFamilies) {
         "ferry_bytes_read_total", "ferry_bytes_skipped_total", "ferry_bytes_copied_total",
         "ferry_tensors_total", "ferry_load_throughput_bytes_per_second",
         "ferry_staging_buffers_in_use", "ferry_reader_inflight", "ferry_read_seconds",
-        "ferry_copy_seconds", "ferry_prefetch_bytes_total", "ferry_load_errors_total"}) {
+        "ferry_copy_seconds", "ferry_prefetch_bytes_total", "ferry_read_path_bytes_total",
+        "ferry_load_errors_total"}) {
     EXPECT_TRUE(names.count(name)) << name;
   }
 }

@@ -80,20 +80,24 @@ class FailureTest : public ::testing::Test {
 
 TEST_F(FailureTest, ReadErrorNamesTheFileAndTensor) {
   for (const char* engine : {"uring", "pread"}) {
-    SCOPED_TRACE(engine);
-    Harness h(2);
-    RuntimeHooks hooks = h.hooks();
-    io::FaultPlan plan;
-    plan.fail_read_number = 3;
-    hooks.faults = std::make_shared<io::FaultInjector>(plan);
-    ErrorInfo e = expect_failure(
-        make_config(ck_.dir, {"parallel.tp=2", std::string("io.engine=") + engine}), hooks);
-    EXPECT_EQ(e.stage, Stage::kRead) << e.message;
-    EXPECT_NE(e.file.find(".safetensors"), std::string::npos) << e.message;
-    EXPECT_FALSE(e.tensor.empty()) << e.message;
-    EXPECT_TRUE(ck_.shapes.count(e.tensor)) << e.message;
-    EXPECT_EQ(hooks.faults->faults_injected(), 1u);
-    h.expect_all_released();
+    for (const char* lanes : {"1", "4"}) {  // one reader, or four side by side
+      SCOPED_TRACE(std::string(engine) + " lanes " + lanes);
+      Harness h(2);
+      RuntimeHooks hooks = h.hooks();
+      io::FaultPlan plan;
+      plan.fail_read_number = 3;
+      hooks.faults = std::make_shared<io::FaultInjector>(plan);
+      ErrorInfo e = expect_failure(
+          make_config(ck_.dir, {"parallel.tp=2", std::string("io.engine=") + engine,
+                                std::string("io.read_lanes=") + lanes, "io.chunk_bytes=16KiB"}),
+          hooks);
+      EXPECT_EQ(e.stage, Stage::kRead) << e.message;
+      EXPECT_NE(e.file.find(".safetensors"), std::string::npos) << e.message;
+      EXPECT_FALSE(e.tensor.empty()) << e.message;
+      EXPECT_TRUE(ck_.shapes.count(e.tensor)) << e.message;
+      EXPECT_EQ(hooks.faults->faults_injected(), 1u);
+      h.expect_all_released();
+    }
   }
 }
 
@@ -138,7 +142,7 @@ TEST_F(FailureTest, ShardTruncatedDuringTheLoadFailsTheRead) {
     }
   };
   ErrorInfo e = expect_failure(
-      make_config(ck_.dir, {"parallel.tp=2", "io.chunk_bytes=4096", "io.staging_buffers=2"}),
+      make_config(ck_.dir, {"parallel.tp=2", "io.chunk_bytes=4096", "io.staging_bytes=8192"}),
       hooks);
   EXPECT_EQ(e.stage, Stage::kRead) << e.message;
   EXPECT_NE(e.file.find("model-00004-of-00004.safetensors"), std::string::npos) << e.message;
@@ -223,7 +227,7 @@ TEST_F(FailureTest, CancelFromBeforeCopyAtSeveralPoints) {
       }
     };
     Runtime rt(
-        make_config(ck_.dir, {"parallel.tp=4", "io.chunk_bytes=8192", "io.staging_buffers=3"}),
+        make_config(ck_.dir, {"parallel.tp=4", "io.chunk_bytes=8192", "io.staging_bytes=24576"}),
         hooks);
     rt_ptr = &rt;
     LoadResult r = rt.load();

@@ -187,8 +187,9 @@ TEST_F(LoadTest, OneRankOfFourSkipsWhatItDoesNotKeep) {
 TEST_F(LoadTest, SmallChunksSplitTensorsAndStagingStaysBounded) {
   for (const char* chunk : {"4096", "12288"}) {
     SCOPED_TRACE(chunk);
-    LoadResult r = load(make_config(
-        llama_->dir, {tp(2), std::string("io.chunk_bytes=") + chunk, "io.staging_buffers=2"}));
+    LoadResult r = load(
+        make_config(llama_->dir, {tp(2), std::string("io.chunk_bytes=") + chunk,
+                                  "io.staging_bytes=" + std::to_string(2 * std::stoull(chunk))}));
     ASSERT_TRUE(r);
     EXPECT_EQ(expect_matches_reference(*r.model, *llama_, 2, DType::kBF16), 27u * 2);
     const LoadReport& rep = r.model->report();
@@ -198,7 +199,7 @@ TEST_F(LoadTest, SmallChunksSplitTensorsAndStagingStaysBounded) {
   }
   // A cast across chunk edges, with the reader's split rows.
   LoadResult r = load(make_config(
-      qwen2_->dir, {tp(8), "io.chunk_bytes=4096", "io.staging_buffers=3", "model.dtype=f32"}));
+      qwen2_->dir, {tp(8), "io.chunk_bytes=4096", "io.staging_bytes=12288", "model.dtype=f32"}));
   ASSERT_TRUE(r);
   EXPECT_EQ(expect_matches_reference(*r.model, *qwen2_, 8, DType::kF32), 31u * 8);
   EXPECT_LE(r.model->report().staging_high_water_bytes, 3u * 4096);
