@@ -54,7 +54,7 @@ void touch_pages(std::byte* p, std::size_t bytes) {
 std::size_t mapped_length(std::size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
 
 // Returns null when the memory is not there (the caller reports out of memory).
-std::byte* allocate_device_memory(std::size_t bytes) {
+std::byte* allocate_device_memory(std::size_t bytes, bool huge_pages) {
   if (bytes < kMapFrom) {
     auto* p = static_cast<std::byte*>(
         ::operator new (bytes, std::align_val_t{kDeviceAlignment}, std::nothrow));
@@ -80,7 +80,9 @@ std::byte* allocate_device_memory(std::size_t bytes) {
     ::munmap(reinterpret_cast<void*>(aligned + length), end - (aligned + length));
   }
   auto* p = reinterpret_cast<std::byte*>(aligned);
-  ::madvise(p, length, MADV_HUGEPAGE);  // advice only: without THP, 4 KiB pages
+  if (huge_pages) {
+    ::madvise(p, length, MADV_HUGEPAGE);  // advice only: without THP, 4 KiB pages
+  }
 #ifdef MADV_POPULATE_WRITE
   if (::madvise(p, length, MADV_POPULATE_WRITE) == 0) {
     return p;
@@ -358,7 +360,7 @@ class HostDevice final : public Device {
       }
       state_->live_device_bytes += bytes;  // reserved now so concurrent callers see it
     }
-    std::byte* p = allocate_device_memory(bytes);
+    std::byte* p = allocate_device_memory(bytes, state_->options.huge_pages);
     if (p == nullptr) {
       std::lock_guard lock(state_->mu);
       state_->live_device_bytes -= bytes;

@@ -764,6 +764,7 @@ LoadConfig ConfigBuilder::build() const {
   // host, metrics
   c.host.bandwidth_gbps = f.get_double("host.bandwidth_gbps", 0, 1e6, d.host.bandwidth_gbps);
   c.host.deferred_copies = f.get_bool("host.deferred_copies", d.host.deferred_copies);
+  c.host.huge_pages = f.get_bool("host.huge_pages", d.host.huge_pages);
   c.metrics.listen = f.get_string("metrics.listen", d.metrics.listen);
   c.metrics.textfile = f.get_string("metrics.textfile", d.metrics.textfile);
   if (!c.metrics.listen.empty()) {
@@ -879,7 +880,8 @@ nlohmann::json to_json(const LoadConfig& c) {
            {"dump_dir", c.load.dump_dir},
        }},
       {"host",
-       {{"bandwidth_gbps", c.host.bandwidth_gbps}, {"deferred_copies", c.host.deferred_copies}}},
+       {{"bandwidth_gbps", c.host.bandwidth_gbps}, {"deferred_copies", c.host.deferred_copies},
+        {"huge_pages", c.host.huge_pages}}},
       {"metrics", {{"listen", c.metrics.listen}, {"textfile", c.metrics.textfile}}},
       {"trace", {{"path", c.trace.path}}},
       {"startup", {{"mode", to_string(c.startup.mode)}}},

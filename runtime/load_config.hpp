@@ -118,6 +118,9 @@ struct HostConfig {
   // and staging buffers are poisoned when they return: a pipeline that released a
   // buffer before its copy completed loads wrong bytes (a test of asynchrony).
   bool deferred_copies = false;
+  // Large host-device allocations ask for transparent huge pages (see
+  // gpu::HostDeviceOptions::huge_pages).
+  bool huge_pages = true;
   bool operator==(const HostConfig&) const = default;
 };
 

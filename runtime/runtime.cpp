@@ -1109,6 +1109,7 @@ void Runtime::Impl::make_devices(LoadWork& w) {
   } else {
     gpu::HostDeviceOptions host;
     host.bandwidth_gbps = config.host.bandwidth_gbps;
+    host.huge_pages = config.host.huge_pages;
     host.deferred_copies = config.host.deferred_copies;
     state.devices = gpu::make_devices(to_string(config.devices), host);
   }

@@ -30,6 +30,7 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "embedded_peers.hpp"
 #include "io/safetensors.hpp"
 #include "tools/bench_experiment.hpp"
 #include "tools/cli.hpp"
@@ -47,35 +48,7 @@ constexpr const char kDescription[] =
     "each as a child process, for --repeat rounds in rotated order; prints a table and\n"
     "writes results.json, results.csv and chart.svg to --out.";
 
-// ---- peers written in Python (run from the bench virtual environment) ------------
-
-constexpr const char kSglangPeer[] = R"PY(
-# The SGLang path on the host: safe_open(framework="pt"), get_tensor, narrow to
-# rank 0 of tp as SGLang's column/row-parallel loaders do, copy_ into a
-# preallocated tensor.
-import json, os, sys
-import torch
-from safetensors import safe_open
-folder, tp = sys.argv[1], int(sys.argv[2])
-files = sorted(f for f in os.listdir(folder) if f.endswith(".safetensors"))
-for name in files:
-    with safe_open(os.path.join(folder, name), framework="pt") as f:
-        for key in f.keys():
-            t = f.get_tensor(key)
-            if tp > 1 and t.dim() >= 1 and t.shape[0] % tp == 0:
-                t = t.narrow(0, 0, t.shape[0] // tp)
-            dst = torch.empty_like(t)
-            dst.copy_(t)
-)PY";
-
-constexpr const char kLoadFilePeer[] = R"PY(
-# The full-load peer: safetensors.torch.load_file of every shard.
-import os, sys
-from safetensors.torch import load_file
-folder = sys.argv[1]
-for name in sorted(f for f in os.listdir(folder) if f.endswith(".safetensors")):
-    load_file(os.path.join(folder, name))
-)PY";
+// ---- peers written in Python (bench/peers/*.py, embedded at build time) -----------
 
 // ---- child processes --------------------------------------------------------------
 

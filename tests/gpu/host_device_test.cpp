@@ -8,6 +8,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -124,6 +127,39 @@ TEST(HostDeviceTest, LargeAllocationsKeepTheContract) {
     }
     stream.reset();
     EXPECT_TRUE(device->stats().all_released());
+  }
+}
+
+// The VmFlags of the mapping that holds `p` (/proc/self/smaps), "" when not found.
+std::string vm_flags_of(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto addr = reinterpret_cast<std::uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    std::uintptr_t begin = 0, end = 0;
+    char dash = 0;
+    std::istringstream range(line);
+    if (range >> std::hex >> begin >> dash >> end && dash == '-') {
+      inside = begin <= addr && addr < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+TEST(HostDeviceTest, LargeAllocationsAskForHugePagesUnlessTurnedOff) {
+  for (bool huge : {true, false}) {
+    SCOPED_TRACE(huge);
+    HostDeviceOptions o;
+    o.huge_pages = huge;
+    auto dev = make_host_device(0, o);
+    DeviceAllocation a = dev->allocate(std::size_t{16} << 20);
+    const std::string flags = vm_flags_of(a.data());
+    ASSERT_FALSE(flags.empty());
+    // "hg": the mapping was given MADV_HUGEPAGE.
+    EXPECT_EQ(flags.find(" hg") != std::string::npos, huge) << flags;
+    std::memset(a.data(), 1, a.size());  // committed and writable either way
   }
 }
 

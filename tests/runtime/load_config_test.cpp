@@ -89,6 +89,7 @@ TEST(LoadConfigTest, InCodeDefaults) {
   EXPECT_EQ(c.model.unaligned_tp, models::Unaligned::kRefuse);
   EXPECT_EQ(c.model.pad_moe_intermediate_to, 0);
   EXPECT_EQ(c.host.bandwidth_gbps, 0.0);
+  EXPECT_TRUE(c.host.huge_pages);
   EXPECT_EQ(c.metrics.listen, "");
   EXPECT_EQ(c.metrics.textfile, "");
 }
@@ -424,6 +425,8 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
               HasSubstr("parallel.pp_partition: expected an array of layer counts"));
   EXPECT_THAT(config_error([] { from_sets({"load.sort_weight_files=-2"}); }),
               HasSubstr("load.sort_weight_files: expected an integer from -1"));
+  EXPECT_THAT(config_error([] { from_sets({"host.huge_pages=maybe"}); }),
+              HasSubstr("host.huge_pages"));
   EXPECT_THAT(config_error([] { from_sets({"host.bandwidth_gbps=-1"}); }),
               HasSubstr("host.bandwidth_gbps: expected a number from 0"));
   EXPECT_THAT(config_error([] { from_sets({"host.bandwidth_gbps=fast"}); }),
@@ -609,6 +612,7 @@ LoadConfig every_field_changed() {
   c.load.dump_dir = "/tmp/dump";
   c.host.bandwidth_gbps = 12.3;
   c.host.deferred_copies = true;
+  c.host.huge_pages = false;
   c.metrics.listen = "0.0.0.0:9400";
   c.metrics.textfile = "/tmp/metrics.prom";
   c.trace.path = "/tmp/trace.json";
