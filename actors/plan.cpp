@@ -385,6 +385,29 @@ std::vector<io::PrefetchFile> planned_prefetch_files(const Plan& plan,
 
 namespace ferry::actors {
 
+std::optional<ParamRun> single_param_run(const Window& w) {
+  if (w.fragments.empty()) {
+    return std::nullopt;
+  }
+  const Fragment& first = w.fragments.front();
+  std::uint64_t src = 0;
+  std::uint64_t dst = first.dst_offset;
+  for (const Fragment& f : w.fragments) {
+    const bool contiguous =
+        f.rows == 1 || (f.src_pitch == f.src_row_bytes() && f.dst_pitch == f.dst_row_bytes());
+    if (f.local_rank != first.local_rank || f.param != first.param || f.src_dtype != f.dst_dtype ||
+        !contiguous || f.src_offset != src || f.dst_offset != dst) {
+      return std::nullopt;
+    }
+    src += f.rows * f.src_row_bytes();
+    dst += f.dst_bytes();
+  }
+  if (src != w.nbytes) {
+    return std::nullopt;
+  }
+  return ParamRun{first.local_rank, first.param, first.dst_offset};
+}
+
 std::vector<std::pair<std::size_t, std::size_t>> lane_spans(const Plan& plan, unsigned lanes) {
   const std::size_t n = plan.spans.size();
   std::vector<std::pair<std::size_t, std::size_t>> out;

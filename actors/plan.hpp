@@ -33,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -191,6 +192,19 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
 void clip_piece(const models::Piece& piece, std::uint64_t tensor_offset,
                 std::uint64_t window_offset, std::uint64_t window_nbytes, std::uint32_t tensor,
                 std::vector<Fragment>& out);
+
+// Where a window is one contiguous run of bytes of one local rank's param: its
+// fragments, in order, all of that param, with no cast, each contiguous in source
+// and destination, following each other in both, from the window's first byte to
+// its last. Then the window's bytes land unchanged at `dst_offset` of the param,
+// and a read may go straight there (single-copy reads). A window cut inside rows
+// has up to three such fragments (a row's tail, whole rows, a row's head).
+struct ParamRun {
+  std::uint32_t local_rank = 0;
+  std::uint32_t param = 0;
+  std::uint64_t dst_offset = 0;
+};
+std::optional<ParamRun> single_param_run(const Window& w);
 
 // What a page-cache prefetch of `plan` reads: every file of the index, in order (so
 // that plan byte positions agree with the reader's), each with its planned spans

@@ -4,10 +4,10 @@
 // own pool and hands the buffer, with the window, to every copy worker that has
 // fragments in it. Lanes run side by side, each on its own thread and ring.
 //
-// Single-copy reads: a window that is one contiguous run of one local rank's param,
-// on a device whose memory is host memory, is read straight into the param (no
-// buffer; PipelineOptions::direct_to_device) and announced to that rank's worker
-// with a null buffer once the read completed.
+// Single-copy reads: a window that is one contiguous run of one local rank's param
+// (actors::single_param_run), on a device whose memory is host memory, is read
+// straight into the param (no buffer; PipelineOptions::direct_to_device) and
+// announced to that rank's worker with a null buffer once the read completed.
 //
 //   reader ── ChunkMsg{lease, window} ──► copy workers (then EndOfStreamMsg)
 //   reader ── AdvanceMsg{lane} ──► prefetcher    reader ── ReaderDoneMsg ──► coordinator
@@ -196,20 +196,18 @@ class ReadLoop {
   // Where window `w` may be read with no staging (see the file comment), or null.
   std::byte* direct_destination(const Window& w) const {
     const PipelineOptions& o = shared_->input().options;
-    if (o.direct_to_device == io::DirectToDevice::kOff || w.fragments.size() != 1) {
+    if (o.direct_to_device == io::DirectToDevice::kOff) {
       return nullptr;
     }
-    const Fragment& f = w.fragments.front();
-    const bool contiguous =
-        f.rows == 1 || (f.src_pitch == f.src_row_bytes() && f.dst_pitch == f.dst_row_bytes());
-    if (f.src_dtype != f.dst_dtype || !contiguous || f.src_offset != 0 || f.src_end() != w.nbytes) {
+    const std::optional<ParamRun> run = single_param_run(w);
+    if (!run) {
       return nullptr;
     }
-    const RankTarget& target = shared_->input().ranks[f.local_rank];
+    const RankTarget& target = shared_->input().ranks[run->local_rank];
     if (!target.device->host_addressable()) {
       return nullptr;
     }
-    std::byte* dst = target.params[f.param] + f.dst_offset;
+    std::byte* dst = target.params[run->param] + run->dst_offset;
     if (o.direct && (w.offset % kDirectAlign != 0 || w.nbytes % kDirectAlign != 0 ||
                      reinterpret_cast<std::uintptr_t>(dst) % kDirectAlign != 0)) {
       return nullptr;

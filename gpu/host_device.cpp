@@ -36,10 +36,11 @@ using detail::MemoryKind;
 
 // Emulated device memory. Large blocks are committed at allocation, as cudaMalloc
 // commits device memory, so that no page fault is charged to the copies later:
-// they are mapped on a 2 MiB boundary, marked for transparent huge pages and
-// populated by the kernel in one call (MADV_POPULATE_WRITE), which is several
-// times cheaper than faulting 4 KiB pages in one by one (the load benchmark's plan
-// phase was mostly page faults). Where the kernel lacks it, every page is touched.
+// they are mapped on a 2 MiB boundary, marked for transparent huge pages when
+// HostDeviceOptions::huge_pages asks, and populated by the kernel in one call
+// (MADV_POPULATE_WRITE), which is several times cheaper than faulting 4 KiB pages
+// in one by one (the load benchmark's plan phase was mostly page faults). Where the
+// kernel lacks it, every page is touched.
 // Small blocks come from the heap, touched likewise.
 constexpr std::size_t kMapFrom = std::size_t{4} << 20;
 constexpr std::size_t kHugePage = std::size_t{2} << 20;

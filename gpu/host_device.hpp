@@ -42,11 +42,12 @@ struct HostDeviceOptions {
   // buffer back before the copy reading it has run copies whatever the buffer
   // holds by then (see io::StagingPool::poison_on_return): host.deferred_copies.
   bool deferred_copies = false;
-  // Ask for transparent huge pages (MADV_HUGEPAGE) for large allocations. Faster to
-  // commit where free memory is at hand (0.31 s against 0.80 s for 2.2 GB here);
-  // slower on a virtual machine whose idle memory went back to the hypervisor
-  // (4.8 s against 2.8 s): docs/PERFORMANCE.md, read width.
-  bool huge_pages = true;
+  // Ask for transparent huge pages (MADV_HUGEPAGE) for large allocations. Off by
+  // default: on the virtual machines measured, committing 2.2 GB in huge pages
+  // took 4.4-4.9 s in the usual state (free memory handed back to the hypervisor)
+  // against 0.6 s in 4 KiB pages, and saved 0.3 s only right after another process
+  // freed huge pages (docs/PERFORMANCE.md, read width).
+  bool huge_pages = false;
 };
 
 inline constexpr std::byte kPoisonByte{0xA5};

@@ -119,8 +119,8 @@ struct HostConfig {
   // buffer before its copy completed loads wrong bytes (a test of asynchrony).
   bool deferred_copies = false;
   // Large host-device allocations ask for transparent huge pages (see
-  // gpu::HostDeviceOptions::huge_pages).
-  bool huge_pages = true;
+  // gpu::HostDeviceOptions::huge_pages; off by default).
+  bool huge_pages = false;
   bool operator==(const HostConfig&) const = default;
 };
 

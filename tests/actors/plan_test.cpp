@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -520,6 +521,68 @@ TEST_F(PlanTest, ReadLanesShareTheSpansInOrderAndCutTheSameBytes) {
   }
   Plan empty;
   EXPECT_TRUE(lane_spans(empty, 4).empty());
+}
+
+TEST_F(PlanTest, ASingleParamRunLandsTheWindowUnchangedWhereItsFragmentsWould) {
+  for (int tp : {1, 2}) {
+    for (const char* family : {"llama", "qwen2"}) {
+      for (std::size_t chunk : {std::size_t{4096}, std::size_t{16384}, std::size_t{1} << 20}) {
+        SCOPED_TRACE(std::string(family) + " tp " + std::to_string(tp) + " chunk " +
+                     std::to_string(chunk));
+        Loaded l = open(ck(family), tp, {});
+        const Plan plan = make_plan(l.index, *l.model, {chunk, false});
+        std::vector<std::string> files;
+        for (const io::CheckpointFile& f : l.index.files) {
+          files.push_back(testing::read_file(f.path));
+        }
+        std::size_t runs = 0, windows = 0;
+        for (const Window& w : cut_all(plan)) {
+          ++windows;
+          const std::optional<ParamRun> run = single_param_run(w);
+          if (!run) {
+            continue;
+          }
+          ++runs;
+          const auto& param = l.model->shells()[run->local_rank].params[run->param];
+          const auto* src = reinterpret_cast<const std::byte*>(files[w.file].data()) + w.offset;
+          std::vector<std::byte> by_fragments(param.nbytes, std::byte{0});
+          std::vector<int> writes(param.nbytes, 0);
+          for (const Fragment& f : w.fragments) {
+            EXPECT_EQ(f.local_rank, run->local_rank);
+            EXPECT_EQ(f.param, run->param);
+            apply(f, src, by_fragments, writes);
+          }
+          // The fragments write exactly [dst_offset, dst_offset + nbytes), each byte
+          // once, with the window's bytes in order.
+          ASSERT_LE(run->dst_offset + w.nbytes, param.nbytes);
+          std::vector<std::byte> straight(param.nbytes, std::byte{0});
+          std::memcpy(straight.data() + run->dst_offset, src, w.nbytes);
+          EXPECT_EQ(by_fragments, straight);
+          for (std::uint64_t b = 0; b < param.nbytes; ++b) {
+            const bool inside = b >= run->dst_offset && b < run->dst_offset + w.nbytes;
+            ASSERT_EQ(writes[b], inside ? 1 : 0) << b;
+          }
+        }
+        // tp 1 with windows smaller than the tensors: nearly every window is one run
+        // (those that join two tensors are not); tp 2 still has the column slices.
+        if (chunk == 4096 && tp == 1) {
+          EXPECT_GT(runs * 10, windows * 8) << runs << " of " << windows;
+        }
+        if (chunk == 4096 && tp == 2) {
+          EXPECT_GT(runs, 0u);
+          EXPECT_LT(runs, windows);
+        }
+        if (std::string(family) == "qwen2" && tp == 1) {
+          // A cast never reads straight through: f32 params from bf16 files.
+          Loaded lf = open(ck(family), 1, {}, DType::kF32);
+          const Plan f32 = make_plan(lf.index, *lf.model, {chunk, false});
+          for (const Window& w : cut_all(f32)) {
+            EXPECT_FALSE(single_param_run(w).has_value());
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST_F(PlanTest, Errors) {

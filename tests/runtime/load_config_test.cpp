@@ -89,7 +89,7 @@ TEST(LoadConfigTest, InCodeDefaults) {
   EXPECT_EQ(c.model.unaligned_tp, models::Unaligned::kRefuse);
   EXPECT_EQ(c.model.pad_moe_intermediate_to, 0);
   EXPECT_EQ(c.host.bandwidth_gbps, 0.0);
-  EXPECT_TRUE(c.host.huge_pages);
+  EXPECT_FALSE(c.host.huge_pages);
   EXPECT_EQ(c.metrics.listen, "");
   EXPECT_EQ(c.metrics.textfile, "");
 }
@@ -612,7 +612,7 @@ LoadConfig every_field_changed() {
   c.load.dump_dir = "/tmp/dump";
   c.host.bandwidth_gbps = 12.3;
   c.host.deferred_copies = true;
-  c.host.huge_pages = false;
+  c.host.huge_pages = true;
   c.metrics.listen = "0.0.0.0:9400";
   c.metrics.textfile = "/tmp/metrics.prom";
   c.trace.path = "/tmp/trace.json";
