@@ -94,6 +94,14 @@ void make_lanes(Shared& shared) {
     spans.emplace_back(0, 0);  // nothing to read: one lane that reads nothing
   }
   const std::size_t per_lane = buffers / spans.size();
+  // Single-copy reads move the copy onto the reader's thread. With one lane on a
+  // machine of several cores that loses the copy worker's second thread, which is
+  // worth more than the saved copy (docs/PERFORMANCE.md, read width: 6.1 against
+  // 5.0 GB/s on 2 cores), so auto takes them with two lanes or more, or one core.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  shared.single_copy =
+      o.direct_to_device == io::DirectToDevice::kOn ||
+      (o.direct_to_device == io::DirectToDevice::kAuto && (spans.size() >= 2 || cores == 1));
   const std::vector<int> nodes = io::numa_nodes();
   const auto base =
       input.staging_allocator ? input.staging_allocator : io::aligned_host_allocator();

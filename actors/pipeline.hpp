@@ -44,8 +44,10 @@ struct PipelineOptions {
   // A read whose bytes are one contiguous run of exactly one local rank's param,
   // on a device whose memory is host memory (gpu::Device::host_addressable), and
   // under `direct` 4096-aligned at both ends and in memory, lands in the param with
-  // no staging (single-copy). kAuto: where possible; kOn: the same, and a load with
-  // no local device that can take such reads fails (naming them); kOff: never.
+  // no staging (single-copy). kAuto: where possible when two lanes or more run (or
+  // the machine has one core: one lane's copy worker on a second core beats the
+  // saved copy); kOn: wherever possible, and a load with no local device that can
+  // take such reads fails (naming them); kOff: never.
   io::DirectToDevice direct_to_device = io::DirectToDevice::kAuto;
   bool direct = false;  // open the weight files with O_DIRECT
   bool prefetch = false;

@@ -196,7 +196,7 @@ class ReadLoop {
   // Where window `w` may be read with no staging (see the file comment), or null.
   std::byte* direct_destination(const Window& w) const {
     const PipelineOptions& o = shared_->input().options;
-    if (o.direct_to_device == io::DirectToDevice::kOff) {
+    if (!shared_->single_copy) {
       return nullptr;
     }
     const std::optional<ParamRun> run = single_param_run(w);

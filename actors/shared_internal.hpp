@@ -78,6 +78,9 @@ class Shared {
     std::shared_ptr<io::StagingPool> pool;
   };
   std::vector<Lane> lanes;
+  // Whether readers may read straight into params (io.direct_to_device resolved
+  // against the lanes that run; see run_pipeline).
+  bool single_copy = false;
   // Closes every lane's pool, so a reader blocked on one wakes (an abort).
   void close_pools() {
     for (Lane& lane : lanes) {

@@ -16,7 +16,8 @@ Hot (the files in the page cache, warmed once with `cat`):
   io.direct_to_device auto);
 - `ferry load` tp 1 with io.read_lanes 1, 2, 3, 4 (single-copy reads on);
 - `ferry load` tp 1 with one lane and io.direct_to_device=off: the pipeline as it
-  was before this issue;
+  was before this issue; and with 2 and 4 lanes, staged only;
+- `ferry load` tp 1 with host.huge_pages=true;
 - `ferry load` tp 2, rank 0 only, defaults;
 - the SGLang path in Python (bench/peers/peer_sglang.py) at tp 1 and tp 2 (rank 0).
 
@@ -49,6 +50,7 @@ import time
 from bench_common import cell, medium_checkpoint, run_measured
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+TP1 = "parallel.tp=1"  # the embedded default is tp 2
 
 
 def main():
@@ -86,14 +88,19 @@ def main():
 
     hot = {
         "cat": plain(["sh", "-c", 'cat "$@" > /dev/null', "cat", *files]),
-        "ferry tp1 defaults": ferry_load("d1", []),
-        "ferry tp1 lanes 1": ferry_load("l1", ["io.read_lanes=1"]),
-        "ferry tp1 lanes 2": ferry_load("l2", ["io.read_lanes=2"]),
-        "ferry tp1 lanes 3": ferry_load("l3", ["io.read_lanes=3"]),
-        "ferry tp1 lanes 4": ferry_load("l4", ["io.read_lanes=4"]),
-        "ferry tp1 lanes 1, staged only": ferry_load("old", ["io.read_lanes=1",
+        "ferry tp1 defaults": ferry_load("d1", [TP1]),
+        "ferry tp1 lanes 1": ferry_load("l1", [TP1, "io.read_lanes=1"]),
+        "ferry tp1 lanes 2": ferry_load("l2", [TP1, "io.read_lanes=2"]),
+        "ferry tp1 lanes 3": ferry_load("l3", [TP1, "io.read_lanes=3"]),
+        "ferry tp1 lanes 4": ferry_load("l4", [TP1, "io.read_lanes=4"]),
+        "ferry tp1 lanes 1, staged only": ferry_load("old", [TP1, "io.read_lanes=1",
                                                              "io.direct_to_device=off"]),
-        "ferry tp1 4 KiB pages": ferry_load("nh", ["host.huge_pages=false"]),
+        "ferry tp1 lanes 2, staged only": ferry_load("s2", [TP1, "io.read_lanes=2",
+                                                            "io.direct_to_device=off"]),
+        "ferry tp1 lanes 4, staged only": ferry_load("s4", [TP1, "io.read_lanes=4",
+                                                            "io.direct_to_device=off",
+                                                            "io.staging_bytes=32MiB"]),
+        "ferry tp1 huge pages": ferry_load("hp", [TP1, "host.huge_pages=true"]),
         "ferry tp2 rank 0": ferry_load("t2", ["parallel.tp=2", "parallel.ranks=0"]),
     }
     if have_python:
@@ -104,9 +111,10 @@ def main():
         "dd iflag=direct": plain(["sh", "-c",
                                   'for f in "$@"; do dd if="$f" of=/dev/null bs=4M iflag=direct '
                                   '2>/dev/null; done', "dd", *files]),
-        "ferry tp1 io.direct": ferry_load("c", ["io.direct=true", "io.drop_cache=true"]),
+        "ferry tp1 io.direct": ferry_load("c", [TP1, "io.direct=true", "io.drop_cache=true"]),
         "ferry tp1 io.direct 4 MiB x QD 16": ferry_load("c4", [
-            "io.direct=true", "io.drop_cache=true", "io.chunk_bytes=4MiB", "io.queue_depth=16"]),
+            TP1, "io.direct=true", "io.drop_cache=true", "io.chunk_bytes=4MiB",
+            "io.queue_depth=16"]),
     }
 
     def drop():

@@ -88,7 +88,8 @@ struct IoConfig {
   // chunk_bytes buffers; 0 = 8 MiB per local device. (Replaces staging_buffers.)
   std::size_t staging_bytes = 0;
   // Reads that are one contiguous run of one host device's param land there with
-  // no staging: auto (where possible), on (and fail when no device can), off.
+  // no staging: auto (where possible with two lanes or more), on (wherever
+  // possible; fail when no device can), off.
   io::DirectToDevice direct_to_device = io::DirectToDevice::kAuto;
   bool direct = false;           // O_DIRECT reads (skip the page cache)
   bool drop_cache = false;       // evict the files from the page cache first (cold-cache runs)

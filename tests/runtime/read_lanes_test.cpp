@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "runtime/runtime.hpp"
@@ -93,7 +94,10 @@ TEST_F(ReadLanesTest, EveryLaneCountAndReadPathLoadsTheSameBytes) {
         // The same windows' bytes are read, whichever lane or path took them.
         EXPECT_EQ(windows_read(r), windows_read(want_report));
         EXPECT_EQ(r.bytes_read, want_report.bytes_read);
-        if (std::string(path) == "off") {
+        if (std::string(path) == "off" ||
+            (std::string(lanes) == "1" && std::thread::hardware_concurrency() > 1)) {
+          // auto with one lane on several cores stays staged (the copy worker
+          // shares the work).
           EXPECT_EQ(r.read_paths.direct_to_device, 0u);
         }
         // The default budget, 8 MiB per local device, split across the lanes.
@@ -153,8 +157,9 @@ TEST_F(ReadLanesTest, BadSettingsFailClearly) {
   LoadResult capped = load_with(llama_.dir, {"host.bandwidth_gbps=10", "io.direct_to_device=on"});
   ASSERT_FALSE(capped);
   EXPECT_THAT(capped.error->message, HasSubstr("bandwidth cap"));
-  // on, where it can: loads.
-  LoadResult on = load_with(llama_.dir, {"io.direct_to_device=on", "io.chunk_bytes=16KiB"});
+  // on, where it can: loads, single-copy even with one lane.
+  LoadResult on =
+      load_with(llama_.dir, {"io.direct_to_device=on", "io.chunk_bytes=16KiB", "io.read_lanes=1"});
   ASSERT_TRUE(on) << on.error->message;
   EXPECT_GT(on.model->report().read_paths.direct_to_device, 0u);
 }
