@@ -335,7 +335,10 @@ TEST_F(LoadHandleTest, LayersAreAnnouncedWhileTheStreamRuns) {
   hooks.before_copy = [](std::size_t, const std::string&) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   };
-  Runtime rt(make_config(ck_->dir, {"parallel.tp=2", "io.chunk_bytes=8192"}), hooks);
+  // One read lane: with several, each reads its own files at once, and the first
+  // layer completes only as late as the interleaving makes it.
+  Runtime rt(make_config(ck_->dir, {"parallel.tp=2", "io.chunk_bytes=8192", "io.read_lanes=1"}),
+             hooks);
   LoadHandle h = rt.start(cb);
   handle.store(&h);
   LoadResult r = h.wait();

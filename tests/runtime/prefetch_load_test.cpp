@@ -41,13 +41,15 @@ TEST(PrefetchLoad, AtEp8ThePrefetchStaysWithinThePlannedReads) {
   TempDir dir;
   testing::Checkpoint ck = synth_checkpoint(dir.file("ck"), "mixtral");
   const std::uint64_t all = tensor_bytes(ck.dir);
-  RuntimeHooks hooks;  // slow copies: the prefetch gets ahead of the reader
+  // Slow copies hold the reader back (its staging buffers come back late), so the
+  // prefetch gets ahead of it; reads straight into params would not wait for them.
+  RuntimeHooks hooks;
   hooks.before_copy = [](std::size_t, const std::string&) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   };
   Runtime rt(make_config(ck.dir, {"parallel.tp=8", "parallel.ep=8", "parallel.ranks=0",
                                   "prefetch.enabled=true", "prefetch.block_bytes=4KiB",
-                                  "io.chunk_bytes=64KiB"}),
+                                  "io.chunk_bytes=64KiB", "io.direct_to_device=off"}),
              hooks);
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;

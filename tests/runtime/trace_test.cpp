@@ -127,7 +127,8 @@ TEST(Trace, ThePipelinesPrefetchHasItsLanes) {
   const std::string path = dir.file("trace.json");
   // Slow copies keep the load running for a while (0.1 s or more), so that the
   // prefetch, which stops when the load ends, has time to read ahead even on a busy
-  // machine.
+  // machine; staged reads hold the reader back with them (a read straight into a
+  // param would not wait for a copy).
   RuntimeHooks hooks;
   std::atomic<int> copies{0};
   hooks.before_copy = [&copies](std::size_t, const std::string&) {
@@ -135,7 +136,8 @@ TEST(Trace, ThePipelinesPrefetchHasItsLanes) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   };
   Runtime rt(make_config(ck.dir, {"prefetch.enabled=true", "prefetch.block_bytes=64KiB",
-                                  "io.chunk_bytes=64KiB", "trace.path=" + path}),
+                                  "io.chunk_bytes=64KiB", "io.direct_to_device=off",
+                                  "trace.path=" + path}),
              hooks);
   LoadResult r = rt.load();
   EXPECT_GE(copies.load(), 10);
