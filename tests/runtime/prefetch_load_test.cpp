@@ -41,15 +41,17 @@ TEST(PrefetchLoad, AtEp8ThePrefetchStaysWithinThePlannedReads) {
   TempDir dir;
   testing::Checkpoint ck = synth_checkpoint(dir.file("ck"), "mixtral");
   const std::uint64_t all = tensor_bytes(ck.dir);
-  // Slow copies hold the reader back (its staging buffers come back late), so the
-  // prefetch gets ahead of it; reads straight into params would not wait for them.
+  // Slow copies hold the reader back (its two staging buffers come back late), so
+  // the prefetch gets ahead of it; reads straight into params would not wait for
+  // them, and the default budget (8 MiB) would hold all the planned bytes.
   RuntimeHooks hooks;
   hooks.before_copy = [](std::size_t, const std::string&) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   };
   Runtime rt(make_config(ck.dir, {"parallel.tp=8", "parallel.ep=8", "parallel.ranks=0",
                                   "prefetch.enabled=true", "prefetch.block_bytes=4KiB",
-                                  "io.chunk_bytes=64KiB", "io.direct_to_device=off"}),
+                                  "io.chunk_bytes=64KiB", "io.direct_to_device=off",
+                                  "io.read_lanes=1", "io.staging_bytes=128KiB"}),
              hooks);
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;

@@ -127,8 +127,9 @@ TEST(Trace, ThePipelinesPrefetchHasItsLanes) {
   const std::string path = dir.file("trace.json");
   // Slow copies keep the load running for a while (0.1 s or more), so that the
   // prefetch, which stops when the load ends, has time to read ahead even on a busy
-  // machine; staged reads hold the reader back with them (a read straight into a
-  // param would not wait for a copy).
+  // machine; staged reads into two buffers per lane hold the reader back with them
+  // (a read straight into a param would not wait for a copy, and the default
+  // budget, 8 MiB, would hold the whole checkpoint).
   RuntimeHooks hooks;
   std::atomic<int> copies{0};
   hooks.before_copy = [&copies](std::size_t, const std::string&) {
@@ -137,6 +138,7 @@ TEST(Trace, ThePipelinesPrefetchHasItsLanes) {
   };
   Runtime rt(make_config(ck.dir, {"prefetch.enabled=true", "prefetch.block_bytes=64KiB",
                                   "io.chunk_bytes=64KiB", "io.direct_to_device=off",
+                                  "io.read_lanes=2", "io.staging_bytes=256KiB",
                                   "trace.path=" + path}),
              hooks);
   LoadResult r = rt.load();
