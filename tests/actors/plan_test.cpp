@@ -17,8 +17,8 @@
 #include "io/discover.hpp"
 #include "io/safetensors.hpp"
 #include "models/model.hpp"
+#include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::actors {
 namespace {
@@ -281,23 +281,12 @@ void check_plan(const Loaded& l, const PlanOptions& options) {
   }
 }
 
-// A tiny synthesized checkpoint of `family` at `out` (shard_bytes 0: the default).
-void synth_tiny(const std::string& out, const std::string& family, std::uint64_t shard_bytes = 0) {
-  tools::SynthOptions o;
-  o.family = family;
-  o.preset = "tiny";
-  o.out = out;
-  o.fsync = false;
-  o.shard_bytes = shard_bytes;
-  tools::synthesize(o);
-}
-
 class PlanTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
     for (const char* family : {"llama", "qwen2"}) {
-      synth_tiny(dir_->file(family), family);
+      testing::synth_checkpoint(dir_->file(family), family);
     }
   }
   static void TearDownTestSuite() { delete dir_; }
@@ -449,7 +438,7 @@ TEST_F(PlanTest, DirectSplitsInsideTensorsAre4096Aligned) {
 
 TEST_F(PlanTest, ReadLanesShareTheSpansInOrderAndCutTheSameBytes) {
   TempDir sharded;
-  synth_tiny(sharded.file("ck"), "llama", 96 * 1024);  // several files
+  testing::synth_checkpoint(sharded.file("ck"), "llama", false, 1, 96 * 1024);  // several files
   for (const std::string& dir : {ck("llama"), sharded.file("ck")}) {
     for (int tp : {1, 2}) {
       Loaded l = open(dir, tp, {});
