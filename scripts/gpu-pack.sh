@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Packs what the GPU check needs into .gpu/ (ignored by git, carried to the GPU
+# machine by the device tool): a Release build with the CUDA backend for sm_90
+# (H100/H200), the CUDA test binary, every shared library they need that the GPU
+# machine's image lacks, and a small synthetic checkpoint. Run it here:
+#
+#   bash scripts/gpu-pack.sh            # then: device run, carry [".gpu"],
+#                                       #   command "bash scripts/gpu-check.sh"
+#
+# The GPU machine cannot install ferry's Debian libraries (CAF, liburing,
+# prometheus-cpp, gtest, ...), so they travel in .gpu/lib; its C library is newer
+# than Debian bookworm's, so glibc itself stays behind. The pack must stay under the
+# device tool's 64 MiB: the script fails when it does not.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=build/gpu
+pack=.gpu
+limit=$((60 << 20))  # bytes: the carried paths and the tree travel within 64 MiB
+
+if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
+  echo "gpu-pack: no CUDA toolkit (nvcc) here; the pack needs the CUDA backend" >&2
+  exit 1
+fi
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+cmake --build "$build" -j "$(nproc)" --target ferry ferry_gpu_tests
+
+rm -rf "$pack"
+mkdir -p "$pack/bin" "$pack/lib"
+cp "$build/ferry" "$build/tests/ferry_gpu_tests" "$pack/bin/"
+strip --strip-unneeded "$pack/bin/"*
+
+# Every library the binaries load, except the C library's own (the GPU machine's
+# is newer) and the driver (that machine's must be used).
+keep_out='^(linux-vdso|ld-linux|libc\.so|libm\.so|libdl\.so|libpthread\.so|librt\.so|libcuda\.so)'
+for bin in "$pack/bin/"*; do
+  ldd "$bin" | awk '$3 ~ /^\// {print $1, $3}'
+done | sort -u | while read -r name path; do
+  if [[ ! "$name" =~ $keep_out ]]; then
+    cp -L "$path" "$pack/lib/$name"
+  fi
+done
+
+# A small checkpoint for the quick checks; the check synthesizes the medium one
+# there, into /dev/shm, with the packed ferry.
+"$pack/bin/ferry" synth --family llama --preset tiny --out "$pack/ck-llama" >/dev/null
+"$pack/bin/ferry" synth --family deepseek_v3 --preset tiny --out "$pack/ck-deepseek" >/dev/null
+
+git rev-parse HEAD > "$pack/COMMIT" 2>/dev/null || echo unknown > "$pack/COMMIT"
+bytes=$(du -sb "$pack" | cut -f1)
+echo "gpu-pack: $pack is $((bytes >> 20)) MiB ($(ls "$pack/lib" | wc -l) libraries) at $(cat "$pack/COMMIT")"
+if [ "$bytes" -gt "$limit" ]; then
+  echo "gpu-pack: $pack is over $((limit >> 20)) MiB; the device tool carries 64 MiB with the tree" >&2
+  exit 1
+fi
