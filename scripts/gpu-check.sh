@@ -23,7 +23,9 @@ export LD_LIBRARY_PATH="$pack/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ferry=$pack/bin/ferry
 python=${FERRY_GPU_PYTHON:-python3}
 shm=/dev/shm/ferry-gpu-check-medium
-export root pack out log summary ferry python shm
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch" "$shm"' EXIT
+export root pack out log summary ferry python shm scratch
 fails=0
 
 note() { echo "$*" | tee -a "$log" >>"$summary"; }
@@ -88,7 +90,7 @@ fi
 same_as_host() {
   local ck=$1 name=$2
   shift 2
-  local d=$out/dump-$name
+  local d=$scratch/dump-$name  # not under $OUT: at most 8 files come back from there
   rm -rf "$d"
   "$ferry" load --model "$ck" --quiet --set parallel.tp=1 --set "load.dump_dir=$d/host" "$@" &&
     "$ferry" load --model "$ck" --quiet --set parallel.tp=1 --set devices=cuda:0 \
