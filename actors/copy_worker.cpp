@@ -201,8 +201,8 @@ struct CopyWorkerState {
   }
 
   // Queues every fragment of this rank in window `w`; returns the bytes per param.
-  // A direct window (staging == nullptr) was read straight into its param: its one
-  // fragment has landed, nothing is copied.
+  // A direct window (staging == nullptr) was read straight into its param
+  // (actors::single_param_run): its fragments have landed, nothing is copied.
   Landed execute(const Window& w, const std::byte* staging) {
     Landed landed;
     const PipelineInput& input = shared->input();

@@ -29,15 +29,6 @@ constexpr unsigned kMaxAutoLanes = 4;
 constexpr std::size_t kStagingPerRank = std::size_t{8} << 20;
 constexpr std::size_t kStagingAlignment = 4096;
 
-// Files the plan reads (its spans are sorted by file).
-std::size_t files_read(const Plan& plan) {
-  std::size_t files = 0;
-  for (std::size_t i = 0; i < plan.spans.size(); ++i) {
-    files += (i == 0 || plan.spans[i].file != plan.spans[i - 1].file) ? 1 : 0;
-  }
-  return files;
-}
-
 // Param bytes per local rank that the spans of `lane` feed (a tensor split over
 // several spans counts once per span: a weight, not a byte count).
 std::vector<unsigned long long> lane_rank_bytes(const Plan& plan,
@@ -81,9 +72,9 @@ void make_lanes(Shared& shared) {
                 "(GPUs without mapped host memory, host devices with a bandwidth cap and null "
                 "devices cannot); use auto or off");
   }
+  const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
   std::size_t lanes = o.read_lanes;
   if (lanes == 0) {
-    const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
     lanes = std::min({cores, std::max<std::size_t>(1, files_read(plan)), std::size_t{kMaxAutoLanes},
                       std::max<std::size_t>(1, buffers / 2)});
   }
@@ -98,7 +89,6 @@ void make_lanes(Shared& shared) {
   // machine of several cores that loses the copy worker's second thread, which is
   // worth more than the saved copy (docs/PERFORMANCE.md, read width: 6.1 against
   // 5.0 GB/s on 2 cores), so auto takes them with two lanes or more, or one core.
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   shared.single_copy =
       o.direct_to_device == io::DirectToDevice::kOn ||
       (o.direct_to_device == io::DirectToDevice::kAuto && (spans.size() >= 2 || cores == 1));
@@ -107,13 +97,13 @@ void make_lanes(Shared& shared) {
       input.staging_allocator ? input.staging_allocator : io::aligned_host_allocator();
   // The staging gauge sees the sum over the lanes' pools.
   auto in_use = std::make_shared<std::vector<std::atomic<std::size_t>>>(spans.size());
+  std::vector<int> rank_nodes;  // each local rank's device's node
+  for (const RankTarget& t : input.ranks) {
+    rank_nodes.push_back(nodes.size() > 1 ? t.device->numa_node() : -1);
+  }
   for (std::size_t l = 0; l < spans.size(); ++l) {
     std::shared_ptr<io::BufferAllocator> allocator = base;
     if (nodes.size() > 1) {
-      std::vector<int> rank_nodes;
-      for (const RankTarget& t : input.ranks) {
-        rank_nodes.push_back(t.device->numa_node());
-      }
       const int node = io::preferred_numa_node(lane_rank_bytes(plan, spans[l]), rank_nodes);
       if (node >= 0) {
         allocator = input.staging_allocator_on_node ? input.staging_allocator_on_node(node)

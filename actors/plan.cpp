@@ -408,6 +408,14 @@ std::optional<ParamRun> single_param_run(const Window& w) {
   return ParamRun{first.local_rank, first.param, first.dst_offset};
 }
 
+std::size_t files_read(const Plan& plan) {
+  std::size_t files = 0;  // spans are sorted by file
+  for (std::size_t i = 0; i < plan.spans.size(); ++i) {
+    files += (i == 0 || plan.spans[i].file != plan.spans[i - 1].file) ? 1 : 0;
+  }
+  return files;
+}
+
 std::vector<std::pair<std::size_t, std::size_t>> lane_spans(const Plan& plan, unsigned lanes) {
   const std::size_t n = plan.spans.size();
   std::vector<std::pair<std::size_t, std::size_t>> out;
@@ -415,14 +423,12 @@ std::vector<std::pair<std::size_t, std::size_t>> lane_spans(const Plan& plan, un
     return out;
   }
   lanes = std::max(1u, lanes);
-  // Cumulative bytes before each span, and whether a span starts a new file.
+  // Cumulative bytes before each span.
   std::vector<std::uint64_t> before(n + 1, 0);
-  std::size_t files = 0;
   for (std::size_t i = 0; i < n; ++i) {
     before[i + 1] = before[i] + (plan.spans[i].end - plan.spans[i].begin);
-    files += (i == 0 || plan.spans[i].file != plan.spans[i - 1].file) ? 1 : 0;
   }
-  const bool whole_files = files >= lanes;
+  const bool whole_files = files_read(plan) >= lanes;
   auto is_cut = [&](std::size_t i) {
     return i > 0 && i < n && (!whole_files || plan.spans[i].file != plan.spans[i - 1].file);
   };

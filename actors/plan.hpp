@@ -216,6 +216,9 @@ std::vector<io::PrefetchFile> planned_prefetch_files(const Plan& plan,
                                                      const io::CheckpointIndex& index,
                                                      std::pair<std::size_t, std::size_t> lane);
 
+// Files the plan reads (those with at least one span).
+std::size_t files_read(const Plan& plan);
+
 // How the plan's spans are shared among at most `lanes` read lanes (each its own
 // reader thread, ring and staging): contiguous runs of spans [first, second), in
 // read order, of about equal bytes. When the plan reads at least `lanes` files, runs

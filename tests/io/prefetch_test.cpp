@@ -69,6 +69,17 @@ struct BlockLog {
   }
 };
 
+// Options that read kBlock blocks on `threads` threads and record each in `log`.
+PrefetchOptions logged(BlockLog& log, unsigned threads) {
+  PrefetchOptions o;
+  o.threads = threads;
+  o.block_bytes = kBlock;
+  o.on_block = [&log](const PrefetchFile& f, std::uint64_t off, std::size_t len) {
+    log.add(f, off, len);
+  };
+  return o;
+}
+
 // A gate hooks wait at until the test opens it.
 class Gate {
  public:
@@ -132,12 +143,7 @@ TEST_P(PrefetchThreadsTest, ReadsEveryBlockOfEveryFileOnce) {
       make_file(dir, "c.safetensors", kBlock),
   };
   BlockLog log;
-  PrefetchOptions options;
-  options.threads = GetParam();
-  options.block_bytes = kBlock;
-  options.on_block = [&](const PrefetchFile& f, std::uint64_t off, std::size_t len) {
-    log.add(f, off, len);
-  };
+  const PrefetchOptions options = logged(log, GetParam());
   const std::uint64_t total = 10000 + 3 * kBlock + 1 + kBlock;
   Prefetcher p(files, options);
   EXPECT_EQ(p.total_bytes(), total);
@@ -167,13 +173,7 @@ TEST(PrefetchTest, OneThreadReadsInPlanOrder) {
   std::vector<PrefetchFile> files = {make_file(dir, "z.safetensors", 2 * kBlock),
                                      make_file(dir, "m.safetensors", kBlock + 7)};
   BlockLog log;
-  PrefetchOptions options;
-  options.threads = 1;
-  options.block_bytes = kBlock;
-  options.on_block = [&](const PrefetchFile& f, std::uint64_t off, std::size_t len) {
-    log.add(f, off, len);
-  };
-  Prefetcher p(files, options);
+  Prefetcher p(files, logged(log, 1));
   p.wait();
   std::vector<std::pair<std::string, std::uint64_t>> expected = {{"z.safetensors", 0},
                                                                  {"z.safetensors", kBlock},
@@ -503,13 +503,7 @@ TEST(PrefetcherRanges, OnlyTheRangesAreReadAndGapsStillCompleteThePosition) {
   skipped.ranges = std::vector<std::pair<std::uint64_t, std::uint64_t>>{};  // nothing planned
   PrefetchFile whole = make_file(dir, "c.safetensors", 2 * kBlock);         // unset: all of it
   BlockLog log;
-  PrefetchOptions o;
-  o.threads = 1;
-  o.block_bytes = kBlock;
-  o.on_block = [&](const PrefetchFile& f, std::uint64_t offset, std::size_t len) {
-    log.add(f, offset, len);
-  };
-  Prefetcher p({a, skipped, whole}, o);
+  Prefetcher p({a, skipped, whole}, logged(log, 1));
   p.wait();
   EXPECT_EQ(p.bytes_prefetched(), (2 * kBlock + 100) + kBlock + 2 * kBlock);
   EXPECT_EQ(log.bytes, p.bytes_prefetched());

@@ -5,11 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <filesystem>
 #include <string>
 #include <thread>
 
-#include "io/safetensors.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
@@ -23,24 +21,10 @@ using testing::make_config;
 using testing::synth_checkpoint;
 using testing::TempDir;
 
-// Tensor bytes of every shard (what a whole-file prefetch would approach).
-std::uint64_t tensor_bytes(const std::string& dir) {
-  std::uint64_t n = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    if (e.path().extension() == ".safetensors") {
-      for (const io::TensorInfo& t :
-           io::read_safetensors_header(e.path().string(), e.path().string()).tensors) {
-        n += t.nbytes;
-      }
-    }
-  }
-  return n;
-}
-
 TEST(PrefetchLoad, AtEp8ThePrefetchStaysWithinThePlannedReads) {
   TempDir dir;
   testing::Checkpoint ck = synth_checkpoint(dir.file("ck"), "mixtral");
-  const std::uint64_t all = tensor_bytes(ck.dir);
+  const std::uint64_t all = ck.tensor_bytes();  // what a whole-file prefetch approaches
   // Slow copies hold the reader back (its two staging buffers come back late), so
   // the prefetch gets ahead of it; reads straight into params would not wait for
   // them, and the default budget (8 MiB) would hold all the planned bytes.

@@ -32,19 +32,6 @@ std::uint64_t windows_read(const LoadReport& r) {
   return r.read_paths.direct_to_device + r.read_paths.staged;
 }
 
-// Bytes of every tensor of a synthesized (BF16) checkpoint.
-std::uint64_t tensor_bytes(const testing::Checkpoint& ck) {
-  std::uint64_t total = 0;
-  for (const auto& [name, shape] : ck.shapes) {
-    std::uint64_t n = 2;
-    for (std::uint64_t d : shape) {
-      n *= d;
-    }
-    total += n;
-  }
-  return total;
-}
-
 class ReadLanesTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -117,8 +104,8 @@ TEST_F(ReadLanesTest, SingleCopyReadsTakeWhatOneDeviceAloneNeeds) {
   EXPECT_GT(r1.read_paths.staged, 0u);  // windows of several small tensors stay staged
   // tp 1 reads every tensor byte once, and each lands once: the two paths add up
   // to the checkpoint's tensor bytes and to the bytes written to the device.
-  EXPECT_EQ(windows_read(r1), tensor_bytes(llama_));
-  EXPECT_EQ(r1.bytes_copied, tensor_bytes(llama_));
+  EXPECT_EQ(windows_read(r1), llama_.tensor_bytes());
+  EXPECT_EQ(r1.bytes_copied, llama_.tensor_bytes());
 
   // tp 2 with a bandwidth cap: nothing may bypass the emulated link.
   LoadResult capped =
@@ -143,7 +130,7 @@ TEST_F(ReadLanesTest, ReplicatedBytesStayStagedAndAreReadOnce) {
   LoadResult r = load_with(llama_.dir, {"parallel.tp=2", "io.chunk_bytes=16KiB"});
   ASSERT_TRUE(r) << r.error->message;
   const LoadReport& rep = r.model->report();
-  EXPECT_EQ(windows_read(rep), tensor_bytes(llama_));
+  EXPECT_EQ(windows_read(rep), llama_.tensor_bytes());
   EXPECT_GT(rep.read_paths.staged, 0u);
 }
 

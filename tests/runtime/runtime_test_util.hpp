@@ -67,6 +67,19 @@ struct Checkpoint {
     }
     return n;
   }
+  // Bytes of every tensor of every shard, from their headers.
+  std::uint64_t tensor_bytes() const {
+    std::uint64_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) {
+      if (e.path().extension() == ".safetensors") {
+        for (const io::TensorInfo& t :
+             io::read_safetensors_header(e.path().string(), e.path().string()).tensors) {
+          n += t.nbytes;
+        }
+      }
+    }
+    return n;
+  }
 };
 
 inline Checkpoint synth_checkpoint(const std::string& dir, const std::string& family,
