@@ -4,6 +4,9 @@
 #include "io/numa.hpp"
 
 #include <gtest/gtest.h>
+#include <linux/mempolicy.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -37,6 +40,13 @@ TEST(Numa, TheLaneGoesWhereMostOfItsBytesGo) {
   EXPECT_EQ(preferred_numa_node({}, {}), -1);
 }
 
+// The memory policy of the mapping holding `p` (MPOL_DEFAULT, MPOL_PREFERRED, ...).
+int policy_of(const void* p) {
+  int mode = -1;
+  EXPECT_EQ(::syscall(SYS_get_mempolicy, &mode, nullptr, 0, p, MPOL_F_ADDR), 0);
+  return mode;
+}
+
 TEST(Numa, AllocatedPagesLandOnTheNodeAsked) {
   auto allocator = numa_allocator(aligned_host_allocator(), 0);
   EXPECT_NE(allocator->name().find("NUMA node 0"), std::string::npos);
@@ -51,6 +61,14 @@ TEST(Numa, AllocatedPagesLandOnTheNodeAsked) {
   }
   EXPECT_EQ(node, 0);
   EXPECT_EQ(numa_node_of(static_cast<char*>(p) + bytes - 1), 0);
+  // On one node every page is on node 0 anyway: the policy on the range is what
+  // shows the binding happened (plain memory keeps the default policy).
+  EXPECT_EQ(policy_of(p), MPOL_PREFERRED);
+  EXPECT_EQ(policy_of(static_cast<char*>(p) + bytes - 1), MPOL_PREFERRED);
+  void* plain = aligned_host_allocator()->allocate(bytes, 4096);
+  std::memset(plain, 1, bytes);
+  EXPECT_EQ(policy_of(plain), MPOL_DEFAULT);
+  aligned_host_allocator()->deallocate(plain, bytes);
   allocator->deallocate(p, bytes);
   // A staging pool over it works like any other.
   StagingPool pool(3, 8192, numa_allocator(aligned_host_allocator(), 0));
