@@ -95,28 +95,29 @@ class PinnedStagingAllocator final : public io::BufferAllocator {
   // node >= 0: the pages are placed on that NUMA node (bound, then touched) before
   // they are pinned, since pinned pages cannot move; else allocate_pinned.
   explicit PinnedStagingAllocator(std::shared_ptr<gpu::Device> device, int node = -1)
-      : device_(std::move(device)), node_(node) {}
+      : device_(std::move(device)),
+        node_(node),
+        host_(node >= 0 ? io::numa_allocator(io::aligned_host_allocator(), node) : nullptr) {}
 
   void* allocate(std::size_t bytes, std::size_t alignment) override {
     if (alignment > gpu::kPinnedAlignment) {
       return nullptr;
     }
-    if (node_ >= 0) {
-      auto host = io::numa_allocator(io::aligned_host_allocator(), node_);
-      void* p = host->allocate(bytes, alignment);
+    if (host_) {
+      void* p = host_->allocate(bytes, alignment);
       if (p == nullptr) {
         return nullptr;
       }
       std::memset(p, 0, bytes);  // first touch: the pages land on the node
-      Placed placed{host, {}};
+      gpu::HostRegistration pinned;
       try {
-        placed.registration = device_->register_host(p, bytes);
+        pinned = device_->register_host(p, bytes);
       } catch (...) {
-        host->deallocate(p, bytes);
+        host_->deallocate(p, bytes);
         throw;
       }
       std::lock_guard lock(mu_);
-      placed_.emplace(p, std::move(placed));
+      placed_.emplace(p, std::move(pinned));
       return p;
     }
     gpu::PinnedAllocation a = device_->allocate_pinned(bytes);
@@ -129,9 +130,8 @@ class PinnedStagingAllocator final : public io::BufferAllocator {
     std::lock_guard lock(mu_);
     live_.erase(p);
     if (auto it = placed_.find(p); it != placed_.end()) {
-      it->second.registration = {};  // unpin before the memory goes
-      it->second.host->deallocate(p, bytes);
-      placed_.erase(it);
+      placed_.erase(it);  // unpins before the memory goes
+      host_->deallocate(p, bytes);
     }
   }
   std::string name() const override {
@@ -140,15 +140,12 @@ class PinnedStagingAllocator final : public io::BufferAllocator {
   }
 
  private:
-  struct Placed {
-    std::shared_ptr<io::BufferAllocator> host;
-    gpu::HostRegistration registration;
-  };
   std::shared_ptr<gpu::Device> device_;
   int node_;
+  std::shared_ptr<io::BufferAllocator> host_;  // node-bound host memory; null: allocate_pinned
   std::mutex mu_;
   std::map<void*, gpu::PinnedAllocation> live_;
-  std::map<void*, Placed> placed_;
+  std::map<void*, gpu::HostRegistration> placed_;  // host_'s buffers, pinned
 };
 
 bool contiguous(const LoadedParam& p) {
