@@ -205,6 +205,123 @@ std::size_t TrackedStreamChecks::cast(const std::byte* dst, DType dst_dtype, con
   return bytes.dst;
 }
 
+std::size_t TrackedStreamChecks::zero_2d(const std::byte* dst, std::size_t dst_pitch,
+                                         std::size_t width_bytes, std::size_t rows) const {
+  const std::size_t span =
+      pitched_span(device_, "zero_2d", "destination", dst_pitch, width_bytes, rows);
+  if (span != 0) {
+    allocations_.check(device_, "zero_2d", "destination", dst, span);
+  }
+  return span;
+}
+
+std::size_t TrackedStreamChecks::cast_2d(const std::byte* dst, std::size_t dst_pitch,
+                                         DType dst_dtype, const std::byte* src,
+                                         std::size_t src_pitch, DType src_dtype, std::size_t width,
+                                         std::size_t rows) const {
+  const Spans spans =
+      check_cast_2d(device_, dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows);
+  return check_spans("cast_2d", dst, src, spans);
+}
+
+std::size_t TrackedStreamChecks::copy_d2d_2d(const std::byte* dst, std::size_t dst_pitch,
+                                             const std::byte* src, std::size_t src_pitch,
+                                             std::size_t width_bytes, std::size_t rows) const {
+  const Spans spans = check_copy_d2d_2d(device_, dst, dst_pitch, src, src_pitch, width_bytes, rows);
+  return check_spans("copy_d2d_2d", dst, src, spans);
+}
+
+std::size_t TrackedStreamChecks::transpose(const std::byte* dst, std::size_t dst_batch_pitch,
+                                           const std::byte* src, std::size_t src_batch_pitch,
+                                           std::size_t element_size, std::size_t rows,
+                                           std::size_t cols, std::size_t batches) const {
+  const Spans spans = check_transpose(device_, dst, dst_batch_pitch, src, src_batch_pitch,
+                                      element_size, rows, cols, batches);
+  return check_spans("transpose", dst, src, spans);
+}
+
+std::size_t TrackedStreamChecks::check_spans(std::string_view op, const std::byte* dst,
+                                             const std::byte* src, const Spans& spans) const {
+  if (spans.dst == 0) {
+    return 0;
+  }
+  allocations_.check(device_, op, "destination", dst, spans.dst);
+  allocations_.check(device_, op, "source", src, spans.src);
+  return spans.dst;
+}
+
+namespace {
+
+bool overlapping(const std::byte* a, std::size_t a_bytes, const std::byte* b, std::size_t b_bytes) {
+  const auto x = reinterpret_cast<std::uintptr_t>(a);
+  const auto y = reinterpret_cast<std::uintptr_t>(b);
+  return x < y + b_bytes && y < x + a_bytes;
+}
+
+void fail_overlap(const std::string& device, std::string_view op, const std::byte* dst,
+                  const std::byte* src, const Spans& spans) {
+  fail(device, std::string(op) + ": source [" + hex(src) + ", +" + std::to_string(spans.src) +
+                   ") and destination [" + hex(dst) + ", +" + std::to_string(spans.dst) +
+                   ") overlap");
+}
+
+}  // namespace
+
+Spans check_cast_2d(const std::string& device, const std::byte* dst, std::size_t dst_pitch,
+                    DType dst_dtype, const std::byte* src, std::size_t src_pitch, DType src_dtype,
+                    std::size_t width, std::size_t rows) {
+  if (!castable_dtype(dst_dtype) || !castable_dtype(src_dtype)) {
+    fail(device, "cast_2d " + std::string(dtype_name(src_dtype)) + " -> " +
+                     std::string(dtype_name(dst_dtype)) + ": only BF16, F16 and F32 are supported");
+  }
+  const std::size_t dst_row = checked_mul(device, "cast_2d", width, dtype_size(dst_dtype));
+  const std::size_t src_row = checked_mul(device, "cast_2d", width, dtype_size(src_dtype));
+  Spans spans{pitched_span(device, "cast_2d", "destination", dst_pitch, dst_row, rows),
+              pitched_span(device, "cast_2d", "source", src_pitch, src_row, rows)};
+  if (spans.dst == 0) {
+    return {};
+  }
+  const bool in_place = dst == src && dst_pitch == src_pitch && dst_row == src_row;
+  if (!in_place && overlapping(dst, spans.dst, src, spans.src)) {
+    fail_overlap(device, "cast_2d", dst, src, spans);
+  }
+  return spans;
+}
+
+Spans check_copy_d2d_2d(const std::string& device, const std::byte* dst, std::size_t dst_pitch,
+                        const std::byte* src, std::size_t src_pitch, std::size_t width_bytes,
+                        std::size_t rows) {
+  Spans spans{pitched_span(device, "copy_d2d_2d", "destination", dst_pitch, width_bytes, rows),
+              pitched_span(device, "copy_d2d_2d", "source", src_pitch, width_bytes, rows)};
+  if (spans.dst == 0) {
+    return {};
+  }
+  if (overlapping(dst, spans.dst, src, spans.src)) {
+    fail_overlap(device, "copy_d2d_2d", dst, src, spans);
+  }
+  return spans;
+}
+
+Spans check_transpose(const std::string& device, const std::byte* dst, std::size_t dst_batch_pitch,
+                      const std::byte* src, std::size_t src_batch_pitch, std::size_t element_size,
+                      std::size_t rows, std::size_t cols, std::size_t batches) {
+  if (element_size != 1 && element_size != 2 && element_size != 4 && element_size != 8) {
+    fail(device, "transpose: element size " + std::to_string(element_size) +
+                     " is not supported (1, 2, 4 and 8 are)");
+  }
+  const std::size_t matrix =
+      checked_mul(device, "transpose", checked_mul(device, "transpose", rows, cols), element_size);
+  Spans spans{pitched_span(device, "transpose", "destination", dst_batch_pitch, matrix, batches),
+              pitched_span(device, "transpose", "source", src_batch_pitch, matrix, batches)};
+  if (spans.dst == 0) {
+    return {};
+  }
+  if (overlapping(dst, spans.dst, src, spans.src)) {
+    fail_overlap(device, "transpose", dst, src, spans);
+  }
+  return spans;
+}
+
 CastBytes check_cast(const std::string& device, const std::byte* dst, DType dst_dtype,
                      const std::byte* src, DType src_dtype, std::size_t count) {
   if (!castable_dtype(dst_dtype) || !castable_dtype(src_dtype)) {

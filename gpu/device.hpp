@@ -185,6 +185,32 @@ class Stream {
   virtual void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
                     std::size_t count) = 0;
 
+  // The pitched forms of zero, cast and a device-to-device copy: one operation over
+  // `rows` rows (CUDA: one cudaMemset2DAsync or one kernel launch, not one call a
+  // row). Row r of the destination starts at dst + r*dst_pitch, of the source at
+  // src + r*src_pitch; bytes between rows are left as they were. Pitches must be at
+  // least the row's bytes. Source and destination must not overlap (cast_2d: except
+  // dst == src with equal pitches and element sizes, in place).
+  virtual void zero_2d(std::byte* dst, std::size_t dst_pitch, std::size_t width_bytes,
+                       std::size_t rows) = 0;
+  // `width` elements a row, converted as cast() does.
+  virtual void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
+                       std::size_t src_pitch, DType src_dtype, std::size_t width,
+                       std::size_t rows) = 0;
+  // Device to device, `width_bytes` a row: how narrow rows copied contiguously into
+  // device scratch are gathered into their parameter (CUDA: a kernel).
+  virtual void copy_d2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                           std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) = 0;
+
+  // Batched transpose, device to device: for each b < batches, the dense row-major
+  // rows x cols matrix of `element_size`-byte elements (1, 2, 4 or 8) at
+  // src + b*src_batch_pitch is written as the dense cols x rows matrix at
+  // dst + b*dst_batch_pitch. Only bytes move. No overlap allowed. (The MLA split
+  // builds w_kc with it, on the device.)
+  virtual void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
+                         std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
+                         std::size_t cols, std::size_t batches) = 0;
+
   // An event that completes when everything queued so far has finished.
   virtual std::unique_ptr<Event> record() = 0;
 
@@ -244,6 +270,13 @@ class Device {
   // The NUMA node the device is attached to (a GPU's PCI node), or -1 when unknown
   // or not meaningful (host devices): where staging feeding it is best allocated.
   virtual int numa_node() const { return -1; }
+
+  // Host-to-device pitched copies with rows narrower than this many bytes move
+  // slowly on this device's link (a DMA engine pays per row): the copy worker copies
+  // such a slice's source span contiguously into device scratch and gathers the
+  // rows on the device instead (actors::fragment_copy). 0: every width is fine
+  // (host memory; the null device). CUDA: 64 KiB.
+  virtual std::size_t narrow_row_bytes() const { return 0; }
 };
 
 // True for the element types cast() converts: BF16, F16, F32.

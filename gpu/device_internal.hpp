@@ -105,6 +105,25 @@ struct CastBytes {
 CastBytes check_cast(const std::string& device, const std::byte* dst, DType dst_dtype,
                      const std::byte* src, DType src_dtype, std::size_t count);
 
+// The byte ranges a two-sided device operation covers: the destination's span and
+// the source's (0, 0: nothing to do).
+struct Spans {
+  std::size_t dst = 0;
+  std::size_t src = 0;
+};
+// Checks a cast_2d() call (dtypes, pitches, overlap); returns its spans.
+Spans check_cast_2d(const std::string& device, const std::byte* dst, std::size_t dst_pitch,
+                    DType dst_dtype, const std::byte* src, std::size_t src_pitch, DType src_dtype,
+                    std::size_t width, std::size_t rows);
+// Checks a copy_d2d_2d() call (pitches, no overlap); returns its spans.
+Spans check_copy_d2d_2d(const std::string& device, const std::byte* dst, std::size_t dst_pitch,
+                        const std::byte* src, std::size_t src_pitch, std::size_t width_bytes,
+                        std::size_t rows);
+// Checks a transpose() call (element size, batch pitches, no overlap); returns its spans.
+Spans check_transpose(const std::string& device, const std::byte* dst, std::size_t dst_batch_pitch,
+                      const std::byte* src, std::size_t src_batch_pitch, std::size_t element_size,
+                      std::size_t rows, std::size_t cols, std::size_t batches);
+
 // A stream's checks on the backends that track their allocations (host, null): the
 // arguments, then every device range against `allocations` and every host pointer,
 // with the same words on both. Each returns the bytes the operation writes on the
@@ -121,8 +140,23 @@ class TrackedStreamChecks {
   std::size_t zero(const std::byte* dst, std::size_t bytes) const;
   std::size_t cast(const std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
                    std::size_t count) const;
+  // The pitched and batched operations return the destination's span.
+  std::size_t zero_2d(const std::byte* dst, std::size_t dst_pitch, std::size_t width_bytes,
+                      std::size_t rows) const;
+  std::size_t cast_2d(const std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                      const std::byte* src, std::size_t src_pitch, DType src_dtype,
+                      std::size_t width, std::size_t rows) const;
+  std::size_t copy_d2d_2d(const std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                          std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) const;
+  std::size_t transpose(const std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
+                        std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
+                        std::size_t cols, std::size_t batches) const;
 
  private:
+  // Checks both spans against the live allocations; returns the destination's.
+  std::size_t check_spans(std::string_view op, const std::byte* dst, const std::byte* src,
+                          const Spans& spans) const;
+
   const std::string& device_;
   const AllocationMap& allocations_;
 };

@@ -287,6 +287,42 @@ class HostStream final : public Stream {
     }
   }
 
+  void zero_2d(std::byte* dst, std::size_t dst_pitch, std::size_t width_bytes,
+               std::size_t rows) override {
+    if (checks().zero_2d(dst, dst_pitch, width_bytes, rows) != 0) {
+      run([=] { host::zero_2d(dst, dst_pitch, width_bytes, rows); });
+    }
+  }
+
+  void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
+               std::size_t src_pitch, DType src_dtype, std::size_t width,
+               std::size_t rows) override {
+    if (checks().cast_2d(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows) != 0) {
+      run([=] {
+        host::cast_2d(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows);
+      });
+    }
+  }
+
+  void copy_d2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                   std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) override {
+    if (checks().copy_d2d_2d(dst, dst_pitch, src, src_pitch, width_bytes, rows) != 0) {
+      run([=] { host::copy_2d(dst, dst_pitch, src, src_pitch, width_bytes, rows); });
+    }
+  }
+
+  void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
+                 std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
+                 std::size_t cols, std::size_t batches) override {
+    if (checks().transpose(dst, dst_batch_pitch, src, src_batch_pitch, element_size, rows, cols,
+                           batches) != 0) {
+      run([=] {
+        host::transpose(dst, dst_batch_pitch, src, src_batch_pitch, element_size, rows, cols,
+                        batches);
+      });
+    }
+  }
+
   std::unique_ptr<Event> record() override {
     if (deferred_) {
       return std::make_unique<DeferredEvent>(deferred_, deferred_->queued());
@@ -335,6 +371,7 @@ class HostDevice final : public Device {
 
   // A capped link has bytes to emulate on the way, so reads go through staging then.
   bool host_addressable() const override { return !state_->throttle; }
+  std::size_t narrow_row_bytes() const override { return state_->options.narrow_row_bytes; }
 
   // With a bandwidth cap, the calling thread (the copy worker's) sleeps until the
   // emulated link is through; Linux lets such sleeps overrun by the thread's timer

@@ -48,6 +48,10 @@ struct HostDeviceOptions {
   // against 0.6 s in 4 KiB pages, and saved 0.3 s only right after another process
   // freed huge pages (docs/PERFORMANCE.md, read width).
   bool huge_pages = false;
+  // Emulate a DMA link that pays per row: Device::narrow_row_bytes() returns this,
+  // so the copy worker gathers narrower row slices through device scratch as it
+  // does on CUDA (64 KiB there). 0: every width is fine (host memory is).
+  std::size_t narrow_row_bytes = 0;
 };
 
 inline constexpr std::byte kPoisonByte{0xA5};

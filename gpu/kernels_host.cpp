@@ -223,6 +223,41 @@ void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype
   }
 }
 
+void zero_2d(std::byte* dst, std::size_t dst_pitch, std::size_t width_bytes, std::size_t rows) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    std::memset(dst + r * dst_pitch, 0, width_bytes);
+  }
+}
+
+void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
+             std::size_t src_pitch, DType src_dtype, std::size_t width, std::size_t rows) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    cast(dst + r * dst_pitch, dst_dtype, src + r * src_pitch, src_dtype, width);
+  }
+}
+
+void copy_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src, std::size_t src_pitch,
+             std::size_t width_bytes, std::size_t rows) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    std::memcpy(dst + r * dst_pitch, src + r * src_pitch, width_bytes);
+  }
+}
+
+void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
+               std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
+               std::size_t cols, std::size_t batches) {
+  const std::size_t es = element_size;
+  for (std::size_t b = 0; b < batches; ++b) {
+    const std::byte* in = src + b * src_batch_pitch;
+    std::byte* out = dst + b * dst_batch_pitch;
+    for (std::size_t i = 0; i < rows; ++i) {
+      for (std::size_t j = 0; j < cols; ++j) {
+        std::memcpy(out + (j * rows + i) * es, in + (i * cols + j) * es, es);
+      }
+    }
+  }
+}
+
 void copy_around_caches(std::byte* dst, const std::byte* src, std::size_t bytes) {
 #if defined(__SSE2__)
   constexpr std::size_t kStreamFrom = std::size_t{64} << 10;

@@ -39,6 +39,18 @@ void fill(std::byte* dst, std::size_t count, DType dtype, double value);
 void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
           std::size_t count);
 
+// The pitched and batched operations of gpu::Stream (zero_2d, cast_2d, copy_d2d_2d,
+// transpose), as plain loops: what the CUDA kernels must match byte for byte.
+// Arguments are the caller's to check (gpu/device_internal.hpp).
+void zero_2d(std::byte* dst, std::size_t dst_pitch, std::size_t width_bytes, std::size_t rows);
+void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
+             std::size_t src_pitch, DType src_dtype, std::size_t width, std::size_t rows);
+void copy_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src, std::size_t src_pitch,
+             std::size_t width_bytes, std::size_t rows);
+void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
+               std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
+               std::size_t cols, std::size_t batches);
+
 // A host-to-"device" copy written the way a DMA engine writes device memory:
 // around the CPU caches. From 64 KiB up it uses non-temporal stores, so the
 // destination (gigabytes, not read again during a load) costs no read-for-ownership

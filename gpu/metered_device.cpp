@@ -44,6 +44,31 @@ class MeteredStream final : public Stream {
     inner_->cast(dst, dst_dtype, src, src_dtype, count);
     report("cast", count * dtype_size(dst_dtype), t);
   }
+  void zero_2d(std::byte* dst, std::size_t dst_pitch, std::size_t width_bytes,
+               std::size_t rows) override {
+    const Clock::time_point t = Clock::now();
+    inner_->zero_2d(dst, dst_pitch, width_bytes, rows);
+    report("zero", width_bytes * rows, t);
+  }
+  void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
+               std::size_t src_pitch, DType src_dtype, std::size_t width,
+               std::size_t rows) override {
+    const Clock::time_point t = Clock::now();
+    inner_->cast_2d(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows);
+    report("cast", width * rows * dtype_size(dst_dtype), t);
+  }
+  void copy_d2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                   std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) override {
+    const Clock::time_point t = Clock::now();
+    inner_->copy_d2d_2d(dst, dst_pitch, src, src_pitch, width_bytes, rows);
+    report("gather", width_bytes * rows, t);
+  }
+  void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
+                 std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
+                 std::size_t cols, std::size_t batches) override {
+    inner_->transpose(dst, dst_batch_pitch, src, src_batch_pitch, element_size, rows, cols,
+                      batches);
+  }
   std::unique_ptr<Event> record() override { return inner_->record(); }
   void synchronize() override { inner_->synchronize(); }
 
@@ -91,6 +116,7 @@ class MeteredDevice final : public Device {
   bool holds_data() const override { return inner_->holds_data(); }
   bool host_addressable() const override { return inner_->host_addressable(); }
   int numa_node() const override { return inner_->numa_node(); }
+  std::size_t narrow_row_bytes() const override { return inner_->narrow_row_bytes(); }
 
  private:
   std::shared_ptr<Device> inner_;

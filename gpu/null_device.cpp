@@ -86,6 +86,35 @@ class NullStream final : public Stream {
     state_->written(checks().cast(dst, dst_dtype, src, src_dtype, count));
   }
 
+  // Pitched and batched: checked and counted, by the bytes they write (the rows, not
+  // the gaps between them).
+  void zero_2d(std::byte* dst, std::size_t dst_pitch, std::size_t width_bytes,
+               std::size_t rows) override {
+    if (checks().zero_2d(dst, dst_pitch, width_bytes, rows) != 0) {
+      state_->written(width_bytes * rows);
+    }
+  }
+  void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
+               std::size_t src_pitch, DType src_dtype, std::size_t width,
+               std::size_t rows) override {
+    if (checks().cast_2d(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows) != 0) {
+      state_->written(width * dtype_size(dst_dtype) * rows);
+    }
+  }
+  void copy_d2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                   std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) override {
+    if (checks().copy_d2d_2d(dst, dst_pitch, src, src_pitch, width_bytes, rows) != 0) {
+      state_->written(width_bytes * rows);
+    }
+  }
+  void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
+                 std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
+                 std::size_t cols, std::size_t batches) override {
+    if (checks().transpose(dst, dst_batch_pitch, src, src_batch_pitch, element_size, rows, cols,
+                           batches) != 0) {
+      state_->written(rows * cols * element_size * batches);
+    }
+  }
   std::unique_ptr<Event> record() override { return std::make_unique<NullEvent>(state_); }
   void synchronize() override {}
 

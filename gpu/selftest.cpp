@@ -325,6 +325,77 @@ void add_cast_scenarios(std::vector<Scenario>& out) {
                  }});
 }
 
+// The pitched and batched device-side operations (zero_2d, cast_2d, copy_d2d_2d,
+// transpose) read the random background and write a region after it.
+void add_device_side_scenarios(std::vector<Scenario>& out) {
+  out.push_back({"zero_2d", 40000, [](Device&, Stream& s, std::byte* base) {
+                   s.zero_2d(base + kGuard + 3, 1031, 515, 33);
+                 }});
+  struct Gather {
+    const char* name;
+    std::size_t dst_shift, src_shift, dst_pitch, src_pitch, width, rows;
+  };
+  // Row-parallel slices as the copy worker gathers them (16-byte words), and odd
+  // shapes down to single bytes.
+  for (Gather g : {Gather{"copy_d2d_2d tp 2 rows", 0, 7168, 7168, 14336, 7168, 40},
+                   Gather{"copy_d2d_2d 8-byte words", 8, 0, 24, 40, 24, 300},
+                   Gather{"copy_d2d_2d 2-byte words", 2, 6, 14, 18, 10, 999},
+                   Gather{"copy_d2d_2d odd bytes", 1, 0, 7, 9, 7, 5000}}) {
+    const std::size_t src_span = (g.rows - 1) * g.src_pitch + g.width;
+    const std::size_t dst_at = kGuard + g.src_shift + src_span + kGuard + g.dst_shift;
+    const std::size_t dst_span = (g.rows - 1) * g.dst_pitch + g.width;
+    out.push_back(
+        {g.name, dst_at + dst_span + kGuard, [g, dst_at](Device&, Stream& s, std::byte* base) {
+           s.copy_d2d_2d(base + dst_at, g.dst_pitch, base + kGuard + g.src_shift, g.src_pitch,
+                         g.width, g.rows);
+         }});
+  }
+  const DType types[] = {DType::kBF16, DType::kF16, DType::kF32};
+  for (DType from : types) {
+    for (DType to : types) {
+      for (std::size_t misalign : {std::size_t{0}, std::size_t{1}}) {
+        const std::size_t width = 1000;
+        const std::size_t rows = 37;
+        const std::size_t src_pitch = width * dtype_size(from) + 2 * width + misalign;
+        const std::size_t dst_pitch = width * dtype_size(to) + 64 + misalign;
+        const std::size_t dst_at = kGuard + rows * src_pitch + kGuard + misalign;
+        auto source = std::make_shared<std::vector<std::byte>>(
+            cast_source(from, rows * src_pitch / dtype_size(from)));
+        out.push_back(
+            {"cast_2d " + dtype_str(from) + " -> " + dtype_str(to) + (misalign ? " unaligned" : ""),
+             dst_at + rows * dst_pitch + kGuard, [=](Device&, Stream& s, std::byte* base) {
+               s.copy_h2d(base + kGuard, source->data(), source->size());
+               s.cast_2d(base + dst_at, dst_pitch, to, base + kGuard, src_pitch, from, width, rows);
+             }});
+      }
+    }
+  }
+  struct Transpose {
+    std::size_t rows, cols, batches;
+  };
+  // DeepSeek-V3's w_kc (128 x 512 per head, 4 heads) and ragged tiles.
+  for (Transpose t : {Transpose{128, 512, 4}, Transpose{33, 65, 3}, Transpose{1, 999, 2}}) {
+    for (std::size_t es : {1, 2, 4, 8}) {
+      for (std::size_t misalign : {std::size_t{0}, std::size_t{1}}) {
+        if (misalign != 0 && es == 1) {
+          continue;
+        }
+        const std::size_t matrix = t.rows * t.cols * es;
+        const std::size_t src_pitch = matrix + 5 * es;
+        const std::size_t dst_at = kGuard + t.batches * src_pitch + kGuard + misalign;
+        out.push_back({"transpose " + std::to_string(t.batches) + " x " + std::to_string(t.rows) +
+                           " x " + std::to_string(t.cols) + " of " + std::to_string(es) + " bytes" +
+                           (misalign ? " unaligned" : ""),
+                       dst_at + t.batches * matrix + kGuard,
+                       [=](Device&, Stream& s, std::byte* base) {
+                         s.transpose(base + dst_at, matrix, base + kGuard + misalign, src_pitch, es,
+                                     t.rows, t.cols, t.batches);
+                       }});
+      }
+    }
+  }
+}
+
 bool same_live(const AllocationStats& a, const AllocationStats& b) {
   return a.device.live_count == b.device.live_count && a.device.live_bytes == b.device.live_bytes &&
          a.pinned.live_count == b.pinned.live_count &&
@@ -386,6 +457,7 @@ SelftestResult run_selftest(Device& dut, Device& reference) {
   add_copy_scenarios(scenarios);
   add_fill_scenarios(scenarios);
   add_cast_scenarios(scenarios);
+  add_device_side_scenarios(scenarios);
   std::uint64_t seed = 100;
   for (const Scenario& scenario : scenarios) {
     result.checks.push_back(run_check(dut, reference, scenario, seed++));

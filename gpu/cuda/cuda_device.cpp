@@ -1,6 +1,8 @@
 // The CUDA backend of gpu::Device: cudaMalloc'd device memory, pinned host memory
 // (cudaHostAlloc / cudaHostRegister, both portable across devices), one
-// non-blocking stream per Stream object, events without timing. Every handle is
+// non-blocking stream per Stream object, and a per-device pool of events made with
+// cudaEventBlockingSync | cudaEventDisableTiming (waits sleep; none is created per
+// chunk once a stream has filled the pool). Every handle is
 // owned by an RAII object; every runtime call goes through FERRY_CUDA_CHECK, so an
 // error names the device and the call.
 //
@@ -17,8 +19,10 @@
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -33,10 +37,26 @@ namespace {
 
 using detail::MemoryKind;
 
+// Events a stream records, made with cudaEventBlockingSync (a wait sleeps in the
+// driver instead of spinning a core) and cudaEventDisableTiming; recycled through
+// the device's pool, so a chunk reuses an event rather than creating one.
+constexpr unsigned kEventFlags = cudaEventBlockingSync | cudaEventDisableTiming;
+// Events each new stream adds to its device's pool up front (streams are created
+// before streaming starts, in the copy worker's ensure_ready): enough for the
+// chunks a worker keeps in flight; the pool grows past it only if a load needs more.
+constexpr std::size_t kEventsPerStream = 16;
+
 struct CudaDeviceState {
   std::string name;
   int index = 0;
   detail::StatsTracker stats;
+  std::mutex events_mu;
+  std::vector<cudaEvent_t> free_events;  // created, not handed out
+
+  CudaDeviceState() = default;
+  CudaDeviceState(const CudaDeviceState&) = delete;
+  CudaDeviceState& operator=(const CudaDeviceState&) = delete;
+  ~CudaDeviceState();
 };
 
 // Makes the state's device current for a scope. Throws.
@@ -92,22 +112,60 @@ class QuietDeviceScope {
   bool restore_ = false;
 };
 
+CudaDeviceState::~CudaDeviceState() {
+  QuietDeviceScope scope(*this);
+  for (cudaEvent_t e : free_events) {
+    warn_if_failed(cudaEventDestroy(e), "cudaEventDestroy", name);
+  }
+}
+
+// Adds events to the pool until it holds `count` free ones. The caller has made
+// the device current.
+void reserve_events(CudaDeviceState& state, std::size_t count) {
+  std::lock_guard lock(state.events_mu);
+  while (state.free_events.size() < count) {
+    cudaEvent_t e = nullptr;
+    FERRY_CUDA_CHECK(state.name, cudaEventCreateWithFlags(&e, kEventFlags));
+    state.free_events.push_back(e);
+  }
+}
+
+// An event from the pool (a new one when it is empty). The device is current.
+cudaEvent_t take_event(CudaDeviceState& state) {
+  {
+    std::lock_guard lock(state.events_mu);
+    if (!state.free_events.empty()) {
+      cudaEvent_t e = state.free_events.back();
+      state.free_events.pop_back();
+      return e;
+    }
+  }
+  cudaEvent_t e = nullptr;
+  FERRY_CUDA_CHECK(state.name, cudaEventCreateWithFlags(&e, kEventFlags));
+  return e;
+}
+
+// Back to the pool. Recording it again later replaces whatever it marked.
+void give_event(CudaDeviceState& state, cudaEvent_t e) noexcept {
+  std::lock_guard lock(state.events_mu);
+  state.free_events.push_back(e);
+}
+
 class CudaEvent final : public Event {
  public:
   CudaEvent(std::shared_ptr<CudaDeviceState> state, cudaStream_t stream)
       : state_(std::move(state)) {
     DeviceScope scope(*state_);
-    FERRY_CUDA_CHECK(state_->name, cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    event_ = take_event(*state_);
     cudaError_t err = cudaEventRecord(event_, stream);
     if (err != cudaSuccess) {
-      (void)cudaEventDestroy(event_);
+      give_event(*state_, event_);
       check(err, "cudaEventRecord", state_->name);
     }
     state_->stats.event_created();
   }
   ~CudaEvent() override {
-    QuietDeviceScope scope(*state_);
-    warn_if_failed(cudaEventDestroy(event_), "cudaEventDestroy", state_->name);
+    give_event(*state_, event_);
     state_->stats.event_destroyed();
   }
   CudaEvent(const CudaEvent&) = delete;
@@ -134,6 +192,12 @@ class CudaStream final : public Stream {
   explicit CudaStream(std::shared_ptr<CudaDeviceState> state) : state_(std::move(state)) {
     DeviceScope scope(*state_);
     FERRY_CUDA_CHECK(state_->name, cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    try {
+      reserve_events(*state_, kEventsPerStream);
+    } catch (...) {
+      (void)cudaStreamDestroy(stream_);
+      throw;
+    }
     state_->stats.stream_created();
   }
   // Waits for queued work first: the host buffers it reads may be freed right after.
@@ -219,9 +283,80 @@ class CudaStream final : public Stream {
               std::to_string(count) + " elements");
   }
 
+  void zero_2d(std::byte* dst, std::size_t dst_pitch, std::size_t width_bytes,
+               std::size_t rows) override {
+    if (detail::pitched_span(state_->name, "zero_2d", "destination", dst_pitch, width_bytes,
+                             rows) == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    FERRY_CUDA_CHECK(state_->name,
+                     cudaMemset2DAsync(dst, dst_pitch, 0, width_bytes, rows, stream_));
+  }
+
+  void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
+               std::size_t src_pitch, DType src_dtype, std::size_t width,
+               std::size_t rows) override {
+    const detail::Spans spans = detail::check_cast_2d(state_->name, dst, dst_pitch, dst_dtype, src,
+                                                      src_pitch, src_dtype, width, rows);
+    if (spans.dst == 0 || (dst_dtype == src_dtype && dst == src)) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    if (dst_dtype == src_dtype) {
+      const std::size_t row = width * dtype_size(dst_dtype);
+      check(launch_copy_2d(dst, dst_pitch, src, src_pitch, row, rows, stream_),
+            "copy kernel launch", state_->name);
+      return;
+    }
+    check(
+        launch_cast_2d(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows, stream_),
+        "cast kernel launch", state_->name,
+        std::string(dtype_name(src_dtype)) + " -> " + std::string(dtype_name(dst_dtype)) + ", " +
+            std::to_string(rows) + " rows of " + std::to_string(width) + " elements");
+  }
+
+  void copy_d2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                   std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) override {
+    if (detail::check_copy_d2d_2d(state_->name, dst, dst_pitch, src, src_pitch, width_bytes, rows)
+            .dst == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    check(launch_copy_2d(dst, dst_pitch, src, src_pitch, width_bytes, rows, stream_),
+          "gather kernel launch", state_->name,
+          std::to_string(rows) + " rows of " + std::to_string(width_bytes) + " bytes");
+  }
+
+  void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
+                 std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
+                 std::size_t cols, std::size_t batches) override {
+    if (detail::check_transpose(state_->name, dst, dst_batch_pitch, src, src_batch_pitch,
+                                element_size, rows, cols, batches)
+            .dst == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    check(launch_transpose(dst, dst_batch_pitch, src, src_batch_pitch, element_size, rows, cols,
+                           batches, stream_),
+          "transpose kernel launch", state_->name,
+          std::to_string(batches) + " x " + std::to_string(rows) + " x " + std::to_string(cols));
+  }
+
   std::unique_ptr<Event> record() override { return std::make_unique<CudaEvent>(state_, stream_); }
 
-  void synchronize() override { FERRY_CUDA_CHECK(state_->name, cudaStreamSynchronize(stream_)); }
+  // Through a pooled blocking-sync event: cudaStreamSynchronize spins a core unless
+  // the whole process (the engine) chose blocking sync for the device.
+  void synchronize() override {
+    DeviceScope scope(*state_);
+    cudaEvent_t e = take_event(*state_);
+    cudaError_t err = cudaEventRecord(e, stream_);
+    if (err == cudaSuccess) {
+      err = cudaEventSynchronize(e);
+    }
+    give_event(*state_, e);
+    check(err, "cudaEventRecord/cudaEventSynchronize", state_->name);
+  }
 
  private:
   std::shared_ptr<CudaDeviceState> state_;
@@ -333,6 +468,11 @@ class CudaDevice final : public Device {
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(state_); }
 
   AllocationStats stats() const override { return state_->stats.snapshot(); }
+
+  // A copy engine pays per row of a pitched copy; rows of a few KiB (row-parallel
+  // tp slices) move far below the link's rate. Narrower rows are gathered on the
+  // device (actors/fragment_copy.hpp).
+  std::size_t narrow_row_bytes() const override { return std::size_t{64} << 10; }
 
  private:
   std::shared_ptr<CudaDeviceState> state_;

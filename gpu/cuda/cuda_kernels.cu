@@ -133,12 +133,89 @@ __host__ __device__ inline void cast_one(unsigned char* dst, const unsigned char
   store<Out, kAligned>(dst, i, narrow<D>(widen<S>(load<In, kAligned>(src, i))));
 }
 
+// A cast of `rows` rows of `width` elements: blocks stride over rows in y and over a
+// row's elements in x (one launch for a whole pitched fragment).
 template <Kind S, Kind D, bool kAligned>
-__global__ void cast_kernel(unsigned char* dst, const unsigned char* src, std::size_t count) {
-  std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += stride) {
-    cast_one<S, D, kAligned>(dst, src, i);
+__global__ void cast_kernel(unsigned char* dst, std::size_t dst_pitch, const unsigned char* src,
+                            std::size_t src_pitch, std::size_t width, std::size_t rows) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         i < width; i += stride) {
+      cast_one<S, D, kAligned>(dst + r * dst_pitch, src + r * src_pitch, i);
+    }
+  }
+}
+
+// Word i of row r of a pitched device-to-device copy; T is the widest word that
+// divides both pointers, both pitches and the row (chosen at launch).
+template <class T>
+__host__ __device__ inline void copy_word(unsigned char* dst, std::size_t dst_pitch,
+                                          const unsigned char* src, std::size_t src_pitch,
+                                          std::size_t r, std::size_t i) {
+  store<T, true>(dst + r * dst_pitch, i, load<T, true>(src + r * src_pitch, i));
+}
+
+template <class T>
+__global__ void copy_2d_kernel(unsigned char* dst, std::size_t dst_pitch, const unsigned char* src,
+                               std::size_t src_pitch, std::size_t words, std::size_t rows) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+         i < words; i += stride) {
+      copy_word<T>(dst, dst_pitch, src, src_pitch, r, i);
+    }
+  }
+}
+
+// Where element (r, c) of a rows x cols matrix goes, and where it comes from: the
+// transpose's whole mapping, shared by the kernel and its emulation.
+__host__ __device__ inline std::size_t transpose_source(std::size_t r, std::size_t c,
+                                                        std::size_t cols) {
+  return r * cols + c;
+}
+__host__ __device__ inline std::size_t transpose_target(std::size_t r, std::size_t c,
+                                                        std::size_t rows) {
+  return c * rows + r;
+}
+
+constexpr unsigned kTile = 32;      // a transpose block moves a 32 x 32 tile
+constexpr unsigned kTileRows = 8;   //   with 32 x 8 threads
+constexpr unsigned kMaxGridYZ = 65535;
+
+// Batched transpose through a shared-memory tile, so that both the reads (along a
+// source row) and the writes (along a destination row) are coalesced. Loop bounds
+// depend on block indices only, so every thread of a block reaches each barrier.
+template <class T, bool kAligned>
+__global__ void transpose_kernel(unsigned char* dst, std::size_t dst_batch_pitch,
+                                 const unsigned char* src, std::size_t src_batch_pitch,
+                                 std::size_t rows, std::size_t cols, std::size_t batches) {
+  __shared__ T tile[kTile][kTile + 1];
+  const std::size_t tiles_r = (rows + kTile - 1) / kTile;
+  const std::size_t tiles_c = (cols + kTile - 1) / kTile;
+  for (std::size_t b = blockIdx.z; b < batches; b += gridDim.z) {
+    const unsigned char* in = src + b * src_batch_pitch;
+    unsigned char* out = dst + b * dst_batch_pitch;
+    for (std::size_t tr = blockIdx.y; tr < tiles_r; tr += gridDim.y) {
+      for (std::size_t tc = blockIdx.x; tc < tiles_c; tc += gridDim.x) {
+        const std::size_t c = tc * kTile + threadIdx.x;
+        for (unsigned k = threadIdx.y; k < kTile; k += kTileRows) {
+          const std::size_t r = tr * kTile + k;
+          if (r < rows && c < cols) {
+            tile[k][threadIdx.x] = load<T, kAligned>(in, transpose_source(r, c, cols));
+          }
+        }
+        __syncthreads();
+        const std::size_t r = tr * kTile + threadIdx.x;
+        for (unsigned k = threadIdx.y; k < kTile; k += kTileRows) {
+          const std::size_t cc = tc * kTile + k;
+          if (r < rows && cc < cols) {
+            store<T, kAligned>(out, transpose_target(r, cc, rows), tile[threadIdx.x][k]);
+          }
+        }
+        __syncthreads();
+      }
+    }
   }
 }
 
@@ -154,6 +231,19 @@ __global__ void fill_kernel(unsigned char* dst, std::size_t count, T value) {
 unsigned grid_for(std::size_t count) {
   std::size_t blocks = (count + kThreads - 1) / kThreads;
   return static_cast<unsigned>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+unsigned capped(std::size_t n, std::size_t cap) {
+  return static_cast<unsigned>(n < cap ? (n == 0 ? 1 : n) : cap);
+}
+
+// A 2-D grid over `rows` rows of `width` items: x over a row, y over the rows.
+dim3 grid_2d(std::size_t width, std::size_t rows) {
+  return dim3(grid_for(width), capped(rows, kMaxGridYZ), 1);
+}
+
+bool divides(std::size_t unit, std::uintptr_t value) {
+  return value % unit == 0;
 }
 
 Kind kind_of(DType dtype) {
@@ -206,23 +296,31 @@ cudaError_t with_kinds(Kind s, Kind d, bool aligned, Op& op) {
 
 struct CastArgs {
   unsigned char* dst;
+  std::size_t dst_pitch;
   const unsigned char* src;
-  std::size_t count;
+  std::size_t src_pitch;
+  std::size_t width;
+  std::size_t rows;
   Kind src_kind;
   Kind dst_kind;
   bool aligned;
 };
 
-CastArgs cast_args(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
-                   std::size_t count) {
+CastArgs cast_args(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
+                   std::size_t src_pitch, DType src_dtype, std::size_t width, std::size_t rows) {
   CastArgs a{reinterpret_cast<unsigned char*>(dst),
+             dst_pitch,
              reinterpret_cast<const unsigned char*>(src),
-             count,
+             src_pitch,
+             width,
+             rows,
              kind_of(src_dtype),
              kind_of(dst_dtype),
              false};
-  a.aligned = reinterpret_cast<std::uintptr_t>(dst) % kind_size(a.dst_kind) == 0 &&
-              reinterpret_cast<std::uintptr_t>(src) % kind_size(a.src_kind) == 0;
+  const std::size_t ds = kind_size(a.dst_kind);
+  const std::size_t ss = kind_size(a.src_kind);
+  a.aligned = divides(ds, reinterpret_cast<std::uintptr_t>(dst)) && divides(ds, dst_pitch) &&
+              divides(ss, reinterpret_cast<std::uintptr_t>(src)) && divides(ss, src_pitch);
   return a;
 }
 
@@ -231,7 +329,8 @@ struct LaunchCast {
   cudaStream_t stream;
   template <Kind S, Kind D, bool kAligned>
   cudaError_t run() {
-    cast_kernel<S, D, kAligned><<<grid_for(a.count), kThreads, 0, stream>>>(a.dst, a.src, a.count);
+    cast_kernel<S, D, kAligned><<<grid_2d(a.width, a.rows), kThreads, 0, stream>>>(
+        a.dst, a.dst_pitch, a.src, a.src_pitch, a.width, a.rows);
     return cudaGetLastError();
   }
 };
@@ -240,8 +339,133 @@ struct EmulateCast {
   CastArgs a;
   template <Kind S, Kind D, bool kAligned>
   cudaError_t run() {
-    for (std::size_t i = 0; i < a.count; ++i) {
-      cast_one<S, D, kAligned>(a.dst, a.src, i);
+    for (std::size_t r = 0; r < a.rows; ++r) {
+      for (std::size_t i = 0; i < a.width; ++i) {
+        cast_one<S, D, kAligned>(a.dst + r * a.dst_pitch, a.src + r * a.src_pitch, i);
+      }
+    }
+    return cudaSuccess;
+  }
+};
+
+// The widest word (16, 8, 4, 2 or 1 bytes) dividing every address and length of a
+// pitched copy: how many bytes each thread moves at once.
+std::size_t copy_word_size(const std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                           std::size_t src_pitch, std::size_t width_bytes) {
+  for (std::size_t w : {16, 8, 4, 2}) {
+    if (divides(w, reinterpret_cast<std::uintptr_t>(dst)) &&
+        divides(w, reinterpret_cast<std::uintptr_t>(src)) && divides(w, dst_pitch) &&
+        divides(w, src_pitch) && divides(w, width_bytes)) {
+      return w;
+    }
+  }
+  return 1;
+}
+
+// Calls op.template run<T>() with the unsigned word type of `size` bytes.
+template <class Op>
+cudaError_t with_word(std::size_t size, Op& op) {
+  switch (size) {
+    case 16:
+      return op.template run<uint4>();
+    case 8:
+      return op.template run<unsigned long long>();
+    case 4:
+      return op.template run<std::uint32_t>();
+    case 2:
+      return op.template run<std::uint16_t>();
+    default:
+      return op.template run<std::uint8_t>();
+  }
+}
+
+struct CopyArgs {
+  unsigned char* dst;
+  std::size_t dst_pitch;
+  const unsigned char* src;
+  std::size_t src_pitch;
+  std::size_t width_bytes;
+  std::size_t rows;
+};
+
+struct LaunchCopy2d {
+  CopyArgs a;
+  cudaStream_t stream;
+  template <class T>
+  cudaError_t run() {
+    const std::size_t words = a.width_bytes / sizeof(T);
+    copy_2d_kernel<T><<<grid_2d(words, a.rows), kThreads, 0, stream>>>(
+        a.dst, a.dst_pitch, a.src, a.src_pitch, words, a.rows);
+    return cudaGetLastError();
+  }
+};
+
+struct EmulateCopy2d {
+  CopyArgs a;
+  template <class T>
+  cudaError_t run() {
+    const std::size_t words = a.width_bytes / sizeof(T);
+    for (std::size_t r = 0; r < a.rows; ++r) {
+      for (std::size_t i = 0; i < words; ++i) {
+        copy_word<T>(a.dst, a.dst_pitch, a.src, a.src_pitch, r, i);
+      }
+    }
+    return cudaSuccess;
+  }
+};
+
+struct TransposeArgs {
+  unsigned char* dst;
+  std::size_t dst_batch_pitch;
+  const unsigned char* src;
+  std::size_t src_batch_pitch;
+  std::size_t element_size;
+  std::size_t rows;
+  std::size_t cols;
+  std::size_t batches;
+  bool aligned() const {
+    const std::size_t es = element_size;
+    return divides(es, reinterpret_cast<std::uintptr_t>(dst)) &&
+           divides(es, reinterpret_cast<std::uintptr_t>(src)) && divides(es, dst_batch_pitch) &&
+           divides(es, src_batch_pitch);
+  }
+};
+
+struct LaunchTranspose {
+  TransposeArgs a;
+  cudaStream_t stream;
+  template <class T>
+  cudaError_t run() {
+    const dim3 grid(capped((a.cols + kTile - 1) / kTile, kMaxBlocks),
+                    capped((a.rows + kTile - 1) / kTile, kMaxGridYZ),
+                    capped(a.batches, kMaxGridYZ));
+    const dim3 block(kTile, kTileRows, 1);
+    if (a.aligned()) {
+      transpose_kernel<T, true><<<grid, block, 0, stream>>>(a.dst, a.dst_batch_pitch, a.src,
+                                                             a.src_batch_pitch, a.rows, a.cols,
+                                                             a.batches);
+    } else {
+      transpose_kernel<T, false><<<grid, block, 0, stream>>>(a.dst, a.dst_batch_pitch, a.src,
+                                                              a.src_batch_pitch, a.rows, a.cols,
+                                                              a.batches);
+    }
+    return cudaGetLastError();
+  }
+};
+
+struct EmulateTranspose {
+  TransposeArgs a;
+  template <class T>
+  cudaError_t run() {
+    for (std::size_t b = 0; b < a.batches; ++b) {
+      const unsigned char* in = a.src + b * a.src_batch_pitch;
+      unsigned char* out = a.dst + b * a.dst_batch_pitch;
+      for (std::size_t r = 0; r < a.rows; ++r) {
+        for (std::size_t c = 0; c < a.cols; ++c) {
+          store<T, false>(out, transpose_target(r, c, a.rows),
+                          load<T, false>(in, transpose_source(r, c, a.cols)));
+        }
+      }
     }
     return cudaSuccess;
   }
@@ -294,12 +518,49 @@ cudaError_t launch_fill(std::byte* dst, std::size_t count, std::size_t element_s
 
 cudaError_t launch_cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
                         std::size_t count, cudaStream_t stream) {
-  if (count == 0) {
+  const std::size_t dst_row = count * kind_size(kind_of(dst_dtype));
+  const std::size_t src_row = count * kind_size(kind_of(src_dtype));
+  return launch_cast_2d(dst, dst_row, dst_dtype, src, src_row, src_dtype, count, 1, stream);
+}
+
+cudaError_t launch_cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                           const std::byte* src, std::size_t src_pitch, DType src_dtype,
+                           std::size_t width, std::size_t rows, cudaStream_t stream) {
+  if (width == 0 || rows == 0) {
     return cudaSuccess;
   }
   (void)cudaGetLastError();
-  LaunchCast op{cast_args(dst, dst_dtype, src, src_dtype, count), stream};
+  LaunchCast op{cast_args(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows),
+                stream};
   return with_kinds(op.a.src_kind, op.a.dst_kind, op.a.aligned, op);
+}
+
+cudaError_t launch_copy_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                           std::size_t src_pitch, std::size_t width_bytes, std::size_t rows,
+                           cudaStream_t stream) {
+  if (width_bytes == 0 || rows == 0) {
+    return cudaSuccess;
+  }
+  (void)cudaGetLastError();
+  LaunchCopy2d op{{reinterpret_cast<unsigned char*>(dst), dst_pitch,
+                   reinterpret_cast<const unsigned char*>(src), src_pitch, width_bytes, rows},
+                  stream};
+  return with_word(copy_word_size(dst, dst_pitch, src, src_pitch, width_bytes), op);
+}
+
+cudaError_t launch_transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
+                             std::size_t src_batch_pitch, std::size_t element_size,
+                             std::size_t rows, std::size_t cols, std::size_t batches,
+                             cudaStream_t stream) {
+  if (rows == 0 || cols == 0 || batches == 0) {
+    return cudaSuccess;
+  }
+  (void)cudaGetLastError();
+  LaunchTranspose op{{reinterpret_cast<unsigned char*>(dst), dst_batch_pitch,
+                      reinterpret_cast<const unsigned char*>(src), src_batch_pitch, element_size,
+                      rows, cols, batches},
+                     stream};
+  return element_size == 16 ? cudaErrorInvalidValue : with_word(element_size, op);
 }
 
 void fill_emulated(std::byte* dst, std::size_t count, std::size_t element_size,
@@ -322,8 +583,39 @@ void fill_emulated(std::byte* dst, std::size_t count, std::size_t element_size,
 
 void cast_emulated(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
                    std::size_t count) {
-  EmulateCast op{cast_args(dst, dst_dtype, src, src_dtype, count)};
+  const std::size_t dst_row = count * kind_size(kind_of(dst_dtype));
+  const std::size_t src_row = count * kind_size(kind_of(src_dtype));
+  cast_2d_emulated(dst, dst_row, dst_dtype, src, src_row, src_dtype, count, 1);
+}
+
+void cast_2d_emulated(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
+                      std::size_t src_pitch, DType src_dtype, std::size_t width,
+                      std::size_t rows) {
+  EmulateCast op{cast_args(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows)};
   with_kinds(op.a.src_kind, op.a.dst_kind, op.a.aligned, op);
+}
+
+void copy_2d_emulated(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                      std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) {
+  EmulateCopy2d op{{reinterpret_cast<unsigned char*>(dst), dst_pitch,
+                    reinterpret_cast<const unsigned char*>(src), src_pitch, width_bytes, rows}};
+  with_word(copy_word_size(dst, dst_pitch, src, src_pitch, width_bytes), op);
+}
+
+std::size_t copy_2d_word_size(const std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                              std::size_t src_pitch, std::size_t width_bytes) {
+  return copy_word_size(dst, dst_pitch, src, src_pitch, width_bytes);
+}
+
+void transpose_emulated(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
+                        std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
+                        std::size_t cols, std::size_t batches) {
+  EmulateTranspose op{{reinterpret_cast<unsigned char*>(dst), dst_batch_pitch,
+                       reinterpret_cast<const unsigned char*>(src), src_batch_pitch, element_size,
+                       rows, cols, batches}};
+  if (element_size != 16) {
+    with_word(element_size, op);
+  }
 }
 
 }  // namespace ferry::gpu::cuda

@@ -25,4 +25,22 @@ cudaError_t launch_fill(std::byte* dst, std::size_t count, std::size_t element_s
 cudaError_t launch_cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
                         std::size_t count, cudaStream_t stream);
 
+// The pitched form of launch_cast: one launch for `rows` rows of `width` elements.
+cudaError_t launch_cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                           const std::byte* src, std::size_t src_pitch, DType src_dtype,
+                           std::size_t width, std::size_t rows, cudaStream_t stream);
+
+// Device-to-device pitched copy (the gather of narrow rows): each thread moves the
+// widest word (up to 16 bytes) that divides both pointers, pitches and the width.
+cudaError_t launch_copy_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                           std::size_t src_pitch, std::size_t width_bytes, std::size_t rows,
+                           cudaStream_t stream);
+
+// Batched transpose of rows x cols matrices of 1-, 2-, 4- or 8-byte elements (see
+// Stream::transpose), tiled through shared memory.
+cudaError_t launch_transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
+                             std::size_t src_batch_pitch, std::size_t element_size,
+                             std::size_t rows, std::size_t cols, std::size_t batches,
+                             cudaStream_t stream);
+
 }  // namespace ferry::gpu::cuda

@@ -19,4 +19,18 @@ void fill_emulated(std::byte* dst, std::size_t count, std::size_t element_size,
 void cast_emulated(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
                    std::size_t count);
 
+void cast_2d_emulated(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
+                      std::size_t src_pitch, DType src_dtype, std::size_t width, std::size_t rows);
+
+void copy_2d_emulated(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                      std::size_t src_pitch, std::size_t width_bytes, std::size_t rows);
+
+// The word size launch_copy_2d and copy_2d_emulated pick for these arguments.
+std::size_t copy_2d_word_size(const std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                              std::size_t src_pitch, std::size_t width_bytes);
+
+void transpose_emulated(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
+                        std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
+                        std::size_t cols, std::size_t batches);
+
 }  // namespace ferry::gpu::cuda

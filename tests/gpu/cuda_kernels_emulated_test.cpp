@@ -83,6 +83,98 @@ TEST(CudaKernelEmulationTest, FillReplicatesTheHostPattern) {
   }
 }
 
+// Bytes 0..n-1 of a fixed pseudo-random sequence.
+std::vector<std::byte> noise(std::size_t n, unsigned seed) {
+  std::vector<std::byte> out(n);
+  std::mt19937 rng(seed);
+  for (std::byte& b : out) {
+    b = static_cast<std::byte>(rng());
+  }
+  return out;
+}
+
+TEST(CudaKernelEmulationTest, PitchedCastMatchesTheHostTwinRowByRow) {
+  const DType types[] = {DType::kBF16, DType::kF16, DType::kF32};
+  const std::size_t width = 301;
+  const std::size_t rows = 17;
+  for (DType from : types) {
+    for (DType to : types) {
+      if (from == to) {
+        continue;
+      }
+      // Aligned pitches, then a pitch that breaks the element alignment of row 1.
+      for (std::size_t extra : {0, 8, 1}) {
+        const std::size_t src_pitch = width * dtype_size(from) + extra;
+        const std::size_t dst_pitch = width * dtype_size(to) + 2 * extra + 4;
+        std::vector<std::byte> src = sources(from, (src_pitch * rows) / dtype_size(from) + 1);
+        std::vector<std::byte> want(dst_pitch * rows + 3, std::byte{0xCD});
+        std::vector<std::byte> got = want;
+        host::cast_2d(want.data(), dst_pitch, to, src.data(), src_pitch, from, width, rows);
+        cuda::cast_2d_emulated(got.data(), dst_pitch, to, src.data(), src_pitch, from, width, rows);
+        ASSERT_EQ(got, want) << dtype_name(from) << " -> " << dtype_name(to) << " extra " << extra;
+      }
+    }
+  }
+}
+
+TEST(CudaKernelEmulationTest, GatherPicksTheWidestWordAndMatchesTheHostTwin) {
+  struct Case {
+    std::size_t dst_shift, src_shift, dst_pitch, src_pitch, width, rows, word;
+  };
+  // Row-parallel slices (rank 1 of tp 2 of a 7168-wide BF16 row), odd widths,
+  // odd offsets: the word each thread moves falls from 16 bytes to 1.
+  const Case cases[] = {{0, 7168, 7168, 14336, 7168, 9, 16},
+                        {0, 8, 24, 40, 24, 5, 8},
+                        {0, 4, 12, 20, 12, 5, 4},
+                        {2, 6, 14, 18, 10, 4, 2},
+                        {1, 0, 7, 9, 7, 11, 1},
+                        {0, 0, 4096, 4096, 100, 3, 4}};
+  for (const Case& c : cases) {
+    auto* base = reinterpret_cast<std::byte*>(std::uintptr_t{0});
+    ASSERT_EQ(cuda::copy_2d_word_size(base + c.dst_shift, c.dst_pitch, base + c.src_shift,
+                                      c.src_pitch, c.width),
+              c.word)
+        << c.width;
+    std::vector<std::byte> src = noise(c.src_shift + c.src_pitch * c.rows, 3);
+    // 16-aligned buffers, so that the shifts alone decide the pointers' alignment.
+    std::vector<std::uint64_t> want_mem((c.dst_shift + c.dst_pitch * c.rows) / 8 + 3, 0x5A5A);
+    std::vector<std::uint64_t> got_mem = want_mem;
+    std::vector<std::uint64_t> src_mem(src.size() / 8 + 3);
+    std::memcpy(src_mem.data(), src.data(), src.size());
+    auto* want = reinterpret_cast<std::byte*>(want_mem.data());
+    auto* got = reinterpret_cast<std::byte*>(got_mem.data());
+    const auto* in = reinterpret_cast<const std::byte*>(src_mem.data());
+    host::copy_2d(want + c.dst_shift, c.dst_pitch, in + c.src_shift, c.src_pitch, c.width, c.rows);
+    cuda::copy_2d_emulated(got + c.dst_shift, c.dst_pitch, in + c.src_shift, c.src_pitch, c.width,
+                           c.rows);
+    EXPECT_EQ(got_mem, want_mem) << "width " << c.width;
+  }
+}
+
+TEST(CudaKernelEmulationTest, TransposeMatchesTheHostTwin) {
+  // DeepSeek-V3's w_kc per head (dn 128 x kv_lora_rank 512) and ragged shapes,
+  // for every element size, aligned and not.
+  struct Case {
+    std::size_t rows, cols, batches;
+  };
+  for (const Case& c : {Case{128, 512, 2}, Case{33, 65, 3}, Case{1, 7, 4}, Case{31, 1, 1}}) {
+    for (std::size_t es : {1, 2, 4, 8}) {
+      for (std::size_t shift : {0, 1}) {
+        const std::size_t matrix = c.rows * c.cols * es;
+        const std::size_t src_pitch = matrix + 3 * es;  // batches apart, with a gap
+        std::vector<std::byte> src = noise(shift + src_pitch * c.batches, 11);
+        std::vector<std::byte> want(shift + matrix * c.batches + 5, std::byte{0x77});
+        std::vector<std::byte> got = want;
+        host::transpose(want.data() + shift, matrix, src.data() + shift, src_pitch, es, c.rows,
+                        c.cols, c.batches);
+        cuda::transpose_emulated(got.data() + shift, matrix, src.data() + shift, src_pitch, es,
+                                 c.rows, c.cols, c.batches);
+        ASSERT_EQ(got, want) << c.rows << "x" << c.cols << " es " << es << " shift " << shift;
+      }
+    }
+  }
+}
+
 #else
 
 TEST(CudaKernelEmulationTest, NeedsTheCudaBackend) {

@@ -14,7 +14,7 @@ namespace ferry::gpu::testing {
 
 // Hooks run after the forwarded call (they may corrupt results or throw).
 struct Faults {
-  std::function<void(std::byte* dst, DType dst_dtype, std::size_t count)> after_cast;
+  std::function<void(std::byte* dst, DType dst_dtype, std::size_t count)> after_cast;  // cast()
   std::function<void()> before_fill;
   std::function<void()> on_bind;
   bool leak_allocations = false;  // allocate() also keeps a byte of device memory
@@ -48,6 +48,24 @@ class ForwardingStream final : public Stream {
     if (faults_->after_cast) {
       faults_->after_cast(dst, dst_dtype, count);
     }
+  }
+  void zero_2d(std::byte* dst, std::size_t pitch, std::size_t width, std::size_t rows) override {
+    inner_->zero_2d(dst, pitch, width, rows);
+  }
+  void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
+               std::size_t src_pitch, DType src_dtype, std::size_t width,
+               std::size_t rows) override {
+    inner_->cast_2d(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows);
+  }
+  void copy_d2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
+                   std::size_t src_pitch, std::size_t width, std::size_t rows) override {
+    inner_->copy_d2d_2d(dst, dst_pitch, src, src_pitch, width, rows);
+  }
+  void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
+                 std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
+                 std::size_t cols, std::size_t batches) override {
+    inner_->transpose(dst, dst_batch_pitch, src, src_batch_pitch, element_size, rows, cols,
+                      batches);
   }
   std::unique_ptr<Event> record() override { return inner_->record(); }
   void synchronize() override { inner_->synchronize(); }

@@ -388,6 +388,86 @@ TEST(HostDeviceTest, FillAndCastRejectBadArguments) {
   stream->cast(a.data(), DType::kF32, a.data() + 512, DType::kF16, 0);  // nothing
 }
 
+TEST(HostDeviceTest, PitchedAndBatchedOperationsWriteOnlyTheirRows) {
+  auto device = make_host_device(0);
+  auto stream = device->create_stream();
+  DeviceAllocation a = device->allocate(8192);
+  std::vector<std::byte> want = pattern(a.size(), 9);
+  stream->copy_h2d(a.data(), want.data(), want.size());
+
+  // zero_2d: 5 rows of 7 bytes, 13 apart.
+  stream->zero_2d(a.data() + 3, 13, 7, 5);
+  for (std::size_t r = 0; r < 5; ++r) {
+    std::memset(want.data() + 3 + r * 13, 0, 7);
+  }
+  // copy_d2d_2d: 6 rows of 10 bytes from pitch 24 to pitch 11 (a gather).
+  stream->copy_d2d_2d(a.data() + 200, 11, a.data() + 1000, 24, 10, 6);
+  for (std::size_t r = 0; r < 6; ++r) {
+    std::memcpy(want.data() + 200 + r * 11, want.data() + 1000 + r * 24, 10);
+  }
+  // cast_2d: 4 rows of 9 BF16 elements (pitch 20) into F32 rows of pitch 40.
+  stream->cast_2d(a.data() + 2000, 40, DType::kF32, a.data() + 1500, 20, DType::kBF16, 9, 4);
+  for (std::size_t r = 0; r < 4; ++r) {
+    host::cast(want.data() + 2000 + r * 40, DType::kF32, want.data() + 1500 + r * 20, DType::kBF16,
+               9);
+  }
+  // transpose: 3 batches of 2 x 5 F16 matrices (source batches 24 bytes apart).
+  stream->transpose(a.data() + 3000, 20, a.data() + 2600, 24, 2, 2, 5, 3);
+  for (std::size_t b = 0; b < 3; ++b) {
+    for (std::size_t i = 0; i < 2; ++i) {
+      for (std::size_t j = 0; j < 5; ++j) {
+        std::memcpy(want.data() + 3000 + b * 20 + (j * 2 + i) * 2,
+                    want.data() + 2600 + b * 24 + (i * 5 + j) * 2, 2);
+      }
+    }
+  }
+  EXPECT_EQ(read_back(*stream, a), want);
+}
+
+TEST(HostDeviceTest, PitchedAndBatchedOperationsRejectBadArguments) {
+  auto device = make_host_device(0);
+  auto stream = device->create_stream();
+  DeviceAllocation a = device->allocate(1024);
+  expect_error([&] { stream->zero_2d(a.data(), 8, 9, 2); }, "host:0",
+               "zero_2d: destination pitch 8 is smaller than the row width 9");
+  expect_error([&] { stream->zero_2d(a.data(), 100, 10, 12); }, "host:0",
+               "not inside a live allocation");
+  expect_error([&] { stream->copy_d2d_2d(a.data(), 16, a.data() + 8, 16, 8, 4); }, "host:0",
+               "copy_d2d_2d: source");
+  expect_error([&] { stream->copy_d2d_2d(a.data(), 16, a.data() + 512, 8, 9, 2); }, "host:0",
+               "source pitch 8");
+  expect_error([&] { stream->copy_d2d_2d(a.data(), 16, a.data() + 1000, 16, 16, 2); }, "host:0",
+               "not inside a live allocation");
+  expect_error(
+      [&] { stream->cast_2d(a.data(), 8, DType::kI8, a.data() + 512, 8, DType::kF32, 2, 2); },
+      "host:0", "only BF16, F16 and F32");
+  expect_error(
+      [&] { stream->cast_2d(a.data(), 8, DType::kF32, a.data() + 512, 8, DType::kF32, 4, 2); },
+      "host:0", "destination pitch 8 is smaller than the row width 16");
+  expect_error(
+      [&] { stream->cast_2d(a.data(), 16, DType::kF32, a.data() + 8, 16, DType::kBF16, 2, 4); },
+      "host:0", "overlap");
+  expect_error([&] { stream->transpose(a.data(), 64, a.data() + 512, 64, 3, 2, 2, 2); }, "host:0",
+               "element size 3 is not supported");
+  expect_error([&] { stream->transpose(a.data(), 8, a.data() + 512, 16, 4, 2, 2, 2); }, "host:0",
+               "destination pitch 8 is smaller than the row width 16");
+  expect_error([&] { stream->transpose(a.data(), 16, a.data() + 8, 16, 4, 2, 2, 2); }, "host:0",
+               "overlap");
+  expect_error(
+      [&] {
+        stream->transpose(a.data(), 16, a.data() + 512, 16, 8, std::size_t{1} << 32,
+                          std::size_t{1} << 32, 1);
+      },
+      "host:0", "overflows");
+  // In place with equal pitches and element sizes is a cast's one allowed overlap.
+  stream->cast_2d(a.data(), 16, DType::kF16, a.data(), 16, DType::kBF16, 4, 3);
+  // Empty: nothing, and nothing checked beyond the pitches.
+  stream->zero_2d(a.data(), 8, 0, 1000);
+  stream->copy_d2d_2d(a.data(), 8, a.data(), 8, 8, 0);
+  stream->transpose(a.data(), 0, a.data(), 0, 4, 0, 5, 3);
+  stream->synchronize();
+}
+
 TEST(LinkThrottleTest, TransfersQueueOnTheLinkAtItsSpeed) {
   using namespace std::chrono;
   LinkThrottle link(2.0);  // 2 bytes per nanosecond

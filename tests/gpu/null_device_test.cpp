@@ -68,6 +68,22 @@ TEST(NullDeviceTest, CopiesAreCheckedCountedAndDiscarded) {
               ThrowsMessage<Error>(HasSubstr("not a null device")));
 }
 
+TEST(NullDeviceTest, PitchedAndBatchedOperationsCountTheirRowsAndCheckRanges) {
+  auto device = make_null_device(2);
+  auto stream = device->create_stream();
+  DeviceAllocation a = device->allocate(1000);
+  stream->zero_2d(a.data(), 100, 10, 5);                                                // 50
+  stream->copy_d2d_2d(a.data() + 500, 20, a.data(), 30, 20, 4);                         // 80
+  stream->cast_2d(a.data(), 40, DType::kF32, a.data() + 600, 20, DType::kBF16, 10, 3);  // 120
+  stream->transpose(a.data() + 800, 24, a.data(), 24, 2, 3, 4, 2);                      // 48
+  EXPECT_EQ(null_device_bytes_written(*device), 50u + 80 + 120 + 48);
+  EXPECT_THAT([&] { stream->copy_d2d_2d(a.data() + 990, 20, a.data(), 30, 20, 4); },
+              fails_with("null:2", "copy_d2d_2d: destination"));
+  EXPECT_THAT([&] { stream->transpose(a.data(), 8, a.data() + 990, 8, 4, 1, 2, 2); },
+              fails_with("null:2", "transpose: source"));
+  EXPECT_EQ(null_device_bytes_written(*device), 50u + 80 + 120 + 48);  // failures count nothing
+}
+
 TEST(NullDeviceTest, RangesOutsideAllocationsFailAsOnTheHostBackend) {
   auto device = make_null_device(1);
   auto stream = device->create_stream();
