@@ -16,46 +16,6 @@ namespace {
   throw Error(Stage::kPostProcess, "", param, "MLA kv_b_proj split: " + rule);
 }
 
-// w_kc's storage: per head, the dn key rows of kv_b (each r long) transposed into r
-// rows of dn. `T` is an unsigned integer as wide as the element: only bytes move.
-template <class T>
-void transpose_keys(const std::byte* kv_b, std::byte* w_kc, const MlaDims& d) {
-  const std::uint64_t dn = d.qk_nope;
-  const std::uint64_t r = d.kv_lora_rank;
-  const std::uint64_t head_rows = d.qk_nope + d.v_head;
-  for (std::uint64_t h = 0; h < d.heads; ++h) {
-    for (std::uint64_t i = 0; i < dn; ++i) {
-      const std::byte* src = kv_b + (h * head_rows + i) * r * sizeof(T);
-      std::byte* dst = w_kc + (h * r * dn + i) * sizeof(T);
-      for (std::uint64_t c = 0; c < r; ++c) {
-        T v;
-        std::memcpy(&v, src + c * sizeof(T), sizeof(T));
-        std::memcpy(dst + c * dn * sizeof(T), &v, sizeof(T));
-      }
-    }
-  }
-}
-
-void transpose_keys_any(const std::byte* kv_b, std::byte* w_kc, const MlaDims& d, std::size_t es) {
-  switch (es) {
-    case 1:
-      transpose_keys<std::uint8_t>(kv_b, w_kc, d);
-      return;
-    case 2:
-      transpose_keys<std::uint16_t>(kv_b, w_kc, d);
-      return;
-    case 4:
-      transpose_keys<std::uint32_t>(kv_b, w_kc, d);
-      return;
-    case 8:
-      transpose_keys<std::uint64_t>(kv_b, w_kc, d);
-      return;
-    default:
-      throw Error(Stage::kPostProcess, "", "",
-                  "MLA kv_b_proj split: unsupported element size " + std::to_string(es));
-  }
-}
-
 class StridedModel final : public Model {
  public:
   StridedModel(std::shared_ptr<const Model> base, std::vector<RankShell> shells)
@@ -169,25 +129,24 @@ PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
   hook.inputs = {kv_b};
   hook.outputs = {w_kc, w_vc};
   const std::size_t es = dtype_size(dtype);
+  // Both outputs are written on the device, in the copy worker's stream order: no
+  // round trip through host memory, no wait until the worker's own synchronize.
   hook.run = [dims, es, kv_b, w_kc, w_vc](HookContext& ctx) {
     gpu::Stream& stream = ctx.stream();
     const std::uint64_t head_rows = dims.qk_nope + dims.v_head;
     const std::size_t row_bytes = dims.kv_lora_rank * es;
-    std::vector<std::byte> host_kv_b(dims.heads * head_rows * row_bytes);
-    stream.copy_d2h(host_kv_b.data(), ctx.param_data(kv_b), host_kv_b.size());
-    stream.synchronize();
-
-    std::vector<std::byte> host_kc(dims.heads * dims.qk_nope * row_bytes);
-    transpose_keys_any(host_kv_b.data(), host_kc.data(), dims, es);
-    stream.copy_h2d(ctx.param_data(w_kc), host_kc.data(), host_kc.size());
-    // w_vc: each head's dv value rows, already in storage order, one 2-D copy with a
-    // row per head (skipping the head's dn key rows on the source side).
+    const std::size_t head_bytes = head_rows * row_bytes;
+    // w_kc: per head, the dn key rows of kv_b (each kv_lora_rank long), transposed
+    // into kv_lora_rank rows of dn: one batched transpose, a batch per head.
+    stream.transpose(ctx.param_data(w_kc), dims.kv_lora_rank * dims.qk_nope * es,
+                     ctx.param_data(kv_b), head_bytes, es, dims.qk_nope, dims.kv_lora_rank,
+                     dims.heads);
+    // w_vc: each head's dv value rows, already in storage order: one pitched
+    // device copy with a row per head (skipping the head's dn key rows).
     const std::size_t vc_head_bytes = dims.v_head * row_bytes;
-    stream.copy_h2d_2d(ctx.param_data(w_vc), vc_head_bytes,
-                       host_kv_b.data() + dims.qk_nope * row_bytes, head_rows * row_bytes,
-                       vc_head_bytes, dims.heads);
-    // The copies read host_kv_b and host_kc, which die with this function.
-    stream.synchronize();
+    stream.copy_d2d_2d(ctx.param_data(w_vc), vc_head_bytes,
+                       ctx.param_data(kv_b) + dims.qk_nope * row_bytes, head_bytes, vc_head_bytes,
+                       dims.heads);
   };
   return hook;
 }
