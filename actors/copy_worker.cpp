@@ -4,8 +4,9 @@
 //   reader ── ChunkMsg ──► copy worker ── LandedMsg, DrainedMsg, HookDoneMsg ──► post-processor
 //   post-processor ── RunHookMsg ──►     (FlushMsg to itself)
 //
-// A chunk's fragments are queued on the stream (1-D and pitched 2-D host-to-device
-// copies; casts go through a device scratch buffer and the device's cast kernel),
+// A chunk's fragments are queued on the stream by actors::copy_fragment (1-D and
+// pitched host-to-device copies; narrow rows gathered and casts run through device
+// scratch, allocated in ensure_ready before the first chunk, and one kernel each),
 // then an event is recorded and the chunk is parked with its staging buffer. The
 // worker first releases every parked chunk whose event has already fired (on an
 // uncapped host device, all of them); for the rest it sends itself a FlushMsg,
@@ -31,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "actors/fragment_copy.hpp"
 #include "actors/messages_internal.hpp"
 #include "common/log.hpp"
 #include "gpu/device.hpp"
@@ -53,7 +55,7 @@ struct CopyWorkerState {
   caf::actor post_processor;
   std::vector<models::PostLoadHook> hooks;
   std::unique_ptr<gpu::Stream> stream;
-  gpu::DeviceAllocation scratch;  // cast staging on the device, one window large
+  gpu::DeviceAllocation scratch;  // casts and gathers (actors/fragment_copy.hpp); made up front
   struct Parked {
     std::unique_ptr<gpu::Event> done;
     std::shared_ptr<io::StagingBuffer> buf;
@@ -101,6 +103,17 @@ struct CopyWorkerState {
     ready = true;
     device().bind();
     stream = device().create_stream();
+    // All device scratch (casts, gathered narrow rows) now, before the first chunk:
+    // an allocation in the middle of streaming would stall the copy queue.
+    const std::uint64_t scratch_bytes =
+        rank_scratch_bytes(shared->plan(), rank, device().narrow_row_bytes());
+    try {
+      scratch = device().allocate(scratch_bytes);
+    } catch (const Error& e) {
+      throw Error(
+          Stage::kCopy, device_name(), "",
+          "allocating " + std::to_string(scratch_bytes) + " bytes of copy scratch: " + e.rule());
+    }
     hooks = shared->model().hooks();
     const auto& shell = shared->model().shells()[rank];
     totals.assign(shell.params.size(), 0);
@@ -123,9 +136,7 @@ struct CopyWorkerState {
         if (p.rows == 1 || p.dst_pitch == row) {
           stream->zero(dst, p.rows * row);
         } else {
-          for (std::uint64_t r = 0; r < p.rows; ++r) {
-            stream->zero(dst + r * p.dst_pitch, row);
-          }
+          stream->zero_2d(dst, p.dst_pitch, row, p.rows);
         }
       } catch (const Error& e) {
         throw Error(Stage::kCopy, device_name(), shell.params[p.param].name,
@@ -163,43 +174,6 @@ struct CopyWorkerState {
     pending_bytes = 0;
   }
 
-  void copy_fragment(const Fragment& f, std::byte* param, const std::byte* staging) {
-    std::byte* dst = param + f.dst_offset;
-    const std::byte* src = staging + f.src_offset;
-    const std::uint64_t rb = f.src_row_bytes();
-    if (f.src_dtype == f.dst_dtype) {
-      if (f.rows == 1) {
-        stream->copy_h2d(dst, src, rb);
-      } else {
-        stream->copy_h2d_2d(dst, f.dst_pitch, src, f.src_pitch, rb, f.rows);
-      }
-      return;
-    }
-    // A cast: the raw rows go to device scratch (contiguous), then the device's
-    // cast kernel writes the param. Scratch is reused in stream order, so no wait.
-    if (!scratch) {
-      scratch = device().allocate(shared->input().options.chunk_bytes);
-    }
-    if (f.rows * rb > scratch.size()) {
-      throw Error(Stage::kCopy, device_name(), "",
-                  "internal: a fragment of " + std::to_string(f.rows * rb) +
-                      " bytes exceeds the cast scratch of " + std::to_string(scratch.size()));
-    }
-    if (f.rows == 1) {
-      stream->copy_h2d(scratch.data(), src, rb);
-    } else {
-      stream->copy_h2d_2d(scratch.data(), rb, src, f.src_pitch, rb, f.rows);
-    }
-    if (f.rows == 1 || f.dst_pitch == f.dst_row_bytes()) {
-      stream->cast(dst, f.dst_dtype, scratch.data(), f.src_dtype, f.rows * f.width_elems);
-    } else {
-      for (std::uint64_t r = 0; r < f.rows; ++r) {
-        stream->cast(dst + r * f.dst_pitch, f.dst_dtype, scratch.data() + r * rb, f.src_dtype,
-                     f.width_elems);
-      }
-    }
-  }
-
   // Queues every fragment of this rank in window `w`; returns the bytes per param.
   // A direct window (staging == nullptr) was read straight into its param
   // (actors::single_param_run): its fragments have landed, nothing is copied.
@@ -219,7 +193,8 @@ struct CopyWorkerState {
           input.before_copy(rank, param);
         }
         if (staging != nullptr) {
-          copy_fragment(f, target().params[f.param], staging);
+          copy_fragment(*stream, f, target().params[f.param], staging, scratch.data(),
+                        scratch.size(), device().narrow_row_bytes());
         }
       } catch (...) {
         const io::TensorInfo& t = shared->index().tensors[f.tensor];

@@ -765,6 +765,8 @@ LoadConfig ConfigBuilder::build() const {
   c.host.bandwidth_gbps = f.get_double("host.bandwidth_gbps", 0, 1e6, d.host.bandwidth_gbps);
   c.host.deferred_copies = f.get_bool("host.deferred_copies", d.host.deferred_copies);
   c.host.huge_pages = f.get_bool("host.huge_pages", d.host.huge_pages);
+  c.host.narrow_row_bytes =
+      f.get_size("host.narrow_row_bytes", 0, std::uint64_t{1} << 30, d.host.narrow_row_bytes);
   c.metrics.listen = f.get_string("metrics.listen", d.metrics.listen);
   c.metrics.textfile = f.get_string("metrics.textfile", d.metrics.textfile);
   if (!c.metrics.listen.empty()) {
@@ -880,8 +882,10 @@ nlohmann::json to_json(const LoadConfig& c) {
            {"dump_dir", c.load.dump_dir},
        }},
       {"host",
-       {{"bandwidth_gbps", c.host.bandwidth_gbps}, {"deferred_copies", c.host.deferred_copies},
-        {"huge_pages", c.host.huge_pages}}},
+       {{"bandwidth_gbps", c.host.bandwidth_gbps},
+        {"deferred_copies", c.host.deferred_copies},
+        {"huge_pages", c.host.huge_pages},
+        {"narrow_row_bytes", c.host.narrow_row_bytes}}},
       {"metrics", {{"listen", c.metrics.listen}, {"textfile", c.metrics.textfile}}},
       {"trace", {{"path", c.trace.path}}},
       {"startup", {{"mode", to_string(c.startup.mode)}}},

@@ -122,6 +122,10 @@ struct HostConfig {
   // Large host-device allocations ask for transparent huge pages (see
   // gpu::HostDeviceOptions::huge_pages; off by default).
   bool huge_pages = false;
+  // Host devices gather row slices narrower than this through device scratch, as
+  // CUDA devices do below 64 KiB (gpu::HostDeviceOptions::narrow_row_bytes): how
+  // the CUDA copy path's gather is exercised without a GPU. 0 = never.
+  std::uint64_t narrow_row_bytes = 0;
   bool operator==(const HostConfig&) const = default;
 };
 

@@ -1,0 +1,158 @@
+#include "actors/fragment_copy.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "common/error.hpp"
+
+namespace ferry::actors {
+namespace {
+
+// Bytes from the first source byte of row 0 to the last of the last row.
+std::uint64_t source_span(std::uint64_t rows, std::uint64_t src_pitch, std::uint64_t row_bytes) {
+  return rows == 0 ? 0 : (rows - 1) * src_pitch + row_bytes;
+}
+
+// The shape of a piece or fragment, as far as the path goes.
+struct Shape {
+  std::uint64_t rows = 0;
+  std::uint64_t src_pitch = 0;
+  std::uint64_t dst_pitch = 0;
+  std::uint64_t src_row = 0;
+  std::uint64_t dst_row = 0;
+  bool cast = false;
+};
+
+Shape shape_of(const Fragment& f) {
+  return {f.rows,
+          f.src_pitch,
+          f.dst_pitch,
+          f.src_row_bytes(),
+          f.dst_row_bytes(),
+          f.src_dtype != f.dst_dtype};
+}
+
+Shape shape_of(const models::Piece& p) {
+  return {p.rows,
+          p.src_pitch,
+          p.dst_pitch,
+          p.width_elems * dtype_size(p.src_dtype),
+          p.width_elems * dtype_size(p.dst_dtype),
+          p.src_dtype != p.dst_dtype};
+}
+
+bool dense_source(const Shape& s) {
+  return s.rows <= 1 || s.src_pitch == s.src_row;
+}
+
+// Narrow rows whose source span is worth carrying whole over the link.
+bool gatherable(const Shape& s, std::size_t narrow_row_bytes) {
+  return s.rows > 1 && s.src_row < narrow_row_bytes &&
+         source_span(s.rows, s.src_pitch, s.src_row) <= kGatherMaxSpanRatio * s.rows * s.src_row;
+}
+
+CopyPath path_of(const Shape& s, std::size_t narrow_row_bytes) {
+  if (s.cast) {
+    return CopyPath::kCast;
+  }
+  if (s.rows <= 1 || (s.src_pitch == s.src_row && s.dst_pitch == s.dst_row)) {
+    return CopyPath::kContiguous;
+  }
+  return gatherable(s, narrow_row_bytes) ? CopyPath::kGather : CopyPath::kPitched;
+}
+
+// Where a cast's rows sit in scratch: the source's pitch when the span was copied
+// whole (dense or gatherable rows), else packed (one pitched copy put them there).
+bool cast_copies_span(const Shape& s, std::size_t narrow_row_bytes) {
+  return dense_source(s) || gatherable(s, narrow_row_bytes);
+}
+
+std::uint64_t scratch_of(const Shape& s, std::size_t narrow_row_bytes) {
+  switch (path_of(s, narrow_row_bytes)) {
+    case CopyPath::kGather:
+      return source_span(s.rows, s.src_pitch, s.src_row);
+    case CopyPath::kCast:
+      return cast_copies_span(s, narrow_row_bytes) ? source_span(s.rows, s.src_pitch, s.src_row)
+                                                   : s.rows * s.src_row;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
+std::string_view to_string(CopyPath path) {
+  switch (path) {
+    case CopyPath::kContiguous:
+      return "contiguous";
+    case CopyPath::kPitched:
+      return "pitched";
+    case CopyPath::kGather:
+      return "gather";
+    case CopyPath::kCast:
+      break;
+  }
+  return "cast";
+}
+
+CopyPath copy_path(const Fragment& f, std::size_t narrow_row_bytes) {
+  return path_of(shape_of(f), narrow_row_bytes);
+}
+
+std::uint64_t fragment_scratch_bytes(const Fragment& f, std::size_t narrow_row_bytes) {
+  return scratch_of(shape_of(f), narrow_row_bytes);
+}
+
+std::uint64_t rank_scratch_bytes(const Plan& plan, std::size_t rank, std::size_t narrow_row_bytes) {
+  std::uint64_t need = 0;
+  for (const PlannedRoute& route : plan.routes) {
+    for (const models::Piece& p : route.pieces) {
+      if (p.local_rank == rank && p.kind == models::Piece::Kind::kCopy) {
+        need = std::max(need, scratch_of(shape_of(p), narrow_row_bytes));
+      }
+    }
+  }
+  return std::min<std::uint64_t>(need, plan.options.chunk_bytes);
+}
+
+void copy_fragment(gpu::Stream& stream, const Fragment& f, std::byte* param,
+                   const std::byte* staging, std::byte* scratch, std::size_t scratch_bytes,
+                   std::size_t narrow_row_bytes) {
+  std::byte* dst = param + f.dst_offset;
+  const std::byte* src = staging + f.src_offset;
+  const Shape s = shape_of(f);
+  const CopyPath path = path_of(s, narrow_row_bytes);
+  const std::uint64_t need = scratch_of(s, narrow_row_bytes);
+  if (need > scratch_bytes) {
+    throw Error(Stage::kCopy, "", "",
+                "internal: a fragment's " + std::string(to_string(path)) + " path needs " +
+                    std::to_string(need) + " bytes of device scratch, " +
+                    std::to_string(scratch_bytes) + " were allocated");
+  }
+  switch (path) {
+    case CopyPath::kContiguous:
+      stream.copy_h2d(dst, src, s.rows * s.src_row);
+      return;
+    case CopyPath::kPitched:
+      stream.copy_h2d_2d(dst, f.dst_pitch, src, f.src_pitch, s.src_row, f.rows);
+      return;
+    case CopyPath::kGather:
+      stream.copy_h2d(scratch, src, need);
+      stream.copy_d2d_2d(dst, f.dst_pitch, scratch, f.src_pitch, s.src_row, f.rows);
+      return;
+    case CopyPath::kCast:
+      break;
+  }
+  std::uint64_t scratch_pitch = s.src_row;
+  if (cast_copies_span(s, narrow_row_bytes)) {
+    stream.copy_h2d(scratch, src, need);
+    scratch_pitch = f.rows <= 1 ? s.src_row : f.src_pitch;
+  } else {
+    stream.copy_h2d_2d(scratch, s.src_row, src, f.src_pitch, s.src_row, f.rows);
+  }
+  const std::uint64_t dst_pitch = f.rows <= 1 ? s.dst_row : f.dst_pitch;
+  stream.cast_2d(dst, dst_pitch, f.dst_dtype, scratch, scratch_pitch, f.src_dtype, f.width_elems,
+                 f.rows);
+}
+
+}  // namespace ferry::actors
