@@ -665,6 +665,92 @@ gpu::DeviceAllocation allocate_param(const std::shared_ptr<Allocator>& allocator
   }
 }
 
+// Every param of one local rank from one allocation of its device (an arena), each
+// at a kDeviceAlignment boundary: one cudaMalloc per device instead of one per
+// param. A param's handle keeps the arena alive; the arena goes with the last. An
+// empty param gets an empty handle. Should the device refuse the one large block
+// (a fragmented GPU), the params are allocated one by one, so that a real
+// shortage fails naming the param that did not fit.
+std::vector<gpu::DeviceAllocation> allocate_rank(gpu::Device& device,
+                                                 const std::vector<models::ParamSpec>& params) {
+  std::vector<std::uint64_t> offsets;
+  std::uint64_t end = 0;
+  for (const models::ParamSpec& spec : params) {
+    const std::uint64_t at =
+        (end + gpu::kDeviceAlignment - 1) / gpu::kDeviceAlignment * gpu::kDeviceAlignment;
+    offsets.push_back(at);
+    end = at + spec.nbytes;
+  }
+  std::vector<gpu::DeviceAllocation> out;
+  std::shared_ptr<gpu::DeviceAllocation> arena;
+  try {
+    arena = std::make_shared<gpu::DeviceAllocation>(device.allocate(end));
+  } catch (const Error& e) {
+    log::warn(device.name() + ": one block of " + std::to_string(end) + " bytes for " +
+              std::to_string(params.size()) +
+              " parameters was refused; allocating them one by one (" + e.rule() + ")");
+    for (const models::ParamSpec& spec : params) {
+      out.push_back(allocate_param(nullptr, device, spec));
+    }
+    return out;
+  }
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].nbytes == 0) {
+      out.emplace_back();
+    } else {
+      out.emplace_back(arena->data() + offsets[i], params[i].nbytes,
+                       [arena](std::byte*, std::size_t) {});
+    }
+  }
+  return out;
+}
+
+// Each local rank's params: from the engine's Allocator on this thread, one call a
+// param (it is called from the loading thread only), or else from an arena per
+// rank, the ranks set up in parallel, a thread each (a GPU's first allocation also
+// creates its context, which takes a while per device). On failure everything
+// allocated is given back and the first rank's error is thrown.
+std::vector<std::vector<gpu::DeviceAllocation>> allocate_ranks(
+    const std::shared_ptr<Allocator>& allocator,
+    const std::vector<std::shared_ptr<gpu::Device>>& devices,
+    const std::vector<models::RankShell>& shells) {
+  std::vector<std::vector<gpu::DeviceAllocation>> out(shells.size());
+  if (allocator) {
+    for (std::size_t r = 0; r < shells.size(); ++r) {
+      for (const models::ParamSpec& spec : shells[r].params) {
+        out[r].push_back(allocate_param(allocator, *devices[r], spec));
+      }
+    }
+    return out;
+  }
+  std::vector<std::exception_ptr> errors(shells.size());
+  auto set_up = [&](std::size_t r) {
+    try {
+      devices[r]->bind();
+      out[r] = allocate_rank(*devices[r], shells[r].params);
+    } catch (...) {
+      errors[r] = std::current_exception();
+    }
+  };
+  if (shells.size() == 1) {
+    set_up(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (std::size_t r = 0; r < shells.size(); ++r) {
+      threads.emplace_back(set_up, r);
+    }
+    for (std::thread& t : threads) {
+      t.join();
+    }
+  }
+  for (const std::exception_ptr& e : errors) {
+    if (e) {
+      std::rethrow_exception(e);
+    }
+  }
+  return out;
+}
+
 // A planned weight file as prepare() saw it; commit() refuses a file that changed.
 struct FileStamp {
   std::string path;
@@ -1108,6 +1194,7 @@ void Runtime::Impl::make_devices(LoadWork& w) {
     host.bandwidth_gbps = config.host.bandwidth_gbps;
     host.huge_pages = config.host.huge_pages;
     host.deferred_copies = config.host.deferred_copies;
+    host.narrow_row_bytes = config.host.narrow_row_bytes;
     state.devices = gpu::make_devices(to_string(config.devices), host);
   }
   if (state.devices.size() != shells.size()) {
@@ -1136,15 +1223,16 @@ void Runtime::Impl::allocate(LoadWork& w, LoadHandle::State& handle) {
   handle.phase.store(LoadPhase::kAllocate);
   LoadedModel::State& state = *w.state;
   const auto& shells = w.model->shells();
-  state.storage.resize(shells.size());
+  state.storage = allocate_ranks(allocator, state.devices, shells);
   for (std::size_t r = 0; r < shells.size(); ++r) {
     gpu::Device& device = *state.devices[r];
     LoadedRank rank;
     rank.tp_rank = shells[r].tp_rank;
     rank.pp_rank = config.parallel.pp_rank;
     rank.device = device.name();
-    for (const models::ParamSpec& spec : shells[r].params) {
-      gpu::DeviceAllocation a = allocate_param(allocator, device, spec);
+    for (std::size_t i = 0; i < shells[r].params.size(); ++i) {
+      const models::ParamSpec& spec = shells[r].params[i];
+      const gpu::DeviceAllocation& a = state.storage[r][i];
       LoadedParam p;
       p.name = spec.name;
       p.dtype = spec.dtype;
@@ -1153,7 +1241,6 @@ void Runtime::Impl::allocate(LoadWork& w, LoadHandle::State& handle) {
       p.data = a.data();
       p.nbytes = spec.nbytes;
       rank.params.push_back(std::move(p));
-      state.storage[r].push_back(std::move(a));
     }
     state.ranks.push_back(std::move(rank));
   }
