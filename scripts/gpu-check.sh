@@ -12,7 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-pack=$root/.gpu
+pack=${FERRY_GPU_PACK:-$root/.gpu}
 out=${OUT:-$root/out/gpu-check}
 mkdir -p "$out"
 log=$out/gpu-check.log
@@ -104,6 +104,12 @@ step "cuda = host: 4096-byte chunks" 60 same_as_host "$pack/ck-llama" chunk4k \
   --set io.chunk_bytes=4096
 step "cuda = host: io.direct" 60 same_as_host "$pack/ck-llama" direct --set io.direct=true
 step "cuda = host: DeepSeek (MLA split)" 60 same_as_host "$pack/ck-deepseek" deepseek
+# Rank 1 of tp 2 on the one GPU: row-parallel slices narrower than 64 KiB are
+# gathered on the device (actors/fragment_copy.hpp), casts go through cast_2d.
+step "cuda = host: tp 2 rank 1 (gathered rows)" 60 same_as_host "$pack/ck-llama" tp2 \
+  --set parallel.tp=2 --set parallel.ranks=1
+step "cuda = host: tp 2 rank 1, f32 casts" 60 same_as_host "$pack/ck-llama" tp2f32 \
+  --set parallel.tp=2 --set parallel.ranks=1 --set model.dtype=f32
 
 # ---- figures -------------------------------------------------------------------------
 h2d() {

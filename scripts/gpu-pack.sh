@@ -11,19 +11,32 @@
 # prometheus-cpp, gtest, ...), so they travel in .gpu/lib; its C library is newer
 # than Debian bookworm's, so glibc itself stays behind. The pack must stay under the
 # device tool's 64 MiB: the script fails when it does not.
+#
+# FERRY_GPU_BUILD=DIR packs from an existing build with the CUDA backend instead
+# of configuring build/gpu, and FERRY_GPU_PACK=DIR writes the pack elsewhere: how
+# the test suite (gpu.pack_and_check_without_gpu) checks the pack on every CUDA
+# build without compiling ferry twice.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=build/gpu
-pack=.gpu
+build=${FERRY_GPU_BUILD:-build/gpu}
+pack=${FERRY_GPU_PACK:-.gpu}
 limit=$((60 << 20))  # bytes: the carried paths and the tree travel within 64 MiB
 
 if [ ! -x /usr/local/cuda/bin/nvcc ] && ! command -v nvcc >/dev/null; then
   echo "gpu-pack: no CUDA toolkit (nvcc) here; the pack needs the CUDA backend" >&2
   exit 1
 fi
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-cmake --build "$build" -j "$(nproc)" --target ferry ferry_gpu_tests
+if [ -z "${FERRY_GPU_BUILD:-}" ]; then
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+  cmake --build "$build" -j "$(nproc)" --target ferry ferry_gpu_tests
+elif ! grep -qa cudaGetDeviceCount "$build/ferry" 2>/dev/null; then
+  echo "gpu-pack: $build has no CUDA backend" >&2
+  exit 1
+fi
+for bin in "$build/ferry" "$build/tests/ferry_gpu_tests"; do
+  [ -x "$bin" ] || { echo "gpu-pack: $bin is not built" >&2; exit 1; }
+done
 
 rm -rf "$pack"
 mkdir -p "$pack/bin" "$pack/lib"

@@ -203,7 +203,7 @@ class CudaStream final : public Stream {
   // Waits for queued work first: the host buffers it reads may be freed right after.
   ~CudaStream() override {
     QuietDeviceScope scope(*state_);
-    warn_if_failed(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", state_->name);
+    wait_quietly();
     warn_if_failed(cudaStreamDestroy(stream_), "cudaStreamDestroy", state_->name);
     state_->stats.stream_destroyed();
   }
@@ -349,16 +349,31 @@ class CudaStream final : public Stream {
   // the whole process (the engine) chose blocking sync for the device.
   void synchronize() override {
     DeviceScope scope(*state_);
+    check(wait(), "cudaEventRecord/cudaEventSynchronize", state_->name);
+  }
+
+ private:
+  // Waits for the stream's queued work on a pooled event; the device is current.
+  cudaError_t wait() {
     cudaEvent_t e = take_event(*state_);
     cudaError_t err = cudaEventRecord(e, stream_);
     if (err == cudaSuccess) {
       err = cudaEventSynchronize(e);
     }
     give_event(*state_, e);
-    check(err, "cudaEventRecord/cudaEventSynchronize", state_->name);
+    return err;
   }
 
- private:
+  // wait() for the destructor: never throws; falls back to cudaStreamSynchronize
+  // when no event can be had.
+  void wait_quietly() noexcept {
+    try {
+      warn_if_failed(wait(), "cudaEventSynchronize", state_->name);
+    } catch (const std::exception&) {
+      warn_if_failed(cudaStreamSynchronize(stream_), "cudaStreamSynchronize", state_->name);
+    }
+  }
+
   std::shared_ptr<CudaDeviceState> state_;
   cudaStream_t stream_ = nullptr;
 };

@@ -300,6 +300,33 @@ TEST_F(LoadTest, ModelOutlivesTheRuntimeAndOwnsItsMemory) {
   EXPECT_TRUE(devices[1]->stats().all_released());
 }
 
+// Each rank's params come from one arena on its device: one allocation, every param
+// at a 256-byte boundary inside it, none overlapping, in shell order.
+TEST_F(LoadTest, EachRanksParamsShareOneAlignedArena) {
+  std::vector<std::shared_ptr<gpu::Device>> devices = {gpu::make_host_device(0),
+                                                       gpu::make_host_device(1)};
+  RuntimeHooks hooks;
+  hooks.devices = devices;
+  LoadResult r = load(make_config(llama_->dir, {tp(2)}), hooks);
+  ASSERT_TRUE(r);
+  for (std::size_t rank = 0; rank < 2; ++rank) {
+    const gpu::AllocationStats stats = devices[rank]->stats();
+    EXPECT_EQ(stats.device.live_count, 1u);
+    EXPECT_EQ(stats.device.total_count, 1u);  // no scratch either: nothing is cast
+    const auto& params = r.model->ranks()[rank].params;
+    const std::byte* arena = params.front().data;
+    const std::byte* end = arena;
+    for (const LoadedParam& p : params) {
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p.data) % gpu::kDeviceAlignment, 0u) << p.name;
+      EXPECT_GE(p.data, end) << p.name;  // after the one before, no overlap
+      EXPECT_LT(static_cast<std::size_t>(p.data - end), gpu::kDeviceAlignment) << p.name;
+      end = p.data + p.nbytes;
+    }
+    EXPECT_EQ(static_cast<std::size_t>(end - arena), stats.device.live_bytes);
+  }
+  EXPECT_EQ(expect_matches_reference(*r.model, *llama_, 2, DType::kBF16), 27u * 2);
+}
+
 TEST_F(LoadTest, ReadParamRejectsUnknownNamesAndRanks) {
   LoadResult r = load(make_config(llama_->dir, {tp(1)}));
   ASSERT_TRUE(r);
