@@ -70,14 +70,29 @@ class ReadLoop {
   ReadLoop& operator=(const ReadLoop&) = delete;
 
   // Waits for reads still in flight before the buffers and files go away.
+  // Never throws (a throw here would be std::terminate inside the engine): when the
+  // reads in flight cannot be reaped, their staging buffers are deliberately leaked
+  // (each lease keeps its pool's memory alive) rather than handed back while the
+  // kernel may still write into them.
   ~ReadLoop() {
     if (reader_) {
-      std::vector<io::Completion> done;
-      while (reader_->outstanding() > 0) {
-        done.clear();
-        reader_->poll(done, std::chrono::milliseconds(50));
+      try {
+        std::vector<io::Completion> done;
+        while (reader_->outstanding() > 0) {
+          done.clear();
+          reader_->poll(done, std::chrono::milliseconds(50));
+        }
+        shared_->bytes_read.fetch_add(reader_->stats().bytes_requested);
+      } catch (const std::exception& e) {
+        log::error("reader lane " + std::to_string(lane_) + ": cannot reap " +
+                   std::to_string(in_flight_.size()) + " read(s) in flight (" + e.what() +
+                   "); leaking their staging buffers");
+        leak_in_flight();
+      } catch (...) {
+        log::error("reader lane " + std::to_string(lane_) +
+                   ": cannot reap the reads in flight; leaking their staging buffers");
+        leak_in_flight();
       }
-      shared_->bytes_read.fetch_add(reader_->stats().bytes_requested);
     }
     in_flight_.clear();
   }
@@ -166,6 +181,13 @@ class ReadLoop {
     std::shared_ptr<io::StagingBuffer> buf;
     std::shared_ptr<const Window> window;
   };
+
+  // Keeps every in-flight read's buffer alive for the rest of the process.
+  void leak_in_flight() noexcept {
+    for (auto& [id, read] : in_flight_) {
+      new std::shared_ptr<io::StagingBuffer>(std::move(read.buf));  // never deleted
+    }
+  }
 
   // The next window, or null after the last.
   static std::shared_ptr<Window> cut(WindowCutter& cutter) {

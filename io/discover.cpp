@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "common/error.hpp"
+#include "common/json_depth.hpp"
 #include "common/log.hpp"
 #include "io/safetensors.hpp"
 
@@ -265,7 +266,9 @@ std::optional<GlmMtp> glm_mtp_rule(const std::string& folder, const std::string&
   if (!ec && size <= kMaxConfigBytes) {
     std::ifstream in(path, std::ios::binary);
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (json_depth(text) <= kMaxJsonDepth) {  // deeper: left null, not an object
+      json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    }
   }
   if (ec || size > kMaxConfigBytes || json.is_discarded() || !json.is_object()) {
     decisions.push_back(prefix +

@@ -17,6 +17,7 @@
 #include <unordered_set>
 
 #include "common/error.hpp"
+#include "common/json_depth.hpp"
 #include "common/log.hpp"
 #include "io/safetensors_internal.hpp"
 
@@ -117,6 +118,9 @@ json parse_json_no_duplicates(std::string_view text, Stage stage, const std::str
   if (auto nul = text.find('\0'); nul != std::string_view::npos) {
     throw Error(stage, file, "",
                 "JSON does not parse (NUL byte at offset " + std::to_string(nul) + ")");
+  }
+  if (json_depth(text) > kMaxJsonDepth) {
+    throw Error(stage, file, "", json_too_deep_rule() + " (a header or index needs 3)");
   }
   json doc;
   try {

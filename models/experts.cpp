@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/json_depth.hpp"
 #include "models/hf_config.hpp"
 #include "models/layers.hpp"
 #include "models/placement.hpp"
@@ -185,6 +186,9 @@ ModelOptions::Eplb load_eplb_map(const std::string& path) {
   }
   std::stringstream text;
   text << in.rdbuf();
+  if (json_depth(text.str()) > kMaxJsonDepth) {
+    eplb_error(path, json_too_deep_rule());
+  }
   nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     eplb_error(path, "not valid JSON");

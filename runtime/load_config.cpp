@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "common/error.hpp"
+#include "common/json_depth.hpp"
 #include "common/log.hpp"
 
 namespace ferry::runtime {
@@ -138,6 +139,9 @@ std::string unknown_key(const std::string& key) {
 // The rule for --set and environment values: JSON when the text parses as JSON,
 // else the text itself as a string.
 nlohmann::json parse_value_text(std::string_view text) {
+  if (json_depth(text) > kMaxJsonDepth) {
+    return nlohmann::json(std::string(text));  // not a value any key takes: refused by its key
+  }
   nlohmann::json value = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
   if (value.is_discarded()) {
     return nlohmann::json(std::string(text));
@@ -499,6 +503,9 @@ void ConfigBuilder::apply_json(const nlohmann::json& object, std::string_view so
 }
 
 void ConfigBuilder::apply_json_text(std::string_view text, std::string_view source) {
+  if (json_depth(text) > kMaxJsonDepth) {
+    fail(source, json_too_deep_rule());
+  }
   nlohmann::json object;
   try {
     object = nlohmann::json::parse(text.begin(), text.end());

@@ -9,6 +9,7 @@
 #include "actors/plan.hpp"
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "common/json_depth.hpp"
 #include "models/experts.hpp"
 
 namespace ferry::runtime {
@@ -23,6 +24,9 @@ nlohmann::json read_hf_config(const std::string& folder) {
   }
   std::stringstream text;
   text << in.rdbuf();
+  if (json_depth(text.str()) > kMaxJsonDepth) {
+    throw Error(Stage::kConfig, path.string(), "", json_too_deep_rule());
+  }
   try {
     return nlohmann::json::parse(text.str());
   } catch (const nlohmann::json::exception& e) {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "common/json_depth.hpp"
 
 namespace ferry::tools {
 namespace {
@@ -108,6 +109,9 @@ Experiment read_experiment(const std::string& file) {
   }
   std::stringstream s;
   s << in.rdbuf();
+  if (json_depth(s.str()) > kMaxJsonDepth) {
+    bad(file, json_too_deep_rule());
+  }
   nlohmann::ordered_json j;
   try {
     j = nlohmann::ordered_json::parse(s.str());

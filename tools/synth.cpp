@@ -22,6 +22,7 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "common/json_depth.hpp"
 #include "common/log.hpp"
 #include "io/safetensors_writer.hpp"
 
@@ -1281,6 +1282,9 @@ SynthSource read_synth_source(const std::string& path) {
   std::fclose(f);
   if (bad) {
     fail(path, "cannot read the model config");
+  }
+  if (json_depth(text) > kMaxJsonDepth) {
+    fail(path, "the model config: " + json_too_deep_rule());
   }
   nlohmann::json config;
   try {

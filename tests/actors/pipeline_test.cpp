@@ -100,7 +100,8 @@ struct ToyRun {
 };
 
 void run_toy(ToyRun& run, const std::string& dir, const models::Model& model,
-             const std::atomic<bool>* cancel = nullptr) {
+             const std::atomic<bool>* cancel = nullptr,
+             std::function<std::unique_ptr<io::Reader>(std::unique_ptr<io::Reader>)> wrap = {}) {
   run.index = io::build_checkpoint_index(io::resolve_source(dir));
   run.plan = make_plan(run.index, model, {4096, false});
   gpu::HostDeviceOptions o;
@@ -119,8 +120,26 @@ void run_toy(ToyRun& run, const std::string& dir, const models::Model& model,
   in.options.chunk_bytes = 4096;
   in.options.staging_bytes = 2 * 4096;
   in.cancel = cancel;
+  in.wrap_reader = std::move(wrap);
   run.result = run_pipeline(in);
 }
+
+// A reader whose poll() always throws once a read is in flight: the reader fails
+// mid-load, and its teardown cannot reap the reads either.
+class ThrowingPollReader final : public io::Reader {
+ public:
+  explicit ThrowingPollReader(std::unique_ptr<io::Reader> inner) : inner_(std::move(inner)) {}
+  void submit(const io::ReadOp& op) override { inner_->submit(op); }
+  std::size_t poll(std::vector<io::Completion>&, std::chrono::milliseconds) override {
+    throw std::runtime_error("poll exploded");
+  }
+  std::size_t outstanding() const override { return inner_->outstanding(); }
+  const io::ReaderStats& stats() const override { return inner_->stats(); }
+  std::string name() const override { return "throwing(" + inner_->name() + ")"; }
+
+ private:
+  std::unique_ptr<io::Reader> inner_;
+};
 
 std::vector<float> read_f32(ToyRun& run, std::size_t param) {
   std::vector<float> out(run.storage[param].size() / 4);
@@ -162,6 +181,22 @@ TEST(Pipeline, HooksFillTheirOutputsInDependencyOrder) {
   EXPECT_EQ(s.live_streams, 0u);
   EXPECT_EQ(s.live_events, 0u);
   EXPECT_EQ(s.device.total_count, 5u);  // the four params and one cast scratch
+}
+
+// A reader whose every poll throws: the load fails with that error, and the
+// reader's teardown, which cannot reap its reads either, logs and leaks their
+// buffers instead of throwing out of a destructor (std::terminate: the engine dies).
+TEST(Pipeline, AReaderThatCannotReapItsReadsFailsTheLoadWithoutTerminating) {
+  TempDir dir;
+  std::string ck = write_toy_checkpoint(dir);
+  auto toy = make_toy();
+  ToyRun run;
+  run_toy(run, ck, *toy->model, nullptr, [](std::unique_ptr<io::Reader> inner) {
+    return std::make_unique<ThrowingPollReader>(std::move(inner));
+  });
+  ASSERT_TRUE(run.result.error.has_value());
+  EXPECT_NE(std::string(run.result.error->what()).find("poll exploded"), std::string::npos)
+      << run.result.error->what();
 }
 
 TEST(Pipeline, AFailingHookAbortsWithItsName) {
