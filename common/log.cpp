@@ -1,9 +1,12 @@
 #include "common/log.hpp"
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 namespace ferry::log {
 namespace {
@@ -23,8 +26,14 @@ Level initial_level() {
 struct State {
   std::mutex mu;
   Level level = initial_level();
-  Sink sink;
+  std::shared_ptr<const Sink> sink;  // copied out under the lock, called outside it
 };
+
+// Set while this thread runs the sink: a message the sink itself logs (through
+// ferry, directly or not) goes to standard error instead of back into the sink.
+thread_local bool t_in_sink = false;
+
+void to_stderr(Level l, std::string_view message);
 
 State& state() {
   static State s;
@@ -53,21 +62,52 @@ Level level() {
   return state().level;
 }
 
+// Once the new sink is in place, waits for the calls of the old one still running
+// on other threads (whatever it captured may die when this returns, as it could
+// when the sink ran under the lock). Not from inside a sink: that would wait for
+// itself.
 Sink set_sink(Sink sink) {
-  std::lock_guard lock(state().mu);
-  std::swap(state().sink, sink);
-  return sink;
+  std::shared_ptr<const Sink> old = sink ? std::make_shared<const Sink>(std::move(sink)) : nullptr;
+  {
+    std::lock_guard lock(state().mu);
+    std::swap(state().sink, old);
+  }
+  while (old && !t_in_sink && old.use_count() > 1) {
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+  return old ? *old : Sink{};
 }
 
+// The sink runs outside the lock: a sink that logs through ferry, or that blocks
+// on a lock a logging thread holds, cannot deadlock here. A sink that throws is
+// reported on standard error, with the message (write() is called from noexcept
+// destructors).
 void write(Level l, std::string_view message) {
-  std::lock_guard lock(state().mu);
-  if (l < state().level) {
-    return;
+  std::shared_ptr<const Sink> sink;
+  {
+    std::lock_guard lock(state().mu);
+    if (l < state().level) {
+      return;
+    }
+    sink = state().sink;
   }
-  if (state().sink) {
-    state().sink(l, message);
-    return;
+  if (sink && !t_in_sink) {
+    t_in_sink = true;
+    try {
+      (*sink)(l, message);
+      t_in_sink = false;
+      return;
+    } catch (...) {
+      t_in_sink = false;
+      to_stderr(Level::kError, "the log sink threw; the message was:");
+    }
   }
+  to_stderr(l, message);
+}
+
+namespace {
+
+void to_stderr(Level l, std::string_view message) {
   std::string line = "ferry ";
   line += level_name(l);
   line += ": ";
@@ -75,5 +115,7 @@ void write(Level l, std::string_view message) {
   line += '\n';
   std::fwrite(line.data(), 1, line.size(), stderr);
 }
+
+}  // namespace
 
 }  // namespace ferry::log

@@ -1,5 +1,6 @@
-// Minimal leveled logging to standard error. Tests may install a sink to capture
-// what was logged; the sink is process-wide and guarded by a mutex.
+// Minimal leveled logging to standard error. Tests (and engines) may install a sink
+// to capture what was logged. The sink is process-wide; it is called outside the
+// logging lock, from any thread, and what it logs itself goes to standard error.
 #pragma once
 
 #include <functional>

@@ -332,6 +332,9 @@ gpu::DeviceAllocation engine_allocation(const std::shared_ptr<Allocator>& alloca
     p = allocator->allocate(name, bytes, gpu::kDeviceAlignment);
   } catch (const std::exception& e) {
     throw Error(Stage::kCopy, name, "", std::string("the engine's Allocator refused: ") + e.what());
+  } catch (...) {
+    throw Error(Stage::kCopy, name, "",
+                "the engine's Allocator refused with an exception that is not a std::exception");
   }
   if (p == nullptr) {
     throw Error(Stage::kCopy, name, "", "the engine's Allocator returned null");
@@ -1075,6 +1078,12 @@ void Runtime::Impl::run(LoadHandle::State& handle, const LoadCallbacks& callback
     r.error = to_info(e);
   } catch (const std::exception& e) {
     r.error = to_info(Error(Stage::kConfig, "", "", std::string("unexpected: ") + e.what()));
+  } catch (...) {
+    // Last resort: something (an engine's Allocator, a hook) threw what is not a
+    // std::exception. Escaping this thread would std::terminate the engine.
+    r = LoadResult{};
+    r.error = to_info(
+        Error(Stage::kConfig, "", "", "unexpected: an exception that is not a std::exception"));
   }
   if (notifier) {
     // The callbacks see the end (a last progress in its final phase) before wait().

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -86,6 +87,7 @@ class LogCapture {
   explicit LogCapture(log::Level level = log::Level::kDebug) : old_level_(log::level()) {
     log::set_level(level);
     old_sink_ = log::set_sink([this](log::Level, std::string_view m) {
+      std::lock_guard lock(mu_);  // the sink may run on several threads at once
       text_ += m;
       text_ += '\n';
     });
@@ -101,6 +103,7 @@ class LogCapture {
  private:
   log::Level old_level_;
   log::Sink old_sink_;
+  std::mutex mu_;
   std::string text_;
 };
 

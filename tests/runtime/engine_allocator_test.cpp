@@ -93,6 +93,30 @@ TEST_F(EngineAllocatorTest, ARefusalOrAFailedLoadGivesEverythingBack) {
     EXPECT_EQ(engine->live(), 0u);
   }
   {
+    // An allocator that throws what is not a std::exception: the same clean error,
+    // naming the parameter, and everything given back.
+    class ThrowsInt final : public EngineMemory {
+     public:
+      void* allocate(const std::string& device, std::size_t bytes, std::size_t align) override {
+        if (++n_ == 4) {
+          throw 42;
+        }
+        return EngineMemory::allocate(device, bytes, align);
+      }
+
+     private:
+      int n_ = 0;
+    };
+    auto engine = std::make_shared<ThrowsInt>();
+    Runtime rt(make_config(ck_.dir, {"parallel.tp=2"}), {}, engine);
+    LoadResult r = rt.load();
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error->stage, Stage::kCopy);
+    EXPECT_FALSE(r.error->tensor.empty());
+    EXPECT_THAT(r.error->message, HasSubstr("an exception that is not a std::exception"));
+    EXPECT_EQ(engine->live(), 0u);
+  }
+  {
     // A copy fails mid-stream: every parameter goes back to the engine.
     auto engine = std::make_shared<EngineMemory>();
     RuntimeHooks hooks;

@@ -202,6 +202,31 @@ TEST_F(FailureTest, AParamNothingFillsIsListedBeforeReading) {
   h.expect_all_released();
 }
 
+// Something on the loading thread throws what is not a std::exception (here a test
+// hook; in an engine, say, a callback of its own): the load fails with a clear
+// error instead of the exception escaping the load's thread (std::terminate), and
+// the same Runtime loads next.
+TEST_F(FailureTest, ANonStandardExceptionIsAFailedLoadNotATerminate) {
+  Harness h(0);
+  RuntimeHooks hooks = h.hooks();
+  bool thrown = false;
+  hooks.wrap_model = [&thrown](std::shared_ptr<const models::Model> m) {
+    if (!thrown) {
+      thrown = true;
+      throw 42;
+    }
+    return m;
+  };
+  Runtime rt(make_config(ck_.dir, {"parallel.tp=2"}), hooks);
+  LoadResult r = rt.load();
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error->message.find("an exception that is not a std::exception"), std::string::npos)
+      << r.error->message;
+  EXPECT_EQ(rt.state(), RuntimeState::kFailed);
+  h.expect_all_released();
+  EXPECT_TRUE(rt.load()) << "the same Runtime loads next";
+}
+
 TEST_F(FailureTest, DeviceOutOfMemoryFreesWhatWasAllocated) {
   gpu::HostDeviceOptions o;
   o.capacity_bytes = 300000;  // less than one rank's share

@@ -1,0 +1,115 @@
+// The log sink: called outside the logging lock (a sink that logs through ferry
+// used to deadlock on it), never re-entered by what it logs itself, and a sink
+// that throws does not throw out of log::write (called from noexcept destructors).
+#include "common/log.hpp"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ferry::log {
+namespace {
+
+// Restores standard error and the level when a test ends.
+struct SinkScope {
+  SinkScope() : level(log::level()) {}
+  ~SinkScope() {
+    set_sink(nullptr);
+    set_level(level);
+  }
+  Level level;
+};
+
+TEST(Log, ASinkThatLogsThroughFerryNeitherDeadlocksNorRecurses) {
+  SinkScope scope;
+  set_level(Level::kInfo);
+  std::vector<std::string> seen;
+  set_sink([&seen](Level, std::string_view m) {
+    seen.emplace_back(m);
+    warn("the sink logs too");  // would have deadlocked on the logging mutex
+  });
+  ::testing::internal::CaptureStderr();
+  info("hello");
+  info("again");
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(seen, (std::vector<std::string>{"hello", "again"}));
+  EXPECT_NE(err.find("ferry warning: the sink logs too"), std::string::npos) << err;
+}
+
+TEST(Log, ASinkThatThrowsIsReportedNotPropagated) {
+  SinkScope scope;
+  set_level(Level::kInfo);
+  set_sink([](Level, std::string_view) { throw 7; });
+  ::testing::internal::CaptureStderr();
+  EXPECT_NO_THROW(warn("kept"));
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("the log sink threw"), std::string::npos) << err;
+  EXPECT_NE(err.find("ferry warning: kept"), std::string::npos) << err;
+}
+
+TEST(Log, SinksMayBeReplacedWhileOtherThreadsLog) {
+  SinkScope scope;
+  set_level(Level::kInfo);
+  std::atomic<int> a{0};
+  std::atomic<int> b{0};
+  std::atomic<bool> stop{false};
+  set_sink([&a](Level, std::string_view) { ++a; });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&stop] {
+      for (int i = 0; i < 2000 && !stop.load(); ++i) {
+        info("tick");
+      }
+    });
+  }
+  for (int i = 0; i < 200; ++i) {
+    set_sink(i % 2 == 0 ? Sink([&b](Level, std::string_view) { ++b; })
+                        : Sink([&a](Level, std::string_view) { ++a; }));
+  }
+  stop = true;
+  for (std::thread& t : threads) {
+    t.join();
+  }
+  set_sink(nullptr);
+  EXPECT_GT(a.load() + b.load(), 0);
+  EXPECT_LE(a.load() + b.load(), 4 * 2000);
+}
+
+// As when the sink ran under the lock, replacing it returns only once no thread is
+// still inside the old one, so that what the old sink captured may die.
+TEST(Log, ReplacingTheSinkWaitsForCallsStillRunningIt) {
+  SinkScope scope;
+  set_level(Level::kInfo);
+  std::atomic<bool> entered{false};
+  std::atomic<bool> finished{false};
+  set_sink([&](Level, std::string_view) {
+    entered = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    finished = true;
+  });
+  std::thread logger([] { info("slow"); });
+  while (!entered.load()) {
+    std::this_thread::yield();
+  }
+  set_sink(nullptr);
+  EXPECT_TRUE(finished.load());
+  logger.join();
+}
+
+TEST(Log, SetSinkReturnsThePreviousOne) {
+  SinkScope scope;
+  int calls = 0;
+  set_sink([&calls](Level, std::string_view) { ++calls; });
+  Sink previous = set_sink(nullptr);
+  ASSERT_TRUE(previous);
+  previous(Level::kInfo, "x");
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(set_sink(nullptr));
+}
+
+}  // namespace
+}  // namespace ferry::log
