@@ -354,6 +354,46 @@ std::vector<std::string> order_weight_files(std::vector<std::string> names, int 
   return out;
 }
 
+namespace {
+
+// Whether `path` is `root` or lies below it (both canonical).
+bool inside(const fs::path& path, const fs::path& root) {
+  auto [r, p] = std::mismatch(root.begin(), root.end(), path.begin(), path.end());
+  return r == root.end();
+}
+
+// Refuses a weight file that resolves (through symbolic links) outside the
+// checkpoint folder: a planted link must not make the loader read any file the
+// process can. The one exception is a Hugging Face cache, whose snapshot files are
+// links into ../../blobs/: links that stay inside the same `models--*` folder are
+// allowed.
+void check_files_stay_inside(const std::string& folder, const std::vector<std::string>& names) {
+  std::error_code ec;
+  const fs::path root = fs::canonical(folder, ec);
+  if (ec) {
+    return;  // the folder itself was probed above; nothing to compare against
+  }
+  fs::path allowed = root;
+  for (fs::path p = root; !p.empty() && p != p.root_path(); p = p.parent_path()) {
+    if (p.filename().string().rfind("models--", 0) == 0) {
+      allowed = p;
+      break;
+    }
+  }
+  for (const std::string& name : names) {
+    const fs::path target = fs::canonical(fs::path(folder) / name, ec);
+    if (!ec && !inside(target, allowed)) {
+      throw Error(Stage::kDiscovery, (fs::path(folder) / name).string(), "",
+                  "resolves to " + target.string() + ", outside " +
+                      (allowed == root ? "the checkpoint folder " + root.string()
+                                       : "its Hugging Face cache folder " + allowed.string()) +
+                      " (a weight file may link only within it)");
+    }
+  }
+}
+
+}  // namespace
+
 ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions& options) {
   check_order_options(options.sort_weight_files, options.tp_size, options.tp_rank);
 
@@ -566,6 +606,7 @@ ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions&
   std::sort(out.skipped.begin(), out.skipped.end(),
             [](const SkippedFile& a, const SkippedFile& b) { return a.name < b.name; });
 
+  check_files_stay_inside(folder, chosen);
   chosen = order_weight_files(std::move(chosen), options.sort_weight_files, options.tp_size,
                               options.tp_rank);
   out.decisions.push_back(

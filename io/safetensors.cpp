@@ -799,6 +799,17 @@ SafetensorsHeader tile_entries(SafetensorsHeader h, std::vector<RawEntry> entrie
                                std::uint64_t n) {
   const std::string& display = h.file;
   const std::uint64_t file_size = h.file_size;
+  // "\u0000" is valid JSON, but a name with a NUL byte cannot name a parameter, and
+  // every C string it meets (logs, paths, an engine's API) would cut it short.
+  for (const RawEntry& e : entries) {
+    if (const auto nul = e.info.name.find('\0'); nul != std::string::npos) {
+      std::string shown = e.info.name;
+      for (char& c : shown) {
+        c = c == '\0' ? '?' : c;
+      }
+      header_error(display, shown, "tensor name has a NUL byte (at " + std::to_string(nul) + ")");
+    }
+  }
   std::sort(entries.begin(), entries.end(), [](const RawEntry& a, const RawEntry& b) {
     if (a.begin != b.begin) {
       return a.begin < b.begin;

@@ -469,9 +469,21 @@ TEST(Discover, MtpNotAddedForOtherModels) {
 
 // ---- symbolic links ----------------------------------------------------------------------
 
+// A Hugging Face cache: models--org--name/snapshots/<hash>/ holds links into
+// models--org--name/blobs/, which stay inside the same models--* folder.
 TEST(Discover, SymlinkedShardsAreFollowed) {
-  TempDir blobs;
-  TempDir snapshot;
+  TempDir cache;
+  const fs::path repo = cache.path() / "models--org--name";
+  fs::create_directories(repo / "blobs");
+  fs::create_directories(repo / "snapshots" / "abc123");
+  struct Sub {
+    fs::path p;
+    fs::path path() const { return p; }
+    std::string file(const std::string& name) const { return (p / name).string(); }
+    std::string str() const { return p.string(); }
+  };
+  const Sub blobs{repo / "blobs"};
+  const Sub snapshot{repo / "snapshots" / "abc123"};
   write_file(blobs.file("blob-1"), "x");
   write_file(blobs.file("blob-2"), "x");
   write_file(blobs.file("blob-index"),
@@ -489,6 +501,36 @@ TEST(Discover, SymlinkedShardsAreFollowed) {
   const SkippedFile* dir_link = find_skipped(s, "zdir.safetensors");
   ASSERT_NE(dir_link, nullptr);
   EXPECT_NE(dir_link->reason.find("not a regular file"), std::string::npos) << dir_link->reason;
+}
+
+// A link that leaves the checkpoint folder (and is in no Hugging Face cache) is
+// refused, naming the file and where it leads, before anything is read.
+TEST(Discover, SymlinksLeavingTheFolderAreRefused) {
+  TempDir outside;
+  TempDir dir;
+  write_file(outside.file("secret.safetensors"), "x");
+  touch(dir, "model-00001-of-00002.safetensors");
+  fs::create_symlink(outside.path() / "secret.safetensors",
+                     dir.path() / "model-00002-of-00002.safetensors");
+  Error e = expect_error(Stage::kDiscovery, [&] { resolve_source(dir.str()); });
+  EXPECT_EQ(e.file(), dir.file("model-00002-of-00002.safetensors"));
+  EXPECT_NE(
+      e.rule().find("resolves to " + fs::canonical(outside.file("secret.safetensors")).string() +
+                    ", outside the checkpoint folder"),
+      std::string::npos)
+      << e.what();
+  // Inside a models--* folder, a link out of it is refused too.
+  TempDir cache;
+  const fs::path snap = cache.path() / "models--a--b" / "snapshots" / "h";
+  fs::create_directories(snap);
+  fs::create_symlink(outside.path() / "secret.safetensors", snap / "model.safetensors");
+  e = expect_error(Stage::kDiscovery, [&] { resolve_source(snap.string()); });
+  EXPECT_NE(e.rule().find("outside its Hugging Face cache folder"), std::string::npos) << e.what();
+  // A link that stays inside the folder is fine.
+  TempDir ok;
+  write_file(ok.file("real.bin"), "x");
+  fs::create_symlink(ok.path() / "real.bin", ok.path() / "model.safetensors");
+  EXPECT_EQ(names_of(resolve_source(ok.str())), (std::vector<std::string>{"model.safetensors"}));
 }
 
 TEST(Discover, DanglingSymlinkNamedByIndexIsMissing) {

@@ -1,4 +1,9 @@
-// JSON nested far deeper than any checkpoint needs (issue: hostile inputs). Before
+// Hostile inputs (the hardening issue, §2): each gets a clear error naming the file
+// and, where there is one, the tensor; never a crash. Run through the CLI in a
+// child process bounded in time, so that a regression shows as a crash or a
+// timeout instead of killing the test binary.
+//
+// JSON nested far deeper than any checkpoint needs: before
 // the depth guard, a safetensors header nested 100,000 deep parsed, then crashed
 // `ferry inspect` with SIGSEGV while an error message printed it. Every JSON ferry
 // reads from a checkpoint or a config now refuses such text before parsing, with
@@ -9,6 +14,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "common/error.hpp"
@@ -32,14 +38,17 @@ void write(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
 
-// A safetensors file whose header is `header` (no tensors).
-void write_safetensors(const std::string& path, const std::string& header) {
+// A safetensors file whose header is `header`, followed by `data`; the length
+// field says `length` (the header's size by default).
+void write_safetensors(const std::string& path, const std::string& header,
+                       std::optional<std::uint64_t> length = std::nullopt,
+                       const std::string& data = "") {
   std::string bytes(8, '\0');
-  std::uint64_t n = header.size();
+  std::uint64_t n = length.value_or(header.size());
   for (int i = 0; i < 8; ++i) {
     bytes[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
   }
-  write(path, bytes + header);
+  write(path, bytes + header + data);
 }
 
 TEST(JsonDepth, CountsNestingOutsideStringsAndStopsPastTheLimit) {
@@ -107,6 +116,57 @@ TEST(HostileJson, TheCliRefusesDeepJsonWithoutCrashing) {
   r = run_ferry({"load", "--model", ck.dir, "--config", dir.file("deep-config.json")});
   EXPECT_EQ(r.status, 2) << r.err;  // a usage error, as every bad config is
   EXPECT_THAT(r.err, HasSubstr("nests deeper than 64 levels"));
+}
+
+TEST(HostileHeader, EachCaseIsAClearErrorNamingTheFileAndTensor) {
+  testing::TempDir dir;
+  struct Case {
+    const char* file;
+    std::string header;
+    std::optional<std::uint64_t> length;
+    std::string data;
+    const char* rule;
+  };
+  const std::string f32 = R"("dtype":"F32","shape":[1],"data_offsets":[0,4])";
+  const std::vector<Case> cases = {
+      {"len2p63.safetensors", "{}", std::uint64_t{1} << 63, "",
+       "header length 9223372036854775808 exceeds the limit"},
+      {"lenmax.safetensors", "{}", ~std::uint64_t{0}, "",
+       "header length 18446744073709551615 exceeds the limit"},
+      {"offsets-past-2-64.safetensors",
+       R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,18446744073709551624]}})",
+       {},
+       "",
+       "tensor 't': data_offsets end"},
+      {"offsets-near-2-64.safetensors",
+       R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[18446744073709551600,18446744073709551608]}})",
+       {},
+       "",
+       "tensor 't'"},
+      {"shape-overflow.safetensors",
+       R"({"t":{"dtype":"F32","shape":[4294967296,4294967296,16],"data_offsets":[0,0]}})",
+       {},
+       "",
+       "tensor 't': element count of shape [4294967296,4294967296,16] overflows 64 bits"},
+      {"nul-name.safetensors",
+       R"({"a\u0000b":{)" + f32 + "}}",
+       {},
+       std::string(4, '\0'),
+       "tensor 'a?b': tensor name has a NUL byte (at 1)"},
+      {"bad-utf8.safetensors",
+       "{\"a\xff\xfe\":{" + f32 + "}}",
+       {},
+       std::string(4, '\0'),
+       "JSON is not valid UTF-8"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.file);
+    write_safetensors(dir.file(c.file), c.header, c.length, c.data);
+    testing::RunResult r = run_ferry({"inspect", dir.file(c.file)});
+    EXPECT_EQ(r.status, 1) << r.err;  // a clean refusal: not a signal, not a timeout
+    EXPECT_THAT(r.err, HasSubstr(std::string("header: ") + c.file + ": "));
+    EXPECT_THAT(r.err, HasSubstr(c.rule));
+  }
 }
 
 }  // namespace
