@@ -156,7 +156,15 @@ PipelineResult run_pipeline(const PipelineInput& input) {
         caf::scoped_actor self{system};
         caf::actor coordinator = spawn_coordinator(system, shared);
         self->monitor(coordinator);
-        self->receive([](caf::down_msg&) {});
+        // An abnormal exit that no actor reported as an error (the exit reason was
+        // once ignored here) still fails the load, naming the coordinator.
+        self->receive([&shared](caf::down_msg& down) {
+          if (down.reason && !shared->error()) {
+            shared->fail(Error(Stage::kCopy, "", "",
+                               "the pipeline's coordinator stopped abnormally (" +
+                                   caf::to_string(down.reason) + ")"));
+          }
+        });
       }
       system.await_all_actors_done();
     }

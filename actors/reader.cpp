@@ -130,6 +130,12 @@ class ReadLoop {
       }
       shared_->check_cancel();
       while (next && in_flight_.size() < depth_) {
+        // No new read once the load has failed or been cancelled, not even to fill
+        // the queue: the dispatches just above may have seen the end.
+        if (shared_->aborted()) {
+          return false;
+        }
+        shared_->check_cancel();
         Window& w = *next;
         std::byte* dst = direct_destination(w);
         std::shared_ptr<io::StagingBuffer> buf;

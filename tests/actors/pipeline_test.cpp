@@ -199,6 +199,79 @@ TEST(Pipeline, AReaderThatCannotReapItsReadsFailsTheLoadWithoutTerminating) {
       << run.result.error->what();
 }
 
+// A reader that counts its submissions and cancels the load at the first one.
+class CancelAtFirstSubmit final : public io::Reader {
+ public:
+  CancelAtFirstSubmit(std::unique_ptr<io::Reader> inner, std::atomic<bool>& cancel,
+                      std::atomic<int>& submits)
+      : inner_(std::move(inner)), cancel_(cancel), submits_(submits) {}
+  void submit(const io::ReadOp& op) override {
+    ++submits_;
+    cancel_ = true;
+    inner_->submit(op);
+  }
+  std::size_t poll(std::vector<io::Completion>& out, std::chrono::milliseconds wait) override {
+    return inner_->poll(out, wait);
+  }
+  std::size_t outstanding() const override { return inner_->outstanding(); }
+  const io::ReaderStats& stats() const override { return inner_->stats(); }
+  std::string name() const override { return inner_->name(); }
+
+ private:
+  std::unique_ptr<io::Reader> inner_;
+  std::atomic<bool>& cancel_;
+  std::atomic<int>& submits_;
+};
+
+// Once the load is cancelled (or has failed) the reader issues no new read, not
+// even to fill its queue: here 64 windows, 16 buffers and a queue of 16, and the
+// cancel comes with the first read.
+TEST(Pipeline, NoReadIsIssuedAfterTheLoadStops) {
+  TempDir dir;
+  {
+    io::SafetensorsWriter w(dir.file("model.safetensors"));
+    w.add("big", DType::kF32, {64, 1024});
+    w.begin();
+    std::vector<float> v(64 * 1024, 1.0f);
+    w.write(std::as_bytes(std::span(v)));
+    w.finish();
+  }
+  models::ParallelLayout layout;
+  layout.local_ranks = {0};
+  models::TableModel model("big", "BigForTest", models::normalize_layout(layout), DType::kF32,
+                           false);
+  model.add_param("big", models::Shape{64, 1024});
+  model.add_target("big", "big", {64, 1024},
+                   [](int) { return std::vector{models::replicated(64)}; });
+  model.finish();
+  io::CheckpointIndex index = io::build_checkpoint_index(io::resolve_source(dir.str()));
+  Plan plan = make_plan(index, model, {4096, false});
+  auto device = gpu::make_host_device(0);
+  gpu::DeviceAllocation param = device->allocate(64 * 1024 * 4);
+  std::atomic<bool> cancel{false};
+  std::atomic<int> submits{0};
+  PipelineInput in;
+  in.index = &index;
+  in.model = &model;
+  in.plan = &plan;
+  in.ranks.resize(1);
+  in.ranks[0].device = device;
+  in.ranks[0].params.push_back(param.data());
+  in.options.chunk_bytes = 4096;
+  in.options.staging_bytes = 16 * 4096;
+  in.options.queue_depth = 16;
+  in.options.read_lanes = 1;
+  in.options.direct_to_device = io::DirectToDevice::kOff;
+  in.cancel = &cancel;
+  in.wrap_reader = [&](std::unique_ptr<io::Reader> inner) {
+    return std::make_unique<CancelAtFirstSubmit>(std::move(inner), cancel, submits);
+  };
+  PipelineResult r = run_pipeline(in);
+  ASSERT_TRUE(r.error.has_value());
+  EXPECT_EQ(r.error->stage(), Stage::kCancelled) << r.error->what();
+  EXPECT_EQ(submits.load(), 1);
+}
+
 TEST(Pipeline, AFailingHookAbortsWithItsName) {
   TempDir dir;
   std::string ck = write_toy_checkpoint(dir);
