@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -37,6 +38,8 @@ struct PipelineOptions {
   // staging budget holds fewer buffers or the plan has fewer spans.
   unsigned read_lanes = 1;
   unsigned queue_depth = 16;  // reads in flight per lane
+  // Teardown's bound on reads it asked the kernel to cancel (io::Reader::cancel).
+  std::chrono::milliseconds cancel_timeout{5000};
   std::size_t chunk_bytes = std::size_t{4} << 20;
   // Host staging memory, split evenly across the lanes in chunk_bytes buffers (at
   // least one per lane): the pipeline never holds more. 0 = 8 MiB per local rank.

@@ -76,23 +76,16 @@ class ReadLoop {
   // kernel may still write into them.
   ~ReadLoop() {
     if (reader_) {
-      try {
-        std::vector<io::Completion> done;
-        while (reader_->outstanding() > 0) {
-          done.clear();
-          reader_->poll(done, std::chrono::milliseconds(50));
-        }
-        shared_->bytes_read.fetch_add(reader_->stats().bytes_requested);
-      } catch (const std::exception& e) {
-        log::error("reader lane " + std::to_string(lane_) + ": cannot reap " +
-                   std::to_string(in_flight_.size()) + " read(s) in flight (" + e.what() +
-                   "); leaking their staging buffers");
-        leak_in_flight();
-      } catch (...) {
-        log::error("reader lane " + std::to_string(lane_) +
-                   ": cannot reap the reads in flight; leaking their staging buffers");
+      // Reads still in flight when the load stopped early are cancelled and waited
+      // for, bounded by io.cancel_timeout_ms (io::Reader::cancel never throws).
+      const auto bound = shared_->input().options.cancel_timeout;
+      if (reader_->outstanding() > 0 && !reader_->cancel(bound)) {
+        log::error("reader lane " + std::to_string(lane_) + ": " +
+                   std::to_string(in_flight_.size()) + " read(s) still in flight after " +
+                   std::to_string(bound.count()) + " ms; leaking their staging buffers");
         leak_in_flight();
       }
+      shared_->bytes_read.fetch_add(reader_->stats().bytes_requested);
     }
     in_flight_.clear();
   }
@@ -116,6 +109,7 @@ class ReadLoop {
     ro.queue_depth = depth_;
     ro.chunk_bytes = o.chunk_bytes;
     ro.faults = input.faults;
+    ro.cancel_timeout = o.cancel_timeout;
     reader_ = io::make_reader(ro);
     if (input.wrap_reader) {
       reader_ = input.wrap_reader(std::move(reader_));

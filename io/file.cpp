@@ -51,6 +51,15 @@ File File::open(const std::string& path, bool direct, std::string display) {
   return file;
 }
 
+File File::adopt(int fd, std::uint64_t size, std::string display) {
+  File f;
+  f.fd_ = fd;
+  f.size_ = size;
+  f.path_ = display;
+  f.display_ = std::move(display);
+  return f;
+}
+
 File::File(File&& other) noexcept
     : fd_(std::exchange(other.fd_, -1)),
       size_(std::exchange(other.size_, 0)),

@@ -13,6 +13,10 @@ class File {
   // with O_DIRECT; `display` is the name used in error messages (defaults to path).
   // Throws ferry::Error(Stage::kRead) naming the file when it cannot be opened.
   static File open(const std::string& path, bool direct = false, std::string display = {});
+  // Takes ownership of an open descriptor of any kind (a pipe, a socket: what the
+  // reader tests need to make a read that never completes), said to hold `size`
+  // bytes. Closes it when the File dies.
+  static File adopt(int fd, std::uint64_t size, std::string display);
 
   File() = default;
   File(File&& other) noexcept;

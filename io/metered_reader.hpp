@@ -36,6 +36,13 @@ class MeteredReader final : public Reader {
   std::size_t outstanding() const override { return inner_->outstanding(); }
   const ReaderStats& stats() const override { return inner_->stats(); }
   std::string name() const override { return inner_->name(); }
+  bool cancel(std::chrono::milliseconds bound) noexcept override {
+    const bool over = inner_->cancel(bound);
+    if (over) {
+      pending_.clear();  // their completions were discarded
+    }
+    return over;
+  }
 
  private:
   struct Pending {

@@ -182,6 +182,25 @@ AlignedBuffer make_aligned_buffer(std::size_t bytes, std::size_t alignment) {
 
 }  // namespace detail
 
+bool Reader::cancel(std::chrono::milliseconds bound) noexcept {
+  const auto deadline = std::chrono::steady_clock::now() + bound;
+  try {
+    std::vector<Completion> discarded;
+    while (outstanding() > 0) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        return false;
+      }
+      discarded.clear();
+      poll(discarded, std::min(left, std::chrono::milliseconds(50)));
+    }
+    return true;
+  } catch (...) {
+    return false;  // a reader that cannot poll cannot prove its reads are over
+  }
+}
+
 std::unique_ptr<Reader> make_reader(const ReaderOptions& options) {
   detail::check_options(options);
   switch (options.engine) {

@@ -71,6 +71,8 @@ struct ReaderOptions {
   std::size_t chunk_bytes = 4u << 20;           // largest single read (O_DIRECT: whole blocks)
   bool register_buffers = false;                // io_uring fixed buffers for bounce memory
   std::shared_ptr<FaultInjector> faults;        // tests only: perturbs system read results
+  // How long teardown waits for reads it asked the kernel to cancel (io.cancel_timeout_ms).
+  std::chrono::milliseconds cancel_timeout{5000};
 };
 
 class Reader {
@@ -88,6 +90,15 @@ class Reader {
   virtual const ReaderStats& stats() const = 0;
   // "uring", "pread", "mmap", or a decorator's name.
   virtual std::string name() const = 0;
+
+  // Gives up on every outstanding op, for teardown: nothing more is issued, reads
+  // in the kernel are asked to stop (io_uring: IORING_OP_ASYNC_CANCEL), and it waits
+  // up to `bound` for them to end. Their completions are discarded. True when no
+  // read is left in flight, so their destination memory may be reused; false when
+  // one still is after `bound` (a read stuck in the kernel: its memory must then
+  // never be freed). Never throws. This default polls until nothing is
+  // outstanding or `bound` passes.
+  virtual bool cancel(std::chrono::milliseconds bound) noexcept;
 };
 
 // Creates the reader `options.engine` asks for. kUring probes io_uring once per

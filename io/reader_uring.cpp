@@ -79,7 +79,8 @@ const ProbeResult& probe_once() {
 class UringReader final : public Reader {
  public:
   explicit UringReader(const ReaderOptions& options)
-      : depth_(options.queue_depth),
+      : cancel_timeout_(options.cancel_timeout),
+        depth_(options.queue_depth),
         chunk_bytes_(options.chunk_bytes),
         bounce_bytes_(detail::OpPlan::max_length(options.chunk_bytes, 4096)),
         faults_(options.faults) {
@@ -102,27 +103,22 @@ class UringReader final : public Reader {
     }
   }
 
+  // Bounded: reads still in the kernel are cancelled and waited for at most
+  // cancel_timeout (io.cancel_timeout_ms). One that outlives it (a read stuck in
+  // the kernel) is reported and its bounce buffers are leaked, rather than freed
+  // under the kernel or waited for forever; the caller's destinations likewise
+  // must stay allocated (the load pipeline leaks its staging buffers then).
   ~UringReader() override {
-    // Reap every read the kernel has before freeing what it may write into. SQEs
-    // prepared but never submitted are invisible to the kernel and need no reaping.
-    while (in_flight_ > io_uring_sq_ready(&ring_)) {
-      io_uring_cqe* cqe = nullptr;
-      const int r = io_uring_wait_cqe(&ring_, &cqe);
-      if (r == -EINTR || r == -EAGAIN) {
-        continue;
+    if (!gave_up_) {
+      cancel(cancel_timeout_);  // sets gave_up_ when a read outlives it
+    }
+    if (gave_up_) {
+      log::error("io_uring reader: " + std::to_string(in_flight_) +
+                 " read(s) still in the kernel after " + std::to_string(cancel_timeout_.count()) +
+                 " ms; leaking their buffers");
+      for (auto& b : bounce_) {
+        static_cast<void>(b.release());
       }
-      if (r < 0) {
-        // Cannot prove the kernel is done: leak the memory rather than free it.
-        log::error(std::string("io_uring reader: cannot reap in-flight reads (") +
-                   std::strerror(-r) + "); leaking its buffers");
-        for (auto& b : bounce_) {
-          static_cast<void>(b.release());
-        }
-        return;
-      }
-      const auto idx = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
-      io_uring_cqe_seen(&ring_, cqe);
-      release_slot(idx);
     }
     io_uring_queue_exit(&ring_);
   }
@@ -190,6 +186,69 @@ class UringReader final : public Reader {
   std::size_t outstanding() const override { return outstanding_; }
   const ReaderStats& stats() const override { return stats_; }
   std::string name() const override { return "uring"; }
+
+  bool cancel(std::chrono::milliseconds bound) noexcept override {
+    gave_up_ = !cancel_within(bound);
+    return !gave_up_;
+  }
+
+ private:
+  bool cancel_within(std::chrono::milliseconds bound) noexcept {
+    const auto deadline = std::chrono::steady_clock::now() + bound;
+    try {
+      cancelling_ = true;
+      // Nothing more is issued: queued ops fail now, and complete unless a read
+      // of theirs is in the kernel.
+      for (OpState* op : std::vector<OpState*>(pending_.begin(), pending_.end())) {
+        fail(*op, cancelled());
+        if (op->in_flight == 0) {
+          ops_.erase(op->self);
+        }
+      }
+      submit_prepared();  // prepared SQEs first, so that each read can be cancelled
+      for (unsigned idx = 0; idx < depth_; ++idx) {
+        if (slots_[idx].op == nullptr) {
+          continue;
+        }
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+        if (sqe == nullptr) {
+          submit_prepared();
+          sqe = io_uring_get_sqe(&ring_);
+        }
+        if (sqe == nullptr) {
+          break;  // the reads left run to their end, waited for below
+        }
+        io_uring_prep_cancel64(sqe, idx, 0);
+        io_uring_sqe_set_data64(sqe, kCancelTag);
+      }
+      submit_prepared();
+      while (in_flight_ > 0) {
+        reap();
+        if (in_flight_ == 0) {
+          break;
+        }
+        const auto left = deadline - std::chrono::steady_clock::now();
+        if (left <= std::chrono::steady_clock::duration::zero()) {
+          return false;
+        }
+        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+        __kernel_timespec ts{};
+        ts.tv_sec = ns / 1'000'000'000;
+        ts.tv_nsec = ns % 1'000'000'000;
+        io_uring_cqe* cqe = nullptr;
+        const int r = io_uring_wait_cqe_timeout(&ring_, &cqe, &ts);
+        if (r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN) {
+          return false;
+        }
+      }
+      ready_.clear();
+      ops_.clear();
+      outstanding_ = 0;
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
 
  private:
   struct OpState {
@@ -294,18 +353,30 @@ class UringReader final : public Reader {
     bool any = false;
     io_uring_cqe* cqe = nullptr;
     while (io_uring_peek_cqe(&ring_, &cqe) == 0) {
-      const auto idx = static_cast<unsigned>(io_uring_cqe_get_data64(cqe));
+      const std::uint64_t data = io_uring_cqe_get_data64(cqe);
       const int res = cqe->res;
       io_uring_cqe_seen(&ring_, cqe);
-      handle(idx, res);
+      if (data != kCancelTag) {  // a cancel request's own completion says nothing
+        handle(static_cast<unsigned>(data), res);
+      }
       any = true;
     }
     return any;
   }
 
+  static std::exception_ptr cancelled() {
+    return std::make_exception_ptr(
+        Error(Stage::kCancelled, "", "", "io_uring reader: the read was cancelled"));
+  }
+
   void handle(unsigned idx, int res) {
     Slot& slot = slots_[idx];
     OpState& op = *slot.op;
+    if (cancelling_) {  // whatever it says, the read is over: never reissued
+      fail(op, cancelled());
+      finish(idx);
+      return;
+    }
     long long got = res;
     if (faults_) {
       got = faults_->apply(got, slot.asked);
@@ -382,6 +453,12 @@ class UringReader final : public Reader {
     --in_flight_;
   }
 
+  // The user data of IORING_OP_ASYNC_CANCEL requests (slot indices are below depth).
+  static constexpr std::uint64_t kCancelTag = ~std::uint64_t{0};
+
+  std::chrono::milliseconds cancel_timeout_;
+  bool cancelling_ = false;  // cancel() ran: completions end their reads
+  bool gave_up_ = false;     // a read outlived cancel(): its memory is never freed
   io_uring ring_{};
   unsigned depth_;
   std::size_t chunk_bytes_;

@@ -716,6 +716,8 @@ LoadConfig ConfigBuilder::build() const {
   }
   c.io.read_lanes = static_cast<unsigned>(f.get_int("io.read_lanes", 0, 64, d.io.read_lanes));
   c.io.queue_depth = static_cast<unsigned>(f.get_int("io.queue_depth", 1, 32768, d.io.queue_depth));
+  c.io.cancel_timeout_ms = static_cast<std::uint64_t>(f.get_int(
+      "io.cancel_timeout_ms", 1, 3'600'000, static_cast<std::int64_t>(d.io.cancel_timeout_ms)));
   c.io.chunk_bytes = f.get_size("io.chunk_bytes", 4096, kMaxChunkBytes, d.io.chunk_bytes);
   c.io.staging_bytes = f.get_size("io.staging_bytes", 0, kMaxStagingBytes, d.io.staging_bytes);
   if (c.io.staging_bytes != 0) {
@@ -873,6 +875,7 @@ nlohmann::json to_json(const LoadConfig& c) {
            {"direct_to_device", direct_to_device_name(c.io.direct_to_device)},
            {"direct", c.io.direct},
            {"drop_cache", c.io.drop_cache},
+           {"cancel_timeout_ms", c.io.cancel_timeout_ms},
        }},
       {"prefetch",
        {

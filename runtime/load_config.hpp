@@ -93,6 +93,10 @@ struct IoConfig {
   io::DirectToDevice direct_to_device = io::DirectToDevice::kAuto;
   bool direct = false;           // O_DIRECT reads (skip the page cache)
   bool drop_cache = false;       // evict the files from the page cache first (cold-cache runs)
+  // When a load stops early, how long the reader waits for the reads it asked the
+  // kernel to cancel; a read still there after it is reported and its buffers are
+  // leaked instead of waited for (a hung file system must not hang the engine).
+  std::uint64_t cancel_timeout_ms = 5000;
   bool operator==(const IoConfig&) const = default;
 };
 

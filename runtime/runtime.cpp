@@ -1298,6 +1298,7 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   input.options.engine = c.io.engine;
   input.options.read_lanes = c.io.read_lanes;
   input.options.queue_depth = c.io.queue_depth;
+  input.options.cancel_timeout = std::chrono::milliseconds(c.io.cancel_timeout_ms);
   input.options.chunk_bytes = c.io.chunk_bytes;
   input.options.staging_bytes = c.io.staging_bytes;
   input.options.direct_to_device = c.io.direct_to_device;

@@ -614,6 +614,7 @@ LoadConfig every_field_changed() {
   c.host.deferred_copies = true;
   c.host.huge_pages = true;
   c.host.narrow_row_bytes = 65536;
+  c.io.cancel_timeout_ms = 250;
   c.metrics.listen = "0.0.0.0:9400";
   c.metrics.textfile = "/tmp/metrics.prom";
   c.trace.path = "/tmp/trace.json";
