@@ -101,6 +101,15 @@ class ReadLoop {
       std::optional<io::File>& file = files_[shared_->plan().spans[i].file];
       if (!file) {
         file.emplace(io::File::open(f.path, o.direct, f.name));
+        // The plan's offsets come from the header read at resolve; a file replaced,
+        // rewritten or truncated since would be read with them. From here on the
+        // descriptor is kept: a rename over the path later changes nothing.
+        if (f.identity.known() && file->identity() != f.identity) {
+          throw Error(Stage::kRead, f.name, "",
+                      "changed since its header was read (" +
+                          io::describe_change(f.identity, file->identity()) +
+                          "): the load plan no longer fits it");
+        }
       }
     }
     depth_ = std::max(1u, o.queue_depth);

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "common/error.hpp"
@@ -45,10 +46,36 @@ File File::open(const std::string& path, bool direct, std::string display) {
   File file;
   file.fd_ = fd;
   file.size_ = static_cast<std::uint64_t>(st.st_size);
+  file.identity_ = identity_of(&st);
   file.direct_ = direct;
   file.path_ = path;
   file.display_ = std::move(display);
   return file;
+}
+
+FileIdentity identity_of(const void* stat_buffer) {
+  const auto& st = *static_cast<const struct stat*>(stat_buffer);
+  FileIdentity id;
+  id.device = static_cast<std::uint64_t>(st.st_dev);
+  id.inode = static_cast<std::uint64_t>(st.st_ino);
+  id.size = static_cast<std::uint64_t>(st.st_size);
+  id.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  return id;
+}
+
+std::string describe_change(const FileIdentity& before, const FileIdentity& now) {
+  std::string out;
+  auto add = [&out](const char* what, auto a, auto b) {
+    if (a != b) {
+      out += (out.empty() ? "" : ", ") + std::string(what) + " " + std::to_string(a) + " -> " +
+             std::to_string(b);
+    }
+  };
+  add("device", before.device, now.device);
+  add("inode", before.inode, now.inode);
+  add("size", before.size, now.size);
+  add("mtime (ns)", before.mtime_ns, now.mtime_ns);
+  return out.empty() ? "unchanged" : out;
 }
 
 File File::adopt(int fd, std::uint64_t size, std::string display) {
@@ -63,6 +90,7 @@ File File::adopt(int fd, std::uint64_t size, std::string display) {
 File::File(File&& other) noexcept
     : fd_(std::exchange(other.fd_, -1)),
       size_(std::exchange(other.size_, 0)),
+      identity_(std::exchange(other.identity_, {})),
       direct_(std::exchange(other.direct_, false)),
       path_(std::move(other.path_)),
       display_(std::move(other.display_)) {}
@@ -74,6 +102,7 @@ File& File::operator=(File&& other) noexcept {
     }
     fd_ = std::exchange(other.fd_, -1);
     size_ = std::exchange(other.size_, 0);
+    identity_ = std::exchange(other.identity_, {});
     direct_ = std::exchange(other.direct_, false);
     path_ = std::move(other.path_);
     display_ = std::move(other.display_);

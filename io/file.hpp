@@ -7,6 +7,22 @@
 
 namespace ferry::io {
 
+// Which file a descriptor or path is, as of one fstat: what tells a shard that was
+// replaced (renamed over), rewritten or truncated since its header was read. An
+// empty identity (inode 0) is unknown and matches nothing.
+struct FileIdentity {
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  std::uint64_t size = 0;
+  std::int64_t mtime_ns = 0;
+  bool known() const { return inode != 0; }
+  bool operator==(const FileIdentity&) const = default;
+};
+// From fstat(2) results (struct stat), for those who have one.
+FileIdentity identity_of(const void* stat_buffer);
+// "size 100 -> 90 bytes, inode 12 -> 13": what differs, for error messages.
+std::string describe_change(const FileIdentity& before, const FileIdentity& now);
+
 class File {
  public:
   // Opens `path` read-only (following symbolic links). With `direct`, also opens
@@ -27,6 +43,9 @@ class File {
 
   int fd() const { return fd_; }
   std::uint64_t size() const { return size_; }
+  // The open file's identity as of open() (what the reads go to from then on, even
+  // if the path is renamed over later).
+  const FileIdentity& identity() const { return identity_; }
   bool direct() const { return direct_; }
   const std::string& path() const { return path_; }
   const std::string& display() const { return display_; }
@@ -36,6 +55,7 @@ class File {
  private:
   int fd_ = -1;
   std::uint64_t size_ = 0;
+  FileIdentity identity_;
   bool direct_ = false;
   std::string path_;
   std::string display_;

@@ -1013,7 +1013,9 @@ SafetensorsHeader read_safetensors_header(const std::string& path, const std::st
   if (pread_full(fd, text.data(), n, 8, display) != n) {
     header_error(display, "", "file ended while reading the header (truncated)");
   }
-  return parse_safetensors_header(text, file_size, display);
+  SafetensorsHeader h = parse_safetensors_header(text, file_size, display);
+  h.identity = identity_of(&st);
+  return h;
 }
 
 WeightIndex parse_weight_index(std::string_view text, const std::string& display) {
@@ -1084,6 +1086,7 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
     cf.header_bytes = h.header_bytes;
     cf.tensor_count = h.tensors.size();
     cf.metadata = std::move(h.metadata);
+    cf.identity = h.identity;
     ci.header_bytes_read += h.header_bytes;
     ci.files.push_back(std::move(cf));
     for (auto& t : h.tensors) {

@@ -13,6 +13,7 @@
 
 #include "common/dtype.hpp"
 #include "io/discover.hpp"
+#include "io/file.hpp"
 
 namespace ferry::io {
 
@@ -36,6 +37,7 @@ struct SafetensorsHeader {
   std::uint64_t header_bytes = 0;  // 8 + JSON length: where the data region starts
   std::map<std::string, std::string> metadata;
   std::vector<TensorInfo> tensors;  // sorted by offset
+  FileIdentity identity;            // of the file read (read_safetensors_header)
 };
 
 // Validates a header's JSON text for a file of `file_size` bytes whose JSON is
@@ -67,6 +69,9 @@ struct CheckpointFile {
   std::uint64_t header_bytes = 0;
   std::size_t tensor_count = 0;
   std::map<std::string, std::string> metadata;
+  // The file its header was read from: the reader refuses a file that is no longer
+  // it (replaced, rewritten, truncated) before reading a byte with the old offsets.
+  FileIdentity identity;
 };
 
 // Every tensor of a checkpoint, validated across files.
