@@ -3,7 +3,7 @@
 // refilled as reads complete) and prints the throughput. bench/read_bench.sh drives
 // it over a checkpoint and compares with `cat` and `dd`.
 //
-//   ferry_read_bench --engine uring|pread|mmap [--qd N] [--chunk BYTES] [--direct] FILE...
+//   ferry_read_bench --engine uring|pread [--qd N] [--chunk BYTES] [--direct] FILE...
 //   ferry_read_bench --evict FILE...     drop the files' pages from the page cache
 #include <chrono>
 #include <cstdio>
@@ -27,7 +27,7 @@ struct FreeDeleter {
 
 int usage() {
   std::fputs(
-      "usage: ferry_read_bench --engine uring|pread|mmap [--qd N] [--chunk BYTES] [--direct] "
+      "usage: ferry_read_bench --engine uring|pread [--qd N] [--chunk BYTES] [--direct] "
       "FILE...\n       ferry_read_bench --evict FILE...\n",
       stderr);
   return 2;
@@ -49,8 +49,6 @@ int main(int argc, char** argv) {
         options.engine = Engine::kUring;
       } else if (e == "pread") {
         options.engine = Engine::kPread;
-      } else if (e == "mmap") {
-        options.engine = Engine::kMmap;
       } else {
         return usage();
       }

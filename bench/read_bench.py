@@ -9,7 +9,7 @@ Synthesizes a `medium` Llama checkpoint (>= 2 GiB) under BUILD/bench-cache unles
 that the noisy shared disk hits all of them alike:
 
 - hot (page cache): io_uring at queue depths 1/4/16 x chunks 1/4/16 MiB, pread,
-  mmap, and `cat FILES > /dev/null`;
+  and `cat FILES > /dev/null`;
 - cold (pages dropped with posix_fadvise(DONTNEED) before every run): O_DIRECT
   io_uring at the same depths and chunks, O_DIRECT pread, and
   `dd iflag=direct bs=4M` of each file.
@@ -65,7 +65,6 @@ def main():
         for c in (1, 4, 16):
             hot[f"uring qd{qd} {c}MiB"] = lambda qd=qd, c=c: run_bench(exe, files, "uring", qd, c * MiB, False)
     hot["pread 4MiB"] = lambda: run_bench(exe, files, "pread", 1, 4 * MiB, False)
-    hot["mmap 4MiB"] = lambda: run_bench(exe, files, "mmap", 1, 4 * MiB, False)
     hot["cat"] = lambda: timed([["cat"] + files], nbytes)
 
     cold = {}

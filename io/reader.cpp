@@ -206,8 +206,6 @@ std::unique_ptr<Reader> make_reader(const ReaderOptions& options) {
   switch (options.engine) {
     case Engine::kPread:
       return make_pread_reader(options);
-    case Engine::kMmap:
-      return make_mmap_reader(options);
     case Engine::kUring:
       break;
   }

@@ -58,7 +58,9 @@ struct ReaderStats {
   std::uint64_t retries = 0;          // EINTR / EAGAIN retries
 };
 
-enum class Engine { kUring, kPread, kMmap };
+// (An mmap engine existed: a file truncated during its copy killed the process with
+// SIGBUS, and it could not be chosen from the config, so it was removed.)
+enum class Engine { kUring, kPread };
 
 // Whether a read may land in its final memory (a parameter) instead of a staging
 // buffer, where the layer above finds that possible: kAuto where possible, kOn
@@ -88,7 +90,7 @@ class Reader {
   // Ops submitted and not yet returned by poll().
   virtual std::size_t outstanding() const = 0;
   virtual const ReaderStats& stats() const = 0;
-  // "uring", "pread", "mmap", or a decorator's name.
+  // "uring", "pread", or a decorator's name.
   virtual std::string name() const = 0;
 
   // Gives up on every outstanding op, for teardown: nothing more is issued, reads
@@ -109,7 +111,6 @@ std::unique_ptr<Reader> make_reader(const ReaderOptions& options);
 std::unique_ptr<Reader> make_pread_reader(const ReaderOptions& options);
 // Returns nullptr (and the reason) when io_uring cannot be set up here.
 std::unique_ptr<Reader> make_uring_reader(const ReaderOptions& options, std::string* why = nullptr);
-std::unique_ptr<Reader> make_mmap_reader(const ReaderOptions& options);
 
 // Whether io_uring works in this process (probed once, cached); `why` gets the reason.
 // FERRY_DISABLE_URING=1 in the environment makes it report unavailable, so the

@@ -291,8 +291,6 @@ std::string_view engine_name(io::Engine engine) {
       return "uring";
     case io::Engine::kPread:
       return "pread";
-    case io::Engine::kMmap:
-      return "mmap";
   }
   return "unknown";
 }

@@ -30,8 +30,6 @@ TEST(ReaderFactoryTest, MakesTheEngineAskedFor) {
   ReaderOptions o;
   o.engine = Engine::kPread;
   EXPECT_EQ(make_reader(o)->name(), "pread");
-  o.engine = Engine::kMmap;
-  EXPECT_EQ(make_reader(o)->name(), "mmap");
   o.engine = Engine::kUring;
   std::string why;
   const bool have = uring_available(&why);
@@ -41,7 +39,7 @@ TEST(ReaderFactoryTest, MakesTheEngineAskedFor) {
 }
 
 TEST(ReaderFactoryTest, RejectsUnusableOptions) {
-  for (Engine e : {Engine::kPread, Engine::kUring, Engine::kMmap}) {
+  for (Engine e : {Engine::kPread, Engine::kUring}) {
     SCOPED_TRACE(test::engine_name(e));
     ReaderOptions o;
     o.engine = e;
@@ -62,7 +60,6 @@ TEST(ReaderFactoryTest, RejectsUnusableOptions) {
   ReaderOptions o;
   o.chunk_bytes = 0;
   EXPECT_THROW(make_pread_reader(o), Error);
-  EXPECT_THROW(make_mmap_reader(o), Error);
   EXPECT_THROW(make_uring_reader(o), Error);
 }
 
@@ -72,7 +69,7 @@ TEST(ReaderFactoryTest, ChunkSmallerThanDirectAlignmentStillWorks) {
     GTEST_SKIP() << "no folder here accepts O_DIRECT";
   }
   const File file = File::open(data.path(), true);
-  for (Engine e : {Engine::kPread, Engine::kUring, Engine::kMmap}) {
+  for (Engine e : {Engine::kPread, Engine::kUring}) {
     SCOPED_TRACE(test::engine_name(e));
     ReaderOptions o;
     o.engine = e;
@@ -89,7 +86,7 @@ TEST(ReaderFactoryTest, ChunkSmallerThanDirectAlignmentStillWorks) {
 TEST(ReadAllTest, ReadsEverythingAndRethrowsTheFirstFailedOp) {
   DataFile data(200000, 22);
   const File file = File::open(data.path(), false, "ra.safetensors");
-  for (Engine e : {Engine::kPread, Engine::kUring, Engine::kMmap}) {
+  for (Engine e : {Engine::kPread, Engine::kUring}) {
     SCOPED_TRACE(test::engine_name(e));
     ReaderOptions o;
     o.engine = e;

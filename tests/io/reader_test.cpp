@@ -348,12 +348,10 @@ std::string param_name(const ::testing::TestParamInfo<EngineParams>& info) {
          std::to_string(std::get<2>(info.param) / 1024) + "k";
 }
 
-// Queue depth only matters to io_uring (pread and mmap finish each op in submit()).
+// Queue depth only matters to io_uring (pread finishes each op in submit()).
 INSTANTIATE_TEST_SUITE_P(Engines, ReaderEngineTest,
                          ::testing::Values(EngineParams{Engine::kPread, 1, 4096},
                                            EngineParams{Engine::kPread, 4, 64 << 10},
-                                           EngineParams{Engine::kMmap, 1, 4096},
-                                           EngineParams{Engine::kMmap, 4, 64 << 10},
                                            EngineParams{Engine::kUring, 1, 4096},
                                            EngineParams{Engine::kUring, 1, 64 << 10},
                                            EngineParams{Engine::kUring, 4, 4096},

@@ -163,8 +163,6 @@ inline std::string engine_name(Engine e) {
       return "uring";
     case Engine::kPread:
       return "pread";
-    case Engine::kMmap:
-      return "mmap";
   }
   return "?";
 }
@@ -177,8 +175,6 @@ inline std::unique_ptr<Reader> make_engine(const ReaderOptions& options, std::st
       return make_uring_reader(options, why);
     case Engine::kPread:
       return make_pread_reader(options);
-    case Engine::kMmap:
-      return make_mmap_reader(options);
   }
   return nullptr;
 }
