@@ -469,4 +469,20 @@ std::uint64_t lane_plan_begin(const Plan& plan, std::pair<std::size_t, std::size
   return plan.file_plan_offset.at(s.file) + s.begin;
 }
 
+std::uint64_t Plan::bytes_owned() const {
+  std::uint64_t n = spans.capacity() * sizeof(Span) + routes.capacity() * sizeof(PlannedRoute) +
+                    fills.capacity() * sizeof(models::Piece) +
+                    file_plan_offset.capacity() * sizeof(std::uint64_t);
+  for (const PlannedRoute& r : routes) {
+    n += r.pieces.capacity() * sizeof(models::Piece) + r.end_max.capacity() * sizeof(std::uint64_t);
+  }
+  for (const std::string& name : unmapped_names) {
+    n += sizeof(std::string) + (name.capacity() > 15 ? name.capacity() + 1 : 0);
+  }
+  for (const auto& [reason, bytes] : bytes_skipped_by_reason) {
+    n += 64 + reason.capacity();
+  }
+  return n;
+}
+
 }  // namespace ferry::actors

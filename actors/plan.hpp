@@ -139,6 +139,10 @@ struct Plan {
   // Plan-byte coordinate of each file's first byte (sizes of the earlier files).
   std::vector<std::uint64_t> file_plan_offset;
   std::uint64_t plan_bytes = 0;  // sum of the file sizes
+
+  // Host memory this plan holds, counted from its containers (as
+  // io::CheckpointIndex::bytes_owned): spans, routes and their pieces, fills.
+  std::uint64_t bytes_owned() const;
 };
 
 // Cuts a plan's spans into windows, one at a time, in read order. The plan must

@@ -1172,4 +1172,35 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
   return ci;
 }
 
+namespace {
+
+// Heap bytes of a string beyond the object itself (0 for short strings).
+std::uint64_t heap_bytes(const std::string& s) {
+  return s.capacity() > 15 ? s.capacity() + 1 : 0;
+}
+
+}  // namespace
+
+std::uint64_t CheckpointIndex::bytes_owned() const {
+  std::uint64_t n =
+      files.capacity() * sizeof(CheckpointFile) + tensors.capacity() * sizeof(TensorInfo);
+  for (const CheckpointFile& f : files) {
+    n += heap_bytes(f.path) + heap_bytes(f.name) + heap_bytes(f.reason);
+    for (const auto& [k, v] : f.metadata) {
+      n += 64 + heap_bytes(k) + heap_bytes(v);  // a map node: links, key, value
+    }
+  }
+  for (const TensorInfo& t : tensors) {
+    n += heap_bytes(t.name) + heap_bytes(t.file) + t.shape.capacity() * sizeof(std::uint64_t);
+  }
+  for (const auto& [name, at] : by_name) {
+    n += sizeof(std::string) + sizeof(std::size_t) + 2 * sizeof(void*) + heap_bytes(name);
+  }
+  n += by_name.bucket_count() * sizeof(void*);
+  for (const std::string& w : warnings) {
+    n += sizeof(std::string) + heap_bytes(w);
+  }
+  return n;
+}
+
 }  // namespace ferry::io

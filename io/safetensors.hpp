@@ -85,6 +85,12 @@ struct CheckpointIndex {
   const TensorInfo* find(std::string_view name) const;
 
   std::unordered_map<std::string, std::size_t> by_name;  // name -> position in tensors
+
+  // Host memory this index holds, as ferry counts it: the vectors' capacity, every
+  // string's heap bytes (short names live inside the string), the name map's
+  // nodes and buckets. An estimate from the containers' sizes, not from the
+  // allocator, so that it means the same inside any process.
+  std::uint64_t bytes_owned() const;
 };
 
 struct IndexOptions {

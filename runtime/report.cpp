@@ -28,6 +28,8 @@ nlohmann::json LoadReport::to_json() const {
         {"verify", phases.verify}}},
       {"gbps", gbps},
       {"peak_rss_bytes", peak_rss_bytes},
+      {"host_bytes_owned", host_bytes_owned},
+      {"host_bytes_owned_by", host_bytes_owned_by},
       {"staging_high_water_bytes", staging_high_water_bytes},
       {"staging_bytes", staging_bytes},
       {"read_lanes", read_lanes},

@@ -1413,6 +1413,22 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
     }
   }
   report.peak_rss_bytes = peak_rss_bytes();
+  std::map<std::string, std::uint64_t>& owned = report.host_bytes_owned_by;
+  owned.clear();
+  owned["staging"] = report.staging_bytes;
+  owned["index"] = w.resolved.index.bytes_owned();
+  owned["plan"] = w.plan.bytes_owned();
+  owned["prefetch"] = config.prefetch.enabled
+                          ? std::uint64_t{config.prefetch.threads} * config.prefetch.block_bytes
+                          : 0;
+  // One chunk (plus an alignment block) per read in flight, per lane, O_DIRECT only.
+  owned["bounce"] = config.io.direct ? std::uint64_t{report.read_lanes} * config.io.queue_depth *
+                                           (config.io.chunk_bytes + 4096)
+                                     : 0;
+  report.host_bytes_owned = 0;
+  for (const auto& [part, bytes] : owned) {
+    report.host_bytes_owned += bytes;
+  }
 }
 
 void Runtime::Impl::write_trace(LoadWork& w) noexcept {

@@ -93,7 +93,14 @@ struct LoadReport {
     double resolve = 0, plan = 0, allocate = 0, stream = 0, postprocess = 0, verify = 0;
   } phases;                            // add up to `seconds`
   double gbps = 0;                     // bytes_read / stream seconds / 1e9
-  std::uint64_t peak_rss_bytes = 0;
+  std::uint64_t peak_rss_bytes = 0;    // the whole process's (the engine's too)
+  // Host memory ferry itself holds for the load, as it counts it (so it means the
+  // same inside an engine of any size): staging allocated, the checkpoint index
+  // and the plan (from their containers), the prefetch threads' block buffers and
+  // the io_uring O_DIRECT bounce buffers (at most, when enabled). The parts are in
+  // host_bytes_owned_by; they add up to host_bytes_owned.
+  std::uint64_t host_bytes_owned = 0;
+  std::map<std::string, std::uint64_t> host_bytes_owned_by;
   std::uint64_t staging_high_water_bytes = 0;  // summed over the read lanes
   std::uint64_t staging_bytes = 0;             // staging allocated (io.staging_bytes)
   unsigned read_lanes = 0;                     // reader threads that ran (io.read_lanes)

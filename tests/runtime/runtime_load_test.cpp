@@ -275,6 +275,39 @@ TEST_F(LoadTest, ReportFieldsAreFilledAndPhasesAddUp) {
   }
   EXPECT_EQ(j["tensors"]["placed"], 39);
   EXPECT_EQ(j["phases"].size(), 6u);
+  EXPECT_EQ(j["host_bytes_owned"], rep.host_bytes_owned);
+}
+
+// ferry's own host memory, counted by ferry (the hardening issue, §6): its parts add
+// up, staging is what was allocated, the index and plan are counted and small next
+// to it, and O_DIRECT bounce and prefetch buffers appear only when they exist.
+TEST_F(LoadTest, HostBytesOwnedCountsFerrysOwnMemory) {
+  LoadResult r = load(make_config(llama_->dir, {tp(2)}));
+  ASSERT_TRUE(r);
+  const LoadReport& rep = r.model->report();
+  std::uint64_t sum = 0;
+  for (const auto& [part, bytes] : rep.host_bytes_owned_by) {
+    sum += bytes;
+  }
+  EXPECT_EQ(sum, rep.host_bytes_owned);
+  EXPECT_EQ(rep.host_bytes_owned_by.at("staging"), rep.staging_bytes);
+  // 39 tensors: a few KiB of names, shapes and pieces each, well under the staging.
+  EXPECT_GT(rep.host_bytes_owned_by.at("index"), 39u * sizeof(io::TensorInfo));
+  EXPECT_LT(rep.host_bytes_owned_by.at("index"), 64u << 10);
+  EXPECT_GT(rep.host_bytes_owned_by.at("plan"), 0u);
+  EXPECT_LT(rep.host_bytes_owned_by.at("plan"), 64u << 10);
+  EXPECT_EQ(rep.host_bytes_owned_by.at("bounce"), 0u);
+  EXPECT_EQ(rep.host_bytes_owned_by.at("prefetch"), 0u);
+  LoadResult p =
+      load(make_config(llama_->dir, {tp(2), "prefetch.enabled=true", "prefetch.threads=2",
+                                     "prefetch.block_bytes=1048576"}));
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p.model->report().host_bytes_owned_by.at("prefetch"), 2u << 20);
+  LoadResult d = load(make_config(llama_->dir, {tp(2), "io.direct=true", "io.chunk_bytes=65536"}));
+  ASSERT_TRUE(d);
+  const LoadReport& q = d.model->report();
+  EXPECT_EQ(q.host_bytes_owned_by.at("bounce"),
+            std::uint64_t{q.read_lanes} * 4 * (65536 + 4096));  // io.queue_depth 4
   EXPECT_NE(rep.summary().find("loaded 39 tensors"), std::string::npos);
 }
 
