@@ -170,13 +170,7 @@ class UringReader final : public Reader {
       if (in_flight_ <= io_uring_sq_ready(&ring_)) {
         continue;  // nothing in the kernel yet (submission was refused for now): retry
       }
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-      __kernel_timespec ts{};
-      ts.tv_sec = ns / 1'000'000'000;
-      ts.tv_nsec = ns % 1'000'000'000;
-      io_uring_cqe* cqe = nullptr;
-      const int r = io_uring_wait_cqe_timeout(&ring_, &cqe, &ts);
-      if (r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN) {
+      if (const int r = wait_for_cqe(left); r < 0) {
         throw_errno(Stage::kRead, "", "io_uring_wait_cqe_timeout", -r);
       }
     }
@@ -231,13 +225,7 @@ class UringReader final : public Reader {
         if (left <= std::chrono::steady_clock::duration::zero()) {
           return false;
         }
-        const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-        __kernel_timespec ts{};
-        ts.tv_sec = ns / 1'000'000'000;
-        ts.tv_nsec = ns % 1'000'000'000;
-        io_uring_cqe* cqe = nullptr;
-        const int r = io_uring_wait_cqe_timeout(&ring_, &cqe, &ts);
-        if (r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN) {
+        if (wait_for_cqe(left) < 0) {
           return false;
         }
       }
@@ -362,6 +350,18 @@ class UringReader final : public Reader {
       any = true;
     }
     return any;
+  }
+
+  // Waits up to `left` for a CQE (left in the ring for reap()). Returns 0, or a
+  // -errno other than the timeout's and interruptions'.
+  int wait_for_cqe(std::chrono::steady_clock::duration left) {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
+    __kernel_timespec ts{};
+    ts.tv_sec = ns / 1'000'000'000;
+    ts.tv_nsec = ns % 1'000'000'000;
+    io_uring_cqe* cqe = nullptr;
+    const int r = io_uring_wait_cqe_timeout(&ring_, &cqe, &ts);
+    return r < 0 && r != -ETIME && r != -EINTR && r != -EAGAIN ? r : 0;
   }
 
   static std::exception_ptr cancelled() {
