@@ -194,7 +194,11 @@ class ReadLoop {
   // Keeps every in-flight read's buffer alive for the rest of the process.
   void leak_in_flight() noexcept {
     for (auto& [id, read] : in_flight_) {
-      new std::shared_ptr<io::StagingBuffer>(std::move(read.buf));  // never deleted
+      try {
+        new std::shared_ptr<io::StagingBuffer>(std::move(read.buf));  // never deleted
+      } catch (const std::bad_alloc&) {
+        log::error("reader: out of memory while keeping a staging buffer alive; it goes back");
+      }
     }
   }
 
