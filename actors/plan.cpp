@@ -328,9 +328,9 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
   plan.routes.reserve(routes.size());
   for (models::Route& route : routes) {
     PlannedRoute& pr = plan.routes.emplace_back();
-    for (models::Piece& p : route.pieces) {
+    for (const models::Piece& p : route.pieces) {
       if (p.kind == models::Piece::Kind::kCopy && p.src_end() > p.src_offset) {
-        pr.pieces.push_back(std::move(p));
+        pr.pieces.push_back(p);  // trivially copyable
       }
     }
     std::stable_sort(

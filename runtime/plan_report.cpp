@@ -63,6 +63,7 @@ std::string describe_targets(const std::vector<PlanTarget>& targets) {
     it->second.push_back(std::to_string(t.rank));
   }
   std::vector<std::string> parts;
+  parts.reserve(by_param.size());
   for (const auto& [param, ranks] : by_param) {
     parts.push_back(param + " @ tp " + join(ranks, ","));
   }
