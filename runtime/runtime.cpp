@@ -758,22 +758,15 @@ std::vector<std::vector<gpu::DeviceAllocation>> allocate_ranks(
 struct FileStamp {
   std::string path;
   std::string name;
-  dev_t dev = 0;
-  ino_t ino = 0;
-  off_t size = 0;
-  std::int64_t mtime_ns = 0;
-  bool operator==(const FileStamp&) const = default;
+  io::FileIdentity identity;
 };
 
-FileStamp stamp(const std::string& path, const std::string& name) {
+io::FileIdentity identity_at(const std::string& path, const std::string& name) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
     throw Error(Stage::kRead, name, "", std::string("stat: ") + std::strerror(errno));
   }
-  return FileStamp{
-      path,       name,
-      st.st_dev,  st.st_ino,
-      st.st_size, static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+  return io::identity_of(&st);
 }
 
 }  // namespace
@@ -1716,7 +1709,7 @@ LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
     std::vector<io::PrefetchFile> files = actors::planned_prefetch_files(w.plan, w.resolved.index);
     for (const io::PrefetchFile& f : files) {
       if (!f.ranges->empty()) {
-        w.stamps.push_back(stamp(f.path, f.name));
+        w.stamps.push_back(FileStamp{f.path, f.name, identity_at(f.path, f.name)});
       }
     }
     io::PrefetchOptions options;
@@ -1787,10 +1780,11 @@ LoadResult Runtime::Impl::commit(LoadWork& w, LoadHandle::State& handle) {
     report.bytes_prefetched = report.startup.bytes_prefetched;
     w.prefetcher.reset();
     for (const FileStamp& before : w.stamps) {
-      if (stamp(before.path, before.name) != before) {
+      const io::FileIdentity now = identity_at(before.path, before.name);
+      if (now != before.identity) {
         throw Error(Stage::kRead, before.name, "",
-                    "the file changed between prepare() and commit() (size, modification time "
-                    "or inode): prepare again");
+                    "the file changed between prepare() and commit() (" +
+                        io::describe_change(before.identity, now) + "): prepare again");
       }
     }
     handle.check_cancel();
