@@ -38,6 +38,11 @@ long long FaultInjector::apply(long long result, std::size_t requested) {
   return result;
 }
 
+void FaultInjector::set_plan(FaultPlan plan) {
+  std::lock_guard<std::mutex> lock(mu_);
+  plan_ = plan;
+}
+
 std::uint64_t FaultInjector::reads_seen() const {
   std::lock_guard<std::mutex> lock(mu_);
   return reads_;

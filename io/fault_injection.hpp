@@ -28,6 +28,10 @@ class FaultInjector {
   // Given what the kernel returned for a read of `requested` bytes, returns what the
   // reader should see instead. `result` < 0 is -errno. Thread-safe.
   long long apply(long long result, std::size_t requested);
+  // Replaces the plan from the next read on (the read count and the random stream
+  // go on), e.g. FaultPlan{} to stop injecting so the same reader setup runs clean.
+  // Thread-safe.
+  void set_plan(FaultPlan plan);
 
   std::uint64_t reads_seen() const;
   std::uint64_t faults_injected() const;
