@@ -45,6 +45,20 @@ using Landed = std::map<std::uint32_t, std::uint64_t>;
 
 constexpr std::uint64_t kLandedBatchBytes = std::uint64_t{64} << 20;
 
+// What `inner` adds to an error that already names its stage, `file` and `tensor`:
+// its rule, after its own file and tensor where they differ (inner's what() would
+// name a stage, file and tensor a second time).
+std::string detail(const Error& inner, const std::string& file, const std::string& tensor) {
+  std::string out;
+  if (!inner.file().empty() && inner.file() != file) {
+    out += inner.file() + ": ";
+  }
+  if (!inner.tensor().empty() && inner.tensor() != tensor) {
+    out += "tensor '" + inner.tensor() + "': ";
+  }
+  return out + inner.rule();
+}
+
 std::vector<std::pair<std::uint32_t, std::uint64_t>> to_vector(const Landed& landed) {
   return {landed.begin(), landed.end()};
 }
@@ -62,10 +76,10 @@ struct CopyWorkerState {
     Landed landed;
   };
   std::deque<Parked> parked;
-  Landed pending;                      // landed, not reported yet
+  Landed pending;  // landed, not reported yet
   std::uint64_t pending_bytes = 0;
-  std::vector<std::uint64_t> totals;   // bytes landed per param of this rank
-  std::vector<bool> hook_input;        // a hook of this rank waits for the param
+  std::vector<std::uint64_t> totals;  // bytes landed per param of this rank
+  std::vector<bool> hook_input;       // a hook of this rank waits for the param
   bool ready = false;
   bool flush_scheduled = false;
   std::size_t ends_seen = 0;  // EndOfStreamMsg, one from each read lane
@@ -140,7 +154,7 @@ struct CopyWorkerState {
         }
       } catch (const Error& e) {
         throw Error(Stage::kCopy, device_name(), shell.params[p.param].name,
-                    std::string("zero fill: ") + e.what());
+                    "zero fill: " + detail(e, device_name(), shell.params[p.param].name));
       }
       landed[static_cast<std::uint32_t>(p.param)] += p.dst_bytes();
     }
@@ -202,8 +216,9 @@ struct CopyWorkerState {
         if (e.stage() == Stage::kCancelled) {
           throw e;
         }
-        throw Error(e.stage(), t.file, t.name,
-                    "into parameter " + param + " on " + device_name() + ": " + e.what());
+        throw Error(
+            e.stage(), t.file, t.name,
+            "into parameter " + param + " on " + device_name() + ": " + detail(e, t.file, t.name));
       }
       landed[f.param] += f.dst_bytes();
       shared->progress().bytes_copied.fetch_add(f.dst_bytes(), std::memory_order_relaxed);
@@ -270,7 +285,7 @@ struct CopyWorkerState {
         throw e;
       }
       throw Error(Stage::kPostProcess, device_name(), "",
-                  "post-load hook '" + hook.name + "' failed: " + e.what());
+                  "post-load hook '" + hook.name + "' failed: " + detail(e, device_name(), ""));
     }
   }
 };
