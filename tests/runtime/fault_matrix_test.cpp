@@ -1,0 +1,638 @@
+// The fault matrix (issue 17 §3): one injected fault per row, at every stage of a
+// load on the host backend, each through the code path that meets it in
+// production (a file gone at open, a header cut short, a read that fails, a
+// device that refuses memory or a copy, a hook or a callback that throws, a
+// cancel in each phase). docs/FAULTS.md lists the rows and this file's test names.
+//
+// Every row checks the same things afterwards: the load ended in one error that
+// names the stage (and the file and tensor where the fault has them); every device
+// allocation, stream and event came back; every staging buffer went back to its
+// allocator; no file descriptor and no thread is left over; and the same Runtime
+// then loads the checkpoint correctly (compared element by element with the
+// synthesized values).
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu/host_device.hpp"
+#include "io/fault_injection.hpp"
+#include "io/staging_pool.hpp"
+#include "models/hooks.hpp"
+#include "models/model.hpp"
+#include "runtime/runtime.hpp"
+#include "runtime/runtime_internal.hpp"
+#include "runtime/runtime_test_util.hpp"
+#include "testing/faulty_device.hpp"
+#include "testing/process_census.hpp"
+#include "testing/temp_dir.hpp"
+
+namespace ferry::runtime {
+namespace {
+
+using testing::Checkpoint;
+using testing::FaultyDevice;
+using testing::make_config;
+using testing::synth_checkpoint;
+using testing::TempDir;
+
+constexpr int kTp = 2;
+constexpr std::chrono::milliseconds kThreadsSettle{3000};
+const std::string kShard2 = "model-00002-of-00004.safetensors";
+
+// Staging memory that counts its live buffers and can refuse the n-th one.
+class StagingCounter final : public io::BufferAllocator {
+ public:
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    if (++calls_ == fail_at.load()) {
+      return nullptr;
+    }
+    void* p = inner_->allocate(bytes, alignment);
+    if (p != nullptr) {
+      live_.fetch_add(1);
+    }
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    live_.fetch_sub(1);
+    inner_->deallocate(p, bytes);
+  }
+  std::string name() const override { return "counting"; }
+  int live() const { return live_.load(); }
+
+  std::atomic<int> fail_at{0};  // 1-based; 0 = never
+
+ private:
+  std::shared_ptr<io::BufferAllocator> inner_ = io::aligned_host_allocator();
+  std::atomic<int> calls_{0};
+  std::atomic<int> live_{0};
+};
+
+// Forwards to a model and calls `on_hooks` whenever hooks() is asked for (from
+// whichever thread asks).
+class ObservedModel final : public models::Model {
+ public:
+  ObservedModel(std::shared_ptr<const models::Model> base, std::function<void()> on_hooks)
+      : base_(std::move(base)), on_hooks_(std::move(on_hooks)) {}
+  std::string family() const override { return base_->family(); }
+  const models::ParallelLayout& layout() const override { return base_->layout(); }
+  const std::vector<models::RankShell>& shells() const override { return base_->shells(); }
+  models::Route route(const io::TensorInfo& tensor) const override { return base_->route(tensor); }
+  std::vector<models::Piece> fill_pieces() const override { return base_->fill_pieces(); }
+  std::vector<models::PostLoadHook> hooks() const override {
+    on_hooks_();
+    return base_->hooks();
+  }
+  std::vector<std::string> notes() const override { return base_->notes(); }
+
+ private:
+  std::shared_ptr<const models::Model> base_;
+  std::function<void()> on_hooks_;
+};
+
+// One row's fault, armed before the Runtime exists; `armed` turns every fault off
+// for the load that must succeed afterwards.
+struct Context {
+  explicit Context(const Checkpoint& checkpoint) : ck(checkpoint) {}
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  const Checkpoint& ck;
+  std::vector<std::string> sets;  // config assignments of the row
+  RuntimeHooks hooks;
+  LoadCallbacks callbacks;
+  std::atomic<bool> armed{true};
+  // Undoes damage to the checkpoint before the load that must succeed.
+  std::function<void()> restore;
+  // Replaces the model at plan time while armed (the plan phase runs it).
+  std::function<std::shared_ptr<const models::Model>(std::shared_ptr<const models::Model>)> wrap;
+  // Called before each operation of local rank `rank`'s device while armed.
+  std::function<void(std::size_t rank, std::string_view op)> device_fault;
+
+  std::shared_ptr<StagingCounter> staging = std::make_shared<StagingCounter>();
+  std::vector<std::shared_ptr<gpu::Device>> inner;  // the host devices, for their stats
+  std::thread::id loading_thread;                   // where wrap_model ran
+  std::atomic<int> copies{0};                       // before_copy calls
+  std::atomic<int> wraps{0};                        // wrap_model calls while armed
+  std::atomic<Runtime*> runtime{nullptr};
+  std::atomic<const LoadHandle*> handle{nullptr};
+  std::optional<LoadPhase> phase_at_cancel;
+  std::thread helper;  // a row's own thread (joined after the load)
+
+  // Cancels the running load from inside it, noting the phase it was in.
+  void cancel_here() {
+    for (int i = 0; i < 5000 && handle.load() == nullptr; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (handle.load() != nullptr && !phase_at_cancel) {
+      phase_at_cancel = handle.load()->progress().phase;
+    }
+    runtime.load()->cancel();
+  }
+
+  // Installs the devices, staging allocator and test hooks the rows share.
+  void finish_arming() {
+    for (std::size_t r = 0; r < kTp; ++r) {
+      gpu::HostDeviceOptions o;
+      o.poison_allocations = true;
+      inner.push_back(gpu::make_host_device(static_cast<int>(r), o));
+      hooks.devices.push_back(
+          std::make_shared<FaultyDevice>(inner.back(), [this, r](std::string_view op) {
+            if (armed.load() && device_fault) {
+              device_fault(r, op);
+            }
+          }));
+    }
+    hooks.staging_allocator = staging;
+    std::function<void(std::size_t, const std::string&)> row_copy = hooks.before_copy;
+    hooks.before_copy = [this, row_copy](std::size_t rank, const std::string& param) {
+      ++copies;
+      if (armed.load() && row_copy) {
+        row_copy(rank, param);
+      }
+    };
+    hooks.wrap_model = [this](std::shared_ptr<const models::Model> m) {
+      loading_thread = std::this_thread::get_id();
+      if (!armed.load() || !wrap) {
+        return m;
+      }
+      ++wraps;
+      return wrap(std::move(m));
+    };
+  }
+
+  void disarm() {
+    armed.store(false);
+    if (hooks.faults) {
+      hooks.faults->set_plan(io::FaultPlan{});
+    }
+    if (staging) {
+      staging->fail_at.store(0);
+    }
+    if (helper.joinable()) {
+      helper.join();
+    }
+    if (restore) {
+      restore();
+    }
+  }
+};
+
+// What a failed cell must report.
+enum class Names { kFileAndTensor, kFile, kNothing };
+
+struct Row {
+  std::string name;
+  std::function<void(Context&)> arm;
+  Stage stage = Stage::kRead;
+  std::string in_message;  // the error's message holds this
+  Names names = Names::kNothing;
+  std::string in_file;                    // the error's file holds this (kFile*)
+  std::optional<LoadPhase> cancel_phase;  // a cancel row: the phase it cancelled in
+  std::function<void(Context&)> extra;    // further checks on what the row saw
+};
+
+// gtest prints a row by its name (not its bytes).
+void PrintTo(const Row& row, std::ostream* os) {
+  *os << row.name;
+}
+
+Row make_row(std::string name, std::function<void(Context&)> arm, Stage stage,
+             std::string in_message, Names names, std::string in_file = "",
+             std::optional<LoadPhase> cancel_phase = std::nullopt,
+             std::function<void(Context&)> extra = {}) {
+  return Row{std::move(name), std::move(arm),     stage,        std::move(in_message),
+             names,           std::move(in_file), cancel_phase, std::move(extra)};
+}
+
+// A post-load hook on local rank 0 that waits for `input` and runs `run`.
+std::function<std::shared_ptr<const models::Model>(std::shared_ptr<const models::Model>)> add_hook(
+    const std::string& input, std::function<void()> run, std::vector<std::string> outputs = {}) {
+  return [input, run, outputs](std::shared_ptr<const models::Model> base) {
+    const models::RankShell& shell = base->shells()[0];
+    models::PostLoadHook hook;
+    hook.name = "fault-hook";
+    hook.local_rank = 0;
+    hook.inputs = {shell.by_name.at(input)};
+    for (const std::string& out : outputs) {
+      hook.outputs.push_back(shell.by_name.at(out));
+    }
+    hook.run = [run](models::HookContext&) { run(); };
+    return std::shared_ptr<const models::Model>(models::with_hooks(base, {std::move(hook)}));
+  };
+}
+
+const std::string kQkv0 = "model.layers.0.self_attn.qkv_proj.weight";
+
+// Cuts shard 2 to `bytes` bytes before the load; restores it for the next.
+void arm_truncated_shard(Context& c, std::uint64_t bytes) {
+  const std::string path = c.ck.dir + "/" + kShard2;
+  auto original = std::make_shared<std::string>(testing::read_file(path));
+  std::filesystem::resize_file(path, bytes);
+  c.restore = [path, original] { testing::write_file(path, *original); };
+}
+
+void arm_read_faults(Context& c, const io::FaultPlan& plan, const char* engine, const char* lanes) {
+  c.hooks.faults = std::make_shared<io::FaultInjector>(plan);
+  c.sets = {std::string("io.engine=") + engine, std::string("io.read_lanes=") + lanes};
+}
+
+std::vector<Row> rows() {
+  std::vector<Row> out;
+
+  // ---- files and headers
+  out.push_back(make_row(
+      "OpenFailsAtResolve",
+      [](Context& c) {
+        const std::string path = c.ck.dir + "/" + kShard2;
+        std::filesystem::rename(path, path + ".away");
+        c.restore = [path] { std::filesystem::rename(path + ".away", path); };
+      },
+      Stage::kDiscovery, kShard2, Names::kFile, "ck"));
+  out.push_back(make_row(
+      "HeaderCutShort", [](Context& c) { arm_truncated_shard(c, 20); }, Stage::kHeader, "",
+      Names::kFile, kShard2));
+  out.push_back(make_row(
+      "DataShorterThanHeader",
+      [](Context& c) {
+        const auto size = std::filesystem::file_size(c.ck.dir + "/" + kShard2);
+        arm_truncated_shard(c, size - 100);
+      },
+      Stage::kHeader, "", Names::kFile, kShard2));
+
+  // ---- reads: EIO on the third system read, persistent EAGAIN
+  for (const char* engine : {"uring", "pread"}) {
+    for (const char* lanes : {"1", "2"}) {
+      out.push_back(make_row(
+          std::string("EioMidRead_") + engine + "_" + lanes + "lanes",
+          [engine, lanes](Context& c) {
+            io::FaultPlan plan;
+            plan.fail_read_number = 3;
+            arm_read_faults(c, plan, engine, lanes);
+          },
+          Stage::kRead, "", Names::kFileAndTensor, ".safetensors", std::nullopt,
+          [](Context& c) { EXPECT_EQ(c.hooks.faults->faults_injected(), 1u); }));
+    }
+    out.push_back(make_row(
+        std::string("PersistentEagain_") + engine,
+        [engine](Context& c) {
+          io::FaultPlan plan;
+          plan.eagain_probability = 1.0;
+          arm_read_faults(c, plan, engine, "1");
+        },
+        Stage::kRead, "retries without progress", Names::kFileAndTensor, ".safetensors"));
+  }
+
+  // ---- staging and devices
+  out.push_back(make_row(
+      "StagingAllocationFails", [](Context& c) { c.staging->fail_at.store(2); }, Stage::kStaging,
+      "", Names::kNothing));
+  out.push_back(make_row(
+      "DeviceOutOfMemory",
+      [](Context& c) {
+        // Rank 1's arena is refused, then its third param: what rank 0 and the
+        // first params got must come back.
+        auto n = std::make_shared<std::atomic<int>>(0);
+        c.device_fault = [n](std::size_t rank, std::string_view op) {
+          if (rank == 1 && op == "allocate" && (++*n == 1 || *n == 3)) {
+            throw Error(Stage::kCopy, "host:1", "", "out of memory (injected)");
+          }
+        };
+      },
+      Stage::kCopy, "out of memory (injected)", Names::kFile, "host:1", std::nullopt,
+      [](Context& c) {
+        EXPECT_GT(c.inner[0]->stats().device.total_count, 0u);
+        EXPECT_GT(c.inner[1]->stats().device.total_count, 0u);
+      }));
+  out.push_back(make_row(
+      "DeviceCopyFails",
+      [](Context& c) {
+        auto n = std::make_shared<std::atomic<int>>(0);
+        c.device_fault = [n](std::size_t, std::string_view op) {
+          if (op.substr(0, 8) == "copy_h2d" && ++*n == 5) {
+            throw std::runtime_error("injected copy failure");
+          }
+        };
+      },
+      Stage::kCopy, "injected copy failure", Names::kFileAndTensor, ".safetensors", std::nullopt,
+      [](Context&) {}));
+  out.push_back(make_row(
+      "BeforeCopyThrows",
+      [](Context& c) {
+        c.hooks.before_copy = [&c](std::size_t, const std::string&) {
+          if (c.copies.load() == 5) {
+            throw std::runtime_error("injected copy failure");
+          }
+        };
+      },
+      Stage::kCopy, "into parameter ", Names::kFileAndTensor, ".safetensors"));
+  out.push_back(make_row(
+      "HookFails",
+      [](Context& c) {
+        c.wrap = add_hook(kQkv0, [] { throw std::runtime_error("injected hook failure"); });
+      },
+      Stage::kPostProcess, "post-load hook 'fault-hook' failed: injected hook failure",
+      Names::kFile, "host:0"));
+
+  // ---- an exception inside each actor
+  out.push_back(make_row(
+      "ExceptionInReaderLane",
+      [](Context& c) {
+        // Single-copy reads ask the device, on the reader's thread, whether
+        // its memory takes reads: the device throws there.
+        c.sets = {"io.direct_to_device=on"};
+        c.device_fault = [&c](std::size_t, std::string_view op) {
+          if (op == "host_addressable" && std::this_thread::get_id() != c.loading_thread) {
+            throw std::runtime_error("injected fault in the reader lane");
+          }
+        };
+      },
+      Stage::kRead, "reader: injected fault in the reader lane", Names::kNothing));
+  out.push_back(make_row(
+      "ExceptionInCopyWorker",
+      [](Context& c) {
+        c.device_fault = [](std::size_t rank, std::string_view op) {
+          if (rank == 1 && op == "create_stream") {
+            throw std::runtime_error("injected: no stream");
+          }
+        };
+      },
+      Stage::kCopy, "copy worker: injected: no stream", Names::kFile, "host:1"));
+  out.push_back(make_row(
+      "ExceptionInCopyWorkerWithChunksParked",
+      [](Context& c) {
+        auto n = std::make_shared<std::atomic<int>>(0);
+        c.device_fault = [n](std::size_t rank, std::string_view op) {
+          if (rank == 0 && op == "record" && ++*n == 3) {
+            throw std::runtime_error("injected: record failed");
+          }
+        };
+      },
+      Stage::kCopy, "copy worker: injected: record failed", Names::kFile, "host:0"));
+
+  // ---- cancel in each phase
+  out.push_back(make_row(
+      "CancelDuringResolve",
+      [](Context& c) {
+        // config.json becomes a FIFO: resolve blocks reading it until the
+        // helper has cancelled and then writes the real text.
+        const std::string path = c.ck.dir + "/config.json";
+        auto text = std::make_shared<std::string>(testing::read_file(path));
+        std::filesystem::remove(path);
+        ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+        c.restore = [path, text] {
+          std::filesystem::remove(path);
+          testing::write_file(path, *text);
+        };
+        c.helper = std::thread([&c, path, text] {
+          for (int i = 0; i < 5000; ++i) {
+            const LoadHandle* h = c.handle.load();
+            if (h != nullptr && h->progress().phase == LoadPhase::kResolve) {
+              break;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+          c.cancel_here();
+          int fd = -1;
+          for (int i = 0; i < 5000 && fd < 0; ++i) {  // until resolve opens it
+            fd = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+            if (fd < 0) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            }
+          }
+          if (fd >= 0) {
+            EXPECT_EQ(::write(fd, text->data(), text->size()), static_cast<ssize_t>(text->size()));
+            ::close(fd);
+          }
+        });
+      },
+      Stage::kCancelled, "cancelled", Names::kNothing, "", LoadPhase::kResolve,
+      [](Context& c) { EXPECT_EQ(c.wraps.load(), 0) << "the plan must not start"; }));
+  out.push_back(make_row(
+      "CancelDuringPlan",
+      [](Context& c) {
+        c.wrap = [&c](std::shared_ptr<const models::Model> m) {
+          c.cancel_here();
+          return m;
+        };
+      },
+      Stage::kCancelled, "cancelled", Names::kNothing, "", LoadPhase::kPlan,
+      [](Context& c) {
+        for (const auto& d : c.inner) {
+          EXPECT_EQ(d->stats().device.total_count, 0u) << "nothing is allocated";
+        }
+      }));
+  out.push_back(make_row(
+      "CancelDuringAllocate",
+      [](Context& c) {
+        c.device_fault = [&c](std::size_t rank, std::string_view op) {
+          if (rank == 0 && op == "allocate") {
+            c.cancel_here();
+          }
+        };
+      },
+      Stage::kCancelled, "cancelled", Names::kNothing, "", LoadPhase::kAllocate,
+      [](Context& c) { EXPECT_EQ(c.copies.load(), 0) << "nothing is streamed"; }));
+  out.push_back(make_row(
+      "CancelDuringStream",
+      [](Context& c) {
+        c.hooks.before_copy = [&c](std::size_t, const std::string&) {
+          if (c.copies.load() == 5) {
+            c.cancel_here();
+          }
+        };
+      },
+      Stage::kCancelled, "cancelled", Names::kNothing, "", LoadPhase::kStream));
+  out.push_back(make_row(
+      "CancelDuringPostProcess",
+      [](Context& c) {
+        // LoadPhase has no post-process phase: hooks run while it says stream.
+        c.wrap = add_hook(kQkv0, [&c] { c.cancel_here(); });
+      },
+      Stage::kCancelled, "cancelled", Names::kNothing, "", LoadPhase::kStream));
+  out.push_back(make_row(
+      "CancelDuringVerify",
+      [](Context& c) {
+        // Verify (on the loading thread, after the pipeline) lists the
+        // model's hooks: the first such call once copies ran cancels.
+        c.wrap = [&c](std::shared_ptr<const models::Model> m) {
+          return std::make_shared<ObservedModel>(std::move(m), [&c] {
+            if (std::this_thread::get_id() == c.loading_thread && c.copies.load() > 0 &&
+                c.armed.load()) {
+              c.cancel_here();
+            }
+          });
+        };
+      },
+      Stage::kCancelled, "cancelled", Names::kNothing, "", LoadPhase::kVerify));
+
+  // ---- callbacks that throw
+  out.push_back(make_row(
+      "ProgressCallbackThrows",
+      [](Context& c) {
+        c.callbacks.on_progress = [&c](const LoadProgress&) -> bool {
+          if (c.armed.load()) {
+            throw std::runtime_error("injected progress failure");
+          }
+          return true;
+        };
+      },
+      Stage::kCancelled, "on_progress threw: injected progress failure", Names::kNothing));
+  out.push_back(make_row(
+      "LayerReadyCallbackThrows",
+      [](Context& c) {
+        c.callbacks.on_layer_ready = [&c](std::uint64_t layer, int) {
+          if (c.armed.load() && layer == 1) {
+            throw std::runtime_error("injected layer failure");
+          }
+        };
+      },
+      Stage::kCancelled, "on_layer_ready threw: injected layer failure", Names::kNothing));
+  return out;
+}
+
+class FaultMatrix : public ::testing::TestWithParam<Row> {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    ck_ = new Checkpoint(synth_checkpoint(dir_->file("ck"), "llama"));
+    // A first load, so that what a process sets up once (the io_uring probe, CAF's
+    // type registry) is not counted against the first row.
+    Runtime rt(config({}));
+    ASSERT_TRUE(rt.load());
+  }
+  static void TearDownTestSuite() {
+    delete ck_;
+    delete dir_;
+  }
+  static LoadConfig config(const std::vector<std::string>& extra) {
+    std::vector<std::string> sets = {"parallel.tp=" + std::to_string(kTp), "io.chunk_bytes=16KiB"};
+    sets.insert(sets.end(), extra.begin(), extra.end());
+    return make_config(ck_->dir, sets);
+  }
+
+  static void expect_released(const Context& c) {
+    for (const auto& d : c.inner) {
+      gpu::AllocationStats s = d->stats();
+      EXPECT_TRUE(s.all_released())
+          << d->name() << ": " << s.device.live_count << " allocations, " << s.live_streams
+          << " streams, " << s.live_events << " events live";
+    }
+    EXPECT_EQ(c.staging->live(), 0) << "staging buffers not returned to the allocator";
+  }
+
+  static TempDir* dir_;
+  static Checkpoint* ck_;
+};
+TempDir* FaultMatrix::dir_ = nullptr;
+Checkpoint* FaultMatrix::ck_ = nullptr;
+
+TEST_P(FaultMatrix, EndsInOneCleanErrorAndLeavesNothingBehind) {
+  const Row& row = GetParam();
+  const std::size_t fds = testing::open_fds();
+  const std::size_t threads = testing::live_threads();
+  Context c(*ck_);
+  row.arm(c);
+  c.finish_arming();
+  {
+    Runtime rt(config(c.sets), c.hooks);
+    c.runtime = &rt;
+    LoadResult r;
+    {
+      LoadHandle handle = rt.start(c.callbacks);
+      c.handle = &handle;
+      r = handle.wait();
+      c.handle = nullptr;
+    }
+    c.disarm();  // joins the row's helper thread before anything is counted
+    ASSERT_FALSE(r) << "the fault did not fail the load";
+    ASSERT_TRUE(r.error.has_value());
+    const ErrorInfo& e = *r.error;
+    EXPECT_EQ(e.stage, row.stage) << e.message;
+    EXPECT_NE(e.message.find(row.in_message), std::string::npos) << e.message;
+    EXPECT_NE(e.message.find(e.rule), std::string::npos) << e.message;
+    // One error, not one wrapped in another: its stage is named once.
+    const std::string prefix = std::string(to_string(e.stage)) + ": ";
+    EXPECT_EQ(e.message.find(prefix), 0u) << e.message;
+    EXPECT_EQ(e.message.find(prefix, 1), std::string::npos) << e.message;
+    if (row.names != Names::kNothing) {
+      EXPECT_FALSE(e.file.empty()) << e.message;
+      EXPECT_NE(e.file.find(row.in_file), std::string::npos) << e.message;
+    }
+    if (row.names == Names::kFileAndTensor) {
+      EXPECT_TRUE(ck_->shapes.count(e.tensor)) << "tensor '" << e.tensor << "': " << e.message;
+    }
+    if (row.cancel_phase) {
+      ASSERT_TRUE(c.phase_at_cancel.has_value()) << "the cancel never ran";
+      EXPECT_EQ(to_string(*c.phase_at_cancel), to_string(*row.cancel_phase));
+    }
+    if (row.extra) {
+      row.extra(c);
+    }
+    EXPECT_EQ(rt.state(), RuntimeState::kFailed);
+
+    // Nothing of the failed load is left.
+    expect_released(c);
+    EXPECT_EQ(testing::open_fds(), fds) << "file descriptors left open";
+    EXPECT_EQ(testing::threads_settle_to(threads, kThreadsSettle), threads) << "threads left";
+
+    // The same Runtime loads next, correctly.
+    LoadResult next = rt.load();
+    ASSERT_TRUE(next) << next.error->message;
+    EXPECT_GT(testing::expect_matches_reference(*next.model, *ck_, kTp, DType::kBF16), 0u);
+  }
+  expect_released(c);
+  EXPECT_EQ(testing::open_fds(), fds);
+  EXPECT_EQ(testing::threads_settle_to(threads, kThreadsSettle), threads);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cells, FaultMatrix, ::testing::ValuesIn(rows()),
+                         [](const ::testing::TestParamInfo<Row>& cell) { return cell.param.name; });
+
+// Short reads, EAGAIN and EINTR now and then are recovered by the readers
+// themselves: the load succeeds with the right bytes and leaves nothing behind.
+class TransientReadFaults : public FaultMatrix {};
+
+TEST_F(TransientReadFaults, ShortReadsEagainAndEintrStillLoadCorrectly) {
+  for (const char* engine : {"uring", "pread"}) {
+    for (const char* lanes : {"1", "2"}) {
+      SCOPED_TRACE(std::string(engine) + ", " + lanes + " lane(s)");
+      Context c(*ck_);
+      io::FaultPlan plan;
+      plan.seed = 7;
+      plan.short_read_probability = 0.3;
+      plan.eagain_probability = 0.1;
+      plan.eintr_probability = 0.1;
+      arm_read_faults(c, plan, engine, lanes);
+      c.finish_arming();
+      const std::size_t fds = testing::open_fds();
+      const std::size_t threads = testing::live_threads();
+      {
+        Runtime rt(config(c.sets), c.hooks);
+        LoadResult r = rt.load();
+        ASSERT_TRUE(r) << r.error->message;
+        EXPECT_GT(c.hooks.faults->faults_injected(), 10u);
+        EXPECT_GT(testing::expect_matches_reference(*r.model, *ck_, kTp, DType::kBF16), 0u);
+      }
+      expect_released(c);
+      EXPECT_EQ(testing::open_fds(), fds);
+      EXPECT_EQ(testing::threads_settle_to(threads, kThreadsSettle), threads);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace ferry::runtime
