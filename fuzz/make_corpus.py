@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Writes the seed corpus of every fuzz target (fuzz/*.cpp) under OUT/<target>/.
+
+Seeds are valid inputs, so the fuzzer starts deep: real-looking safetensors headers
+with several dtypes, indexes, layered configs. The discovery and planner targets
+turn any bytes into a valid folder layout or model, so their seeds are
+deterministic pseudo-random bytes. Nothing is copied from test data; the output is
+the same on every run (fixed seeds), so it can be regenerated at will.
+
+    fuzz/make_corpus.py OUT
+"""
+import json
+import os
+import random
+import struct
+import sys
+
+DTYPES = {"BOOL": 1, "U8": 1, "I8": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4,
+          "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+def header_seed(rng, count, metadata, shuffle=True, escaped=False):
+    """A safetensors header's JSON and its data size, as fuzz_header reads them:
+    the text, then the data size as 8 little-endian bytes."""
+    names = [f"model.layers.{i // 4}.mlp.w{i % 4}.weight" for i in range(count)]
+    if escaped and names:
+        names[0] = "emb\\u00e9d.t\u00e9\"q\""
+    entries = {}
+    offset = 0
+    for name in names:
+        dtype = rng.choice(sorted(DTYPES))
+        shape = [rng.choice([0, 1, 2, 3, 4, 8]) for _ in range(rng.randrange(0, 4))]
+        n = DTYPES[dtype]
+        for d in shape:
+            n *= d
+        entries[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    items = list(entries.items())
+    if shuffle:
+        rng.shuffle(items)
+    doc = {}
+    if metadata:
+        doc["__metadata__"] = {"format": "pt", "source": "fuzz"}
+    doc.update(items)
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+    if escaped:
+        text = text.replace("\\\\u00e9", "\\u00e9")
+    return text.encode(), offset
+
+
+def header_seeds(rng):
+    seeds = []
+    for i in range(24):
+        text, data = header_seed(rng, count=1 + i * 2, metadata=i % 3 == 0, shuffle=i % 2 == 0,
+                                 escaped=i % 5 == 0)
+        seeds.append(text + struct.pack("<Q", data))
+    text, data = header_seed(rng, count=6, metadata=True)
+    seeds.append(b"  " + text + b"    " + struct.pack("<Q", data))  # padded, as writers do
+    seeds.append(b"{}" + struct.pack("<Q", 0))
+    seeds.append(b'{"__metadata__":{}}' + struct.pack("<Q", 0))
+    # Near misses: each breaks one rule, so the document path's errors are seeded too.
+    seeds.append(b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+                 b'"b":{"dtype":"F32","shape":[2],"data_offsets":[16,24]}}' + struct.pack("<Q", 24))
+    seeds.append(b'{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},'
+                 b'"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}' + struct.pack("<Q", 16))
+    seeds.append(b'{"a":{"dtype":"Q4","shape":[2],"data_offsets":[0,8]}}' + struct.pack("<Q", 8))
+    seeds.append(b'{"a":{"dtype":"U8","shape":[4294967296,4294967296],"data_offsets":[0,8]}}' +
+                 struct.pack("<Q", 8))
+    seeds.append(b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[18446744073709551615,0]}}' +
+                 struct.pack("<Q", 1))
+    seeds.append(b'{"a":{"dtype":"F16","shape":[1],"data_offsets":[0,2],"extra":1.5e3}}' +
+                 struct.pack("<Q", 2))
+    return seeds
+
+
+def index_seeds(rng):
+    seeds = []
+    for shards in (1, 2, 3, 5):
+        wm = {}
+        total = 0
+        for i in range(4 + shards * 5):
+            wm[f"model.layers.{i}.self_attn.q_proj.weight"] = (
+                f"model-{1 + i % shards:05d}-of-{shards:05d}.safetensors")
+            total += rng.randrange(1, 1 << 20)
+        doc = {"metadata": {"total_size": total}, "weight_map": wm}
+        seeds.append(json.dumps(doc, indent=2).encode())
+        doc = {"weight_map": wm, "metadata": {"total_size": float(total), "format": "pt"}}
+        seeds.append(json.dumps(doc).encode())
+    seeds.append(b'{"weight_map":{"a":"sub/x.safetensors","b":"../x.safetensors"}}')
+    seeds.append(b'{"metadata":{"total_size":1e19,"nested":{"k":[1,2]}},"weight_map":{"a":"x"}}')
+    seeds.append(b'{"weight_map":{"t\\u00e9":"m\\u0000.safetensors"},"other":null}')
+    seeds.append(b'{"weight_map":{}}')
+    return seeds
+
+
+def fdp_string(s):
+    """FuzzedDataProvider::ConsumeRandomLengthString's encoding of `s`."""
+    return s.replace(b"\\", b"\\\\") + b"\\x"
+
+
+def config_seed(file_text, env, sets):
+    """fuzz_config's input: integers are consumed from the end (env count, --set
+    count, then one prefix flag per variable), strings from the front."""
+    front = fdp_string(file_text)
+    tail = [len(env), len(sets)]
+    for name, value, prefixed in env:
+        tail.append(1 if prefixed else 0)
+        front += fdp_string(name) + fdp_string(value)
+    for s in sets:
+        front += fdp_string(s)
+    return front + bytes(reversed(tail))
+
+
+def config_seeds():
+    files = [
+        b'{"parallel":{"tp":2}}',
+        b'{}',
+        json.dumps({"model": {"path": "/models/llama", "load_format": "safetensors",
+                              "dtype": "bf16", "unaligned_tp": "pad"},
+                    "parallel": {"tp": 4, "ep": 2, "ranks": "0-1"},
+                    "devices": "null",
+                    "io": {"engine": "pread", "chunk_bytes": "4MiB", "queue_depth": 16,
+                           "staging_bytes": "64 MiB", "direct": True,
+                           "direct_to_device": "on", "cancel_timeout_ms": 100},
+                    "prefetch": {"enabled": True, "threads": 2, "block_bytes": "1MiB",
+                                 "ahead_bytes": 0},
+                    "load": {"strict": True, "sort_weight_files": 2},
+                    "host": {"bandwidth_gbps": 12.5, "deferred_copies": True},
+                    "metrics": {"listen": "9400"},
+                    "startup": {"mode": "overlap"}}).encode(),
+        json.dumps({"parallel": {"tp": 8, "pp": 2, "pp_rank": 1, "pp_partition": [3, 5],
+                                 "ranks": [6, 7]},
+                    "devices": "host:2",
+                    "model": {"fuse_shared_experts": "auto", "pad_moe_intermediate_to": 64}
+                    }).encode(),
+    ]
+    envs = [
+        [],
+        [(b"IO__CHUNK_BYTES", b"1MiB", True), (b"DEVICES", b"host", True)],
+        [(b"PARALLEL__TP", b"4", True), (b"LOG", b"debug", True), (b"BIN", b"/x", True),
+         (b"HOME", b"/root", False)],
+        [(b"LOAD__SORT_WEIGHT_FILES", b"-1", True), (b"MODEL__PATH", b"2024", True)],
+    ]
+    sets = [
+        [],
+        [b"io.direct=true", b"parallel.tp=2"],
+        [b"devices=cuda:0,2", b"parallel.ranks=0,1", b"parallel.tp=4"],
+        [b"model.dtype=float16", b"io.staging_bytes=1.5GiB", b"prefetch.enabled=false"],
+        [b"metrics.listen=127.0.0.1:9400", b"trace.path=/tmp/t.json", b"io.engine=uring"],
+    ]
+    seeds = []
+    for i, f in enumerate(files):
+        for j, e in enumerate(envs):
+            seeds.append(config_seed(f, e, sets[(i + j) % len(sets)]))
+    return seeds
+
+
+def random_seeds(rng, count):
+    return [bytes(rng.randrange(256) for _ in range(rng.choice([16, 32, 64, 128, 256, 512])))
+            for _ in range(count)]
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    out = sys.argv[1]
+    rng = random.Random(17)
+    targets = {
+        "fuzz_header": header_seeds(rng),
+        "fuzz_index": index_seeds(rng),
+        "fuzz_config": config_seeds(),
+        "fuzz_discover": random_seeds(rng, 64),
+        "fuzz_plan": random_seeds(rng, 64),
+    }
+    for target, seeds in targets.items():
+        folder = os.path.join(out, target)
+        os.makedirs(folder, exist_ok=True)
+        for i, seed in enumerate(seeds):
+            with open(os.path.join(folder, f"seed-{i:03d}"), "wb") as f:
+                f.write(seed)
+        print(f"{target}: {len(seeds)} seeds in {folder}")
+
+
+if __name__ == "__main__":
+    main()
