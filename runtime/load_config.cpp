@@ -149,6 +149,48 @@ nlohmann::json parse_value_text(std::string_view text) {
   return value;
 }
 
+// Whether `text` is well-formed UTF-8 (RFC 3629: no overlong forms, surrogates or
+// code points past U+10FFFF), which nlohmann requires of every string it writes.
+bool valid_utf8(std::string_view text) {
+  for (std::size_t i = 0; i < text.size();) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    std::size_t more = 0;
+    std::uint32_t cp = 0;
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      more = 1;
+      cp = lead & 0x1Fu;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      more = 2;
+      cp = lead & 0x0Fu;
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      more = 3;
+      cp = lead & 0x07u;
+    } else {
+      return false;
+    }
+    if (text.size() - i <= more) {
+      return false;
+    }
+    for (std::size_t k = 1; k <= more; ++k) {
+      const auto b = static_cast<unsigned char>(text[i + k]);
+      if ((b & 0xC0u) != 0x80u) {
+        return false;
+      }
+      cp = (cp << 6) | (b & 0x3Fu);
+    }
+    if ((more == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+        (more == 3 && (cp < 0x10000 || cp > 0x10FFFF))) {
+      return false;
+    }
+    i += more + 1;
+  }
+  return true;
+}
+
 // A JSON integer >= 0, whether stored signed (built in code) or unsigned (parsed).
 std::optional<std::uint64_t> as_non_negative(const nlohmann::json& v) {
   if (v.is_number_unsigned()) {
@@ -507,7 +549,7 @@ void ConfigBuilder::apply_json_text(std::string_view text, std::string_view sour
   nlohmann::json object;
   try {
     object = nlohmann::json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // out_of_range too: "1e400"
     fail(source, std::string("not valid JSON: ") + e.what());
   }
   apply_json(object, source);
@@ -527,6 +569,11 @@ void ConfigBuilder::apply_file(const std::filesystem::path& path) {
 
 void ConfigBuilder::apply_text(std::string_view key, std::string_view text,
                                const std::string& source) {
+  // Environment and command-line bytes are not checked by any JSON parser, and
+  // nlohmann throws when it writes a string that is not UTF-8 (in errors, reports).
+  if (!valid_utf8(text)) {
+    fail(source, std::string(key) + ": the value is not valid UTF-8");
+  }
   set_key(std::string(key), parse_value_text(text), source, std::string(text));
 }
 

@@ -693,5 +693,48 @@ TEST(LoadConfigTest, EveryReportedKeyCanBeSetFromEverySource) {
   }
 }
 
+// ---- found by fuzzing (fuzz/, docs/FUZZING.md) ------------------------------
+
+// fuzz_config: a config file holding a number beyond a double made nlohmann throw
+// out_of_range out of apply_json_text, another exception than ferry::Error. The
+// file's text as the fuzzer found it.
+TEST(FuzzFindings, ConfigNumberPastADoubleIsAConfigError) {
+  ConfigBuilder b;
+  try {
+    b.apply_json_text("3.279E088887\xed", "c.json");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.stage(), Stage::kConfig);
+    EXPECT_EQ(e.file(), "c.json");
+    EXPECT_THAT(e.rule(), HasSubstr("not valid JSON"));
+  }
+}
+
+// fuzz_config: a --set value that is not UTF-8 was taken as it was; nlohmann throws
+// type_error when it writes such a string (to_json(config).dump(), and the errors
+// that quote a refused value with dump()). Text from the environment and the
+// command line must be UTF-8, as a JSON file's strings are. The fuzzer's --set.
+TEST(FuzzFindings, TextValuesMustBeUtf8) {
+  ConfigBuilder b;
+  b.apply_set("metrics.listen=127.0.0.1:9400");
+  try {
+    b.apply_set("trace.path=/tmp/t." + std::string(41, '\xff') + "json");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.stage(), Stage::kConfig);
+    EXPECT_EQ(e.file(), "--set trace.path");
+    EXPECT_THAT(e.rule(), HasSubstr("not valid UTF-8"));
+  }
+  EXPECT_THROW(ConfigBuilder().apply_env(Env{{"FERRY_IO__QUEUE_DEPTH", "\xff"}}), Error);
+  EXPECT_THROW(ConfigBuilder().apply_flag("--model", "model.path", "/m/\xc3"), Error);
+  // Overlong, a surrogate, past U+10FFFF, cut short.
+  for (const char* bad : {"\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82"}) {
+    EXPECT_THROW(ConfigBuilder().apply_set(std::string("trace.path=") + bad), Error) << bad;
+  }
+  ConfigBuilder ok;
+  ok.apply_set("trace.path=/tmp/\xc3\xa9t\xc3\xa9-\xf0\x9f\x9a\xa2.json");
+  EXPECT_EQ(ok.build().trace.path, "/tmp/\xc3\xa9t\xc3\xa9-\xf0\x9f\x9a\xa2.json");
+}
+
 }  // namespace
 }  // namespace ferry::runtime
