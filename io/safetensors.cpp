@@ -132,7 +132,9 @@ json parse_json_no_duplicates(std::string_view text, Stage stage, const std::str
       json::sax_parse(text.begin(), text.end(), &named);
       throw Error(stage, file, "", "duplicate key '" + named.duplicate() + "' in JSON");
     }
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number beyond a double ("1e400"), which
+    // nlohmann reports by throwing from the parser.
     std::string what = e.what();
     // nlohmann reports ill-formed UTF-8 as a lexer error; say so plainly.
     if (what.find("UTF-8") != std::string::npos || what.find("utf-8") != std::string::npos) {
@@ -447,7 +449,9 @@ class IndexSax {
     return metadata_scalar();
   }
   bool number_float(json::number_float_t v, const json::string_t&) {
-    if (state_ == State::kMetaValue && total_size_key_ && v >= 0 && v == std::floor(v)) {
+    // 0x1p64: a larger double does not convert (undefined behaviour); it is no size.
+    if (state_ == State::kMetaValue && total_size_key_ && v >= 0 && v == std::floor(v) &&
+        v < 0x1p64) {
       index.total_size = static_cast<std::uint64_t>(v);
     }
     return metadata_scalar();
@@ -1050,7 +1054,8 @@ WeightIndex parse_weight_index(std::string_view text, const std::string& display
       if (ts->is_number_unsigned()) {
         index.total_size = ts->get<std::uint64_t>();
       } else if (ts->is_number_float() && ts->get<double>() >= 0 &&
-                 ts->get<double>() == std::floor(ts->get<double>())) {
+                 ts->get<double>() == std::floor(ts->get<double>()) &&
+                 ts->get<double>() < 0x1p64) {  // as IndexSax
         index.total_size = static_cast<std::uint64_t>(ts->get<double>());
       }
     }

@@ -457,5 +457,46 @@ TEST(CheckpointIndexTest, RealShardedTestdataCrossChecksWithItsIndex) {
   EXPECT_EQ(ci.find("bool_357")->dtype, DType::kBool);
 }
 
+// ---- found by fuzzing (fuzz/, docs/FUZZING.md) ------------------------------
+
+// fuzz_index: a number beyond a double made nlohmann's parser throw out_of_range,
+// which escaped parse_weight_index as another exception than ferry::Error. The
+// fuzzer's input, byte for byte.
+TEST(FuzzFindings, IndexNumberPastADoubleIsAnIndexError) {
+  const std::string input =
+      "1e155555555&&&&&5~ 55&\xf3"
+      "e";
+  try {
+    parse_weight_index(input, "model.safetensors.index.json");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.stage(), Stage::kIndex);
+    EXPECT_THAT(e.rule(), HasSubstr("number overflow"));
+  }
+  // Headers share the document path.
+  EXPECT_THROW(parse_safetensors_header(R"({"a":1e400})", 100, "h.safetensors"), Error);
+}
+
+// fuzz_index: a whole metadata.total_size of 2^64 or more was converted to 64 bits
+// (undefined behaviour) by the fast path and the document path; it is no size now,
+// as a negative one is. The fuzzer's input (not JSON, refused after the number),
+// then the same number in indexes each path accepts.
+TEST(FuzzFindings, IndexTotalSizePast64BitsIsNoSize) {
+  const std::string input =
+      "{\"metadata\":{\"total_size\":1e32,\"nesded\":{\"k\":[1,2]}},\"weighnest~"
+      "d\xc3\x84\xdd\x9e\xdd\xc5\xdd\x87\"}}";
+  EXPECT_THROW(parse_weight_index(input, "i.json"), Error);
+  const WeightIndex fast =
+      parse_weight_index(R"({"metadata":{"total_size":1e32},"weight_map":{"a":"x"}})", "i.json");
+  EXPECT_FALSE(fast.total_size.has_value());
+  const WeightIndex document = parse_weight_index(
+      R"({"metadata":{"total_size":1.8446744073709552e19,"n":{"k":[1]}},"weight_map":{"a":"x"}})",
+      "i.json");
+  EXPECT_FALSE(document.total_size.has_value());
+  const WeightIndex largest = parse_weight_index(
+      R"({"metadata":{"total_size":1.8446744073709550e19},"weight_map":{"a":"x"}})", "i.json");
+  EXPECT_EQ(largest.total_size, std::uint64_t{18446744073709549568u});
+}
+
 }  // namespace
 }  // namespace ferry::io
