@@ -1,19 +1,41 @@
 #!/usr/bin/env bash
-# The README's second command (and CI's): build every target in Debug and in
-# Release, warnings as errors, the CUDA backend too where the toolkit exists, and
-# run every test in both.
+# The README's second command (and CI's): build every target and run every test
+#   - in Debug with AddressSanitizer and UndefinedBehaviorSanitizer (build/asan),
+#   - in Release (build/release), the CUDA backend too where the toolkit exists,
+#   - the layers without CAF (common, io, gpu, models) once more with
+#     ThreadSanitizer (build/tsan): Debian's CAF is not instrumented, which
+#     ThreadSanitizer needs,
+# warnings as errors throughout; then a short smoke run of every fuzz target
+# (scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 jobs=$(nproc)
-for type in Debug Release; do
-  dir=build/$(echo "$type" | tr '[:upper:]' '[:lower:]')
-  echo "== $type build in $dir"
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE="$type" >/dev/null
-  cmake --build "$dir" -j "$jobs"
-done
-for type in Debug Release; do
-  dir=build/$(echo "$type" | tr '[:upper:]' '[:lower:]')
-  echo "== $type tests"
+# What a sanitizer finds fails the test that ran into it (a leak too, at exit).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:strict_string_checks=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/scripts/lsan.supp:print_suppressions=0}
+
+build() {  # build DIR TARGETS... -- CMAKE_ARGS...
+  local dir=$1 targets=() args=()
+  shift
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do targets+=(--target "$1"); shift; done
+  [ $# -gt 0 ] && shift
+  args=("$@")
+  echo "== build $dir (${args[*]})"
+  cmake -S . -B "$dir" -G Ninja "${args[@]}" >/dev/null
+  cmake --build "$dir" -j "$jobs" "${targets[@]}"
+}
+build build/asan -- -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=address,undefined
+build build/release -- -DCMAKE_BUILD_TYPE=Release
+build build/tsan ferry_common_tests ferry_io_tests ferry_gpu_tests ferry_models_tests \
+  -- -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread -DFERRY_CUDA=OFF
+for dir in build/asan build/release build/tsan; do
+  echo "== tests in $dir"
   ctest --test-dir "$dir" --output-on-failure -j "$jobs"
 done
+if [ -x scripts/fuzz.sh ] || [ -f scripts/fuzz.sh ]; then
+  echo "== fuzz smoke"
+  bash scripts/fuzz.sh smoke "${FERRY_FUZZ_SMOKE_SECONDS:-20}"
+fi

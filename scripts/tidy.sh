@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Runs clang-tidy (Debian's clang-tidy-14, .clang-tidy at the root) over the C++
 # sources of ferry's libraries and tools that changed since BASE (default: the
-# last commit, HEAD~1), using build/debug's compile_commands.json (configure that
-# build first: bash scripts/test.sh does). Tests and CUDA sources are left out:
-# gtest's macros and nvcc's flags only add noise. Exit status: 1 when any warning
-# was found, 0 otherwise.
+# last commit, HEAD~1), using the compile_commands.json of build/asan, else of
+# build/debug (configure one first: bash scripts/test.sh configures build/asan).
+# Tests and CUDA sources are left out: gtest's macros and nvcc's flags only add
+# noise. Exit status: 1 when any warning was found, 0 otherwise.
 #
 #   bash scripts/tidy.sh            # what the last commit changed
 #   bash scripts/tidy.sh main~5     # what changed since main~5
@@ -16,8 +16,15 @@ if [ -z "$tidy" ]; then
   echo "tidy: no clang-tidy here (apt-get install clang-tidy-14)" >&2
   exit 2
 fi
-if [ ! -f build/debug/compile_commands.json ]; then
-  echo "tidy: no build/debug/compile_commands.json: configure the Debug build first" >&2
+db=
+for dir in build/asan build/debug; do
+  if [ -f "$dir/compile_commands.json" ]; then
+    db=$dir
+    break
+  fi
+done
+if [ -z "$db" ]; then
+  echo "tidy: no build/asan or build/debug compile_commands.json: configure a Debug build first" >&2
   exit 2
 fi
 mapfile -t files < <(git diff --name-only --diff-filter=ACMR "$base" -- \
@@ -28,7 +35,7 @@ if [ "${#files[@]}" -eq 0 ]; then
   exit 0
 fi
 echo "tidy: ${#files[@]} file(s) changed since $base"
-out=$("$tidy" -p build/debug --quiet "${files[@]}" 2>/dev/null || true)
+out=$("$tidy" -p "$db" --quiet "${files[@]}" 2>/dev/null || true)
 warnings=$(grep -c ': warning: ' <<<"$out" || true)
 [ -z "$out" ] || echo "$out"
 echo "tidy: $warnings warning(s)"

@@ -56,6 +56,24 @@ void* operator new(std::size_t n) { return counted(n); }
 void* operator new[](std::size_t n) { return counted(n); }
 void* operator new(std::size_t n, std::align_val_t a) { return counted_aligned(n, a); }
 void* operator new[](std::size_t n, std::align_val_t a) { return counted_aligned(n, a); }
+// The nothrow forms too (std::stable_sort's temporary buffer uses them): every
+// allocation is counted, and every pointer a delete frees came from malloc.
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  try {
+    return counted(n);
+  } catch (const std::bad_alloc&) {
+    return nullptr;
+  }
+}
+void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept {
+  return operator new(n, t);
+}
+void operator delete(void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
+void operator delete[](void* p, const std::nothrow_t&) noexcept {
+  std::free(p);
+}
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }

@@ -116,8 +116,7 @@ class DataFile {
     path_ = dir_.file("weights.bin");
     ferry::testing::write_file(path_, bytes_);
     if (need_direct && !accepts_direct(path_)) {
-      std::string tmpl =
-          (std::filesystem::path(FERRY_BINARY).parent_path() / "reader-direct-XXXXXX").string();
+      std::string tmpl = (std::filesystem::path(FERRY_BUILD_DIR) / "reader-direct-XXXXXX").string();
       if (mkdtemp(tmpl.data()) != nullptr) {
         fallback_dir_ = tmpl;
         path_ = tmpl + "/weights.bin";
