@@ -367,7 +367,7 @@ std::vector<io::PrefetchFile> planned_prefetch_files(const Plan& plan,
   std::vector<io::PrefetchFile> out;
   for (const io::CheckpointFile& f : index.files) {
     out.push_back(io::PrefetchFile{f.path, f.name, f.size,
-                                   std::vector<std::pair<std::uint64_t, std::uint64_t>>{}});
+                                   std::vector<std::pair<std::uint64_t, std::uint64_t>>{}, f.file});
   }
   for (std::size_t i = lane.first; i < lane.second && i < plan.spans.size(); ++i) {
     const Span& span = plan.spans[i];  // sorted by file, then begin

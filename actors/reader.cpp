@@ -41,6 +41,8 @@
 #include <caf/system_messages.hpp>
 #include <chrono>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -90,6 +92,29 @@ class ReadLoop {
     in_flight_.clear();
   }
 
+  // The file a lane reads: the descriptor its header was read from at resolve
+  // (kept open since, so a rename over the path changes nothing), a second
+  // descriptor of that very file for O_DIRECT, or, for an index made without
+  // descriptors, the path opened now. The plan's offsets come from that header: a
+  // file truncated or rewritten since is refused before a byte of it is read.
+  static std::shared_ptr<const io::File> open_file(const io::CheckpointFile& f, bool direct) {
+    std::shared_ptr<const io::File> file;
+    if (f.file && !direct) {
+      file = f.file;
+    } else if (f.file) {
+      file = std::make_shared<const io::File>(io::File::reopen(*f.file, true));
+    } else {
+      file = std::make_shared<const io::File>(io::File::open(f.path, direct, f.name));
+    }
+    const io::FileIdentity now = f.file ? file->current_identity() : file->identity();
+    if (f.identity.known() && now != f.identity) {
+      throw Error(Stage::kRead, f.name, "",
+                  "changed since its header was read (" + io::describe_change(f.identity, now) +
+                      "): the load plan no longer fits it");
+    }
+    return file;
+  }
+
   // True when every window was read and dispatched; false when stopped early.
   bool run() {
     const PipelineInput& input = shared_->input();
@@ -98,18 +123,9 @@ class ReadLoop {
     files_.resize(shared_->index().files.size());
     for (std::size_t i = spans.first; i < spans.second; ++i) {  // the lane's files only
       const io::CheckpointFile& f = shared_->index().files[shared_->plan().spans[i].file];
-      std::optional<io::File>& file = files_[shared_->plan().spans[i].file];
+      std::shared_ptr<const io::File>& file = files_[shared_->plan().spans[i].file];
       if (!file) {
-        file.emplace(io::File::open(f.path, o.direct, f.name));
-        // The plan's offsets come from the header read at resolve; a file replaced,
-        // rewritten or truncated since would be read with them. From here on the
-        // descriptor is kept: a rename over the path later changes nothing.
-        if (f.identity.known() && file->identity() != f.identity) {
-          throw Error(Stage::kRead, f.name, "",
-                      "changed since its header was read (" +
-                          io::describe_change(f.identity, file->identity()) +
-                          "): the load plan no longer fits it");
-        }
+        file = open_file(f, o.direct);
       }
     }
     depth_ = std::max(1u, o.queue_depth);
@@ -152,7 +168,7 @@ class ReadLoop {
         }
         w.direct = !buf;
         reader_->submit(
-            {&*files_[w.file], w.offset, static_cast<std::size_t>(w.nbytes), dst, w.index});
+            {files_[w.file].get(), w.offset, static_cast<std::size_t>(w.nbytes), dst, w.index});
         in_flight_.emplace(w.index, InFlight{std::move(buf), std::move(next)});
         next = cut(cutter);
         // Hand over whatever is done before the next read: from the page cache a
@@ -289,7 +305,7 @@ class ReadLoop {
   caf::actor prefetcher_;
   // Declaration order matters for the destructor: the reader (drained there) goes
   // before the buffers its reads write into, and both before the files.
-  std::vector<std::optional<io::File>> files_;  // by file index: the lane's files only
+  std::vector<std::shared_ptr<const io::File>> files_;  // by file index: the lane's only
   std::optional<io::StagingBuffer> spare_;
   std::map<std::uint64_t, InFlight> in_flight_;
   std::unique_ptr<io::Reader> reader_;

@@ -53,6 +53,20 @@ File File::open(const std::string& path, bool direct, std::string display) {
   return file;
 }
 
+File File::reopen(const File& kept, bool direct) {
+  File file = open("/proc/self/fd/" + std::to_string(kept.fd_), direct, kept.display_);
+  file.path_ = kept.path_;
+  return file;
+}
+
+FileIdentity File::current_identity() const {
+  struct stat st {};
+  if (fd_ < 0 || ::fstat(fd_, &st) != 0) {
+    return {};
+  }
+  return identity_of(&st);
+}
+
 FileIdentity identity_of(const void* stat_buffer) {
   const auto& st = *static_cast<const struct stat*>(stat_buffer);
   FileIdentity id;

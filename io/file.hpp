@@ -33,6 +33,11 @@ class File {
   // reader tests need to make a read that never completes), said to hold `size`
   // bytes. Closes it when the File dies.
   static File adopt(int fd, std::uint64_t size, std::string display);
+  // A second descriptor of the very file `kept` holds open (through
+  // /proc/self/fd, so a rename over its path since changes nothing), with or
+  // without O_DIRECT: what a reader that wants O_DIRECT opens from a descriptor
+  // kept since the header was read. Throws as open() does.
+  static File reopen(const File& kept, bool direct);
 
   File() = default;
   File(File&& other) noexcept;
@@ -46,6 +51,10 @@ class File {
   // The open file's identity as of open() (what the reads go to from then on, even
   // if the path is renamed over later).
   const FileIdentity& identity() const { return identity_; }
+  // The identity as of now (one fstat of the descriptor): a file truncated or
+  // rewritten in place since open() shows a new size or mtime. Empty (unknown)
+  // when fstat fails.
+  FileIdentity current_identity() const;
   bool direct() const { return direct_; }
   const std::string& path() const { return path_; }
   const std::string& display() const { return display_; }

@@ -51,9 +51,11 @@ class Fd {
 
 // Opens `file` for sequential reading. Returns the failure rule, empty on success.
 std::string open_file(const PrefetchFile& file, Fd& fd) {
+  const std::string path =
+      file.file ? "/proc/self/fd/" + std::to_string(file.file->fd()) : file.path;
   int raw = -1;
   do {
-    raw = ::open(file.path.c_str(), O_RDONLY | O_CLOEXEC);
+    raw = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   } while (raw < 0 && errno == EINTR);
   if (raw < 0) {
     return "open: " + errno_text(errno);

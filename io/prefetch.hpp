@@ -25,12 +25,15 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "io/file.hpp"
 
 namespace ferry::io {
 
@@ -41,6 +44,10 @@ struct PrefetchFile {
   // The byte ranges [begin, end) to prefetch, sorted, disjoint, inside [0, size):
   // a load's planned reads (empty: nothing of this file). Unset: the whole file.
   std::optional<std::vector<std::pair<std::uint64_t, std::uint64_t>>> ranges;
+  // The descriptor a load keeps open since it read the header (so the pages warmed
+  // are those of the file the load reads, even after a rename over `path`); the
+  // prefetcher opens a descriptor of its own to it. Null: `path` is opened.
+  std::shared_ptr<const File> file;
 };
 
 struct PrefetchOptions {

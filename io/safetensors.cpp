@@ -975,23 +975,11 @@ SafetensorsHeader parse_safetensors_header(std::string_view text, std::uint64_t 
   return detail::parse_header_document(text, file_size, display);
 }
 
-SafetensorsHeader read_safetensors_header(const std::string& path, const std::string& display) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    throw_errno(Stage::kHeader, display, "open", errno);
-  }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    throw_errno(Stage::kHeader, display, "fstat", errno);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    header_error(display, "", "not a regular file");
-  }
-  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+namespace {
+
+// The header of the open file `fd`, `file_size` bytes long: 8 + n bytes with pread.
+SafetensorsHeader read_header_at(int fd, std::uint64_t file_size, const FileIdentity& identity,
+                                 const std::string& display) {
   unsigned char len_bytes[8];
   if (file_size < 8 ||
       pread_full(fd, reinterpret_cast<char*>(len_bytes), 8, 0, display) != 8) {
@@ -1018,8 +1006,43 @@ SafetensorsHeader read_safetensors_header(const std::string& path, const std::st
     header_error(display, "", "file ended while reading the header (truncated)");
   }
   SafetensorsHeader h = parse_safetensors_header(text, file_size, display);
-  h.identity = identity_of(&st);
+  h.identity = identity;
   return h;
+}
+
+// Opens a weight file to read its header from and keep (errors at the header stage,
+// where resolve finds them).
+File open_weight_file(const std::string& path, const std::string& display) {
+  try {
+    return File::open(path, false, display);
+  } catch (const Error& e) {
+    throw Error(Stage::kHeader, e.file(), e.tensor(), e.rule());
+  }
+}
+
+}  // namespace
+
+SafetensorsHeader read_safetensors_header(const std::string& path, const std::string& display) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw_errno(Stage::kHeader, display, "open", errno);
+  }
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    throw_errno(Stage::kHeader, display, "fstat", errno);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    header_error(display, "", "not a regular file");
+  }
+  return read_header_at(fd, static_cast<std::uint64_t>(st.st_size), identity_of(&st), display);
+}
+
+SafetensorsHeader read_safetensors_header(const File& file) {
+  return read_header_at(file.fd(), file.size(), file.identity(), file.display());
 }
 
 WeightIndex parse_weight_index(std::string_view text, const std::string& display) {
@@ -1082,8 +1105,10 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
   CheckpointIndex ci;
   for (std::size_t i = 0; i < source.files.size(); ++i) {
     const WeightFile& wf = source.files[i];
-    SafetensorsHeader h = read_safetensors_header(wf.path, wf.name);
+    auto file = std::make_shared<const File>(open_weight_file(wf.path, wf.name));
+    SafetensorsHeader h = read_safetensors_header(*file);
     CheckpointFile cf;
+    cf.file = std::move(file);
     cf.path = wf.path;
     cf.name = wf.name;
     cf.reason = wf.reason;

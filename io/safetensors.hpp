@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -48,6 +49,9 @@ SafetensorsHeader parse_safetensors_header(std::string_view json, std::uint64_t 
 
 // Reads (8 + n bytes with pread) and validates the header of the file at `path`.
 SafetensorsHeader read_safetensors_header(const std::string& path, const std::string& display);
+// The same from a file already open (its display name in errors); the header's
+// identity is the file's as of its open().
+SafetensorsHeader read_safetensors_header(const File& file);
 
 // model.safetensors.index.json (or consolidated.safetensors.index.json).
 struct WeightIndex {
@@ -70,8 +74,13 @@ struct CheckpointFile {
   std::size_t tensor_count = 0;
   std::map<std::string, std::string> metadata;
   // The file its header was read from: the reader refuses a file that is no longer
-  // it (replaced, rewritten, truncated) before reading a byte with the old offsets.
+  // it (rewritten or truncated) before reading a byte with the old offsets.
   FileIdentity identity;
+  // The descriptor that header was read from, kept open for as long as the index
+  // lives (build_checkpoint_index opens it), so the load reads that very file even
+  // when its path is renamed over later. Null for an index made by hand: readers
+  // then open `path` and compare identities.
+  std::shared_ptr<const File> file;
 };
 
 // Every tensor of a checkpoint, validated across files.

@@ -754,17 +754,15 @@ std::vector<std::vector<gpu::DeviceAllocation>> allocate_ranks(
   return out;
 }
 
-// A planned weight file as prepare() saw it; commit() refuses a file that changed.
-struct FileStamp {
-  std::string path;
-  std::string name;
-  io::FileIdentity identity;
-};
-
-io::FileIdentity identity_at(const std::string& path, const std::string& name) {
+// A weight file's identity as of now: that of the descriptor kept since its header
+// was read, else (an index made without descriptors) of its path.
+io::FileIdentity identity_now(const io::CheckpointFile& f) {
+  if (f.file) {
+    return f.file->current_identity();
+  }
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
-    throw Error(Stage::kRead, name, "", std::string("stat: ") + std::strerror(errno));
+  if (::stat(f.path.c_str(), &st) != 0) {
+    throw Error(Stage::kRead, f.name, "", std::string("stat: ") + std::strerror(errno));
   }
   return io::identity_of(&st);
 }
@@ -795,7 +793,7 @@ struct LoadWork {
   StartupMode mode = StartupMode::kSerial;  // after admission
   std::shared_ptr<LoadedModel> loaded;      // what prepare() handed over
   std::unique_ptr<io::Prefetcher> prefetcher;
-  std::vector<FileStamp> stamps;
+  std::vector<std::size_t> stamped;  // planned files (index.files) commit() checks again
   Clock::time_point prepared_at;
 };
 
@@ -1705,11 +1703,11 @@ LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
     report.startup.sentinel = seconds_between(t_sentinel, Clock::now());
     w.span("sentinel", t_sentinel, Clock::now());
     // Warm the page cache while the engine captures: the planned ranges, in plan
-    // order (commit() stops it). Every planned file is stamped.
+    // order (commit() stops it). commit() checks every planned file again.
     std::vector<io::PrefetchFile> files = actors::planned_prefetch_files(w.plan, w.resolved.index);
-    for (const io::PrefetchFile& f : files) {
-      if (!f.ranges->empty()) {
-        w.stamps.push_back(FileStamp{f.path, f.name, identity_at(f.path, f.name)});
+    for (std::size_t i = 0; i < files.size(); ++i) {  // one per index file, in order
+      if (!files[i].ranges->empty()) {
+        w.stamped.push_back(i);
       }
     }
     io::PrefetchOptions options;
@@ -1779,12 +1777,13 @@ LoadResult Runtime::Impl::commit(LoadWork& w, LoadHandle::State& handle) {
     w.span("prefetch (capture)", w.prepared_at, Clock::now());
     report.bytes_prefetched = report.startup.bytes_prefetched;
     w.prefetcher.reset();
-    for (const FileStamp& before : w.stamps) {
-      const io::FileIdentity now = identity_at(before.path, before.name);
-      if (now != before.identity) {
-        throw Error(Stage::kRead, before.name, "",
+    for (std::size_t i : w.stamped) {
+      const io::CheckpointFile& f = w.resolved.index.files[i];
+      const io::FileIdentity now = identity_now(f);
+      if (f.identity.known() && now != f.identity) {
+        throw Error(Stage::kRead, f.name, "",
                     "the file changed between prepare() and commit() (" +
-                        io::describe_change(before.identity, now) + "): prepare again");
+                        io::describe_change(f.identity, now) + "): prepare again");
       }
     }
     handle.check_cancel();

@@ -49,7 +49,7 @@ bool eventually(const std::function<bool()>& pred) {
 // Writes `size` bytes under `dir` and returns its plan entry.
 PrefetchFile make_file(const TempDir& dir, const std::string& name, std::uint64_t size) {
   write_file(dir.file(name), std::string(size, static_cast<char>('a' + name.size() % 26)));
-  return PrefetchFile{dir.file(name), name, size, std::nullopt};
+  return PrefetchFile{dir.file(name), name, size, std::nullopt, nullptr};
 }
 
 // Records every on_block call; thread-safe.
@@ -306,7 +306,7 @@ TEST(PrefetchTest, MissingAndShortFilesAreReportedAndTheRestIsRead) {
   WarnCapture warns;
   PrefetchFile a = make_file(dir, "a.safetensors", 3 * kBlock);
   PrefetchFile missing{dir.file("missing.safetensors"), "missing.safetensors", 2 * kBlock,
-                       std::nullopt};
+                       std::nullopt, nullptr};
   PrefetchFile short_file = make_file(dir, "short.safetensors", kBlock + 10);
   short_file.size = 3 * kBlock;  // claims more than is on disk
   PrefetchFile c = make_file(dir, "c.safetensors", 2 * kBlock + 5);
@@ -402,7 +402,8 @@ TEST(PrefetchTest, NothingToReadIsDoneAtOnce) {
   EXPECT_TRUE(none.stop(0ms));
 
   // Empty files are not even opened, so a missing one is not an error.
-  Prefetcher empty({PrefetchFile{"/nonexistent/ferry/x.safetensors", "x", 0, std::nullopt}});
+  Prefetcher empty(
+      {PrefetchFile{"/nonexistent/ferry/x.safetensors", "x", 0, std::nullopt, nullptr}});
   EXPECT_TRUE(empty.done());
   EXPECT_TRUE(empty.failed().empty());
 }

@@ -1,17 +1,23 @@
-// Weight files that change under the loader (the hardening issue, §5). The plan's
-// offsets come from headers read at resolve: a shard replaced, rewritten or
-// truncated after that is refused before a byte of it is read with the old
-// offsets; one renamed over after the reader opened it still loads the original,
-// from the descriptor the reader keeps for the whole load.
+// Weight files that change under the loader (the hardening issue, §5). Resolve
+// reads every header from a descriptor it keeps open for the whole load, and the
+// load reads from those descriptors: a shard renamed over at any point after that
+// still loads the original; one truncated or rewritten in place is refused, before
+// a byte of it is read with the old offsets, or (truncated mid-read) with a clean
+// read error naming it.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "testing/process_census.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -37,6 +43,14 @@ void rename_over(const std::string& path, const std::string& bytes) {
   fs::rename(tmp, path);
 }
 
+bool accepts_direct(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT);
+  if (fd >= 0) {
+    ::close(fd);
+  }
+  return fd >= 0;
+}
+
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), {}};
@@ -45,26 +59,69 @@ std::string read_all(const std::string& path) {
 // Runs `change` on the shard once its header has been read (the model is built
 // from the headers' index), then loads.
 LoadResult load_changing_after_resolve(const Checkpoint& ck,
-                                       const std::function<void(const std::string&)>& change) {
+                                       const std::function<void(const std::string&)>& change,
+                                       std::vector<std::string> sets = {}) {
   RuntimeHooks hooks;
   hooks.wrap_model = [&](std::shared_ptr<const models::Model> m) {
     change(ck.dir + "/" + kShard);
     return m;
   };
-  return load(make_config(ck.dir, {"parallel.tp=2"}), hooks);
+  sets.insert(sets.begin(), "parallel.tp=2");
+  return load(make_config(ck.dir, sets), hooks);
 }
 
-TEST(ChangedFiles, AShardReplacedAfterItsHeaderWasReadIsRefused) {
+TEST(ChangedFiles, AShardReplacedAfterItsHeaderWasReadStillLoadsTheOriginal) {
   TempDir dir;
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
-  // The very same bytes in a new file: still not the file the header came from.
-  LoadResult r = load_changing_after_resolve(
-      ck, [](const std::string& path) { rename_over(path, read_all(path)); });
+  const std::string path = ck.dir + "/" + kShard;
+  const std::string original = read_all(path);
+  for (bool direct : {false, true}) {
+    SCOPED_TRACE(direct ? "io.direct" : "buffered");
+    if (direct && !accepts_direct(ck.dir + "/" + kShard)) {
+      continue;  // tmpfs: no O_DIRECT here
+    }
+    // Garbage of the same size in a new file (a new inode) at the shard's path.
+    LoadResult r = load_changing_after_resolve(
+        ck, [](const std::string& p) { rename_over(p, std::string(fs::file_size(p), '\x5a')); },
+        {std::string("io.direct=") + (direct ? "true" : "false"), "prefetch.enabled=false"});
+    ASSERT_TRUE(r) << r.error->message;
+    EXPECT_EQ(expect_matches_reference(*r.model, ck, 2, DType::kBF16), 27u * 2);
+    rename_over(path, original);
+  }
+}
+
+TEST(ChangedFiles, AShardRewrittenInPlaceAfterItsHeaderWasReadIsRefused) {
+  TempDir dir;
+  Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
+  // Same size, same inode, other bytes: only the modification time tells.
+  LoadResult r = load_changing_after_resolve(ck, [](const std::string& path) {
+    const std::string bytes = read_all(path);
+    std::ofstream(path, std::ios::binary | std::ios::in | std::ios::out) << bytes;
+    fs::last_write_time(path, fs::last_write_time(path) + std::chrono::seconds(3));
+  });
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error->stage, Stage::kRead) << r.error->message;
   EXPECT_EQ(r.error->file, kShard);
-  EXPECT_NE(r.error->message.find("changed since its header was read (inode "), std::string::npos)
+  EXPECT_NE(r.error->message.find("changed since its header was read (mtime (ns) "),
+            std::string::npos)
       << r.error->message;
+}
+
+TEST(ChangedFiles, TheDescriptorsKeptForALoadAreClosedAfterIt) {
+  TempDir dir;
+  Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
+  const std::size_t before = testing::open_fds();
+  std::size_t during = 0;
+  RuntimeHooks hooks;
+  hooks.wrap_model = [&](std::shared_ptr<const models::Model> m) {
+    during = testing::open_fds();
+    return m;
+  };
+  LoadResult r = load(make_config(ck.dir, {"parallel.tp=2"}), hooks);
+  ASSERT_TRUE(r) << r.error->message;
+  EXPECT_GE(during, before + 4) << "the four shards are held open from resolve";
+  r.model.reset();
+  EXPECT_EQ(testing::open_fds(), before);
 }
 
 TEST(ChangedFiles, AShardTruncatedAfterItsHeaderWasReadIsRefused) {
