@@ -13,17 +13,37 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/scoped_actor.hpp>
 #include <caf/system_messages.hpp>
+#include <caf/thread_hook.hpp>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "actors/messages_internal.hpp"
+#include "common/log.hpp"
 #include "io/numa.hpp"
 
 namespace ferry::actors {
 namespace {
+
+// Sets a log sink on each thread an actor system starts, for the thread's life
+// (CAF calls both hooks on the thread itself, detached actors' threads included).
+class LogSinkHook final : public caf::thread_hook {
+ public:
+  explicit LogSinkHook(std::shared_ptr<const log::Sink> sink) : sink_(std::move(sink)) {}
+  void init(caf::actor_system&) override {}
+  void thread_started() override { scope().emplace(sink_); }
+  void thread_terminates() override { scope().reset(); }
+
+ private:
+  static std::optional<log::ScopedSink>& scope() {
+    thread_local std::optional<log::ScopedSink> s;
+    return s;
+  }
+  std::shared_ptr<const log::Sink> sink_;
+};
 
 constexpr unsigned kMaxAutoLanes = 4;
 constexpr std::size_t kStagingPerRank = std::size_t{8} << 20;
@@ -151,6 +171,9 @@ PipelineResult run_pipeline(const PipelineInput& input) {
       // context switches). Idle workers go straight to their condition variable.
       config.set("work-stealing.aggressive-poll-attempts", 0);
       config.set("work-stealing.moderate-poll-attempts", 0);
+      // Every thread of this actor system (scheduler workers, detached actors)
+      // logs where the thread that runs the load does (a Runtime's own sink).
+      config.add_thread_hook<LogSinkHook>(log::thread_sink());
       caf::actor_system system{config};
       {
         caf::scoped_actor self{system};
@@ -183,6 +206,7 @@ PipelineResult run_pipeline(const PipelineInput& input) {
   result.bytes_direct = shared->bytes_direct.load();
   result.bytes_staged = shared->bytes_staged.load();
   result.read_lanes = static_cast<unsigned>(shared->lanes.size());
+  result.staging_buffers_leaked = shared->staging_leaked.load();
   for (Shared::Lane& lane : shared->lanes) {
     if (lane.pool) {
       result.staging_bytes += lane.pool->total_bytes();

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 namespace ferry::log {
 namespace {
@@ -32,6 +33,8 @@ struct State {
 // Set while this thread runs the sink: a message the sink itself logs (through
 // ferry, directly or not) goes to standard error instead of back into the sink.
 thread_local bool t_in_sink = false;
+// The innermost ScopedSink's sink on this thread (null: the process-wide one).
+thread_local std::shared_ptr<const Sink> t_scoped;
 
 void to_stderr(Level l, std::string_view message);
 
@@ -78,6 +81,17 @@ Sink set_sink(Sink sink) {
   return old ? *old : Sink{};
 }
 
+ScopedSink::ScopedSink(std::shared_ptr<const Sink> sink)
+    : previous_(std::exchange(t_scoped, std::move(sink))) {}
+
+ScopedSink::~ScopedSink() {
+  t_scoped = std::move(previous_);
+}
+
+std::shared_ptr<const Sink> thread_sink() {
+  return t_scoped;
+}
+
 // The sink runs outside the lock: a sink that logs through ferry, or that blocks
 // on a lock a logging thread holds, cannot deadlock here. A sink that throws is
 // reported on standard error, with the message (write() is called from noexcept
@@ -89,9 +103,9 @@ void write(Level l, std::string_view message) {
     if (l < state().level) {
       return;
     }
-    sink = state().sink;
+    sink = t_scoped ? t_scoped : state().sink;
   }
-  if (sink && !t_in_sink) {
+  if (sink && *sink && !t_in_sink) {
     t_in_sink = true;
     try {
       (*sink)(l, message);

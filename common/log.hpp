@@ -1,9 +1,12 @@
-// Minimal leveled logging to standard error. Tests (and engines) may install a sink
-// to capture what was logged. The sink is process-wide; it is called outside the
-// logging lock, from any thread, and what it logs itself goes to standard error.
+// Minimal leveled logging to standard error. Engines (and tests) may install a sink
+// to capture what was logged: one for the whole process (set_sink), or one for the
+// threads doing one piece of work (ScopedSink: a Runtime sets its own on every
+// thread of its loads). A sink is called outside the logging lock, from any thread,
+// and what it logs itself goes to standard error.
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -19,6 +22,23 @@ Level level();
 
 // Replaces the sink (nullptr restores standard error). Returns the previous sink.
 Sink set_sink(Sink sink);
+
+// While a ScopedSink lives, the messages of the thread that made it go to its sink
+// instead of the process-wide one (a null sink: to the process-wide one). Scopes
+// nest; each restores the one before it. Not thread-safe itself: one per thread,
+// destroyed on the thread that made it.
+class ScopedSink {
+ public:
+  explicit ScopedSink(std::shared_ptr<const Sink> sink);
+  ~ScopedSink();
+  ScopedSink(const ScopedSink&) = delete;
+  ScopedSink& operator=(const ScopedSink&) = delete;
+
+ private:
+  std::shared_ptr<const Sink> previous_;
+};
+// This thread's scoped sink (null: none), to hand to the threads it starts.
+std::shared_ptr<const Sink> thread_sink();
 
 void write(Level level, std::string_view message);
 inline void debug(std::string_view m) { write(Level::kDebug, m); }

@@ -142,7 +142,10 @@ Prefetcher::Prefetcher(std::vector<PrefetchFile> files, PrefetchOptions options)
       ++running_;
     }
     try {
-      threads_.emplace_back(&Prefetcher::run_worker, this);
+      threads_.emplace_back([this, sink = log::thread_sink()] {
+        const log::ScopedSink scope(sink);  // the messages of whoever started it
+        run_worker();
+      });
     } catch (const std::system_error& e) {
       {
         std::lock_guard lock(mu_);

@@ -433,7 +433,10 @@ std::optional<std::uint64_t> layer_of(const std::string& name) {
 class CallbackThread {
  public:
   CallbackThread(LoadCallbacks callbacks, LoadHandle::State& state)
-      : callbacks_(std::move(callbacks)), state_(state), thread_([this] { loop(); }) {}
+      : callbacks_(std::move(callbacks)), state_(state), thread_([this, sink = log::thread_sink()] {
+          const log::ScopedSink scope(sink);
+          loop();
+        }) {}
   CallbackThread(const CallbackThread&) = delete;
   CallbackThread& operator=(const CallbackThread&) = delete;
   ~CallbackThread() { stop(); }
@@ -740,7 +743,10 @@ std::vector<std::vector<gpu::DeviceAllocation>> allocate_ranks(
   } else {
     std::vector<std::thread> threads;
     for (std::size_t r = 0; r < shells.size(); ++r) {
-      threads.emplace_back(set_up, r);
+      threads.emplace_back([&set_up, r, sink = log::thread_sink()] {
+        const log::ScopedSink scope(sink);
+        set_up(r);
+      });
     }
     for (std::thread& t : threads) {
       t.join();
@@ -808,6 +814,7 @@ struct Runtime::Impl {
   // alive; its handles and its thread (until the thread ends) do.
   std::weak_ptr<LoadHandle::State> current;
   std::thread worker;                  // runs it
+  std::shared_ptr<const log::Sink> log_sink;  // set_log_sink; null: the process-wide one
   std::shared_ptr<LoadWork> prepared;  // in the prepared state
   // Metrics: on the engine's registry (use_registry), or on one of ferry's own when
   // metrics.listen or metrics.textfile is set; null when neither.
@@ -980,12 +987,20 @@ LoadHandle Runtime::Impl::launch(RuntimeState running_state, RuntimeState succes
   status = running_state;
   current = handle;
   worker = std::thread([this, handle, cb = std::move(callbacks), body = std::move(body), success,
-                        keep = std::move(keep)]() mutable {
+                        keep = std::move(keep), sink = log_sink]() mutable {
+    // Every thread of the load inherits it: the pipeline's, the prefetcher's, the
+    // per-rank allocations', the layer notifier's.
+    const log::ScopedSink scope(std::move(sink));
     run(*handle, cb, body, success, keep);
     body = nullptr;  // the work it holds goes before the thread ends
     keep.reset();
   });
   return LoadHandle(handle);
+}
+
+void Runtime::set_log_sink(log::Sink sink) {
+  std::lock_guard lock(impl_->mu);
+  impl_->log_sink = sink ? std::make_shared<const log::Sink>(std::move(sink)) : nullptr;
 }
 
 LoadHandle Runtime::start(LoadCallbacks callbacks) {

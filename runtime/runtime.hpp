@@ -39,6 +39,7 @@
 
 #include "common/dtype.hpp"
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "runtime/load_config.hpp"
 
 namespace prometheus {
@@ -329,6 +330,13 @@ class Runtime {
   // prepared model stays valid for whoever holds it). With no load in progress it
   // does nothing (the next load is not affected). Thread-safe.
   void cancel();
+  // Where this Runtime's messages go: everything its loads log (on every thread
+  // they use) reaches `sink` instead of the process-wide sink (log::set_sink) or
+  // standard error; other runtimes and the rest of the process are not affected.
+  // For loads started after the call; nullptr restores the process-wide sink. The
+  // sink is called from any of the load's threads, outside ferry's locks, and must
+  // not call back into this Runtime. Thread-safe.
+  void set_log_sink(log::Sink sink);
   RuntimeState state() const;
 
  private:

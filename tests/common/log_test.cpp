@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -111,6 +112,63 @@ TEST(Log, SetSinkReturnsThePreviousOne) {
   previous(Level::kInfo, "x");
   EXPECT_EQ(calls, 1);
   EXPECT_FALSE(set_sink(nullptr));
+}
+
+TEST(Log, AScopedSinkTakesThisThreadsMessagesOnly) {
+  SinkScope scope;
+  set_level(Level::kInfo);
+  std::vector<std::string> process;
+  std::vector<std::string> mine;
+  std::vector<std::string> inner;
+  set_sink([&process](Level, std::string_view m) { process.emplace_back(m); });
+  {
+    const ScopedSink s(
+        std::make_shared<const Sink>([&mine](Level, std::string_view m) { mine.emplace_back(m); }));
+    EXPECT_TRUE(thread_sink());
+    info("scoped");
+    std::thread([] { info("another thread"); }).join();
+    {
+      const ScopedSink nested(std::make_shared<const Sink>(
+          [&inner](Level, std::string_view m) { inner.emplace_back(m); }));
+      info("nested");
+    }
+    info("scoped again");
+    {
+      const ScopedSink none(nullptr);  // back to the process-wide sink
+      info("unscoped inside");
+    }
+    // Handed to a thread the scope's owner starts.
+    std::thread([sink = thread_sink()] {
+      const ScopedSink inherited(sink);
+      info("inherited");
+    }).join();
+  }
+  info("after");
+  EXPECT_FALSE(thread_sink());
+  EXPECT_EQ(mine, (std::vector<std::string>{"scoped", "scoped again", "inherited"}));
+  EXPECT_EQ(inner, (std::vector<std::string>{"nested"}));
+  EXPECT_EQ(process, (std::vector<std::string>{"another thread", "unscoped inside", "after"}));
+}
+
+TEST(Log, AScopedSinkHonoursTheLevelAndAnEmptyOneFallsBackToStandardError) {
+  SinkScope scope;
+  set_level(Level::kWarn);
+  int calls = 0;
+  {
+    const ScopedSink s(
+        std::make_shared<const Sink>([&calls](Level, std::string_view) { ++calls; }));
+    info("dropped");
+    warn("kept");
+  }
+  EXPECT_EQ(calls, 1);
+  ::testing::internal::CaptureStderr();
+  {
+    const ScopedSink empty(std::make_shared<const Sink>());
+    warn("to stderr");
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("ferry warning: to stderr"), std::string::npos) << err;
+  EXPECT_EQ(err.find("threw"), std::string::npos) << err;
 }
 
 }  // namespace
