@@ -99,6 +99,14 @@ struct CoordinatorState {
   }
 };
 
+// PipelineInput::fault_point, for tests: an exception thrown here is one of the
+// coordinator's.
+void fault_point(const CoordinatorState& st) {
+  if (st.shared->input().fault_point) {
+    st.shared->input().fault_point("coordinator");
+  }
+}
+
 caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
                           std::shared_ptr<Shared> shared) {
   auto& st = self->state;
@@ -148,10 +156,12 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
   self->send(self, TickMsg{});
   return {
       [self](ReaderDoneMsg) {
+        fault_point(self->state);
         ++self->state.readers_done;
         self->state.maybe_finish(self);
       },
       [self](AllCompleteMsg) {
+        fault_point(self->state);
         self->state.all_complete = true;
         self->state.maybe_finish(self);
       },
@@ -160,6 +170,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
         if (s.finishing) {
           return;
         }
+        fault_point(s);
         if (s.shared->cancel_requested()) {
           s.shared->fail(Error(Stage::kCancelled, "", "", "the load was cancelled"));
         }

@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "actors/plan.hpp"
@@ -92,6 +93,10 @@ struct PipelineInput {
   // Called by a copy worker before each fragment; throwing fails the load (a
   // ferry::Error keeps its stage, anything else becomes Stage::kCopy).
   std::function<void(std::size_t local_rank, const std::string& param)> before_copy;
+  // Tests only: called by the coordinator on each message and tick, and by the
+  // post-processor on each message, with the actor's name ("coordinator",
+  // "post-processor"); what it throws is an exception in that actor.
+  std::function<void(std::string_view actor)> fault_point;
   // Set by another thread to cancel; checked by every actor between steps.
   const std::atomic<bool>* cancel = nullptr;
   // Updated as windows are read and fragments copied (the result's bytes_copied is
@@ -130,6 +135,9 @@ struct PipelineResult {
   // Sum over the lanes of each lane's most staging memory leased at once.
   std::uint64_t staging_high_water_bytes = 0;
   std::size_t staging_buffers_leased_at_end = 0;  // 0 unless a lease leaked (a bug)
+  // Of those, the buffers left to reads that never completed (cancelled, then
+  // given up after io.cancel_timeout_ms): not a bug, and the error says so.
+  std::size_t staging_buffers_leaked = 0;
   double stream_seconds = 0;                      // start until every copy and fill landed
   double total_seconds = 0;                       // start until every actor stopped
   // Bytes landed per param, [local rank][param]: what the post-processor counted.

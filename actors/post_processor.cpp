@@ -170,6 +170,14 @@ struct PostProcessorState {
   }
 };
 
+// PipelineInput::fault_point, for tests: an exception thrown here is one of the
+// post-processor's.
+void fault_point(const PostProcessorState& st) {
+  if (st.shared->input().fault_point) {
+    st.shared->input().fault_point("post-processor");
+  }
+}
+
 caf::behavior post_processor(caf::stateful_actor<PostProcessorState>* self,
                              std::shared_ptr<Shared> shared, caf::actor coordinator) {
   self->state.shared = std::move(shared);
@@ -181,16 +189,19 @@ caf::behavior post_processor(caf::stateful_actor<PostProcessorState>* self,
   });
   return {
       [self](WorkersMsg& msg) {
+        fault_point(self->state);
         self->state.workers = std::move(msg.workers);
         self->state.check(self);
       },
       [self](LandedMsg& msg) {
+        fault_point(self->state);
         for (const auto& [param, bytes] : msg.bytes) {
           self->state.add(msg.rank, param, bytes);
         }
         self->state.check(self);
       },
       [self](HookDoneMsg msg) {
+        fault_point(self->state);
         auto& st = self->state;
         --st.hooks_running;
         const models::PostLoadHook& h = st.hooks.at(msg.hook);
@@ -200,6 +211,7 @@ caf::behavior post_processor(caf::stateful_actor<PostProcessorState>* self,
         st.check(self);
       },
       [self](DrainedMsg) {
+        fault_point(self->state);
         ++self->state.drained;
         self->state.check(self);
       },

@@ -207,11 +207,20 @@ class ReadLoop {
     std::shared_ptr<const Window> window;
   };
 
-  // Keeps every in-flight read's buffer alive for the rest of the process.
+  // Keeps every in-flight read's staging buffer alive for the rest of the process
+  // (counted in Shared::staging_leaked, which the load's error reports).
   void leak_in_flight() noexcept {
     for (auto& [id, read] : in_flight_) {
+      if (!read.buf) {
+        continue;  // read straight into a param: no staging buffer to leave
+      }
+      shared_->staging_leaked.fetch_add(1);
       try {
-        new std::shared_ptr<io::StagingBuffer>(std::move(read.buf));  // never deleted
+        static std::mutex mu;
+        // Never destroyed, and reachable: kept, not lost (no leak checker reports it).
+        static auto* kept = new std::vector<std::shared_ptr<io::StagingBuffer>>();
+        const std::lock_guard lock(mu);
+        kept->push_back(std::move(read.buf));
       } catch (const std::bad_alloc&) {
         log::error("reader: out of memory while keeping a staging buffer alive; it goes back");
       }

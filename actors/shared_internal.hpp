@@ -91,6 +91,9 @@ class Shared {
   }
 
   std::atomic<std::uint64_t> bytes_read{0};  // requested by the reader (O_DIRECT widening)
+  // Staging buffers a reader lane left, on purpose, to reads still in flight after
+  // io.cancel_timeout_ms (freeing them under the kernel would be worse).
+  std::atomic<std::uint64_t> staging_leaked{0};
   // Windows read and param bytes copied so far: the caller's counters when it
   // watches them (PipelineInput::progress), else the pipeline's own.
   PipelineProgress& progress() { return *progress_; }

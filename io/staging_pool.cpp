@@ -76,6 +76,27 @@ struct StagingPoolState {
   StagingPoolState& operator=(const StagingPoolState&) = delete;
   ~StagingPoolState() {
     for (std::byte* p : buffers) {
+      if (p != nullptr) {
+        allocator->deallocate(p, buffer_bytes);
+      }
+    }
+  }
+
+  // Once closed, no buffer is leased again: those idle now (close()) and those
+  // given back later go back to the allocator at once, so a lease kept for good (a
+  // read that never completed) holds its own buffer only, not the pool's. Requires
+  // `mu` held; returns what to deallocate after unlocking.
+  std::vector<std::byte*> take_idle() {
+    std::vector<std::byte*> out;
+    for (std::size_t i : free) {
+      if (buffers[i] != nullptr) {
+        out.push_back(std::exchange(buffers[i], nullptr));
+      }
+    }
+    return out;
+  }
+  void deallocate(const std::vector<std::byte*>& idle) noexcept {
+    for (std::byte* p : idle) {
       allocator->deallocate(p, buffer_bytes);
     }
   }
@@ -84,15 +105,21 @@ struct StagingPoolState {
   StagingBuffer take(std::shared_ptr<StagingPoolState> self);
 
   void give_back(std::size_t index) noexcept {
-    if (poison) {
-      std::memset(buffers[index], static_cast<int>(StagingPool::kPoisonPattern), buffer_bytes);
-    }
+    std::byte* to_free = nullptr;
     {
       std::lock_guard lock(mu);
+      if (closed) {
+        to_free = std::exchange(buffers[index], nullptr);
+      } else if (poison) {
+        std::memset(buffers[index], static_cast<int>(StagingPool::kPoisonPattern), buffer_bytes);
+      }
       free.push_back(index);
       if (observer) {
         observer(count - free.size());
       }
+    }
+    if (to_free != nullptr) {
+      allocator->deallocate(to_free, buffer_bytes);
     }
     // One buffer freed, so one waiter can proceed.
     cv.notify_one();
@@ -252,11 +279,14 @@ std::optional<StagingBuffer> StagingPool::acquire_for(std::chrono::milliseconds 
 }
 
 void StagingPool::close() {
+  std::vector<std::byte*> idle;
   {
     std::lock_guard lock(state_->mu);
     state_->closed = true;
+    idle = state_->take_idle();
   }
   state_->cv.notify_all();
+  state_->deallocate(idle);
 }
 
 bool StagingPool::closed() const {

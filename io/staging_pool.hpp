@@ -12,8 +12,10 @@
 //
 // Lifetime: the pool's state is shared with its leases, so a lease that outlives
 // the StagingPool object (for instance a shared_ptr<StagingBuffer> still sitting in
-// an actor's mailbox when a cancelled load tears down) stays valid; the buffers are
-// returned to the allocator when the pool and the last lease are both gone.
+// an actor's mailbox when a cancelled load tears down) stays valid. Once the pool
+// is closed, each buffer goes back to the allocator as soon as it is idle: those
+// idle at close() at once, the others when their lease is released. So a lease
+// kept for good (a read that never completed) keeps its own buffer only.
 // Destroying the pool closes it: blocked acquirers in other threads wake with an
 // error. (Destroying it while another thread is still *inside* a pool method is a
 // use-after-free like for any object: close() first and let those threads leave.)
@@ -115,8 +117,9 @@ class StagingPool {
   std::optional<StagingBuffer> acquire_for(std::chrono::milliseconds timeout);
 
   // Makes every current and future acquire throw ferry::Error(Stage::kCancelled), so
-  // a cancelled load never hangs on a buffer. Releasing leases still works.
-  // Idempotent; cannot be undone.
+  // a cancelled load never hangs on a buffer. Releasing leases still works (the
+  // buffer then goes back to the allocator, as idle ones do here). Idempotent;
+  // cannot be undone.
   void close();
   bool closed() const;
 

@@ -1329,6 +1329,7 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   }
   input.faults = hooks.faults;
   input.before_copy = hooks.before_copy;
+  input.fault_point = hooks.fault_point;
   input.cancel = &handle.cancel;
   input.progress = &handle.pipeline;
   if (CallbackThread* cb = handle.callbacks) {
@@ -1349,12 +1350,12 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
     readers.push_back(w.trace->read_observer());
     input.on_prefetch_block = w.trace->prefetch_observer();
   }
-  if (!readers.empty()) {
-    input.wrap_reader = [readers](std::unique_ptr<io::Reader> reader) {
+  if (!readers.empty() || hooks.wrap_reader) {
+    input.wrap_reader = [readers, wrap = hooks.wrap_reader](std::unique_ptr<io::Reader> reader) {
       for (const io::ReadObserver& o : readers) {
         reader = std::make_unique<io::MeteredReader>(std::move(reader), o);
       }
-      return reader;
+      return wrap ? wrap(std::move(reader)) : std::move(reader);
     };
   }
   actors::PipelineResult streamed = actors::run_pipeline(input);
@@ -1366,6 +1367,14 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   report.read_lanes = streamed.read_lanes;
   report.read_paths.direct_to_device += streamed.bytes_direct;
   report.read_paths.staged += streamed.bytes_staged;
+  if (streamed.error && streamed.staging_buffers_leaked != 0) {
+    // Said in the error, so the caller knows how much host memory stays behind.
+    const Error& e = *streamed.error;
+    throw Error(e.stage(), e.file(), e.tensor(),
+                e.rule() + "; " + std::to_string(streamed.staging_buffers_leaked) +
+                    " staging buffer(s) left to reads still in flight after "
+                    "io.cancel_timeout_ms (leaked on purpose, never freed under the kernel)");
+  }
   if (streamed.error) {
     throw *streamed.error;  // the caller drops the work (and every allocation)
   }

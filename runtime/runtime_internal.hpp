@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/runtime.hpp"
@@ -14,6 +15,7 @@
 namespace ferry::io {
 class BufferAllocator;
 class FaultInjector;
+class Reader;
 }  // namespace ferry::io
 namespace ferry::gpu {
 class Device;
@@ -51,6 +53,13 @@ struct RuntimeHooks {
   // A broken pipeline on purpose: copy workers return staging buffers before their
   // copies complete (actors::PipelineInput::release_staging_early).
   bool release_staging_early = false;
+  // Exceptions in the actors that have no other seam (actors::PipelineInput::
+  // fault_point): called with "coordinator" or "post-processor" on each of their
+  // messages; what it throws is an exception in that actor.
+  std::function<void(std::string_view actor)> fault_point;
+  // Decorates each read lane's reader (after ferry's own observers), e.g. with one
+  // whose reads never complete.
+  std::function<std::unique_ptr<io::Reader>(std::unique_ptr<io::Reader>)> wrap_reader;
 };
 
 }  // namespace ferry::runtime
