@@ -48,11 +48,14 @@ Error::Error(Stage stage, std::string file, std::string tensor, std::string rule
       tensor_(std::move(tensor)),
       rule_(std::move(rule)) {}
 
-void throw_errno(Stage stage, const std::string& file, const std::string& what, int err) {
+std::string errno_text(int err) {
   char buf[256];
   // GNU strerror_r returns the message pointer (which may not be buf).
-  const char* msg = strerror_r(err, buf, sizeof buf);
-  throw Error(stage, file, "", what + ": " + msg);
+  return strerror_r(err, buf, sizeof buf);
+}
+
+void throw_errno(Stage stage, const std::string& file, const std::string& what, int err) {
+  throw Error(stage, file, "", what + ": " + errno_text(err));
 }
 
 }  // namespace ferry

@@ -51,6 +51,9 @@ class Error : public std::runtime_error {
 std::string format_error(Stage stage, std::string_view file, std::string_view tensor,
                          std::string_view rule);
 
+// strerror(err), thread-safe (strerror_r): "No such file or directory".
+std::string errno_text(int err);
+
 // Throws an Error whose rule ends with strerror(err).
 [[noreturn]] void throw_errno(Stage stage, const std::string& file, const std::string& what,
                               int err);

@@ -13,7 +13,8 @@ namespace ferry::log {
 namespace {
 
 Level initial_level() {
-  const char* env = std::getenv("FERRY_LOG");
+  // Read once, at the first message; ferry never sets the environment.
+  const char* env = std::getenv("FERRY_LOG");  // NOLINT(concurrency-mt-unsafe)
   if (env == nullptr) {
     return Level::kInfo;
   }

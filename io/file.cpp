@@ -136,7 +136,7 @@ bool drop_page_cache(const File& file) {
   const int err = ::posix_fadvise(file.fd(), 0, 0, POSIX_FADV_DONTNEED);
   if (err != 0) {
     log::debug("drop_page_cache: " + file.display() +
-               ": posix_fadvise(DONTNEED): " + std::strerror(err));
+               ": posix_fadvise(DONTNEED): " + errno_text(err));
     return false;
   }
   return true;

@@ -14,6 +14,7 @@
 #include <system_error>
 #include <utility>
 
+#include "common/error.hpp"
 #include "common/log.hpp"
 
 namespace ferry::io {
@@ -53,7 +54,7 @@ class NumaAllocator final : public BufferAllocator {
     mask[node / (8 * sizeof(unsigned long))] |= 1UL << (node % (8 * sizeof(unsigned long)));
     if (::syscall(SYS_mbind, begin, end - begin, MPOL_PREFERRED, mask, kMaxNodes, MPOL_MF_MOVE) !=
         0) {
-      warn_once(std::string("mbind: ") + std::strerror(errno));
+      warn_once(std::string("mbind: ") + errno_text(errno));
     }
   }
   static void warn_once(const std::string& why) {

@@ -20,12 +20,6 @@ namespace ferry::io {
 
 namespace {
 
-std::string errno_text(int err) {
-  char buf[256];
-  // GNU strerror_r returns the message pointer (which may not be buf).
-  return strerror_r(err, buf, sizeof buf);
-}
-
 const std::string& display_name(const PrefetchFile& file) {
   return file.name.empty() ? file.path : file.name;
 }

@@ -41,7 +41,8 @@ struct ProbeResult {
 };
 
 bool disabled_by_environment() {
-  const char* v = std::getenv("FERRY_DISABLE_URING");
+  // Read once (the probe is cached); ferry never sets the environment.
+  const char* v = std::getenv("FERRY_DISABLE_URING");  // NOLINT(concurrency-mt-unsafe)
   return v != nullptr && *v != '\0' && std::string_view(v) != "0";
 }
 
@@ -53,7 +54,7 @@ ProbeResult probe_uring() {
   const int r = io_uring_queue_init(4, &ring, 0);
   if (r < 0) {
     // ENOSYS: kernel without io_uring; EPERM: disabled by sysctl or a seccomp filter.
-    return {false, std::string("io_uring_queue_init: ") + std::strerror(-r)};
+    return {false, std::string("io_uring_queue_init: ") + errno_text(-r)};
   }
   ProbeResult result{true, "io_uring available"};
   io_uring_probe* probe = io_uring_get_probe_ring(&ring);
@@ -266,7 +267,7 @@ class UringReader final : public Reader {
     const int r = io_uring_register_buffers(&ring_, iov.data(), depth_);
     if (r < 0) {
       // Typically ENOMEM: pinned memory is capped by RLIMIT_MEMLOCK for non-root.
-      log::info("io_uring: cannot register " + what + " (" + std::strerror(-r) +
+      log::info("io_uring: cannot register " + what + " (" + errno_text(-r) +
                 "); using unregistered buffers");
       return;
     }

@@ -768,7 +768,7 @@ io::FileIdentity identity_now(const io::CheckpointFile& f) {
   }
   struct stat st {};
   if (::stat(f.path.c_str(), &st) != 0) {
-    throw Error(Stage::kRead, f.name, "", std::string("stat: ") + std::strerror(errno));
+    throw Error(Stage::kRead, f.name, "", std::string("stat: ") + errno_text(errno));
   }
   return io::identity_of(&st);
 }

@@ -128,7 +128,7 @@ Measured run_pread_peer(const std::vector<std::string>& files, const std::string
             if (n <= 0) {
               throw Error(Stage::kRead, files[i], t.name,
                           n == 0 ? "pread peer: the file ends inside the tensor"
-                                 : std::string("pread peer: pread: ") + std::strerror(errno));
+                                 : std::string("pread peer: pread: ") + errno_text(errno));
             }
             done += static_cast<std::uint64_t>(n);
           }
@@ -166,7 +166,9 @@ std::string self_exe() {
 }
 
 std::optional<std::string> bench_python() {
-  if (const char* env = std::getenv("FERRY_BENCH_PYTHON"); env != nullptr && *env != '\0') {
+  // The command line's own thread, before any other starts; nothing sets the environment.
+  const char* env = std::getenv("FERRY_BENCH_PYTHON");  // NOLINT(concurrency-mt-unsafe)
+  if (env != nullptr && *env != '\0') {
     return std::string(env);
   }
   if (fs::exists(".venv-bench/bin/python")) {

@@ -837,7 +837,7 @@ void fsync_dir(const fs::path& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd >= 0) {
     if (::fsync(fd) != 0) {
-      log::debug("synth: fsync of folder " + dir.string() + " failed: " + std::strerror(errno));
+      log::debug("synth: fsync of folder " + dir.string() + " failed: " + errno_text(errno));
     }
     ::close(fd);
   }
