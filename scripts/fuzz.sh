@@ -51,9 +51,10 @@ run_target() {
   mkdir -p "$corpus"
   local extra=()
   case $target in
-    # Longer inputs only slow these: a header of a few dozen tensors, a plan's choices.
+    # Longer inputs only slow these: a header of a few dozen tensors, a few config
+    # layers, a plan's choices.
     fuzz_header) extra=(-max_len=2048) ;;
-    fuzz_discover | fuzz_plan) extra=(-max_len=1024) ;;
+    fuzz_config | fuzz_discover | fuzz_plan) extra=(-max_len=1024) ;;
   esac
   local status=0 pid
   (cd "$build" && exec env FERRY_FUZZ_STATS=1 "$build/fuzz/$target" "$corpus" \
