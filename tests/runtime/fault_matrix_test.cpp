@@ -647,7 +647,7 @@ Checkpoint* FaultMatrix::ck_ = nullptr;
 TEST_P(FaultMatrix, EndsInOneCleanErrorAndLeavesNothingBehind) {
   const Row& row = GetParam();
   const std::size_t fds = testing::open_fds();
-  const std::size_t threads = testing::live_threads();
+  const std::size_t threads = testing::settled_threads();
   Context c(*ck_);
   row.arm(c);
   c.finish_arming();
@@ -691,7 +691,7 @@ TEST_P(FaultMatrix, EndsInOneCleanErrorAndLeavesNothingBehind) {
     // Nothing of the failed load is left.
     expect_released(c, row.leaked_staging);
     EXPECT_EQ(testing::open_fds(), fds) << "file descriptors left open";
-    EXPECT_EQ(testing::threads_settle_to(threads, kThreadsSettle), threads) << "threads left";
+    EXPECT_LE(testing::threads_settle_to(threads, kThreadsSettle), threads) << "threads left";
 
     // The same Runtime loads next, correctly.
     LoadResult next = rt.load();
@@ -700,7 +700,7 @@ TEST_P(FaultMatrix, EndsInOneCleanErrorAndLeavesNothingBehind) {
   }
   expect_released(c, row.leaked_staging);
   EXPECT_EQ(testing::open_fds(), fds);
-  EXPECT_EQ(testing::threads_settle_to(threads, kThreadsSettle), threads);
+  EXPECT_LE(testing::threads_settle_to(threads, kThreadsSettle), threads);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cells, FaultMatrix, ::testing::ValuesIn(rows()),
@@ -723,7 +723,7 @@ TEST_F(TransientReadFaults, ShortReadsEagainAndEintrStillLoadCorrectly) {
       arm_read_faults(c, plan, engine, lanes);
       c.finish_arming();
       const std::size_t fds = testing::open_fds();
-      const std::size_t threads = testing::live_threads();
+      const std::size_t threads = testing::settled_threads();
       {
         Runtime rt(config(c.sets), c.hooks);
         LoadResult r = rt.load();
@@ -733,7 +733,7 @@ TEST_F(TransientReadFaults, ShortReadsEagainAndEintrStillLoadCorrectly) {
       }
       expect_released(c);
       EXPECT_EQ(testing::open_fds(), fds);
-      EXPECT_EQ(testing::threads_settle_to(threads, kThreadsSettle), threads);
+      EXPECT_LE(testing::threads_settle_to(threads, kThreadsSettle), threads);
     }
   }
 }
