@@ -1289,7 +1289,7 @@ SynthSource read_synth_source(const std::string& path) {
   nlohmann::json config;
   try {
     config = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // out_of_range too: "1e400"
     fail(path, std::string("the model config is not valid JSON: ") + e.what());
   }
   return synth_source(std::move(config), path);

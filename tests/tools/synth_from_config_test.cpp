@@ -595,6 +595,12 @@ TEST(SynthFromConfigErrors, BadFilesNameTheFile) {
   write_file(dir.file("bad.json"), "{\"architectures\": [");
   EXPECT_THAT(error_of([&] { read_synth_source(dir.file("bad.json")); }),
               AllOf(HasSubstr(dir.file("bad.json")), HasSubstr("not valid JSON")));
+  // A number beyond a double is nlohmann's out_of_range, not parse_error: still
+  // a synth error naming the file (it escaped as another exception before).
+  write_file(dir.file("huge.json"), "{\"hidden_size\": 1e400}");
+  EXPECT_THAT(error_of([&] { read_synth_source(dir.file("huge.json")); }),
+              AllOf(HasSubstr(dir.file("huge.json")), HasSubstr("not valid JSON"),
+                    HasSubstr("number overflow")));
   write_file(dir.file("array.json"), "[1, 2]");
   EXPECT_THAT(error_of([&] { read_synth_source(dir.file("array.json")); }),
               AllOf(HasSubstr(dir.file("array.json")), HasSubstr("JSON object")));
