@@ -21,21 +21,39 @@ def medium_checkpoint(build, model=None):
     return model, files, sum(os.path.getsize(f) for f in files)
 
 
-def run_measured(cmd, capture=True):
-    """Runs cmd; returns (seconds, max RSS bytes measured from outside, stdout).
-    Output goes to temporary files (a pipe nobody drains would stall the child)."""
+def run_status(cmd, capture=True, timeout=None):
+    """Runs cmd; returns (seconds, max RSS bytes measured from outside, exit code,
+    stdout, stderr). The exit code is negative for a signal; a run past `timeout`
+    seconds is killed (exit code -9). Output goes to temporary files (a pipe nobody
+    drains would stall the child)."""
     with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
         t = time.perf_counter()
         p = subprocess.Popen(cmd, stdout=out_f if capture else subprocess.DEVNULL, stderr=err_f)
-        _, status, usage = os.wait4(p.pid, 0)
+        while True:  # wait4 reaps the child with its resource usage
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG if timeout else 0)
+            if pid != 0:
+                break
+            if time.perf_counter() - t > timeout:
+                p.kill()
+                timeout = None  # then wait for it
+            else:
+                time.sleep(0.002)
         seconds = time.perf_counter() - t
+        p.returncode = os.waitstatus_to_exitcode(status)
         out_f.seek(0)
         err_f.seek(0)
-        out = out_f.read().decode()
-        err = err_f.read().decode()
-    if os.waitstatus_to_exitcode(status) != 0:
+        out = out_f.read().decode(errors="replace")
+        err = err_f.read().decode(errors="replace")
+    return seconds, usage.ru_maxrss * 1024, p.returncode, out, err
+
+
+def run_measured(cmd, capture=True):
+    """Runs cmd; returns (seconds, max RSS bytes measured from outside, stdout).
+    Exits the benchmark when cmd fails."""
+    seconds, rss, code, out, err = run_status(cmd, capture)
+    if code != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{err}")
-    return seconds, usage.ru_maxrss * 1024, out
+    return seconds, rss, out
 
 
 def cell(values, scale=1.0, fmt="{:.2f}"):
