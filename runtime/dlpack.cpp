@@ -1,4 +1,4 @@
-#include "runtime/dlpack.hpp"
+#include "ferry/dlpack.hpp"
 
 #include <cstdint>
 #include <string>

@@ -7,49 +7,55 @@
 #include "runtime/runtime.hpp"
 
 namespace ferry::runtime {
-nlohmann::json LoadReport::to_json() const {
+nlohmann::json to_json(const LoadReport& r) {
   nlohmann::json refusals = nlohmann::json::array();
-  for (const StartupRefusal& r : startup_refusals) {
-    refusals.push_back({{"code", r.code}, {"message", r.message}});
+  for (const StartupRefusal& x : r.startup_refusals) {
+    refusals.push_back({{"code", x.code}, {"message", x.message}});
   }
   return nlohmann::json{
-      {"bytes_read", bytes_read},
-      {"bytes_skipped", bytes_skipped},
-      {"bytes_skipped_by_reason", bytes_skipped_by_reason},
-      {"bytes_copied", bytes_copied},
-      {"bytes_prefetched", bytes_prefetched},
-      {"seconds", seconds},
+      {"bytes_read", r.bytes_read},
+      {"bytes_skipped", r.bytes_skipped},
+      {"bytes_skipped_by_reason", r.bytes_skipped_by_reason},
+      {"bytes_copied", r.bytes_copied},
+      {"bytes_prefetched", r.bytes_prefetched},
+      {"seconds", r.seconds},
       {"phases",
-       {{"resolve", phases.resolve},
-        {"plan", phases.plan},
-        {"allocate", phases.allocate},
-        {"stream", phases.stream},
-        {"postprocess", phases.postprocess},
-        {"verify", phases.verify}}},
-      {"gbps", gbps},
-      {"peak_rss_bytes", peak_rss_bytes},
-      {"host_bytes_owned", host_bytes_owned},
-      {"host_bytes_owned_by", host_bytes_owned_by},
-      {"staging_high_water_bytes", staging_high_water_bytes},
-      {"staging_bytes", staging_bytes},
-      {"read_lanes", read_lanes},
+       {{"resolve", r.phases.resolve},
+        {"plan", r.phases.plan},
+        {"allocate", r.phases.allocate},
+        {"stream", r.phases.stream},
+        {"postprocess", r.phases.postprocess},
+        {"verify", r.phases.verify}}},
+      {"gbps", r.gbps},
+      {"peak_rss_bytes", r.peak_rss_bytes},
+      {"host_bytes_owned", r.host_bytes_owned},
+      {"host_bytes_owned_by", r.host_bytes_owned_by},
+      {"staging_high_water_bytes", r.staging_high_water_bytes},
+      {"staging_bytes", r.staging_bytes},
+      {"read_lanes", r.read_lanes},
       {"read_paths",
-       {{"direct_to_device", read_paths.direct_to_device}, {"staged", read_paths.staged}}},
-      {"files", files},
+       {{"direct_to_device", r.read_paths.direct_to_device}, {"staged", r.read_paths.staged}}},
+      {"files", r.files},
       {"tensors",
-       {{"placed", tensors.placed}, {"dropped", tensors.dropped}, {"unmapped", tensors.unmapped}}},
-      {"warnings", warnings},
-      {"hooks_skipped", hooks_skipped},
-      {"startup_mode", startup_mode},
+       {{"placed", r.tensors.placed},
+        {"dropped", r.tensors.dropped},
+        {"unmapped", r.tensors.unmapped}}},
+      {"warnings", r.warnings},
+      {"hooks_skipped", r.hooks_skipped},
+      {"startup_mode", r.startup_mode},
       {"startup_refusals", refusals},
       {"startup",
-       {{"prepare", startup.prepare},
-        {"sentinel", startup.sentinel},
-        {"capture", startup.capture},
-        {"commit", startup.commit},
-        {"time_to_ready", startup.time_to_ready},
-        {"bytes_prefetched", startup.bytes_prefetched}}},
+       {{"prepare", r.startup.prepare},
+        {"sentinel", r.startup.sentinel},
+        {"capture", r.startup.capture},
+        {"commit", r.startup.commit},
+        {"time_to_ready", r.startup.time_to_ready},
+        {"bytes_prefetched", r.startup.bytes_prefetched}}},
   };
+}
+
+std::string LoadReport::json(int indent) const {
+  return to_json(*this).dump(indent);
 }
 
 std::string LoadReport::summary() const {

@@ -51,13 +51,13 @@
 #include "models/model.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/plan_report.hpp"
-#include "runtime/prometheus.hpp"
+#include "ferry/metrics.hpp"
 #include "runtime/runtime_internal.hpp"
 #include "runtime/trace.hpp"
 
 namespace ferry::runtime {
 
-struct LoadedModel::State {
+struct FERRY_HIDDEN LoadedModel::State {
   std::vector<std::shared_ptr<gpu::Device>> devices;        // per local rank
   std::vector<std::vector<gpu::DeviceAllocation>> storage;  // [rank][param]; freed first
   // Storage that hooks declaring `reallocates` replaced: freed with the model, as
@@ -361,7 +361,7 @@ gpu::DeviceAllocation engine_allocation(const std::shared_ptr<Allocator>& alloca
 class CallbackThread;
 
 // One load: its cancel flag, where it is, and (once it ends) its result.
-struct LoadHandle::State {
+struct FERRY_HIDDEN LoadHandle::State {
   CallbackThread* callbacks = nullptr;  // set while the load runs, when it has any
   std::atomic<bool> cancel{false};
   std::atomic<LoadPhase> phase{LoadPhase::kStarting};
@@ -803,7 +803,7 @@ struct LoadWork {
   Clock::time_point prepared_at;
 };
 
-struct Runtime::Impl {
+struct FERRY_HIDDEN Runtime::Impl {
   LoadConfig config;
   RuntimeHooks hooks;
   std::shared_ptr<Allocator> allocator;
@@ -884,12 +884,12 @@ LoadHandle::State& refuse(LoadHandle::State& state, const std::string& why) {
 
 }  // namespace
 
-Runtime::Runtime(LoadConfig config, std::shared_ptr<Allocator> allocator)
+Runtime::Runtime(Config config, std::shared_ptr<Allocator> allocator)
     : Runtime(std::move(config), RuntimeHooks{}, std::move(allocator)) {}
 
-Runtime::Runtime(LoadConfig config, RuntimeHooks hooks, std::shared_ptr<Allocator> allocator)
+Runtime::Runtime(Config config, RuntimeHooks hooks, std::shared_ptr<Allocator> allocator)
     : impl_(std::make_unique<Impl>()) {
-  impl_->config = std::move(config);
+  impl_->config = config.load_config();
   impl_->hooks = std::move(hooks);
   impl_->allocator = std::move(allocator);
   impl_->start_metrics();

@@ -132,7 +132,7 @@ int cmd_load(const Args& args) {
   try {
     if (!config.load.report.empty()) {
       std::ofstream out(config.load.report, std::ios::trunc);
-      out << report.to_json().dump(2) << "\n";
+      out << report.json(2) << "\n";
       if (!out) {
         throw Error(Stage::kConfig, config.load.report, "", "cannot write the report");
       }

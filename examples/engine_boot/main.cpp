@@ -10,20 +10,18 @@
 //   4. Check that no pointer moved and that the replay's output equals a forward
 //      pass over a plain serial load() of the same checkpoint.
 //
-// It uses only ferry's public headers (runtime/runtime.hpp, runtime/load_config.hpp)
-// and the host device, so it runs anywhere. Usage:
+// It uses only ferry's installed headers (<ferry/ferry.hpp>) and libferry.so, and
+// the host device, so it runs anywhere. Usage:
 //   engine_boot CHECKPOINT_DIR [--mode serial|overlap|auto] [key=value ...]
 // Exits 0 when every check holds, 1 when one fails, 2 for bad arguments.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ferry/ferry.hpp>
 #include <map>
 #include <string>
 #include <vector>
-
-#include "runtime/load_config.hpp"
-#include "runtime/runtime.hpp"
 
 namespace {
 
@@ -134,17 +132,15 @@ int main(int argc, char** argv) {
       sets.push_back(arg);
     }
   }
-  ferry::runtime::LoadConfig config;
-  ferry::runtime::LoadConfig serial_config;
+  ferry::runtime::Config serial_config;
+  ferry::runtime::Config config;
   try {
-    ferry::runtime::ConfigBuilder b;
     for (const std::string& s : sets) {
-      b.apply_set(s);
+      serial_config.set(s);
     }
-    serial_config = b.build();
-    b.apply_set("startup.mode=" + mode);
-    config = b.build();
-  } catch (const std::exception& e) {
+    config = serial_config;
+    config.set("startup.mode", mode);
+  } catch (const ferry::Error& e) {  // a bad key or value, naming it
     std::fprintf(stderr, "engine_boot: %s\n", e.what());
     return 2;
   }

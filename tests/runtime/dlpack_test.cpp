@@ -2,7 +2,7 @@
 // DLPack's dtype and device codes, shapes and strides in elements (the MLA w_kc's
 // column-major strides included), keeping the model alive until the deleter runs;
 // bad requests name the parameter.
-#include "runtime/dlpack.hpp"
+#include "ferry/dlpack.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "gpu/host_device.hpp"
-#include "runtime/dlpack.hpp"
+#include "ferry/dlpack.hpp"
 #include "runtime/engine_memory.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/runtime_internal.hpp"

@@ -17,7 +17,7 @@
 #include <sstream>
 #include <string>
 
-#include "runtime/prometheus.hpp"
+#include "ferry/metrics.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"

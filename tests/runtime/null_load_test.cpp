@@ -82,7 +82,7 @@ TEST(NullLoad, HooksAreCheckedSkippedAndReported) {
   for (const std::string& h : rep.hooks_skipped) {
     EXPECT_THAT(h, ::testing::AnyOf(HasSubstr(" on null:0"), HasSubstr(" on null:1")));
   }
-  EXPECT_EQ(rep.to_json().at("hooks_skipped").size(), 2 * layers);
+  EXPECT_EQ(to_json(rep).at("hooks_skipped").size(), 2 * layers);
   EXPECT_THAT(rep.summary(), HasSubstr("post-load hooks skipped (their devices keep no data): " +
                                        std::to_string(2 * layers)));
   LoadResult host = load(make_config(ck.dir, {"parallel.tp=2", "parallel.ep=2"}));

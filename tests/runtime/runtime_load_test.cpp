@@ -267,7 +267,7 @@ TEST_F(LoadTest, ReportFieldsAreFilledAndPhasesAddUp) {
   EXPECT_GT(rep.gbps, 0.0);
   EXPECT_GT(rep.peak_rss_bytes, 0u);
   EXPECT_GT(rep.staging_high_water_bytes, 0u);
-  nlohmann::json j = rep.to_json();
+  nlohmann::json j = to_json(rep);
   for (const char* key :
        {"bytes_read", "bytes_skipped", "bytes_copied", "bytes_prefetched", "seconds", "phases",
         "gbps", "peak_rss_bytes", "staging_high_water_bytes", "files", "tensors", "warnings"}) {

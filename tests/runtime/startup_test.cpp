@@ -153,7 +153,7 @@ TEST_F(StartupTest, PrepareHandsOverSentinelShellsThatCommitFillsInPlace) {
   EXPECT_GT(report.bytes_copied, 0u);
   EXPECT_GT(report.startup.time_to_ready, 0);
   EXPECT_GE(report.startup.time_to_ready, report.startup.prepare + report.startup.commit);
-  EXPECT_EQ(report.to_json()["startup_mode"], "overlap");
+  EXPECT_EQ(to_json(report)["startup_mode"], "overlap");
 
   // A second commit, or a start() on top, is a clear error in the ready state...
   LoadResult again = rt.commit().wait();
@@ -294,7 +294,7 @@ TEST_F(StartupTest, OverlapFailsWithEachRefusalCodeAndAutoRunsSerially) {
       EXPECT_FALSE(refusal.message.empty());
     }
     EXPECT_EQ(codes, c.codes);
-    const nlohmann::json j = r.model->report().to_json();
+    const nlohmann::json j = to_json(r.model->report());
     EXPECT_EQ(j["startup_refusals"].size(), c.codes.size());
     ASSERT_TRUE(rt.commit().wait());
   }

@@ -16,7 +16,8 @@
 #include <memory>
 #include <string>
 
-#include "runtime/runtime.hpp"
+#include "ferry/export.hpp"
+#include "ferry/runtime.hpp"
 
 namespace ferry::runtime {
 
@@ -24,9 +25,9 @@ namespace ferry::runtime {
 // model->ranks()). The caller owns the result and must call its deleter once.
 // Throws ferry::Error(Stage::kConfig) naming the parameter for an unknown rank or
 // name, or a device that holds no data.
-DLManagedTensor* to_dlpack(const std::shared_ptr<LoadedModel>& model, std::size_t local_rank,
-                           const std::string& name);
+FERRY_API DLManagedTensor* to_dlpack(const std::shared_ptr<LoadedModel>& model,
+                                     std::size_t local_rank, const std::string& name);
 // The same for a view (LoadedModel::views()); the tensor holds the view's model.
-DLManagedTensor* to_dlpack(const ParamView& view);
+FERRY_API DLManagedTensor* to_dlpack(const ParamView& view);
 
 }  // namespace ferry::runtime

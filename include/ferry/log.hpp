@@ -1,0 +1,59 @@
+// Minimal leveled logging to standard error. Engines (and tests) may install a sink
+// to capture what was logged: one for the whole process (set_sink), or one for the
+// threads doing one piece of work (ScopedSink: a Runtime sets its own on every
+// thread of its loads). A sink is called outside the logging lock, from any thread,
+// and what it logs itself goes to standard error.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "ferry/export.hpp"
+
+namespace ferry::log {
+
+enum class Level { kDebug, kInfo, kWarn, kError };
+
+using Sink = std::function<void(Level, std::string_view)>;
+
+// Messages below this level are dropped (default kInfo; FERRY_LOG=debug|info|warn|error).
+FERRY_API void set_level(Level level);
+FERRY_API Level level();
+
+// Replaces the sink (nullptr restores standard error). Returns the previous sink.
+FERRY_API Sink set_sink(Sink sink);
+
+// While a ScopedSink lives, the messages of the thread that made it go to its sink
+// instead of the process-wide one (a null sink: to the process-wide one). Scopes
+// nest; each restores the one before it. Not thread-safe itself: one per thread,
+// destroyed on the thread that made it.
+class FERRY_API ScopedSink {
+ public:
+  explicit ScopedSink(std::shared_ptr<const Sink> sink);
+  ~ScopedSink();
+  ScopedSink(const ScopedSink&) = delete;
+  ScopedSink& operator=(const ScopedSink&) = delete;
+
+ private:
+  std::shared_ptr<const Sink> previous_;
+};
+// This thread's scoped sink (null: none), to hand to the threads it starts.
+FERRY_API std::shared_ptr<const Sink> thread_sink();
+
+FERRY_API void write(Level level, std::string_view message);
+inline void debug(std::string_view m) {
+  write(Level::kDebug, m);
+}
+inline void info(std::string_view m) {
+  write(Level::kInfo, m);
+}
+inline void warn(std::string_view m) {
+  write(Level::kWarn, m);
+}
+inline void error(std::string_view m) {
+  write(Level::kError, m);
+}
+
+}  // namespace ferry::log
