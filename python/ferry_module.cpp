@@ -1,0 +1,353 @@
+// The Python module `ferry` (pybind11) over libferry.so's public API: Config,
+// Runtime (load, start, prepare, commit, cancel), LoadHandle (wait, cancel,
+// progress, done), the progress and layer callbacks, and loaded parameters that
+// frameworks take through DLPack (`numpy.from_dlpack`, `torch.from_dlpack`).
+//
+// Threads: wait() releases the GIL while it blocks; the callbacks run on a ferry
+// thread and take the GIL to call Python. An exception a callback raises fails the
+// load (as any callback's throw does, Stage::kCancelled naming it). ferry's errors
+// reach Python as ferry.Error with `stage`, `file`, `tensor` and `rule`.
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <ferry/ferry.hpp>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+using namespace ferry::runtime;  // NOLINT(google-build-using-namespace): the module's own TU
+
+namespace {
+
+PyObject* g_error_type = nullptr;  // ferry.Error, made once at import
+
+// Raises ferry.Error carrying the parts of an error.
+[[noreturn]] void raise_error(ferry::Stage stage, const std::string& file,
+                              const std::string& tensor, const std::string& rule,
+                              const std::string& message) {
+  py::object type = py::reinterpret_borrow<py::object>(g_error_type);
+  py::object e = type(message);
+  e.attr("stage") = std::string(ferry::to_string(stage));
+  e.attr("file") = file;
+  e.attr("tensor") = tensor;
+  e.attr("rule") = rule;
+  PyErr_SetObject(g_error_type, e.ptr());
+  throw py::error_already_set();
+}
+
+// A parameter or derived buffer, as a framework takes it.
+struct Param {
+  ParamView view;
+
+  std::string dtype() const { return std::string(ferry::dtype_name(view.dtype)); }
+  std::pair<int, int> dlpack_device() const {
+    const auto colon = view.device.find(':');
+    const std::string kind = view.device.substr(0, colon);
+    const int id = colon == std::string::npos ? 0 : std::stoi(view.device.substr(colon + 1));
+    if (kind == "cuda") {
+      return {kDLCUDA, id};
+    }
+    if (kind == "host") {
+      return {kDLCPU, id};
+    }
+    raise_error(ferry::Stage::kConfig, view.device, view.name,
+                "a " + kind + " device holds no data",
+                "config: " + view.device + ": tensor '" + view.name + "': a " + kind +
+                    " device holds no data");
+  }
+  // The DLPack 0.6 protocol: a capsule named "dltensor" that the consumer renames
+  // "used_dltensor" once it owns the tensor; one never consumed is deleted here.
+  // ferry's tensors are ready when the load returned, so `stream` needs no wait.
+  py::capsule dlpack(const py::kwargs& /*stream, max_version, dl_device, copy*/) const {
+    DLManagedTensor* t = nullptr;
+    try {
+      t = to_dlpack(view);
+    } catch (const ferry::Error& e) {
+      raise_error(e.stage(), e.file(), e.tensor(), e.rule(), e.what());
+    }
+    return py::capsule(t, "dltensor", [](PyObject* capsule) {
+      if (PyCapsule_IsValid(capsule, "dltensor")) {
+        auto* owned = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+        if (owned != nullptr && owned->deleter != nullptr) {
+          owned->deleter(owned);
+        }
+      }
+    });
+  }
+};
+
+// A loaded (or prepared) model.
+struct Model {
+  std::shared_ptr<LoadedModel> model;
+
+  std::vector<Param> params() const {
+    std::vector<Param> out;
+    for (ParamView& v : model->views()) {
+      out.push_back(Param{std::move(v)});
+    }
+    return out;
+  }
+  Param param(const std::string& name, int tp_rank) const {
+    for (ParamView& v : model->views()) {
+      if (v.name == name && v.tp_rank == tp_rank) {
+        return Param{std::move(v)};
+      }
+    }
+    raise_error(
+        ferry::Stage::kConfig, "", name, "no such parameter on tp rank " + std::to_string(tp_rank),
+        "config: tensor '" + name + "': no such parameter on tp rank " + std::to_string(tp_rank));
+  }
+  py::bytes read_param(const std::string& name, int tp_rank) const {
+    const auto& ranks = model->ranks();
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      if (ranks[i].tp_rank == tp_rank) {
+        std::vector<std::byte> bytes;
+        try {
+          bytes = model->read_param(i, name);
+        } catch (const ferry::Error& e) {
+          raise_error(e.stage(), e.file(), e.tensor(), e.rule(), e.what());
+        }
+        return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+      }
+    }
+    raise_error(ferry::Stage::kConfig, "", name, "no local tp rank " + std::to_string(tp_rank),
+                "config: no local tp rank " + std::to_string(tp_rank));
+  }
+};
+
+Model result_or_raise(const LoadResult& r) {
+  if (!r) {
+    const ErrorInfo& e = *r.error;
+    raise_error(e.stage, e.file, e.tensor, e.rule, e.message);
+  }
+  return Model{r.model};
+}
+
+// The callbacks as ferry calls them: on a ferry thread, taking the GIL; what
+// Python raises becomes a C++ exception (the GIL still held while it is copied),
+// which fails the load naming the callback.
+LoadCallbacks callbacks(std::optional<py::function> on_progress,
+                        std::optional<py::function> on_layer_ready) {
+  LoadCallbacks cb;
+  auto hold = [](py::function f) {
+    // Destroyed on whichever thread drops the last copy: take the GIL for it.
+    return std::shared_ptr<py::function>(new py::function(std::move(f)), [](py::function* p) {
+      py::gil_scoped_acquire gil;
+      delete p;
+    });
+  };
+  if (on_progress) {
+    auto f = hold(std::move(*on_progress));
+    cb.on_progress = [f](const LoadProgress& p) {
+      py::gil_scoped_acquire gil;
+      try {
+        py::object r = (*f)(p);
+        return r.is_none() || r.cast<bool>();
+      } catch (py::error_already_set& e) {
+        throw std::runtime_error(e.what());
+      }
+    };
+  }
+  if (on_layer_ready) {
+    auto f = hold(std::move(*on_layer_ready));
+    cb.on_layer_ready = [f](std::uint64_t layer, int tp_rank) {
+      py::gil_scoped_acquire gil;
+      try {
+        (*f)(layer, tp_rank);
+      } catch (py::error_already_set& e) {
+        throw std::runtime_error(e.what());
+      }
+    };
+  }
+  return cb;
+}
+
+// Config from a ferry.Config, a dict of key -> value, or None.
+Config to_config(const py::object& o) {
+  if (o.is_none()) {
+    return Config();
+  }
+  if (py::isinstance<Config>(o)) {
+    return o.cast<Config>();
+  }
+  if (py::isinstance<py::dict>(o)) {
+    Config c;
+    for (auto [k, v] : o.cast<py::dict>()) {
+      std::string value;
+      if (py::isinstance<py::bool_>(v)) {
+        value = v.cast<bool>() ? "true" : "false";
+      } else {
+        value = py::str(v);
+      }
+      c.set(py::str(k).cast<std::string>(), value);
+    }
+    return c;
+  }
+  throw py::type_error("a ferry.Config, a dict of configuration keys, or None");
+}
+
+// A Runtime as Python holds it: its destructor cancels and waits for a running
+// load, whose callbacks need the GIL, so it gives the GIL up while it waits.
+struct PyRuntime {
+  std::unique_ptr<Runtime> rt;
+  explicit PyRuntime(Config config) : rt(std::make_unique<Runtime>(std::move(config))) {}
+  PyRuntime(const PyRuntime&) = delete;
+  PyRuntime& operator=(const PyRuntime&) = delete;
+  ~PyRuntime() {
+    py::gil_scoped_release nogil;
+    rt.reset();
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_ferry, m) {
+  m.doc() = "ferry: load model checkpoints into sharded, kernel-ready parameters";
+  m.attr("__version__") = std::string(ferry::version());
+  g_error_type = PyErr_NewException("ferry.Error", PyExc_RuntimeError, nullptr);
+  m.attr("Error") = py::handle(g_error_type);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) {
+        std::rethrow_exception(p);
+      }
+    } catch (const ferry::Error& e) {
+      try {
+        raise_error(e.stage(), e.file(), e.tensor(), e.rule(), e.what());
+      } catch (py::error_already_set& set) {
+        set.restore();
+      }
+    }
+  });
+
+  py::class_<Config>(m, "Config")
+      .def(py::init<>())
+      .def("set", py::overload_cast<std::string_view>(&Config::set), py::arg("assignment"),
+           py::return_value_policy::reference_internal)
+      .def("set", py::overload_cast<std::string_view, std::string_view>(&Config::set),
+           py::arg("key"), py::arg("value"), py::return_value_policy::reference_internal)
+      .def("json", &Config::json, py::arg("text"), py::arg("source") = "json",
+           py::return_value_policy::reference_internal)
+      .def("file", &Config::file, py::arg("path"), py::return_value_policy::reference_internal)
+      .def("environment", &Config::environment, py::return_value_policy::reference_internal)
+      .def("to_json", &Config::to_json, py::arg("indent") = 2)
+      .def("__eq__", &Config::operator==);
+
+  py::class_<LoadProgress>(m, "LoadProgress")
+      .def_property_readonly("phase",
+                             [](const LoadProgress& p) { return std::string(to_string(p.phase)); })
+      .def_readonly("bytes_planned", &LoadProgress::bytes_planned)
+      .def_readonly("bytes_read", &LoadProgress::bytes_read)
+      .def_readonly("bytes_copied", &LoadProgress::bytes_copied)
+      .def_readonly("tensors_placed", &LoadProgress::tensors_placed);
+
+  py::class_<Param>(m, "Param")
+      .def_property_readonly("name", [](const Param& p) { return p.view.name; })
+      .def_property_readonly("device", [](const Param& p) { return p.view.device; })
+      .def_property_readonly("tp_rank", [](const Param& p) { return p.view.tp_rank; })
+      .def_property_readonly("dtype", &Param::dtype)
+      .def_property_readonly("shape", [](const Param& p) { return p.view.shape; })
+      .def_property_readonly("strides", [](const Param& p) { return p.view.strides; })
+      .def_property_readonly(
+          "data_ptr", [](const Param& p) { return reinterpret_cast<std::uintptr_t>(p.view.data); })
+      .def("__dlpack__", &Param::dlpack)
+      .def("__dlpack_device__", &Param::dlpack_device)
+      .def("__repr__", [](const Param& p) {
+        return "<ferry.Param " + p.view.name + " " + p.dtype() + " on " + p.view.device + ">";
+      });
+
+  py::class_<Model>(m, "Model")
+      .def("params", &Model::params, "every parameter and derived buffer, by rank then name")
+      .def("param", &Model::param, py::arg("name"), py::arg("tp_rank") = 0)
+      .def("read_param", &Model::read_param, py::arg("name"), py::arg("tp_rank") = 0,
+           "the parameter's storage copied to host memory, as bytes")
+      .def(
+          "dump", [](const Model& mo, const std::string& dir) { mo.model->dump(dir); },
+          py::arg("dir"))
+      .def_property_readonly("tp_ranks",
+                             [](const Model& mo) {
+                               std::vector<int> out;
+                               for (const LoadedRank& r : mo.model->ranks()) {
+                                 out.push_back(r.tp_rank);
+                               }
+                               return out;
+                             })
+      .def_property_readonly("report_json",
+                             [](const Model& mo) { return mo.model->report().json(-1); });
+
+  py::class_<LoadHandle>(m, "LoadHandle")
+      .def(
+          "wait",
+          [](const LoadHandle& h, std::optional<double> timeout) -> py::object {
+            if (!timeout) {
+              LoadResult r;
+              {
+                py::gil_scoped_release nogil;
+                r = h.wait();
+              }
+              return py::cast(result_or_raise(r));
+            }
+            std::optional<LoadResult> r;
+            {
+              py::gil_scoped_release nogil;
+              r = h.wait_for(std::chrono::milliseconds(static_cast<std::int64_t>(*timeout * 1000)));
+            }
+            if (!r) {
+              return py::none();
+            }
+            return py::cast(result_or_raise(*r));
+          },
+          py::arg("timeout") = py::none(),
+          "the model when the load ends (None when `timeout` seconds pass first); raises "
+          "ferry.Error")
+      .def("cancel", &LoadHandle::cancel)
+      .def("progress", &LoadHandle::progress)
+      .def("done", &LoadHandle::done);
+
+  using Start = LoadHandle (Runtime::*)(LoadCallbacks);
+  auto starter = [](Start f) {
+    return [f](PyRuntime& p, std::optional<py::function> on_progress,
+               std::optional<py::function> on_layer_ready) {
+      LoadCallbacks cb = callbacks(std::move(on_progress), std::move(on_layer_ready));
+      // start() joins the previous load's thread, which may wait for the GIL to
+      // drop its callbacks: give the GIL up for the call.
+      py::gil_scoped_release nogil;
+      return ((*p.rt).*f)(std::move(cb));
+    };
+  };
+  py::class_<PyRuntime>(m, "Runtime")
+      .def(py::init([](const py::object& config) {
+             return std::make_unique<PyRuntime>(to_config(config));
+           }),
+           py::arg("config") = py::none())
+      .def("start", starter(&Runtime::start), py::arg("on_progress") = py::none(),
+           py::arg("on_layer_ready") = py::none())
+      .def("prepare", starter(&Runtime::prepare), py::arg("on_progress") = py::none(),
+           py::arg("on_layer_ready") = py::none())
+      .def("commit", starter(&Runtime::commit), py::arg("on_progress") = py::none(),
+           py::arg("on_layer_ready") = py::none())
+      .def(
+          "load",
+          [](PyRuntime& p, std::optional<py::function> on_progress,
+             std::optional<py::function> on_layer_ready) {
+            LoadCallbacks cb = callbacks(std::move(on_progress), std::move(on_layer_ready));
+            LoadResult r;
+            {
+              py::gil_scoped_release nogil;
+              r = p.rt->start(std::move(cb)).wait();
+            }
+            return result_or_raise(r);
+          },
+          py::arg("on_progress") = py::none(), py::arg("on_layer_ready") = py::none())
+      .def(
+          "cancel", [](PyRuntime& p) { p.rt->cancel(); }, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly(
+          "state", [](const PyRuntime& p) { return std::string(to_string(p.rt->state())); });
+}
