@@ -4,9 +4,10 @@
 #   pip_install_test.sh BUILD_DIR SOURCE_DIR PYTHON FERRY_CLI
 # The venv lives in BUILD_DIR/python-venv (with the system's site packages, for
 # numpy); scikit-build-core comes from PyPI (exit 77, skipped, when it cannot be
-# had). The wheel's CMake tree is BUILD_DIR/pip-build, kept between runs, and
-# ccache keys on paths relative to the checkout, so the compiles of BUILD_DIR's
-# own tree are reused: CAF's code is not compiled again.
+# had). The wheel's CMake tree is BUILD_DIR-pip beside BUILD_DIR (build/release-pip),
+# kept between runs: at the same depth as BUILD_DIR, its compile commands are
+# BUILD_DIR's once ccache makes their paths relative, so BUILD_DIR's compiles are
+# taken from the cache and CAF's code is not compiled again.
 set -euo pipefail
 build=$(cd "$1" && pwd)
 src=$(cd "$2" && pwd)
@@ -25,7 +26,11 @@ if ! "$venv/bin/python" -c 'import scikit_build_core' 2>/dev/null; then
 fi
 "$venv/bin/python" -m pip uninstall -q -y ferry 2>/dev/null || true
 echo "== pip install $src"
-"$venv/bin/python" -m pip install -q --no-build-isolation -C build-dir="$build/pip-build" "$src" ||
+# The same compiler as BUILD_DIR's (ccache keys on its name too; left alone,
+# the backend takes Python's own, g++ where BUILD_DIR has c++).
+cxx=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' "$build/CMakeCache.txt")
+"$venv/bin/python" -m pip install -q --no-build-isolation -C build-dir="$build-pip" \
+  -C cmake.define.CMAKE_CXX_COMPILER="$cxx" "$src" ||
   { echo "pip_install_test: FAIL: pip install" >&2; exit 1; }
 where=$(cd / && "$venv/bin/python" -c 'import ferry, os; print(os.path.dirname(ferry.__file__))')
 case $where in
