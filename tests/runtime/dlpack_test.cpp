@@ -147,5 +147,31 @@ TEST(Dlpack, EveryViewExportsAndAViewKeepsTheModelAlive) {
               HasSubstr("the view holds no loaded model"));
 }
 
+// DLPack 0.6 has no code for FP8 or BOOL: they go out as one-byte unsigned
+// elements (the real dtype stays the view's), and a cuda:N device as kDLCUDA N.
+// Views of a loaded model relabelled, since no checkpoint holds FP8 yet.
+TEST(Dlpack, Fp8AndBoolAreBytesAndCudaDevicesAreKdlCuda) {
+  TempDir dir;
+  const testing::Checkpoint ck = synth_checkpoint(dir.file("ll"), "llama");
+  Runtime rt(make_config(ck.dir, {}));
+  LoadResult r = rt.load();
+  ASSERT_TRUE(r) << r.error->message;
+  const ParamView base = r.model->views().front();
+  for (DType d : {DType::kF8E4M3, DType::kF8E5M2, DType::kF8E8M0, DType::kBool, DType::kU8}) {
+    SCOPED_TRACE(std::string(dtype_name(d)));
+    ParamView v = base;
+    v.dtype = d;
+    v.device = "cuda:3";
+    DLManagedTensor* t = to_dlpack(v);
+    EXPECT_EQ(t->dl_tensor.dtype.code, kDLUInt);
+    EXPECT_EQ(t->dl_tensor.dtype.bits, 8);
+    EXPECT_EQ(t->dl_tensor.dtype.lanes, 1);
+    EXPECT_EQ(t->dl_tensor.device.device_type, kDLCUDA);
+    EXPECT_EQ(t->dl_tensor.device.device_id, 3);
+    EXPECT_EQ(t->dl_tensor.data, base.data);
+    t->deleter(t);
+  }
+}
+
 }  // namespace
 }  // namespace ferry::runtime
