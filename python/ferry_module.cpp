@@ -47,31 +47,18 @@ struct Param {
   ParamView view;
 
   std::string dtype() const { return std::string(ferry::dtype_name(view.dtype)); }
+  // The device as to_dlpack maps it (a null device is refused there, named).
   std::pair<int, int> dlpack_device() const {
-    const auto colon = view.device.find(':');
-    const std::string kind = view.device.substr(0, colon);
-    const int id = colon == std::string::npos ? 0 : std::stoi(view.device.substr(colon + 1));
-    if (kind == "cuda") {
-      return {kDLCUDA, id};
-    }
-    if (kind == "host") {
-      return {kDLCPU, id};
-    }
-    raise_error(ferry::Stage::kConfig, view.device, view.name,
-                "a " + kind + " device holds no data",
-                "config: " + view.device + ": tensor '" + view.name + "': a " + kind +
-                    " device holds no data");
+    DLManagedTensor* t = to_dlpack(view);
+    const DLDevice d = t->dl_tensor.device;
+    t->deleter(t);
+    return {d.device_type, d.device_id};
   }
   // The DLPack 0.6 protocol: a capsule named "dltensor" that the consumer renames
   // "used_dltensor" once it owns the tensor; one never consumed is deleted here.
   // ferry's tensors are ready when the load returned, so `stream` needs no wait.
   py::capsule dlpack(const py::kwargs& /*stream, max_version, dl_device, copy*/) const {
-    DLManagedTensor* t = nullptr;
-    try {
-      t = to_dlpack(view);
-    } catch (const ferry::Error& e) {
-      raise_error(e.stage(), e.file(), e.tensor(), e.rule(), e.what());
-    }
+    DLManagedTensor* t = to_dlpack(view);  // ferry::Error -> ferry.Error (the translator)
     return py::capsule(t, "dltensor", [](PyObject* capsule) {
       if (PyCapsule_IsValid(capsule, "dltensor")) {
         auto* owned = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
@@ -100,25 +87,19 @@ struct Model {
         return Param{std::move(v)};
       }
     }
-    raise_error(
-        ferry::Stage::kConfig, "", name, "no such parameter on tp rank " + std::to_string(tp_rank),
-        "config: tensor '" + name + "': no such parameter on tp rank " + std::to_string(tp_rank));
+    throw ferry::Error(ferry::Stage::kConfig, "", name,
+                       "no such parameter on tp rank " + std::to_string(tp_rank));
   }
   py::bytes read_param(const std::string& name, int tp_rank) const {
     const auto& ranks = model->ranks();
     for (std::size_t i = 0; i < ranks.size(); ++i) {
       if (ranks[i].tp_rank == tp_rank) {
-        std::vector<std::byte> bytes;
-        try {
-          bytes = model->read_param(i, name);
-        } catch (const ferry::Error& e) {
-          raise_error(e.stage(), e.file(), e.tensor(), e.rule(), e.what());
-        }
+        const std::vector<std::byte> bytes = model->read_param(i, name);
         return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
       }
     }
-    raise_error(ferry::Stage::kConfig, "", name, "no local tp rank " + std::to_string(tp_rank),
-                "config: no local tp rank " + std::to_string(tp_rank));
+    throw ferry::Error(ferry::Stage::kConfig, "", name,
+                       "no local tp rank " + std::to_string(tp_rank));
   }
 };
 
