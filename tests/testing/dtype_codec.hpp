@@ -38,7 +38,51 @@ inline float half_to_float(std::uint16_t h) {
   return sign != 0 ? -mag : mag;
 }
 
+// FP8 E4M3 (float8_e4m3fn) by its definition: 1 sign, 4 exponent bits (bias 7), 3
+// mantissa bits, subnormals at exponent 0, 0x7F / 0xFF NaN, no infinities.
+inline float e4m3_value(std::uint8_t b) {
+  const int e = (b >> 3) & 0xF;
+  const int m = b & 0x7;
+  if (e == 0xF && m == 0x7) {
+    return NAN;
+  }
+  const float mag = e == 0 ? static_cast<float>(m) / 8.0f / 64.0f  // m/8 * 2^-6
+                           : std::ldexp(1.0f + static_cast<float>(m) / 8.0f, e - 7);
+  return (b & 0x80) != 0 ? -mag : mag;
+}
+
+// The E4M3 value nearest `v` (on a tie, the one with an even code, i.e. an even
+// mantissa: round half to even), by trying every code.
+inline float round_to_e4m3(float v) {
+  float best = 0;
+  float best_err = INFINITY;
+  int best_code = 0;
+  for (int code = 0; code < 256; ++code) {
+    const float x = e4m3_value(static_cast<std::uint8_t>(code));
+    if (std::isnan(x)) {
+      continue;
+    }
+    const float err = std::fabs(x - v);
+    if (err < best_err || (err == best_err && code % 2 == 0 && best_code % 2 != 0)) {
+      best = x;
+      best_err = err;
+      best_code = code;
+    }
+  }
+  return best;
+}
+
 inline void encode_one(float v, DType dtype, std::byte* out) {
+  if (dtype == DType::kF8E4M3) {
+    for (int code = 0; code < 256; ++code) {
+      if (e4m3_value(static_cast<std::uint8_t>(code)) == v &&
+          (v != 0 || !std::signbit(v) == (code < 128))) {
+        *out = static_cast<std::byte>(code);
+        return;
+      }
+    }
+    throw std::runtime_error("encode: value is not exact in F8_E4M3");
+  }
   if (dtype == DType::kF32) {
     std::memcpy(out, &v, 4);
   } else if (dtype == DType::kBF16 || dtype == DType::kF16) {
@@ -59,6 +103,9 @@ inline std::vector<std::byte> encode(const std::vector<float>& values, DType dty
 }
 
 inline float decode_one(const std::byte* p, DType dtype) {
+  if (dtype == DType::kF8E4M3) {
+    return e4m3_value(static_cast<std::uint8_t>(*p));
+  }
   if (dtype == DType::kF32) {
     float v = 0;
     std::memcpy(&v, p, 4);
