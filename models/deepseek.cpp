@@ -28,7 +28,6 @@ constexpr const char* kGlm4Moe = "Glm4MoeForCausalLM";
   throw Error(Stage::kConfig, kConfigFile, "", rule);
 }
 
-
 std::string config_string(const nlohmann::json& config, const char* key, std::string fallback) {
   auto it = config.find(key);
   if (it == config.end() || it->is_null()) {
@@ -163,8 +162,8 @@ class Builder {
         padded_heads(c_.heads, tp_, options_.unaligned_tp, "num_attention_heads") * c_.v_head;
     m_.add_param(pa + "o_proj.weight",
                  Shape{c_.hidden, o_padded / static_cast<std::uint64_t>(tp_)});
-    add_row_parallel(m_, ta + "o_proj.weight", pa + "o_proj.weight", c_.hidden, o_in, o_padded,
-                     tp_, "num_attention_heads * v_head_dim");
+    add_row_parallel(m_, ta + "o_proj.weight", pa + "o_proj.weight", c_.hidden, o_in, o_padded, tp_,
+                     "num_attention_heads * v_head_dim");
     // Filled by the post-load hook only.
     const MlaDims dims = mla_dims(c_, tp_, options_.unaligned_tp);
     m_.add_param(pa + "w_kc", mla_w_kc_shape(dims));
@@ -414,6 +413,7 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
   check_splits(c, layout, o, c.experts != 0, moe_layers);
 
   auto m = std::make_unique<TableModel>(c.family, c.architecture, layout, dtype, o.strict);
+  m->set_quantization(o.quant);
   Builder b(*m, c, layout, o);
   if (!o.draft) {
     for (std::uint64_t l = stage.begin; l < stage.end(); ++l) {
@@ -465,7 +465,7 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
   }
   for (std::size_t i = 0; i < base->shells().size(); ++i) {
     for (const std::string& pa : b.mla_prefixes()) {
-      hooks.push_back(make_mla_split_hook(*base, i, pa, dims));
+      hooks.push_back(make_mla_split_hook(*base, i, pa, dims, o.quant.block_n, o.quant.block_k));
     }
   }
   return with_param_strides(std::move(base), strides, std::move(hooks));

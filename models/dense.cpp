@@ -99,6 +99,7 @@ std::unique_ptr<Model> make_dense_model(const DenseConfig& c, const ParallelLayo
   const Range stage = pp_layers(c.layers, layout.pp, layout.pp_rank, layout.pp_partition);
 
   auto m = std::make_unique<TableModel>(c.family, c.architecture, layout, dtype, options.strict);
+  m->set_quantization(options.quant);
   for (std::uint64_t layer = stage.begin; layer < stage.end(); ++layer) {
     add_layer(*m, c, tp, options.unaligned_tp, layer);
   }

@@ -5,9 +5,12 @@
 #include <utility>
 
 #include "common/error.hpp"
+#include "common/fp8.hpp"
 #include "gpu/device.hpp"
+#include "gpu/kernels_host.hpp"
 #include "models/hooks.hpp"
 #include "models/placement.hpp"
+#include "models/quant.hpp"
 
 namespace ferry::models {
 namespace {
@@ -69,6 +72,87 @@ bool dense_permutation(const Shape& shape, const std::vector<std::uint64_t>& str
   return true;
 }
 
+// The FP8 form of the split (see make_mla_split_hook): dequantize on the host, then
+// split there, then write both outputs.
+PostLoadHook fp8_split_hook(const RankShell& shell, std::size_t local_rank,
+                            const std::string& attn_prefix, const MlaDims& dims, std::size_t kv_b,
+                            std::size_t w_kc, std::size_t w_vc, std::uint64_t block_n,
+                            std::uint64_t block_k) {
+  const std::string scale_name = scale_inv_name(attn_prefix + "kv_b_proj.weight");
+  if (block_n == 0 || block_k == 0) {
+    bad_split(shell.params[kv_b].name, "kv_b_proj is F8_E4M3 but no weight_block_size was given");
+  }
+  auto it = shell.by_name.find(scale_name);
+  if (it == shell.by_name.end()) {
+    bad_split(scale_name, "kv_b_proj is F8_E4M3 but the model declares no block scale for it");
+  }
+  const std::size_t scale = it->second;
+  const Shape scale_shape = block_scale_shape(shell.params[kv_b].shape, block_n, block_k);
+  if (shell.params[scale].shape != scale_shape || shell.params[scale].dtype != DType::kF32) {
+    bad_split(scale_name, "parameter is " + std::string(dtype_name(shell.params[scale].dtype)) +
+                              " " + format_shape(shell.params[scale].shape) + ", expected F32 " +
+                              format_shape(scale_shape));
+  }
+  const DType out_dtype = shell.params[w_kc].dtype;
+  for (std::size_t out : {w_kc, w_vc}) {
+    const DType d = shell.params[out].dtype;
+    if (d != out_dtype || (d != DType::kBF16 && d != DType::kF16 && d != DType::kF32)) {
+      bad_split(shell.params[out].name,
+                "parameter is " + std::string(dtype_name(d)) +
+                    "; the dequantized split needs w_kc and w_vc of one of BF16, F16, F32");
+    }
+  }
+  PostLoadHook hook;
+  hook.name = "mla_dequant_split_kv_b:" + attn_prefix + "kv_b_proj (tp rank " +
+              std::to_string(shell.tp_rank) + ")";
+  hook.local_rank = local_rank;
+  hook.inputs = {kv_b, scale};
+  hook.outputs = {w_kc, w_vc};
+  const std::uint64_t scale_cols = scale_shape[1];
+  hook.run = [dims, kv_b, scale, w_kc, w_vc, block_n, block_k, scale_cols,
+              out_dtype](HookContext& ctx) {
+    gpu::Stream& stream = ctx.stream();
+    const std::uint64_t head_rows = dims.qk_nope + dims.v_head;
+    const std::uint64_t r = dims.kv_lora_rank;
+    const std::uint64_t rows = dims.heads * head_rows;
+    std::vector<std::uint8_t> w(rows * r);
+    std::vector<float> s(((rows + block_n - 1) / block_n) * scale_cols);
+    stream.copy_d2h(reinterpret_cast<std::byte*>(w.data()), ctx.param_data(kv_b), w.size());
+    stream.copy_d2h(reinterpret_cast<std::byte*>(s.data()), ctx.param_data(scale),
+                    s.size() * sizeof(float));
+    stream.synchronize();
+    auto value = [&](std::uint64_t row, std::uint64_t c) {
+      return e4m3_to_float(w[row * r + c]) * s[(row / block_n) * scale_cols + c / block_k];
+    };
+    // Storage order of each output (mla_w_kc_strides, mla_w_vc_strides).
+    std::vector<float> kc(dims.heads * dims.qk_nope * r);
+    std::vector<float> vc(dims.heads * r * dims.v_head);
+    for (std::uint64_t h = 0; h < dims.heads; ++h) {
+      for (std::uint64_t i = 0; i < dims.qk_nope; ++i) {
+        for (std::uint64_t c = 0; c < r; ++c) {
+          kc[h * r * dims.qk_nope + c * dims.qk_nope + i] = value(h * head_rows + i, c);
+        }
+      }
+      for (std::uint64_t k = 0; k < dims.v_head; ++k) {
+        for (std::uint64_t c = 0; c < r; ++c) {
+          vc[h * dims.v_head * r + k * r + c] = value(h * head_rows + dims.qk_nope + k, c);
+        }
+      }
+    }
+    const std::size_t es = dtype_size(out_dtype);
+    std::vector<std::byte> kc_out(kc.size() * es);
+    std::vector<std::byte> vc_out(vc.size() * es);
+    gpu::host::cast(kc_out.data(), out_dtype, reinterpret_cast<const std::byte*>(kc.data()),
+                    DType::kF32, kc.size());
+    gpu::host::cast(vc_out.data(), out_dtype, reinterpret_cast<const std::byte*>(vc.data()),
+                    DType::kF32, vc.size());
+    stream.copy_h2d(ctx.param_data(w_kc), kc_out.data(), kc_out.size());
+    stream.copy_h2d(ctx.param_data(w_vc), vc_out.data(), vc_out.size());
+    stream.synchronize();  // the host buffers die with this call
+  };
+  return hook;
+}
+
 }  // namespace
 
 Shape mla_w_kc_shape(const MlaDims& d) {
@@ -88,7 +172,8 @@ std::vector<std::uint64_t> mla_w_vc_strides(const MlaDims& d) {
 }
 
 PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
-                                 const std::string& attn_prefix, const MlaDims& dims) {
+                                 const std::string& attn_prefix, const MlaDims& dims,
+                                 std::uint64_t block_n, std::uint64_t block_k) {
   if (local_rank >= model.shells().size()) {
     bad_split(attn_prefix, "local rank " + std::to_string(local_rank) + " has no shell");
   }
@@ -114,6 +199,9 @@ PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
   const std::size_t w_kc = find(attn_prefix + "w_kc", mla_w_kc_shape(dims));
   const std::size_t w_vc = find(attn_prefix + "w_vc", mla_w_vc_shape(dims));
   const DType dtype = shell.params[kv_b].dtype;
+  if (dtype == DType::kF8E4M3) {
+    return fp8_split_hook(shell, local_rank, attn_prefix, dims, kv_b, w_kc, w_vc, block_n, block_k);
+  }
   for (std::size_t out : {w_kc, w_vc}) {
     if (shell.params[out].dtype != dtype) {
       bad_split(shell.params[out].name, "parameter is " +

@@ -8,6 +8,7 @@
 #include "models/dense.hpp"
 #include "models/hf_config.hpp"
 #include "models/moe.hpp"
+#include "models/quant.hpp"
 #include "models/table_model.hpp"
 
 namespace ferry::models {
@@ -138,22 +139,11 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
     throw Error(Stage::kMapping, kConfigFile, "",
                 "architecture " + architecture + " is not supported (supported: " + known + ")");
   }
-  if (auto q = hf_config.find("quantization_config"); q != hf_config.end() && !q->is_null()) {
-    std::string method = "unknown";
-    if (q->is_object()) {
-      auto m = q->find("quant_method");
-      if (m != q->end() && m->is_string()) {
-        method = m->get<std::string>();
-      }
-    }
-    throw Error(Stage::kMapping, kConfigFile, "",
-                "quantized checkpoints are not supported yet (quantization_config.quant_method "
-                "is \"" +
-                    method + "\")");
-  }
+  ModelOptions with_quant = options;
+  with_quant.quant = parse_quant_scheme(hf_config);
   DType dtype = resolve_dtype(hf_config, options.dtype);
   ParallelLayout normalized = normalize_layout(layout);
-  return factory->second(hf_config, architecture, normalized, dtype, options);
+  return factory->second(hf_config, architecture, normalized, dtype, with_quant);
 }
 
 }  // namespace ferry::models

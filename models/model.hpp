@@ -199,6 +199,23 @@ class Model {
 // SGLang's GPU path asserts, or zero-padded as its CPU path does.
 enum class Unaligned { kRefuse, kPad };
 
+// quantization_config, parsed. kNone: the checkpoint is not quantized.
+struct QuantScheme {
+  enum class Method { kNone, kFp8Block };
+  Method method = Method::kNone;
+  std::uint64_t block_n = 0;  // weight_block_size[0]: rows (output dim) per scale
+  std::uint64_t block_k = 0;  // weight_block_size[1]: columns (input dim) per scale
+  // "ue8m0" (DeepSeek-V3.1): the F32 scales are powers of two. Loaded as stored,
+  // which is what SGLang does unless DeepGEMM's Blackwell repack runs.
+  std::string scale_fmt;
+  // modules_to_not_convert and ignored_layers: module names ("lm_head",
+  // "model.layers.0.mlp.gate", ...) whose weights are not quantized.
+  std::vector<std::string> ignored;
+
+  bool quantized() const { return method != Method::kNone; }
+  bool operator==(const QuantScheme&) const = default;
+};
+
 struct ModelOptions {
   // Param dtype; nullopt = "auto": config.json's torch_dtype (or dtype).
   std::optional<DType> dtype{};
@@ -229,6 +246,10 @@ struct ModelOptions {
   // Round the per-rank MoE intermediate size up to a multiple of this (0 = off);
   // the tail is zero-filled.
   std::uint64_t pad_moe_intermediate_to = 0;
+  // The checkpoint's quantization. make_model sets it from config.json's
+  // quantization_config (parse_quant_scheme, models/quant.hpp), replacing what the
+  // caller put here; the make_*_model functions of the families take it as given.
+  QuantScheme quant{};
 };
 
 // "auto" -> nullopt; "bfloat16"/"bf16", "float16"/"half"/"fp16"/"f16",
@@ -239,9 +260,11 @@ std::optional<DType> parse_model_dtype(std::string_view text);
 // Architectures make_model knows, e.g. "LlamaForCausalLM".
 const std::vector<std::string>& supported_architectures();
 
-// Builds the model for config.json's architectures[0]. Throws ferry::Error:
-// Stage::kMapping for an unknown architecture (naming it and the supported ones) or
-// a quantization_config ("not supported yet"), Stage::kConfig for a missing or
+// Builds the model for config.json's architectures[0], in the layout its
+// quantization_config gives (models/quant.hpp: FP8 block scales, or none). Throws
+// ferry::Error: Stage::kMapping for an unknown architecture (naming it and the
+// supported ones) or a quantization method ferry does not load, Stage::kConfig for a
+// missing or
 // malformed field, Stage::kPlacement when the layout cannot split the model (a
 // padded vocabulary tp does not divide, experts ep does not divide, ...; heads and
 // intermediate sizes tp does not divide are padded with zeros instead, as SGLang

@@ -29,7 +29,6 @@ std::string layer_prefix(std::uint64_t layer) {
   return "model.layers." + std::to_string(layer) + ".";
 }
 
-
 // Hugging Face's Qwen-MoE rule: layer l is sparse unless it is in mlp_only_layers
 // or (l + 1) is not a multiple of decoder_sparse_step.
 std::vector<bool> qwen_sparse_layers(const nlohmann::json& config, std::uint64_t layers) {
@@ -229,6 +228,7 @@ std::unique_ptr<Model> make_moe_model(const MoeConfig& c, const ParallelLayout& 
   const Range stage = pp_layers(c.layers, layout.pp, layout.pp_rank, layout.pp_partition);
 
   auto m = std::make_unique<TableModel>(c.family, c.architecture, layout, dtype, options.strict);
+  m->set_quantization(options.quant);
   Builder b(*m, c, layout, options);
   for (std::uint64_t layer = stage.begin; layer < stage.end(); ++layer) {
     b.layer(layer);

@@ -103,9 +103,131 @@ void TableModel::add_drop_name(std::string name, std::string reason) {
   drop_names_[std::move(name)] = std::move(reason);
 }
 
+void TableModel::set_quantization(QuantScheme scheme) {
+  if (finished_) {
+    internal(family_, "set_quantization after finish");
+  }
+  quant_ = std::move(scheme);
+}
+
+namespace {
+
+// The checkpoint modules a fused param is made of, for modules_to_not_convert.
+std::vector<std::string> fused_shards(const std::string& module) {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> kFused{
+      {"qkv_proj", {"q_proj", "k_proj", "v_proj"}},
+      {"gate_up_proj", {"gate_proj", "up_proj"}},
+      {"fused_qkv_a_proj_with_mqa", {"q_a_proj", "kv_a_proj_with_mqa"}},
+  };
+  const std::size_t dot = module.rfind('.');
+  const std::string parent = dot == std::string::npos ? "" : module.substr(0, dot + 1);
+  const std::string leaf = dot == std::string::npos ? module : module.substr(dot + 1);
+  for (const auto& [fused, parts] : kFused) {
+    if (leaf == fused) {
+      std::vector<std::string> out;
+      for (const std::string& part : parts) {
+        out.push_back(parent + part);
+      }
+      return out;
+    }
+  }
+  return {};
+}
+
+// A param's module: "x.qkv_proj.weight" -> "x.qkv_proj", "x.experts.w13_weight" ->
+// "x.experts".
+std::string param_module(const std::string& param) {
+  const std::size_t dot = param.rfind('.');
+  return dot == std::string::npos ? param : param.substr(0, dot);
+}
+
+// The dims after `fixed` leading indices.
+Shape inner_dims(const Shape& shape, std::size_t fixed) {
+  return fixed >= shape.size() ? Shape{}
+                               : Shape(shape.begin() + static_cast<long>(fixed), shape.end());
+}
+
+}  // namespace
+
+void TableModel::apply_block_quant() {
+  const std::uint64_t bn = quant_.block_n;
+  const std::uint64_t bk = quant_.block_k;
+  std::map<std::string, ShapeRule> quantized;  // param -> its weight shape rule
+  std::vector<ParamDecl> scales;
+  for (ParamDecl& d : param_decls_) {
+    if (!quantized_linear_param(d.name)) {
+      continue;
+    }
+    const std::string module = param_module(d.name);
+    if (module_skipped(quant_, module, fused_shards(module))) {
+      continue;
+    }
+    d.dtype = DType::kF8E4M3;
+    quantized.emplace(d.name, d.shape);
+    ShapeRule weight = d.shape;
+    scales.push_back(
+        {scale_inv_name(d.name),
+         [weight, bn, bk](int rank) { return block_scale_shape(weight(rank), bn, bk); },
+         DType::kF32});
+  }
+  for (ParamDecl& s : scales) {
+    param_decls_.push_back(std::move(s));
+  }
+  for (const Fill& f : fill_decls_) {
+    if (quantized.count(f.param) != 0) {
+      throw Error(Stage::kPlacement, "", f.param,
+                  "zero padding (model.unaligned_tp=pad, model.pad_moe_intermediate_to) of an "
+                  "FP8 block-quantized parameter is not supported: the padded share would not "
+                  "be whole scale blocks");
+    }
+  }
+  std::vector<std::pair<std::string, Target>> added;
+  for (const auto& [tensor, targets] : targets_) {
+    for (const Target& t : targets) {
+      auto q = quantized.find(t.param);
+      if (q == quantized.end()) {
+        continue;
+      }
+      if (tensor.size() < 6 || tensor.compare(tensor.size() - 6, 6, "weight") != 0) {
+        // Experts stored fused on disk (experts.gate_up_proj): no FP8 layout of them
+        // is known, so they get no scale target; an FP8 one would leave the scale
+        // param incomplete (a coverage error), a BF16 one is refused by dtype.
+        continue;
+      }
+      // Every local rank's share must be whole blocks: checked now, so that a
+      // layout SGLang refuses fails when the model is made, naming the tensor.
+      for (int rank : layout_.local_ranks) {
+        const Shape dst = q->second(rank);
+        for (const Block& b : t.copy(rank)) {
+          check_block_aligned(b, inner_dims(t.src_shape, b.src_index.size()),
+                              inner_dims(dst, b.dst_index.size()), bn, bk, tensor, t.param, rank,
+                              layout_.tp);
+        }
+      }
+      BlockRule weight_rule = t.copy;
+      added.emplace_back(scale_inv_name(tensor),
+                         Target{scale_inv_name(t.param), block_scale_shape(t.src_shape, bn, bk),
+                                [weight_rule, bn, bk](int rank) {
+                                  std::vector<Block> out;
+                                  for (const Block& b : weight_rule(rank)) {
+                                    out.push_back(scale_block(b, bn, bk));
+                                  }
+                                  return out;
+                                },
+                                t.empty_reason});
+    }
+  }
+  for (auto& [tensor, target] : added) {
+    targets_[tensor].push_back(std::move(target));
+  }
+}
+
 void TableModel::finish() {
   if (finished_) {
     internal(family_, "finish called twice");
+  }
+  if (quant_.method == QuantScheme::Method::kFp8Block) {
+    apply_block_quant();
   }
   shells_.clear();
   for (int tp_rank : layout_.local_ranks) {
@@ -222,11 +344,20 @@ Route TableModel::route(const io::TensorInfo& tensor) const {
                       format_shape(t.src_shape));
     }
     if (!castable(tensor.dtype, first_spec.dtype)) {
+      std::string why = "only BF16, F16 and F32 convert into each other";
+      if (tensor.dtype == DType::kF8E4M3 && first_spec.dtype != DType::kF8E4M3) {
+        why = quant_.quantized()
+                  ? "config.json's quantization_config does not quantize this parameter"
+                  : "config.json has no quantization_config, so the model is not FP8; an "
+                    "FP8 checkpoint needs its quantization_config";
+      } else if (first_spec.dtype == DType::kF8E4M3) {
+        why = "config.json's quantization_config (" + describe(quant_) +
+              ") says this weight is stored as F8_E4M3";
+      }
       throw Error(Stage::kPlacement, tensor.file, tensor.name,
                   "cannot load a " + std::string(dtype_name(tensor.dtype)) +
                       " weight into parameter " + t.param + " (" +
-                      std::string(dtype_name(first_spec.dtype)) +
-                      "): only BF16, F16 and F32 convert into each other");
+                      std::string(dtype_name(first_spec.dtype)) + "): " + why);
     }
     for (std::size_t i = 0; i < shells_.size(); ++i) {
       const RankShell& shell = shells_[i];

@@ -19,6 +19,7 @@
 
 #include "models/model.hpp"
 #include "models/placement.hpp"
+#include "models/quant.hpp"
 
 namespace ferry::models {
 
@@ -52,6 +53,13 @@ class TableModel final : public Model {
   // `reason`. Drops are checked before targets.
   void add_drop_pattern(std::string pattern, std::string reason);
   void add_drop_name(std::string name, std::string reason);
+  // The checkpoint's quantization (models/quant.hpp), applied by finish(): each
+  // quantized linear param becomes F8_E4M3 and gets its <param>_scale_inv (F32
+  // block scales), fed from each target's <tensor>_scale_inv with the target's
+  // blocks in block units. finish() then refuses a share that is not whole blocks
+  // (check_block_aligned, naming the tensor) and a fill (padding) of a quantized
+  // param. Call before finish().
+  void set_quantization(QuantScheme scheme);
   // Builds the shells (params sorted by name) and the fill pieces. Throws
   // Error(Stage::kPlacement) for a duplicate param or a target / fill naming an
   // undeclared one: those are bugs in a family's tables.
@@ -95,6 +103,9 @@ class TableModel final : public Model {
     DType dtype;
   };
 
+  void apply_block_quant();
+
+  QuantScheme quant_;
   std::vector<ParamDecl> param_decls_;
   std::map<std::string, std::vector<Target>> targets_;
   std::vector<Fill> fill_decls_;

@@ -22,9 +22,11 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "common/fp8.hpp"
 #include "common/json_depth.hpp"
 #include "common/log.hpp"
 #include "io/safetensors_writer.hpp"
+#include "models/quant.hpp"
 
 namespace ferry::tools {
 
@@ -78,6 +80,17 @@ const ValueTable<std::uint32_t>& f32_table() {
     ValueTable<std::uint32_t> t;
     for (std::uint64_t k = 0; k < 255; ++k) {
       t.bits[k] = std::bit_cast<std::uint32_t>(value_of(k));
+    }
+    return t;
+  }();
+  return table;
+}
+
+const ValueTable<std::uint8_t>& e4m3_table() {
+  static const ValueTable<std::uint8_t> table = [] {
+    ValueTable<std::uint8_t> t;
+    for (std::uint64_t k = 0; k < 255; ++k) {
+      t.bits[k] = float_to_e4m3(value_of(k));
     }
     return t;
   }();
@@ -1055,6 +1068,10 @@ std::uint16_t float_to_f16_bits(float value) {
 
 void synth_encode(DType dtype, std::uint64_t seed, std::string_view name, std::uint64_t first_index,
                   std::span<std::byte> out) {
+  if (dtype == DType::kF8E4M3) {
+    encode_with(e4m3_table(), (seed ^ fnv1a64(name)) + first_index, out);
+    return;
+  }
   check_dtype(dtype);
   if (out.size() % dtype_size(dtype) != 0) {
     throw Error(Stage::kSynth, "", std::string(name),
@@ -1602,12 +1619,46 @@ std::vector<SynthShard> synth_shard_plan(const std::vector<SynthTensor>& tensors
 
 // ---- writing (public) ----------------------------------------------------------------
 
+void synth_quantize_fp8_block(std::vector<SynthTensor>& tensors, std::uint64_t block) {
+  if (block == 0) {
+    fail("", "the FP8 block size must be positive");
+  }
+  std::vector<SynthTensor> out;
+  out.reserve(tensors.size() * 2);
+  for (SynthTensor& t : tensors) {
+    if (!models::quantized_linear_tensor(t.name)) {
+      out.push_back(std::move(t));
+      continue;
+    }
+    if (t.shape.size() != 2) {
+      throw Error(Stage::kSynth, "", t.name,
+                  "FP8 block scales are written for 2-D weights only; this one is " +
+                      std::to_string(t.shape.size()) + "-D (fused experts are not quantized)");
+    }
+    SynthTensor scale(models::scale_inv_name(t.name), DType::kF32,
+                      {(t.shape[0] + block - 1) / block, (t.shape[1] + block - 1) / block}, t.file);
+    t.dtype = DType::kF8E4M3;
+    out.push_back(std::move(t));
+    out.push_back(std::move(scale));
+  }
+  tensors = std::move(out);
+}
+
+nlohmann::json synth_fp8_quant_config(std::uint64_t block) {
+  return {{"activation_scheme", "dynamic"},
+          {"fmt", "e4m3"},
+          {"quant_method", "fp8"},
+          {"weight_block_size", {block, block}}};
+}
+
 SynthResult synthesize(const SynthOptions& options) {
   std::vector<SynthTensor> tensors;
   nlohmann::json config;
   std::uint64_t shard_bytes = options.shard_bytes;
   std::string family = options.family;
   std::string what;  // the "ferry_synth" metadata: how the checkpoint was made
+  SynthQuant quant = options.quant;
+  std::uint64_t quant_block = options.quant_block;
   if (!options.from_config.empty()) {
     if (!options.family.empty() || !options.preset.empty()) {
       fail(options.from_config,
@@ -1619,6 +1670,22 @@ SynthResult synthesize(const SynthOptions& options) {
     SynthSource source = read_synth_source(options.from_config);
     tensors = synth_tensor_list(source, options.dtype, options.scale_hidden, options.fused_experts);
     config = synth_config(source, options.dtype, options.scale_hidden);
+    if (options.quant_from_config) {
+      quant = SynthQuant::kNone;
+      if (auto q = source.config.find("quantization_config"); q != source.config.end()) {
+        const nlohmann::json block =
+            q->is_object() ? q->value("weight_block_size", nlohmann::json()) : nlohmann::json();
+        if (q->value("quant_method", std::string()) == "fp8" && block.is_array() &&
+            block.size() == 2 && block[0].is_number_integer() && block[0].get<std::int64_t>() > 0 &&
+            block[0] == block[1]) {
+          quant = SynthQuant::kFp8Block;
+          quant_block = quant_block != 0 ? quant_block : block[0].get<std::uint64_t>();
+        }
+      }
+    }
+    if (quant == SynthQuant::kFp8Block && options.quant_from_config) {
+      config["quantization_config"] = source.config.at("quantization_config");
+    }
     shard_bytes = shard_bytes != 0 ? shard_bytes : kSynthSourceShardBytes;
     family = source.family;
     what = family + " from " + fs::path(options.from_config).filename().string();
@@ -1634,6 +1701,18 @@ SynthResult synthesize(const SynthOptions& options) {
     config = synth_config(options.family, options.preset, options.dtype, options.tie_embeddings);
     shard_bytes = shard_bytes != 0 ? shard_bytes : synth_default_shard_bytes(options.preset);
     what = options.family + "/" + options.preset;
+  }
+  if (quant == SynthQuant::kFp8Block) {
+    quant_block = quant_block != 0 ? quant_block : 128;
+    if (options.fused_experts) {
+      fail(options.out, "FP8 block scales are not written for fused 3-D experts");
+    }
+    synth_quantize_fp8_block(tensors, quant_block);
+    if (!options.quant_from_config || !config.contains("quantization_config")) {
+      config["quantization_config"] = synth_fp8_quant_config(quant_block);
+    }
+    config["quantization_config"]["weight_block_size"] = {quant_block, quant_block};
+    what += " fp8-block " + std::to_string(quant_block);
   }
   what += " seed " + std::to_string(options.seed);
   what += options.fused_experts ? " fused-experts" : "";

@@ -110,6 +110,26 @@ std::vector<SynthTensor> synth_tensor_list(std::string_view family, std::string_
                                            DType dtype, bool tie_embeddings,
                                            bool fused_experts = false);
 
+// ---- FP8 block-quantized checkpoints ------------------------------------------
+
+// What the quantized linear layers' weights are stored as. kFp8Block: as DeepSeek-V3
+// and the Qwen3 FP8 releases (quant_method fp8, weight_block_size [b, b]): each
+// weight models::quantized_linear_tensor names is F8_E4M3 and is followed by
+// <weight>_scale_inv, F32 [ceil(N / b), ceil(K / b)].
+enum class SynthQuant { kNone, kFp8Block };
+
+// Turns `tensors` into that layout, in place: each quantized linear weight becomes
+// F8_E4M3 and its scale is inserted right after it (same file). Element i of an FP8
+// weight is the E4M3 value nearest synth_value (ferry::float_to_e4m3); a scale is a
+// plain F32 tensor of synth values (so a scale may be negative: the values are for
+// checking placement, not a real quantization). Throws ferry::Error(Stage::kSynth)
+// for block 0 or for a weight that is not 2-D (fused 3-D experts).
+void synth_quantize_fp8_block(std::vector<SynthTensor>& tensors, std::uint64_t block);
+
+// The quantization_config written with kFp8Block: quant_method fp8, fmt e4m3,
+// activation_scheme dynamic, weight_block_size [block, block].
+nlohmann::json synth_fp8_quant_config(std::uint64_t block);
+
 // ---- fused experts -------------------------------------------------------------
 
 // With fused experts, the MoE block at `moe_prefix` ("model.layers.<i>.mlp.", or
@@ -211,9 +231,10 @@ std::vector<SynthTensor> synth_tensor_list(const SynthSource& source, DType dtyp
                                            bool fused_experts = false);
 
 // config.json for that checkpoint: the source config less quantization_config (the
-// weights are plain `dtype`), torch_dtype (and `dtype`, when the config has one) set
-// to what is written, and with `scale_hidden` the scaled fields replaced (head_dim
-// always written for the grouped-query families, since hidden / heads changed).
+// weights are plain `dtype`; synthesize() puts it back for an FP8 checkpoint), torch_dtype (and
+// `dtype`, when the config has one) set to what is written, and with `scale_hidden` the scaled
+// fields replaced (head_dim always written for the grouped-query families, since hidden / heads
+// changed).
 nlohmann::json synth_config(const SynthSource& source, DType dtype, std::uint64_t scale_hidden = 0);
 
 // Shard size used with a source config when SynthOptions::shard_bytes is 0: 5 GiB,
@@ -234,6 +255,13 @@ struct SynthOptions {
   std::uint64_t shard_bytes = 0;   // 0 = synth_default_shard_bytes(preset), or 5 GiB
   bool tie_embeddings = false;     // no lm_head.weight; config says tied (presets only)
   bool fused_experts = false;      // 3-D experts.gate_up_proj / experts.down_proj (MoE only)
+  // The quantized layers' weights (synth_quantize_fp8_block). With from_config,
+  // quant_from_config instead takes it from the config's quantization_config: fp8
+  // with weight_block_size [b, b] gives kFp8Block with block b (and keeps that
+  // quantization_config); anything else gives kNone (and strips it).
+  SynthQuant quant = SynthQuant::kNone;
+  std::uint64_t quant_block = 0;  // b for kFp8Block; 0: the config's, else 128
+  bool quant_from_config = false;
   // Every shard's data region is a hole (ftruncate, nothing written): real headers,
   // zeros for data, no disk used, so full-size checkpoints take seconds. Its values
   // are not synth_value's.

@@ -25,6 +25,7 @@
 #include "gpu/host_device.hpp"
 #include "models/coverage.hpp"
 #include "models/deepseek_reference.hpp"
+#include "models/fp8_reference.hpp"
 #include "models/host_hook_context.hpp"
 #include "models/mla_hook.hpp"
 #include "models/model.hpp"
@@ -323,12 +324,7 @@ TEST_P(DeepseekReference, EveryElementMatchesTheReference) {
           FAIL() << spec.name << " rank " << local[i] << " element " << e << ": got " << got
                  << ", reference " << ref.values[e];
         }
-        for (std::size_t a = idx.size(); a-- > 0;) {
-          if (++idx[a] < spec.shape[a]) {
-            break;
-          }
-          idx[a] = 0;
-        }
+        next_index(idx, spec.shape);
       }
     }
   }
@@ -444,6 +440,105 @@ std::vector<Case> cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DeepseekReference, ::testing::ValuesIn(cases()), case_name);
+
+// ---- FP8 block-quantized checkpoints ---------------------------------------------
+//
+// The tiny checkpoints in the FP8 block layout (fp8_reference.hpp), checked against
+// the three readings of ds::reference; w_kc / w_vc hold the MLA split of the
+// dequantized kv_b_proj (SGLang's post_load_weights, for 128 x 128 blocks).
+
+struct Fp8Case {
+  std::string family;
+  std::string variant;
+  int tp = 1;
+  int ep = 1;
+  bool draft = false;
+  std::vector<int> local;
+};
+
+std::string fp8_case_name(const ::testing::TestParamInfo<Fp8Case>& info) {
+  const Fp8Case& c = info.param;
+  std::string n = c.family + (c.variant.empty() ? "" : "_" + c.variant) + "_tp" +
+                  std::to_string(c.tp) + "_ep" + std::to_string(c.ep) + (c.draft ? "_draft" : "");
+  for (int r : c.local) {
+    n += "_r" + std::to_string(r);
+  }
+  return n;
+}
+
+void PrintTo(const Fp8Case& c, std::ostream* os) {
+  *os << fp8_case_name({c, 0});
+}
+
+class DeepseekFp8Reference : public ::testing::TestWithParam<Fp8Case> {};
+
+TEST_P(DeepseekFp8Reference, WeightsScalesAndDequantizedSplitMatchTheReference) {
+  const Fp8Case& c = GetParam();
+  Ckpt ck = make_ckpt(c.family, c.variant);
+  fp8::Values values(kSeed, fp8::quantize(ck.tensors, ck.config));
+  models::ParallelLayout layout;
+  layout.tp = c.tp;
+  layout.ep = c.ep;
+  layout.local_ranks = c.local;
+  models::ModelOptions options;
+  options.draft = c.draft;
+  std::unique_ptr<models::Model> model = models::make_model(ck.config, layout, options);
+  const std::vector<int> local = model->layout().local_ranks;
+  ds::Layout rl{c.tp, c.ep, 1, 0, c.draft, false, false, false};
+  rl.fuse_shared = ds::sglang_fuses(ds::dims_of(ck.config), rl);
+
+  ParamBuffers buffers = make_buffers(*model);
+  const std::vector<models::Route> routes = fp8::load(*model, ck.tensors, values, buffers);
+  EXPECT_TRUE(models::check_coverage(*model, routes).empty());
+  run_hooks(*model, buffers);
+  if (HasFatalFailure()) {
+    return;
+  }
+  std::size_t scales = 0;
+  for (std::size_t i = 0; i < local.size(); ++i) {
+    auto read = [&](float (fp8::Values::*fn)(const std::string&, std::uint64_t)) {
+      return ds::reference(ck.config, rl, local[i], [&](const std::string& n, std::uint64_t e) {
+        return (values.*fn)(n, e);
+      });
+    };
+    const ds::Params w = read(&fp8::Values::weight);
+    const ds::Params s = ds::reference(
+        ck.config, rl, local[i],
+        [&](const std::string& n, std::uint64_t e) { return values.own_scale(n, e); });
+    const ds::Params d = read(&fp8::Values::dequantized);
+    std::set<std::string> split;
+    for (const auto& [name, p] : w) {
+      if (fp8::ends_with(name, "w_kc") || fp8::ends_with(name, "w_vc")) {
+        split.insert(name);
+      }
+    }
+    EXPECT_EQ(split.empty(), c.family == "glm4_moe");  // MLA families only
+    scales += fp8::check_rank(*model, i, buffers, w, s, d, split);
+  }
+  EXPECT_GT(scales, 0u);
+}
+
+std::vector<Fp8Case> fp8_cases() {
+  std::vector<Fp8Case> out;
+  for (int tp : {1, 2, 4}) {
+    for (int ep : {1, 2, 4}) {
+      if (ep <= tp) {
+        out.push_back({"deepseek_v3", "", tp, ep, false, {}});
+      }
+    }
+  }
+  out.push_back({"deepseek_v3", "", 2, 2, true, {}});       // the MTP draft layer
+  out.push_back({"deepseek_v3", "", 4, 2, false, {3, 1}});  // some ranks, any order
+  out.push_back({"deepseek_v3", "no_q_lora", 2, 1, false, {}});
+  if (synth_has("glm4_moe")) {
+    out.push_back({"glm4_moe", "", 2, 1, false, {}});  // shared expert fused at ep 1
+    out.push_back({"glm4_moe", "", 4, 2, false, {}});
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Fp8Block, DeepseekFp8Reference, ::testing::ValuesIn(fp8_cases()),
+                         fp8_case_name);
 
 void expect_error(const std::function<void()>& f, Stage stage, const std::string& what) {
   try {
@@ -568,17 +663,49 @@ TEST(Deepseek, SupportedArchitecturesIncludeTheFamilies) {
 
 TEST(Deepseek, RealDeepseekV3ConfigGivesSglangShapes) {
   FERRY_NEED_TEST_DATA();
-  // The published DeepSeek-V3 config.json (FP8: its quantization_config is refused,
-  // so it is removed here to check the BF16 layout of the same model).
+  // The published DeepSeek-V3 config.json: FP8 with 128 x 128 block scales. Its FP8
+  // layout first (SGLang's Fp8LinearMethod / Fp8MoEMethod create_weights: the weight
+  // F8_E4M3, weight_scale_inv F32 [ceil(N / 128), ceil(K / 128)]), then the BF16
+  // layout of the same model, without its quantization_config.
   std::ifstream in(::ferry::testing::test_data_path("models/deepseek-v3/config.json"));
   ASSERT_TRUE(in);
   nlohmann::json config = nlohmann::json::parse(in);
-  expect_error([&] { models::make_model(config, {}); }, Stage::kMapping, "quantization_config");
-  config.erase("quantization_config");
   models::ParallelLayout layout;
   layout.tp = 8;
   layout.ep = 8;
   layout.local_ranks = {5};
+  {
+    auto q = models::make_model(config, layout);
+    const auto& sh = q->shells()[0];
+    auto param = [&](const std::string& name) -> const models::ParamSpec& {
+      return sh.params.at(sh.by_name.at(name));
+    };
+    const std::string a = "model.layers.7.self_attn.";
+    const std::map<std::string, models::Shape> scales{
+        {a + "fused_qkv_a_proj_with_mqa.weight", {17, 56}},  // 12 + 5 blocks of rows
+        {a + "q_b_proj.weight", {24, 12}},
+        {a + "kv_b_proj.weight", {32, 4}},
+        {a + "o_proj.weight", {56, 16}},
+        {"model.layers.2.mlp.gate_up_proj.weight", {36, 56}},  // 2 x 18432 / 8 rows
+        {"model.layers.7.mlp.experts.w13_weight", {32, 32, 56}},
+        {"model.layers.7.mlp.experts.w2_weight", {32, 56, 16}},
+        {"model.layers.7.mlp.shared_experts.down_proj.weight", {56, 2}},
+    };
+    for (const auto& [w, shape] : scales) {
+      EXPECT_EQ(param(w).dtype, DType::kF8E4M3) << w;
+      EXPECT_EQ(param(w + "_scale_inv").dtype, DType::kF32) << w;
+      EXPECT_EQ(param(w + "_scale_inv").shape, shape) << w;
+    }
+    for (const char* plain :
+         {"model.embed_tokens.weight", "lm_head.weight", "model.layers.7.mlp.gate.weight",
+          "model.layers.7.input_layernorm.weight"}) {
+      EXPECT_EQ(param(plain).dtype, DType::kBF16) << plain;
+      EXPECT_EQ(sh.by_name.count(std::string(plain) + "_scale_inv"), 0u) << plain;
+    }
+    EXPECT_EQ(param("model.layers.7.mlp.gate.e_score_correction_bias").dtype, DType::kF32);
+    EXPECT_EQ(param(a + "w_kc").dtype, DType::kBF16);  // the dequantized split
+  }
+  config.erase("quantization_config");
   auto m = models::make_model(config, layout);
   const auto& shell = m->shells()[0];
   auto spec = [&](const std::string& name) -> const models::ParamSpec& {

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -69,7 +70,11 @@ struct Tensor {
 // Checkpoint values synth_value(seed, name, i), each tensor computed once.
 class Values {
  public:
+  using Fn = std::function<float(const std::string& name, std::uint64_t index)>;
   explicit Values(std::uint64_t seed) : seed_(seed) {}
+  // Element i of tensor `name` is fn(name, i) instead (the FP8 readings of
+  // fp8_reference.hpp).
+  explicit Values(Fn fn) : fn_(std::move(fn)) {}
   // Elements 0 .. numel-1 of tensor `name` (a name's values do not depend on its
   // shape, so a test may reshape a tensor; each size is cached on its own).
   const std::vector<float>& get(const std::string& name, std::uint64_t numel) {
@@ -78,7 +83,7 @@ class Values {
     if (it == cache_.end()) {
       std::vector<float> v(numel);
       for (std::uint64_t i = 0; i < numel; ++i) {
-        v[i] = tools::synth_value(seed_, name, i);
+        v[i] = fn_ ? fn_(name, i) : tools::synth_value(seed_, name, i);
       }
       it = cache_.emplace(std::move(key), std::move(v)).first;
     }
@@ -87,7 +92,8 @@ class Values {
   std::uint64_t seed() const { return seed_; }
 
  private:
-  std::uint64_t seed_;
+  std::uint64_t seed_ = 0;
+  Fn fn_;
   std::map<std::pair<std::string, std::uint64_t>, std::vector<float>> cache_;
 };
 

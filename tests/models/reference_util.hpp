@@ -68,6 +68,18 @@ io::TensorInfo tensor_info(const std::string& name, DType dtype,
 
 // (encode, encode_one and decode_one: testing/dtype_codec.hpp.)
 
+// Steps a row-major logical index through `shape` (the last dim fastest); false once
+// every index has been visited.
+inline bool next_index(std::vector<std::uint64_t>& idx, const std::vector<std::uint64_t>& shape) {
+  for (std::size_t a = idx.size(); a-- > 0;) {
+    if (++idx[a] < shape[a]) {
+      return true;
+    }
+    idx[a] = 0;
+  }
+  return false;
+}
+
 // Param storage of every local rank, plus how often each byte was written.
 struct ParamBuffers {
   std::vector<std::vector<std::vector<std::byte>>> bytes;      // [local rank][param]
