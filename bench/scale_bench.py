@@ -59,7 +59,7 @@ def main():
     ferry = os.path.join(args.build, "ferry")
     cache = os.path.join(args.build, "bench-cache")
     name = os.path.basename(os.path.dirname(os.path.abspath(args.config)))
-    full = synth(ferry, os.path.join(cache, name + "-sparse"), args.config, "--sparse")
+    full = synth(ferry, os.path.join(cache, name + "-sparse"), args.config, "--sparse", "--dtype", "bf16")
     scaled = synth(ferry, os.path.join(cache, name + "-h64"), args.config, "--scale-dims", "64")
     tmp = tempfile.mkdtemp(prefix="ferry-scale-bench-")
     layout = ["--tp", "8", "--ep", "8"]

@@ -30,7 +30,9 @@ constexpr const char kDescription[] =
     "model's config.json, whose architectures[0] names the family and whose fields give\n"
     "every size, so the checkpoint has the real model's tensors and shapes (DeepSeek-V3:\n"
     "46183 tensors, 1.37 TB in bf16). Its config.json is FILE's, less\n"
-    "quantization_config. Add --sparse to write such a checkpoint in seconds (data\n"
+    "quantization_config, except that --sparse at real sizes keeps an FP8 block\n"
+    "config's layout (DeepSeek-V3: 91991 tensors, 689 GB; --dtype bf16 strips it).\n"
+    "Add --sparse to write such a checkpoint in seconds (data\n"
     "regions are holes: zeros that take no disk, so the (seed, T, i) values do not\n"
     "apply), or --scale-dims H for the real tensor set at a fraction of the size.";
 
@@ -163,14 +165,30 @@ int cmd_synth(const Args& args) {
       ->type_name("N")
       ->check(whole_number())
       ->capture_default_str();
-  app.add_option("--dtype", dtype,
-                 "bf16 | f16 | f32 (with --from-config too, whatever its torch_dtype;\n"
-                 "the written config.json says this one)")
-      ->type_name("D")
-      ->check(
-          known_value([](const std::string& text) { return parse_synth_dtype(text).has_value(); },
-                      "dtype", "bf16, f16, f32"))
+  std::string quant = "auto";
+  app.add_option("--quant", quant,
+                 "none | fp8-block | auto: fp8-block stores every quantized linear weight\n"
+                 "as F8_E4M3 with an F32 <weight>_scale_inv of [ceil(N/b), ceil(K/b)]\n"
+                 "blocks and writes quantization_config (quant_method fp8). auto: with\n"
+                 "--from-config --sparse (real sizes) and no --dtype, the config's own FP8\n"
+                 "block layout, its quantization_config kept; otherwise none")
+      ->type_name("Q")
+      ->check(CLI::IsMember({"none", "fp8-block", "auto"}))
       ->capture_default_str();
+  std::uint64_t quant_block = 0;
+  app.add_option("--quant-block", quant_block,
+                 "b of fp8-block (default 128, or the config's weight_block_size)")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
+  CLI::Option* dtype_option =
+      app.add_option("--dtype", dtype,
+                     "bf16 | f16 | f32 (with --from-config too, whatever its torch_dtype;\n"
+                     "the written config.json says this one)")
+          ->type_name("D")
+          ->check(known_value(
+              [](const std::string& text) { return parse_synth_dtype(text).has_value(); }, "dtype",
+              "bf16, f16, f32"))
+          ->capture_default_str();
   app.add_option("--shard-bytes", shard_bytes,
                  "shard size; suffixes K, M, G (binary) allowed\n"
                  "(default: tiny 512K, small 16M, medium 512M, --from-config 5G)")
@@ -205,6 +223,20 @@ int cmd_synth(const Args& args) {
   }
   options.fsync = !no_fsync;
   options.dtype = *parse_synth_dtype(dtype);  // checked by the validator above
+  if (quant == "fp8-block") {
+    options.quant = SynthQuant::kFp8Block;
+  } else if (quant == "auto") {
+    // A real FP8 config keeps its layout unless a dtype is asked for explicitly.
+    options.quant_from_config = from_config->count() > 0 && options.sparse &&
+                                options.scale_hidden == 0 && dtype_option->count() == 0;
+  }
+  if (quant_block != 0) {
+    if (options.quant != SynthQuant::kFp8Block && !options.quant_from_config) {
+      return usage_error(
+          "--quant-block needs --quant fp8-block (or an FP8 --from-config --sparse)");
+    }
+    options.quant_block = quant_block;
+  }
   if (!shard_bytes.empty()) {
     options.shard_bytes = *parse_size(shard_bytes);  // checked by the validator above
   }
