@@ -11,11 +11,14 @@
 #include <algorithm>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "io/safetensors.hpp"
 #include "models/deepseek_reference.hpp"
+#include "models/fp8_reference.hpp"
+#include "models/model.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
@@ -281,6 +284,71 @@ TEST(DeepseekLoadFamilies, DeepseekV2AndGlm4MoeWhenSynthesized) {
   }
   if (!any) {
     GTEST_SKIP() << "tools/synth.cpp writes neither deepseek_v2 nor glm4_moe yet";
+  }
+}
+
+// An FP8 block-quantized DeepSeek-V3 (ferry synth --quant fp8-block, 8 x 8 blocks)
+// through the whole pipeline onto host devices: every param of every local rank
+// against the three readings of the reference (tests/models/fp8_reference.hpp),
+// w_kc / w_vc being the split of the dequantized kv_b_proj, run by the copy worker.
+TEST(DeepseekFp8Load, BlockScaledCheckpointLoadsAsTheReference) {
+  TempDir dir;
+  tools::SynthOptions o;
+  o.family = "deepseek_v3";
+  o.preset = "tiny";
+  o.out = dir.file("fp8");
+  o.seed = 5;
+  o.quant = tools::SynthQuant::kFp8Block;
+  o.quant_block = testing::fp8::kBlock;
+  o.fsync = false;
+  tools::synthesize(o);
+  // The same layout, derived here from the BF16 tensor list.
+  nlohmann::json config = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+  std::vector<tools::SynthTensor> tensors =
+      tools::synth_tensor_list("deepseek_v3", "tiny", DType::kBF16, false);
+  testing::fp8::Values values(o.seed, testing::fp8::quantize(tensors, config));
+  for (const auto& [tp, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {4, 1}}) {
+    LoadSetup s = load_setup(tp, ep);
+    s.layout.fuse_shared = testing::ds::sglang_fuses(testing::ds::dims_of(config), s.layout);
+    Runtime rt(make_config(o.out, sets_of(s)));
+    LoadResult r = rt.load();
+    ASSERT_TRUE(r) << r.error->message;
+    models::ParallelLayout layout;
+    layout.tp = tp;
+    layout.ep = ep;
+    std::unique_ptr<models::Model> model = models::make_model(config, layout);
+    testing::ParamBuffers buffers;
+    for (std::size_t i = 0; i < model->shells().size(); ++i) {
+      buffers.bytes.emplace_back();
+      buffers.writes.emplace_back();
+      for (const models::ParamSpec& p : model->shells()[i].params) {
+        ASSERT_NE(r.model->ranks()[i].find(p.name), nullptr) << p.name;
+        buffers.bytes.back().push_back(r.model->read_param(i, p.name));
+        buffers.writes.back().emplace_back(p.nbytes, 1);  // the load checked coverage
+      }
+    }
+    std::size_t scales = 0;
+    for (std::size_t i = 0; i < model->shells().size(); ++i) {
+      const int rank = model->shells()[i].tp_rank;
+      auto read = [&](float (testing::fp8::Values::*fn)(const std::string&, std::uint64_t)) {
+        return testing::ds::reference(
+            config, s.layout, rank,
+            [&](const std::string& n, std::uint64_t e) { return (values.*fn)(n, e); });
+      };
+      const testing::ds::Params w = read(&testing::fp8::Values::weight);
+      const testing::ds::Params sc = testing::ds::reference(
+          config, s.layout, rank,
+          [&](const std::string& n, std::uint64_t e) { return values.own_scale(n, e); });
+      const testing::ds::Params d = read(&testing::fp8::Values::dequantized);
+      std::set<std::string> split;
+      for (const auto& [name, p] : w) {
+        if (testing::fp8::ends_with(name, "w_kc") || testing::fp8::ends_with(name, "w_vc")) {
+          split.insert(name);
+        }
+      }
+      scales += testing::fp8::check_rank(*model, i, buffers, w, sc, d, split);
+    }
+    EXPECT_GT(scales, 0u) << "tp " << tp;
   }
 }
 

@@ -289,6 +289,21 @@ inline std::map<std::string, std::vector<std::byte>> param_bytes(const runtime::
 
 // ---- configuration -----------------------------------------------------------
 
+// The bytes of every safetensors header `r` wrote (length prefix included): what a
+// load reads beyond its plan.
+inline std::uint64_t synth_header_bytes(const tools::SynthResult& r) {
+  std::uint64_t n = 0;
+  for (const std::string& path : r.files) {
+    if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {
+      std::ifstream in(path, std::ios::binary);
+      std::uint64_t len = 0;
+      in.read(reinterpret_cast<char*>(&len), 8);
+      n += 8 + len;
+    }
+  }
+  return n;
+}
+
 // A LoadConfig from `--set`-style assignments over the in-code defaults.
 inline runtime::LoadConfig make_config(const std::string& model_dir,
                                        const std::vector<std::string>& sets) {

@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <fstream>
 #include <string>
 
 #include "gpu/null_device.hpp"
@@ -19,19 +18,6 @@
 
 namespace ferry::runtime {
 namespace {
-
-std::uint64_t header_bytes(const tools::SynthResult& r) {
-  std::uint64_t n = 0;
-  for (const std::string& path : r.files) {
-    if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {
-      std::ifstream in(path, std::ios::binary);
-      std::uint64_t len = 0;
-      in.read(reinterpret_cast<char*>(&len), 8);
-      n += 8 + len;
-    }
-  }
-  return n;
-}
 
 TEST(SparseScale, FullSizeLlama31_8bPlansAndLoadsOnNullAtTp2) {
   FERRY_NEED_TEST_DATA();
@@ -58,7 +44,7 @@ TEST(SparseScale, FullSizeLlama31_8bPlansAndLoadsOnNullAtTp2) {
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   const LoadReport& rep = r.model->report();
-  EXPECT_EQ(rep.bytes_read, plan.read_bytes + header_bytes(written));
+  EXPECT_EQ(rep.bytes_read, plan.read_bytes + testing::synth_header_bytes(written));
   EXPECT_EQ(rep.tensors.placed, 291u);
   // ferry's own host memory for a 16 GB model: the staging it was given, plus an
   // index and a plan of a few KiB per tensor (§6 of the hardening issue), whatever
@@ -79,7 +65,7 @@ TEST(SparseScale, FullSizeLlama31_8bPlansAndLoadsOnNullAtTp2) {
   Runtime rt1(one);
   LoadResult r1 = rt1.load();
   ASSERT_TRUE(r1) << r1.error->message;
-  EXPECT_EQ(r1.model->report().bytes_read, plan1.read_bytes + header_bytes(written));
+  EXPECT_EQ(r1.model->report().bytes_read, plan1.read_bytes + testing::synth_header_bytes(written));
   // (o_proj and down_proj are split by columns: a rank's slice spans nearly all rows.)
   EXPECT_LT(plan1.read_bytes, plan.read_bytes);
   EXPECT_GT(plan1.read_bytes, plan.read_bytes / 2);

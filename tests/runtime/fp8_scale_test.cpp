@@ -1,0 +1,123 @@
+// FP8 block-quantized checkpoints at real scale: the real config.json files of
+// DeepSeek-V3 and Qwen3-30B-A3B-FP8 (quantization_config: fp8, weight_block_size
+// [128, 128]) synthesized as sparse checkpoints with their real FP8 tensor set
+// (every quantized linear weight F8_E4M3 with its F32 weight_scale_inv), then one
+// rank at tp 8 / ep 8 planned and loaded onto a null device: nothing unmapped, the
+// load reads exactly its plan (plus the headers), and every parameter byte, scales
+// and the MLA split's outputs included, is written.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "gpu/null_device.hpp"
+#include "runtime/plan_report.hpp"
+#include "runtime/runtime.hpp"
+#include "runtime/runtime_internal.hpp"
+#include "runtime/runtime_test_util.hpp"
+#include "testing/temp_dir.hpp"
+#include "testing/test_data.hpp"
+#include "tools/synth.hpp"
+
+namespace ferry::runtime {
+namespace {
+
+struct Fp8Model {
+  std::string config;       // under ../shared/data/models
+  std::size_t tensors = 0;  // weights, scales and the rest
+  std::size_t scales = 0;   // weight_scale_inv tensors
+  // Pipeline stages: DeepSeek-V3's rank at tp 8 / ep 8 reads 85 GB (zeros from
+  // holes, at about 1 GB/s here), so the load takes the last of 16 stages (4 of 61
+  // layers, the norm and lm_head); the whole rank is planned too.
+  int pp = 1;
+};
+
+class Fp8FullSize : public ::testing::TestWithParam<Fp8Model> {};
+
+TEST_P(Fp8FullSize, OneRankAtTp8Ep8PlansReadsItsPlanAndFillsEveryParameter) {
+  FERRY_NEED_TEST_DATA();
+  const Fp8Model& m = GetParam();
+  testing::TempDir dir;
+  tools::SynthOptions o;
+  o.from_config = ::ferry::testing::test_data_path("models/" + m.config + "/config.json");
+  o.quant_from_config = true;  // the config's own FP8 layout (as `ferry synth` without --dtype)
+  o.sparse = true;
+  o.out = dir.file(m.config);
+  o.fsync = false;
+  tools::SynthResult written = tools::synthesize(o);
+  ASSERT_EQ(written.tensors, m.tensors);
+  {
+    std::ifstream in(o.out + "/config.json");
+    const nlohmann::json c = nlohmann::json::parse(in);
+    ASSERT_EQ(c.at("quantization_config").at("quant_method"), "fp8");
+    EXPECT_EQ(c.at("quantization_config").at("weight_block_size"), nlohmann::json({128, 128}));
+    std::ifstream idx(o.out + "/model.safetensors.index.json");
+    std::size_t scales = 0;
+    const nlohmann::json map = nlohmann::json::parse(idx).at("weight_map");
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      const std::string& name = it.key();
+      scales += name.size() > 16 && name.compare(name.size() - 16, 16, "weight_scale_inv") == 0;
+    }
+    EXPECT_EQ(scales, m.scales);
+  }
+
+  const std::vector<std::string> rank3 = {"parallel.tp=8", "parallel.ep=8", "parallel.ranks=3",
+                                          "devices=null"};
+  PlanReport whole = make_plan_report(testing::make_config(o.out, rank3));
+  EXPECT_EQ(whole.unmapped, 0u);
+  EXPECT_GT(whole.placed, 0u);
+  EXPECT_LT(whole.read_bytes, whole.checkpoint_bytes / 4);  // 1 of 8 expert-parallel ranks
+  std::vector<std::string> settings = rank3;
+  if (m.pp > 1) {
+    settings.push_back("parallel.pp=" + std::to_string(m.pp));
+    settings.push_back("parallel.pp_rank=" + std::to_string(m.pp - 1));
+  }
+  LoadConfig config = testing::make_config(o.out, settings);
+  PlanReport plan = make_plan_report(config);
+  EXPECT_EQ(plan.unmapped, 0u);
+
+  RuntimeHooks hooks;
+  hooks.devices = {gpu::make_null_device(0)};
+  Runtime rt(config, hooks);
+  LoadResult r = rt.load();
+  ASSERT_TRUE(r) << r.error->message;
+  const LoadReport& rep = r.model->report();
+  EXPECT_EQ(rep.bytes_read, plan.read_bytes + testing::synth_header_bytes(written));
+  EXPECT_EQ(rep.tensors.unmapped, 0u);
+  std::uint64_t param_bytes = 0;
+  std::size_t fp8 = 0;
+  std::size_t scale_params = 0;
+  for (const LoadedParam& p : r.model->ranks()[0].params) {
+    const bool hook_output =
+        p.name.size() > 4 && (p.name.compare(p.name.size() - 4, 4, "w_kc") == 0 ||
+                              p.name.compare(p.name.size() - 4, 4, "w_vc") == 0);
+    // A null device keeps no bytes, so the MLA split (a post-load hook) does not run
+    // on it; every other param is written by the load's pieces.
+    param_bytes += hook_output ? 0 : p.nbytes;
+    fp8 += p.dtype == DType::kF8E4M3 ? 1 : 0;
+    scale_params +=
+        p.name.size() > 16 && p.name.compare(p.name.size() - 16, 16, "weight_scale_inv") == 0;
+  }
+  EXPECT_GT(fp8, 0u);
+  EXPECT_EQ(scale_params, fp8);  // every FP8 param has its block scales
+  EXPECT_EQ(gpu::null_device_bytes_written(*hooks.devices[0]), param_bytes);
+}
+
+// Tensor counts: DeepSeek-V3 91991, the real checkpoint's, i.e. the 46183 names of
+// the BF16 layout plus 45808 scales (3 dense layers x 8 linears, and 58 MoE layers
+// plus the MTP layer x (5 attention + 256 x 3 expert + 3 shared-expert linears));
+// Qwen3-30B-A3B-FP8 37491: 18867 plus 48 layers x (4 + 128 x 3) = 18624 scales.
+INSTANTIATE_TEST_SUITE_P(RealConfigs, Fp8FullSize,
+                         ::testing::Values(Fp8Model{"deepseek-v3", 91991, 45808, 16},
+                                           Fp8Model{"qwen3-30b-a3b-fp8", 37491, 18624}),
+                         [](const ::testing::TestParamInfo<Fp8Model>& param) {
+                           std::string n = param.param.config;
+                           for (char& ch : n) {
+                             ch = (ch == '-' || ch == '.') ? '_' : ch;
+                           }
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace ferry::runtime
