@@ -13,6 +13,14 @@ namespace {
   throw Error(Stage::kPlacement, "", what, "internal: " + rule);
 }
 
+// A zero-dimensional scalar and a one-element 1-D tensor hold the same bytes: a 0-d
+// checkpoint scalar loads into a [1] param and a [1] tensor into a 0-d param (as
+// SGLang's loaders reshape a scalar scale; article section 5.1). Shapes are compared
+// and pieces computed with [] read as [1].
+Shape as_1d(const Shape& shape) {
+  return shape.empty() ? Shape{1} : shape;
+}
+
 bool is_float(DType dtype) {
   return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32;
 }
@@ -280,7 +288,8 @@ void TableModel::finish() {
         if (b.kind != Block::Kind::kZero) {
           internal(f.param, "a fill rule returned a copy block");
         }
-        Piece p = block_to_piece(b, spec.shape, spec.dtype, spec.shape, spec.dtype, spec.name);
+        Piece p = block_to_piece(b, as_1d(spec.shape), spec.dtype, as_1d(spec.shape), spec.dtype,
+                                 spec.name);
         p.local_rank = i;
         p.param = param;
         fills_.push_back(p);
@@ -335,7 +344,7 @@ Route TableModel::route(const io::TensorInfo& tensor) const {
   for (const Target& t : it->second) {
     const RankShell& first = shells_.front();
     const ParamSpec& first_spec = first.params[first.by_name.at(t.param)];
-    if (tensor.shape != t.src_shape) {
+    if (as_1d(tensor.shape) != as_1d(t.src_shape)) {
       throw Error(Stage::kPlacement, tensor.file, tensor.name,
                   "Attempted to load weight " + tensor.name + " " + format_shape(tensor.shape) +
                       " into parameter " + t.param + " " + format_shape(first_spec.shape) +
@@ -371,7 +380,8 @@ Route TableModel::route(const io::TensorInfo& tensor) const {
         if (b.kind != Block::Kind::kCopy) {
           internal(t.param, "a target rule returned a zero block (zero blocks are fills)");
         }
-        Piece p = block_to_piece(b, tensor.shape, tensor.dtype, spec.shape, spec.dtype, spec.name);
+        Piece p = block_to_piece(b, as_1d(tensor.shape), tensor.dtype, as_1d(spec.shape),
+                                 spec.dtype, spec.name);
         p.local_rank = i;
         p.param = param;
         route.pieces.push_back(p);

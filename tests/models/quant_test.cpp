@@ -20,6 +20,7 @@
 #include "models/moe_reference.hpp"
 #include "models/placement.hpp"
 #include "models/reference_util.hpp"
+#include "models/table_model.hpp"
 #include "testing/error_of.hpp"
 #include "tools/synth.hpp"
 
@@ -105,10 +106,12 @@ TEST_P(Fp8Contract, WeightsAndScalesMatchTheReference) {
   EXPECT_GT(scales, 0u);
 }
 
+// (Mixtral's and Qwen3-MoE's reference runs take 20-30 s each under ASan: the
+// layouts are chosen so that each split kind appears once: tp-split experts, ep,
+// and both together.)
 std::vector<Case> cases() {
   return {{"llama", 1, 1},     {"llama", 2, 1},     {"llama", 4, 1},     {"qwen2", 2, 1},
-          {"qwen3_moe", 1, 1}, {"qwen3_moe", 2, 2}, {"qwen3_moe", 4, 1}, {"qwen3_moe", 4, 4},
-          {"mixtral", 2, 1},   {"mixtral", 4, 2}};
+          {"qwen3_moe", 1, 1}, {"qwen3_moe", 4, 1}, {"qwen3_moe", 4, 2}, {"mixtral", 2, 2}};
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, Fp8Contract, ::testing::ValuesIn(cases()), case_name);
@@ -271,6 +274,34 @@ TEST(QuantPlacement, ExcludedModulesStayInTheModelDtype) {
   c["quantization_config"]["modules_to_not_convert"] = {"model.layers.1.self_attn.q_proj"};
   EXPECT_THAT(error_of(Stage::kMapping, [&] { models::make_model(c, {}); }),
               HasSubstr("some but not all shards of model.layers.1.self_attn.qkv_proj"));
+}
+
+TEST(QuantPlacement, AScalarLoadsIntoAOneElementParamAndTheReverse) {
+  // Per-tensor scales are stored 0-d by some exporters and [1] by others.
+  models::ParallelLayout l;
+  models::TableModel m("toy", "ToyForTest", models::normalize_layout(l), DType::kBF16, false);
+  m.add_param("toy.one", models::Shape{1}, DType::kF32);
+  m.add_param("toy.scalar", models::Shape{}, DType::kF32);
+  m.add_target("one", "toy.one", models::Shape{1},
+               [](int) { return std::vector<models::Block>{models::replicated(1)}; });
+  m.add_target("scalar", "toy.scalar", models::Shape{},
+               [](int) { return std::vector<models::Block>{models::replicated(1)}; });
+  m.finish();
+  const auto& shell = m.shells()[0];
+  EXPECT_EQ(shell.params[shell.by_name.at("toy.scalar")].nbytes, 4u);
+  for (const auto& [tensor, shape] :
+       std::vector<std::pair<std::string, std::vector<std::uint64_t>>>{
+           {"one", {}}, {"one", {1}}, {"scalar", {1}}, {"scalar", {}}}) {
+    const models::Route r = m.route(tensor_info(tensor, DType::kF32, shape));
+    ASSERT_EQ(r.kind, models::RouteKind::kPlaced) << tensor;
+    ASSERT_EQ(r.pieces.size(), 1u) << tensor;
+    EXPECT_EQ(r.pieces[0].dst_bytes(), 4u) << tensor;
+    EXPECT_EQ(r.src_end, 4u) << tensor;
+  }
+  // Two elements are not a scalar.
+  EXPECT_THAT(
+      error_of(Stage::kPlacement, [&] { m.route(tensor_info("scalar", DType::kF32, {2})); }),
+      HasSubstr("the checkpoint tensor must be []"));
 }
 
 TEST(Fp8Values, E4m3RoundTripsEveryCodeAndRoundsToNearestEven) {
