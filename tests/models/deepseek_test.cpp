@@ -315,10 +315,7 @@ TEST_P(DeepseekReference, EveryElementMatchesTheReference) {
       std::vector<std::uint64_t> idx(spec.shape.size(), 0);
       const std::byte* base = buffers.bytes[i][k].data();
       for (std::size_t e = 0; e < ref.values.size(); ++e) {
-        std::uint64_t off = 0;
-        for (std::size_t a = 0; a < idx.size(); ++a) {
-          off += idx[a] * spec.strides[a];
-        }
+        const std::uint64_t off = storage_offset(idx, spec.strides);
         const float got = decode_one(base + off * dtype_size(dt), dt);
         if (got != ref.values[e]) {
           FAIL() << spec.name << " rank " << local[i] << " element " << e << ": got " << got

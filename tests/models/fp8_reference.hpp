@@ -207,10 +207,7 @@ std::size_t check_rank(const models::Model& model, std::size_t i, const ParamBuf
     const DType dt = spec.dtype;
     std::vector<std::uint64_t> idx(spec.shape.size(), 0);
     for (std::size_t e = 0; e < ref.values.size(); ++e) {
-      std::uint64_t off = 0;
-      for (std::size_t a = 0; a < idx.size(); ++a) {
-        off += idx[a] * spec.strides[a];
-      }
+      const std::uint64_t off = storage_offset(idx, spec.strides);
       const float got = decode_one(base + off * dtype_size(dt), dt);
       if (got != ref.values[e]) {
         ADD_FAILURE() << where << " element " << e << ": got " << got << ", reference "

@@ -80,6 +80,16 @@ inline bool next_index(std::vector<std::uint64_t>& idx, const std::vector<std::u
   return false;
 }
 
+// The storage offset (elements) of logical index `idx` under `strides`.
+inline std::uint64_t storage_offset(const std::vector<std::uint64_t>& idx,
+                                    const std::vector<std::uint64_t>& strides) {
+  std::uint64_t off = 0;
+  for (std::size_t a = 0; a < idx.size(); ++a) {
+    off += idx[a] * strides[a];
+  }
+  return off;
+}
+
 // Param storage of every local rank, plus how often each byte was written.
 struct ParamBuffers {
   std::vector<std::vector<std::vector<std::byte>>> bytes;      // [local rank][param]
