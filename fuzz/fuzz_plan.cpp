@@ -9,6 +9,7 @@
 //    tools::synth_source, a clean error), the weights' dtype, tied embeddings,
 //    fused experts;
 //  - a header set: the family's tensors for that config (tools::synth_tensor_list),
+//    in one of the quantized layouts of tools::synth_quantize or none,
 //    spread over 1-3 files in a shuffled order behind random header sizes, with at
 //    times one tensor dropped, an unknown one added, a dtype or a shape changed;
 //  - a layout: tp (1-8), ep dividing tp, pp and its rank and partition, a random
@@ -50,6 +51,7 @@
 #include "fuzz/fuzz_check.hpp"
 #include "io/safetensors.hpp"
 #include "models/model.hpp"
+#include "models/quant.hpp"
 #include "tools/synth.hpp"
 
 namespace {
@@ -126,6 +128,18 @@ std::optional<Checkpoint> make_checkpoint(FuzzedDataProvider& in) {
     const tools::SynthSource source = tools::synth_source(c.config, "config.json");
     tensors = tools::synth_tensor_list(source, dtype, 0, fused);
     c.config = tools::synth_config(source, dtype);
+    // A quantized layout (tools::SynthQuant, kNone first) with 8 to 32 wide blocks.
+    const auto quant = static_cast<tools::SynthQuant>(in.ConsumeIntegralInRange(0, 5));
+    if (quant != tools::SynthQuant::kNone && !fused) {
+      const std::uint64_t block = 8 * in.ConsumeIntegralInRange<std::uint64_t>(1, 4);
+      tools::synth_quantize(tensors, quant, block);
+      if (json q = tools::synth_quant_config(quant, block); !q.is_null()) {
+        c.config["quantization_config"] = q;
+      }
+      if (json h = tools::synth_hf_quant_config(quant); !h.is_null()) {
+        c.config = ferry::models::with_hf_quant_config(c.config, h);
+      }
+    }
   } catch (const ferry::Error&) {
     return std::nullopt;
   }

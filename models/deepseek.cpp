@@ -465,7 +465,7 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
   }
   for (std::size_t i = 0; i < base->shells().size(); ++i) {
     for (const std::string& pa : b.mla_prefixes()) {
-      hooks.push_back(make_mla_split_hook(*base, i, pa, dims, o.quant.block_n, o.quant.block_k));
+      hooks.push_back(make_mla_split_hook(*base, i, pa, dims, o.quant));
     }
   }
   return with_param_strides(std::move(base), strides, std::move(hooks));

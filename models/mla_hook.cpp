@@ -72,27 +72,13 @@ bool dense_permutation(const Shape& shape, const std::vector<std::uint64_t>& str
   return true;
 }
 
-// The FP8 form of the split (see make_mla_split_hook): dequantize on the host, then
-// split there, then write both outputs.
-PostLoadHook fp8_split_hook(const RankShell& shell, std::size_t local_rank,
-                            const std::string& attn_prefix, const MlaDims& dims, std::size_t kv_b,
-                            std::size_t w_kc, std::size_t w_vc, std::uint64_t block_n,
-                            std::uint64_t block_k) {
-  const std::string scale_name = scale_inv_name(attn_prefix + "kv_b_proj.weight");
-  if (block_n == 0 || block_k == 0) {
-    bad_split(shell.params[kv_b].name, "kv_b_proj is F8_E4M3 but no weight_block_size was given");
-  }
-  auto it = shell.by_name.find(scale_name);
-  if (it == shell.by_name.end()) {
-    bad_split(scale_name, "kv_b_proj is F8_E4M3 but the model declares no block scale for it");
-  }
-  const std::size_t scale = it->second;
-  const Shape scale_shape = block_scale_shape(shell.params[kv_b].shape, block_n, block_k);
-  if (shell.params[scale].shape != scale_shape || shell.params[scale].dtype != DType::kF32) {
-    bad_split(scale_name, "parameter is " + std::string(dtype_name(shell.params[scale].dtype)) +
-                              " " + format_shape(shell.params[scale].shape) + ", expected F32 " +
-                              format_shape(scale_shape));
-  }
+// The quantized form of the split (see make_mla_split_hook): dequantize on the
+// host, then split there, then write both outputs.
+PostLoadHook dequant_split_hook(const RankShell& shell, std::size_t local_rank,
+                                const std::string& attn_prefix, const MlaDims& dims,
+                                std::size_t kv_b, std::size_t w_kc, std::size_t w_vc,
+                                const QuantScheme& quant) {
+  const QuantizedInputs in = quantized_inputs(quant, shell, kv_b);
   const DType out_dtype = shell.params[w_kc].dtype;
   for (std::size_t out : {w_kc, w_vc}) {
     const DType d = shell.params[out].dtype;
@@ -106,36 +92,41 @@ PostLoadHook fp8_split_hook(const RankShell& shell, std::size_t local_rank,
   hook.name = "mla_dequant_split_kv_b:" + attn_prefix + "kv_b_proj (tp rank " +
               std::to_string(shell.tp_rank) + ")";
   hook.local_rank = local_rank;
-  hook.inputs = {kv_b, scale};
+  hook.inputs = {kv_b, in.scale};
+  if (in.scale_2) {
+    hook.inputs.push_back(*in.scale_2);
+  }
   hook.outputs = {w_kc, w_vc};
-  const std::uint64_t scale_cols = scale_shape[1];
-  hook.run = [dims, kv_b, scale, w_kc, w_vc, block_n, block_k, scale_cols,
+  const std::uint64_t weight_bytes = shell.params[kv_b].nbytes;
+  const std::uint64_t scale_bytes = shell.params[in.scale].nbytes;
+  hook.run = [dims, kv_b, in, w_kc, w_vc, quant, weight_bytes, scale_bytes,
               out_dtype](HookContext& ctx) {
     gpu::Stream& stream = ctx.stream();
     const std::uint64_t head_rows = dims.qk_nope + dims.v_head;
     const std::uint64_t r = dims.kv_lora_rank;
-    const std::uint64_t rows = dims.heads * head_rows;
-    std::vector<std::uint8_t> w(rows * r);
-    std::vector<float> s(((rows + block_n - 1) / block_n) * scale_cols);
+    std::vector<std::uint8_t> w(weight_bytes);
+    std::vector<std::byte> s(scale_bytes);
+    float scale_2 = 1.0f;
     stream.copy_d2h(reinterpret_cast<std::byte*>(w.data()), ctx.param_data(kv_b), w.size());
-    stream.copy_d2h(reinterpret_cast<std::byte*>(s.data()), ctx.param_data(scale),
-                    s.size() * sizeof(float));
+    stream.copy_d2h(s.data(), ctx.param_data(in.scale), s.size());
+    if (in.scale_2) {
+      stream.copy_d2h(reinterpret_cast<std::byte*>(&scale_2), ctx.param_data(*in.scale_2),
+                      sizeof scale_2);
+    }
     stream.synchronize();
-    auto value = [&](std::uint64_t row, std::uint64_t c) {
-      return e4m3_to_float(w[row * r + c]) * s[(row / block_n) * scale_cols + c / block_k];
-    };
+    const QuantizedMatrix kv{&quant, dims.heads * head_rows, r, w.data(), s.data(), scale_2};
     // Storage order of each output (mla_w_kc_strides, mla_w_vc_strides).
     std::vector<float> kc(dims.heads * dims.qk_nope * r);
     std::vector<float> vc(dims.heads * r * dims.v_head);
     for (std::uint64_t h = 0; h < dims.heads; ++h) {
       for (std::uint64_t i = 0; i < dims.qk_nope; ++i) {
         for (std::uint64_t c = 0; c < r; ++c) {
-          kc[h * r * dims.qk_nope + c * dims.qk_nope + i] = value(h * head_rows + i, c);
+          kc[h * r * dims.qk_nope + c * dims.qk_nope + i] = kv.at(h * head_rows + i, c);
         }
       }
       for (std::uint64_t k = 0; k < dims.v_head; ++k) {
         for (std::uint64_t c = 0; c < r; ++c) {
-          vc[h * dims.v_head * r + k * r + c] = value(h * head_rows + dims.qk_nope + k, c);
+          vc[h * dims.v_head * r + k * r + c] = kv.at(h * head_rows + dims.qk_nope + k, c);
         }
       }
     }
@@ -173,7 +164,7 @@ std::vector<std::uint64_t> mla_w_vc_strides(const MlaDims& d) {
 
 PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
                                  const std::string& attn_prefix, const MlaDims& dims,
-                                 std::uint64_t block_n, std::uint64_t block_k) {
+                                 const QuantScheme& quant) {
   if (local_rank >= model.shells().size()) {
     bad_split(attn_prefix, "local rank " + std::to_string(local_rank) + " has no shell");
   }
@@ -193,15 +184,22 @@ PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
     }
     return it->second;
   };
+  // A quantized kv_b_proj is F8_E4M3, or NVFP4's packed bytes (half the columns).
+  const std::string kv_b_name = attn_prefix + "kv_b_proj.weight";
+  auto kv_b_it = shell.by_name.find(kv_b_name);
+  const bool quantized = quant.quantized() && kv_b_it != shell.by_name.end() &&
+                         (shell.params[kv_b_it->second].dtype == DType::kF8E4M3 ||
+                          shell.params[kv_b_it->second].dtype == DType::kU8);
+  const bool packed = quantized && quant.method == QuantScheme::Method::kNvfp4;
   const std::size_t kv_b =
-      find(attn_prefix + "kv_b_proj.weight",
-           Shape{dims.heads * (dims.qk_nope + dims.v_head), dims.kv_lora_rank});
+      find(kv_b_name, Shape{dims.heads * (dims.qk_nope + dims.v_head),
+                            packed ? dims.kv_lora_rank / 2 : dims.kv_lora_rank});
   const std::size_t w_kc = find(attn_prefix + "w_kc", mla_w_kc_shape(dims));
   const std::size_t w_vc = find(attn_prefix + "w_vc", mla_w_vc_shape(dims));
-  const DType dtype = shell.params[kv_b].dtype;
-  if (dtype == DType::kF8E4M3) {
-    return fp8_split_hook(shell, local_rank, attn_prefix, dims, kv_b, w_kc, w_vc, block_n, block_k);
+  if (quantized) {
+    return dequant_split_hook(shell, local_rank, attn_prefix, dims, kv_b, w_kc, w_vc, quant);
   }
+  const DType dtype = shell.params[kv_b].dtype;
   for (std::size_t out : {w_kc, w_vc}) {
     if (shell.params[out].dtype != dtype) {
       bad_split(shell.params[out].name, "parameter is " +

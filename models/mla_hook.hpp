@@ -57,19 +57,20 @@ std::vector<std::uint64_t> mla_w_vc_strides(const MlaDims& d);  // (dv*r, 1, r)
 // Error(Stage::kPostProcess) naming the param when one is missing or its shape or
 // dtype does not fit `dims`.
 //
-// FP8 block-quantized kv_b_proj (F8_E4M3, with <attn_prefix>kv_b_proj.weight_scale_inv
-// of block_scale_shape; `block_n` / `block_k` the checkpoint's weight_block_size):
-// as SGLang's post_load_weights does for 128 x 128 blocks, kv_b_proj is first
-// dequantized to w_kc / w_vc's dtype (BF16, F16 or F32): element (row, c) is
-// f32(kv_b[row][c]) * scale[row / block_n][c / block_k], rounded once to that
-// dtype; then split as above. The hook's inputs are then kv_b_proj and its scale.
-// The dequantization runs on the host (the Device interface has no FP8 kernel): the
-// hook reads both back, dequantizes and splits there, writes w_kc and w_vc with one
-// host-to-device copy each and synchronizes before returning. kv_b_proj keeps its
-// FP8 bytes and scales.
+// A quantized kv_b_proj (F8_E4M3 or NVFP4's packed U8, with the scales `quant` gives
+// it, models/quant.hpp): as SGLang's post_load_weights does for 128 x 128 blocks,
+// kv_b_proj is first dequantized to w_kc / w_vc's dtype (BF16, F16 or F32): element
+// (row, c) is QuantizedMatrix::at (f32(kv_b[row][c]) times its scale), rounded
+// once to that dtype; then split as above. The hook's inputs are then kv_b_proj
+// and its scales. The dequantization runs on the host (the Device interface has no
+// FP8 kernel): the hook reads them back, dequantizes and splits there, writes w_kc
+// and w_vc with one host-to-device copy each and synchronizes before returning.
+// kv_b_proj keeps its quantized bytes and scales. (SGLang keeps FP8 w_kc / w_vc
+// with one scalar scale for blocks other than 128 x 128 and for per-channel
+// scales; ferry dequantizes them all.)
 PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
                                  const std::string& attn_prefix, const MlaDims& dims,
-                                 std::uint64_t block_n = 0, std::uint64_t block_k = 0);
+                                 const QuantScheme& quant = {});
 
 // A Model that behaves as `base`, except that the params named in `strides` (on
 // every local rank) report those storage strides, and that its hooks are base's

@@ -199,18 +199,48 @@ class Model {
 // SGLang's GPU path asserts, or zero-padded as its CPU path does.
 enum class Unaligned { kRefuse, kPad };
 
-// quantization_config, parsed. kNone: the checkpoint is not quantized.
+// quantization_config (or a ModelOpt hf_quant_config.json), parsed; models/quant.hpp
+// says what each method stores. kNone: the checkpoint is not quantized.
 struct QuantScheme {
-  enum class Method { kNone, kFp8Block };
+  enum class Method {
+    kNone,
+    kFp8Block,    // F8_E4M3 weights, F32 scales of [block_n x block_k] blocks
+    kFp8Channel,  // F8_E4M3 weights, F32 weight_scale [N, 1]: one per output row
+    kFp8Tensor,   // F8_E4M3 weights, F32 weight_scale: one per fused shard
+    kNvfp4,       // E2M1 weights packed two a byte (U8 [N, K/2]), F8_E4M3 weight_scale
+                  // [N, K/group_size] and F32 weight_scale_2 per shard
+  };
+  // Who wrote the checkpoint (the names of its scales follow it).
+  enum class Format { kNone, kFp8, kCompressedTensors, kModelOpt };
+  // How quantization_config's list of excluded modules matches a module.
+  enum class IgnoreMatch {
+    kModule,            // fp8: the module or a parent, with or without "model."
+    kSubstringOrRegex,  // compressed-tensors: a case-insensitive substring, "re:" a regex
+    kGlob,              // ModelOpt: "*" wildcards over the module or one dotted part of it
+  };
   Method method = Method::kNone;
-  std::uint64_t block_n = 0;  // weight_block_size[0]: rows (output dim) per scale
-  std::uint64_t block_k = 0;  // weight_block_size[1]: columns (input dim) per scale
+  Format format = Format::kNone;
+  std::uint64_t block_n = 0;     // kFp8Block: rows (output dim) per scale (weight_block_size[0])
+  std::uint64_t block_k = 0;     // kFp8Block: columns (input dim) per scale
+  std::uint64_t group_size = 0;  // kNvfp4: input-dim elements per F8_E4M3 scale (16)
+  // The weight scale's suffix after the module: "weight_scale_inv" (quant_method
+  // fp8 with blocks) or "weight_scale" (the others).
+  std::string scale_suffix;
+  // Static activation scales: every quantized module has an F32 input_scale per
+  // fused shard (ModelOpt; fp8 and compressed-tensors with a static scheme).
+  bool input_scales = false;
+  // An FP8 KV cache with scales (ModelOpt kv_cache_quant_algo FP8): each attention
+  // module has F32 scalars attn.k_scale and attn.v_scale.
+  bool kv_cache_scales = false;
   // "ue8m0" (DeepSeek-V3.1): the F32 scales are powers of two. Loaded as stored,
   // which is what SGLang does unless DeepGEMM's Blackwell repack runs.
   std::string scale_fmt;
-  // modules_to_not_convert and ignored_layers: module names ("lm_head",
-  // "model.layers.0.mlp.gate", ...) whose weights are not quantized.
+  // Module names ("lm_head", "model.layers.0.mlp.gate", "re:.*mlp.gate$",
+  // "*.mlp.gate") whose weights are not quantized, matched by `ignore_match`:
+  // modules_to_not_convert / ignored_layers (fp8), ignore (compressed-tensors),
+  // exclude_modules (ModelOpt).
   std::vector<std::string> ignored;
+  IgnoreMatch ignore_match = IgnoreMatch::kModule;
 
   bool quantized() const { return method != Method::kNone; }
   bool operator==(const QuantScheme&) const = default;
@@ -261,7 +291,8 @@ std::optional<DType> parse_model_dtype(std::string_view text);
 const std::vector<std::string>& supported_architectures();
 
 // Builds the model for config.json's architectures[0], in the layout its
-// quantization_config gives (models/quant.hpp: FP8 block scales, or none). Throws
+// quantization_config gives (models/quant.hpp: FP8 with block, channel or tensor
+// scales, NVFP4, or none). Throws
 // ferry::Error: Stage::kMapping for an unknown architecture (naming it and the
 // supported ones) or a quantization method ferry does not load, Stage::kConfig for a
 // missing or

@@ -1,14 +1,37 @@
-// Quantized checkpoints: what config.json's quantization_config says, which params
-// it quantizes, and how a weight's block scales follow the weight's placement.
+// Quantized checkpoints: what config.json's quantization_config (or a ModelOpt
+// hf_quant_config.json) says, which params it quantizes, and how a weight's scales
+// follow the weight's placement. ferry delivers the layout SGLang's weight loaders
+// leave before its process_weights_after_loading (no transposes, no max-merged
+// shard scales, no backend swizzles), so every scale keeps the meaning it has on
+// disk.
 //
-// Supported: FP8 with block scales (quant_method "fp8" with weight_block_size
-// [bn, bk], as DeepSeek-V3/R1 and the Qwen3 FP8 releases ship). Each quantized
-// linear weight W [N, K] is F8_E4M3 and comes with W_scale_inv, F32
-// [ceil(N / bn), ceil(K / bk)]: element (i, j) of W means f32(W[i, j]) *
-// scale[i / bn][j / bk] (a multiplier, despite the name). ferry keeps both as they
-// are on the device; each rank's scale holds the block rows and columns of its
-// share of the weight, so a share must be made of whole blocks (SGLang's
-// validate_block_quant_shapes in python/sglang/srt/layers/quantization/fp8.py).
+// Supported (the Method of QuantScheme, models/model.hpp):
+// - kFp8Block: quant_method "fp8" with weight_block_size [bn, bk] (DeepSeek-V3/R1,
+//   Qwen3-*-FP8), and compressed-tensors with strategy "block". A weight W [N, K]
+//   is F8_E4M3 with F32 [ceil(N / bn), ceil(K / bk)] scales, <module>.weight_scale_inv
+//   (fp8) or <module>.weight_scale (compressed-tensors): element (i, j) of W means
+//   f32(W[i, j]) * scale[i / bn][j / bk] (a multiplier, despite the name). A
+//   rank's scale holds the blocks of its share of the weight, so a share must be
+//   whole blocks (SGLang's validate_block_quant_shapes, quantization/fp8.py).
+// - kFp8Channel: compressed-tensors strategy "channel": F32 weight_scale [N, 1], a
+//   row's scale going wherever the row goes (a row-parallel param keeps all N).
+// - kFp8Tensor: quant_method "fp8" without blocks (per-tensor serialized FP8),
+//   compressed-tensors strategy "tensor", ModelOpt quant_algo "FP8": one F32 scalar
+//   weight_scale per checkpoint tensor; a param fused from several (qkv_proj,
+//   gate_up_proj, w13) holds one per shard, in the order its shards' rows lie in
+//   it (SGLang's PerTensorScaleParameter: [3] for qkv, [2] for gate_up; experts
+//   [E, 2] for w13 and [E] for w2).
+// - kNvfp4: ModelOpt quant_algo "NVFP4": a weight's E2M1 values packed two a byte
+//   along K (U8 [N, K / 2], element 2i in the low nibble), F8_E4M3 weight_scale
+//   [N, K / group_size] (a [1, group_size] block scale), and F32 weight_scale_2 per
+//   shard; K of every rank's share must be a multiple of group_size (SGLang:
+//   "Unsupported model when in features size is not multiple of 16").
+// Static activation scales (ModelOpt, and fp8 / compressed-tensors with a static
+// scheme) give each quantized module an F32 input_scale per shard; the experts'
+// w13_input_scale is [E, 2] (SGLang keeps one [E] slot that w1 and w3 both write;
+// ferry keeps both values). A ModelOpt FP8 KV cache gives each attention module
+// F32 scalars self_attn.attn.k_scale / v_scale, read from self_attn.k_proj.k_scale
+// (or self_attn.k_scale) as SGLang's maybe_remap_kv_scale_name renames them.
 //
 // Which params are quantized: SGLang's quantized linear layers, i.e. params named
 // *_proj.weight (qkv_proj, o_proj, gate_up_proj, down_proj, q_a_proj, q_b_proj,
@@ -16,15 +39,17 @@
 // experts') and the fused experts w13_weight / w2_weight. Not quantized: the
 // embedding and lm_head, norms, the router (mlp.gate, a ReplicatedLinear built
 // without a quant_config), e_score_correction_bias (F32) and the MTP layer's
-// eh_proj (a plain nn.Linear in SGLang's deepseek_nextn.py). Modules named in
-// modules_to_not_convert / ignored_layers stay in the model's dtype.
+// eh_proj (a plain nn.Linear in SGLang's deepseek_nextn.py). Excluded modules
+// (QuantScheme::ignored) stay in the model's dtype.
 //
-// Anything else (per-tensor FP8, compressed-tensors, ModelOpt, GPTQ, AWQ,
-// bitsandbytes, GGUF, ...) is refused, naming the method.
+// Anything else (GPTQ, AWQ, bitsandbytes, GGUF, compressed-tensors INT or NVFP4,
+// ModelOpt MIXED_PRECISION, ...) is refused, naming the method.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -36,14 +61,23 @@ namespace ferry::models {
 
 // QuantScheme (quantization_config, parsed) is declared in models/model.hpp.
 
-// Reads config.json's quantization_config (absent or null: kNone). Throws
-// ferry::Error(Stage::kMapping) naming the method for one ferry does not load
-// (GPTQ, AWQ, ..., or an unknown name), and Error(Stage::kConfig) naming the field
-// for a malformed one (weight_block_size not two positive integers, an
-// activation_scheme other than dynamic with block scales, a missing quant_method).
+// Reads config.json's quantization_config (absent or null: kNone). A ModelOpt
+// hf_quant_config.json reaches it as quantization_config {"quant_method":
+// "modelopt", ...the file's fields} (runtime/plan_report.cpp merges it so, as
+// SGLang does). Throws ferry::Error(Stage::kMapping) naming the method for one ferry
+// does not load (GPTQ, AWQ, ..., or an unknown name), and Error(Stage::kConfig)
+// naming the field for a malformed one.
 QuantScheme parse_quant_scheme(const nlohmann::json& hf_config);
 
-// "fp8 block [128, 128]" for messages and reports; "none" when not quantized.
+// config.json with a ModelOpt hf_quant_config.json found beside it: when config.json
+// has no quantization_config, the file's fields become one, with quant_method
+// "modelopt" (as SGLang's _parse_quant_hf_config does); otherwise config.json wins
+// as it is. Throws Error(Stage::kConfig) naming hf_quant_config.json when it is not
+// a JSON object.
+nlohmann::json with_hf_quant_config(nlohmann::json hf_config, const nlohmann::json& hf_quant);
+
+// "fp8 block [128, 128]", "fp8 per-channel (compressed-tensors)", "nvfp4 group 16
+// (modelopt)" for messages and reports; "none" when not quantized.
 std::string describe(const QuantScheme& scheme);
 
 // Whether SGLang quantizes the param (see above); the name alone decides.
@@ -53,17 +87,42 @@ bool quantized_linear_param(std::string_view param);
 bool quantized_linear_tensor(std::string_view tensor);
 
 // Whether `module` (a param or tensor name less ".weight", or the fused experts'
-// "....experts") is excluded by `scheme.ignored`: an entry equal to it or to one
-// of its parents, with or without the leading "model.". `shards` are the checkpoint
-// modules a fused param is made of (q_proj, k_proj, v_proj for qkv_proj): the
-// param is skipped when all are; some but not all is an error (SGLang's
+// "....experts") is excluded by `scheme.ignored`, as `scheme.ignore_match` reads
+// an entry. `shards` are the checkpoint modules a fused param is made of (q_proj,
+// k_proj, v_proj for qkv_proj): when the fused name itself is not excluded, the
+// param is skipped when all shards are; some but not all is an error (SGLang's
 // is_layer_skipped: "all shards of fused layers must have the same precision").
+// The entries are read (regexes compiled) once, for every module a model asks about.
+// Throws Error(Stage::kConfig) for a "re:" entry that is not a regular expression.
+class ExcludedModules {
+ public:
+  explicit ExcludedModules(const QuantScheme& scheme);
+  bool skipped(const std::string& module, const std::vector<std::string>& shards = {}) const;
+
+ private:
+  bool listed(const std::string& module) const;
+  bool module_listed(const std::string& module) const;
+  bool ct_listed(const std::string& module) const;
+  bool glob_listed(const std::string& module) const;
+
+  QuantScheme::IgnoreMatch match_;
+  std::vector<std::string> entries_;
+  std::vector<std::string> substrings_;  // compressed-tensors, lower-cased
+  struct Regexes;                        // compressed-tensors "re:" entries, compiled
+  std::shared_ptr<const Regexes> regexes_;
+};
+
+// ExcludedModules(scheme).skipped(module, shards), for one question.
 bool module_skipped(const QuantScheme& scheme, const std::string& module,
                     const std::vector<std::string>& shards = {});
 
-// The scale's name: <weight>_scale_inv ("...qkv_proj.weight_scale_inv",
-// "...experts.w13_weight_scale_inv").
-std::string scale_inv_name(std::string_view weight);
+// A quantized weight's companion: "<module>.weight" + suffix "input_scale" is
+// "<module>.input_scale", "...experts.w13_weight" is "...experts.w13_input_scale".
+// `weight` must end with "weight".
+std::string companion_name(std::string_view weight, std::string_view suffix);
+// The block (or channel, or tensor) scale of a weight: companion_name(weight,
+// scheme.scale_suffix), e.g. "...qkv_proj.weight_scale_inv".
+std::string weight_scale_name(const QuantScheme& scheme, std::string_view weight);
 
 // The block-scale shape of a weight shape (its last two dims N, K become
 // ceil(N / bn), ceil(K / bk); leading dims, such as experts, stay).
@@ -85,5 +144,37 @@ void check_block_aligned(const Block& block, const Shape& src_inner, const Shape
 // The scale block of a checked weight block: the same fixed indices and axis,
 // starts divided by the block size, length rounded up to whole blocks.
 Block scale_block(const Block& weight_block, std::uint64_t block_n, std::uint64_t block_k);
+
+// ---- reading quantized weights on the host ------------------------------------------
+
+// The bytes of one quantized linear param's local share (a 2-D [rows, cols]
+// matrix; `cols` counts logical elements, not packed bytes) and of its scales, as
+// a post-load hook reads them back from the device, and what each element means.
+// kFp8Block: scale is F32 block_scale_shape; kFp8Channel: F32 [rows, 1];
+// kFp8Tensor: F32, scale[0] (a single-shard param); kNvfp4: scale is F8_E4M3
+// [rows, cols / group_size] and scale_2 one F32.
+struct QuantizedMatrix {
+  const QuantScheme* scheme = nullptr;
+  std::uint64_t rows = 0;
+  std::uint64_t cols = 0;
+  const std::uint8_t* weight = nullptr;  // F8_E4M3 bytes, or packed E2M1 (kNvfp4)
+  const std::byte* scale = nullptr;
+  float scale_2 = 1.0f;  // kNvfp4's weight_scale_2
+
+  // f32(W[row][col]) * its scale (kNvfp4: e2m1 * f32(e4m3 scale) * scale_2), in F32.
+  float at(std::uint64_t row, std::uint64_t col) const;
+};
+
+// What a quantized linear param's host reading needs besides the weight: its
+// weight scale and (kNvfp4) weight_scale_2, as indices into `shell`, checked
+// against the weight's local shape. Throws Error(Stage::kPostProcess) naming the
+// param when one is missing, misshapen, or the param holds more than one shard of
+// per-tensor scales.
+struct QuantizedInputs {
+  std::size_t scale = 0;
+  std::optional<std::size_t> scale_2;
+};
+QuantizedInputs quantized_inputs(const QuantScheme& scheme, const RankShell& shell,
+                                 std::size_t weight);
 
 }  // namespace ferry::models

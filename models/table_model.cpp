@@ -4,6 +4,7 @@
 #include <set>
 
 #include "common/error.hpp"
+#include "models/hf_config.hpp"
 #include "models/hooks.hpp"
 
 namespace ferry::models {
@@ -23,6 +24,11 @@ Shape as_1d(const Shape& shape) {
 
 bool is_float(DType dtype) {
   return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32;
+}
+
+// A quantized linear param's storage: F8_E4M3, or NVFP4's packed bytes.
+bool quantized_dtype(DType dtype) {
+  return dtype == DType::kF8E4M3 || dtype == DType::kU8;
 }
 
 // What the copy workers can do: a plain copy, or a cast between float types.
@@ -157,73 +163,308 @@ Shape inner_dims(const Shape& shape, std::size_t fixed) {
 
 }  // namespace
 
-void TableModel::apply_block_quant() {
-  const std::uint64_t bn = quant_.block_n;
-  const std::uint64_t bk = quant_.block_k;
-  std::map<std::string, ShapeRule> quantized;  // param -> its weight shape rule
-  std::vector<ParamDecl> scales;
-  for (ParamDecl& d : param_decls_) {
+namespace {
+
+bool ends_with(const std::string& text, std::string_view suffix) {
+  return text.size() >= suffix.size() &&
+         text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Blocks without repeats (a scale element several weight blocks share is written once).
+void add_unique(std::vector<Block>& blocks, const Block& b) {
+  if (std::find(blocks.begin(), blocks.end(), b) == blocks.end()) {
+    blocks.push_back(b);
+  }
+}
+
+// The element of a per-shard scale a weight block's scalar goes to: its shard's
+// position among the param's shard starts (the rows where the fused shards begin).
+// A column split (a row-parallel param) is one shard.
+Block shard_scale_block(const Block& b, const std::vector<std::uint64_t>& starts) {
+  Block out;
+  out.axis = 0;
+  out.dst_index = b.dst_index;
+  out.length = 1;
+  if (b.axis == 0) {
+    out.dst_start = static_cast<std::uint64_t>(
+        std::lower_bound(starts.begin(), starts.end(), b.dst_start) - starts.begin());
+  }
+  return out;
+}
+
+// The F32 [.., N, 1] channel scale's block of a weight block: the same rows, or
+// every row of the source for a column split.
+Block channel_scale_block(const Block& b, const Shape& src_inner) {
+  Block out = b;
+  out.axis = 0;
+  if (b.axis != 0) {
+    out.src_start = 0;
+    out.dst_start = 0;
+    out.length = src_inner.at(0);
+  }
+  return out;
+}
+
+// Shape rules of a quantized weight's companions.
+TableModel::ShapeRule replace_last_dim(TableModel::ShapeRule rule, std::uint64_t divisor,
+                                       std::optional<std::uint64_t> value = {}) {
+  return [rule = std::move(rule), divisor, value](int rank) {
+    Shape s = rule(rank);
+    s.back() = value ? *value : s.back() / divisor;
+    return s;
+  };
+}
+
+}  // namespace
+
+void TableModel::apply_quant() {
+  using Method = QuantScheme::Method;
+  const QuantScheme& q = quant_;
+  const ExcludedModules excluded(q);
+  std::map<std::string, ShapeRule> quantized;  // weight param -> its logical shape rule
+  for (const ParamDecl& d : param_decls_) {
     if (!quantized_linear_param(d.name)) {
       continue;
     }
     const std::string module = param_module(d.name);
-    if (module_skipped(quant_, module, fused_shards(module))) {
-      continue;
+    if (!excluded.skipped(module, fused_shards(module))) {
+      quantized.emplace(d.name, d.shape);
     }
-    d.dtype = DType::kF8E4M3;
-    quantized.emplace(d.name, d.shape);
-    ShapeRule weight = d.shape;
-    scales.push_back(
-        {scale_inv_name(d.name),
-         [weight, bn, bk](int rank) { return block_scale_shape(weight(rank), bn, bk); },
-         DType::kF32});
-  }
-  for (ParamDecl& s : scales) {
-    param_decls_.push_back(std::move(s));
   }
   for (const Fill& f : fill_decls_) {
     if (quantized.count(f.param) != 0) {
       throw Error(Stage::kPlacement, "", f.param,
-                  "zero padding (model.unaligned_tp=pad, model.pad_moe_intermediate_to) of an "
-                  "FP8 block-quantized parameter is not supported: the padded share would not "
-                  "be whole scale blocks");
+                  "zero padding (model.unaligned_tp=pad, model.pad_moe_intermediate_to) of a "
+                  "quantized parameter (" +
+                      describe(q) +
+                      ") is not supported: the padded share would not be whole scale blocks");
     }
   }
+  if (q.format == QuantScheme::Format::kCompressedTensors && q.method == Method::kFp8Tensor &&
+      !q.input_scales) {
+    for (const auto& [param, rule] : quantized) {
+      if (ends_with(param, "experts.w13_weight")) {
+        throw Error(Stage::kMapping, kConfigFile, param,
+                    "For FP8 Fused MoE layers, only per-tensor and channelwise-dynamic-per-token "
+                    "quantization is supported (SGLang's CompressedTensorsW8A8Fp8MoEMethod): "
+                    "per-tensor weights need static per-tensor input scales");
+      }
+    }
+  }
+  // Block-scaled shares must be whole blocks: NVFP4's scales are [1, group] blocks.
+  std::uint64_t bn = q.block_n;
+  std::uint64_t bk = q.block_k;
+  if (q.method == Method::kNvfp4) {
+    bn = 1;
+    bk = q.group_size;
+  }
+  const bool blocked = q.method == Method::kFp8Block || q.method == Method::kNvfp4;
+  const DType scale_dtype = q.method == Method::kNvfp4 ? DType::kF8E4M3 : DType::kF32;
+  std::vector<ParamDecl> companions;
   std::vector<std::pair<std::string, Target>> added;
-  for (const auto& [tensor, targets] : targets_) {
-    for (const Target& t : targets) {
-      auto q = quantized.find(t.param);
-      if (q == quantized.end()) {
-        continue;
-      }
-      if (tensor.size() < 6 || tensor.compare(tensor.size() - 6, 6, "weight") != 0) {
-        // Experts stored fused on disk (experts.gate_up_proj): no FP8 layout of them
-        // is known, so they get no scale target; an FP8 one would leave the scale
-        // param incomplete (a coverage error), a BF16 one is refused by dtype.
-        continue;
-      }
-      // Every local rank's share must be whole blocks: checked now, so that a
-      // layout SGLang refuses fails when the model is made, naming the tensor.
+  for (ParamDecl& d : param_decls_) {
+    auto qit = quantized.find(d.name);
+    if (qit == quantized.end()) {
+      continue;
+    }
+    const ShapeRule weight = qit->second;
+    if (q.method == Method::kNvfp4) {
       for (int rank : layout_.local_ranks) {
-        const Shape dst = q->second(rank);
-        for (const Block& b : t.copy(rank)) {
-          check_block_aligned(b, inner_dims(t.src_shape, b.src_index.size()),
-                              inner_dims(dst, b.dst_index.size()), bn, bk, tensor, t.param, rank,
-                              layout_.tp);
+        const std::uint64_t k = weight(rank).back();
+        if (k % q.group_size != 0) {
+          throw Error(Stage::kPlacement, "", d.name,
+                      "Unsupported model when in features size is not multiple of " +
+                          std::to_string(q.group_size) + ": " + d.name + " has " +
+                          std::to_string(k) + " input features on tp rank " + std::to_string(rank) +
+                          " (NVFP4 group_size " + std::to_string(q.group_size) + ")");
         }
       }
-      BlockRule weight_rule = t.copy;
-      added.emplace_back(scale_inv_name(tensor),
-                         Target{scale_inv_name(t.param), block_scale_shape(t.src_shape, bn, bk),
-                                [weight_rule, bn, bk](int rank) {
-                                  std::vector<Block> out;
-                                  for (const Block& b : weight_rule(rank)) {
-                                    out.push_back(scale_block(b, bn, bk));
-                                  }
-                                  return out;
-                                },
-                                t.empty_reason});
     }
+    // Every local rank's share is checked now, so that a layout SGLang refuses fails
+    // when the model is made, naming the tensor; the shard starts are gathered.
+    std::set<std::uint64_t> start_set;
+    std::vector<std::pair<std::string, Target*>> feeds;
+    for (auto& [tensor, targets] : targets_) {
+      for (Target& t : targets) {
+        if (t.param != d.name || !ends_with(tensor, "weight")) {
+          // Experts stored fused on disk (experts.gate_up_proj): no quantized layout
+          // of them is known, so they get no scale target; a quantized one would
+          // leave the scale param incomplete (a coverage error), a BF16 one is
+          // refused by dtype.
+          continue;
+        }
+        feeds.emplace_back(tensor, &t);
+        for (int rank : layout_.local_ranks) {
+          const Shape dst = weight(rank);
+          for (const Block& b : t.copy(rank)) {
+            if (b.length == 0) {
+              continue;
+            }
+            if (b.axis == 0) {
+              start_set.insert(b.dst_start);
+            }
+            if (blocked) {
+              check_block_aligned(b, inner_dims(t.src_shape, b.src_index.size()),
+                                  inner_dims(dst, b.dst_index.size()), bn, bk, tensor, t.param,
+                                  rank, layout_.tp);
+            }
+          }
+        }
+      }
+    }
+    const std::vector<std::uint64_t> starts(start_set.begin(), start_set.end());
+    const std::uint64_t shards = std::max<std::uint64_t>(1, starts.size());
+    auto per_shard_shape = [weight, shards](int rank) {
+      Shape s = weight(rank);
+      s.resize(s.size() - 2);  // the leading (expert) dims
+      s.push_back(shards);
+      return s;
+    };
+    auto per_shard_rule = [&starts](BlockRule logical) {
+      return [logical = std::move(logical), starts](int rank) {
+        std::vector<Block> out;
+        for (const Block& b : logical(rank)) {
+          if (b.length != 0) {
+            add_unique(out, shard_scale_block(b, starts));
+          }
+        }
+        return out;
+      };
+    };
+    // The weight's own scale param.
+    const std::string scale = weight_scale_name(q, d.name);
+    switch (q.method) {
+      case Method::kFp8Block:
+      case Method::kNvfp4:
+        companions.push_back(
+            {scale, [weight, bn, bk](int rank) { return block_scale_shape(weight(rank), bn, bk); },
+             scale_dtype});
+        break;
+      case Method::kFp8Channel:
+        companions.push_back({scale, replace_last_dim(weight, 1, 1), DType::kF32});
+        break;
+      case Method::kFp8Tensor:
+        companions.push_back({scale, per_shard_shape, DType::kF32});
+        break;
+      case Method::kNone:
+        break;
+    }
+    if (q.method == Method::kNvfp4) {
+      companions.push_back(
+          {companion_name(d.name, "weight_scale_2"), per_shard_shape, DType::kF32});
+    }
+    if (q.input_scales) {
+      companions.push_back({companion_name(d.name, "input_scale"), per_shard_shape, DType::kF32});
+    }
+    for (auto& [tensor, t] : feeds) {
+      const BlockRule logical = t->copy;
+      const Shape src = t->src_shape;
+      Target scale_target{scale, {}, {}, t->empty_reason};
+      switch (q.method) {
+        case Method::kFp8Block:
+        case Method::kNvfp4:
+          scale_target.src_shape = block_scale_shape(src, bn, bk);
+          scale_target.copy = [logical, bn, bk](int rank) {
+            std::vector<Block> out;
+            for (const Block& b : logical(rank)) {
+              out.push_back(scale_block(b, bn, bk));
+            }
+            return out;
+          };
+          break;
+        case Method::kFp8Channel:
+          scale_target.src_shape = src;
+          scale_target.src_shape.back() = 1;
+          scale_target.copy = [logical, src](int rank) {
+            std::vector<Block> out;
+            for (const Block& b : logical(rank)) {
+              if (b.length != 0) {
+                add_unique(out, channel_scale_block(b, inner_dims(src, b.src_index.size())));
+              }
+            }
+            return out;
+          };
+          break;
+        case Method::kFp8Tensor:
+          scale_target.src_shape = Shape{};
+          scale_target.copy = per_shard_rule(logical);
+          break;
+        case Method::kNone:
+          break;
+      }
+      added.emplace_back(weight_scale_name(q, tensor), std::move(scale_target));
+      if (q.method == Method::kNvfp4) {
+        added.emplace_back(companion_name(tensor, "weight_scale_2"),
+                           Target{companion_name(d.name, "weight_scale_2"), Shape{},
+                                  per_shard_rule(logical), t->empty_reason});
+      }
+      if (q.input_scales) {
+        added.emplace_back(companion_name(tensor, "input_scale"),
+                           Target{companion_name(d.name, "input_scale"), Shape{},
+                                  per_shard_rule(logical), t->empty_reason});
+      }
+      if (q.method == Method::kNvfp4) {
+        // Two E2M1 values a byte along K: the packed tensor's columns are halves.
+        if (src.back() % 2 != 0) {
+          throw Error(Stage::kPlacement, "", tensor,
+                      "an NVFP4 weight packs two values a byte, but the tensor has " +
+                          std::to_string(src.back()) + " columns");
+        }
+        t->src_shape.back() /= 2;
+        t->copy = [logical](int rank) {
+          std::vector<Block> out = logical(rank);
+          for (Block& b : out) {
+            if (b.axis == 1) {
+              b.src_start /= 2;
+              b.dst_start /= 2;
+              b.length /= 2;
+            }
+          }
+          return out;
+        };
+      }
+    }
+    // The weight param itself: F8_E4M3, or NVFP4's packed bytes.
+    if (q.method == Method::kNvfp4) {
+      d.dtype = DType::kU8;
+      d.shape = replace_last_dim(weight, 2);
+    } else {
+      d.dtype = DType::kF8E4M3;
+    }
+  }
+  if (q.kv_cache_scales) {
+    // SGLang's maybe_remap_kv_scale_name: self_attn.k_proj.k_scale (or
+    // self_attn.k_scale) -> self_attn.attn.k_scale, likewise v.
+    std::map<std::string, std::string> a_tensor_of;  // attention param -> a tensor feeding it
+    for (const auto& [tensor, targets] : targets_) {
+      for (const Target& t : targets) {
+        if (tensor.find("self_attn.") != std::string::npos) {
+          a_tensor_of.emplace(t.param, tensor);
+        }
+      }
+    }
+    for (const ParamDecl& d : param_decls_) {
+      auto it = a_tensor_of.find(d.name);
+      if (it == a_tensor_of.end() || (!ends_with(d.name, "self_attn.qkv_proj.weight") &&
+                                      !ends_with(d.name, "self_attn.kv_b_proj.weight"))) {
+        continue;
+      }
+      constexpr std::string_view kAttn = "self_attn.";
+      const std::string pa = d.name.substr(0, d.name.find(kAttn) + kAttn.size());
+      const std::string ta = it->second.substr(0, it->second.find(kAttn) + kAttn.size());
+      for (const std::string s : {"k", "v"}) {
+        const std::string param = pa + "attn." + s + "_scale";
+        companions.push_back({param, [](int) { return Shape{}; }, DType::kF32});
+        for (const std::string& name : {ta + s + "_proj." + s + "_scale", ta + s + "_scale"}) {
+          added.emplace_back(
+              name, Target{param, Shape{}, [](int) { return std::vector<Block>{replicated(1)}; },
+                           "no_local_slice"});
+        }
+      }
+    }
+  }
+  for (ParamDecl& c : companions) {
+    param_decls_.push_back(std::move(c));
   }
   for (auto& [tensor, target] : added) {
     targets_[tensor].push_back(std::move(target));
@@ -234,8 +475,8 @@ void TableModel::finish() {
   if (finished_) {
     internal(family_, "finish called twice");
   }
-  if (quant_.method == QuantScheme::Method::kFp8Block) {
-    apply_block_quant();
+  if (quant_.quantized()) {
+    apply_quant();
   }
   shells_.clear();
   for (int tp_rank : layout_.local_ranks) {
@@ -344,6 +585,26 @@ Route TableModel::route(const io::TensorInfo& tensor) const {
   for (const Target& t : it->second) {
     const RankShell& first = shells_.front();
     const ParamSpec& first_spec = first.params[first.by_name.at(t.param)];
+    // The dtype first: a weight stored in another format is named as such, not as a
+    // shape mismatch (an NVFP4 param's packed shape).
+    if (!castable(tensor.dtype, first_spec.dtype)) {
+      std::string why = "only BF16, F16 and F32 convert into each other";
+      const bool stored_quantized = tensor.dtype == DType::kF8E4M3 || tensor.dtype == DType::kU8;
+      if (stored_quantized && !quantized_dtype(first_spec.dtype)) {
+        why = quant_.quantized()
+                  ? "config.json's quantization_config does not quantize this parameter"
+                  : "config.json has no quantization_config, so the model is not FP8; an "
+                    "FP8 checkpoint needs its quantization_config";
+      } else if (quantized_dtype(first_spec.dtype)) {
+        why = "config.json's quantization_config (" + describe(quant_) +
+              ") says this weight is stored as " + std::string(dtype_name(first_spec.dtype)) +
+              (first_spec.dtype == DType::kU8 ? " (two E2M1 values a byte)" : "");
+      }
+      throw Error(Stage::kPlacement, tensor.file, tensor.name,
+                  "cannot load a " + std::string(dtype_name(tensor.dtype)) +
+                      " weight into parameter " + t.param + " (" +
+                      std::string(dtype_name(first_spec.dtype)) + "): " + why);
+    }
     if (as_1d(tensor.shape) != as_1d(t.src_shape)) {
       throw Error(Stage::kPlacement, tensor.file, tensor.name,
                   "Attempted to load weight " + tensor.name + " " + format_shape(tensor.shape) +
@@ -351,22 +612,6 @@ Route TableModel::route(const io::TensorInfo& tensor) const {
                       " (tp rank " + std::to_string(first.tp_rank) + " of " +
                       std::to_string(layout_.tp) + "): the checkpoint tensor must be " +
                       format_shape(t.src_shape));
-    }
-    if (!castable(tensor.dtype, first_spec.dtype)) {
-      std::string why = "only BF16, F16 and F32 convert into each other";
-      if (tensor.dtype == DType::kF8E4M3 && first_spec.dtype != DType::kF8E4M3) {
-        why = quant_.quantized()
-                  ? "config.json's quantization_config does not quantize this parameter"
-                  : "config.json has no quantization_config, so the model is not FP8; an "
-                    "FP8 checkpoint needs its quantization_config";
-      } else if (first_spec.dtype == DType::kF8E4M3) {
-        why = "config.json's quantization_config (" + describe(quant_) +
-              ") says this weight is stored as F8_E4M3";
-      }
-      throw Error(Stage::kPlacement, tensor.file, tensor.name,
-                  "cannot load a " + std::string(dtype_name(tensor.dtype)) +
-                      " weight into parameter " + t.param + " (" +
-                      std::string(dtype_name(first_spec.dtype)) + "): " + why);
     }
     for (std::size_t i = 0; i < shells_.size(); ++i) {
       const RankShell& shell = shells_[i];

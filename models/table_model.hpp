@@ -103,7 +103,7 @@ class TableModel final : public Model {
     DType dtype;
   };
 
-  void apply_block_quant();
+  void apply_quant();
 
   QuantScheme quant_;
   std::vector<ParamDecl> param_decls_;

@@ -11,16 +11,15 @@
 #include "common/format.hpp"
 #include "common/json_depth.hpp"
 #include "models/experts.hpp"
+#include "models/quant.hpp"
 
 namespace ferry::runtime {
 namespace {
 
-nlohmann::json read_hf_config(const std::string& folder) {
-  std::filesystem::path path = std::filesystem::path(folder) / "config.json";
+nlohmann::json read_json_file(const std::filesystem::path& path, const char* what) {
   std::ifstream in(path);
   if (!in) {
-    throw Error(Stage::kConfig, path.string(), "",
-                "cannot open the model's config.json (every checkpoint folder needs one)");
+    throw Error(Stage::kConfig, path.string(), "", std::string("cannot open ") + what);
   }
   std::stringstream text;
   text << in.rdbuf();
@@ -32,6 +31,21 @@ nlohmann::json read_hf_config(const std::string& folder) {
   } catch (const nlohmann::json::exception& e) {
     throw Error(Stage::kConfig, path.string(), "", std::string("does not parse: ") + e.what());
   }
+}
+
+// config.json, with a ModelOpt hf_quant_config.json beside it merged in
+// (models::with_hf_quant_config).
+nlohmann::json read_hf_config(const std::string& folder) {
+  const std::filesystem::path dir(folder);
+  nlohmann::json config = read_json_file(
+      dir / "config.json", "the model's config.json (every checkpoint folder needs one)");
+  const std::filesystem::path quant = dir / "hf_quant_config.json";
+  std::error_code ec;
+  if (std::filesystem::exists(quant, ec)) {
+    config = models::with_hf_quant_config(std::move(config),
+                                          read_json_file(quant, "hf_quant_config.json"));
+  }
+  return config;
 }
 
 std::string join(const std::vector<std::string>& items, const char* sep) {

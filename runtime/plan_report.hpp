@@ -28,7 +28,7 @@ namespace ferry::runtime {
 struct ResolvedCheckpoint {
   io::ResolvedSource source;
   io::CheckpointIndex index;          // every header read and validated
-  nlohmann::json hf_config;           // the folder's config.json
+  nlohmann::json hf_config;  // the folder's config.json, a hf_quant_config.json merged in
   std::vector<std::string> warnings;  // discovery's, then the index's
 };
 

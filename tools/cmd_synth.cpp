@@ -167,13 +167,24 @@ int cmd_synth(const Args& args) {
       ->capture_default_str();
   std::string quant = "auto";
   app.add_option("--quant", quant,
-                 "none | fp8-block | auto: fp8-block stores every quantized linear weight\n"
-                 "as F8_E4M3 with an F32 <weight>_scale_inv of [ceil(N/b), ceil(K/b)]\n"
-                 "blocks and writes quantization_config (quant_method fp8). auto: with\n"
-                 "--from-config --sparse (real sizes) and no --dtype, the config's own FP8\n"
-                 "block layout, its quantization_config kept; otherwise none")
+                 "the quantized linear weights (<w> is a weight's name less 'weight'):\n"
+                 "  fp8-block     F8_E4M3, F32 <w>weight_scale_inv [ceil(N/b), ceil(K/b)]\n"
+                 "                (quantization_config quant_method fp8)\n"
+                 "  fp8-channel   F8_E4M3, F32 <w>weight_scale [N, 1] (compressed-tensors,\n"
+                 "                dynamic per-token activations)\n"
+                 "  fp8-tensor    F8_E4M3, F32 scalars <w>weight_scale, <w>input_scale\n"
+                 "                (compressed-tensors, static per-tensor activations)\n"
+                 "  modelopt-fp8  F8_E4M3, scalars <w>weight_scale, <w>input_scale, the\n"
+                 "                attention's k_scale / v_scale (hf_quant_config.json)\n"
+                 "  nvfp4         U8 [N, K/2] (two E2M1 a byte), F8_E4M3 <w>weight_scale\n"
+                 "                [N, K/16], scalars <w>weight_scale_2, <w>input_scale\n"
+                 "                (ModelOpt NVFP4, hf_quant_config.json)\n"
+                 "  none, or auto: with --from-config --sparse (real sizes) and no --dtype,\n"
+                 "                the config's own FP8 block layout, its quantization_config\n"
+                 "                kept; otherwise none")
       ->type_name("Q")
-      ->check(CLI::IsMember({"none", "fp8-block", "auto"}))
+      ->check(CLI::IsMember(
+          {"none", "fp8-block", "fp8-channel", "fp8-tensor", "modelopt-fp8", "nvfp4", "auto"}))
       ->capture_default_str();
   std::uint64_t quant_block = 0;
   app.add_option("--quant-block", quant_block,
@@ -223,9 +234,9 @@ int cmd_synth(const Args& args) {
   }
   options.fsync = !no_fsync;
   options.dtype = *parse_synth_dtype(dtype);  // checked by the validator above
-  if (quant == "fp8-block") {
-    options.quant = SynthQuant::kFp8Block;
-  } else if (quant == "auto") {
+  if (quant != "auto") {
+    options.quant = *parse_synth_quant(quant);  // checked by IsMember above
+  } else {
     // A real FP8 config keeps its layout unless a dtype is asked for explicitly.
     options.quant_from_config = from_config->count() > 0 && options.sparse &&
                                 options.scale_hidden == 0 && dtype_option->count() == 0;

@@ -1072,6 +1072,13 @@ void synth_encode(DType dtype, std::uint64_t seed, std::string_view name, std::u
     encode_with(e4m3_table(), (seed ^ fnv1a64(name)) + first_index, out);
     return;
   }
+  if (dtype == DType::kU8) {  // packed NVFP4 weights: any byte
+    const std::uint64_t base = (seed ^ fnv1a64(name)) + first_index;
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      out[i] = static_cast<std::byte>(splitmix64(base + i) & 0xFF);
+    }
+    return;
+  }
   check_dtype(dtype);
   if (out.size() % dtype_size(dtype) != 0) {
     throw Error(Stage::kSynth, "", std::string(name),
@@ -1619,12 +1626,53 @@ std::vector<SynthShard> synth_shard_plan(const std::vector<SynthTensor>& tensors
 
 // ---- writing (public) ----------------------------------------------------------------
 
-void synth_quantize_fp8_block(std::vector<SynthTensor>& tensors, std::uint64_t block) {
-  if (block == 0) {
+std::optional<SynthQuant> parse_synth_quant(std::string_view text) {
+  static const std::array<std::pair<std::string_view, SynthQuant>, 6> kNames{{
+      {"none", SynthQuant::kNone},
+      {"fp8-block", SynthQuant::kFp8Block},
+      {"fp8-channel", SynthQuant::kFp8Channel},
+      {"fp8-tensor", SynthQuant::kFp8Tensor},
+      {"modelopt-fp8", SynthQuant::kModelOptFp8},
+      {"nvfp4", SynthQuant::kNvfp4},
+  }};
+  for (const auto& [name, quant] : kNames) {
+    if (name == text) {
+      return quant;
+    }
+  }
+  return std::nullopt;
+}
+
+std::string_view to_string(SynthQuant quant) {
+  switch (quant) {
+    case SynthQuant::kNone:
+      return "none";
+    case SynthQuant::kFp8Block:
+      return "fp8-block";
+    case SynthQuant::kFp8Channel:
+      return "fp8-channel";
+    case SynthQuant::kFp8Tensor:
+      return "fp8-tensor";
+    case SynthQuant::kModelOptFp8:
+      return "modelopt-fp8";
+    case SynthQuant::kNvfp4:
+      return "nvfp4";
+  }
+  return "?";
+}
+
+void synth_quantize(std::vector<SynthTensor>& tensors, SynthQuant quant, std::uint64_t block) {
+  if (quant == SynthQuant::kNone) {
+    return;
+  }
+  if (quant == SynthQuant::kFp8Block && block == 0) {
     fail("", "the FP8 block size must be positive");
   }
+  const bool per_tensor = quant == SynthQuant::kFp8Tensor || quant == SynthQuant::kModelOptFp8 ||
+                          quant == SynthQuant::kNvfp4;
+  const bool input_scales = per_tensor;
   std::vector<SynthTensor> out;
-  out.reserve(tensors.size() * 2);
+  out.reserve(tensors.size() * 3);
   for (SynthTensor& t : tensors) {
     if (!models::quantized_linear_tensor(t.name)) {
       out.push_back(std::move(t));
@@ -1632,23 +1680,131 @@ void synth_quantize_fp8_block(std::vector<SynthTensor>& tensors, std::uint64_t b
     }
     if (t.shape.size() != 2) {
       throw Error(Stage::kSynth, "", t.name,
-                  "FP8 block scales are written for 2-D weights only; this one is " +
+                  "quantized weights are written for 2-D weights only; this one is " +
                       std::to_string(t.shape.size()) + "-D (fused experts are not quantized)");
     }
-    SynthTensor scale(models::scale_inv_name(t.name), DType::kF32,
-                      {(t.shape[0] + block - 1) / block, (t.shape[1] + block - 1) / block}, t.file);
-    t.dtype = DType::kF8E4M3;
+    const std::uint64_t n = t.shape[0];
+    const std::uint64_t k = t.shape[1];
+    const std::string name = t.name;
+    const std::string file = t.file;
+    auto companion = [&](std::string_view suffix) { return models::companion_name(name, suffix); };
+    std::vector<SynthTensor> extra;
+    switch (quant) {
+      case SynthQuant::kFp8Block:
+        t.dtype = DType::kF8E4M3;
+        extra.emplace_back(
+            companion("weight_scale_inv"), DType::kF32,
+            std::vector<std::uint64_t>{(n + block - 1) / block, (k + block - 1) / block}, file);
+        break;
+      case SynthQuant::kFp8Channel:
+        t.dtype = DType::kF8E4M3;
+        extra.emplace_back(companion("weight_scale"), DType::kF32, std::vector<std::uint64_t>{n, 1},
+                           file);
+        break;
+      case SynthQuant::kFp8Tensor:
+      case SynthQuant::kModelOptFp8:
+        t.dtype = DType::kF8E4M3;
+        extra.emplace_back(companion("weight_scale"), DType::kF32, std::vector<std::uint64_t>{},
+                           file);
+        break;
+      case SynthQuant::kNvfp4:
+        if (k % kSynthNvfp4Group != 0) {
+          throw Error(Stage::kSynth, "", name,
+                      "NVFP4 needs input features in whole groups of " +
+                          std::to_string(kSynthNvfp4Group) + "; this weight has " +
+                          std::to_string(k));
+        }
+        t.dtype = DType::kU8;
+        t.shape = {n, k / 2};
+        extra.emplace_back(companion("weight_scale"), DType::kF8E4M3,
+                           std::vector<std::uint64_t>{n, k / kSynthNvfp4Group}, file);
+        extra.emplace_back(companion("weight_scale_2"), DType::kF32, std::vector<std::uint64_t>{},
+                           file);
+        break;
+      case SynthQuant::kNone:
+        break;
+    }
+    if (input_scales) {
+      extra.emplace_back(companion("input_scale"), DType::kF32, std::vector<std::uint64_t>{}, file);
+    }
+    // ModelOpt's FP8 KV cache: the attention's k / v scales (SGLang reads
+    // self_attn.k_proj.k_scale; MLA attention has no k_proj: self_attn.k_scale).
+    if (quant == SynthQuant::kModelOptFp8) {
+      const std::size_t at = name.find("self_attn.");
+      if (at != std::string::npos) {
+        const std::string attn = name.substr(0, at + 10);
+        const std::string leaf = name.substr(at + 10);
+        if (leaf == "k_proj.weight" || leaf == "v_proj.weight") {
+          const std::string s(1, leaf[0]);
+          extra.emplace_back(attn + s + "_proj." + s + "_scale", DType::kF32,
+                             std::vector<std::uint64_t>{}, file);
+        } else if (leaf == "kv_b_proj.weight") {
+          for (const char* s : {"k_scale", "v_scale"}) {
+            extra.emplace_back(attn + s, DType::kF32, std::vector<std::uint64_t>{}, file);
+          }
+        }
+      }
+    }
     out.push_back(std::move(t));
-    out.push_back(std::move(scale));
+    for (SynthTensor& e : extra) {
+      out.push_back(std::move(e));
+    }
   }
   tensors = std::move(out);
 }
 
-nlohmann::json synth_fp8_quant_config(std::uint64_t block) {
-  return {{"activation_scheme", "dynamic"},
-          {"fmt", "e4m3"},
-          {"quant_method", "fp8"},
-          {"weight_block_size", {block, block}}};
+nlohmann::json synth_quant_config(SynthQuant quant, std::uint64_t block) {
+  auto ct = [](const std::string& strategy, bool static_input) {
+    nlohmann::json input = {{"dynamic", !static_input},
+                            {"num_bits", 8},
+                            {"strategy", static_input ? "tensor" : "token"},
+                            {"symmetric", true},
+                            {"type", "float"}};
+    return nlohmann::json{{"quant_method", "compressed-tensors"},
+                          {"format", "float-quantized"},
+                          {"quantization_status", "compressed"},
+                          {"ignore", {"lm_head"}},
+                          {"config_groups",
+                           {{"group_0",
+                             {{"targets", {"Linear"}},
+                              {"weights",
+                               {{"dynamic", false},
+                                {"num_bits", 8},
+                                {"strategy", strategy},
+                                {"symmetric", true},
+                                {"type", "float"}}},
+                              {"input_activations", input}}}}}};
+  };
+  switch (quant) {
+    case SynthQuant::kFp8Block:
+      return {{"activation_scheme", "dynamic"},
+              {"fmt", "e4m3"},
+              {"quant_method", "fp8"},
+              {"weight_block_size", {block, block}}};
+    case SynthQuant::kFp8Channel:
+      return ct("channel", false);
+    case SynthQuant::kFp8Tensor:
+      return ct("tensor", true);
+    case SynthQuant::kNone:
+    case SynthQuant::kModelOptFp8:
+    case SynthQuant::kNvfp4:
+      break;
+  }
+  return nullptr;
+}
+
+nlohmann::json synth_hf_quant_config(SynthQuant quant) {
+  if (quant != SynthQuant::kModelOptFp8 && quant != SynthQuant::kNvfp4) {
+    return nullptr;
+  }
+  nlohmann::json q = {{"quant_algo", quant == SynthQuant::kNvfp4 ? "NVFP4" : "FP8"},
+                      {"kv_cache_quant_algo",
+                       quant == SynthQuant::kNvfp4 ? nlohmann::json() : nlohmann::json("FP8")},
+                      {"exclude_modules", {"lm_head"}}};
+  if (quant == SynthQuant::kNvfp4) {
+    q["group_size"] = kSynthNvfp4Group;
+  }
+  return {{"producer", {{"name", "modelopt"}, {"version", "0.29.0"}}}, {"quantization", q}};
 }
 
 SynthResult synthesize(const SynthOptions& options) {
@@ -1702,17 +1858,24 @@ SynthResult synthesize(const SynthOptions& options) {
     shard_bytes = shard_bytes != 0 ? shard_bytes : synth_default_shard_bytes(options.preset);
     what = options.family + "/" + options.preset;
   }
-  if (quant == SynthQuant::kFp8Block) {
+  if (quant != SynthQuant::kNone) {
     quant_block = quant_block != 0 ? quant_block : 128;
     if (options.fused_experts) {
-      fail(options.out, "FP8 block scales are not written for fused 3-D experts");
+      fail(options.out, "quantized weights are not written for fused 3-D experts");
     }
-    synth_quantize_fp8_block(tensors, quant_block);
-    if (!options.quant_from_config || !config.contains("quantization_config")) {
-      config["quantization_config"] = synth_fp8_quant_config(quant_block);
+    synth_quantize(tensors, quant, quant_block);
+    if (quant == SynthQuant::kFp8Block) {
+      if (!options.quant_from_config || !config.contains("quantization_config")) {
+        config["quantization_config"] = synth_quant_config(quant, quant_block);
+      }
+      config["quantization_config"]["weight_block_size"] = {quant_block, quant_block};
+      what += " fp8-block " + std::to_string(quant_block);
+    } else {
+      if (nlohmann::json q = synth_quant_config(quant, quant_block); !q.is_null()) {
+        config["quantization_config"] = q;
+      }
+      what += " " + std::string(to_string(quant));
     }
-    config["quantization_config"]["weight_block_size"] = {quant_block, quant_block};
-    what += " fp8-block " + std::to_string(quant_block);
   }
   what += " seed " + std::to_string(options.seed);
   what += options.fused_experts ? " fused-experts" : "";
@@ -1792,6 +1955,11 @@ SynthResult synthesize(const SynthOptions& options) {
   write_text_file((tmp.path() / "model.safetensors.index.json").string(), index.dump(2) + "\n",
                   options.fsync);
   write_text_file((tmp.path() / "config.json").string(), config.dump(2) + "\n", options.fsync);
+  const nlohmann::json hf_quant = synth_hf_quant_config(quant);
+  if (!hf_quant.is_null()) {
+    write_text_file((tmp.path() / "hf_quant_config.json").string(), hf_quant.dump(2) + "\n",
+                    options.fsync);
+  }
   if (options.fsync) {
     fsync_dir(tmp.path());
   }
@@ -1808,6 +1976,9 @@ SynthResult synthesize(const SynthOptions& options) {
   }
   result.files.push_back((out / "model.safetensors.index.json").string());
   result.files.push_back((out / "config.json").string());
+  if (!hf_quant.is_null()) {
+    result.files.push_back((out / "hf_quant_config.json").string());
+  }
   result.total_bytes = total;
   result.tensors = tensors.size();
   result.shards = plan.size();

@@ -110,25 +110,51 @@ std::vector<SynthTensor> synth_tensor_list(std::string_view family, std::string_
                                            DType dtype, bool tie_embeddings,
                                            bool fused_experts = false);
 
-// ---- FP8 block-quantized checkpoints ------------------------------------------
+// ---- quantized checkpoints ----------------------------------------------------------
 
-// What the quantized linear layers' weights are stored as. kFp8Block: as DeepSeek-V3
-// and the Qwen3 FP8 releases (quant_method fp8, weight_block_size [b, b]): each
-// weight models::quantized_linear_tensor names is F8_E4M3 and is followed by
-// <weight>_scale_inv, F32 [ceil(N / b), ceil(K / b)].
-enum class SynthQuant { kNone, kFp8Block };
+// What the quantized linear layers' weights (those models::quantized_linear_tensor
+// names) are stored as, each followed by its companions in the same file:
+//   kFp8Block     quant_method fp8, weight_block_size [b, b] (DeepSeek-V3, Qwen3 FP8):
+//                 F8_E4M3, <w>_scale_inv F32 [ceil(N / b), ceil(K / b)]
+//   kFp8Channel   compressed-tensors, strategy channel, dynamic per-token inputs:
+//                 F8_E4M3, weight_scale F32 [N, 1]
+//   kFp8Tensor    compressed-tensors, strategy tensor, static per-tensor inputs:
+//                 F8_E4M3, weight_scale F32 [], input_scale F32 []
+//   kModelOptFp8  ModelOpt FP8 (hf_quant_config.json, FP8 KV cache): F8_E4M3,
+//                 weight_scale F32 [], input_scale F32 []; and each attention's
+//                 self_attn.k_proj.k_scale / v_proj.v_scale (MLA: self_attn.k_scale,
+//                 v_scale) F32 []
+//   kNvfp4        ModelOpt NVFP4, group 16: U8 [N, K / 2] (two E2M1 values a byte),
+//                 weight_scale F8_E4M3 [N, K / 16], weight_scale_2 F32 [],
+//                 input_scale F32 []
+// ("<w>" is the weight's name less "weight".) Values are synth values (a weight's
+// FP8 values the E4M3 nearest synth_value, packed bytes any byte, a scale plain
+// synth values, so a scale may be negative: they check placement, not a real
+// quantization).
+enum class SynthQuant { kNone, kFp8Block, kFp8Channel, kFp8Tensor, kModelOptFp8, kNvfp4 };
+inline constexpr std::uint64_t kSynthNvfp4Group = 16;
 
-// Turns `tensors` into that layout, in place: each quantized linear weight becomes
-// F8_E4M3 and its scale is inserted right after it (same file). Element i of an FP8
-// weight is the E4M3 value nearest synth_value (ferry::float_to_e4m3); a scale is a
-// plain F32 tensor of synth values (so a scale may be negative: the values are for
-// checking placement, not a real quantization). Throws ferry::Error(Stage::kSynth)
-// for block 0 or for a weight that is not 2-D (fused 3-D experts).
-void synth_quantize_fp8_block(std::vector<SynthTensor>& tensors, std::uint64_t block);
+// "none", "fp8-block", "fp8-channel", "fp8-tensor", "modelopt-fp8", "nvfp4";
+// nullopt for anything else.
+std::optional<SynthQuant> parse_synth_quant(std::string_view text);
+std::string_view to_string(SynthQuant quant);
 
-// The quantization_config written with kFp8Block: quant_method fp8, fmt e4m3,
-// activation_scheme dynamic, weight_block_size [block, block].
-nlohmann::json synth_fp8_quant_config(std::uint64_t block);
+// Turns `tensors` into `quant`'s layout, in place (`block` is kFp8Block's b).
+// Throws ferry::Error(Stage::kSynth) for block 0 with kFp8Block, for a weight that
+// is not 2-D (fused 3-D experts), and for an NVFP4 weight whose K is not a multiple
+// of 16.
+void synth_quantize(std::vector<SynthTensor>& tensors, SynthQuant quant, std::uint64_t block);
+
+// config.json's quantization_config for `quant` (kFp8Block: quant_method fp8, fmt
+// e4m3, activation_scheme dynamic, weight_block_size [block, block]; the
+// compressed-tensors ones with one config group targeting Linear and ignore
+// ["lm_head"]); null for kNone and the ModelOpt ones, whose settings go to
+// hf_quant_config.json.
+nlohmann::json synth_quant_config(SynthQuant quant, std::uint64_t block);
+// hf_quant_config.json for the ModelOpt ones (producer modelopt; quant_algo FP8
+// with kv_cache_quant_algo FP8, or NVFP4 with group_size 16; exclude_modules
+// ["lm_head"]); null for the others.
+nlohmann::json synth_hf_quant_config(SynthQuant quant);
 
 // ---- fused experts -------------------------------------------------------------
 
@@ -255,7 +281,7 @@ struct SynthOptions {
   std::uint64_t shard_bytes = 0;   // 0 = synth_default_shard_bytes(preset), or 5 GiB
   bool tie_embeddings = false;     // no lm_head.weight; config says tied (presets only)
   bool fused_experts = false;      // 3-D experts.gate_up_proj / experts.down_proj (MoE only)
-  // The quantized layers' weights (synth_quantize_fp8_block). With from_config,
+  // The quantized layers' weights (synth_quantize). With from_config,
   // quant_from_config instead takes it from the config's quantization_config: fp8
   // with weight_block_size [b, b] gives kFp8Block with block b (and keeps that
   // quantization_config); anything else gives kNone (and strips it).
@@ -283,7 +309,8 @@ struct SynthResult {
 };
 
 // Writes config.json, model.safetensors.index.json (listing the indexed shards'
-// tensors; total_size is their data bytes) and the shards into a
+// tensors; total_size is their data bytes), hf_quant_config.json for the ModelOpt
+// layouts, and the shards into a
 // temporary sibling folder, then renames it to `out`, so a crash never leaves a
 // checkpoint that looks complete. An existing empty `out` is replaced; a
 // non-empty one only with `force`, and only when it holds nothing but regular

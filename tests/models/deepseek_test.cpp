@@ -25,10 +25,10 @@
 #include "gpu/host_device.hpp"
 #include "models/coverage.hpp"
 #include "models/deepseek_reference.hpp"
-#include "models/fp8_reference.hpp"
 #include "models/host_hook_context.hpp"
 #include "models/mla_hook.hpp"
 #include "models/model.hpp"
+#include "models/quant_reference.hpp"
 #include "models/reference_util.hpp"
 #include "testing/test_data.hpp"
 #include "tools/synth.hpp"
@@ -440,7 +440,7 @@ INSTANTIATE_TEST_SUITE_P(Families, DeepseekReference, ::testing::ValuesIn(cases(
 
 // ---- FP8 block-quantized checkpoints ---------------------------------------------
 //
-// The tiny checkpoints in the FP8 block layout (fp8_reference.hpp), checked against
+// The tiny checkpoints in the FP8 block layout (quant_reference.hpp), checked against
 // the three readings of ds::reference; w_kc / w_vc hold the MLA split of the
 // dequantized kv_b_proj (SGLang's post_load_weights, for 128 x 128 blocks).
 
@@ -451,12 +451,18 @@ struct Fp8Case {
   int ep = 1;
   bool draft = false;
   std::vector<int> local;
+  tools::SynthQuant kind = tools::SynthQuant::kFp8Block;
 };
 
 std::string fp8_case_name(const ::testing::TestParamInfo<Fp8Case>& info) {
   const Fp8Case& c = info.param;
   std::string n = c.family + (c.variant.empty() ? "" : "_" + c.variant) + "_tp" +
                   std::to_string(c.tp) + "_ep" + std::to_string(c.ep) + (c.draft ? "_draft" : "");
+  if (c.kind != tools::SynthQuant::kFp8Block) {
+    std::string kind(tools::to_string(c.kind));
+    std::replace(kind.begin(), kind.end(), '-', '_');
+    n += "_" + kind;
+  }
   for (int r : c.local) {
     n += "_r" + std::to_string(r);
   }
@@ -472,7 +478,7 @@ class DeepseekFp8Reference : public ::testing::TestWithParam<Fp8Case> {};
 TEST_P(DeepseekFp8Reference, WeightsScalesAndDequantizedSplitMatchTheReference) {
   const Fp8Case& c = GetParam();
   Ckpt ck = make_ckpt(c.family, c.variant);
-  fp8::Values values(kSeed, fp8::quantize(ck.tensors, ck.config));
+  quant::Values values(kSeed, quant::quantize(ck.tensors, ck.config, c.kind));
   models::ParallelLayout layout;
   layout.tp = c.tp;
   layout.ep = c.ep;
@@ -485,7 +491,7 @@ TEST_P(DeepseekFp8Reference, WeightsScalesAndDequantizedSplitMatchTheReference) 
   rl.fuse_shared = ds::sglang_fuses(ds::dims_of(ck.config), rl);
 
   ParamBuffers buffers = make_buffers(*model);
-  const std::vector<models::Route> routes = fp8::load(*model, ck.tensors, values, buffers);
+  const std::vector<models::Route> routes = quant::load(*model, ck.tensors, values, buffers);
   EXPECT_TRUE(models::check_coverage(*model, routes).empty());
   run_hooks(*model, buffers);
   if (HasFatalFailure()) {
@@ -493,24 +499,17 @@ TEST_P(DeepseekFp8Reference, WeightsScalesAndDequantizedSplitMatchTheReference) 
   }
   std::size_t scales = 0;
   for (std::size_t i = 0; i < local.size(); ++i) {
-    auto read = [&](float (fp8::Values::*fn)(const std::string&, std::uint64_t)) {
-      return ds::reference(ck.config, rl, local[i], [&](const std::string& n, std::uint64_t e) {
-        return (values.*fn)(n, e);
-      });
+    auto read = [&](const quant::ValueFn& fn) {
+      return ds::reference(ck.config, rl, local[i], fn);
     };
-    const ds::Params w = read(&fp8::Values::weight);
-    const ds::Params s = ds::reference(
-        ck.config, rl, local[i],
-        [&](const std::string& n, std::uint64_t e) { return values.own_scale(n, e); });
-    const ds::Params d = read(&fp8::Values::dequantized);
     std::set<std::string> split;
-    for (const auto& [name, p] : w) {
-      if (fp8::ends_with(name, "w_kc") || fp8::ends_with(name, "w_vc")) {
+    for (const auto& [name, p] : read([](const std::string&, std::uint64_t) { return 0.0f; })) {
+      if (quant::ends_with(name, "w_kc") || quant::ends_with(name, "w_vc")) {
         split.insert(name);
       }
     }
     EXPECT_EQ(split.empty(), c.family == "glm4_moe");  // MLA families only
-    scales += fp8::check_rank(*model, i, buffers, w, s, d, split);
+    scales += quant::check_rank(*model, i, buffers, values, read, split);
   }
   EXPECT_GT(scales, 0u);
 }
@@ -530,6 +529,17 @@ std::vector<Fp8Case> fp8_cases() {
   if (synth_has("glm4_moe")) {
     out.push_back({"glm4_moe", "", 2, 1, false, {}});  // shared expert fused at ep 1
     out.push_back({"glm4_moe", "", 4, 2, false, {}});
+  }
+  // The other formats: each split once (the dequantized MLA split of every one).
+  using tools::SynthQuant;
+  for (SynthQuant kind : {SynthQuant::kFp8Channel, SynthQuant::kFp8Tensor, SynthQuant::kModelOptFp8,
+                          SynthQuant::kNvfp4}) {
+    out.push_back({"deepseek_v3", "", 2, 2, false, {}, kind});
+  }
+  out.push_back({"deepseek_v3", "", 2, 1, false, {}, SynthQuant::kFp8Tensor});  // fused experts
+  out.push_back({"deepseek_v3", "", 2, 2, true, {}, SynthQuant::kNvfp4});       // the draft
+  if (synth_has("glm4_moe")) {
+    out.push_back({"glm4_moe", "", 2, 1, false, {}, SynthQuant::kModelOptFp8});
   }
   return out;
 }

@@ -73,7 +73,7 @@ class Values {
   using Fn = std::function<float(const std::string& name, std::uint64_t index)>;
   explicit Values(std::uint64_t seed) : seed_(seed) {}
   // Element i of tensor `name` is fn(name, i) instead (the FP8 readings of
-  // fp8_reference.hpp).
+  // quant_reference.hpp).
   explicit Values(Fn fn) : fn_(std::move(fn)) {}
   // Elements 0 .. numel-1 of tensor `name` (a name's values do not depend on its
   // shape, so a test may reshape a tensor; each size is cached on its own).

@@ -17,8 +17,8 @@
 
 #include "io/safetensors.hpp"
 #include "models/deepseek_reference.hpp"
-#include "models/fp8_reference.hpp"
 #include "models/model.hpp"
+#include "models/quant_reference.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
@@ -287,27 +287,36 @@ TEST(DeepseekLoadFamilies, DeepseekV2AndGlm4MoeWhenSynthesized) {
   }
 }
 
-// An FP8 block-quantized DeepSeek-V3 (ferry synth --quant fp8-block, 8 x 8 blocks)
-// through the whole pipeline onto host devices: every param of every local rank
-// against the three readings of the reference (tests/models/fp8_reference.hpp),
-// w_kc / w_vc being the split of the dequantized kv_b_proj, run by the copy worker.
-TEST(DeepseekFp8Load, BlockScaledCheckpointLoadsAsTheReference) {
+// A quantized DeepSeek-V3 (ferry synth --quant Q: FP8 with 8 x 8 blocks, per-channel
+// and per-tensor compressed-tensors, ModelOpt FP8 with its hf_quant_config.json and
+// kv scales, NVFP4) through the whole pipeline onto host devices: every param of
+// every local rank against the readings of the reference
+// (tests/models/quant_reference.hpp), w_kc / w_vc being the split of the dequantized
+// kv_b_proj, run by the copy worker.
+class DeepseekQuantLoad : public ::testing::TestWithParam<tools::SynthQuant> {};
+
+TEST_P(DeepseekQuantLoad, QuantizedCheckpointLoadsAsTheReference) {
+  const tools::SynthQuant kind = GetParam();
   TempDir dir;
   tools::SynthOptions o;
   o.family = "deepseek_v3";
   o.preset = "tiny";
   o.out = dir.file("fp8");
   o.seed = 5;
-  o.quant = tools::SynthQuant::kFp8Block;
-  o.quant_block = testing::fp8::kBlock;
+  o.quant = kind;
+  o.quant_block = testing::quant::kBlock;
   o.fsync = false;
   tools::synthesize(o);
   // The same layout, derived here from the BF16 tensor list.
   nlohmann::json config = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
   std::vector<tools::SynthTensor> tensors =
       tools::synth_tensor_list("deepseek_v3", "tiny", DType::kBF16, false);
-  testing::fp8::Values values(o.seed, testing::fp8::quantize(tensors, config));
-  for (const auto& [tp, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {4, 1}}) {
+  testing::quant::Values values(o.seed, testing::quant::quantize(tensors, config, kind));
+  std::vector<std::pair<int, int>> layouts{{2, 2}};
+  if (kind == tools::SynthQuant::kFp8Block) {
+    layouts = {{1, 1}, {2, 2}, {4, 1}};
+  }
+  for (const auto& [tp, ep] : layouts) {
     LoadSetup s = load_setup(tp, ep);
     s.layout.fuse_shared = testing::ds::sglang_fuses(testing::ds::dims_of(config), s.layout);
     Runtime rt(make_config(o.out, sets_of(s)));
@@ -330,27 +339,34 @@ TEST(DeepseekFp8Load, BlockScaledCheckpointLoadsAsTheReference) {
     std::size_t scales = 0;
     for (std::size_t i = 0; i < model->shells().size(); ++i) {
       const int rank = model->shells()[i].tp_rank;
-      auto read = [&](float (testing::fp8::Values::*fn)(const std::string&, std::uint64_t)) {
-        return testing::ds::reference(
-            config, s.layout, rank,
-            [&](const std::string& n, std::uint64_t e) { return (values.*fn)(n, e); });
+      auto read = [&](const testing::quant::ValueFn& fn) {
+        return testing::ds::reference(config, s.layout, rank, fn);
       };
-      const testing::ds::Params w = read(&testing::fp8::Values::weight);
-      const testing::ds::Params sc = testing::ds::reference(
-          config, s.layout, rank,
-          [&](const std::string& n, std::uint64_t e) { return values.own_scale(n, e); });
-      const testing::ds::Params d = read(&testing::fp8::Values::dequantized);
       std::set<std::string> split;
-      for (const auto& [name, p] : w) {
-        if (testing::fp8::ends_with(name, "w_kc") || testing::fp8::ends_with(name, "w_vc")) {
+      for (const auto& [name, p] : read([](const std::string&, std::uint64_t) { return 0.0f; })) {
+        if (testing::quant::ends_with(name, "w_kc") || testing::quant::ends_with(name, "w_vc")) {
           split.insert(name);
         }
       }
-      scales += testing::fp8::check_rank(*model, i, buffers, w, sc, d, split);
+      scales += testing::quant::check_rank(*model, i, buffers, values, read, split);
     }
     EXPECT_GT(scales, 0u) << "tp " << tp;
   }
 }
+
+std::string format_name(const ::testing::TestParamInfo<tools::SynthQuant>& param) {
+  std::string n(tools::to_string(param.param));
+  std::replace(n.begin(), n.end(), '-', '_');
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, DeepseekQuantLoad,
+                         ::testing::Values(tools::SynthQuant::kFp8Block,
+                                           tools::SynthQuant::kFp8Channel,
+                                           tools::SynthQuant::kFp8Tensor,
+                                           tools::SynthQuant::kModelOptFp8,
+                                           tools::SynthQuant::kNvfp4),
+                         format_name);
 
 }  // namespace
 }  // namespace ferry::runtime

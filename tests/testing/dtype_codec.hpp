@@ -73,6 +73,13 @@ inline float round_to_e4m3(float v) {
 }
 
 inline void encode_one(float v, DType dtype, std::byte* out) {
+  if (dtype == DType::kU8) {  // a byte's value (NVFP4's packed pairs)
+    if (v < 0 || v > 255 || v != static_cast<float>(static_cast<int>(v))) {
+      throw std::runtime_error("encode: value is not a byte");
+    }
+    *out = static_cast<std::byte>(static_cast<int>(v));
+    return;
+  }
   if (dtype == DType::kF8E4M3) {
     for (int code = 0; code < 256; ++code) {
       if (e4m3_value(static_cast<std::uint8_t>(code)) == v &&
@@ -103,6 +110,9 @@ inline std::vector<std::byte> encode(const std::vector<float>& values, DType dty
 }
 
 inline float decode_one(const std::byte* p, DType dtype) {
+  if (dtype == DType::kU8) {
+    return static_cast<float>(static_cast<std::uint8_t>(*p));
+  }
   if (dtype == DType::kF8E4M3) {
     return e4m3_value(static_cast<std::uint8_t>(*p));
   }

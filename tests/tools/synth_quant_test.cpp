@@ -1,7 +1,8 @@
-// `ferry synth --quant fp8-block`: the FP8 block layout (every quantized linear
-// weight F8_E4M3, its F32 weight_scale_inv right after it, quantization_config in
+// `ferry synth --quant Q`: the FP8 block layout (every quantized linear weight
+// F8_E4M3, its F32 weight_scale_inv right after it, quantization_config in
 // config.json), its values, and a real FP8 config kept (--sparse) or stripped
-// (--dtype bf16).
+// (--dtype bf16); the compressed-tensors and ModelOpt layouts (their companions,
+// quantization_config or hf_quant_config.json), each loaded by `ferry load`.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -111,6 +112,61 @@ TEST(SynthQuant, Fp8BlockWritesF8WeightsTheirScalesAndTheConfig) {
   }
 }
 
+// Each other layout: the tensors beside every quantized weight (dtype and shape),
+// where the settings go, and a load of the result at tp 2 (every param filled).
+TEST(SynthQuant, EachLayoutWritesItsCompanionsAndLoads) {
+  struct Want {
+    std::string quant;
+    std::string weight_dtype;
+    std::map<std::string, std::pair<std::string, json>> companions;  // suffix -> dtype, shape
+    bool hf_quant_config = false;
+  };
+  // q_proj of tiny llama: [128, 128].
+  const std::vector<Want> wants{
+      {"fp8-channel", "F8_E4M3", {{"weight_scale", {"F32", json({128, 1})}}}},
+      {"fp8-tensor",
+       "F8_E4M3",
+       {{"weight_scale", {"F32", json::array()}}, {"input_scale", {"F32", json::array()}}}},
+      {"modelopt-fp8",
+       "F8_E4M3",
+       {{"weight_scale", {"F32", json::array()}}, {"input_scale", {"F32", json::array()}}},
+       true},
+      {"nvfp4",
+       "U8",
+       {{"weight_scale", {"F8_E4M3", json({128, 8})}},
+        {"weight_scale_2", {"F32", json::array()}},
+        {"input_scale", {"F32", json::array()}}},
+       true},
+  };
+  for (const Want& want : wants) {
+    TempDir dir;
+    const std::string out = dir.file("q");
+    RunResult r = ferry({"synth", "--family", "llama", "--preset", "tiny", "--quant", want.quant,
+                         "--out", out, "--no-fsync"});
+    ASSERT_EQ(r.status, 0) << want.quant << ": " << r.err;
+    const std::map<std::string, Entry> e = entries(out);
+    const std::string w = "model.layers.0.self_attn.q_proj.";
+    EXPECT_EQ(e.at(w + "weight").info.at("dtype"), want.weight_dtype) << want.quant;
+    EXPECT_EQ(e.at(w + "weight").info.at("shape"), json({128, want.quant == "nvfp4" ? 64 : 128}))
+        << want.quant;
+    for (const auto& [suffix, dtype_shape] : want.companions) {
+      ASSERT_EQ(e.count(w + suffix), 1u) << want.quant << " " << suffix;
+      EXPECT_EQ(e.at(w + suffix).info.at("dtype"), dtype_shape.first) << want.quant << suffix;
+      EXPECT_EQ(e.at(w + suffix).info.at("shape"), dtype_shape.second) << want.quant << suffix;
+    }
+    const json config = read_json(out + "/config.json");
+    EXPECT_EQ(std::ifstream(out + "/hf_quant_config.json").good(), want.hf_quant_config)
+        << want.quant;
+    EXPECT_EQ(config.contains("quantization_config"), !want.hf_quant_config) << want.quant;
+    if (want.quant == "modelopt-fp8") {
+      EXPECT_EQ(e.count("model.layers.0.self_attn.k_proj.k_scale"), 1u);
+      EXPECT_EQ(e.count("model.layers.0.self_attn.v_proj.v_scale"), 1u);
+    }
+    RunResult load = ferry({"load", "--model", out, "--tp", "2", "--set", "load.strict=true"});
+    EXPECT_EQ(load.status, 0) << want.quant << ": " << load.err;
+  }
+}
+
 TEST(SynthQuant, ARealFp8ConfigKeepsItsLayoutWhenSparseUnlessADtypeIsGiven) {
   FERRY_NEED_TEST_DATA();
   TempDir dir;
@@ -143,10 +199,16 @@ TEST(SynthQuant, BadQuantArgumentsAreRefused) {
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.err, HasSubstr("fused 3-D experts"));
   std::vector<SynthTensor> bad{{"x.q_proj.weight", DType::kBF16, {4, 4, 4}}};
-  EXPECT_THAT(ferry::testing::error_of(Stage::kSynth, [&] { synth_quantize_fp8_block(bad, 8); }),
+  EXPECT_THAT(ferry::testing::error_of(Stage::kSynth,
+                                       [&] { synth_quantize(bad, SynthQuant::kFp8Block, 8); }),
               HasSubstr("2-D weights only"));
-  EXPECT_THAT(ferry::testing::error_of(Stage::kSynth, [&] { synth_quantize_fp8_block(bad, 0); }),
+  EXPECT_THAT(ferry::testing::error_of(Stage::kSynth,
+                                       [&] { synth_quantize(bad, SynthQuant::kFp8Block, 0); }),
               HasSubstr("block size must be positive"));
+  std::vector<SynthTensor> odd{{"x.q_proj.weight", DType::kBF16, {16, 24}}};
+  EXPECT_THAT(
+      ferry::testing::error_of(Stage::kSynth, [&] { synth_quantize(odd, SynthQuant::kNvfp4, 0); }),
+      HasSubstr("whole groups of 16"));
 }
 
 }  // namespace

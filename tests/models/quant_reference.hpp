@@ -1,0 +1,454 @@
+// Quantized variants of the tiny synthetic checkpoints (tools::SynthQuant: FP8 with
+// block, channel or tensor scales, ModelOpt FP8, NVFP4), and the checks that compare
+// what a rank loaded with readings of one naive reference.
+//
+// The checkpoint: every quantized linear weight (the spec, not ferry's predicate:
+// *_proj.weight and *_proj_with_mqa.weight but eh_proj, and the experts) stored in
+// the layout of tools/synth.hpp. A family's reference (which knows nothing of
+// quantization) is evaluated with value functions over each checkpoint tensor's
+// logical [N, K] elements:
+//   - weight(): the stored element: the FP8 value, or the byte that packs an NVFP4
+//     pair; each quantized param must hold them exactly (packed: byte j of a row
+//     is logical elements 2j and 2j + 1);
+//   - own_scale(): the element's own weight scale in its source tensor (its block's,
+//     its row's, its tensor's, its 16-group's); the loaded scale param must give
+//     each element of the param that same scale, which is what makes every local
+//     element dequantize as its source element did;
+//   - tensor_id(), input_scale(), scale_2(): for the per-shard scalars (one per
+//     fused shard, in row order): the shards of a param are the runs of source
+//     tensors down its rows, and element (.., shard) of the scalar param must be
+//     that shard's source scalar;
+//   - dequantized(): the element's value (f32(W) * scales, NVFP4: e2m1 * scale *
+//     scale_2) rounded to BF16, what an output computed from the dequantized weight
+//     (DeepSeek's w_kc / w_vc) holds.
+// Header-only, like the references it is used with.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "models/model.hpp"
+#include "models/quant.hpp"
+#include "models/reference_util.hpp"
+#include "testing/dtype_codec.hpp"
+#include "tools/synth.hpp"
+
+namespace ferry::testing::quant {
+
+using tools::SynthQuant;
+constexpr std::uint64_t kBlock = 8;
+constexpr std::uint64_t kGroup = tools::kSynthNvfp4Group;
+
+inline bool ends_with(const std::string& s, const std::string& x) {
+  return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+}
+
+inline bool quantized_param(const std::string& name) {
+  return (ends_with(name, "_proj.weight") || ends_with(name, "_proj_with_mqa.weight") ||
+          ends_with(name, "experts.w13_weight") || ends_with(name, "experts.w2_weight")) &&
+         !ends_with(name, "eh_proj.weight");
+}
+
+// "<module>.weight" + "input_scale" -> "<module>.input_scale".
+inline std::string companion(const std::string& weight, const std::string& suffix) {
+  return weight.substr(0, weight.size() - 6) + suffix;
+}
+
+inline bool per_tensor(SynthQuant k) {
+  return k == SynthQuant::kFp8Tensor || k == SynthQuant::kModelOptFp8;
+}
+inline bool input_scales(SynthQuant k) {
+  return per_tensor(k) || k == SynthQuant::kNvfp4;
+}
+inline std::string scale_suffix(SynthQuant k) {
+  return k == SynthQuant::kFp8Block ? "weight_scale_inv" : "weight_scale";
+}
+
+struct Layout {
+  SynthQuant kind = SynthQuant::kFp8Block;
+  std::map<std::string, std::vector<std::uint64_t>> shapes;  // quantized tensors, logical
+  std::map<std::string, float> ids;                          // every tensor: 1, 2, ...
+};
+
+// config.json with a ModelOpt hf_quant_config.json merged in, as the runtime does.
+inline void set_quant_config(nlohmann::json& config, SynthQuant kind) {
+  if (nlohmann::json q = tools::synth_quant_config(kind, kBlock); !q.is_null()) {
+    config["quantization_config"] = q;
+  }
+  if (nlohmann::json h = tools::synth_hf_quant_config(kind); !h.is_null()) {
+    config = models::with_hf_quant_config(config, h);
+  }
+}
+
+// Turns a BF16 tensor list and config into `kind`'s layout (tools' synth transform;
+// the values are this header's).
+inline Layout quantize(std::vector<tools::SynthTensor>& tensors, nlohmann::json& config,
+                       SynthQuant kind = SynthQuant::kFp8Block) {
+  Layout l;
+  l.kind = kind;
+  std::map<std::string, std::vector<std::uint64_t>> logical;
+  for (const tools::SynthTensor& t : tensors) {
+    logical[t.name] = t.shape;
+  }
+  tools::synth_quantize(tensors, kind, kBlock);
+  set_quant_config(config, kind);
+  for (const tools::SynthTensor& t : tensors) {
+    l.ids[t.name] = static_cast<float>(l.ids.size() + 1);
+    // A weight whose dtype synth changed (its scales are new names).
+    auto it = logical.find(t.name);
+    if (it != logical.end() && (t.dtype == DType::kF8E4M3 || t.dtype == DType::kU8)) {
+      l.shapes[t.name] = it->second;
+    }
+  }
+  return l;
+}
+
+class Values {
+ public:
+  Values(std::uint64_t seed, Layout layout) : seed_(seed), l_(std::move(layout)) {}
+
+  const Layout& layout() const { return l_; }
+
+  float weight(const std::string& name, std::uint64_t i) {
+    auto it = l_.shapes.find(name);
+    if (it == l_.shapes.end()) {
+      return tools::synth_value(seed_, name, i);
+    }
+    if (l_.kind == SynthQuant::kNvfp4) {
+      return static_cast<float>(byte_of(name, packed_index(it->second, i)));
+    }
+    return e4m3(tools::synth_value(seed_, name, i));
+  }
+  float own_scale(const std::string& name, std::uint64_t i) {
+    auto it = l_.shapes.find(name);
+    if (it == l_.shapes.end()) {
+      return 0.0f;
+    }
+    const std::uint64_t k = it->second[1];
+    const std::uint64_t row = i / k;
+    const std::uint64_t col = i % k;
+    const std::string scale = companion(name, scale_suffix(l_.kind));
+    switch (l_.kind) {
+      case SynthQuant::kFp8Block:
+        return tools::synth_value(seed_, scale,
+                                  row / kBlock * ((k + kBlock - 1) / kBlock) + col / kBlock);
+      case SynthQuant::kFp8Channel:
+        return tools::synth_value(seed_, scale, row);
+      case SynthQuant::kNvfp4:
+        return e4m3(tools::synth_value(seed_, scale, row * (k / kGroup) + col / kGroup));
+      default:
+        return tools::synth_value(seed_, scale, 0);
+    }
+  }
+  float scale_2(const std::string& name, std::uint64_t) {
+    return l_.shapes.count(name) != 0
+               ? tools::synth_value(seed_, companion(name, "weight_scale_2"), 0)
+               : 0.0f;
+  }
+  float input_scale(const std::string& name, std::uint64_t) {
+    return l_.shapes.count(name) != 0 ? tools::synth_value(seed_, companion(name, "input_scale"), 0)
+                                      : 0.0f;
+  }
+  float tensor_id(const std::string& name, std::uint64_t) { return l_.ids.at(name); }
+  // A scalar tensor's value (ModelOpt's k_scale / v_scale).
+  float scalar(const std::string& tensor) const { return tools::synth_value(seed_, tensor, 0); }
+  float dequantized(const std::string& name, std::uint64_t i) {
+    float v = 0;
+    if (l_.kind == SynthQuant::kNvfp4) {
+      const auto byte = static_cast<std::uint8_t>(weight(name, i));
+      const std::uint8_t code = i % 2 == 0 ? (byte & 0xF) : (byte >> 4);
+      static constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+      const float e = (code & 8) != 0 ? -kE2m1[code & 7] : kE2m1[code & 7];
+      v = e * own_scale(name, i) * scale_2(name, i);
+    } else {
+      v = weight(name, i) * own_scale(name, i);
+    }
+    const std::uint32_t bits = static_cast<std::uint32_t>(tools::float_to_bf16_bits(v)) << 16;
+    float out = 0;
+    std::memcpy(&out, &bits, 4);
+    return out;
+  }
+  // A stored tensor's bytes, as ferry synth writes them.
+  std::vector<std::byte> bytes(const tools::SynthTensor& t) const {
+    std::vector<std::byte> out(t.nbytes());
+    tools::synth_encode(t.dtype, seed_, t.name, 0, out);
+    return out;
+  }
+
+ private:
+  static std::uint64_t packed_index(const std::vector<std::uint64_t>& logical, std::uint64_t i) {
+    const std::uint64_t k = logical[1];
+    return (i / k) * (k / 2) + (i % k) / 2;
+  }
+  std::uint8_t byte_of(const std::string& name, std::uint64_t index) const {
+    std::byte b{};
+    tools::synth_encode(DType::kU8, seed_, name, index, std::span<std::byte>(&b, 1));
+    return static_cast<std::uint8_t>(b);
+  }
+  float e4m3(float v) {
+    auto it = rounded_.find(v);  // synth values take 255 values: round each once
+    return it != rounded_.end() ? it->second : rounded_.emplace(v, round_to_e4m3(v)).first->second;
+  }
+
+  std::uint64_t seed_;
+  Layout l_;
+  std::map<float, float> rounded_;
+};
+
+// Routes every tensor of `tensors` (placed or dropped, never unmapped), runs the
+// pieces and fills into `buffers`, and returns the routes.
+inline std::vector<models::Route> load(const models::Model& model,
+                                       const std::vector<tools::SynthTensor>& tensors,
+                                       const Values& values, ParamBuffers& buffers) {
+  std::vector<models::Route> routes;
+  for (const tools::SynthTensor& t : tensors) {
+    models::Route route = model.route(tensor_info(t.name, t.dtype, t.shape));
+    EXPECT_NE(route.kind, models::RouteKind::kUnmapped) << t.name;
+    if (route.kind != models::RouteKind::kPlaced) {
+      continue;
+    }
+    const std::vector<std::byte> bytes = values.bytes(t);
+    std::span<const std::byte> window(bytes.data() + route.src_begin,
+                                      route.src_end - route.src_begin);
+    for (const models::Piece& p : route.pieces) {
+      apply_piece(p, window, route.src_begin, buffers);
+    }
+    routes.push_back(std::move(route));
+  }
+  for (const models::Piece& p : model.fill_pieces()) {
+    apply_piece(p, {}, 0, buffers);  // vocabulary padding
+  }
+  return routes;
+}
+
+using ValueFn = std::function<float(const std::string&, std::uint64_t)>;
+
+namespace detail {
+
+// A [.., N / bn, K / bk] scale param against the per-element reference `ref`
+// (logical [.., N, K]); bk = 0 for a channel scale ([.., N, 1]).
+template <typename Param>
+bool check_blocked(const models::ParamSpec& spec, const std::byte* base, const Param& ref,
+                   std::uint64_t bn, std::uint64_t bk, DType dtype, const std::string& where) {
+  const std::size_t d = ref.shape.size();
+  const std::uint64_t rows = ref.shape[d - 2];
+  const std::uint64_t cols = ref.shape[d - 1];
+  std::vector<std::uint64_t> sshape = ref.shape;
+  sshape[d - 2] = (rows + bn - 1) / bn;
+  sshape[d - 1] = bk == 0 ? 1 : (cols + bk - 1) / bk;
+  EXPECT_EQ(spec.shape, sshape) << where;
+  EXPECT_EQ(spec.dtype, dtype) << where;
+  if (spec.shape != sshape || spec.dtype != dtype) {
+    return false;
+  }
+  for (std::uint64_t e = 0; e < ref.values.size(); ++e) {
+    const std::uint64_t lead = e / (rows * cols);
+    const std::uint64_t col = bk == 0 ? 0 : e % cols / bk;
+    const std::uint64_t at = (lead * sshape[d - 2] + (e / cols) % rows / bn) * sshape[d - 1] + col;
+    const float got = decode_one(base + at * dtype_size(dtype), dtype);
+    if (got != ref.values[e]) {
+      ADD_FAILURE() << where << ": weight element " << e << " reads scale " << got
+                    << ", its source's is " << ref.values[e];
+      return false;
+    }
+  }
+  return true;
+}
+
+// A [.., shards] per-shard scalar param: the shards of each matrix are its runs of
+// source tensors down the rows (`ids`), in order.
+template <typename Param>
+bool check_per_shard(const models::ParamSpec& spec, const std::byte* base, const Param& ref,
+                     const Param& ids, const std::string& where) {
+  const std::size_t d = ref.shape.size();
+  const std::uint64_t matrix = ref.shape[d - 2] * ref.shape[d - 1];
+  const std::uint64_t matrices = matrix == 0 ? 0 : ref.values.size() / matrix;
+  std::vector<std::vector<float>> order(matrices);  // per matrix, ids by first row
+  for (std::uint64_t e = 0; e < ref.values.size(); ++e) {
+    std::vector<float>& o = order[e / matrix];
+    if (std::find(o.begin(), o.end(), ids.values[e]) == o.end()) {
+      o.push_back(ids.values[e]);
+    }
+  }
+  std::vector<std::uint64_t> sshape(ref.shape.begin(), ref.shape.end() - 2);
+  sshape.push_back(matrices == 0 ? 1 : order[0].size());
+  EXPECT_EQ(spec.shape, sshape) << where;
+  EXPECT_EQ(spec.dtype, DType::kF32) << where;
+  if (spec.shape != sshape || spec.dtype != DType::kF32) {
+    return false;
+  }
+  for (std::uint64_t e = 0; e < ref.values.size(); ++e) {
+    const std::vector<float>& o = order[e / matrix];
+    const std::uint64_t shard =
+        static_cast<std::uint64_t>(std::find(o.begin(), o.end(), ids.values[e]) - o.begin());
+    const float got = decode_one(base + ((e / matrix) * sshape.back() + shard) * 4, DType::kF32);
+    if (o.size() != sshape.back() || got != ref.values[e]) {
+      ADD_FAILURE() << where << ": weight element " << e << " (shard " << shard << " of "
+                    << o.size() << ") reads " << got << ", its source's is " << ref.values[e];
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace detail
+
+// Compares local rank `i` of `model` (its bytes in `buffers`) with the readings of
+// a family's reference: `read(fn)` must return that rank's params (a map from param
+// name to something with .shape and .values, logical row-major) with every
+// checkpoint element read through `fn`. `dequantized_outputs`: params that hold
+// the dequantized reading (w_kc, w_vc); the rest hold weight(). Returns how many
+// scale params were checked. Params are read through the strides the shell reports.
+template <typename Read>
+std::size_t check_rank(const models::Model& model, std::size_t i, const ParamBuffers& buffers,
+                       Values& values, const Read& read,
+                       const std::set<std::string>& dequantized_outputs = {}) {
+  const SynthQuant kind = values.layout().kind;
+  auto reading = [&](float (Values::*fn)(const std::string&, std::uint64_t)) {
+    return read(ValueFn(
+        [&values, fn](const std::string& n, std::uint64_t e) { return (values.*fn)(n, e); }));
+  };
+  const auto w = reading(&Values::weight);
+  const auto s = reading(&Values::own_scale);
+  using Map = std::decay_t<decltype(w)>;
+  Map ids, in, s2, dq;
+  if (per_tensor(kind) || kind == SynthQuant::kNvfp4) {
+    ids = reading(&Values::tensor_id);
+  }
+  if (input_scales(kind)) {
+    in = reading(&Values::input_scale);
+  }
+  if (kind == SynthQuant::kNvfp4) {
+    s2 = reading(&Values::scale_2);
+  }
+  if (!dequantized_outputs.empty()) {
+    dq = reading(&Values::dequantized);
+  }
+  // Expected names: the reference's, and each quantized weight's companions.
+  // kind: 0 weight scale, 1 weight_scale_2, 2 input_scale; kv scales by prefix.
+  std::map<std::string, std::pair<std::string, int>> companions;  // param -> (weight, kind)
+  std::map<std::string, std::string> kv;  // attn.k_scale / v_scale -> source tensor
+  std::set<std::string> names;
+  for (const auto& [name, p] : w) {
+    names.insert(name);
+    if (!quantized_param(name)) {
+      continue;
+    }
+    companions[companion(name, scale_suffix(kind))] = {name, 0};
+    if (kind == SynthQuant::kNvfp4) {
+      companions[companion(name, "weight_scale_2")] = {name, 1};
+    }
+    if (input_scales(kind)) {
+      companions[companion(name, "input_scale")] = {name, 2};
+    }
+    if (kind == SynthQuant::kModelOptFp8) {
+      for (const std::string attn : {"qkv_proj.weight", "kv_b_proj.weight"}) {
+        if (ends_with(name, "self_attn." + attn)) {
+          const std::string pa = name.substr(0, name.size() - attn.size());
+          const bool gqa = attn[0] == 'q';
+          kv[pa + "attn.k_scale"] = pa + (gqa ? "k_proj.k_scale" : "k_scale");
+          kv[pa + "attn.v_scale"] = pa + (gqa ? "v_proj.v_scale" : "v_scale");
+        }
+      }
+    }
+  }
+  for (const auto& [name, c] : companions) {
+    names.insert(name);
+  }
+  for (const auto& [name, source] : kv) {
+    names.insert(name);
+  }
+  const models::RankShell& shell = model.shells()[i];
+  std::set<std::string> got_names;
+  for (const models::ParamSpec& p : shell.params) {
+    got_names.insert(p.name);
+  }
+  EXPECT_EQ(got_names, names) << "tp rank " << shell.tp_rank;
+  if (got_names != names) {
+    return 0;
+  }
+  std::size_t scales = 0;
+  for (std::size_t k = 0; k < shell.params.size(); ++k) {
+    const models::ParamSpec& spec = shell.params[k];
+    const std::string where = spec.name + " tp rank " + std::to_string(shell.tp_rank);
+    for (std::uint8_t n : buffers.writes[i][k]) {
+      if (n != 1) {
+        ADD_FAILURE() << where << ": a byte is written " << int(n) << " times";
+        return scales;
+      }
+    }
+    const std::byte* base = buffers.bytes[i][k].data();
+    if (auto c = companions.find(spec.name); c != companions.end()) {
+      const std::string& weight = c->second.first;
+      bool ok = false;
+      if (c->second.second == 1) {
+        ok = detail::check_per_shard(spec, base, s2.at(weight), ids.at(weight), where);
+      } else if (c->second.second == 2) {
+        ok = detail::check_per_shard(spec, base, in.at(weight), ids.at(weight), where);
+      } else if (kind == SynthQuant::kFp8Block) {
+        ok = detail::check_blocked(spec, base, s.at(weight), kBlock, kBlock, DType::kF32, where);
+      } else if (kind == SynthQuant::kNvfp4) {
+        ok = detail::check_blocked(spec, base, s.at(weight), 1, kGroup, DType::kF8E4M3, where);
+      } else if (kind == SynthQuant::kFp8Channel) {
+        ok = detail::check_blocked(spec, base, s.at(weight), 1, 0, DType::kF32, where);
+      } else {
+        ok = detail::check_per_shard(spec, base, s.at(weight), ids.at(weight), where);
+      }
+      if (!ok) {
+        return scales;
+      }
+      ++scales;
+      continue;
+    }
+    if (auto it = kv.find(spec.name); it != kv.end()) {
+      EXPECT_EQ(spec.shape, std::vector<std::uint64_t>{}) << where;
+      EXPECT_EQ(decode_one(base, DType::kF32), values.scalar(it->second)) << where;
+      ++scales;
+      continue;
+    }
+    const auto& ref = (dequantized_outputs.count(spec.name) != 0 ? dq : w).at(spec.name);
+    const bool quantized = quantized_param(spec.name);
+    const bool packed = quantized && kind == SynthQuant::kNvfp4;
+    std::vector<std::uint64_t> shape = ref.shape;
+    if (packed) {
+      shape.back() /= 2;
+    }
+    EXPECT_EQ(spec.shape, shape) << where;
+    if (quantized) {
+      EXPECT_EQ(spec.dtype, packed ? DType::kU8 : DType::kF8E4M3) << where;
+    } else {
+      EXPECT_NE(spec.dtype, DType::kF8E4M3) << where;
+      EXPECT_NE(spec.dtype, DType::kU8) << where;
+    }
+    if (spec.shape != shape) {
+      return scales;
+    }
+    const DType dt = spec.dtype;
+    std::vector<std::uint64_t> idx(spec.shape.size(), 0);
+    const std::uint64_t cols = ref.shape.empty() ? 1 : ref.shape.back();
+    const std::uint64_t count = models::element_count(spec.shape);
+    for (std::uint64_t e = 0; e < count; ++e, next_index(idx, spec.shape)) {
+      const std::uint64_t off = storage_offset(idx, spec.strides);
+      const float got = dt == DType::kU8 ? static_cast<float>(static_cast<std::uint8_t>(base[off]))
+                                         : decode_one(base + off * dtype_size(dt), dt);
+      // Packed: param element (.., n, j) holds logical elements 2j and 2j + 1.
+      const std::uint64_t at = packed ? (e / (cols / 2)) * cols + (e % (cols / 2)) * 2 : e;
+      if (got != ref.values[at] || (packed && ref.values[at + 1] != ref.values[at])) {
+        ADD_FAILURE() << where << " element " << e << ": got " << got << ", reference "
+                      << ref.values[at];
+        return scales;
+      }
+    }
+  }
+  return scales;
+}
+
+}  // namespace ferry::testing::quant
