@@ -21,6 +21,10 @@ bool fillable_dtype(DType dtype) {
   return castable_dtype(dtype) || dtype == DType::kF64;
 }
 
+bool random_fillable_dtype(DType dtype) {
+  return castable_dtype(dtype) || dtype == DType::kF8E4M3 || dtype == DType::kU8;
+}
+
 namespace detail {
 
 MemoryCounters& StatsTracker::counters(MemoryKind kind) {
@@ -155,6 +159,14 @@ std::size_t check_fill(const std::string& device, DType dtype, std::size_t count
   return checked_mul(device, "fill", count, dtype_size(dtype));
 }
 
+std::size_t check_fill_random(const std::string& device, DType dtype, std::size_t count) {
+  if (!random_fillable_dtype(dtype)) {
+    fail(device, "fill_random: dtype " + std::string(dtype_name(dtype)) +
+                     " is not supported (BF16, F16, F32, F8_E4M3, U8 are)");
+  }
+  return checked_mul(device, "fill_random", count, dtype_size(dtype));
+}
+
 std::size_t TrackedStreamChecks::copy_h2d(const std::byte* dst, const std::byte* src_host,
                                           std::size_t bytes) const {
   if (bytes == 0) {
@@ -183,6 +195,15 @@ std::size_t TrackedStreamChecks::fill(const std::byte* dst, std::size_t count, D
   const std::size_t bytes = check_fill(device_, dtype, count);
   if (bytes != 0) {
     allocations_.check(device_, "fill", "destination", dst, bytes);
+  }
+  return bytes;
+}
+
+std::size_t TrackedStreamChecks::fill_random(const std::byte* dst, std::size_t count,
+                                             DType dtype) const {
+  const std::size_t bytes = check_fill_random(device_, dtype, count);
+  if (bytes != 0) {
+    allocations_.check(device_, "fill_random", "destination", dst, bytes);
   }
   return bytes;
 }

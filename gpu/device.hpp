@@ -171,6 +171,15 @@ class Stream {
   // BF16, F16, F32, F64; others throw. dst needs no particular alignment.
   virtual void fill(std::byte* dst, std::size_t count, DType dtype, double value) = 0;
 
+  // Writes `count` elements of `dtype` drawn from a counter-based generator: element
+  // i depends only on (seed, i) (gpu/fill_random.hpp), so every backend writes the
+  // same bytes. BF16, F16, F32, F8_E4M3: uniform in [low, high) computed in F32, then
+  // rounded to nearest even (F8_E4M3 saturating at +-448); U8: any byte (low and
+  // high unused). Other dtypes throw. dst needs no particular alignment. (The dummy
+  // load format's weights.)
+  virtual void fill_random(std::byte* dst, std::size_t count, DType dtype, double low, double high,
+                           std::uint64_t seed) = 0;
+
   // Sets `bytes` bytes to zero.
   virtual void zero(std::byte* dst, std::size_t bytes) = 0;
 
@@ -283,5 +292,7 @@ class Device {
 bool castable_dtype(DType dtype);
 // True for the element types fill() writes: BF16, F16, F32, F64.
 bool fillable_dtype(DType dtype);
+// The dtypes fill_random() writes: BF16, F16, F32, F8_E4M3, U8.
+bool random_fillable_dtype(DType dtype);
 
 }  // namespace ferry::gpu

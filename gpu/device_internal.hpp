@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <new>
 #include <mutex>
+#include <new>
 #include <string>
 #include <string_view>
 
@@ -75,6 +75,8 @@ std::size_t pitched_span(const std::string& device, std::string_view op, std::st
 
 // Checks a fill() call; returns the bytes it writes.
 std::size_t check_fill(const std::string& device, DType dtype, std::size_t count);
+// Checks a fill_random() call's dtype and size; returns the bytes it writes.
+std::size_t check_fill_random(const std::string& device, DType dtype, std::size_t count);
 
 // `bytes` of kPinnedAlignment-aligned host memory standing in for pinned memory (the
 // host and null backends), counted in state->stats; the release keeps `state` alive.
@@ -137,6 +139,7 @@ class TrackedStreamChecks {
   std::size_t copy_h2d_2d(const std::byte* dst, std::size_t dst_pitch, const std::byte* src_host,
                           std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) const;
   std::size_t fill(const std::byte* dst, std::size_t count, DType dtype) const;
+  std::size_t fill_random(const std::byte* dst, std::size_t count, DType dtype) const;
   std::size_t zero(const std::byte* dst, std::size_t bytes) const;
   std::size_t cast(const std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
                    std::size_t count) const;

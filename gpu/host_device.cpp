@@ -26,7 +26,6 @@
 #include "gpu/kernels_host.hpp"
 #include "gpu/link_throttle.hpp"
 
-
 namespace ferry::gpu {
 namespace {
 
@@ -52,7 +51,9 @@ void touch_pages(std::byte* p, std::size_t bytes) {
   }
 }
 
-std::size_t mapped_length(std::size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; }
+std::size_t mapped_length(std::size_t bytes) {
+  return (bytes + kPage - 1) / kPage * kPage;
+}
 
 // Returns null when the memory is not there (the caller reports out of memory).
 std::byte* allocate_device_memory(std::size_t bytes, bool huge_pages) {
@@ -274,6 +275,13 @@ class HostStream final : public Stream {
     }
   }
 
+  void fill_random(std::byte* dst, std::size_t count, DType dtype, double low, double high,
+                   std::uint64_t seed) override {
+    if (checks().fill_random(dst, count, dtype) != 0) {
+      run([=] { host::fill_random(dst, count, dtype, low, high, seed); });
+    }
+  }
+
   void zero(std::byte* dst, std::size_t bytes) override {
     if (checks().zero(dst, bytes) != 0) {
       run([=] { std::memset(dst, 0, bytes); });
@@ -359,7 +367,7 @@ class HostStream final : public Stream {
   }
 
   std::shared_ptr<HostDeviceState> state_;
-  TimePoint done_at_{};  // when the link has carried everything queued so far
+  TimePoint done_at_{};                      // when the link has carried everything queued so far
   std::shared_ptr<DeferredQueue> deferred_;  // host.deferred_copies; null otherwise
 };
 

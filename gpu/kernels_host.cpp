@@ -13,6 +13,7 @@
 #include <string>
 
 #include "common/error.hpp"
+#include "gpu/fill_random.hpp"
 
 namespace ferry::gpu::host {
 namespace {
@@ -200,6 +201,37 @@ void fill(std::byte* dst, std::size_t count, DType dtype, double value) {
     const std::size_t n = std::min({done, total - done, std::size_t{1} << 20});
     std::memcpy(dst + done, dst, n);
     done += n;
+  }
+}
+
+RandomRange random_range(double low, double high) {
+  const float lo = double_to_float(low);
+  return {lo, double_to_float(high) - lo};
+}
+
+void fill_random(std::byte* dst, std::size_t count, DType dtype, double low, double high,
+                 std::uint64_t seed) {
+  const RandomRange r = random_range(low, high);
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uint64_t bits = random_fill::splitmix64(seed + i);
+    const auto f = std::bit_cast<std::uint32_t>(random_fill::value(bits, r.low, r.span));
+    switch (dtype) {
+      case DType::kU8:
+        dst[i] = static_cast<std::byte>(bits >> 56);
+        break;
+      case DType::kF8E4M3:
+        dst[i] = static_cast<std::byte>(random_fill::e4m3_from_f32(f));
+        break;
+      case DType::kBF16:
+      case DType::kF16:
+      case DType::kF32:
+        store_from_f32(dst, i, dtype, f);
+        break;
+      default:
+        throw Error(Stage::kCopy, "", "",
+                    "fill_random: dtype " + std::string(dtype_name(dtype)) +
+                        " is not supported (BF16, F16, F32, F8_E4M3, U8 are)");
+    }
   }
 }
 

@@ -33,6 +33,17 @@ std::uint64_t fill_pattern(DType dtype, double value);
 // Writes `count` copies of fill_pattern(dtype, value) to dst (any alignment).
 void fill(std::byte* dst, std::size_t count, DType dtype, double value);
 
+// Stream::fill_random's definition: element i from gpu/fill_random.hpp, stored by
+// this file's F32 conversions (any alignment). Throws ferry::Error for other dtypes.
+void fill_random(std::byte* dst, std::size_t count, DType dtype, double low, double high,
+                 std::uint64_t seed);
+// fill_random's F32 (low, high - low), as every backend computes them.
+struct RandomRange {
+  float low = 0;
+  float span = 0;
+};
+RandomRange random_range(double low, double high);
+
 // Converts `count` elements (any alignment); same dtype is a memmove. Throws
 // ferry::Error for dtypes outside BF16/F16/F32. `dst == src` works when both
 // element sizes are equal; other overlaps are the caller's business.

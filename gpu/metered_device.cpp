@@ -33,6 +33,12 @@ class MeteredStream final : public Stream {
     inner_->fill(dst, count, dtype, value);
     report("fill", count * dtype_size(dtype), t);
   }
+  void fill_random(std::byte* dst, std::size_t count, DType dtype, double low, double high,
+                   std::uint64_t seed) override {
+    const Clock::time_point t = Clock::now();
+    inner_->fill_random(dst, count, dtype, low, high, seed);
+    report("fill", count * dtype_size(dtype), t);
+  }
   void zero(std::byte* dst, std::size_t bytes) override {
     const Clock::time_point t = Clock::now();
     inner_->zero(dst, bytes);

@@ -19,8 +19,9 @@ namespace ferry::gpu {
 
 struct DeviceOp {
   const std::string* device = nullptr;  // the device's name
-  // "copy" (copy_h2d, copy_h2d_2d), "cast" (cast, cast_2d), "fill", "zero" (zero,
-  // zero_2d), "gather" (copy_d2d_2d); transposes and reads back are not reported.
+  // "copy" (copy_h2d, copy_h2d_2d), "cast" (cast, cast_2d), "fill" (fill, fill_random),
+  // "zero" (zero, zero_2d), "gather" (copy_d2d_2d); transposes and reads back are not
+  // reported.
   std::string_view op;
   std::size_t bytes = 0;                // bytes written to the device
   std::chrono::steady_clock::time_point begin, end;

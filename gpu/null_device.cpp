@@ -77,6 +77,11 @@ class NullStream final : public Stream {
     state_->written(checks().fill(dst, count, dtype));
   }
 
+  void fill_random(std::byte* dst, std::size_t count, DType dtype, double, double,
+                   std::uint64_t) override {
+    state_->written(checks().fill_random(dst, count, dtype));
+  }
+
   void zero(std::byte* dst, std::size_t bytes) override {
     state_->written(checks().zero(dst, bytes));
   }

@@ -280,6 +280,19 @@ void add_fill_scenarios(std::vector<Scenario>& out) {
       {"fill F32 large", kLargeCount * 4 + 2 * kGuard, [](Device&, Stream& s, std::byte* base) {
          s.fill(base + kGuard, kLargeCount, DType::kF32, 1e-3);
        }});
+  // The dummy format's weights: every dtype, aligned and not, wide and FP8 ranges.
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32, DType::kF8E4M3, DType::kU8}) {
+    for (std::size_t misalign : {std::size_t{0}, std::size_t{1}}) {
+      const std::size_t size = dtype_size(dtype);
+      out.push_back({"fill_random " + dtype_str(dtype) + (misalign ? " unaligned" : ""),
+                     kLargeCount * size + 2 * kGuard + 1,
+                     [dtype, misalign](Device&, Stream& s, std::byte* base) {
+                       const double bound = dtype == DType::kF8E4M3 ? 500.0 : 1e-3;
+                       s.fill_random(base + kGuard + misalign, kLargeCount, dtype, -bound, bound,
+                                     1234);
+                     }});
+    }
+  }
 }
 
 void add_cast_scenarios(std::vector<Scenario>& out) {

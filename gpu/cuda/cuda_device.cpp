@@ -256,6 +256,18 @@ class CudaStream final : public Stream {
           std::string(dtype_name(dtype)) + ", " + std::to_string(count) + " elements");
   }
 
+  void fill_random(std::byte* dst, std::size_t count, DType dtype, double low, double high,
+                   std::uint64_t seed) override {
+    if (detail::check_fill_random(state_->name, dtype, count) == 0) {
+      return;
+    }
+    const host::RandomRange r = host::random_range(low, high);
+    DeviceScope scope(*state_);
+    check(launch_fill_random(dst, count, dtype, r.low, r.span, seed, stream_),
+          "fill_random kernel launch", state_->name,
+          std::string(dtype_name(dtype)) + ", " + std::to_string(count) + " elements");
+  }
+
   void zero(std::byte* dst, std::size_t bytes) override {
     if (bytes == 0) {
       return;

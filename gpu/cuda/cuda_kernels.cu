@@ -19,6 +19,7 @@
 
 #include "gpu/cuda/cuda_kernels.hpp"
 #include "gpu/cuda/kernels_emulated.hpp"
+#include "gpu/fill_random.hpp"
 
 namespace ferry::gpu::cuda {
 namespace {
@@ -216,6 +217,43 @@ __global__ void transpose_kernel(unsigned char* dst, std::size_t dst_batch_pitch
         __syncthreads();
       }
     }
+  }
+}
+
+// Stream::fill_random's element i (gpu/fill_random.hpp), stored with narrow<>.
+enum class RandomKind { kBF16, kF16, kF32, kE4M3, kU8 };
+
+template <bool kAligned>
+__host__ __device__ inline void random_one(unsigned char* dst, std::size_t i, RandomKind kind,
+                                           float low, float span, std::uint64_t seed) {
+  const std::uint64_t bits = random_fill::splitmix64(seed + i);
+  const std::uint32_t f = float_bits(random_fill::value(bits, low, span));
+  switch (kind) {
+    case RandomKind::kU8:
+      dst[i] = static_cast<unsigned char>(bits >> 56);
+      break;
+    case RandomKind::kE4M3:
+      dst[i] = random_fill::e4m3_from_f32(f);
+      break;
+    case RandomKind::kBF16:
+      store<std::uint16_t, kAligned>(dst, i, narrow<Kind::kBF16>(f));
+      break;
+    case RandomKind::kF16:
+      store<std::uint16_t, kAligned>(dst, i, narrow<Kind::kF16>(f));
+      break;
+    case RandomKind::kF32:
+      store<std::uint32_t, kAligned>(dst, i, narrow<Kind::kF32>(f));
+      break;
+  }
+}
+
+template <bool kAligned>
+__global__ void fill_random_kernel(unsigned char* dst, std::size_t count, RandomKind kind,
+                                   float low, float span, std::uint64_t seed) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    random_one<kAligned>(dst, i, kind, low, span, seed);
   }
 }
 
@@ -513,6 +551,70 @@ cudaError_t launch_fill(std::byte* dst, std::size_t count, std::size_t element_s
       return launch_fill_typed(d, count, static_cast<unsigned long long>(pattern), stream);
     default:
       return cudaErrorInvalidValue;
+  }
+}
+
+namespace {
+
+bool random_kind(DType dtype, RandomKind& kind) {
+  switch (dtype) {
+    case DType::kBF16:
+      kind = RandomKind::kBF16;
+      return true;
+    case DType::kF16:
+      kind = RandomKind::kF16;
+      return true;
+    case DType::kF32:
+      kind = RandomKind::kF32;
+      return true;
+    case DType::kF8E4M3:
+      kind = RandomKind::kE4M3;
+      return true;
+    case DType::kU8:
+      kind = RandomKind::kU8;
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_fill_random(std::byte* dst, std::size_t count, DType dtype, float low,
+                               float span, std::uint64_t seed, cudaStream_t stream) {
+  RandomKind kind{};
+  if (!random_kind(dtype, kind)) {
+    return cudaErrorInvalidValue;
+  }
+  if (count == 0) {
+    return cudaSuccess;
+  }
+  (void)cudaGetLastError();
+  auto* d = reinterpret_cast<unsigned char*>(dst);
+  if (reinterpret_cast<std::uintptr_t>(dst) % dtype_size(dtype) == 0) {
+    fill_random_kernel<true><<<grid_for(count), kThreads, 0, stream>>>(d, count, kind, low, span,
+                                                                       seed);
+  } else {
+    fill_random_kernel<false><<<grid_for(count), kThreads, 0, stream>>>(d, count, kind, low, span,
+                                                                        seed);
+  }
+  return cudaGetLastError();
+}
+
+void fill_random_emulated(std::byte* dst, std::size_t count, DType dtype, float low, float span,
+                          std::uint64_t seed) {
+  RandomKind kind{};
+  if (!random_kind(dtype, kind)) {
+    return;
+  }
+  auto* d = reinterpret_cast<unsigned char*>(dst);
+  const bool aligned = reinterpret_cast<std::uintptr_t>(dst) % dtype_size(dtype) == 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (aligned) {
+      random_one<true>(d, i, kind, low, span, seed);
+    } else {
+      random_one<false>(d, i, kind, low, span, seed);
+    }
   }
 }
 

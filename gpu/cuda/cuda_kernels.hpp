@@ -19,6 +19,12 @@ namespace ferry::gpu::cuda {
 cudaError_t launch_fill(std::byte* dst, std::size_t count, std::size_t element_size,
                         std::uint64_t pattern, cudaStream_t stream);
 
+// Stream::fill_random: element i from gpu/fill_random.hpp, stored as `dtype` (BF16,
+// F16, F32, F8_E4M3, U8; checked by the caller) with this file's conversions.
+// `low` / `span` are host::random_range's. Any alignment.
+cudaError_t launch_fill_random(std::byte* dst, std::size_t count, DType dtype, float low,
+                               float span, std::uint64_t seed, cudaStream_t stream);
+
 // Elementwise cast among BF16/F16/F32 with the rules of Stream::cast. The dtypes
 // must differ and be castable (checked by the caller). Any alignment; dst == src
 // works for equal element sizes.

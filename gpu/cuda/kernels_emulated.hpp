@@ -16,6 +16,9 @@ namespace ferry::gpu::cuda {
 void fill_emulated(std::byte* dst, std::size_t count, std::size_t element_size,
                    std::uint64_t pattern);
 
+void fill_random_emulated(std::byte* dst, std::size_t count, DType dtype, float low, float span,
+                          std::uint64_t seed);
+
 void cast_emulated(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
                    std::size_t count);
 

@@ -42,6 +42,10 @@ class RecordingStream final : public gpu::Stream {
     inner_->copy_d2h(d, s, n);
   }
   void fill(std::byte* d, std::size_t c, DType t, double v) override { inner_->fill(d, c, t, v); }
+  void fill_random(std::byte* d, std::size_t c, DType t, double lo, double hi,
+                   std::uint64_t seed) override {
+    inner_->fill_random(d, c, t, lo, hi, seed);
+  }
   void zero(std::byte* d, std::size_t n) override { inner_->zero(d, n); }
   void cast(std::byte* d, DType dt, const std::byte* s, DType st, std::size_t c) override {
     ops.push_back("cast");

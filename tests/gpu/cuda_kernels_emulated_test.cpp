@@ -83,6 +83,19 @@ TEST(CudaKernelEmulationTest, FillReplicatesTheHostPattern) {
   }
 }
 
+TEST(CudaKernelEmulationTest, FillRandomMatchesTheHostTwin) {
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32, DType::kF8E4M3, DType::kU8}) {
+    for (std::size_t shift : {0, 1, 3}) {
+      std::vector<std::byte> want(4 * 4099 + 4, std::byte{0x11});
+      std::vector<std::byte> got = want;
+      host::fill_random(want.data() + shift, 4099, dtype, -1e-3, 2e-3, 99);
+      const host::RandomRange r = host::random_range(-1e-3, 2e-3);
+      cuda::fill_random_emulated(got.data() + shift, 4099, dtype, r.low, r.span, 99);
+      EXPECT_EQ(got, want) << dtype_name(dtype) << " shift " << shift;
+    }
+  }
+}
+
 // Bytes 0..n-1 of a fixed pseudo-random sequence.
 std::vector<std::byte> noise(std::size_t n, unsigned seed) {
   std::vector<std::byte> out(n);

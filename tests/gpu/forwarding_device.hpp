@@ -41,6 +41,10 @@ class ForwardingStream final : public Stream {
     }
     inner_->fill(dst, count, dtype, value);
   }
+  void fill_random(std::byte* dst, std::size_t count, DType dtype, double low, double high,
+                   std::uint64_t seed) override {
+    inner_->fill_random(dst, count, dtype, low, high, seed);
+  }
   void zero(std::byte* dst, std::size_t bytes) override { inner_->zero(dst, bytes); }
   void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
             std::size_t count) override {

@@ -9,9 +9,9 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <string>
-#include <limits>
 #include <thread>
 #include <vector>
 
@@ -101,8 +101,8 @@ TEST(HostDeviceTest, LargeAllocationsKeepTheContract) {
   for (bool poison : {false, true}) {
     auto device = make_host_device(0, {.poison_allocations = poison});
     std::unique_ptr<Stream> stream = device->create_stream();
-    for (std::size_t bytes : {(std::size_t{4} << 20) - 1, std::size_t{4} << 20,
-                              (std::size_t{9} << 20) + 4097}) {
+    for (std::size_t bytes :
+         {(std::size_t{4} << 20) - 1, std::size_t{4} << 20, (std::size_t{9} << 20) + 4097}) {
       SCOPED_TRACE("bytes " + std::to_string(bytes) + (poison ? " poisoned" : ""));
       DeviceAllocation a = device->allocate(bytes);
       ASSERT_NE(a.data(), nullptr);
@@ -115,9 +115,8 @@ TEST(HostDeviceTest, LargeAllocationsKeepTheContract) {
       ASSERT_EQ(got.size(), bytes);
       EXPECT_EQ(std::memcmp(got.data() + 5, src.data(), src.size()), 0);
       for (std::size_t r = 0; r < 3; ++r) {
-        EXPECT_EQ(std::memcmp(got.data() + bytes - 3 * 4096 + r * 4096, src.data() + r * 1000,
-                              1000),
-                  0);
+        EXPECT_EQ(
+            std::memcmp(got.data() + bytes - 3 * 4096 + r * 4096, src.data() + r * 1000, 1000), 0);
       }
       if (poison) {
         EXPECT_EQ(got[0], kPoisonByte);
@@ -358,6 +357,8 @@ TEST(HostDeviceTest, FillZeroAndCastMatchTheHostTwins) {
   host::cast(want.data() + 2000, DType::kF16, want.data() + 1000, DType::kF32, 100);
   stream->cast(a.data() + 2000, DType::kBF16, a.data() + 2000, DType::kF16, 100);  // in place
   host::cast(want.data() + 2000, DType::kBF16, want.data() + 2000, DType::kF16, 100);
+  stream->fill_random(a.data() + 3001, 333, DType::kBF16, -1e-3, 1e-3, 7);
+  host::fill_random(want.data() + 3001, 333, DType::kBF16, -1e-3, 1e-3, 7);
   EXPECT_EQ(read_back(*stream, a), want);
 
   // The F32 written above is exactly BF16 1e-3 widened.
@@ -372,6 +373,10 @@ TEST(HostDeviceTest, FillAndCastRejectBadArguments) {
   DeviceAllocation a = device->allocate(1024);
   expect_error([&] { stream->fill(a.data(), 4, DType::kI32, 1.0); }, "host:0",
                "dtype I32 is not supported");
+  expect_error([&] { stream->fill_random(a.data(), 4, DType::kI32, 0, 1, 1); }, "host:0",
+               "fill_random: dtype I32 is not supported");
+  expect_error([&] { stream->fill_random(a.data() + 1000, 30, DType::kU8, 0, 1, 1); }, "host:0",
+               "fill_random: destination");
   expect_error([&] { stream->cast(a.data(), DType::kU8, a.data() + 512, DType::kF32, 4); },
                "host:0", "only BF16, F16 and F32");
   // Overlapping ranges, other than exactly in place with equal sizes.

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/fp8.hpp"
+#include "gpu/fill_random.hpp"
 
 namespace ferry::gpu::host {
 namespace {
@@ -316,6 +318,92 @@ TEST(KernelsHostTest, CastRejectsOtherDtypes) {
   }
 }
 
+// fill_random's E4M3 encoder (bit arithmetic, shared with the CUDA kernel) against
+// ferry::float_to_e4m3 (a search of the code table): every BF16-exact value, and
+// random F32 values of every magnitude.
+TEST(KernelsHostTest, RandomFillE4m3EncoderMatchesTheTableSearch) {
+  for (std::uint32_t b = 0; b < 0x10000; ++b) {
+    const std::uint32_t f = b << 16;
+    const float v = std::bit_cast<float>(f);
+    ASSERT_EQ(random_fill::e4m3_from_f32(f), float_to_e4m3(v)) << std::hex << f << " " << v;
+  }
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200000; ++i) {
+    const std::uint32_t f = static_cast<std::uint32_t>(rng());
+    const float v = std::bit_cast<float>(f);
+    ASSERT_EQ(random_fill::e4m3_from_f32(f), float_to_e4m3(v)) << std::hex << f << " " << v;
+  }
+}
+
+// `value` rounded to `dtype` and back.
+float rounded(DType dtype, double value) {
+  const float f = static_cast<float>(value);
+  std::byte narrow[4]{};
+  std::byte wide[4]{};
+  cast(narrow, dtype, reinterpret_cast<const std::byte*>(&f), DType::kF32, 1);
+  cast(wide, DType::kF32, narrow, dtype, 1);
+  float out = 0;
+  std::memcpy(&out, wide, 4);
+  return out;
+}
+
+// Element i depends on (seed, i) only: any sub-range filled with seed + k is the
+// whole fill's tail; floats lie in [low, high] after rounding, roughly uniformly;
+// another seed gives other bytes.
+TEST(KernelsHostTest, FillRandomIsCounterBasedInRangeAndUniform) {
+  constexpr std::size_t kCount = 100000;
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32, DType::kF8E4M3, DType::kU8}) {
+    const std::size_t es = dtype_size(dtype);
+    const double low = dtype == DType::kF8E4M3 ? -448.0 : -1e-3;
+    const double high = -low;
+    std::vector<std::byte> whole(kCount * es + 1);
+    fill_random(whole.data(), kCount, dtype, low, high, 1234);
+    std::vector<std::byte> tail((kCount - 777) * es + 1);
+    fill_random(tail.data() + 1, kCount - 777, dtype, low, high, 1234 + 777);  // misaligned
+    ASSERT_EQ(0, std::memcmp(tail.data() + 1, whole.data() + 777 * es, (kCount - 777) * es))
+        << dtype_name(dtype);
+    std::vector<std::byte> other(kCount * es + 1);
+    fill_random(other.data(), kCount, dtype, low, high, 1235);
+    EXPECT_NE(0, std::memcmp(other.data(), whole.data(), kCount * es)) << dtype_name(dtype);
+    // Ten bins over [low, high] (U8: over 0..255): each holds about a tenth.
+    std::vector<std::size_t> bins(10, 0);
+    for (std::size_t i = 0; i < kCount; ++i) {
+      double v = 0;
+      const std::byte* p = whole.data() + i * es;
+      if (dtype == DType::kU8) {
+        v = static_cast<double>(static_cast<std::uint8_t>(*p)) / 256.0;
+      } else {
+        float f = 0;
+        if (dtype == DType::kF8E4M3) {
+          f = e4m3_to_float(static_cast<std::uint8_t>(*p));
+        } else {
+          std::byte widened[4]{};
+          cast(widened, DType::kF32, p, dtype, 1);
+          std::memcpy(&f, widened, 4);
+        }
+        // The bounds as the dtype rounds them (1e-3 is 0.0010004 in F16).
+        const float bound = dtype == DType::kF8E4M3 ? 448.0f : rounded(dtype, high);
+        ASSERT_GE(f, -bound) << dtype_name(dtype) << " element " << i;
+        ASSERT_LE(f, bound) << dtype_name(dtype) << " element " << i;
+        v = (f - low) / (high - low);
+      }
+      ++bins[std::min<std::size_t>(9, static_cast<std::size_t>(v * 10))];
+    }
+    for (std::size_t b = 0; b < bins.size(); ++b) {
+      // E4M3 is denser near 0, so its bins are only checked for being used.
+      if (dtype == DType::kF8E4M3) {
+        EXPECT_GT(bins[b], kCount / 40) << "bin " << b;
+      } else {
+        EXPECT_NEAR(static_cast<double>(bins[b]), kCount / 10.0, kCount / 100.0)
+            << dtype_name(dtype) << " bin " << b;
+      }
+    }
+  }
+  std::byte one[8];
+  EXPECT_THROW(fill_random(one, 1, DType::kF64, 0, 1, 1), Error);
+  EXPECT_THROW(fill_random(one, 1, DType::kI32, 0, 1, 1), Error);
+}
+
 }  // namespace
 }  // namespace ferry::gpu::host
 
@@ -324,8 +412,17 @@ TEST(KernelsHostTest, CastRejectsOtherDtypes) {
 // and must not write a byte outside [dst, dst + bytes).
 TEST(KernelsHostTest, CopyAroundCachesEqualsMemcpyAtAnySizeAndAlignment) {
   std::mt19937 rng(7);
-  const std::size_t sizes[] = {0, 1, 15, 16, 17, 4095, (64u << 10) - 1, 64u << 10,
-                               (64u << 10) + 1, (64u << 10) + 63, (1u << 20) + 13};
+  const std::size_t sizes[] = {0,
+                               1,
+                               15,
+                               16,
+                               17,
+                               4095,
+                               (64u << 10) - 1,
+                               64u << 10,
+                               (64u << 10) + 1,
+                               (64u << 10) + 63,
+                               (1u << 20) + 13};
   for (std::size_t bytes : sizes) {
     for (std::size_t src_shift : {0u, 1u, 8u, 15u}) {
       for (std::size_t dst_shift : {0u, 3u, 16u}) {
@@ -334,7 +431,8 @@ TEST(KernelsHostTest, CopyAroundCachesEqualsMemcpyAtAnySizeAndAlignment) {
           b = static_cast<std::byte>(rng());
         }
         std::vector<std::byte> dst(bytes + 64, std::byte{0xEE});
-        ferry::gpu::host::copy_around_caches(dst.data() + 16 + dst_shift, src.data() + src_shift, bytes);
+        ferry::gpu::host::copy_around_caches(dst.data() + 16 + dst_shift, src.data() + src_shift,
+                                             bytes);
         SCOPED_TRACE("bytes " + std::to_string(bytes) + " src+" + std::to_string(src_shift) +
                      " dst+" + std::to_string(dst_shift));
         ASSERT_EQ(std::memcmp(dst.data() + 16 + dst_shift, src.data() + src_shift, bytes), 0);

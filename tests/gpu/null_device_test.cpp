@@ -59,11 +59,12 @@ TEST(NullDeviceTest, CopiesAreCheckedCountedAndDiscarded) {
   stream->fill(a.data(), 10, DType::kBF16, 1.0);                   // 20 bytes
   stream->zero(a.data() + 500, 500);
   stream->cast(a.data(), DType::kF32, a.data() + 800, DType::kBF16, 100);  // 400 written
+  stream->fill_random(a.data() + 3, 30, DType::kF8E4M3, -1, 1, 5);         // 30 bytes
   std::unique_ptr<Event> e = stream->record();
   EXPECT_TRUE(e->query());
   e->synchronize();
   stream->synchronize();
-  EXPECT_EQ(null_device_bytes_written(*device), 1000u + 50 + 20 + 500 + 400);
+  EXPECT_EQ(null_device_bytes_written(*device), 1000u + 50 + 20 + 500 + 400 + 30);
   EXPECT_THAT([&] { null_device_bytes_written(*make_host_device(0)); },
               ThrowsMessage<Error>(HasSubstr("not a null device")));
 }
@@ -101,6 +102,10 @@ TEST(NullDeviceTest, RangesOutsideAllocationsFailAsOnTheHostBackend) {
   EXPECT_THAT([&] { stream->fill(a.data(), 26, DType::kF32, 1.0); },
               fails_with("null:1", "fill: destination"));
   EXPECT_THAT([&] { stream->fill(a.data(), 2, DType::kI8, 1.0); }, fails_with("null:1", "fill"));
+  EXPECT_THAT([&] { stream->fill_random(a.data(), 26, DType::kF32, 0, 1, 1); },
+              fails_with("null:1", "fill_random: destination"));
+  EXPECT_THAT([&] { stream->fill_random(a.data(), 2, DType::kF64, 0, 1, 1); },
+              fails_with("null:1", "fill_random: dtype F64 is not supported"));
   EXPECT_THAT([&] { stream->cast(a.data(), DType::kF32, a.data() + 90, DType::kBF16, 10); },
               fails_with("null:1", "cast: source"));
   // 6 rows of pitch 20 end at 5 * 20 + 1 = 101 > 100.

@@ -43,6 +43,11 @@ class FaultyStream final : public gpu::Stream {
     check("fill");
     inner_->fill(dst, count, dtype, value);
   }
+  void fill_random(std::byte* dst, std::size_t count, DType dtype, double low, double high,
+                   std::uint64_t seed) override {
+    check("fill_random");
+    inner_->fill_random(dst, count, dtype, low, high, seed);
+  }
   void zero(std::byte* dst, std::size_t bytes) override {
     check("zero");
     inner_->zero(dst, bytes);
