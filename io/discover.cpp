@@ -141,6 +141,8 @@ std::vector<const char*> patterns_for(LoadFormat format) {
       return {"consolidated*.safetensors"};
     case LoadFormat::kPt:
       return {"*.pt"};
+    case LoadFormat::kDummy:
+      break;
   }
   return {};
 }
@@ -316,13 +318,15 @@ std::string_view to_string(LoadFormat format) {
       return "mistral";
     case LoadFormat::kPt:
       return "pt";
+    case LoadFormat::kDummy:
+      return "dummy";
   }
   return "unknown";
 }
 
 std::optional<LoadFormat> parse_load_format(std::string_view text) {
-  for (LoadFormat format :
-       {LoadFormat::kAuto, LoadFormat::kSafetensors, LoadFormat::kMistral, LoadFormat::kPt}) {
+  for (LoadFormat format : {LoadFormat::kAuto, LoadFormat::kSafetensors, LoadFormat::kMistral,
+                            LoadFormat::kPt, LoadFormat::kDummy}) {
     if (text == to_string(format)) {
       return format;
     }
@@ -404,6 +408,11 @@ ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions&
 
   if (folder.empty()) {
     throw Error(Stage::kDiscovery, "", "", "no model folder given");
+  }
+  if (options.format == LoadFormat::kDummy) {
+    throw Error(Stage::kDiscovery, folder, "",
+                "load format dummy reads no weight files (the runtime fills the parameters "
+                "from config.json alone); there is nothing to discover");
   }
   const Probe where = probe(folder);
   if (where.kind == Kind::kMissing) {

@@ -18,13 +18,15 @@ enum class LoadFormat {
   kSafetensors,  // *.safetensors
   kMistral,      // consolidated*.safetensors with consolidated.safetensors.index.json
   kPt,           // *.pt
+  kDummy,        // no weight files: the runtime fills every param with deterministic
+                 // random values from config.json alone; discovery refuses it
 };
 
 // What the chosen files contain (kAuto resolves to one of these).
 enum class FileFormat { kSafetensors, kPickle };
 
 std::string_view to_string(LoadFormat format);
-// "auto", "safetensors", "mistral", "pt"; nullopt otherwise.
+// "auto", "safetensors", "mistral", "pt", "dummy"; nullopt otherwise.
 std::optional<LoadFormat> parse_load_format(std::string_view text);
 
 struct DiscoveryOptions {
@@ -51,16 +53,16 @@ struct ResolvedSource {
   std::string folder;
   LoadFormat load_format = LoadFormat::kAuto;  // as requested
   FileFormat format = FileFormat::kSafetensors;
-  std::string pattern;  // the glob that matched, e.g. "*.safetensors"
+  std::string pattern;                    // the glob that matched, e.g. "*.safetensors"
   std::optional<std::string> index_file;  // name of the index in the folder, when used
   // The index as discovery parsed it, so that build_checkpoint_index does not read
   // and parse it again (null when no index is used, or for a hand-made source).
   std::shared_ptr<const WeightIndex> weight_index;
-  std::vector<WeightFile> files;          // in load order
-  std::vector<SkippedFile> skipped;       // matched a pattern but not chosen (by name)
+  std::vector<WeightFile> files;     // in load order
+  std::vector<SkippedFile> skipped;  // matched a pattern but not chosen (by name)
   std::vector<std::string> warnings;
-  std::vector<std::string> decisions;     // the order rule applied, etc. (shown by inspect)
-  std::string prefix;                     // prepended to every tensor name (empty today)
+  std::vector<std::string> decisions;  // the order rule applied, etc. (shown by inspect)
+  std::string prefix;                  // prepended to every tensor name (empty today)
 };
 
 // Resolves the weight files of `folder` (top level only; symbolic links are followed,
@@ -100,7 +102,7 @@ ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions&
 // group of n <= tp_size * k names with group[(j + tp_rank * k) % n]. Throws
 // ferry::Error(Stage::kConfig) for sort_weight_files < -1, tp_size < 1 or tp_rank
 // outside [0, tp_size).
-std::vector<std::string> order_weight_files(std::vector<std::string> names,
-                                            int sort_weight_files, int tp_size, int tp_rank);
+std::vector<std::string> order_weight_files(std::vector<std::string> names, int sort_weight_files,
+                                            int tp_size, int tp_rank);
 
 }  // namespace ferry::io

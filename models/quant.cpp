@@ -792,4 +792,32 @@ QuantizedInputs quantized_inputs(const QuantScheme& scheme, const RankShell& she
   return out;
 }
 
+DummyRange dummy_range(const ParamSpec& p) {
+  constexpr double kWeight = 1e-3;  // SGLang's initialize_dummy_weights bound
+  const bool fp8_scale = ends_with(p.name, "weight_scale") || ends_with(p.name, "weight_scale_inv");
+  switch (p.dtype) {
+    case DType::kU8:
+      return {0, 255, true};
+    case DType::kF8E4M3:
+      return fp8_scale ? DummyRange{224, 448, true} : DummyRange{-448, 448, true};
+    case DType::kBF16:
+    case DType::kF16:
+    case DType::kF32:
+      break;
+    default:
+      return {0, 0, false};
+  }
+  if (ends_with(p.name, "weight_scale_2")) {
+    return {0.5 * kWeight / (6 * 448), kWeight / (6 * 448), true};
+  }
+  if (fp8_scale) {
+    return {0.5 * kWeight / 448, kWeight / 448, true};
+  }
+  if (ends_with(p.name, "input_scale") || ends_with(p.name, "k_scale") ||
+      ends_with(p.name, "v_scale")) {
+    return {1e-3, 1e-2, true};
+  }
+  return {-kWeight, kWeight, true};
+}
+
 }  // namespace ferry::models

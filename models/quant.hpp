@@ -177,4 +177,27 @@ struct QuantizedInputs {
 QuantizedInputs quantized_inputs(const QuantScheme& scheme, const RankShell& shell,
                                  std::size_t weight);
 
+// ---- the dummy load format ----------------------------------------------------------
+
+// What a param holds under model.load_format=dummy (SGLang's DummyModelLoader, with
+// ranges that keep every format's dequantized weights where the BF16 ones are):
+//   F8_E4M3 weights             uniform in [-448, 448] (every E4M3 magnitude)
+//   F32 weight scales           uniform in [0.5, 1] * 1e-3 / 448 (*_weight_scale,
+//                               *_weight_scale_inv), so weights dequantize into
+//                               [-1e-3, 1e-3]
+//   NVFP4 F8_E4M3 group scales  uniform in [224, 448], and F32 weight_scale_2 in
+//                               [0.5, 1] * 1e-3 / (6 * 448): e2m1 (<= 6) * both
+//                               stays within 1e-3
+//   U8 (packed NVFP4 pairs)     any byte
+//   activation scales           uniform in [1e-3, 1e-2] (input_scale, k_scale,
+//                               v_scale: positive, as a calibration leaves them)
+//   anything else floating      uniform in [-1e-3, 1e-3] (SGLang's range)
+//   other dtypes                zeros (random = false)
+struct DummyRange {
+  double low = 0;
+  double high = 0;
+  bool random = true;
+};
+DummyRange dummy_range(const ParamSpec& param);
+
 }  // namespace ferry::models

@@ -27,7 +27,7 @@ namespace {
 constexpr std::string_view kDefaultsSource = "defaults";
 constexpr int kMaxParallel = 4096;     // tp, ep, pp: far beyond any deployment
 constexpr int kMaxCudaOrdinal = 1024;  // keeps "cuda:0-999999999" from allocating
-constexpr std::uint64_t kMaxChunkBytes = std::uint64_t{1} << 30;  // a read returns < 2 GiB
+constexpr std::uint64_t kMaxChunkBytes = std::uint64_t{1} << 30;     // a read returns < 2 GiB
 constexpr std::uint64_t kMaxStagingBytes = std::uint64_t{64} << 30;  // staging for all lanes
 constexpr std::uint64_t kDirectAlign = 4096;  // O_DIRECT alignment (notes/toolchain.md)
 
@@ -654,7 +654,7 @@ LoadConfig ConfigBuilder::build() const {
     auto format = io::parse_load_format(text);
     if (!format) {
       f.fail_key("model.load_format",
-                 "expected auto, safetensors, mistral or pt, got " + json_quoted(text));
+                 "expected auto, safetensors, mistral, pt or dummy, got " + json_quoted(text));
     }
     c.model.load_format = *format;
   }
@@ -700,6 +700,9 @@ LoadConfig ConfigBuilder::build() const {
   }
   c.model.pad_moe_intermediate_to = static_cast<int>(
       f.get_int("model.pad_moe_intermediate_to", 0, 1 << 20, d.model.pad_moe_intermediate_to));
+  c.model.dummy_seed = static_cast<std::uint64_t>(
+      f.get_int("model.dummy_seed", 0, std::numeric_limits<std::int64_t>::max(),
+                static_cast<std::int64_t>(d.model.dummy_seed)));
 
   // parallel
   ParallelConfig& p = c.parallel;
@@ -899,6 +902,7 @@ nlohmann::json to_json(const LoadConfig& c) {
                                        : nlohmann::json("auto")},
            {"unaligned_tp", c.model.unaligned_tp == models::Unaligned::kPad ? "pad" : "refuse"},
            {"pad_moe_intermediate_to", c.model.pad_moe_intermediate_to},
+           {"dummy_seed", c.model.dummy_seed},
        }},
       {"parallel",
        {

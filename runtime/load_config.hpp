@@ -45,6 +45,9 @@ struct ModelConfig {
   // not fuse) or false.
   std::optional<bool> fuse_shared_experts;
   int pad_moe_intermediate_to = 0;  // round MoE intermediate size up to this multiple; 0 = off
+  // load_format dummy: the seed of every param's values (1234, SGLang's
+  // initialize_dummy_weights seed), so that two dummy loads hold the same bytes.
+  std::uint64_t dummy_seed = 1234;
   // Sizes tp does not divide: "refuse" (as SGLang asserts on GPU) or "pad" (zeros,
   // as SGLang's CPU path does).
   models::Unaligned unaligned_tp = models::Unaligned::kRefuse;
@@ -75,7 +78,7 @@ struct DeviceSpec {
 };
 
 struct IoConfig {
-  io::Engine engine = io::Engine::kUring;          // uring (falls back to pread) or pread
+  io::Engine engine = io::Engine::kUring;  // uring (falls back to pread) or pread
   // Defaults measured best from the page cache (docs/PERFORMANCE.md): 1 MiB
   // buffers keep the pool (8 MiB) in the CPU caches between the reader's kernel
   // copy and the copy workers; cold O_DIRECT reads prefer queue_depth 16 x 4 MiB.
@@ -91,8 +94,8 @@ struct IoConfig {
   // no staging: auto (where possible with two lanes or more), on (wherever
   // possible; fail when no device can), off.
   io::DirectToDevice direct_to_device = io::DirectToDevice::kAuto;
-  bool direct = false;           // O_DIRECT reads (skip the page cache)
-  bool drop_cache = false;       // evict the files from the page cache first (cold-cache runs)
+  bool direct = false;      // O_DIRECT reads (skip the page cache)
+  bool drop_cache = false;  // evict the files from the page cache first (cold-cache runs)
   // When a load stops early, how long the reader waits for the reads it asked the
   // kernel to cancel; a read still there after it is reported and its buffers are
   // leaked instead of waited for (a hung file system must not hang the engine).

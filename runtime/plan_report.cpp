@@ -92,6 +92,21 @@ ResolvedCheckpoint resolve_checkpoint(const LoadConfig& c) {
   if (c.model.path.empty()) {
     throw Error(Stage::kConfig, "", "", "model.path is not set (ferry load --model DIR)");
   }
+  if (c.model.load_format == io::LoadFormat::kDummy) {
+    // No weight files: config.json alone (model.path names its folder or the file).
+    ResolvedCheckpoint out;
+    const std::filesystem::path path(c.model.path);
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(path, ec)) {
+      out.source.folder = path.parent_path().string();
+      out.hf_config = read_json_file(path, "the model's config.json");
+    } else {
+      out.source.folder = c.model.path;
+      out.hf_config = read_hf_config(c.model.path);
+    }
+    out.source.load_format = io::LoadFormat::kDummy;
+    return out;
+  }
   io::DiscoveryOptions discovery;
   discovery.format = c.model.load_format;
   discovery.sort_weight_files = c.load.sort_weight_files;
@@ -174,6 +189,18 @@ PlanReport make_plan_report(const LoadConfig& config) {
     report.tensors.push_back(std::move(p));
   }
 
+  for (const models::RankShell& shell : shells) {
+    PlannedRank& r = report.rank_params.emplace_back();
+    r.rank = shell.tp_rank;
+    r.params = shell.params.size();
+    for (const models::ParamSpec& p : shell.params) {
+      r.param_bytes += p.nbytes;
+    }
+  }
+  report.dummy = config.model.load_format == io::LoadFormat::kDummy;
+  if (report.dummy) {
+    return report;  // nothing is read: every param is filled with dummy values
+  }
   // The reader's view: the same routes cut into windows, with the coverage check a
   // load makes before reading (a param nothing fills fails here too).
   actors::PlanOptions plan_options;
@@ -209,7 +236,13 @@ nlohmann::json PlanReport::to_json() const {
   for (const auto& [reason, bytes] : skipped_bytes) {
     skipped[reason] = bytes;
   }
-  return nlohmann::json{{"tensors", std::move(tensors_json)},
+  nlohmann::json ranks_json = nlohmann::json::array();
+  for (const PlannedRank& r : rank_params) {
+    ranks_json.push_back({{"rank", r.rank}, {"params", r.params}, {"param_bytes", r.param_bytes}});
+  }
+  return nlohmann::json{{"load_format", dummy ? "dummy" : "checkpoint"},
+                        {"tensors", std::move(tensors_json)},
+                        {"ranks", std::move(ranks_json)},
                         {"totals",
                          {{"checkpoint_bytes", checkpoint_bytes},
                           {"read_bytes", read_bytes},
@@ -239,6 +272,10 @@ std::string PlanReport::summary() const {
   }
   s += std::to_string(placed) + " placed, " + std::to_string(dropped) + " dropped, " +
        std::to_string(unmapped) + " unmapped\n";
+  for (const PlannedRank& r : rank_params) {
+    s += "tp rank " + std::to_string(r.rank) + ": " + std::to_string(r.params) + " params, " +
+         human_bytes(r.param_bytes) + (dummy ? " (dummy values, nothing read)" : "") + "\n";
+  }
   std::uint64_t skipped = 0;
   std::vector<std::string> by_reason;
   for (const auto& [reason, bytes] : skipped_bytes) {

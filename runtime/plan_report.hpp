@@ -28,7 +28,7 @@ namespace ferry::runtime {
 struct ResolvedCheckpoint {
   io::ResolvedSource source;
   io::CheckpointIndex index;          // every header read and validated
-  nlohmann::json hf_config;  // the folder's config.json, a hf_quant_config.json merged in
+  nlohmann::json hf_config;           // the folder's config.json, a hf_quant_config.json merged in
   std::vector<std::string> warnings;  // discovery's, then the index's
 };
 
@@ -59,6 +59,13 @@ struct PlannedTensor {
   std::uint64_t nbytes = 0;         // tensor data bytes
 };
 
+// What one local rank allocates.
+struct PlannedRank {
+  int rank = 0;  // tp rank
+  std::size_t params = 0;
+  std::uint64_t param_bytes = 0;
+};
+
 struct PlanReport {
   std::string family;
   models::ParallelLayout layout;  // local_ranks filled in
@@ -75,8 +82,12 @@ struct PlanReport {
   // checkpoint_bytes == read_bytes + the sum of these.
   std::map<std::string, std::uint64_t> skipped_bytes;
   std::vector<std::string> warnings;
+  std::vector<PlannedRank> rank_params;  // by local rank
+  bool dummy = false;              // model.load_format dummy: no tensors, nothing read
 
-  // {"tensors": [{"name", "route", "reason", "targets": [{"rank", "param"}]}],
+  // {"load_format": "checkpoint" | "dummy",
+  //  "tensors": [{"name", "route", "reason", "targets": [{"rank", "param"}]}],
+  //  "ranks": [{"rank", "params", "param_bytes"}],
   //  "totals": {"checkpoint_bytes", "read_bytes", "skipped_bytes": {reason: n}}}
   nlohmann::json to_json() const;
   // A table of the tensors and a few lines of totals, for the CLI.

@@ -42,6 +42,7 @@ nlohmann::json to_json(const LoadReport& r) {
         {"unmapped", r.tensors.unmapped}}},
       {"warnings", r.warnings},
       {"hooks_skipped", r.hooks_skipped},
+      {"load_format", r.load_format},
       {"startup_mode", r.startup_mode},
       {"startup_refusals", refusals},
       {"startup",
@@ -60,6 +61,9 @@ std::string LoadReport::json(int indent) const {
 
 std::string LoadReport::summary() const {
   std::string s;
+  if (load_format == "dummy") {
+    s += "dummy load: every parameter filled with deterministic random values (nothing read)\n";
+  }
   s += "loaded " + std::to_string(tensors.placed) + " tensors from " + std::to_string(files) +
        " file(s) in " + fixed(seconds, 3) + " s (" + std::to_string(tensors.dropped) +
        " dropped, " + std::to_string(tensors.unmapped) + " unmapped)\n";

@@ -35,8 +35,10 @@
 #include "actors/pipeline.hpp"
 #include "actors/plan.hpp"
 #include "common/log.hpp"
+#include "ferry/metrics.hpp"
 #include "gpu/backends.hpp"
 #include "gpu/device.hpp"
+#include "gpu/fill_random.hpp"
 #include "gpu/kernels_host.hpp"
 #include "gpu/metered_device.hpp"
 #include "io/discover.hpp"
@@ -49,9 +51,9 @@
 #include "io/staging_pool.hpp"
 #include "models/hooks.hpp"
 #include "models/model.hpp"
+#include "models/quant.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/plan_report.hpp"
-#include "ferry/metrics.hpp"
 #include "runtime/runtime_internal.hpp"
 #include "runtime/trace.hpp"
 
@@ -624,6 +626,16 @@ namespace {
 // The value every floating-point parameter holds between prepare() and commit().
 constexpr double kSentinel = 1e-3;
 
+// FNV-1a of a param name: with model.dummy_seed, the seed of its dummy values.
+std::uint64_t fnv1a(std::string_view text) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (char c : text) {
+    h ^= static_cast<unsigned char>(c);
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
 bool floating(DType dtype) {
   switch (dtype) {
     case DType::kF16:
@@ -813,9 +825,9 @@ struct FERRY_HIDDEN Runtime::Impl {
   // The last load started. Weak: the Runtime never keeps a finished load's model
   // alive; its handles and its thread (until the thread ends) do.
   std::weak_ptr<LoadHandle::State> current;
-  std::thread worker;                  // runs it
+  std::thread worker;                         // runs it
   std::shared_ptr<const log::Sink> log_sink;  // set_log_sink; null: the process-wide one
-  std::shared_ptr<LoadWork> prepared;  // in the prepared state
+  std::shared_ptr<LoadWork> prepared;         // in the prepared state
   // Metrics: on the engine's registry (use_registry), or on one of ferry's own when
   // metrics.listen or metrics.textfile is set; null when neither.
   std::shared_ptr<LoadMetrics> metrics;
@@ -860,6 +872,21 @@ struct FERRY_HIDDEN Runtime::Impl {
   std::byte* reallocate(LoadWork& w, std::size_t rank, std::size_t param);
   std::vector<StartupRefusal> overlap_refusals(const LoadWork& w) const;
   void fill_sentinel(LoadWork& w, LoadHandle::State& handle);
+  // Runs every post-load hook once, in the model's order, on its rank's device
+  // (`what` names the weights in errors); hooks of devices that keep no data are
+  // skipped and listed in the report.
+  void run_hooks_once(LoadWork& w, LoadHandle::State& handle, const std::string& what);
+  // model.load_format dummy: every param that no hook fills gets dummy values on its
+  // device (models::dummy_range), then the hooks run.
+  void fill_dummy(LoadWork& w, LoadHandle::State& handle);
+  // The whole load into allocated storage: the pipeline, or the dummy fill.
+  void load_all(LoadWork& w, LoadHandle::State& handle) {
+    if (config.model.load_format == io::LoadFormat::kDummy) {
+      fill_dummy(w, handle);
+    } else {
+      stream(w, handle);
+    }
+  }
   void verify_startup(LoadWork& w);
 
   LoadResult load(LoadHandle::State& handle);
@@ -1180,7 +1207,9 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   actors::PlanOptions plan_options;
   plan_options.chunk_bytes = c.io.chunk_bytes;
   plan_options.direct = c.io.direct;
-  w.plan = actors::make_plan(w.resolved.index, *w.model, plan_options, w.resolved.source.folder);
+  if (c.model.load_format != io::LoadFormat::kDummy) {
+    w.plan = actors::make_plan(w.resolved.index, *w.model, plan_options, w.resolved.source.folder);
+  }
   report.tensors.placed = w.plan.placed;
   report.tensors.dropped = w.plan.dropped;
   report.tensors.unmapped = w.plan.unmapped;
@@ -1467,7 +1496,7 @@ LoadResult Runtime::Impl::load(LoadHandle::State& handle) {
   resolve_and_plan(w, handle);
   make_devices(w);
   allocate(w, handle);
-  stream(w, handle);
+  load_all(w, handle);
   w.state->report = w.report;
   LoadResult result;
   result.model = std::make_shared<LoadedModel>(std::move(w.state));
@@ -1597,7 +1626,11 @@ std::vector<std::string> sentinel_params(const std::vector<ManifestEntry>& manif
 
 std::vector<StartupRefusal> Runtime::Impl::overlap_refusals(const LoadWork& w) const {
   std::vector<StartupRefusal> out;
-  if (w.resolved.source.format != io::FileFormat::kSafetensors) {
+  if (config.model.load_format == io::LoadFormat::kDummy) {
+    out.push_back({"load_format",
+                   "the dummy format reads nothing to overlap with a capture: prepare() fills "
+                   "the parameters in full"});
+  } else if (w.resolved.source.format != io::FileFormat::kSafetensors) {
     out.push_back({"load_format",
                    "the checkpoint is not safetensors: only safetensors headers give every "
                    "tensor's place before the data is read"});
@@ -1667,9 +1700,20 @@ void Runtime::Impl::fill_sentinel(LoadWork& w, LoadHandle::State& handle) {
   }
   // The post-load hooks run on the sentinel weights (the MLA split included), so
   // their outputs are in place and the engine captures the same buffers.
+  run_hooks_once(w, handle, "the sentinel weights");
+}
+
+void Runtime::Impl::run_hooks_once(LoadWork& w, LoadHandle::State& handle,
+                                   const std::string& what) {
+  LoadedModel::State& state = *w.state;
+  w.report.hooks_skipped.clear();
   for (const models::PostLoadHook& hook : w.model->hooks()) {
     handle.check_cancel();
     gpu::Device& device = *state.devices.at(hook.local_rank);
+    if (!device.holds_data()) {
+      w.report.hooks_skipped.push_back(hook.name + " on " + device.name());
+      continue;
+    }
     auto stream = device.create_stream();
     std::vector<std::byte*> params;
     for (const LoadedParam& p : state.ranks.at(hook.local_rank).params) {
@@ -1683,9 +1727,95 @@ void Runtime::Impl::fill_sentinel(LoadWork& w, LoadHandle::State& handle) {
       stream->synchronize();
     } catch (const std::exception& e) {
       throw Error(Stage::kPostProcess, device.name(), "",
-                  "post-load hook '" + hook.name + "' failed on the sentinel weights: " + e.what());
+                  "post-load hook '" + hook.name + "' failed on " + what + ": " + e.what());
     }
   }
+}
+
+void Runtime::Impl::fill_dummy(LoadWork& w, LoadHandle::State& handle) {
+  LoadReport& report = w.report;
+  LoadedModel::State& state = *w.state;
+  const auto& shells = w.model->shells();
+  report.load_format = "dummy";
+  handle.phase.store(LoadPhase::kStream);
+  const Clock::time_point t_begin = Clock::now();
+  std::vector<std::vector<bool>> hook_output(shells.size());
+  for (std::size_t r = 0; r < shells.size(); ++r) {
+    hook_output[r].assign(shells[r].params.size(), false);
+  }
+  for (const models::PostLoadHook& h : w.model->hooks()) {
+    for (std::size_t out : h.outputs) {
+      hook_output.at(h.local_rank).at(out) = true;
+    }
+  }
+  // A rank a thread, as the allocation: each fill is one kernel on its device.
+  std::vector<std::uint64_t> filled(shells.size(), 0);
+  std::vector<std::exception_ptr> errors(shells.size());
+  auto fill_rank = [&](std::size_t r) {
+    try {
+      gpu::Device& device = *state.devices[r];
+      device.bind();
+      auto stream = device.create_stream();
+      for (std::size_t i = 0; i < shells[r].params.size(); ++i) {
+        const models::ParamSpec& spec = shells[r].params[i];
+        const LoadedParam& p = state.ranks[r].params[i];
+        if (hook_output[r][i] || spec.nbytes == 0 || handle.cancel.load()) {
+          continue;
+        }
+        const models::DummyRange range = models::dummy_range(spec);
+        if (range.random) {
+          // Each param's own seed (the config's and its name): replicated params agree
+          // across ranks, and the values do not depend on the order params are filled.
+          const std::uint64_t seed =
+              gpu::random_fill::splitmix64(config.model.dummy_seed ^ fnv1a(spec.name));
+          stream->fill_random(p.data, spec.nbytes / dtype_size(spec.dtype), spec.dtype, range.low,
+                              range.high, seed);
+        } else {
+          stream->zero(p.data, spec.nbytes);
+        }
+        filled[r] += spec.nbytes;
+      }
+      stream->synchronize();
+    } catch (...) {
+      errors[r] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  for (std::size_t r = 1; r < shells.size(); ++r) {
+    threads.emplace_back([&fill_rank, r, sink = log::thread_sink()] {
+      const log::ScopedSink scope(sink);
+      fill_rank(r);
+    });
+  }
+  if (!shells.empty()) {
+    fill_rank(0);
+  }
+  for (std::thread& t : threads) {
+    t.join();
+  }
+  for (const std::exception_ptr& e : errors) {
+    if (e) {
+      std::rethrow_exception(e);
+    }
+  }
+  handle.check_cancel();
+  const Clock::time_point t_filled = Clock::now();
+  run_hooks_once(w, handle, "the dummy weights");
+  const Clock::time_point t_hooks = Clock::now();
+  w.span("dummy fill", t_begin, t_filled);
+  w.span("postprocess", t_filled, t_hooks);
+  report.bytes_copied = 0;
+  for (std::uint64_t b : filled) {
+    report.bytes_copied += b;
+  }
+  report.phases.resolve = seconds_between(w.begin, w.resolved_at);
+  report.phases.plan = seconds_between(w.resolved_at, w.planned_at);
+  report.phases.allocate = seconds_between(w.planned_at, w.allocated_at);
+  report.phases.stream = seconds_between(t_begin, t_filled);
+  report.phases.postprocess = seconds_between(t_filled, t_hooks);
+  report.seconds = report.phases.resolve + report.phases.plan + report.phases.allocate +
+                   report.phases.stream + report.phases.postprocess;
+  report.peak_rss_bytes = peak_rss_bytes();
 }
 
 LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
@@ -1718,7 +1848,7 @@ LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
   allocate(w, handle);
 
   if (w.mode == StartupMode::kSerial) {
-    stream(w, handle);  // the whole load; commit() only verifies
+    load_all(w, handle);  // the whole load; commit() only verifies
     w.state->manifest = record_manifest(*w.state);
   } else {
     const Clock::time_point t_sentinel = Clock::now();

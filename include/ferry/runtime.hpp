@@ -79,6 +79,10 @@ struct StartupRefusal {
 
 // What happened during a load (`--report FILE` writes json()).
 struct FERRY_API LoadReport {
+  // "checkpoint", or "dummy" (model.load_format dummy: every parameter filled with
+  // deterministic random values on its device, nothing read; bytes_copied counts
+  // the bytes filled).
+  std::string load_format = "checkpoint";
   std::uint64_t bytes_read = 0;     // every byte requested from weight files: headers,
                                     // tensor data, O_DIRECT alignment
   std::uint64_t bytes_skipped = 0;  // tensor bytes never read

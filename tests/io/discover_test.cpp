@@ -113,8 +113,8 @@ class LogCapture {
 // ---- load formats ------------------------------------------------------------------------
 
 TEST(DiscoverLoadFormat, ParsesAndPrints) {
-  for (LoadFormat f :
-       {LoadFormat::kAuto, LoadFormat::kSafetensors, LoadFormat::kMistral, LoadFormat::kPt}) {
+  for (LoadFormat f : {LoadFormat::kAuto, LoadFormat::kSafetensors, LoadFormat::kMistral,
+                       LoadFormat::kPt, LoadFormat::kDummy}) {
     EXPECT_EQ(parse_load_format(to_string(f)), f);
   }
   EXPECT_EQ(to_string(LoadFormat::kAuto), "auto");
@@ -122,8 +122,18 @@ TEST(DiscoverLoadFormat, ParsesAndPrints) {
   EXPECT_EQ(to_string(LoadFormat::kMistral), "mistral");
   EXPECT_EQ(to_string(LoadFormat::kPt), "pt");
   EXPECT_EQ(parse_load_format("Auto"), std::nullopt);
-  EXPECT_EQ(parse_load_format("dummy"), std::nullopt);
+  EXPECT_EQ(to_string(LoadFormat::kDummy), "dummy");
+  EXPECT_EQ(parse_load_format("Dummy"), std::nullopt);
   EXPECT_EQ(parse_load_format(""), std::nullopt);
+}
+
+// The dummy format is the runtime's: discovery has no files to find for it.
+TEST(DiscoverLoadFormat, DummyIsRefusedByDiscovery) {
+  TempDir dir;
+  const Error e = expect_error(Stage::kDiscovery,
+                               [&] { resolve_source(dir.str(), {.format = LoadFormat::kDummy}); });
+  EXPECT_NE(e.rule().find("load format dummy reads no weight files"), std::string::npos)
+      << e.what();
 }
 
 TEST(Discover, AutoPrefersSafetensors) {

@@ -385,7 +385,7 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
   EXPECT_EQ(from_sets({"model.fuse_shared_experts=false"}).model.fuse_shared_experts, false);
   EXPECT_EQ(from_sets({"model.unaligned_tp=pad"}).model.unaligned_tp, models::Unaligned::kPad);
   EXPECT_THAT(config_error([] { from_sets({"model.load_format=gguf"}); }),
-              HasSubstr("model.load_format: expected auto, safetensors, mistral or pt"));
+              HasSubstr("model.load_format: expected auto, safetensors, mistral, pt or dummy"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.tp=0"}); }),
               HasSubstr("parallel.tp: expected an integer from 1 to 4096, got 0"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.tp=2.5"}); }),
@@ -619,6 +619,7 @@ LoadConfig every_field_changed() {
   c.metrics.textfile = "/tmp/metrics.prom";
   c.trace.path = "/tmp/trace.json";
   c.startup.mode = StartupMode::kAuto;
+  c.model.dummy_seed = 99;
   return c;
 }
 
