@@ -1,6 +1,7 @@
 #include "models/deepseek.hpp"
 
 #include <array>
+#include <cctype>
 #include <map>
 #include <optional>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "common/error.hpp"
 #include "models/experts.hpp"
 #include "models/hf_config.hpp"
+#include "models/indexer_hook.hpp"
 #include "models/layers.hpp"
 #include "models/mla_hook.hpp"
 #include "models/placement.hpp"
@@ -22,6 +24,7 @@ using Blocks = std::vector<Block>;
 
 constexpr const char* kDeepseekV2 = "DeepseekV2ForCausalLM";
 constexpr const char* kDeepseekV3 = "DeepseekV3ForCausalLM";
+constexpr const char* kDeepseekV32 = "DeepseekV32ForCausalLM";
 constexpr const char* kGlm4Moe = "Glm4MoeForCausalLM";
 
 [[noreturn]] void config_error(const std::string& rule) {
@@ -56,6 +59,7 @@ struct LayerNames {
   std::uint64_t index = 0;  // checkpoint layer index (the EPLB map's key)
   std::string param;
   std::string tensor;
+  bool mtp = false;  // the MTP (NextN) layer
 };
 
 // Declares params and targets of one model, layer by layer.
@@ -67,10 +71,17 @@ class Builder {
 
   // Attention param prefixes whose kv_b_proj the MLA hook splits.
   const std::vector<std::string>& mla_prefixes() const { return mla_prefixes_; }
+  // Indexer param prefixes whose wk and weights_proj the fusion hook joins.
+  const std::vector<std::string>& indexer_prefixes() const { return indexer_prefixes_; }
 
   void layer(const LayerNames& n, bool moe) {
     if (c_.mla) {
       mla(n.param + "self_attn.", n.tensor + "self_attn.");
+      if (c_.indexer && deepseek_indexer_layer(c_, n.index, n.mtp)) {
+        indexer(n.param + "self_attn.indexer.", n.tensor + "self_attn.indexer.");
+      } else if (c_.indexer) {
+        m_.add_drop_pattern(n.tensor + "self_attn.indexer.", "no_indexer");
+      }
     } else {
       gqa(n.param + "self_attn.", n.tensor + "self_attn.");
     }
@@ -171,6 +182,21 @@ class Builder {
     mla_prefixes_.push_back(pa);
   }
 
+  // DeepSeek-V3.2's sparse-attention indexer: every param replicated; the fused
+  // wk_weights_proj is the hook's (models/indexer_hook.hpp).
+  void indexer(const std::string& pi, const std::string& ti) {
+    const std::uint64_t d = c_.index_head_dim;
+    const std::uint64_t h = c_.index_heads;
+    replicated_param(pi + "wq_b.weight", ti + "wq_b.weight", Shape{h * d, c_.q_lora_rank});
+    replicated_param(pi + "wk.weight", ti + "wk.weight", Shape{d, c_.hidden});
+    replicated_param(pi + "weights_proj.weight", ti + "weights_proj.weight", Shape{h, c_.hidden});
+    // A LayerNorm built in F32 (SGLang's Indexer.k_norm).
+    replicated_param(pi + "k_norm.weight", ti + "k_norm.weight", Shape{d}, DType::kF32);
+    replicated_param(pi + "k_norm.bias", ti + "k_norm.bias", Shape{d}, DType::kF32);
+    m_.add_param(pi + "wk_weights_proj.weight", Shape{d + h, c_.hidden});
+    indexer_prefixes_.push_back(pi);
+  }
+
   // Grouped-query attention as Qwen2's: q, k, v fused into qkv_proj.
   void gqa(const std::string& pa, const std::string& ta) {
     add_gqa_attention(m_, pa, ta,
@@ -224,6 +250,7 @@ class Builder {
   const ModelOptions& options_;
   int tp_;
   std::vector<std::string> mla_prefixes_;
+  std::vector<std::string> indexer_prefixes_;
 };
 
 // Every split the layout needs, checked before any table is built so that the error
@@ -276,6 +303,8 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
     c.family = "deepseek_v2";
   } else if (architecture == kDeepseekV3) {
     c.family = "deepseek_v3";
+  } else if (architecture == kDeepseekV32) {
+    c.family = "deepseek_v32";
   } else if (architecture == kGlm4Moe) {
     c.family = "glm4_moe";
   } else {
@@ -295,7 +324,6 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
   c.shared_experts = config_count(hf_config, "n_shared_experts", 0);
   c.first_k_dense = config_count(hf_config, "first_k_dense_replace", 0);
   c.nextn_layers = config_count(hf_config, "num_nextn_predict_layers", 0);
-  c.index_topk = hf_config.contains("index_topk") && !hf_config["index_topk"].is_null();
 
   if (c.family == "glm4_moe") {
     c.mla = false;
@@ -318,14 +346,78 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
   c.moe_layer_freq = config_optional_positive(hf_config, "moe_layer_freq").value_or(1);
   // The router has e_score_correction_bias only for noaux_tc routing (DeepSeek-V3's
   // default; V2's is greedy).
+  const bool v3 = c.family == "deepseek_v3" || c.family == "deepseek_v32";
   const std::string topk_method =
-      config_string(hf_config, "topk_method", c.family == "deepseek_v3" ? "noaux_tc" : "greedy");
+      config_string(hf_config, "topk_method", v3 ? "noaux_tc" : "greedy");
   c.gate_bias = topk_method == "noaux_tc";
+  // SGLang's is_deepseek_dsa: a DeepSeek-V3 / V3.2 config with index_topk.
+  c.indexer = v3 && hf_config.contains("index_topk") && !hf_config["index_topk"].is_null();
+  if (c.indexer) {
+    c.index_heads = config_positive(hf_config, "index_n_heads");
+    c.index_head_dim = config_positive(hf_config, "index_head_dim");
+    if (c.q_lora_rank == 0) {
+      config_error(
+          "index_topk (a sparse-attention indexer) needs q_lora_rank: the indexer's "
+          "wq_b reads the query latent");
+    }
+    c.index_topk_freq = config_optional_positive(hf_config, "index_topk_freq").value_or(1);
+    c.index_skip_topk_offset = config_optional_positive(hf_config, "index_skip_topk_offset");
+    for (const char* key : {"indexer_types", "index_topk_pattern"}) {
+      auto it = hf_config.find(key);
+      if (it == hf_config.end() || it->is_null() || !c.indexer_types.empty()) {
+        continue;
+      }
+      if (it->is_string()) {  // one character a layer ("ffs...")
+        for (char ch : it->get<std::string>()) {
+          c.indexer_types.emplace_back(1, ch);
+        }
+      } else if (it->is_array()) {
+        for (const nlohmann::json& v : *it) {
+          c.indexer_types.push_back(v.is_string() ? v.get<std::string>() : "");
+        }
+      } else {
+        config_error("field '" + std::string(key) + "' must be a list or a string");
+      }
+    }
+  }
   return c;
 }
 
 bool deepseek_moe_layer(const DeepseekConfig& c, std::uint64_t layer) {
   return c.experts != 0 && layer >= c.first_k_dense && layer % c.moe_layer_freq == 0;
+}
+
+bool deepseek_indexer_layer(const DeepseekConfig& c, std::uint64_t layer, bool mtp) {
+  if (!c.indexer) {
+    return false;
+  }
+  if (mtp) {
+    return true;
+  }
+  if (layer < c.indexer_types.size()) {
+    std::string t = c.indexer_types[layer];
+    for (char& ch : t) {
+      ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    }
+    if (t == "f" || t == "full" || t == "compute") {
+      return true;
+    }
+    if (t == "s" || t == "shared" || t == "skip") {
+      return false;
+    }
+    if (!t.empty()) {
+      throw Error(Stage::kConfig, kConfigFile, "",
+                  "unsupported DSA indexer type \"" + c.indexer_types[layer] + "\" for layer " +
+                      std::to_string(layer) + " (indexer_types / index_topk_pattern)");
+    }
+  }
+  const std::uint64_t f = c.index_topk_freq;
+  if (f <= 1) {
+    return true;
+  }
+  const std::uint64_t offset = c.index_skip_topk_offset.value_or(0);
+  const std::uint64_t from = c.index_skip_topk_offset ? offset - 1 : 1;
+  return (layer > from ? layer - from : 0) % f == 0;
 }
 
 FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const ParallelLayout& layout) {
@@ -353,12 +445,6 @@ FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const Parall
 
 std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const ParallelLayout& layout,
                                            DType dtype, const ModelOptions& options) {
-  if (c.index_topk) {
-    throw Error(Stage::kMapping, kConfigFile, "",
-                c.architecture +
-                    " with index_topk (DeepSeek-V3.2's sparse-attention indexer) is "
-                    "not supported yet: its indexer weights would have no parameter");
-  }
   if (options.draft) {
     if (c.nextn_layers == 0) {
       throw Error(Stage::kConfig, kConfigFile, "",
@@ -439,7 +525,7 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
     b.replicated_param("model.eh_proj.weight", t + "eh_proj.weight", Shape{c.hidden, 2 * c.hidden});
     m->add_drop_pattern(t + "shared_head.head", "draft_shared");
     m->add_drop_pattern(t + "embed_tokens", "draft_shared");
-    b.layer({0, "model.decoder.", t}, /*moe=*/true);  // EPLB row 0, as SGLang's layer id
+    b.layer({0, "model.decoder.", t, /*mtp=*/true}, /*moe=*/true);  // EPLB row 0, as SGLang's id
     for (std::uint64_t l = 0; l < c.layers; ++l) {
       if (l != mtp) {
         m->add_drop_pattern(layer_prefix(l), "draft_target");
@@ -466,6 +552,9 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
   for (std::size_t i = 0; i < base->shells().size(); ++i) {
     for (const std::string& pa : b.mla_prefixes()) {
       hooks.push_back(make_mla_split_hook(*base, i, pa, dims, o.quant));
+    }
+    for (const std::string& pi : b.indexer_prefixes()) {
+      hooks.push_back(make_indexer_fuse_hook(*base, i, pi, o.quant));
     }
   }
   return with_param_strides(std::move(base), strides, std::move(hooks));

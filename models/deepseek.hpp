@@ -38,14 +38,25 @@
 //   it), and with pp > 1. As SGLang builds it with layer id 0, the MTP layer reads
 //   row 0 of an EPLB map. A stand-alone NextN checkpoint (num_hidden_layers 1)
 //   keeps its MTP layer at model.layers.0.
-// DeepSeek-V3.2 (a config with index_topk) is refused until its sparse-attention
-// indexer has parameters; its tensors are never dropped silently.
+// DeepSeek-V3.2 (DeepseekV32ForCausalLM, or any DeepSeek config with index_topk) has
+// a sparse-attention indexer in the layers dsa_layer_has_indexer picks (every layer
+// unless indexer_types / index_topk_pattern / index_topk_freq say otherwise; the MTP
+// layer always), all of it replicated on every rank:
+//   self_attn.indexer.wq_b.weight [index_n_heads * index_head_dim, q_lora_rank]
+//                      wk.weight   [index_head_dim, hidden]      (both quantized linears)
+//                      weights_proj.weight [index_n_heads, hidden] (model dtype)
+//                      k_norm.weight / k_norm.bias [index_head_dim] (F32, a LayerNorm)
+//                      wk_weights_proj.weight [index_head_dim + index_n_heads, hidden]
+//                          filled by the fusion hook (models/indexer_hook.hpp)
+// The indexer tensors of a layer without one are dropped ("no_indexer").
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/dtype.hpp"
 #include "models/model.hpp"
@@ -54,7 +65,7 @@ namespace ferry::models {
 
 // The config fields these families use, after defaults.
 struct DeepseekConfig {
-  std::string family;        // "deepseek_v2", "deepseek_v3", "glm4_moe"
+  std::string family;        // "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe"
   std::string architecture;  // "DeepseekV2ForCausalLM", ...
   std::uint64_t hidden = 0;
   std::uint64_t layers = 0;  // num_hidden_layers (without the MTP layers)
@@ -82,7 +93,14 @@ struct DeepseekConfig {
   std::uint64_t moe_layer_freq = 1;
   bool gate_bias = false;          // mlp.gate.e_score_correction_bias exists
   std::uint64_t nextn_layers = 0;  // num_nextn_predict_layers
-  bool index_topk = false;         // DeepSeek-V3.2's sparse-attention indexer is configured
+  // DeepSeek-V3.2's sparse-attention indexer (index_topk set; SGLang's
+  // is_deepseek_dsa): its heads and head dim, and which layers have one.
+  bool indexer = false;
+  std::uint64_t index_heads = 0;           // index_n_heads
+  std::uint64_t index_head_dim = 0;        // index_head_dim
+  std::vector<std::string> indexer_types;  // per layer ("full" / "shared", ...), may be empty
+  std::uint64_t index_topk_freq = 1;
+  std::optional<std::uint64_t> index_skip_topk_offset;
 };
 
 // Reads the fields of `architecture` (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
@@ -93,6 +111,14 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
 
 // Whether decoder layer `layer` (< c.layers) has a MoE MLP.
 bool deepseek_moe_layer(const DeepseekConfig& c, std::uint64_t layer);
+
+// Whether `layer` has a sparse-attention indexer (c.indexer set): SGLang's
+// dsa_layer_has_indexer / dsa_layer_skips_topk. The MTP layer always has one; a layer
+// of type "shared" (indexer_types, else index_topk_pattern) reuses the previous
+// layer's top-k and has none, "full" has one; otherwise with index_topk_freq f > 1
+// only the layers where max(layer - offset + 1, 0) % f == 0 (offset
+// index_skip_topk_offset, else max(layer - 1, 0) % f == 0) have one.
+bool deepseek_indexer_layer(const DeepseekConfig& c, std::uint64_t layer, bool mtp);
 
 // Whether SGLang fuses the shared expert into the routed experts, as its
 // determine_num_fused_shared_experts decides on an NVIDIA GPU of compute capability
@@ -113,7 +139,7 @@ FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const Parall
 // padded vocabulary does not split over tp or the experts over ep;
 // Error(Stage::kConfig) for a draft request without exactly one MTP layer or with
 // pp > 1, and for fuse_shared_experts=true where SGLang would not fuse;
-// Error(Stage::kMapping) for index_topk (the indexer is not supported yet).
+// Error(Stage::kConfig) for an indexer without q_lora_rank.
 std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const ParallelLayout& layout,
                                            DType dtype, const ModelOptions& options);
 

@@ -32,6 +32,7 @@ const std::map<std::string, Factory>& factories() {
       // are registered below this line, one entry per architecture.
       {"DeepseekV2ForCausalLM", make_deepseek_family},
       {"DeepseekV3ForCausalLM", make_deepseek_family},
+      {"DeepseekV32ForCausalLM", make_deepseek_family},
       {"Glm4MoeForCausalLM", make_deepseek_family},
       {"MixtralForCausalLM", make_moe_family},
       {"Qwen2MoeForCausalLM", make_moe_family},

@@ -118,7 +118,8 @@ struct Route {
   // stage), "first_stage_only" / "last_stage_only" (embed_tokens; norm and lm_head),
   // "remote_expert" (no local rank owns the expert), "mtp_layer" (an MTP layer when
   // loading the target model), "draft_target" (a target-model tensor when loading
-  // the draft), "draft_shared" (embed_tokens / shared_head.head of the MTP layer,
+  // the draft), "no_indexer" (DeepSeek-V3.2 indexer tensors of a layer without one),
+  // "draft_shared" (embed_tokens / shared_head.head of the MTP layer,
   // shared with the target). Unmapped:
   // "unknown_name". Empty when placed.
   std::string reason;

@@ -383,10 +383,17 @@ bool under(std::string_view module, std::string_view entry) {
 }
 
 // *_proj.weight and *_proj_with_mqa.weight (DeepSeek's kv_a_proj_with_mqa and the
-// fused q_a / kv_a param), but the MTP layer's eh_proj.
+// fused q_a / kv_a param), but the MTP layer's eh_proj and the V3.2 indexer's
+// weights_proj (and its fused wk_weights_proj), which SGLang builds unquantized.
 bool linear_name(std::string_view name) {
   return (ends_with(name, "_proj.weight") || ends_with(name, "_proj_with_mqa.weight")) &&
-         !ends_with(name, "eh_proj.weight");
+         !ends_with(name, "eh_proj.weight") && !ends_with(name, "weights_proj.weight");
+}
+
+// DeepSeek-V3.2's indexer: wq_b and wk are quantized ReplicatedLinears (weights_proj
+// is built in the model dtype).
+bool indexer_linear(std::string_view name) {
+  return ends_with(name, ".indexer.wq_b.weight") || ends_with(name, ".indexer.wk.weight");
 }
 
 std::string_view format_name(Format f) {
@@ -502,7 +509,7 @@ bool quantized_linear_param(std::string_view param) {
   if (ends_with(param, "experts.w13_weight") || ends_with(param, "experts.w2_weight")) {
     return true;
   }
-  return linear_name(param);
+  return linear_name(param) || indexer_linear(param);
 }
 
 bool quantized_linear_tensor(std::string_view tensor) {
@@ -511,7 +518,7 @@ bool quantized_linear_tensor(std::string_view tensor) {
        ends_with(tensor, ".w3.weight"))) {
     return true;
   }
-  return linear_name(tensor);
+  return linear_name(tensor) || indexer_linear(tensor);
 }
 
 struct ExcludedModules::Regexes {

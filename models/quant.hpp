@@ -36,7 +36,8 @@
 // Which params are quantized: SGLang's quantized linear layers, i.e. params named
 // *_proj.weight (qkv_proj, o_proj, gate_up_proj, down_proj, q_a_proj, q_b_proj,
 // kv_a_proj_with_mqa, fused_qkv_a_proj_with_mqa, kv_b_proj, q_proj, shared
-// experts') and the fused experts w13_weight / w2_weight. Not quantized: the
+// experts'), the fused experts w13_weight / w2_weight, and DeepSeek-V3.2's indexer
+// wq_b and wk (not its weights_proj, built in the model dtype). Not quantized: the
 // embedding and lm_head, norms, the router (mlp.gate, a ReplicatedLinear built
 // without a quant_config), e_score_correction_bias (F32) and the MTP layer's
 // eh_proj (a plain nn.Linear in SGLang's deepseek_nextn.py). Excluded modules

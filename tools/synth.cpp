@@ -120,6 +120,7 @@ enum class Family {
   kQwen2Moe,
   kDeepseekV2,
   kGlm4Moe,
+  kDeepseekV32,
 };
 enum class Preset { kTiny, kSmall, kMedium };
 
@@ -135,9 +136,15 @@ bool has_routed_experts(Family family) {
     case Family::kQwen2Moe:
     case Family::kDeepseekV2:
     case Family::kGlm4Moe:
+    case Family::kDeepseekV32:
       return true;
   }
   return false;
+}
+
+// DeepSeek-V3 and V3.2 (V3 with the sparse-attention indexer) share every rule but it.
+bool deepseek_v3_like(Family family) {
+  return family == Family::kDeepseekV3 || family == Family::kDeepseekV32;
 }
 
 std::vector<std::string> moe_family_names() {
@@ -205,6 +212,10 @@ struct Dims {
   std::uint64_t topk_group = 0;
   // DeepSeek-V3 and GLM-4 MoE: num_nextn_predict_layers, 0 or 1 (every preset has 1).
   std::uint64_t nextn_layers = 1;
+  // DeepSeek-V3.2's indexer in every layer (the MTP layer's too): index_n_heads and
+  // index_head_dim; 0 = none.
+  std::uint64_t index_heads = 0;
+  std::uint64_t index_head_dim = 0;
   bool qk_norm = false;  // GLM-4 MoE's use_qk_norm (GLM-4.5 has it, GLM-4.5-Air not)
 };
 
@@ -214,6 +225,13 @@ struct Dims {
 // clang-format off
 Dims dims_for(Family family, Preset preset) {
   switch (family) {
+    case Family::kDeepseekV32: {
+      // DeepSeek-V3's sizes with the indexer (V3.2: 64 heads of 128).
+      Dims d = dims_for(Family::kDeepseekV3, preset);
+      d.index_heads = preset == Preset::kMedium ? 16 : 4;
+      d.index_head_dim = preset == Preset::kTiny ? 32 : 64;
+      return d;
+    }
     case Family::kLlama:
     case Family::kQwen2:
       switch (preset) {
@@ -482,6 +500,7 @@ constexpr Architecture kArchitectures[] = {
     {"Qwen2MoeForCausalLM", Family::kQwen2Moe},
     {"DeepseekV2ForCausalLM", Family::kDeepseekV2},
     {"DeepseekV3ForCausalLM", Family::kDeepseekV3},
+    {"DeepseekV32ForCausalLM", Family::kDeepseekV32},
     {"Glm4MoeForCausalLM", Family::kGlm4Moe},
 };
 // clang-format on
@@ -550,6 +569,7 @@ Dims dims_from_config(Family family, const nlohmann::json& config, const std::st
       break;
     case Family::kDeepseekV2:
     case Family::kDeepseekV3:
+    case Family::kDeepseekV32:
     case Family::kGlm4Moe: {
       d.intermediate = r.positive("intermediate_size");
       d.experts = r.positive("n_routed_experts");
@@ -580,7 +600,7 @@ Dims dims_from_config(Family family, const nlohmann::json& config, const std::st
       r.require_bool("attention_bias", false, false, "MLA's projections have no biases here");
       // The router has e_score_correction_bias exactly for noaux_tc routing, which the
       // family fixes: always for V3, never for V2 (the defaults of ferry's models).
-      const bool v3 = family == Family::kDeepseekV3;
+      const bool v3 = deepseek_v3_like(family);
       const std::string topk = r.text("topk_method", v3 ? "noaux_tc" : "greedy");
       if ((topk == "noaux_tc") != v3) {
         r.refuse("topk_method", "is \"" + topk + "\"; " +
@@ -592,6 +612,16 @@ Dims dims_from_config(Family family, const nlohmann::json& config, const std::st
       if (v3 && d.nextn_layers > 1) {
         r.refuse("num_nextn_predict_layers",
                  "is " + std::to_string(d.nextn_layers) + "; only 0 or 1 MTP layer is supported");
+      }
+      if (v3 && config.contains("index_topk") && !config["index_topk"].is_null()) {
+        d.index_heads = r.positive("index_n_heads");
+        d.index_head_dim = r.positive("index_head_dim");
+        r.require_count("index_topk_freq", 1, 1, "an indexer is synthesized in every layer");
+        for (const char* key : {"indexer_types", "index_topk_pattern"}) {
+          if (config.contains(key) && !config[key].is_null()) {
+            r.refuse(key, "is set; an indexer is synthesized in every layer");
+          }
+        }
       }
       if (!v3 && d.nextn_layers != 0) {
         r.refuse("num_nextn_predict_layers",
@@ -620,7 +650,7 @@ Dims scaled_dims(Dims d, std::uint64_t scale_hidden) {
   const std::uint64_t h = d.hidden;
   for (std::uint64_t* w :
        {&d.intermediate, &d.moe_intermediate, &d.shared_intermediate, &d.q_lora_rank,
-        &d.kv_lora_rank, &d.qk_nope, &d.qk_rope, &d.v_head, &d.head_dim}) {
+        &d.kv_lora_rank, &d.qk_nope, &d.qk_rope, &d.v_head, &d.head_dim, &d.index_head_dim}) {
     *w = synth_scaled_width(*w, h, scale_hidden);
   }
   d.hidden = scale_hidden;
@@ -681,6 +711,16 @@ class ListBuilder {
     add(p + "self_attn.kv_a_layernorm.weight", {d_.kv_lora_rank});
     add(p + "self_attn.kv_b_proj.weight", {d_.heads * (d_.qk_nope + d_.v_head), d_.kv_lora_rank});
     add(p + "self_attn.o_proj.weight", {d_.hidden, d_.heads * d_.v_head});
+    if (d_.index_heads != 0) {
+      // DeepSeek-V3.2's indexer (the reference model's Indexer): wq_b from the query
+      // latent, wk and weights_proj from the hidden state, a LayerNorm on the keys.
+      const std::string i = p + "self_attn.indexer.";
+      add(i + "wq_b.weight", {d_.index_heads * d_.index_head_dim, d_.q_lora_rank});
+      add(i + "wk.weight", {d_.index_head_dim, d_.hidden});
+      add(i + "k_norm.weight", {d_.index_head_dim});
+      add(i + "k_norm.bias", {d_.index_head_dim});
+      add(i + "weights_proj.weight", {d_.index_heads, d_.hidden});
+    }
   }
 
   void gated_mlp(const std::string& p, std::uint64_t inter) {
@@ -1104,9 +1144,9 @@ void synth_encode(DType dtype, std::uint64_t seed, std::string_view name, std::u
 
 const std::vector<std::string>& synth_families() {
   // Same order as the Family enum; new families are appended, never inserted.
-  static const std::vector<std::string> names{"llama",     "qwen2",       "mixtral",
-                                              "qwen3_moe", "deepseek_v3", "mistral",
-                                              "qwen2_moe", "deepseek_v2", "glm4_moe"};
+  static const std::vector<std::string> names{
+      "llama",   "qwen2",     "mixtral",     "qwen3_moe", "deepseek_v3",
+      "mistral", "qwen2_moe", "deepseek_v2", "glm4_moe",  "deepseek_v32"};
   return names;
 }
 
@@ -1196,12 +1236,13 @@ std::vector<SynthTensor> build_tensor_list(Family family, const Dims& d, DType d
         b.qwen2_moe(p);
         break;
       case Family::kDeepseekV3:
+      case Family::kDeepseekV32:
       case Family::kDeepseekV2:
         b.mla(p);
         if (i < d.first_k_dense) {
           b.gated_mlp(p + "mlp.", d.intermediate);
         } else {
-          b.deepseek_moe(p, family == Family::kDeepseekV3);
+          b.deepseek_moe(p, deepseek_v3_like(family));
         }
         break;
       case Family::kGlm4Moe:
@@ -1216,7 +1257,7 @@ std::vector<SynthTensor> build_tensor_list(Family family, const Dims& d, DType d
     }
     b.layer_norms(p);
   }
-  if (family == Family::kDeepseekV3 && d.nextn_layers > 0) {
+  if (deepseek_v3_like(family) && d.nextn_layers > 0) {
     // The multi-token-prediction layer (num_nextn_predict_layers = 1) is stored as
     // layer num_hidden_layers: its own embedding, norms and projection, a full MoE
     // decoder layer and its own head.
@@ -1368,7 +1409,8 @@ nlohmann::json synth_config(const SynthSource& source, DType dtype, std::uint64_
   replace("qk_nope_head_dim", d.qk_nope);
   replace("qk_rope_head_dim", d.qk_rope);
   replace("v_head_dim", d.v_head);
-  if (family != Family::kDeepseekV2 && family != Family::kDeepseekV3) {
+  replace("index_head_dim", d.index_head_dim);
+  if (family != Family::kDeepseekV2 && !deepseek_v3_like(family)) {
     c["head_dim"] = d.head_dim;
   } else {
     // transformers' DeepSeek configs, when saved, also hold these derived fields.
@@ -1453,9 +1495,16 @@ nlohmann::json synth_config(std::string_view family_name, std::string_view prese
       c["use_sliding_window"] = false;
       break;
     case Family::kDeepseekV3:
+    case Family::kDeepseekV32:
       // As the real config, less quantization_config (these weights are not FP8)
       // and auto_map (no remote code ships with a synthetic checkpoint).
-      c["architectures"] = {"DeepseekV3ForCausalLM"};
+      c["architectures"] = {family == Family::kDeepseekV32 ? "DeepseekV32ForCausalLM"
+                                                           : "DeepseekV3ForCausalLM"};
+      if (family == Family::kDeepseekV32) {
+        c["index_head_dim"] = d.index_head_dim;
+        c["index_n_heads"] = d.index_heads;
+        c["index_topk"] = 16;
+      }
       c["attention_bias"] = false;
       c["ep_size"] = 1;
       c["first_k_dense_replace"] = d.first_k_dense;

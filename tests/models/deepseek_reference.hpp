@@ -36,6 +36,7 @@ struct Dims {
   bool qkv_bias = false, qk_norm = false;
   std::uint64_t I = 0, E = 0, moe_I = 0, n_shared = 0, first_k = 0, freq = 1, nextn = 0;
   bool gate_bias = false, tied = false;
+  std::uint64_t index_heads = 0, index_dim = 0;  // DeepSeek-V3.2's indexer (every layer)
 };
 
 inline std::uint64_t get_or(const nlohmann::json& c, const char* key, std::uint64_t fallback) {
@@ -73,11 +74,16 @@ inline Dims dims_of(const nlohmann::json& c) {
     d.dr = c.at("qk_rope_head_dim");
     d.dv = c.at("v_head_dim");
     d.freq = get_or(c, "moe_layer_freq", 1);
-    std::string method = d.arch == "DeepseekV3ForCausalLM" ? "noaux_tc" : "greedy";
+    const bool v3 = d.arch == "DeepseekV3ForCausalLM" || d.arch == "DeepseekV32ForCausalLM";
+    std::string method = v3 ? "noaux_tc" : "greedy";
     if (c.contains("topk_method") && c.at("topk_method").is_string()) {
       method = c.at("topk_method").get<std::string>();
     }
     d.gate_bias = method == "noaux_tc";
+    if (v3 && c.contains("index_topk") && !c.at("index_topk").is_null()) {
+      d.index_heads = c.at("index_n_heads");
+      d.index_dim = c.at("index_head_dim");
+    }
   }
   return d;
 }
@@ -359,6 +365,21 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     }
     put(p + "w_vc", {hl, d.kv_lora, d.dv}, std::move(vc));
     out[p + "w_vc"].strides = {d.dv * d.kv_lora, 1, d.kv_lora};
+    if (d.index_heads != 0) {
+      // DeepSeek-V3.2's indexer, whole on every rank (SGLang's ReplicatedLinears);
+      // wk_weights_proj is wk's rows, then weights_proj's.
+      const std::string pi = p + "indexer.";
+      const std::string ti = t + "indexer.";
+      full(pi + "wq_b.weight", ti + "wq_b.weight", d.index_heads * d.index_dim, d.q_lora);
+      full(pi + "wk.weight", ti + "wk.weight", d.index_dim, H);
+      full(pi + "weights_proj.weight", ti + "weights_proj.weight", d.index_heads, H);
+      full(pi + "k_norm.weight", ti + "k_norm.weight", d.index_dim, 1, true);
+      full(pi + "k_norm.bias", ti + "k_norm.bias", d.index_dim, 1, true);
+      std::vector<float> fused;
+      rows(fused, ti + "wk.weight", H, 0, d.index_dim);
+      rows(fused, ti + "weights_proj.weight", H, 0, d.index_heads);
+      put(pi + "wk_weights_proj.weight", {d.index_dim + d.index_heads, H}, std::move(fused));
+    }
   };
 
   auto moe = [&](const std::string& p, const std::string& t) {

@@ -402,6 +402,11 @@ std::vector<Case> cases() {
   // multiple of 16 * 32, so some ranks' expert shares are all zeros.
   out.push_back(padded(on(make_case("deepseek_v3", 16, 8), {7, 8, 15})));
   out.push_back(padded(on(draft(make_case("deepseek_v3", 16, 4, "no_q_lora")), {0, 9})));
+  // DeepSeek-V3.2: the indexer in every layer (the MTP layer's in the draft).
+  out.push_back(make_case("deepseek_v32", 1, 1));
+  out.push_back(make_case("deepseek_v32", 4, 2));
+  out.push_back(stage(make_case("deepseek_v32", 2, 2), 2, 1));
+  out.push_back(draft(make_case("deepseek_v32", 2, 2)));
   // Families whose synthetic checkpoints tools/synth.cpp provides.
   if (synth_has("deepseek_v2")) {
     out.push_back(make_case("deepseek_v2", 1, 1));
@@ -504,7 +509,8 @@ TEST_P(DeepseekFp8Reference, WeightsScalesAndDequantizedSplitMatchTheReference) 
     };
     std::set<std::string> split;
     for (const auto& [name, p] : read([](const std::string&, std::uint64_t) { return 0.0f; })) {
-      if (quant::ends_with(name, "w_kc") || quant::ends_with(name, "w_vc")) {
+      if (quant::ends_with(name, "w_kc") || quant::ends_with(name, "w_vc") ||
+          quant::ends_with(name, "wk_weights_proj.weight")) {
         split.insert(name);
       }
     }
@@ -538,6 +544,10 @@ std::vector<Fp8Case> fp8_cases() {
   }
   out.push_back({"deepseek_v3", "", 2, 1, false, {}, SynthQuant::kFp8Tensor});  // fused experts
   out.push_back({"deepseek_v3", "", 2, 2, true, {}, SynthQuant::kNvfp4});       // the draft
+  // V3.2's indexer: wq_b and wk quantized, wk dequantized into wk_weights_proj.
+  out.push_back({"deepseek_v32", "", 2, 1, false, {}});
+  out.push_back({"deepseek_v32", "", 2, 2, true, {}});
+  out.push_back({"deepseek_v32", "", 2, 2, false, {}, SynthQuant::kNvfp4});
   if (synth_has("glm4_moe")) {
     out.push_back({"glm4_moe", "", 2, 1, false, {}, SynthQuant::kModelOptFp8});
   }
@@ -634,7 +644,7 @@ TEST(Deepseek, DraftModelNamesFollowSglangNextN) {
   EXPECT_EQ(target->hooks().size(), 2u);
 }
 
-TEST(Deepseek, TheIndexerIsRefusedNotDroppedAndRouterBiasStaysF32) {
+TEST(Deepseek, TheIndexerFollowsItsConfigAndRouterBiasStaysF32) {
   Ckpt ck = make_ckpt("deepseek_v3");
   models::ModelOptions options;
   options.dtype = DType::kF16;
@@ -643,11 +653,61 @@ TEST(Deepseek, TheIndexerIsRefusedNotDroppedAndRouterBiasStaysF32) {
   auto r = m->route(tensor_info("model.layers.1.self_attn.indexer.wk.weight", DType::kBF16, {4}));
   EXPECT_EQ(r.kind, models::RouteKind::kUnmapped);
   EXPECT_EQ(r.reason, "unknown_name");
-  // DeepSeek-V3.2 (index_topk set) is refused until the indexer has parameters.
-  Ckpt v32 = ck;
-  v32.config["index_topk"] = 2048;
-  expect_error([&] { models::make_model(v32.config, {}); }, Stage::kMapping,
-               "index_topk (DeepSeek-V3.2's sparse-attention indexer) is not supported yet");
+  // With it (a V3 config too, as SGLang's is_deepseek_dsa): every layer has one by
+  // default (dsa_layer_has_indexer); index_topk_freq f keeps the layers where
+  // max(l - offset + 1, 0) % f == 0 (offset index_skip_topk_offset, else 2);
+  // indexer_types / index_topk_pattern decide per layer; the MTP layer always has one.
+  nlohmann::json v32 = ck.config;
+  v32["index_topk"] = 2048;
+  v32["index_n_heads"] = 4;
+  v32["index_head_dim"] = 32;
+  v32["num_hidden_layers"] = 5;
+  auto indexed = [&](const nlohmann::json& c) {
+    std::vector<bool> out;
+    auto model = models::make_model(c, {});
+    for (int l = 0; l < 5; ++l) {
+      out.push_back(model->shells()[0].by_name.count("model.layers." + std::to_string(l) +
+                                                     ".self_attn.indexer.wk.weight") != 0);
+    }
+    if (!out[2]) {
+      EXPECT_EQ(model
+                    ->route(tensor_info("model.layers.2.self_attn.indexer.wk.weight", DType::kBF16,
+                                        {32, 128}))
+                    .reason,
+                "no_indexer");
+    }
+    return out;
+  };
+  EXPECT_EQ(indexed(v32), std::vector<bool>(5, true));
+  nlohmann::json freq = v32;
+  freq["index_topk_freq"] = 2;
+  EXPECT_EQ(indexed(freq), (std::vector<bool>{true, true, false, true, false}));
+  freq["index_skip_topk_offset"] = 2;  // max(l - 1, 0) % 2 == 0 as well: l = 0, 1, 3
+  EXPECT_EQ(indexed(freq), (std::vector<bool>{true, true, false, true, false}));
+  freq["index_skip_topk_offset"] = 3;  // max(l - 2, 0) % 2 == 0: l = 0, 1, 2, 4
+  EXPECT_EQ(indexed(freq), (std::vector<bool>{true, true, true, false, true}));
+  nlohmann::json types = v32;
+  types["indexer_types"] = {"full", "shared", "f", "s", nullptr};
+  EXPECT_EQ(indexed(types), (std::vector<bool>{true, false, true, false, true}));
+  types["indexer_types"] = nullptr;
+  types["index_topk_pattern"] = "FSFFS";
+  EXPECT_EQ(indexed(types), (std::vector<bool>{true, false, true, true, false}));
+  models::ModelOptions draft;
+  draft.draft = true;
+  auto d = models::make_model(freq, {}, draft);  // layer 5, the MTP layer: always
+  EXPECT_EQ(d->shells()[0].by_name.count("model.decoder.self_attn.indexer.wk_weights_proj.weight"),
+            1u);
+  // Bad configs, named.
+  nlohmann::json bad = v32;
+  bad.erase("index_n_heads");
+  expect_error([&] { models::make_model(bad, {}); }, Stage::kConfig, "index_n_heads");
+  bad = v32;
+  bad["q_lora_rank"] = nullptr;
+  expect_error([&] { models::make_model(bad, {}); }, Stage::kConfig, "needs q_lora_rank");
+  bad = v32;
+  bad["indexer_types"] = {"full", "sparse"};
+  expect_error([&] { models::make_model(bad, {}); }, Stage::kConfig,
+               "unsupported DSA indexer type \"sparse\" for layer 1");
   const auto& shell = m->shells()[0];
   EXPECT_EQ(shell.params[shell.by_name.at("model.layers.1.mlp.gate.e_score_correction_bias")].dtype,
             DType::kF32);

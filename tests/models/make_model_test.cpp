@@ -43,7 +43,8 @@ TEST(MakeModel, DispatchesOnTheArchitecture) {
               ::testing::UnorderedElementsAre(
                   "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                   "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-                  "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM"));
+                  "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
+                  "Glm4MoeForCausalLM"));
 }
 
 TEST(MakeModel, UnknownArchitectureNamesItAndTheSupportedOnes) {

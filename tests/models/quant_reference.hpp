@@ -3,7 +3,8 @@
 // what a rank loaded with readings of one naive reference.
 //
 // The checkpoint: every quantized linear weight (the spec, not ferry's predicate:
-// *_proj.weight and *_proj_with_mqa.weight but eh_proj, and the experts) stored in
+// *_proj.weight and *_proj_with_mqa.weight but eh_proj and the V3.2 indexer's
+// weights_proj, the experts, and the indexer's wq_b and wk) stored in
 // the layout of tools/synth.hpp. A family's reference (which knows nothing of
 // quantization) is evaluated with value functions over each checkpoint tensor's
 // logical [N, K] elements:
@@ -52,9 +53,10 @@ inline bool ends_with(const std::string& s, const std::string& x) {
 }
 
 inline bool quantized_param(const std::string& name) {
-  return (ends_with(name, "_proj.weight") || ends_with(name, "_proj_with_mqa.weight") ||
-          ends_with(name, "experts.w13_weight") || ends_with(name, "experts.w2_weight")) &&
-         !ends_with(name, "eh_proj.weight");
+  return ((ends_with(name, "_proj.weight") || ends_with(name, "_proj_with_mqa.weight") ||
+           ends_with(name, "experts.w13_weight") || ends_with(name, "experts.w2_weight")) &&
+          !ends_with(name, "eh_proj.weight") && !ends_with(name, "weights_proj.weight")) ||
+         ends_with(name, "indexer.wq_b.weight") || ends_with(name, "indexer.wk.weight");
 }
 
 // "<module>.weight" + "input_scale" -> "<module>.input_scale".
@@ -161,6 +163,9 @@ class Values {
   // A scalar tensor's value (ModelOpt's k_scale / v_scale).
   float scalar(const std::string& tensor) const { return tools::synth_value(seed_, tensor, 0); }
   float dequantized(const std::string& name, std::uint64_t i) {
+    if (l_.shapes.count(name) == 0) {
+      return weight(name, i);  // not quantized: the value itself (exact in BF16)
+    }
     float v = 0;
     if (l_.kind == SynthQuant::kNvfp4) {
       const auto byte = static_cast<std::uint8_t>(weight(name, i));

@@ -292,14 +292,21 @@ TEST(DeepseekLoadFamilies, DeepseekV2AndGlm4MoeWhenSynthesized) {
 // kv scales, NVFP4) through the whole pipeline onto host devices: every param of
 // every local rank against the readings of the reference
 // (tests/models/quant_reference.hpp), w_kc / w_vc being the split of the dequantized
-// kv_b_proj, run by the copy worker.
-class DeepseekQuantLoad : public ::testing::TestWithParam<tools::SynthQuant> {};
+// kv_b_proj, run by the copy worker; and DeepSeek-V3.2, whose indexer fusion hook
+// dequantizes wk into wk_weights_proj.
+struct QuantLoadCase {
+  std::string family;
+  tools::SynthQuant kind = tools::SynthQuant::kFp8Block;
+};
+
+class DeepseekQuantLoad : public ::testing::TestWithParam<QuantLoadCase> {};
 
 TEST_P(DeepseekQuantLoad, QuantizedCheckpointLoadsAsTheReference) {
-  const tools::SynthQuant kind = GetParam();
+  const tools::SynthQuant kind = GetParam().kind;
+  const std::string family = GetParam().family;
   TempDir dir;
   tools::SynthOptions o;
-  o.family = "deepseek_v3";
+  o.family = family;
   o.preset = "tiny";
   o.out = dir.file("fp8");
   o.seed = 5;
@@ -308,12 +315,12 @@ TEST_P(DeepseekQuantLoad, QuantizedCheckpointLoadsAsTheReference) {
   o.fsync = false;
   tools::synthesize(o);
   // The same layout, derived here from the BF16 tensor list.
-  nlohmann::json config = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+  nlohmann::json config = tools::synth_config(family, "tiny", DType::kBF16, false);
   std::vector<tools::SynthTensor> tensors =
-      tools::synth_tensor_list("deepseek_v3", "tiny", DType::kBF16, false);
+      tools::synth_tensor_list(family, "tiny", DType::kBF16, false);
   testing::quant::Values values(o.seed, testing::quant::quantize(tensors, config, kind));
   std::vector<std::pair<int, int>> layouts{{2, 2}};
-  if (kind == tools::SynthQuant::kFp8Block) {
+  if (kind == tools::SynthQuant::kFp8Block && family == "deepseek_v3") {
     layouts = {{1, 1}, {2, 2}, {4, 1}};
   }
   for (const auto& [tp, ep] : layouts) {
@@ -344,7 +351,8 @@ TEST_P(DeepseekQuantLoad, QuantizedCheckpointLoadsAsTheReference) {
       };
       std::set<std::string> split;
       for (const auto& [name, p] : read([](const std::string&, std::uint64_t) { return 0.0f; })) {
-        if (testing::quant::ends_with(name, "w_kc") || testing::quant::ends_with(name, "w_vc")) {
+        if (testing::quant::ends_with(name, "w_kc") || testing::quant::ends_with(name, "w_vc") ||
+            testing::quant::ends_with(name, "wk_weights_proj.weight")) {
           split.insert(name);
         }
       }
@@ -354,19 +362,21 @@ TEST_P(DeepseekQuantLoad, QuantizedCheckpointLoadsAsTheReference) {
   }
 }
 
-std::string format_name(const ::testing::TestParamInfo<tools::SynthQuant>& param) {
-  std::string n(tools::to_string(param.param));
+std::string format_name(const ::testing::TestParamInfo<QuantLoadCase>& param) {
+  std::string n = param.param.family + "_" + std::string(tools::to_string(param.param.kind));
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, DeepseekQuantLoad,
-                         ::testing::Values(tools::SynthQuant::kFp8Block,
-                                           tools::SynthQuant::kFp8Channel,
-                                           tools::SynthQuant::kFp8Tensor,
-                                           tools::SynthQuant::kModelOptFp8,
-                                           tools::SynthQuant::kNvfp4),
-                         format_name);
+INSTANTIATE_TEST_SUITE_P(
+    Formats, DeepseekQuantLoad,
+    ::testing::Values(QuantLoadCase{"deepseek_v3", tools::SynthQuant::kFp8Block},
+                      QuantLoadCase{"deepseek_v3", tools::SynthQuant::kFp8Channel},
+                      QuantLoadCase{"deepseek_v3", tools::SynthQuant::kFp8Tensor},
+                      QuantLoadCase{"deepseek_v3", tools::SynthQuant::kModelOptFp8},
+                      QuantLoadCase{"deepseek_v3", tools::SynthQuant::kNvfp4},
+                      QuantLoadCase{"deepseek_v32", tools::SynthQuant::kFp8Block}),
+    format_name);
 
 }  // namespace
 }  // namespace ferry::runtime

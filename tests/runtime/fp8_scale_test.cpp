@@ -119,5 +119,64 @@ INSTANTIATE_TEST_SUITE_P(RealConfigs, Fp8FullSize,
                            return n;
                          });
 
+// DeepSeek-V3.2 at full size: DeepSeek-V3's real FP8 config with the V3.2
+// architecture and indexer fields (64 heads of 128, top-k 2048, as DeepSeek-V3.2-Exp
+// ships), written sparse with its real FP8 tensor set plus the indexer in all 61
+// layers and the MTP layer: one rank of tp 8 / ep 8 plans with nothing unmapped and
+// holds every indexer, its wq_b and wk in FP8.
+TEST(Fp8FullSize, DeepseekV32IndexersPlanWithNothingUnmapped) {
+  FERRY_NEED_TEST_DATA();
+  testing::TempDir dir;
+  nlohmann::json config;
+  {
+    std::ifstream in(::ferry::testing::test_data_path("models/deepseek-v3/config.json"));
+    config = nlohmann::json::parse(in);
+  }
+  config["architectures"] = {"DeepseekV32ForCausalLM"};
+  config["index_topk"] = 2048;
+  config["index_n_heads"] = 64;
+  config["index_head_dim"] = 128;
+  const std::string path = dir.file("v32.json");
+  std::ofstream(path) << config.dump();
+  tools::SynthOptions o;
+  o.from_config = path;
+  o.quant_from_config = true;
+  o.sparse = true;
+  o.out = dir.file("v32");
+  o.fsync = false;
+  const tools::SynthResult written = tools::synthesize(o);
+  // DeepSeek-V3's 91991, and per layer (61 and the MTP one) wq_b, wk and their
+  // scales, k_norm's weight and bias, weights_proj.
+  EXPECT_EQ(written.tensors, 91991u + 62 * 7);
+  PlanReport plan = make_plan_report(testing::make_config(
+      o.out, {"parallel.tp=8", "parallel.ep=8", "parallel.ranks=0", "devices=null"}));
+  EXPECT_EQ(plan.unmapped, 0u);
+  std::size_t indexers = 0;
+  for (const PlannedTensor& t : plan.tensors) {
+    if (t.name.find(".indexer.wk.weight") != std::string::npos &&
+        t.name.find("scale") == std::string::npos) {
+      if (t.name.rfind("model.layers.61.", 0) == 0) {  // the MTP layer: not the target's
+        EXPECT_EQ(t.reason, "mtp_layer");
+        continue;
+      }
+      ASSERT_EQ(t.route, models::RouteKind::kPlaced) << t.name;
+      ++indexers;
+    }
+  }
+  EXPECT_EQ(indexers, 61u);
+  auto model = make_configured_model(
+      testing::make_config(o.out, {"parallel.tp=8", "parallel.ep=8", "parallel.ranks=0"}), config);
+  const models::RankShell& shell = model->shells()[0];
+  const std::string i = "model.layers.60.self_attn.indexer.";
+  EXPECT_EQ(shell.params[shell.by_name.at(i + "wk.weight")].dtype, DType::kF8E4M3);
+  EXPECT_EQ(shell.params[shell.by_name.at(i + "wk.weight_scale_inv")].shape,
+            (std::vector<std::uint64_t>{1, 56}));
+  EXPECT_EQ(shell.params[shell.by_name.at(i + "wq_b.weight")].shape,
+            (std::vector<std::uint64_t>{8192, 1536}));
+  EXPECT_EQ(shell.params[shell.by_name.at(i + "wk_weights_proj.weight")].shape,
+            (std::vector<std::uint64_t>{192, 7168}));
+  EXPECT_EQ(shell.params[shell.by_name.at(i + "wk_weights_proj.weight")].dtype, DType::kBF16);
+}
+
 }  // namespace
 }  // namespace ferry::runtime
