@@ -134,8 +134,10 @@ struct CopyWorkerState {
     hook_input.assign(shell.params.size(), false);
     for (const models::PostLoadHook& h : hooks) {
       if (h.local_rank == rank) {
-        for (std::size_t in : h.inputs) {
-          hook_input.at(in) = true;
+        for (const auto& ids : {h.inputs, h.rewrites}) {
+          for (std::size_t in : ids) {
+            hook_input.at(in) = true;
+          }
         }
       }
     }
@@ -270,7 +272,7 @@ struct CopyWorkerState {
       if (!target().device->holds_data()) {
         // Nothing to transform on a device that keeps no bytes (null): check that
         // every declared param exists on this rank, and skip (the report lists it).
-        for (const auto& ids : {hook.inputs, hook.outputs}) {
+        for (const auto& ids : {hook.inputs, hook.outputs, hook.rewrites}) {
           for (std::size_t param : ids) {
             context.param_data(param);
           }

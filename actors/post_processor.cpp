@@ -1,5 +1,6 @@
 // The post-processor: counts the bytes that have landed in every param of every
-// local rank and runs post-load hooks as soon as their inputs are complete.
+// local rank and runs post-load hooks as soon as their inputs (and the params they
+// rewrite) are complete; a rewritten param is final once its hook has run.
 //
 //   copy workers ── LandedMsg, DrainedMsg, HookDoneMsg ──► post-processor
 //   post-processor ── RunHookMsg ──► the hook's rank's copy worker
@@ -33,6 +34,7 @@ struct PostProcessorState {
   std::vector<models::PostLoadHook> hooks;
   std::vector<std::vector<std::uint64_t>> landed;  // [rank][param]
   std::vector<std::vector<bool>> is_output;        // filled by a hook
+  std::vector<std::vector<bool>> is_rewritten;     // rewritten by a hook after its pieces
   std::map<std::pair<std::size_t, std::size_t>, std::vector<std::size_t>> waiting;  // -> hooks
   std::vector<std::size_t> hook_missing;  // inputs not complete yet, per hook
   std::deque<std::size_t> ready;          // hooks to start once the workers are known
@@ -61,10 +63,14 @@ struct PostProcessorState {
     for (const models::RankShell& shell : shells) {
       landed.emplace_back(shell.params.size(), 0);
       is_output.emplace_back(shell.params.size(), false);
+      is_rewritten.emplace_back(shell.params.size(), false);
     }
     for (const models::PostLoadHook& h : hooks) {
       for (std::size_t out : h.outputs) {
         is_output[h.local_rank][out] = true;
+      }
+      for (std::size_t p : h.rewrites) {
+        is_rewritten[h.local_rank][p] = true;
       }
     }
     for (std::size_t r = 0; r < shells.size(); ++r) {
@@ -79,10 +85,12 @@ struct PostProcessorState {
     }
     hook_missing.assign(hooks.size(), 0);
     for (std::size_t h = 0; h < hooks.size(); ++h) {
-      for (std::size_t in : hooks[h].inputs) {
-        if (spec(hooks[h].local_rank, in).nbytes != 0) {
-          waiting[{hooks[h].local_rank, in}].push_back(h);
-          ++hook_missing[h];
+      for (const auto& ids : {hooks[h].inputs, hooks[h].rewrites}) {
+        for (std::size_t in : ids) {
+          if (spec(hooks[h].local_rank, in).nbytes != 0) {
+            waiting[{hooks[h].local_rank, in}].push_back(h);
+            ++hook_missing[h];
+          }
         }
       }
       if (hook_missing[h] == 0) {
@@ -100,11 +108,12 @@ struct PostProcessorState {
     }
   }
 
+  // A param's bytes have all landed (a rewritten one is final only once its hook ran:
+  // finished()).
   void completed(std::size_t rank, std::size_t param) {
-    if (const auto& notify = shared->input().on_param_complete) {
-      notify(rank, param);
+    if (!is_rewritten[rank][param]) {
+      finished(rank, param);
     }
-    --missing_all;
     if (!is_output[rank][param]) {
       --missing_copied;
     }
@@ -116,6 +125,14 @@ struct PostProcessorState {
         }
       }
     }
+  }
+
+  // The param will not change again.
+  void finished(std::size_t rank, std::size_t param) {
+    if (const auto& notify = shared->input().on_param_complete) {
+      notify(rank, param);
+    }
+    --missing_all;
   }
 
   void add(std::size_t rank, std::size_t param, std::uint64_t bytes) {
@@ -207,6 +224,11 @@ caf::behavior post_processor(caf::stateful_actor<PostProcessorState>* self,
         const models::PostLoadHook& h = st.hooks.at(msg.hook);
         for (std::size_t out : h.outputs) {
           st.add(h.local_rank, out, st.spec(h.local_rank, out).nbytes);
+        }
+        for (std::size_t p : h.rewrites) {
+          if (st.spec(h.local_rank, p).nbytes != 0) {
+            st.finished(h.local_rank, p);
+          }
         }
         st.check(self);
       },

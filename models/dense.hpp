@@ -19,8 +19,8 @@ struct DenseConfig : GqaDecoderDims {
   std::string family;        // "llama", "mistral", "qwen2"
   std::string architecture;  // "LlamaForCausalLM", ...
   std::uint64_t intermediate = 0;
-  bool qkv_bias = false;        // Qwen2 always; Llama/Mistral with attention_bias
-  bool o_bias = false;          // Llama/Mistral attention_bias
+  bool qkv_bias = false;  // Qwen2 always; Llama/Mistral with attention_bias
+  bool o_bias = false;    // Llama/Mistral attention_bias
 };
 
 // Reads the fields of `architecture` (one of the three above) from config.json.

@@ -267,10 +267,10 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
                                 spec.intermediate_field);
   g->i_local = i_padded / moe_tp;
   if (i_padded != spec.intermediate) {
-    m.add_note(uneven_note("the experts' " + spec.intermediate_field + " " +
-                               std::to_string(spec.intermediate),
-                           "rows", i_padded, spec.intermediate, g->moe_tp, std::to_string(i_padded),
-                           "moe-tp ranks (tp rank % (tp / ep))"));
+    m.add_note(uneven_note(
+        "the experts' " + spec.intermediate_field + " " + std::to_string(spec.intermediate), "rows",
+        i_padded, spec.intermediate, g->moe_tp, std::to_string(i_padded),
+        "moe-tp ranks (tp rank % (tp / ep))"));
   }
   g->i_pad = round_up(g->i_local, options.pad_moe_intermediate_to);
 

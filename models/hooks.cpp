@@ -1,6 +1,7 @@
 #include "models/hooks.hpp"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -82,6 +83,52 @@ void validate_hooks(const Model& model, const std::vector<PostLoadHook>& hooks,
                              " is already filled by another hook");
       }
     }
+    for (std::size_t p : h.rewrites) {
+      check_index(p, "rewritten");
+      if (inputs.count(p) != 0 || outputs.count(p) != 0) {
+        bad_hook(h.name, "rewritten param " + shell.params[p].name +
+                             " is also an input or output (a rewrite is an input already)");
+      }
+    }
+  }
+  // Rewrites: of params the pieces fill, once each, after every hook that reads them.
+  std::vector<const PostLoadHook*> all;
+  for (const PostLoadHook& h : existing) {
+    all.push_back(&h);
+  }
+  for (const PostLoadHook& h : hooks) {
+    all.push_back(&h);
+  }
+  std::map<std::pair<std::size_t, std::size_t>, const PostLoadHook*> rewriter;
+  for (const PostLoadHook* h : all) {
+    for (std::size_t p : h->rewrites) {
+      const std::string& name = shells[h->local_rank].params[p].name;
+      if (filled.count({h->local_rank, p}) != 0) {
+        bad_hook(h->name, "rewritten param " + name + " is a hook's output");
+      }
+      if (!rewriter.emplace(std::pair{h->local_rank, p}, h).second) {
+        bad_hook(h->name, "param " + name + " is rewritten by two hooks");
+      }
+    }
+  }
+  for (const PostLoadHook* reader : all) {
+    for (std::size_t in : reader->inputs) {
+      auto it = rewriter.find({reader->local_rank, in});
+      if (it == rewriter.end() || it->second == reader) {
+        continue;
+      }
+      const PostLoadHook& writer = *it->second;
+      const bool waits =
+          std::any_of(writer.inputs.begin(), writer.inputs.end(), [&](std::size_t p) {
+            return std::find(reader->outputs.begin(), reader->outputs.end(), p) !=
+                   reader->outputs.end();
+          });
+      if (!waits) {
+        bad_hook(writer.name, "rewrites " + shells[reader->local_rank].params[in].name +
+                                  ", which hook '" + reader->name +
+                                  "' reads, without waiting for one of its outputs");
+      }
+    }
   }
 }
 
@@ -125,14 +172,15 @@ bool ParamsHookContext::declared(std::size_t param, bool outputs_only) const {
   auto has = [param](const std::vector<std::size_t>& ids) {
     return std::find(ids.begin(), ids.end(), param) != ids.end();
   };
-  return param < params_.size() && (has(hook_.outputs) || (!outputs_only && has(hook_.inputs)));
+  return param < params_.size() &&
+         (has(hook_.outputs) || (!outputs_only && (has(hook_.inputs) || has(hook_.rewrites))));
 }
 
 std::byte* ParamsHookContext::param_data(std::size_t param) {
   if (!declared(param, false)) {
     throw Error(Stage::kPostProcess, device_, "",
                 "post-load hook '" + hook_.name + "' asked for param " + std::to_string(param) +
-                    ", which is not one of its declared inputs or outputs");
+                    ", which is not one of its declared inputs, outputs or rewrites");
   }
   auto moved = moved_.find(param);
   return moved != moved_.end() ? moved->second : params_[param];

@@ -15,9 +15,12 @@
 namespace ferry::models {
 
 // Throws Error(Stage::kPostProcess) naming the hook when: it has no name or no
-// `run`, its local rank has no shell, an input or output index is outside that
-// shell, an output is listed twice or is also an input, or two hooks of the list
-// (together with `existing`) fill the same output of the same rank.
+// `run`, its local rank has no shell, an input, output or rewrite index is outside
+// that shell, an output is listed twice or is also an input, or two hooks of the list
+// (together with `existing`) fill the same output of the same rank; a rewrite that is
+// also the hook's input or output, some hook's output, or another hook's rewrite; or
+// a hook reading a param another hook rewrites without the rewriting hook waiting
+// for one of its outputs.
 void validate_hooks(const Model& model, const std::vector<PostLoadHook>& hooks,
                     const std::vector<PostLoadHook>& existing = {});
 

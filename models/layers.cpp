@@ -22,8 +22,8 @@ std::string uneven_note(const std::string& what, const std::string& unit, std::u
   if (first_empty + 1 == n) {
     out += "; of the " + ranks + ", " + std::to_string(first_empty) + " holds only zero " + unit;
   } else if (first_empty < n) {
-    out += "; of the " + ranks + ", " + std::to_string(first_empty) + ".." +
-           std::to_string(n - 1) + " hold only zero " + unit;
+    out += "; of the " + ranks + ", " + std::to_string(first_empty) + ".." + std::to_string(n - 1) +
+           " hold only zero " + unit;
   }
   return out;
 }
@@ -48,8 +48,7 @@ void add_gqa_attention(TableModel& m, const std::string& param_prefix,
     m.add_note(uneven_note("num_attention_heads / num_key_value_heads " +
                                std::to_string(qkv.q_heads) + " / " + std::to_string(qkv.kv_heads),
                            "heads", padded.q_heads, qkv.q_heads, tp,
-                           std::to_string(padded.q_heads) + " / " +
-                               std::to_string(padded.kv_heads),
+                           std::to_string(padded.q_heads) + " / " + std::to_string(padded.kv_heads),
                            "tp ranks"));
   }
   const std::uint64_t q_rows = qkv_slot_rows(qkv, QkvSlot::kQ);
@@ -97,8 +96,7 @@ void add_gqa_attention(TableModel& m, const std::string& param_prefix,
   add_row_parallel(m, tensor_prefix + "o_proj.weight", o_w, a.hidden, q_rows, q_padded, tp,
                    "o_proj input (num_attention_heads * head_dim)");
   if (a.o_bias) {
-    add_replicated(m, param_prefix + "o_proj.bias", tensor_prefix + "o_proj.bias",
-                   Shape{a.hidden});
+    add_replicated(m, param_prefix + "o_proj.bias", tensor_prefix + "o_proj.bias", Shape{a.hidden});
   }
 }
 

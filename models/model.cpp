@@ -7,8 +7,10 @@
 #include "models/deepseek.hpp"
 #include "models/dense.hpp"
 #include "models/hf_config.hpp"
+#include "models/mla_hook.hpp"
 #include "models/moe.hpp"
 #include "models/quant.hpp"
+#include "models/requant.hpp"
 #include "models/table_model.hpp"
 
 namespace ferry::models {
@@ -142,9 +144,32 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
   }
   ModelOptions with_quant = options;
   with_quant.quant = parse_quant_scheme(hf_config);
+  QuantScheme& q = with_quant.quant;
+  q.requant = options.requant;
+  if (q.requant != QuantScheme::Requant::kNone) {
+    if (q.method != QuantScheme::Method::kFp8Block) {
+      throw Error(Stage::kConfig, kConfigFile, "",
+                  "quantization.requant converts FP8 block scales; this checkpoint's "
+                  "quantization is " +
+                      describe(q));
+    }
+    if (q.requant == QuantScheme::Requant::kUe8m0 && (q.block_n != 128 || q.block_k != 128)) {
+      throw Error(Stage::kConfig, kConfigFile, "",
+                  "quantization.requant=ue8m0 needs 128 x 128 blocks, as SGLang's "
+                  "requant_weight_ue8m0 and DeepGEMM do; this checkpoint's are " +
+                      describe(q));
+    }
+  }
   DType dtype = resolve_dtype(hf_config, options.dtype);
   ParallelLayout normalized = normalize_layout(layout);
-  return factory->second(hf_config, architecture, normalized, dtype, with_quant);
+  std::unique_ptr<Model> model =
+      factory->second(hf_config, architecture, normalized, dtype, with_quant);
+  if (q.requant == QuantScheme::Requant::kNone) {
+    return model;
+  }
+  RequantHooks requant = make_requant_hooks(*model, q);
+  return with_param_strides(std::shared_ptr<const Model>(std::move(model)), requant.strides,
+                            std::move(requant.hooks));
 }
 
 }  // namespace ferry::models

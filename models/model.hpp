@@ -157,6 +157,12 @@ struct PostLoadHook {
   std::size_t local_rank = 0;        // index into shells()
   std::vector<std::size_t> inputs;   // param indices that must be complete first
   std::vector<std::size_t> outputs;  // param indices the hook fills
+  // Params the hook rewrites in place (same bytes, same dtype), after the checkpoint's
+  // pieces filled them: the hook waits for them as for its inputs, and they count as
+  // complete (for on_layer_ready and the end of the load) only once it has run. A hook
+  // that reads a param another hook rewrites must see it first: the rewriting hook
+  // lists one of that hook's outputs among its inputs (validate_hooks checks it).
+  std::vector<std::size_t> rewrites;
   std::function<void(HookContext&)> run;
   // What a capture-safe startup (runtime prepare()/commit() in overlap mode) needs:
   // it runs every hook twice, on sentinel weights and then on the real ones, into
@@ -242,6 +248,12 @@ struct QuantScheme {
   // exclude_modules (ModelOpt).
   std::vector<std::string> ignored;
   IgnoreMatch ignore_match = IgnoreMatch::kModule;
+  // quantization.requant (models/requant.hpp): FP8 block scales converted after
+  // loading. kUe8m0: weights requantized with power-of-two block scales, which are
+  // also packed for DeepGEMM (<w>weight_scale_ue8m0); kTensor: one scale per weight
+  // matrix (<w>weight_scale). Set by make_model from ModelOptions::requant.
+  enum class Requant { kNone, kUe8m0, kTensor };
+  Requant requant = Requant::kNone;
 
   bool quantized() const { return method != Method::kNone; }
   bool operator==(const QuantScheme&) const = default;
@@ -277,6 +289,9 @@ struct ModelOptions {
   // Round the per-rank MoE intermediate size up to a multiple of this (0 = off);
   // the tail is zero-filled.
   std::uint64_t pad_moe_intermediate_to = 0;
+  // quantization.requant: converts FP8 block scales after loading (models/requant.hpp);
+  // refused for other checkpoints.
+  QuantScheme::Requant requant = QuantScheme::Requant::kNone;
   // The checkpoint's quantization. make_model sets it from config.json's
   // quantization_config (parse_quant_scheme, models/quant.hpp), replacing what the
   // caller put here; the make_*_model functions of the families take it as given.

@@ -30,8 +30,8 @@ namespace ferry::models {
 // (hidden, heads, kv_heads, head_dim, layers, vocab, tie_embeddings from
 // GqaDecoderDims.)
 struct MoeConfig : GqaDecoderDims {
-  std::string family;        // "mixtral", "qwen3_moe", "qwen2_moe"
-  std::string architecture;  // "MixtralForCausalLM", ...
+  std::string family;                     // "mixtral", "qwen3_moe", "qwen2_moe"
+  std::string architecture;               // "MixtralForCausalLM", ...
   bool qkv_bias = false;                  // Qwen2-MoE always; Qwen3-MoE with attention_bias
   bool o_bias = false;                    // Qwen3-MoE with attention_bias
   bool qk_norm = false;                   // Qwen3-MoE
@@ -50,8 +50,9 @@ MoeConfig parse_moe_config(const nlohmann::json& hf_config, const std::string& a
 
 // The model for `config` under `layout` (already normalized). Checks every split up
 // front (Stage::kPlacement for experts ep does not divide or a padded vocabulary tp
-// does not split; heads and widths tp does not divide are padded; Stage::kConfig for tp % ep, model.draft, or a shared expert that cannot be
-// fused). A pipeline stage holds only its layers (models/stages.hpp).
+// does not split; heads and widths tp does not divide are padded; Stage::kConfig for tp % ep,
+// model.draft, or a shared expert that cannot be fused). A pipeline stage holds only its layers
+// (models/stages.hpp).
 std::unique_ptr<Model> make_moe_model(const MoeConfig& config, const ParallelLayout& layout,
                                       DType dtype, const ModelOptions& options);
 

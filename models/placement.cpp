@@ -236,7 +236,8 @@ QkvShape padded_qkv(const QkvShape& real, int tp, Unaligned policy) {
   }
   QkvShape padded = real;
   padded.kv_heads = round_up(real.kv_heads, t);
-  padded.q_heads = checked_mul(padded.kv_heads, real.q_heads / real.kv_heads, "num_attention_heads");
+  padded.q_heads =
+      checked_mul(padded.kv_heads, real.q_heads / real.kv_heads, "num_attention_heads");
   return padded;
 }
 

@@ -353,6 +353,34 @@ void TableModel::apply_quant() {
       companions.push_back(
           {companion_name(d.name, "weight_scale_2"), per_shard_shape, DType::kF32});
     }
+    // quantization.requant's outputs (models/requant.hpp).
+    if (q.requant == QuantScheme::Requant::kUe8m0) {
+      for (int rank : layout_.local_ranks) {
+        const Shape s = weight(rank);
+        if (s[s.size() - 2] % 4 != 0) {
+          throw Error(Stage::kPlacement, "", d.name,
+                      "quantization.requant=ue8m0 packs the scales of " +
+                          std::to_string(s[s.size() - 2]) + " rows on tp rank " +
+                          std::to_string(rank) +
+                          "; DeepGEMM's layout needs a multiple of 4 (TMA alignment)");
+        }
+      }
+      companions.push_back({companion_name(d.name, "weight_scale_ue8m0"),
+                            [weight, bk](int rank) {
+                              Shape s = weight(rank);
+                              s.back() = ((s.back() + bk - 1) / bk + 3) / 4;
+                              return s;
+                            },
+                            DType::kI32});
+    } else if (q.requant == QuantScheme::Requant::kTensor) {
+      companions.push_back({companion_name(d.name, "weight_scale"),
+                            [weight](int rank) {
+                              Shape s = weight(rank);
+                              s.resize(s.size() - 2);  // one a matrix: a fused expert each
+                              return s.empty() ? Shape{1} : s;
+                            },
+                            DType::kF32});
+    }
     if (q.input_scales) {
       companions.push_back({companion_name(d.name, "input_scale"), per_shard_shape, DType::kF32});
     }

@@ -850,6 +850,22 @@ LoadConfig ConfigBuilder::build() const {
     }
   }
 
+  // quantization
+  {
+    using Requant = models::QuantScheme::Requant;
+    const std::string text = f.get_string("quantization.requant", "none");
+    if (text == "none") {
+      c.quantization.requant = Requant::kNone;
+    } else if (text == "ue8m0") {
+      c.quantization.requant = Requant::kUe8m0;
+    } else if (text == "tensor") {
+      c.quantization.requant = Requant::kTensor;
+    } else {
+      f.fail_key("quantization.requant",
+                 "expected none, ue8m0 or tensor, got " + json_quoted(text));
+    }
+  }
+
   if (auto left = f.unread(); !left.empty()) {
     // to_json knows a key this function does not read: a bug, not a user error.
     throw std::logic_error("LoadConfig: build() does not read key '" + left.front() + "'");
@@ -948,7 +964,20 @@ nlohmann::json to_json(const LoadConfig& c) {
       {"metrics", {{"listen", c.metrics.listen}, {"textfile", c.metrics.textfile}}},
       {"trace", {{"path", c.trace.path}}},
       {"startup", {{"mode", to_string(c.startup.mode)}}},
+      {"quantization", {{"requant", requant_name(c.quantization.requant)}}},
   };
+}
+
+std::string_view requant_name(models::QuantScheme::Requant r) {
+  switch (r) {
+    case models::QuantScheme::Requant::kUe8m0:
+      return "ue8m0";
+    case models::QuantScheme::Requant::kTensor:
+      return "tensor";
+    case models::QuantScheme::Requant::kNone:
+      break;
+  }
+  return "none";
 }
 
 std::string metrics_bind_address(const std::string& text) {

@@ -163,6 +163,9 @@ enum class StartupMode {
 };
 std::string_view to_string(StartupMode mode);
 
+// quantization.requant's spelling: "none", "ue8m0", "tensor".
+std::string_view requant_name(models::QuantScheme::Requant requant);
+
 // metrics.listen's value as ADDRESS:PORT ("9400" -> "127.0.0.1:9400"). Throws
 // ferry::Error(Stage::kConfig) for anything else.
 std::string metrics_bind_address(const std::string& text);
@@ -170,6 +173,15 @@ std::string metrics_bind_address(const std::string& text);
 struct StartupConfig {
   StartupMode mode = StartupMode::kSerial;
   bool operator==(const StartupConfig&) const = default;
+};
+
+struct QuantizationConfig {
+  // Convert an FP8 block-scaled checkpoint's scales after loading (models/requant.hpp):
+  // none, ue8m0 (power-of-two scales and DeepGEMM's packed copy, as SGLang on
+  // Blackwell) or tensor (one scale per weight matrix). Off by default: the kernels
+  // of Hopper read the checkpoint's block scales as they are.
+  models::QuantScheme::Requant requant = models::QuantScheme::Requant::kNone;
+  bool operator==(const QuantizationConfig&) const = default;
 };
 
 struct LoadConfig {
@@ -185,6 +197,7 @@ struct LoadConfig {
   MetricsConfig metrics;
   TraceConfig trace;
   StartupConfig startup;
+  QuantizationConfig quantization;
   bool operator==(const LoadConfig&) const = default;
 };
 

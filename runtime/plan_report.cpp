@@ -139,6 +139,7 @@ std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& c,
   model_options.switch_w13 = c.model.switch_w13;
   model_options.fuse_shared_experts = c.model.fuse_shared_experts;
   model_options.unaligned_tp = c.model.unaligned_tp;
+  model_options.requant = c.quantization.requant;
   model_options.pad_moe_intermediate_to =
       static_cast<std::uint64_t>(c.model.pad_moe_intermediate_to);
   if (!c.model.eplb_map.empty()) {

@@ -337,6 +337,47 @@ TEST(Hooks, InvalidHooksAreRefused) {
   EXPECT_NO_THROW(m->add_hook(copy_hook(*m, 1)));  // the other rank's toy.b
 }
 
+// Rewrites: params the pieces fill that a hook then changes in place, once, after the
+// hooks that read them.
+TEST(Hooks, RewritesAreCheckedAgainstOutputsOtherRewritersAndReaders) {
+  auto m = toy_model(1);
+  auto refused = [&](PostLoadHook h, const std::string& what) {
+    try {
+      m->add_hook(std::move(h));
+      ADD_FAILURE() << "accepted a hook with " << what;
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(what));
+    }
+  };
+  const std::size_t a = m->shells()[0].by_name.at("toy.a");
+  const std::size_t b = m->shells()[0].by_name.at("toy.b");
+  auto rewrite_a = [&](std::vector<std::size_t> inputs) {
+    PostLoadHook h;
+    h.name = "scale_a_in_place";
+    h.rewrites = {a};
+    h.inputs = std::move(inputs);
+    h.run = [](models::HookContext&) {};
+    return h;
+  };
+  PostLoadHook h = rewrite_a({});
+  h.rewrites = {11};
+  refused(h, "rewritten param index 11");
+  h = rewrite_a({a});
+  refused(h, "is also an input or output");
+  h = rewrite_a({});
+  h.rewrites = {b};
+  h.outputs = {b};
+  refused(h, "is also an input or output");
+  m->add_hook(copy_hook(*m, 0));  // reads toy.a, fills toy.b
+  h = rewrite_a({});
+  h.rewrites = {b};
+  refused(h, "toy.b is a hook's output");
+  // Rewriting toy.a while copy_a_to_b reads it: only after it (waiting for toy.b).
+  refused(rewrite_a({}), "without waiting for one of its outputs");
+  EXPECT_NO_THROW(m->add_hook(rewrite_a({b})));
+  refused(rewrite_a({b}), "is rewritten by two hooks");
+}
+
 TEST(Hooks, WithHooksDecoratesARealModel) {
   std::shared_ptr<const models::Model> base = llama(2);
   EXPECT_TRUE(base->hooks().empty());

@@ -20,6 +20,7 @@ class HostHookContext final : public models::HookContext {
       : stream_(stream), params_(std::move(params)) {
     allowed_.insert(hook.inputs.begin(), hook.inputs.end());
     allowed_.insert(hook.outputs.begin(), hook.outputs.end());
+    allowed_.insert(hook.rewrites.begin(), hook.rewrites.end());
   }
   std::byte* param_data(std::size_t param) override {
     if (allowed_.count(param) == 0) {

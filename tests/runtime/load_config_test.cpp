@@ -620,6 +620,7 @@ LoadConfig every_field_changed() {
   c.trace.path = "/tmp/trace.json";
   c.startup.mode = StartupMode::kAuto;
   c.model.dummy_seed = 99;
+  c.quantization.requant = models::QuantScheme::Requant::kUe8m0;
   return c;
 }
 
