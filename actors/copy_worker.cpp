@@ -80,6 +80,11 @@ struct CopyWorkerState {
   std::uint64_t pending_bytes = 0;
   std::vector<std::uint64_t> totals;  // bytes landed per param of this rank
   std::vector<bool> hook_input;       // a hook of this rank waits for the param
+  // The params' storage: RankTarget's, plus the load-only params allocated on their
+  // first write (PipelineInput::allocate_transient) and null again once released.
+  std::vector<std::byte*> storage;
+  // Per load-only param, the hooks of this rank still to read it (released at 0).
+  std::vector<std::size_t> transient_readers;
   bool ready = false;
   bool flush_scheduled = false;
   std::size_t ends_seen = 0;  // EndOfStreamMsg, one from each read lane
@@ -132,6 +137,15 @@ struct CopyWorkerState {
     const auto& shell = shared->model().shells()[rank];
     totals.assign(shell.params.size(), 0);
     hook_input.assign(shell.params.size(), false);
+    storage = target().params;
+    transient_readers.assign(shell.params.size(), 0);
+    for (const models::PostLoadHook& h : hooks) {
+      if (h.local_rank == rank) {
+        for (std::size_t in : h.inputs) {
+          transient_readers.at(in) += shell.params.at(in).transient ? 1 : 0;
+        }
+      }
+    }
     for (const models::PostLoadHook& h : hooks) {
       if (h.local_rank == rank) {
         for (const auto& ids : {h.inputs, h.rewrites}) {
@@ -146,7 +160,7 @@ struct CopyWorkerState {
       if (p.local_rank != rank || p.kind != models::Piece::Kind::kZero) {
         continue;
       }
-      std::byte* dst = target().params[p.param] + p.dst_offset;
+      std::byte* dst = param_data(p.param) + p.dst_offset;
       const std::uint64_t row = p.width_elems * dtype_size(p.dst_dtype);
       try {
         if (p.rows == 1 || p.dst_pitch == row) {
@@ -163,6 +177,33 @@ struct CopyWorkerState {
     if (!landed.empty()) {
       stream->synchronize();
       add_landed(self, landed);
+    }
+  }
+
+  // A param's storage, a load-only one's allocated on its first write (load.layered).
+  std::byte* param_data(std::size_t param) {
+    std::byte*& p = storage.at(param);
+    const models::ParamSpec& spec = shared->model().shells()[rank].params[param];
+    if (p == nullptr && spec.transient && spec.nbytes != 0) {
+      const auto& allocate = shared->input().allocate_transient;
+      if (!allocate) {
+        throw Error(Stage::kCopy, device_name(), spec.name,
+                    "internal: a load-only param has no storage and none can be allocated");
+      }
+      p = allocate(rank, param);
+    }
+    return p;
+  }
+
+  // After hook `hook` ran: the load-only params it read that no other hook of this
+  // rank reads any more are released (load.layered).
+  void release_read_transients(const models::PostLoadHook& hook) {
+    const auto& release = shared->input().release_transient;
+    for (std::size_t in : hook.inputs) {
+      if (transient_readers.at(in) != 0 && --transient_readers[in] == 0 && release) {
+        release(rank, in);
+        storage[in] = nullptr;
+      }
     }
   }
 
@@ -209,8 +250,8 @@ struct CopyWorkerState {
           input.before_copy(rank, param);
         }
         if (staging != nullptr) {
-          copy_fragment(*stream, f, target().params[f.param], staging, scratch.data(),
-                        scratch.size(), device().narrow_row_bytes());
+          copy_fragment(*stream, f, param_data(f.param), staging, scratch.data(), scratch.size(),
+                        device().narrow_row_bytes());
         }
       } catch (...) {
         const io::TensorInfo& t = shared->index().tensors[f.tensor];
@@ -267,7 +308,7 @@ struct CopyWorkerState {
     const models::PostLoadHook& hook = hooks.at(index);
     try {
       shared->check_cancel();
-      models::ParamsHookContext context(hook, target().params, *stream, device_name(),
+      models::ParamsHookContext context(hook, storage, *stream, device_name(),
                                         reallocate_param(hook));
       if (!target().device->holds_data()) {
         // Nothing to transform on a device that keeps no bytes (null): check that
@@ -357,6 +398,7 @@ caf::behavior copy_worker(caf::stateful_actor<CopyWorkerState>* self,
         st.flush(self);
         st.report_landed(self);
         st.run_hook(msg.hook);
+        st.release_read_transients(st.hooks.at(msg.hook));
         self->send(st.post_processor, HookDoneMsg{msg.hook});
       },
   };

@@ -109,6 +109,13 @@ struct PipelineInput {
   // (models::HookContext::reallocate) and returns it; called on the hook's copy
   // worker. Empty: such a hook fails.
   std::function<std::byte*(std::size_t local_rank, std::size_t param)> reallocate;
+  // load.layered: storage for a transient param (models::ParamSpec::transient) whose
+  // RankTarget pointer is null, asked by its copy worker before its first write;
+  // and its release, by the same worker once every hook that reads it has run.
+  // Empty: transient params come allocated (RankTarget) and stay until the caller
+  // frees them.
+  std::function<std::byte*(std::size_t local_rank, std::size_t param)> allocate_transient;
+  std::function<void(std::size_t local_rank, std::size_t param)> release_transient;
   // Observers (runtime metrics). `wrap_reader` decorates the reader the pipeline
   // makes (io::MeteredReader); `on_staging` observes the staging pool
   // (io::StagingPool::observe). Empty: none.
@@ -138,8 +145,8 @@ struct PipelineResult {
   // Of those, the buffers left to reads that never completed (cancelled, then
   // given up after io.cancel_timeout_ms): not a bug, and the error says so.
   std::size_t staging_buffers_leaked = 0;
-  double stream_seconds = 0;                      // start until every copy and fill landed
-  double total_seconds = 0;                       // start until every actor stopped
+  double stream_seconds = 0;  // start until every copy and fill landed
+  double total_seconds = 0;   // start until every actor stopped
   // Bytes landed per param, [local rank][param]: what the post-processor counted.
   std::vector<std::vector<std::uint64_t>> landed;
 };

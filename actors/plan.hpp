@@ -74,16 +74,16 @@ struct Fragment {
 
 // One read into one staging buffer: bytes [offset, offset + nbytes) of one file.
 struct Window {
-  std::uint32_t index = 0;          // position in read order (0, 1, 2, ...)
-  std::uint32_t file = 0;           // index into CheckpointIndex::files
-  std::uint64_t offset = 0;         // absolute file offset
-  std::uint64_t nbytes = 0;         // <= chunk_bytes
-  std::uint64_t plan_end = 0;       // plan-byte position after this window (for the prefetcher)
+  std::uint32_t index = 0;     // position in read order (0, 1, 2, ...)
+  std::uint32_t file = 0;      // index into CheckpointIndex::files
+  std::uint64_t offset = 0;    // absolute file offset
+  std::uint64_t nbytes = 0;    // <= chunk_bytes
+  std::uint64_t plan_end = 0;  // plan-byte position after this window (for the prefetcher)
   // Set by the reader: read straight into its one fragment's param, no staging.
   bool direct = false;
-  std::uint32_t first_tensor = 0;   // tensors whose bytes it holds: [first, first + count)
-  std::uint32_t tensor_count = 0;   //   (indices into CheckpointIndex::tensors)
-  std::vector<Fragment> fragments;  // sorted by local rank
+  std::uint32_t first_tensor = 0;         // tensors whose bytes it holds: [first, first + count)
+  std::uint32_t tensor_count = 0;         //   (indices into CheckpointIndex::tensors)
+  std::vector<Fragment> fragments;        // sorted by local rank
   std::vector<std::uint32_t> rank_begin;  // fragments of rank r: [rank_begin[r], rank_begin[r+1])
 
   bool has_rank(std::size_t rank) const { return rank_begin[rank] != rank_begin[rank + 1]; }
@@ -131,11 +131,11 @@ struct Plan {
   // (models::Route::reason: all its bytes), and kRemoteSlicesReason. The values
   // add up to bytes_skipped (`ferry plan` prints them).
   std::map<std::string, std::uint64_t> bytes_skipped_by_reason;
-  std::size_t pieces = 0;                   // copy pieces of all routes (before clipping)
-  std::vector<models::Piece> fills;         // zero pieces (models::Model::fill_pieces)
-  std::vector<Span> spans;                  // in read order: file order, then offset
-  std::vector<PlannedRoute> routes;         // of the placed tensors
-  std::size_t window_count = 0;             // windows a WindowCutter cuts from the spans
+  std::size_t pieces = 0;            // copy pieces of all routes (before clipping)
+  std::vector<models::Piece> fills;  // zero pieces (models::Model::fill_pieces)
+  std::vector<Span> spans;           // in read order: file order, then offset
+  std::vector<PlannedRoute> routes;  // of the placed tensors
+  std::size_t window_count = 0;      // windows a WindowCutter cuts from the spans
   // Plan-byte coordinate of each file's first byte (sizes of the earlier files).
   std::vector<std::uint64_t> file_plan_offset;
   std::uint64_t plan_bytes = 0;  // sum of the file sizes
@@ -171,9 +171,9 @@ class WindowCutter {
   bool cut(Window& out, std::vector<Segment>* segments);
 
   const Plan& plan_;
-  std::size_t span_ = 0;   // the span the next window starts in
+  std::size_t span_ = 0;      // the span the next window starts in
   std::size_t span_end_ = 0;  // one past the last span this cutter cuts
-  std::uint64_t pos_ = 0;  // and where in it (0 before the span is entered)
+  std::uint64_t pos_ = 0;     // and where in it (0 before the span is entered)
   bool entered_ = false;
   std::uint32_t cut_ = 0;  // windows cut so far
   std::size_t clip_calls_ = 0;

@@ -12,6 +12,7 @@ namespace ferry::gpu {
 #if FERRY_HAVE_CUDA
 namespace cuda {
 int device_count(std::string* why);              // gpu/cuda/cuda_probe.cu
+int compute_capability(int index);               // gpu/cuda/cuda_probe.cu
 std::shared_ptr<Device> make_device(int index);  // gpu/cuda/cuda_device.cpp
 }  // namespace cuda
 bool cuda_compiled() {
@@ -20,7 +21,13 @@ bool cuda_compiled() {
 int cuda_device_count(std::string* why) {
   return cuda::device_count(why);
 }
+int cuda_compute_capability(int index) {
+  return cuda::compute_capability(index);
+}
 #else
+int cuda_compute_capability(int) {
+  return -1;
+}
 bool cuda_compiled() {
   return false;
 }

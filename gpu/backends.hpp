@@ -20,6 +20,10 @@ bool cuda_compiled();
 // `why` (optional) receives the reason when the answer is 0.
 int cuda_device_count(std::string* why = nullptr);
 
+// CUDA device `index`'s compute capability as major * 10 + minor (90 for an H100 or
+// H200), or -1 when it cannot be asked (no backend, no driver, no such device).
+int cuda_compute_capability(int index);
+
 // CUDA device `index`, named "cuda:<index>". Throws ferry::Error (Stage::kConfig)
 // when the backend is not compiled in, no GPU is usable (with the runtime's reason)
 // or the index is out of range.

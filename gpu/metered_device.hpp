@@ -23,7 +23,7 @@ struct DeviceOp {
   // "zero" (zero, zero_2d), "gather" (copy_d2d_2d); transposes and reads back are not
   // reported.
   std::string_view op;
-  std::size_t bytes = 0;                // bytes written to the device
+  std::size_t bytes = 0;  // bytes written to the device
   std::chrono::steady_clock::time_point begin, end;
   double seconds() const { return std::chrono::duration<double>(end - begin).count(); }
 };

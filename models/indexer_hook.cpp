@@ -29,7 +29,10 @@ PostLoadHook make_indexer_fuse_hook(const Model& model, std::size_t local_rank,
     }
     return it->second;
   };
-  const std::size_t wk = find(indexer_prefix + "wk.weight");
+  // Quantized while loading (quantization.online): the full precision it was loaded in.
+  const std::size_t wk = shell.by_name.count(indexer_prefix + "wk.weight_unquantized") != 0
+                             ? find(indexer_prefix + "wk.weight_unquantized")
+                             : find(indexer_prefix + "wk.weight");
   const std::size_t proj = find(indexer_prefix + "weights_proj.weight");
   const std::size_t fused = find(indexer_prefix + "wk_weights_proj.weight");
   const ParamSpec& out = shell.params[fused];

@@ -185,7 +185,13 @@ PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
     return it->second;
   };
   // A quantized kv_b_proj is F8_E4M3, or NVFP4's packed bytes (half the columns).
-  const std::string kv_b_name = attn_prefix + "kv_b_proj.weight";
+  // Quantized while loading (quantization.online), it is split from the full
+  // precision it was loaded in, as SGLang's post_load_weights runs before the
+  // quantization.
+  std::string kv_b_name = attn_prefix + "kv_b_proj.weight";
+  if (shell.by_name.count(attn_prefix + "kv_b_proj.weight_unquantized") != 0) {
+    kv_b_name = attn_prefix + "kv_b_proj.weight_unquantized";
+  }
   auto kv_b_it = shell.by_name.find(kv_b_name);
   const bool quantized = quant.quantized() && kv_b_it != shell.by_name.end() &&
                          (shell.params[kv_b_it->second].dtype == DType::kF8E4M3 ||

@@ -7,8 +7,10 @@
 #include "models/deepseek.hpp"
 #include "models/dense.hpp"
 #include "models/hf_config.hpp"
+#include "models/hooks.hpp"
 #include "models/mla_hook.hpp"
 #include "models/moe.hpp"
+#include "models/online_quant.hpp"
 #include "models/quant.hpp"
 #include "models/requant.hpp"
 #include "models/table_model.hpp"
@@ -160,10 +162,21 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
                       describe(q));
     }
   }
+  q.online = options.online;
+  if (q.online != QuantScheme::Online::kNone && q.quantized()) {
+    throw Error(Stage::kConfig, kConfigFile, "",
+                "quantization.online quantizes a full-precision checkpoint while loading; this "
+                "one is already quantized (" +
+                    describe(q) + ")");
+  }
   DType dtype = resolve_dtype(hf_config, options.dtype);
   ParallelLayout normalized = normalize_layout(layout);
   std::unique_ptr<Model> model =
       factory->second(hf_config, architecture, normalized, dtype, with_quant);
+  if (q.online != QuantScheme::Online::kNone) {
+    std::vector<PostLoadHook> hooks = make_online_quant_hooks(*model, q);
+    return with_hooks(std::shared_ptr<const Model>(std::move(model)), std::move(hooks));
+  }
   if (q.requant == QuantScheme::Requant::kNone) {
     return model;
   }

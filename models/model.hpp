@@ -65,6 +65,11 @@ struct ParamSpec {
   std::vector<std::uint64_t> strides;  // in elements; contiguous row-major except
                                        // where a family says (MLA w_kc / w_vc)
   std::uint64_t nbytes = 0;
+  // Needed only while loading: the checkpoint's pieces fill it, post-load hooks read
+  // it, and the loaded model does not keep it (quantization.online's full-precision
+  // weights). The runtime frees it once every hook reading it has run (load.layered:
+  // allocated on its first write, freed right after; else at the end of the load).
+  bool transient = false;
 };
 
 // The params of one local rank. Every local rank of a dense family has the same
@@ -254,6 +259,12 @@ struct QuantScheme {
   // matrix (<w>weight_scale). Set by make_model from ModelOptions::requant.
   enum class Requant { kNone, kUe8m0, kTensor };
   Requant requant = Requant::kNone;
+  // quantization.online (models/online_quant.hpp): a full-precision checkpoint
+  // quantized to FP8 while loading, with one scale per output row (kChannel) or per
+  // weight matrix (kTensor; fused experts always one an expert). method stays kNone
+  // (the checkpoint is not quantized). Set by make_model from ModelOptions::online.
+  enum class Online { kNone, kChannel, kTensor };
+  Online online = Online::kNone;
 
   bool quantized() const { return method != Method::kNone; }
   bool operator==(const QuantScheme&) const = default;
@@ -292,6 +303,9 @@ struct ModelOptions {
   // quantization.requant: converts FP8 block scales after loading (models/requant.hpp);
   // refused for other checkpoints.
   QuantScheme::Requant requant = QuantScheme::Requant::kNone;
+  // quantization.online, resolved (auto is the runtime's): refused for a checkpoint
+  // that is already quantized.
+  QuantScheme::Online online = QuantScheme::Online::kNone;
   // The checkpoint's quantization. make_model sets it from config.json's
   // quantization_config (parse_quant_scheme, models/quant.hpp), replacing what the
   // caller put here; the make_*_model functions of the families take it as given.

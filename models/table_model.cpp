@@ -499,12 +499,59 @@ void TableModel::apply_quant() {
   }
 }
 
+void TableModel::apply_online() {
+  // Each quantized linear param P becomes F8_E4M3 and gets its F32 weight_scale; the
+  // checkpoint's pieces and fills go to a transient P_unquantized of the model dtype
+  // instead, which the online quantization hook reads (models/online_quant.hpp).
+  const bool channel = quant_.online == QuantScheme::Online::kChannel;
+  std::map<std::string, std::string> unquantized;  // P -> its transient
+  std::vector<ParamDecl> added;
+  for (ParamDecl& d : param_decls_) {
+    if (!quantized_linear_param(d.name)) {
+      continue;
+    }
+    const std::string t = companion_name(d.name, "weight_unquantized");
+    unquantized.emplace(d.name, t);
+    added.push_back({t, d.shape, d.dtype, true});
+    const ShapeRule weight = d.shape;
+    added.push_back({companion_name(d.name, "weight_scale"),
+                     [weight, channel](int rank) {
+                       Shape s = weight(rank);
+                       if (channel && s.size() == 2) {
+                         s.back() = 1;  // one scale an output row
+                         return s;
+                       }
+                       s.resize(s.size() - 2);  // one a matrix: a fused expert each
+                       return s.empty() ? Shape{1} : s;
+                     },
+                     DType::kF32});
+    d.dtype = DType::kF8E4M3;
+  }
+  for (ParamDecl& a : added) {
+    param_decls_.push_back(std::move(a));
+  }
+  for (auto& [tensor, targets] : targets_) {
+    for (Target& t : targets) {
+      if (auto it = unquantized.find(t.param); it != unquantized.end()) {
+        t.param = it->second;
+      }
+    }
+  }
+  for (Fill& f : fill_decls_) {
+    if (auto it = unquantized.find(f.param); it != unquantized.end()) {
+      f.param = it->second;
+    }
+  }
+}
+
 void TableModel::finish() {
   if (finished_) {
     internal(family_, "finish called twice");
   }
   if (quant_.quantized()) {
     apply_quant();
+  } else if (quant_.online != QuantScheme::Online::kNone) {
+    apply_online();
   }
   shells_.clear();
   for (int tp_rank : layout_.local_ranks) {
@@ -516,6 +563,7 @@ void TableModel::finish() {
       p.dtype = decl.dtype;
       p.shape = decl.shape(tp_rank);
       p.strides = contiguous_strides(p.shape);
+      p.transient = decl.transient;
       std::uint64_t elems = element_count(p.shape);
       if (__builtin_mul_overflow(elems, dtype_size(p.dtype), &p.nbytes)) {
         internal(decl.name, "param size overflows 64 bits");

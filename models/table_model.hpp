@@ -101,9 +101,11 @@ class TableModel final : public Model {
     std::string name;
     ShapeRule shape;
     DType dtype;
+    bool transient = false;
   };
 
   void apply_quant();
+  void apply_online();
 
   QuantScheme quant_;
   std::vector<ParamDecl> param_decls_;

@@ -813,6 +813,7 @@ LoadConfig ConfigBuilder::build() const {
       static_cast<int>(f.get_int("load.sort_weight_files", -1, 1 << 20, d.load.sort_weight_files));
   c.load.report = f.get_string("load.report", d.load.report);
   c.load.dump_dir = f.get_string("load.dump_dir", d.load.dump_dir);
+  c.load.layered = f.get_bool("load.layered", d.load.layered);
   if (!c.load.dump_dir.empty() && c.devices.kind == DeviceSpec::Kind::kNull) {
     fail(f.source("load.dump_dir"), "load.dump_dir: devices " + to_string(c.devices) +
                                         " keep no parameter data, so there is nothing to dump");
@@ -863,6 +864,19 @@ LoadConfig ConfigBuilder::build() const {
     } else {
       f.fail_key("quantization.requant",
                  "expected none, ue8m0 or tensor, got " + json_quoted(text));
+    }
+    using Online = QuantizationConfig::Online;
+    const std::string online = f.get_string("quantization.online", "none");
+    bool known = false;
+    for (Online o : {Online::kNone, Online::kAuto, Online::kChannel, Online::kTensor}) {
+      if (online == online_name(o)) {
+        c.quantization.online = o;
+        known = true;
+      }
+    }
+    if (!known) {
+      f.fail_key("quantization.online",
+                 "expected none, auto, fp8_channel or fp8_tensor, got " + json_quoted(online));
     }
   }
 
@@ -955,6 +969,7 @@ nlohmann::json to_json(const LoadConfig& c) {
            {"sort_weight_files", c.load.sort_weight_files},
            {"report", c.load.report},
            {"dump_dir", c.load.dump_dir},
+           {"layered", c.load.layered},
        }},
       {"host",
        {{"bandwidth_gbps", c.host.bandwidth_gbps},
@@ -964,7 +979,9 @@ nlohmann::json to_json(const LoadConfig& c) {
       {"metrics", {{"listen", c.metrics.listen}, {"textfile", c.metrics.textfile}}},
       {"trace", {{"path", c.trace.path}}},
       {"startup", {{"mode", to_string(c.startup.mode)}}},
-      {"quantization", {{"requant", requant_name(c.quantization.requant)}}},
+      {"quantization",
+       {{"requant", requant_name(c.quantization.requant)},
+        {"online", online_name(c.quantization.online)}}},
   };
 }
 
@@ -975,6 +992,20 @@ std::string_view requant_name(models::QuantScheme::Requant r) {
     case models::QuantScheme::Requant::kTensor:
       return "tensor";
     case models::QuantScheme::Requant::kNone:
+      break;
+  }
+  return "none";
+}
+
+std::string_view online_name(QuantizationConfig::Online online) {
+  switch (online) {
+    case QuantizationConfig::Online::kAuto:
+      return "auto";
+    case QuantizationConfig::Online::kChannel:
+      return "fp8_channel";
+    case QuantizationConfig::Online::kTensor:
+      return "fp8_tensor";
+    case QuantizationConfig::Online::kNone:
       break;
   }
   return "none";

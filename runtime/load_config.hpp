@@ -117,6 +117,11 @@ struct LoadOptions {
       0;               // file order: 0 bytewise, -1 directory order, k > 0 staggered (io/discover)
   std::string report;  // write the JSON load report here; "" = none
   std::string dump_dir;  // dump the loaded parameters here for debugging; "" = none
+  // Load-only params (quantization.online's full-precision weights) are allocated on
+  // their first write and freed as soon as their hook has run, so a device holds the
+  // quantized model plus about a layer in full precision, not all of it. Off: they
+  // are allocated up front and freed at the end.
+  bool layered = false;
   bool operator==(const LoadOptions&) const = default;
 };
 
@@ -181,8 +186,18 @@ struct QuantizationConfig {
   // Blackwell) or tensor (one scale per weight matrix). Off by default: the kernels
   // of Hopper read the checkpoint's block scales as they are.
   models::QuantScheme::Requant requant = models::QuantScheme::Requant::kNone;
+  // Quantize a full-precision checkpoint to FP8 while loading (models/online_quant.hpp):
+  // none, fp8_channel (a scale an output row), fp8_tensor (one a weight matrix), or
+  // auto: SGLang's choice, per channel where cutlass FP8 runs (compute capability
+  // 8.9 or above; host and null devices count as such), else per tensor.
+  enum class Online { kNone, kAuto, kChannel, kTensor };
+  Online online = Online::kNone;
   bool operator==(const QuantizationConfig&) const = default;
 };
+
+// quantization.online's spelling: "none", "auto", "fp8_channel", "fp8_tensor".
+std::string_view online_name(QuantizationConfig::Online online);
+
 
 struct LoadConfig {
   ModelConfig model;

@@ -10,6 +10,7 @@
 #include "common/error.hpp"
 #include "common/format.hpp"
 #include "common/json_depth.hpp"
+#include "gpu/backends.hpp"
 #include "models/experts.hpp"
 #include "models/quant.hpp"
 
@@ -31,6 +32,28 @@ nlohmann::json read_json_file(const std::filesystem::path& path, const char* wha
   } catch (const nlohmann::json::exception& e) {
     throw Error(Stage::kConfig, path.string(), "", std::string("does not parse: ") + e.what());
   }
+}
+
+// quantization.online, auto decided as SGLang does (cutlass_fp8_supported: per channel
+// from compute capability 8.9 up, else per tensor; host and null devices stand for
+// such a GPU).
+models::QuantScheme::Online resolve_online(const LoadConfig& c) {
+  using Online = models::QuantScheme::Online;
+  switch (c.quantization.online) {
+    case QuantizationConfig::Online::kNone:
+      return Online::kNone;
+    case QuantizationConfig::Online::kChannel:
+      return Online::kChannel;
+    case QuantizationConfig::Online::kTensor:
+      return Online::kTensor;
+    case QuantizationConfig::Online::kAuto:
+      break;
+  }
+  if (c.devices.kind != DeviceSpec::Kind::kCuda) {
+    return Online::kChannel;
+  }
+  const int cc = gpu::cuda_compute_capability(c.devices.ids.empty() ? 0 : c.devices.ids.front());
+  return cc >= 89 ? Online::kChannel : Online::kTensor;
 }
 
 // config.json, with a ModelOpt hf_quant_config.json beside it merged in
@@ -140,6 +163,7 @@ std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& c,
   model_options.fuse_shared_experts = c.model.fuse_shared_experts;
   model_options.unaligned_tp = c.model.unaligned_tp;
   model_options.requant = c.quantization.requant;
+  model_options.online = resolve_online(c);
   model_options.pad_moe_intermediate_to =
       static_cast<std::uint64_t>(c.model.pad_moe_intermediate_to);
   if (!c.model.eplb_map.empty()) {

@@ -83,7 +83,7 @@ struct PlanReport {
   std::map<std::string, std::uint64_t> skipped_bytes;
   std::vector<std::string> warnings;
   std::vector<PlannedRank> rank_params;  // by local rank
-  bool dummy = false;              // model.load_format dummy: no tensors, nothing read
+  bool dummy = false;                    // model.load_format dummy: no tensors, nothing read
 
   // {"load_format": "checkpoint" | "dummy",
   //  "tensors": [{"name", "route", "reason", "targets": [{"rank", "param"}]}],

@@ -43,6 +43,7 @@ nlohmann::json to_json(const LoadReport& r) {
       {"warnings", r.warnings},
       {"hooks_skipped", r.hooks_skipped},
       {"load_format", r.load_format},
+      {"peak_device_bytes", r.peak_device_bytes},
       {"startup_mode", r.startup_mode},
       {"startup_refusals", refusals},
       {"startup",
@@ -82,6 +83,13 @@ std::string LoadReport::summary() const {
        human_bytes(read_paths.staged) + " through staging\n";
   s += "host memory: staging " + human_bytes(staging_bytes) + ", high water " +
        human_bytes(staging_high_water_bytes) + ", peak RSS " + human_bytes(peak_rss_bytes) + "\n";
+  if (!peak_device_bytes.empty()) {
+    std::string peaks;
+    for (const auto& [device, bytes] : peak_device_bytes) {
+      peaks += (peaks.empty() ? "" : ", ") + device + " " + human_bytes(bytes);
+    }
+    s += "device memory peak: " + peaks + "\n";
+  }
   if (!hooks_skipped.empty()) {
     s += "post-load hooks skipped (their devices keep no data): " +
          std::to_string(hooks_skipped.size()) + "\n";

@@ -683,21 +683,30 @@ gpu::DeviceAllocation allocate_param(const std::shared_ptr<Allocator>& allocator
   }
 }
 
+// A load-only param (ParamSpec::transient) of its own allocation, so that it can
+// be freed before the others; with load.layered none yet (its first write does it).
+gpu::DeviceAllocation allocate_transient(gpu::Device& device, const models::ParamSpec& spec,
+                                         bool layered) {
+  return layered ? gpu::DeviceAllocation{} : allocate_param(nullptr, device, spec);
+}
+
 // Every param of one local rank from one allocation of its device (an arena), each
 // at a kDeviceAlignment boundary: one cudaMalloc per device instead of one per
 // param. A param's handle keeps the arena alive; the arena goes with the last. An
 // empty param gets an empty handle. Should the device refuse the one large block
 // (a fragmented GPU), the params are allocated one by one, so that a real
-// shortage fails naming the param that did not fit.
+// shortage fails naming the param that did not fit. Transient params are not in the
+// arena (allocate_transient).
 std::vector<gpu::DeviceAllocation> allocate_rank(gpu::Device& device,
-                                                 const std::vector<models::ParamSpec>& params) {
+                                                 const std::vector<models::ParamSpec>& params,
+                                                 bool layered) {
   std::vector<std::uint64_t> offsets;
   std::uint64_t end = 0;
   for (const models::ParamSpec& spec : params) {
     const std::uint64_t at =
         (end + gpu::kDeviceAlignment - 1) / gpu::kDeviceAlignment * gpu::kDeviceAlignment;
     offsets.push_back(at);
-    end = at + spec.nbytes;
+    end = spec.transient ? at : at + spec.nbytes;
   }
   std::vector<gpu::DeviceAllocation> out;
   std::shared_ptr<gpu::DeviceAllocation> arena;
@@ -708,12 +717,15 @@ std::vector<gpu::DeviceAllocation> allocate_rank(gpu::Device& device,
               std::to_string(params.size()) +
               " parameters was refused; allocating them one by one (" + e.rule() + ")");
     for (const models::ParamSpec& spec : params) {
-      out.push_back(allocate_param(nullptr, device, spec));
+      out.push_back(spec.transient ? allocate_transient(device, spec, layered)
+                                   : allocate_param(nullptr, device, spec));
     }
     return out;
   }
   for (std::size_t i = 0; i < params.size(); ++i) {
-    if (params[i].nbytes == 0) {
+    if (params[i].transient) {
+      out.push_back(allocate_transient(device, params[i], layered));
+    } else if (params[i].nbytes == 0) {
       out.emplace_back();
     } else {
       out.emplace_back(arena->data() + offsets[i], params[i].nbytes,
@@ -731,12 +743,13 @@ std::vector<gpu::DeviceAllocation> allocate_rank(gpu::Device& device,
 std::vector<std::vector<gpu::DeviceAllocation>> allocate_ranks(
     const std::shared_ptr<Allocator>& allocator,
     const std::vector<std::shared_ptr<gpu::Device>>& devices,
-    const std::vector<models::RankShell>& shells) {
+    const std::vector<models::RankShell>& shells, bool layered) {
   std::vector<std::vector<gpu::DeviceAllocation>> out(shells.size());
   if (allocator) {
     for (std::size_t r = 0; r < shells.size(); ++r) {
       for (const models::ParamSpec& spec : shells[r].params) {
-        out[r].push_back(allocate_param(allocator, *devices[r], spec));
+        out[r].push_back(spec.transient ? allocate_transient(*devices[r], spec, layered)
+                                        : allocate_param(allocator, *devices[r], spec));
       }
     }
     return out;
@@ -745,7 +758,7 @@ std::vector<std::vector<gpu::DeviceAllocation>> allocate_ranks(
   auto set_up = [&](std::size_t r) {
     try {
       devices[r]->bind();
-      out[r] = allocate_rank(*devices[r], shells[r].params);
+      out[r] = allocate_rank(*devices[r], shells[r].params, layered);
     } catch (...) {
       errors[r] = std::current_exception();
     }
@@ -879,14 +892,17 @@ struct FERRY_HIDDEN Runtime::Impl {
   // model.load_format dummy: every param that no hook fills gets dummy values on its
   // device (models::dummy_range), then the hooks run.
   void fill_dummy(LoadWork& w, LoadHandle::State& handle);
-  // The whole load into allocated storage: the pipeline, or the dummy fill.
+  // The whole load into allocated storage: the pipeline, or the dummy fill; then each
+  // device's allocation high water, and the load-only params freed and dropped.
   void load_all(LoadWork& w, LoadHandle::State& handle) {
     if (config.model.load_format == io::LoadFormat::kDummy) {
       fill_dummy(w, handle);
     } else {
       stream(w, handle);
     }
+    drop_transients(w);
   }
+  void drop_transients(LoadWork& w);
   void verify_startup(LoadWork& w);
 
   LoadResult load(LoadHandle::State& handle);
@@ -1168,6 +1184,16 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   if (metrics_error) {
     throw *metrics_error;
   }
+  if (c.load.layered && c.quantization.online == QuantizationConfig::Online::kNone) {
+    throw Error(Stage::kConfig, "", "",
+                "load.layered frees load-only parameters as soon as they are used, and only "
+                "quantization.online makes any: set quantization.online, or turn layered off");
+  }
+  if (c.load.layered && c.model.load_format == io::LoadFormat::kDummy) {
+    throw Error(Stage::kConfig, "", "",
+                "load.layered with model.load_format dummy: a dummy load fills every parameter "
+                "at once, there is no stream to follow layer by layer");
+  }
   if (c.prefetch.enabled && c.io.direct) {
     throw Error(Stage::kConfig, "", "",
                 "prefetch.enabled with io.direct: refused, because O_DIRECT reads bypass the "
@@ -1267,7 +1293,7 @@ void Runtime::Impl::allocate(LoadWork& w, LoadHandle::State& handle) {
   handle.phase.store(LoadPhase::kAllocate);
   LoadedModel::State& state = *w.state;
   const auto& shells = w.model->shells();
-  state.storage = allocate_ranks(allocator, state.devices, shells);
+  state.storage = allocate_ranks(allocator, state.devices, shells, config.load.layered);
   for (std::size_t r = 0; r < shells.size(); ++r) {
     gpu::Device& device = *state.devices[r];
     LoadedRank rank;
@@ -1296,6 +1322,33 @@ void Runtime::Impl::allocate(LoadWork& w, LoadHandle::State& handle) {
   handle.check_cancel();
   w.allocated_at = Clock::now();
   w.span("allocate", w.planned_at, w.allocated_at);
+}
+
+void Runtime::Impl::drop_transients(LoadWork& w) {
+  std::lock_guard lock(w.state_mu);
+  LoadedModel::State& state = *w.state;
+  w.report.peak_device_bytes.clear();
+  for (const auto& d : state.devices) {
+    w.report.peak_device_bytes[d->name()] = d->stats().device.peak_bytes;
+  }
+  const auto& shells = w.model->shells();
+  for (std::size_t r = 0; r < shells.size(); ++r) {
+    const auto& params = shells[r].params;
+    if (std::none_of(params.begin(), params.end(),
+                     [](const models::ParamSpec& p) { return p.transient; })) {
+      continue;
+    }
+    std::vector<LoadedParam> kept;
+    std::vector<gpu::DeviceAllocation> storage;
+    for (std::size_t p = 0; p < params.size(); ++p) {
+      if (!params[p].transient) {
+        kept.push_back(std::move(state.ranks[r].params[p]));
+        storage.push_back(std::move(state.storage[r][p]));
+      }
+    }
+    state.ranks[r].params = std::move(kept);
+    state.storage[r] = std::move(storage);  // the dropped ones' handles free them here
+  }
 }
 
 std::byte* Runtime::Impl::reallocate(LoadWork& w, std::size_t rank, std::size_t param) {
@@ -1370,6 +1423,30 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   input.reallocate = [this, &w](std::size_t rank, std::size_t param) {
     return reallocate(w, rank, param);
   };
+  if (c.load.layered) {
+    // Load-only params: allocated on their first write and freed after their last
+    // hook, by their rank's copy worker.
+    if (c.io.direct_to_device == io::DirectToDevice::kOn) {
+      throw Error(Stage::kConfig, "", "",
+                  "io.direct_to_device=on with load.layered: a load-only param has no storage "
+                  "until its copy worker's first write, so no read can land in it");
+    }
+    input.options.direct_to_device = io::DirectToDevice::kOff;
+    input.allocate_transient = [this, &w](std::size_t rank, std::size_t param) {
+      const models::ParamSpec& spec = w.model->shells().at(rank).params.at(param);
+      std::lock_guard lock(w.state_mu);
+      LoadedModel::State& state = *w.state;
+      state.storage.at(rank).at(param) = allocate_param(nullptr, *state.devices.at(rank), spec);
+      std::byte* data = state.storage[rank][param].data();
+      state.ranks.at(rank).params.at(param).data = data;
+      return data;
+    };
+    input.release_transient = [&w](std::size_t rank, std::size_t param) {
+      std::lock_guard lock(w.state_mu);
+      w.state->storage.at(rank).at(param).reset();
+      w.state->ranks.at(rank).params.at(param).data = nullptr;
+    };
+  }
   std::vector<io::ReadObserver> readers;
   if (w.metrics) {
     readers.push_back(w.metrics->read_observer());
@@ -1642,6 +1719,16 @@ std::vector<StartupRefusal> Runtime::Impl::overlap_refusals(const LoadWork& w) c
                                     "capture against"});
       break;
     }
+  }
+  if (config.quantization.online != QuantizationConfig::Online::kNone) {
+    out.push_back({"quantization",
+                   "quantization.online writes the FP8 weights from load-only full-precision "
+                   "ones, which prepare() would have to hold until commit()"});
+  }
+  if (config.load.layered) {
+    out.push_back({"layered",
+                   "load.layered allocates params as the load reaches them, so there is no "
+                   "storage to capture against before commit()"});
   }
   if (config.io.direct) {
     out.push_back({"io_direct",

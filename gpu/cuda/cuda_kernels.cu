@@ -141,8 +141,8 @@ __global__ void cast_kernel(unsigned char* dst, std::size_t dst_pitch, const uns
                             std::size_t src_pitch, std::size_t width, std::size_t rows) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-         i < width; i += stride) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < width;
+         i += stride) {
       cast_one<S, D, kAligned>(dst + r * dst_pitch, src + r * src_pitch, i);
     }
   }
@@ -162,8 +162,8 @@ __global__ void copy_2d_kernel(unsigned char* dst, std::size_t dst_pitch, const 
                                std::size_t src_pitch, std::size_t words, std::size_t rows) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
   for (std::size_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-         i < words; i += stride) {
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
+         i += stride) {
       copy_word<T>(dst, dst_pitch, src, src_pitch, r, i);
     }
   }
@@ -180,8 +180,8 @@ __host__ __device__ inline std::size_t transpose_target(std::size_t r, std::size
   return c * rows + r;
 }
 
-constexpr unsigned kTile = 32;      // a transpose block moves a 32 x 32 tile
-constexpr unsigned kTileRows = 8;   //   with 32 x 8 threads
+constexpr unsigned kTile = 32;     // a transpose block moves a 32 x 32 tile
+constexpr unsigned kTileRows = 8;  //   with 32 x 8 threads
 constexpr unsigned kMaxGridYZ = 65535;
 
 // Batched transpose through a shared-memory tile, so that both the reads (along a
@@ -432,8 +432,8 @@ struct LaunchCopy2d {
   template <class T>
   cudaError_t run() {
     const std::size_t words = a.width_bytes / sizeof(T);
-    copy_2d_kernel<T><<<grid_2d(words, a.rows), kThreads, 0, stream>>>(
-        a.dst, a.dst_pitch, a.src, a.src_pitch, words, a.rows);
+    copy_2d_kernel<T><<<grid_2d(words, a.rows), kThreads, 0, stream>>>(a.dst, a.dst_pitch, a.src,
+                                                                       a.src_pitch, words, a.rows);
     return cudaGetLastError();
   }
 };
@@ -479,13 +479,11 @@ struct LaunchTranspose {
                     capped(a.batches, kMaxGridYZ));
     const dim3 block(kTile, kTileRows, 1);
     if (a.aligned()) {
-      transpose_kernel<T, true><<<grid, block, 0, stream>>>(a.dst, a.dst_batch_pitch, a.src,
-                                                             a.src_batch_pitch, a.rows, a.cols,
-                                                             a.batches);
+      transpose_kernel<T, true><<<grid, block, 0, stream>>>(
+          a.dst, a.dst_batch_pitch, a.src, a.src_batch_pitch, a.rows, a.cols, a.batches);
     } else {
-      transpose_kernel<T, false><<<grid, block, 0, stream>>>(a.dst, a.dst_batch_pitch, a.src,
-                                                              a.src_batch_pitch, a.rows, a.cols,
-                                                              a.batches);
+      transpose_kernel<T, false><<<grid, block, 0, stream>>>(
+          a.dst, a.dst_batch_pitch, a.src, a.src_batch_pitch, a.rows, a.cols, a.batches);
     }
     return cudaGetLastError();
   }
@@ -592,11 +590,11 @@ cudaError_t launch_fill_random(std::byte* dst, std::size_t count, DType dtype, f
   (void)cudaGetLastError();
   auto* d = reinterpret_cast<unsigned char*>(dst);
   if (reinterpret_cast<std::uintptr_t>(dst) % dtype_size(dtype) == 0) {
-    fill_random_kernel<true><<<grid_for(count), kThreads, 0, stream>>>(d, count, kind, low, span,
-                                                                       seed);
+    fill_random_kernel<true>
+        <<<grid_for(count), kThreads, 0, stream>>>(d, count, kind, low, span, seed);
   } else {
-    fill_random_kernel<false><<<grid_for(count), kThreads, 0, stream>>>(d, count, kind, low, span,
-                                                                        seed);
+    fill_random_kernel<false>
+        <<<grid_for(count), kThreads, 0, stream>>>(d, count, kind, low, span, seed);
   }
   return cudaGetLastError();
 }
@@ -691,8 +689,7 @@ void cast_emulated(std::byte* dst, DType dst_dtype, const std::byte* src, DType 
 }
 
 void cast_2d_emulated(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
-                      std::size_t src_pitch, DType src_dtype, std::size_t width,
-                      std::size_t rows) {
+                      std::size_t src_pitch, DType src_dtype, std::size_t width, std::size_t rows) {
   EmulateCast op{cast_args(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows)};
   with_kinds(op.a.src_kind, op.a.dst_kind, op.a.aligned, op);
 }

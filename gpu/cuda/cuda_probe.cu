@@ -23,4 +23,14 @@ int device_count(std::string* why) {
   return count;
 }
 
+int compute_capability(int index) {
+  int major = 0;
+  int minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index) != cudaSuccess) {
+    return -1;
+  }
+  return major * 10 + minor;
+}
+
 }  // namespace ferry::gpu::cuda

@@ -69,8 +69,9 @@ struct FERRY_API LoadedRank {
 // are stable: "load_format" (not safetensors), "backend" (a device that keeps no
 // data or cannot keep storage fixed: the null device), "io_direct" (O_DIRECT reads
 // bypass the page cache, so a prefetch is meaningless), "hook_not_idempotent",
-// "hook_reallocates" (models::PostLoadHook). "quantization" and "layered" are
-// reserved for those features.
+// "hook_reallocates" (models::PostLoadHook), "quantization" (quantization.online:
+// the FP8 weights are written from load-only full-precision ones) and "layered"
+// (load.layered allocates as the load goes).
 struct StartupRefusal {
   std::string code;
   std::string message;
@@ -99,6 +100,9 @@ struct FERRY_API LoadReport {
   } phases;                          // add up to `seconds`
   double gbps = 0;                   // bytes_read / stream seconds / 1e9
   std::uint64_t peak_rss_bytes = 0;  // the whole process's (the engine's too)
+  // Each device's allocation high water during the load (its allocation tracker's
+  // peak: parameters, load-only full-precision weights, copy scratch), by device name.
+  std::map<std::string, std::uint64_t> peak_device_bytes;
   // Host memory ferry itself holds for the load, as it counts it (so it means the
   // same inside an engine of any size): staging allocated, the checkpoint index
   // and the plan (from their containers), the prefetch threads' block buffers and

@@ -621,6 +621,8 @@ LoadConfig every_field_changed() {
   c.startup.mode = StartupMode::kAuto;
   c.model.dummy_seed = 99;
   c.quantization.requant = models::QuantScheme::Requant::kUe8m0;
+  c.quantization.online = QuantizationConfig::Online::kChannel;
+  c.load.layered = true;
   return c;
 }
 
