@@ -76,13 +76,15 @@ inline std::string scale_suffix(SynthQuant k) {
 
 struct Layout {
   SynthQuant kind = SynthQuant::kFp8Block;
+  std::uint64_t block = kBlock;                              // kFp8Block's
   std::map<std::string, std::vector<std::uint64_t>> shapes;  // quantized tensors, logical
   std::map<std::string, float> ids;                          // every tensor: 1, 2, ...
 };
 
 // config.json with a ModelOpt hf_quant_config.json merged in, as the runtime does.
-inline void set_quant_config(nlohmann::json& config, SynthQuant kind) {
-  if (nlohmann::json q = tools::synth_quant_config(kind, kBlock); !q.is_null()) {
+inline void set_quant_config(nlohmann::json& config, SynthQuant kind,
+                             std::uint64_t block = kBlock) {
+  if (nlohmann::json q = tools::synth_quant_config(kind, block); !q.is_null()) {
     config["quantization_config"] = q;
   }
   if (nlohmann::json h = tools::synth_hf_quant_config(kind); !h.is_null()) {
@@ -93,15 +95,16 @@ inline void set_quant_config(nlohmann::json& config, SynthQuant kind) {
 // Turns a BF16 tensor list and config into `kind`'s layout (tools' synth transform;
 // the values are this header's).
 inline Layout quantize(std::vector<tools::SynthTensor>& tensors, nlohmann::json& config,
-                       SynthQuant kind = SynthQuant::kFp8Block) {
+                       SynthQuant kind = SynthQuant::kFp8Block, std::uint64_t block = kBlock) {
   Layout l;
   l.kind = kind;
+  l.block = block;
   std::map<std::string, std::vector<std::uint64_t>> logical;
   for (const tools::SynthTensor& t : tensors) {
     logical[t.name] = t.shape;
   }
-  tools::synth_quantize(tensors, kind, kBlock);
-  set_quant_config(config, kind);
+  tools::synth_quantize(tensors, kind, block);
+  set_quant_config(config, kind, block);
   for (const tools::SynthTensor& t : tensors) {
     l.ids[t.name] = static_cast<float>(l.ids.size() + 1);
     // A weight whose dtype synth changed (its scales are new names).
@@ -139,9 +142,10 @@ class Values {
     const std::uint64_t col = i % k;
     const std::string scale = companion(name, scale_suffix(l_.kind));
     switch (l_.kind) {
-      case SynthQuant::kFp8Block:
-        return tools::synth_value(seed_, scale,
-                                  row / kBlock * ((k + kBlock - 1) / kBlock) + col / kBlock);
+      case SynthQuant::kFp8Block: {
+        const std::uint64_t b = l_.block;
+        return tools::synth_value(seed_, scale, row / b * ((k + b - 1) / b) + col / b);
+      }
       case SynthQuant::kFp8Channel:
         return tools::synth_value(seed_, scale, row);
       case SynthQuant::kNvfp4:
@@ -399,7 +403,8 @@ std::size_t check_rank(const models::Model& model, std::size_t i, const ParamBuf
       } else if (c->second.second == 2) {
         ok = detail::check_per_shard(spec, base, in.at(weight), ids.at(weight), where);
       } else if (kind == SynthQuant::kFp8Block) {
-        ok = detail::check_blocked(spec, base, s.at(weight), kBlock, kBlock, DType::kF32, where);
+        ok = detail::check_blocked(spec, base, s.at(weight), values.layout().block,
+                                   values.layout().block, DType::kF32, where);
       } else if (kind == SynthQuant::kNvfp4) {
         ok = detail::check_blocked(spec, base, s.at(weight), 1, kGroup, DType::kF8E4M3, where);
       } else if (kind == SynthQuant::kFp8Channel) {

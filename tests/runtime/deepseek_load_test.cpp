@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -18,10 +19,12 @@
 #include "io/safetensors.hpp"
 #include "models/deepseek_reference.hpp"
 #include "models/model.hpp"
+#include "models/moe_reference.hpp"
 #include "models/quant_reference.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
+#include "testing/test_data.hpp"
 #include "tools/synth.hpp"
 
 namespace ferry::runtime {
@@ -377,6 +380,87 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantLoadCase{"deepseek_v3", tools::SynthQuant::kNvfp4},
                       QuantLoadCase{"deepseek_v32", tools::SynthQuant::kFp8Block}),
     format_name);
+
+// The real FP8 configs scaled down (two layers, every width scaled to hidden 64, 4 x 4
+// blocks; real head and expert counts, real names): through the pipeline onto host
+// devices at tp 2 / ep 2 (rank 1 alone), every param against the reference.
+TEST(RealConfigsScaledFp8, LoadAsTheReference) {
+  FERRY_NEED_TEST_DATA();
+  for (const std::string model : {"deepseek-v3", "qwen3-30b-a3b-fp8"}) {
+    SCOPED_TRACE(model);
+    TempDir dir;
+    nlohmann::json real;
+    {
+      std::ifstream in(::ferry::testing::test_data_path("models/" + model + "/config.json"));
+      real = nlohmann::json::parse(in);
+    }
+    real["num_hidden_layers"] = 2;
+    if (real.contains("first_k_dense_replace")) {
+      real["first_k_dense_replace"] = 1;  // a dense layer, then a MoE one
+    }
+    const std::string path = dir.file("config.json");
+    std::ofstream(path) << real.dump();
+    tools::SynthOptions o;
+    o.from_config = path;
+    o.scale_hidden = 64;
+    o.quant = tools::SynthQuant::kFp8Block;
+    o.quant_block = 4;
+    o.seed = 9;
+    o.out = dir.file("ck");
+    o.fsync = false;
+    tools::synthesize(o);
+    const tools::SynthSource source = tools::synth_source(real, path);
+    nlohmann::json config = tools::synth_config(source, DType::kBF16, 64);
+    std::vector<tools::SynthTensor> tensors = tools::synth_tensor_list(source, DType::kBF16, 64);
+    testing::quant::Values values(
+        o.seed, testing::quant::quantize(tensors, config, tools::SynthQuant::kFp8Block, 4));
+    Runtime rt(make_config(o.out, {"parallel.tp=2", "parallel.ep=2", "parallel.ranks=1"}));
+    LoadResult r = rt.load();
+    ASSERT_TRUE(r) << r.error->message;
+    models::ParallelLayout layout;
+    layout.tp = 2;
+    layout.ep = 2;
+    layout.local_ranks = {1};
+    std::unique_ptr<models::Model> m = models::make_model(config, layout);
+    testing::ParamBuffers buffers;
+    for (std::size_t i = 0; i < m->shells().size(); ++i) {
+      buffers.bytes.emplace_back();
+      buffers.writes.emplace_back();
+      for (const models::ParamSpec& p : m->shells()[i].params) {
+        buffers.bytes.back().push_back(r.model->read_param(i, p.name));
+        buffers.writes.back().emplace_back(p.nbytes, 1);  // the load checked coverage
+      }
+    }
+    std::size_t scales = 0;
+    for (std::size_t i = 0; i < m->shells().size(); ++i) {
+      const int rank = m->shells()[i].tp_rank;
+      if (model == "deepseek-v3") {
+        testing::ds::Layout l{2, 2, 1, 0, false, false, false, false};
+        l.fuse_shared = testing::ds::sglang_fuses(testing::ds::dims_of(config), l);
+        auto read = [&](const testing::quant::ValueFn& fn) {
+          return testing::ds::reference(config, l, rank, fn);
+        };
+        std::set<std::string> split;
+        for (const auto& [name, p] : read([](const std::string&, std::uint64_t) { return 0.0f; })) {
+          if (testing::quant::ends_with(name, "w_kc") || testing::quant::ends_with(name, "w_vc")) {
+            split.insert(name);
+          }
+        }
+        scales += testing::quant::check_rank(*m, i, buffers, values, read, split);
+      } else {
+        testing::moe_ref::Options mo;
+        mo.tp = 2;
+        mo.ep = 2;
+        scales += testing::quant::check_rank(
+            *m, i, buffers, values, [&](const testing::quant::ValueFn& fn) {
+              testing::moe_ref::Values v(fn);
+              return testing::moe_ref::reference_rank(config, v, mo, rank);
+            });
+      }
+    }
+    EXPECT_GT(scales, 0u);
+  }
+}
 
 }  // namespace
 }  // namespace ferry::runtime
