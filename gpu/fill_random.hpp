@@ -15,20 +15,11 @@
 
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define FERRY_HOST_DEVICE __host__ __device__
-#else
-#define FERRY_HOST_DEVICE
-#endif
+#include "common/hash.hpp"
 
 namespace ferry::gpu::random_fill {
 
-FERRY_HOST_DEVICE inline std::uint64_t splitmix64(std::uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
+using ferry::splitmix64;
 
 // Element i's F32 value; `span` is high - low, computed once in F32 by the caller.
 FERRY_HOST_DEVICE inline float value(std::uint64_t bits, float low, float span) {

@@ -34,11 +34,11 @@
 
 #include "actors/pipeline.hpp"
 #include "actors/plan.hpp"
+#include "common/hash.hpp"
 #include "common/log.hpp"
 #include "ferry/metrics.hpp"
 #include "gpu/backends.hpp"
 #include "gpu/device.hpp"
-#include "gpu/fill_random.hpp"
 #include "gpu/kernels_host.hpp"
 #include "gpu/metered_device.hpp"
 #include "io/discover.hpp"
@@ -625,16 +625,6 @@ namespace {
 
 // The value every floating-point parameter holds between prepare() and commit().
 constexpr double kSentinel = 1e-3;
-
-// FNV-1a of a param name: with model.dummy_seed, the seed of its dummy values.
-std::uint64_t fnv1a(std::string_view text) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (char c : text) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
 
 bool floating(DType dtype) {
   switch (dtype) {
@@ -1853,8 +1843,7 @@ void Runtime::Impl::fill_dummy(LoadWork& w, LoadHandle::State& handle) {
         if (range.random) {
           // Each param's own seed (the config's and its name): replicated params agree
           // across ranks, and the values do not depend on the order params are filled.
-          const std::uint64_t seed =
-              gpu::random_fill::splitmix64(config.model.dummy_seed ^ fnv1a(spec.name));
+          const std::uint64_t seed = splitmix64(config.model.dummy_seed ^ fnv1a64(spec.name));
           stream->fill_random(p.data, spec.nbytes / dtype_size(spec.dtype), spec.dtype, range.low,
                               range.high, seed);
         } else {

@@ -23,6 +23,7 @@
 #include "common/error.hpp"
 #include "common/format.hpp"
 #include "common/fp8.hpp"
+#include "common/hash.hpp"
 #include "common/json_depth.hpp"
 #include "common/log.hpp"
 #include "io/safetensors_writer.hpp"
@@ -1041,22 +1042,6 @@ fs::path normalize_out(const std::string& out) {
 }  // namespace
 
 // ---- values (public) -------------------------------------------------------------
-
-std::uint64_t splitmix64(std::uint64_t x) {
-  std::uint64_t z = x + 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
-std::uint64_t fnv1a64(std::string_view text) {
-  std::uint64_t h = 0xcbf29ce484222325ULL;
-  for (char c : text) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 0x100000001b3ULL;
-  }
-  return h;
-}
 
 float synth_value(std::uint64_t seed, std::string_view tensor_name, std::uint64_t index) {
   return value_of(splitmix64((seed ^ fnv1a64(tensor_name)) + index) % 255);

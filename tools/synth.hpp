@@ -17,13 +17,13 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "common/hash.hpp"
 
 namespace ferry::tools {
 
 // ---- values ----------------------------------------------------------------
 
-std::uint64_t splitmix64(std::uint64_t x);
-std::uint64_t fnv1a64(std::string_view text);
+// splitmix64 and fnv1a64: common/hash.hpp.
 
 // (k - 127) / 128 with k = splitmix64((seed ^ fnv1a64(name)) + index) % 255: a
 // multiple of 1/128 in [-127/128, 127/128], exact in BF16, F16 and F32, so the

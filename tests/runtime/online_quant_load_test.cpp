@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -102,16 +101,10 @@ TEST(OnlineQuantLoad, LayeredOrNotTheQuantizationOfAPlainLoadWithALowerPeak) {
     Runtime rt(make_config(
         ck, {"parallel.tp=2", "quantization.online=fp8_channel", "load.layered=" + layered,
              "io.chunk_bytes=4096", "io.staging_bytes=16KiB"}));
-    std::mutex mu;
-    std::set<std::uint64_t> layers;
-    LoadCallbacks cb;
-    cb.on_layer_ready = [&](std::uint64_t layer, int) {
-      std::lock_guard lock(mu);
-      layers.insert(layer);
-    };
-    LoadResult r = rt.start(cb).wait();
+    testing::LayerLog log;
+    LoadResult r = rt.start(log.callbacks()).wait();
     ASSERT_TRUE(r) << r.error->message;
-    EXPECT_EQ(layers, (std::set<std::uint64_t>{0, 1, 2, 3}));
+    EXPECT_EQ(log.layers(), (std::set<std::uint64_t>{0, 1, 2, 3}));
     expect_quantized_plain(*r.model, *plain.model, true);
     loads.push_back(r.model);
   }

@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -54,16 +53,10 @@ TEST(RequantLoad, TheRewritesOfAPlainLoad) {
   for (const std::string kind : {"ue8m0", "tensor"}) {
     SCOPED_TRACE(kind);
     Runtime rt(make_config(ck, {"parallel.tp=1", "quantization.requant=" + kind}));
-    std::mutex mu;
-    std::set<std::uint64_t> layers;
-    LoadCallbacks cb;
-    cb.on_layer_ready = [&](std::uint64_t layer, int) {
-      std::lock_guard lock(mu);
-      layers.insert(layer);
-    };
-    LoadResult r = rt.start(cb).wait();
+    testing::LayerLog log;
+    LoadResult r = rt.start(log.callbacks()).wait();
     ASSERT_TRUE(r) << r.error->message;
-    EXPECT_EQ(layers, (std::set<std::uint64_t>{0, 1}));
+    EXPECT_EQ(log.layers(), (std::set<std::uint64_t>{0, 1}));
     std::size_t fp8 = 0;
     for (const LoadedParam& p : r.model->ranks()[0].params) {
       if (p.dtype != DType::kF8E4M3) {

@@ -15,8 +15,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -286,6 +288,29 @@ inline std::map<std::string, std::vector<std::byte>> param_bytes(const runtime::
   }
   return out;
 }
+
+// ---- callbacks ---------------------------------------------------------------
+
+// The layers a load's on_layer_ready announced (for any rank).
+class LayerLog {
+ public:
+  runtime::LoadCallbacks callbacks() {
+    runtime::LoadCallbacks cb;
+    cb.on_layer_ready = [this](std::uint64_t layer, int) {
+      std::lock_guard lock(mu_);
+      layers_.insert(layer);
+    };
+    return cb;
+  }
+  std::set<std::uint64_t> layers() const {
+    std::lock_guard lock(mu_);
+    return layers_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::set<std::uint64_t> layers_;
+};
 
 // ---- configuration -----------------------------------------------------------
 
