@@ -504,11 +504,11 @@ TEST_P(DeepseekFp8Reference, WeightsScalesAndDequantizedSplitMatchTheReference) 
   }
   std::size_t scales = 0;
   for (std::size_t i = 0; i < local.size(); ++i) {
-    auto read = [&](const quant::ValueFn& fn) {
+    auto read = [&](const std::string&, const quant::ValueFn& fn) {
       return ds::reference(ck.config, rl, local[i], fn);
     };
     std::set<std::string> split;
-    for (const auto& [name, p] : read([](const std::string&, std::uint64_t) { return 0.0f; })) {
+    for (const auto& [name, p] : read("", [](const std::string&, std::uint64_t) { return 0.0f; })) {
       if (quant::ends_with(name, "w_kc") || quant::ends_with(name, "w_vc") ||
           quant::ends_with(name, "wk_weights_proj.weight")) {
         split.insert(name);

@@ -140,7 +140,11 @@ class Values {
     const std::uint64_t k = it->second[1];
     const std::uint64_t row = i / k;
     const std::uint64_t col = i % k;
-    const std::string scale = companion(name, scale_suffix(l_.kind));
+    auto cached = scale_names_.find(name);
+    if (cached == scale_names_.end()) {
+      cached = scale_names_.emplace(name, companion(name, scale_suffix(l_.kind))).first;
+    }
+    const std::string& scale = cached->second;
     switch (l_.kind) {
       case SynthQuant::kFp8Block: {
         const std::uint64_t b = l_.block;
@@ -210,6 +214,7 @@ class Values {
   std::uint64_t seed_;
   Layout l_;
   std::map<float, float> rounded_;
+  std::map<std::string, std::string> scale_names_;  // weight -> its scale tensor
 };
 
 // Routes every tensor of `tensors` (placed or dropped, never unmapped), runs the
@@ -311,35 +316,38 @@ bool check_per_shard(const models::ParamSpec& spec, const std::byte* base, const
 }  // namespace detail
 
 // Compares local rank `i` of `model` (its bytes in `buffers`) with the readings of
-// a family's reference: `read(fn)` must return that rank's params (a map from param
-// name to something with .shape and .values, logical row-major) with every
-// checkpoint element read through `fn`. `dequantized_outputs`: params that hold
-// the dequantized reading (w_kc, w_vc); the rest hold weight(). Returns how many
+// a family's reference: `read(reading, fn)` must return that rank's params (a map
+// from param name to something with .shape and .values, logical row-major) with every
+// checkpoint element read through `fn`; `reading` names the reading ("weight",
+// "own_scale", "tensor_id", "input_scale", "scale_2", "dequantized"), the same
+// function for every rank, so a caller may keep what it computes from it. `dequantized_outputs`:
+// params that hold the dequantized reading (w_kc, w_vc); the rest hold weight(). Returns how many
 // scale params were checked. Params are read through the strides the shell reports.
 template <typename Read>
 std::size_t check_rank(const models::Model& model, std::size_t i, const ParamBuffers& buffers,
                        Values& values, const Read& read,
                        const std::set<std::string>& dequantized_outputs = {}) {
   const SynthQuant kind = values.layout().kind;
-  auto reading = [&](float (Values::*fn)(const std::string&, std::uint64_t)) {
-    return read(ValueFn(
-        [&values, fn](const std::string& n, std::uint64_t e) { return (values.*fn)(n, e); }));
+  auto reading = [&](const char* name, float (Values::*fn)(const std::string&, std::uint64_t)) {
+    return read(std::string(name), ValueFn([&values, fn](const std::string& n, std::uint64_t e) {
+                  return (values.*fn)(n, e);
+                }));
   };
-  const auto w = reading(&Values::weight);
-  const auto s = reading(&Values::own_scale);
+  const auto w = reading("weight", &Values::weight);
+  const auto s = reading("own_scale", &Values::own_scale);
   using Map = std::decay_t<decltype(w)>;
   Map ids, in, s2, dq;
   if (per_tensor(kind) || kind == SynthQuant::kNvfp4) {
-    ids = reading(&Values::tensor_id);
+    ids = reading("tensor_id", &Values::tensor_id);
   }
   if (input_scales(kind)) {
-    in = reading(&Values::input_scale);
+    in = reading("input_scale", &Values::input_scale);
   }
   if (kind == SynthQuant::kNvfp4) {
-    s2 = reading(&Values::scale_2);
+    s2 = reading("scale_2", &Values::scale_2);
   }
   if (!dequantized_outputs.empty()) {
-    dq = reading(&Values::dequantized);
+    dq = reading("dequantized", &Values::dequantized);
   }
   // Expected names: the reference's, and each quantized weight's companions.
   // kind: 0 weight scale, 1 weight_scale_2, 2 input_scale; kv scales by prefix.

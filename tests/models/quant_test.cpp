@@ -75,30 +75,35 @@ TEST_P(QuantContract, WeightsAndScalesMatchTheReference) {
 
   const bool dense = !tools::synth_family_has_experts(c.family);
   std::size_t scales = 0;
+  std::map<std::string, TensorMap> checkpoints;  // by reading: the same for every rank
   for (std::size_t i = 0; i < model->shells().size(); ++i) {
     const int rank = model->shells()[i].tp_rank;
     if (dense) {
       // reference_util's account of a Llama-like rank, from the full tensors.
-      scales += quant::check_rank(*model, i, buffers, values, [&](const quant::ValueFn& fn) {
-        TensorMap checkpoint;
-        for (const auto& [name, shape] : bf16_shapes) {
-          HostTensor& t = checkpoint[name];
-          t.shape = shape;
-          t.values.resize(models::element_count(shape));
-          for (std::uint64_t e = 0; e < t.values.size(); ++e) {
-            t.values[e] = fn(name, e);
-          }
-        }
-        return reference_params(ref_config(config), checkpoint, rank, c.tp);
-      });
+      scales += quant::check_rank(
+          *model, i, buffers, values, [&](const std::string& reading, const quant::ValueFn& fn) {
+            TensorMap& checkpoint = checkpoints[reading];
+            if (checkpoint.empty()) {
+              for (const auto& [name, shape] : bf16_shapes) {
+                HostTensor& t = checkpoint[name];
+                t.shape = shape;
+                t.values.resize(models::element_count(shape));
+                for (std::uint64_t e = 0; e < t.values.size(); ++e) {
+                  t.values[e] = fn(name, e);
+                }
+              }
+            }
+            return reference_params(ref_config(config), checkpoint, rank, c.tp);
+          });
     } else {
       moe_ref::Options o;
       o.tp = c.tp;
       o.ep = c.ep;
-      scales += quant::check_rank(*model, i, buffers, values, [&](const quant::ValueFn& fn) {
-        moe_ref::Values v(fn);
-        return moe_ref::reference_rank(config, v, o, rank);
-      });
+      scales += quant::check_rank(*model, i, buffers, values,
+                                  [&](const std::string&, const quant::ValueFn& fn) {
+                                    moe_ref::Values v(fn);
+                                    return moe_ref::reference_rank(config, v, o, rank);
+                                  });
     }
   }
   EXPECT_GT(scales, 0u);

@@ -349,11 +349,12 @@ TEST_P(DeepseekQuantLoad, QuantizedCheckpointLoadsAsTheReference) {
     std::size_t scales = 0;
     for (std::size_t i = 0; i < model->shells().size(); ++i) {
       const int rank = model->shells()[i].tp_rank;
-      auto read = [&](const testing::quant::ValueFn& fn) {
+      auto read = [&](const std::string&, const testing::quant::ValueFn& fn) {
         return testing::ds::reference(config, s.layout, rank, fn);
       };
       std::set<std::string> split;
-      for (const auto& [name, p] : read([](const std::string&, std::uint64_t) { return 0.0f; })) {
+      for (const auto& [name, p] :
+           read("", [](const std::string&, std::uint64_t) { return 0.0f; })) {
         if (testing::quant::ends_with(name, "w_kc") || testing::quant::ends_with(name, "w_vc") ||
             testing::quant::ends_with(name, "wk_weights_proj.weight")) {
           split.insert(name);
@@ -437,11 +438,12 @@ TEST(RealConfigsScaledFp8, LoadAsTheReference) {
       if (model == "deepseek-v3") {
         testing::ds::Layout l{2, 2, 1, 0, false, false, false, false};
         l.fuse_shared = testing::ds::sglang_fuses(testing::ds::dims_of(config), l);
-        auto read = [&](const testing::quant::ValueFn& fn) {
+        auto read = [&](const std::string&, const testing::quant::ValueFn& fn) {
           return testing::ds::reference(config, l, rank, fn);
         };
         std::set<std::string> split;
-        for (const auto& [name, p] : read([](const std::string&, std::uint64_t) { return 0.0f; })) {
+        for (const auto& [name, p] :
+             read("", [](const std::string&, std::uint64_t) { return 0.0f; })) {
           if (testing::quant::ends_with(name, "w_kc") || testing::quant::ends_with(name, "w_vc")) {
             split.insert(name);
           }
@@ -452,7 +454,7 @@ TEST(RealConfigsScaledFp8, LoadAsTheReference) {
         mo.tp = 2;
         mo.ep = 2;
         scales += testing::quant::check_rank(
-            *m, i, buffers, values, [&](const testing::quant::ValueFn& fn) {
+            *m, i, buffers, values, [&](const std::string&, const testing::quant::ValueFn& fn) {
               testing::moe_ref::Values v(fn);
               return testing::moe_ref::reference_rank(config, v, mo, rank);
             });
