@@ -7,11 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
-#ifdef __CUDACC__
-#define FERRY_HOST_DEVICE __host__ __device__
-#else
-#define FERRY_HOST_DEVICE
-#endif
+#include "common/host_device.hpp"
 
 namespace ferry {
 

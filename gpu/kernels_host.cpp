@@ -220,7 +220,7 @@ void fill_random(std::byte* dst, std::size_t count, DType dtype, double low, dou
         dst[i] = static_cast<std::byte>(bits >> 56);
         break;
       case DType::kF8E4M3:
-        dst[i] = static_cast<std::byte>(random_fill::e4m3_from_f32(f));
+        dst[i] = static_cast<std::byte>(random_fill::e4m3_from_f32_bits(f));
         break;
       case DType::kBF16:
       case DType::kF16:

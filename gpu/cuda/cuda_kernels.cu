@@ -233,7 +233,7 @@ __host__ __device__ inline void random_one(unsigned char* dst, std::size_t i, Ra
       dst[i] = static_cast<unsigned char>(bits >> 56);
       break;
     case RandomKind::kE4M3:
-      dst[i] = random_fill::e4m3_from_f32(f);
+      dst[i] = random_fill::e4m3_from_f32_bits(f);
       break;
     case RandomKind::kBF16:
       store<std::uint16_t, kAligned>(dst, i, narrow<Kind::kBF16>(f));

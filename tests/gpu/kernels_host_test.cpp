@@ -17,6 +17,7 @@
 #include "common/error.hpp"
 #include "common/fp8.hpp"
 #include "gpu/fill_random.hpp"
+#include "testing/dtype_codec.hpp"
 
 namespace ferry::gpu::host {
 namespace {
@@ -318,20 +319,59 @@ TEST(KernelsHostTest, CastRejectsOtherDtypes) {
   }
 }
 
-// fill_random's E4M3 encoder (bit arithmetic, shared with the CUDA kernel) against
-// ferry::float_to_e4m3 (a search of the code table): every BF16-exact value, and
-// random F32 values of every magnitude.
-TEST(KernelsHostTest, RandomFillE4m3EncoderMatchesTheTableSearch) {
-  for (std::uint32_t b = 0; b < 0x10000; ++b) {
-    const std::uint32_t f = b << 16;
+// The E4M3 encoder (common/fp8.hpp: bit arithmetic, shared with the CUDA kernel)
+// against an independent oracle, a search of the 254 finite codes for the nearest
+// (ties to the even code): every BF16-exact value, and random F32 values of every
+// magnitude.
+TEST(KernelsHostTest, E4m3EncoderMatchesTheNearestCodeSearch) {
+  auto check = [](std::uint32_t f) {
     const float v = std::bit_cast<float>(f);
-    ASSERT_EQ(random_fill::e4m3_from_f32(f), float_to_e4m3(v)) << std::hex << f << " " << v;
+    const std::uint8_t got = e4m3_from_f32_bits(f);
+    if (std::isnan(v)) {
+      ASSERT_EQ(got, 0x7F) << std::hex << f;
+      return;
+    }
+    // Saturated beyond the largest finite value; the search's own float arithmetic
+    // cannot tell 384 from 448 for huge inputs.
+    const float want =
+        std::fabs(v) >= 448.0f ? std::copysign(448.0f, v) : testing::round_to_e4m3(v);
+    ASSERT_EQ(testing::e4m3_value(got), want) << std::hex << f << " " << v;
+    ASSERT_EQ((got & 0x80) != 0, std::signbit(v)) << std::hex << f;
+  };
+  for (std::uint32_t b = 0; b < 0x10000; ++b) {
+    check(b << 16);
   }
   std::mt19937 rng(7);
   for (int i = 0; i < 200000; ++i) {
-    const std::uint32_t f = static_cast<std::uint32_t>(rng());
-    const float v = std::bit_cast<float>(f);
-    ASSERT_EQ(random_fill::e4m3_from_f32(f), float_to_e4m3(v)) << std::hex << f << " " << v;
+    check(static_cast<std::uint32_t>(rng()));
+  }
+}
+
+// The span encoder (branch-free, for online quantization) agrees with the bit
+// encoder on every scaled value: all F32 patterns up to and past 448 whose low 12
+// bits are one of the rounding cases (exact, just above, half, just past half,
+// all ones), either sign, NaN, and the multiplier's effect.
+TEST(KernelsHostTest, SpanE4m3EncoderMatchesTheBitEncoder) {
+  std::vector<float> x;
+  for (std::uint32_t top = 0; top <= (0x44000000u >> 12); ++top) {
+    for (std::uint32_t low : {0x0u, 0x1u, 0x7FFu, 0x800u, 0x801u, 0xFFFu}) {
+      for (std::uint32_t sign : {0x0u, 0x80000000u}) {
+        x.push_back(std::bit_cast<float>(sign | (top << 12) | low));
+      }
+    }
+  }
+  x.push_back(std::numeric_limits<float>::quiet_NaN());
+  x.push_back(-std::numeric_limits<float>::quiet_NaN());
+  x.push_back(std::numeric_limits<float>::infinity());
+  x.push_back(-std::numeric_limits<float>::infinity());
+  x.push_back(1e30f);
+  for (const float mul : {1.0f, 3.0f, 0.25f}) {
+    std::vector<std::uint8_t> q(x.size());
+    scale_to_e4m3(x.data(), x.size(), mul, q.data());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      ASSERT_EQ(q[i], e4m3_from_f32_bits(std::bit_cast<std::uint32_t>(x[i] * mul)))
+          << std::hex << std::bit_cast<std::uint32_t>(x[i]) << " * " << mul;
+    }
   }
 }
 
