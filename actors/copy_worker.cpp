@@ -320,7 +320,7 @@ struct CopyWorkerState {
         }
         return;
       }
-      hook.run(context);
+      models::run_hook(hook, context, shared->input().on_hook);
       stream->synchronize();
     } catch (...) {
       Error e = to_error(std::current_exception(), Stage::kPostProcess, device_name(), "", "");

@@ -28,6 +28,7 @@
 #include "io/reader.hpp"
 #include "io/safetensors.hpp"
 #include "io/staging_pool.hpp"
+#include "models/hooks.hpp"
 #include "models/model.hpp"
 
 namespace ferry::actors {
@@ -127,6 +128,8 @@ struct PipelineInput {
   bool release_staging_early = false;
   // Observes the page-cache prefetch's block reads (io::PrefetchOptions::on_block_read).
   decltype(io::PrefetchOptions::on_block_read) on_prefetch_block;
+  // Sees each post-load hook's run, on its copy worker (the runtime's trace).
+  models::HookObserver on_hook;
 };
 
 struct PipelineResult {

@@ -22,30 +22,6 @@ namespace {
 
 using Blocks = std::vector<Block>;
 
-constexpr const char* kDeepseekV2 = "DeepseekV2ForCausalLM";
-constexpr const char* kDeepseekV3 = "DeepseekV3ForCausalLM";
-constexpr const char* kDeepseekV32 = "DeepseekV32ForCausalLM";
-constexpr const char* kGlm4Moe = "Glm4MoeForCausalLM";
-
-[[noreturn]] void config_error(const std::string& rule) {
-  throw Error(Stage::kConfig, kConfigFile, "", rule);
-}
-
-std::string config_string(const nlohmann::json& config, const char* key, std::string fallback) {
-  auto it = config.find(key);
-  if (it == config.end() || it->is_null()) {
-    return fallback;
-  }
-  if (!it->is_string()) {
-    config_error("field '" + std::string(key) + "' must be a string (got " + it->dump() + ")");
-  }
-  return it->get<std::string>();
-}
-
-std::string layer_prefix(std::uint64_t layer) {
-  return "model.layers." + std::to_string(layer) + ".";
-}
-
 // The per-rank sizes of an MLA attention module (heads % tp == 0 is checked first).
 MlaDims mla_dims(const DeepseekConfig& c, int tp, Unaligned u) {
   return {padded_heads(c.heads, tp, u, "num_attention_heads") / static_cast<std::uint64_t>(tp),
@@ -65,14 +41,9 @@ struct LayerNames {
 // Declares params and targets of one model, layer by layer.
 class Builder {
  public:
-  Builder(TableModel& m, const DeepseekConfig& c, const ParallelLayout& layout,
+  Builder(TableModel& m, const DeepseekConfig& c, const FamilyInput& in,
           const ModelOptions& options)
-      : m_(m), c_(c), layout_(layout), options_(options), tp_(layout.tp) {}
-
-  // Attention param prefixes whose kv_b_proj the MLA hook splits.
-  const std::vector<std::string>& mla_prefixes() const { return mla_prefixes_; }
-  // Indexer param prefixes whose wk and weights_proj the fusion hook joins.
-  const std::vector<std::string>& indexer_prefixes() const { return indexer_prefixes_; }
+      : m_(m), c_(c), in_(in), layout_(in.layout), options_(options), tp_(in.layout.tp) {}
 
   void layer(const LayerNames& n, bool moe) {
     if (c_.mla) {
@@ -91,15 +62,8 @@ class Builder {
       gated_mlp(n.param + "mlp.", n.tensor + "mlp.", c_.intermediate, "intermediate_size");
     }
     for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight"}) {
-      replicated_param(n.param + norm, n.tensor + norm, Shape{c_.hidden});
+      add_replicated(m_, n.param + norm, n.tensor + norm, Shape{c_.hidden});
     }
-  }
-
-  // The whole tensor into a param of the same shape.
-  void replicated_param(const std::string& param, const std::string& tensor, const Shape& shape,
-                        std::optional<DType> dtype = {}) {
-    m_.add_param(param, shape, dtype);
-    m_.add_target(tensor, param, shape, [d0 = shape[0]](int) { return Blocks{replicated(d0)}; });
   }
 
  private:
@@ -126,7 +90,7 @@ class Builder {
   void gated_mlp(const std::string& param_prefix, const std::string& tensor_prefix,
                  std::uint64_t inter, const char* what) {
     add_gated_mlp(m_, param_prefix, tensor_prefix, c_.hidden, inter, tp_, options_.unaligned_tp,
-                  what);
+                  what, in_.descriptor.sources("gate_up_proj"));
   }
 
   void mla(const std::string& pa, const std::string& ta) {
@@ -142,26 +106,27 @@ class Builder {
       // SGLang caches q_a_proj and kv_a_proj_with_mqa and concatenates them along
       // the output dim: q_a rows first, then kv_a rows. Both go to every rank.
       const std::string fused = pa + "fused_qkv_a_proj_with_mqa.weight";
+      const std::vector<std::string>& src = in_.descriptor.sources("fused_qkv_a_proj_with_mqa");
       const std::uint64_t q = c_.q_lora_rank;
       m_.add_param(fused, Shape{q + kv_a_rows, c_.hidden});
-      m_.add_target(ta + "q_a_proj.weight", fused, Shape{q, c_.hidden},
+      m_.add_target(ta + src.at(0) + ".weight", fused, Shape{q, c_.hidden},
                     [q](int) { return Blocks{replicated(q)}; });
-      m_.add_target(ta + "kv_a_proj_with_mqa.weight", fused, Shape{kv_a_rows, c_.hidden},
+      m_.add_target(ta + src.at(1) + ".weight", fused, Shape{kv_a_rows, c_.hidden},
                     [q, kv_a_rows](int) {
                       Block b = replicated(kv_a_rows);
                       b.dst_start = q;
                       return Blocks{b};
                     });
-      replicated_param(pa + "q_a_layernorm.weight", ta + "q_a_layernorm.weight", Shape{q});
+      add_replicated(m_, pa + "q_a_layernorm.weight", ta + "q_a_layernorm.weight", Shape{q});
       column_heads(pa + "q_b_proj.weight", ta + "q_b_proj.weight", qk_head, q,
                    "num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim)");
     } else {
       column_heads(pa + "q_proj.weight", ta + "q_proj.weight", qk_head, c_.hidden,
                    "num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim)");
-      replicated_param(pa + "kv_a_proj_with_mqa.weight", ta + "kv_a_proj_with_mqa.weight",
+      add_replicated(m_, pa + "kv_a_proj_with_mqa.weight", ta + "kv_a_proj_with_mqa.weight",
                        Shape{kv_a_rows, c_.hidden});
     }
-    replicated_param(pa + "kv_a_layernorm.weight", ta + "kv_a_layernorm.weight",
+    add_replicated(m_, pa + "kv_a_layernorm.weight", ta + "kv_a_layernorm.weight",
                      Shape{c_.kv_lora_rank});
     // Whole heads per rank, each owning dn + dv consecutive rows (models/mla_hook.hpp);
     // padded heads are zero rows, which the hook splits into zero w_kc / w_vc heads.
@@ -177,9 +142,10 @@ class Builder {
                      "num_attention_heads * v_head_dim");
     // Filled by the post-load hook only.
     const MlaDims dims = mla_dims(c_, tp_, options_.unaligned_tp);
-    m_.add_param(pa + "w_kc", mla_w_kc_shape(dims));
-    m_.add_param(pa + "w_vc", mla_w_vc_shape(dims));
-    mla_prefixes_.push_back(pa);
+    m_.add_param(pa + "w_kc", mla_w_kc_shape(dims), {},
+                 [dims](const Shape&) { return mla_w_kc_strides(dims); });
+    m_.add_param(pa + "w_vc", mla_w_vc_shape(dims), {},
+                 [dims](const Shape&) { return mla_w_vc_strides(dims); });
   }
 
   // DeepSeek-V3.2's sparse-attention indexer: every param replicated; the fused
@@ -187,14 +153,13 @@ class Builder {
   void indexer(const std::string& pi, const std::string& ti) {
     const std::uint64_t d = c_.index_head_dim;
     const std::uint64_t h = c_.index_heads;
-    replicated_param(pi + "wq_b.weight", ti + "wq_b.weight", Shape{h * d, c_.q_lora_rank});
-    replicated_param(pi + "wk.weight", ti + "wk.weight", Shape{d, c_.hidden});
-    replicated_param(pi + "weights_proj.weight", ti + "weights_proj.weight", Shape{h, c_.hidden});
+    add_replicated(m_, pi + "wq_b.weight", ti + "wq_b.weight", Shape{h * d, c_.q_lora_rank});
+    add_replicated(m_, pi + "wk.weight", ti + "wk.weight", Shape{d, c_.hidden});
+    add_replicated(m_, pi + "weights_proj.weight", ti + "weights_proj.weight", Shape{h, c_.hidden});
     // A LayerNorm built in F32 (SGLang's Indexer.k_norm).
-    replicated_param(pi + "k_norm.weight", ti + "k_norm.weight", Shape{d}, DType::kF32);
-    replicated_param(pi + "k_norm.bias", ti + "k_norm.bias", Shape{d}, DType::kF32);
+    add_replicated(m_, pi + "k_norm.weight", ti + "k_norm.weight", Shape{d}, DType::kF32);
+    add_replicated(m_, pi + "k_norm.bias", ti + "k_norm.bias", Shape{d}, DType::kF32);
     m_.add_param(pi + "wk_weights_proj.weight", Shape{d + h, c_.hidden});
-    indexer_prefixes_.push_back(pi);
   }
 
   // Grouped-query attention as Qwen2's: q, k, v fused into qkv_proj.
@@ -206,11 +171,12 @@ class Builder {
                        .head_dim = c_.head_dim,
                        .qkv_bias = c_.qkv_bias,
                        .o_bias = false,
-                       .unaligned = options_.unaligned_tp},
+                       .unaligned = options_.unaligned_tp,
+                       .sources = in_.descriptor.sources("qkv_proj")},
                       tp_);
     if (c_.qk_norm) {
       for (const char* norm : {"q_norm.weight", "k_norm.weight"}) {
-        replicated_param(pa + norm, ta + norm, Shape{c_.head_dim});
+        add_replicated(m_, pa + norm, ta + norm, Shape{c_.head_dim});
       }
     }
   }
@@ -218,11 +184,11 @@ class Builder {
   void moe_mlp(const LayerNames& n) {
     const std::string pm = n.param + "mlp.";
     const std::string tm = n.tensor + "mlp.";
-    replicated_param(pm + "gate.weight", tm + "gate.weight", Shape{c_.experts, c_.hidden});
+    add_replicated(m_, pm + "gate.weight", tm + "gate.weight", Shape{c_.experts, c_.hidden});
     if (c_.gate_bias) {
       // The router's correction bias stays float32 whatever the model dtype (the
       // checkpoints store it so, and SGLang declares it so).
-      replicated_param(pm + "gate.e_score_correction_bias", tm + "gate.e_score_correction_bias",
+      add_replicated(m_, pm + "gate.e_score_correction_bias", tm + "gate.e_score_correction_bias",
                        Shape{c_.experts}, DType::kF32);
     }
     MoeLayerSpec spec;
@@ -232,6 +198,10 @@ class Builder {
     spec.intermediate = c_.moe_intermediate;
     spec.param_prefix = pm + "experts.";
     spec.checkpoint_prefix = tm + "experts.";
+    const std::vector<std::string>& gate_up = in_.descriptor.sources("experts.w13_weight");
+    spec.gate_name = gate_up.at(0);
+    spec.up_name = gate_up.at(1);
+    spec.down_name = in_.descriptor.sources("experts.w2_weight").at(0);
     const bool fused = options_.fuse_shared_experts.value_or(false);
     if (fused) {
       spec.shared_checkpoint_prefix = tm + "shared_experts.";
@@ -246,11 +216,10 @@ class Builder {
 
   TableModel& m_;
   const DeepseekConfig& c_;
+  const FamilyInput& in_;
   const ParallelLayout& layout_;
   const ModelOptions& options_;
   int tp_;
-  std::vector<std::string> mla_prefixes_;
-  std::vector<std::string> indexer_prefixes_;
 };
 
 // Every split the layout needs, checked before any table is built so that the error
@@ -295,22 +264,10 @@ void check_splits(const DeepseekConfig& c, const ParallelLayout& layout,
 
 }  // namespace
 
-DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
-                                     const std::string& architecture) {
+DeepseekConfig deepseek_common_config(const nlohmann::json& hf_config,
+                                      const std::string& architecture) {
   DeepseekConfig c;
   c.architecture = architecture;
-  if (architecture == kDeepseekV2) {
-    c.family = "deepseek_v2";
-  } else if (architecture == kDeepseekV3) {
-    c.family = "deepseek_v3";
-  } else if (architecture == kDeepseekV32) {
-    c.family = "deepseek_v32";
-  } else if (architecture == kGlm4Moe) {
-    c.family = "glm4_moe";
-  } else {
-    throw Error(Stage::kMapping, kConfigFile, "",
-                "internal: " + architecture + " is not a DeepSeek or GLM-4 MoE architecture");
-  }
   c.hidden = config_positive(hf_config, "hidden_size");
   c.layers = config_positive(hf_config, "num_hidden_layers");
   c.vocab = config_positive(hf_config, "vocab_size");
@@ -325,61 +282,6 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
   c.first_k_dense = config_count(hf_config, "first_k_dense_replace", 0);
   c.nextn_layers = config_count(hf_config, "num_nextn_predict_layers", 0);
 
-  if (c.family == "glm4_moe") {
-    c.mla = false;
-    c.kv_heads = config_optional_positive(hf_config, "num_key_value_heads").value_or(c.heads);
-    c.head_dim = config_head_dim(hf_config, c.hidden, c.heads);
-    c.qkv_bias = config_bool(hf_config, "attention_bias", false);
-    c.qk_norm = config_bool(hf_config, "use_qk_norm", false);
-    // GLM-4 MoE has no moe_layer_freq; every layer from first_k_dense_replace on is
-    // sparse, and its router always has the correction bias.
-    c.moe_layer_freq = 1;
-    c.gate_bias = true;
-    return c;
-  }
-  c.mla = true;
-  c.q_lora_rank = config_optional_positive(hf_config, "q_lora_rank").value_or(0);
-  c.kv_lora_rank = config_positive(hf_config, "kv_lora_rank");
-  c.qk_nope = config_positive(hf_config, "qk_nope_head_dim");
-  c.qk_rope = config_positive(hf_config, "qk_rope_head_dim");
-  c.v_head = config_positive(hf_config, "v_head_dim");
-  c.moe_layer_freq = config_optional_positive(hf_config, "moe_layer_freq").value_or(1);
-  // The router has e_score_correction_bias only for noaux_tc routing (DeepSeek-V3's
-  // default; V2's is greedy).
-  const bool v3 = c.family == "deepseek_v3" || c.family == "deepseek_v32";
-  const std::string topk_method =
-      config_string(hf_config, "topk_method", v3 ? "noaux_tc" : "greedy");
-  c.gate_bias = topk_method == "noaux_tc";
-  // SGLang's is_deepseek_dsa: a DeepSeek-V3 / V3.2 config with index_topk.
-  c.indexer = v3 && hf_config.contains("index_topk") && !hf_config["index_topk"].is_null();
-  if (c.indexer) {
-    c.index_heads = config_positive(hf_config, "index_n_heads");
-    c.index_head_dim = config_positive(hf_config, "index_head_dim");
-    if (c.q_lora_rank == 0) {
-      config_error(
-          "index_topk (a sparse-attention indexer) needs q_lora_rank: the indexer's "
-          "wq_b reads the query latent");
-    }
-    c.index_topk_freq = config_optional_positive(hf_config, "index_topk_freq").value_or(1);
-    c.index_skip_topk_offset = config_optional_positive(hf_config, "index_skip_topk_offset");
-    for (const char* key : {"indexer_types", "index_topk_pattern"}) {
-      auto it = hf_config.find(key);
-      if (it == hf_config.end() || it->is_null() || !c.indexer_types.empty()) {
-        continue;
-      }
-      if (it->is_string()) {  // one character a layer ("ffs...")
-        for (char ch : it->get<std::string>()) {
-          c.indexer_types.emplace_back(1, ch);
-        }
-      } else if (it->is_array()) {
-        for (const nlohmann::json& v : *it) {
-          c.indexer_types.push_back(v.is_string() ? v.get<std::string>() : "");
-        }
-      } else {
-        config_error("field '" + std::string(key) + "' must be a list or a string");
-      }
-    }
-  }
   return c;
 }
 
@@ -424,17 +326,24 @@ FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const Parall
   if (c.experts == 0 || c.shared_experts == 0) {
     return {false, c.architecture + " as configured has no shared experts"};
   }
-  if (c.family == "glm4_moe") {
-    if (c.shared_experts != 1) {
-      return {false, "ferry fuses a single shared expert; this GLM-4 MoE config has " +
-                         std::to_string(c.shared_experts)};
-    }
-  } else if (c.architecture != kDeepseekV3 || c.experts != 256 || c.shared_experts != 1) {
-    return {false,
-            "SGLang fuses the shared expert only for DeepSeek-V3/R1-shaped models "
-            "(DeepseekV3ForCausalLM, 256 routed experts, 1 shared expert); this is " +
-                c.architecture + " with " + std::to_string(c.experts) + " routed and " +
-                std::to_string(c.shared_experts) + " shared"};
+  switch (c.fusion) {
+    case SharedExpertFusion::kSingleShared:
+      if (c.shared_experts != 1) {
+        return {false, "ferry fuses a single shared expert; this " + c.architecture +
+                           " config has " + std::to_string(c.shared_experts)};
+      }
+      break;
+    case SharedExpertFusion::kDeepseekV3Shape:
+      if (c.experts == 256 && c.shared_experts == 1) {
+        break;
+      }
+      [[fallthrough]];
+    case SharedExpertFusion::kNever:
+      return {false,
+              "SGLang fuses the shared expert only for DeepSeek-V3/R1-shaped models "
+              "(DeepseekV3ForCausalLM, 256 routed experts, 1 shared expert); this is " +
+                  c.architecture + " with " + std::to_string(c.experts) + " routed and " +
+                  std::to_string(c.shared_experts) + " shared"};
   }
   if (layout.ep > 1) {
     return {false, "SGLang does not fuse the shared expert under expert parallelism (ep " +
@@ -443,8 +352,9 @@ FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const Parall
   return {true, ""};
 }
 
-std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const ParallelLayout& layout,
-                                           DType dtype, const ModelOptions& options) {
+std::unique_ptr<TableModel> make_deepseek_model(const FamilyInput& in, const DeepseekConfig& c) {
+  const ParallelLayout& layout = in.layout;
+  const ModelOptions& options = in.options;
   if (options.draft) {
     if (c.nextn_layers == 0) {
       throw Error(Stage::kConfig, kConfigFile, "",
@@ -498,9 +408,10 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
   }
   check_splits(c, layout, o, c.experts != 0, moe_layers);
 
-  auto m = std::make_unique<TableModel>(c.family, c.architecture, layout, dtype, o.strict);
+  auto m = std::make_unique<TableModel>(in.descriptor.family, c.architecture, layout, in.dtype,
+                                        o.strict);
   m->set_quantization(o.quant);
-  Builder b(*m, c, layout, o);
+  Builder b(*m, c, in, o);
   if (!o.draft) {
     for (std::uint64_t l = stage.begin; l < stage.end(); ++l) {
       b.layer({l, layer_prefix(l), layer_prefix(l)}, deepseek_moe_layer(c, l));
@@ -520,9 +431,9 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
     // The NextN-specific weights live directly under model.; eh_proj is a plain
     // (replicated) nn.Linear from [embedding; hidden] (2 * hidden) to hidden.
     for (const char* norm : {"enorm.weight", "hnorm.weight", "shared_head.norm.weight"}) {
-      b.replicated_param(std::string("model.") + norm, t + norm, Shape{c.hidden});
+      add_replicated(*m, std::string("model.") + norm, t + norm, Shape{c.hidden});
     }
-    b.replicated_param("model.eh_proj.weight", t + "eh_proj.weight", Shape{c.hidden, 2 * c.hidden});
+    add_replicated(*m, "model.eh_proj.weight", t + "eh_proj.weight", Shape{c.hidden, 2 * c.hidden});
     m->add_drop_pattern(t + "shared_head.head", "draft_shared");
     m->add_drop_pattern(t + "embed_tokens", "draft_shared");
     b.layer({0, "model.decoder.", t, /*mtp=*/true}, /*moe=*/true);  // EPLB row 0, as SGLang's id
@@ -537,35 +448,39 @@ std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const Parall
   }
   m->add_drop_pattern("rotary_emb.inv_freq", "inv_freq");
   m->finish();
-
-  if (!c.mla) {
-    return m;
-  }
-  std::shared_ptr<const Model> base = std::move(m);
-  const MlaDims dims = mla_dims(c, layout.tp, o.unaligned_tp);
-  std::map<std::string, std::vector<std::uint64_t>> strides;
-  std::vector<PostLoadHook> hooks;
-  for (const std::string& pa : b.mla_prefixes()) {
-    strides[pa + "w_kc"] = mla_w_kc_strides(dims);
-    strides[pa + "w_vc"] = mla_w_vc_strides(dims);
-  }
-  for (std::size_t i = 0; i < base->shells().size(); ++i) {
-    for (const std::string& pa : b.mla_prefixes()) {
-      hooks.push_back(make_mla_split_hook(*base, i, pa, dims, o.quant));
-    }
-    for (const std::string& pi : b.indexer_prefixes()) {
-      hooks.push_back(make_indexer_fuse_hook(*base, i, pi, o.quant));
-    }
-  }
-  return with_param_strides(std::move(base), strides, std::move(hooks));
+  return m;
 }
 
-std::unique_ptr<Model> make_deepseek_family(const nlohmann::json& hf_config,
-                                            const std::string& architecture,
-                                            const ParallelLayout& layout, DType dtype,
-                                            const ModelOptions& options) {
-  return make_deepseek_model(parse_deepseek_config(hf_config, architecture), layout, dtype,
-                             options);
+std::vector<PostLoadHook> deepseek_mla_hooks(const Model& model, const DeepseekConfig& c,
+                                             const FamilyInput& in) {
+  std::vector<PostLoadHook> hooks;
+  if (!c.mla) {
+    return hooks;
+  }
+  const MlaDims dims = mla_dims(c, in.layout.tp, in.options.unaligned_tp);
+  for (std::size_t i = 0; i < model.shells().size(); ++i) {
+    for (const ParamSpec& p : model.shells()[i].params) {
+      if (p.name.ends_with("self_attn.w_kc")) {
+        const std::string prefix = p.name.substr(0, p.name.size() - 4);
+        hooks.push_back(make_mla_split_hook(model, i, prefix, dims, in.options.quant));
+      }
+    }
+  }
+  return hooks;
+}
+
+std::vector<PostLoadHook> deepseek_indexer_hooks(const Model& model, const FamilyInput& in) {
+  std::vector<PostLoadHook> hooks;
+  const std::string fused = "wk_weights_proj.weight";
+  for (std::size_t i = 0; i < model.shells().size(); ++i) {
+    for (const ParamSpec& p : model.shells()[i].params) {
+      if (p.name.ends_with("self_attn.indexer." + fused)) {
+        const std::string prefix = p.name.substr(0, p.name.size() - fused.size());
+        hooks.push_back(make_indexer_fuse_hook(model, i, prefix, in.options.quant));
+      }
+    }
+  }
+  return hooks;
 }
 
 }  // namespace ferry::models

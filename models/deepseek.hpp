@@ -59,14 +59,25 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "models/family.hpp"
 #include "models/model.hpp"
+#include "models/table_model.hpp"
 
 namespace ferry::models {
 
-// The config fields these families use, after defaults.
+// When SGLang folds the shared expert into the routed experts (at ep 1; see
+// sglang_shared_expert_fusion).
+enum class SharedExpertFusion {
+  kNever,            // DeepSeek-V2, V3.2
+  kDeepseekV3Shape,  // DeepseekV3ForCausalLM with 256 routed and 1 shared expert
+  kSingleShared,     // GLM-4 MoE (ferry: with 1 shared expert)
+};
+
+// The config fields these families use, after defaults (models/families/deepseek.cpp
+// and glm4_moe.cpp read them).
 struct DeepseekConfig {
-  std::string family;        // "deepseek_v2", "deepseek_v3", "deepseek_v32", "glm4_moe"
   std::string architecture;  // "DeepseekV2ForCausalLM", ...
+  SharedExpertFusion fusion = SharedExpertFusion::kNever;
   std::uint64_t hidden = 0;
   std::uint64_t layers = 0;  // num_hidden_layers (without the MTP layers)
   std::uint64_t vocab = 0;
@@ -103,9 +114,13 @@ struct DeepseekConfig {
   std::optional<std::uint64_t> index_skip_topk_offset;
 };
 
-// Reads the fields of `architecture` (DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
-// or Glm4MoeForCausalLM). Throws Error(Stage::kConfig) naming a missing or
-// malformed field.
+// The fields DeepSeek and GLM-4 MoE read alike (sizes, experts, dense layers, MTP).
+DeepseekConfig deepseek_common_config(const nlohmann::json& hf_config,
+                                      const std::string& architecture);
+
+// Reads the fields of a DeepSeek architecture (DeepseekV2ForCausalLM,
+// DeepseekV3ForCausalLM, DeepseekV32ForCausalLM; models/families/deepseek.cpp).
+// Throws Error(Stage::kConfig) naming a missing or malformed field.
 DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
                                      const std::string& architecture);
 
@@ -133,20 +148,19 @@ struct FusionDecision {
 };
 FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const ParallelLayout& layout);
 
-// The model for `c` under `layout` (normalized) with params of `dtype` (the gate's
-// correction bias is F32 regardless). Sizes tp does not divide are refused, or
-// zero-padded under options.unaligned_tp; throws Error(Stage::kPlacement) when the
-// padded vocabulary does not split over tp or the experts over ep;
+// The model for `c` under `in` (layout normalized) with params of in.dtype (the
+// gate's correction bias is F32 regardless). Sizes tp does not divide are refused,
+// or zero-padded under options.unaligned_tp; throws Error(Stage::kPlacement) when
+// the padded vocabulary does not split over tp or the experts over ep;
 // Error(Stage::kConfig) for a draft request without exactly one MTP layer or with
-// pp > 1, and for fuse_shared_experts=true where SGLang would not fuse;
-// Error(Stage::kConfig) for an indexer without q_lora_rank.
-std::unique_ptr<Model> make_deepseek_model(const DeepseekConfig& c, const ParallelLayout& layout,
-                                           DType dtype, const ModelOptions& options);
+// pp > 1, and for fuse_shared_experts=true where SGLang would not fuse. MLA's
+// w_kc / w_vc are declared with the split's strides (models/mla_hook.hpp).
+std::unique_ptr<TableModel> make_deepseek_model(const FamilyInput& in, const DeepseekConfig& c);
 
-// make_model's factory for these architectures (parse, then make).
-std::unique_ptr<Model> make_deepseek_family(const nlohmann::json& hf_config,
-                                            const std::string& architecture,
-                                            const ParallelLayout& layout, DType dtype,
-                                            const ModelOptions& options);
+// The families' hook rules: the MLA split of every attention with a w_kc param, and
+// the V3.2 indexer fusion of every indexer with a wk_weights_proj param.
+std::vector<PostLoadHook> deepseek_mla_hooks(const Model& model, const DeepseekConfig& c,
+                                             const FamilyInput& in);
+std::vector<PostLoadHook> deepseek_indexer_hooks(const Model& model, const FamilyInput& in);
 
 }  // namespace ferry::models

@@ -8,7 +8,7 @@ namespace ferry::models {
 namespace {
 
 [[noreturn]] void bad(const std::string& rule) {
-  throw Error(Stage::kConfig, kConfigFile, "", rule);
+  config_error(rule);
 }
 
 const nlohmann::json* find(const nlohmann::json& config, std::string_view key) {
@@ -23,6 +23,22 @@ const nlohmann::json* find(const nlohmann::json& config, std::string_view key) {
 }
 
 }  // namespace
+
+void config_error(const std::string& rule) {
+  throw Error(Stage::kConfig, kConfigFile, "", rule);
+}
+
+std::string config_string(const nlohmann::json& config, std::string_view key,
+                          std::string fallback) {
+  const nlohmann::json* v = find(config, key);
+  if (v == nullptr) {
+    return fallback;
+  }
+  if (!v->is_string()) {
+    bad("field '" + std::string(key) + "' must be a string (got " + v->dump() + ")");
+  }
+  return v->get<std::string>();
+}
 
 std::optional<std::uint64_t> config_optional_positive(const nlohmann::json& config,
                                                       std::string_view key) {

@@ -15,6 +15,13 @@ namespace ferry::models {
 
 inline constexpr const char* kConfigFile = "config.json";
 
+// Throws Error(Stage::kConfig, "config.json") with `rule`.
+[[noreturn]] void config_error(const std::string& rule);
+
+// A string, `fallback` when the key is absent or null.
+std::string config_string(const nlohmann::json& config, std::string_view key,
+                          std::string fallback);
+
 // A required positive integer.
 std::uint64_t config_positive(const nlohmann::json& config, std::string_view key);
 // A positive integer, or nullopt when the key is absent or null.

@@ -15,24 +15,6 @@ namespace {
   throw Error(Stage::kPostProcess, "", "", "post-load hook '" + name + "': " + rule);
 }
 
-class HookedModel final : public Model {
- public:
-  HookedModel(std::shared_ptr<const Model> base, std::vector<PostLoadHook> hooks)
-      : base_(std::move(base)), hooks_(std::move(hooks)) {}
-
-  std::string family() const override { return base_->family(); }
-  const ParallelLayout& layout() const override { return base_->layout(); }
-  const std::vector<RankShell>& shells() const override { return base_->shells(); }
-  Route route(const io::TensorInfo& tensor) const override { return base_->route(tensor); }
-  std::vector<Piece> fill_pieces() const override { return base_->fill_pieces(); }
-  std::vector<PostLoadHook> hooks() const override { return hooks_; }
-  std::vector<std::string> notes() const override { return base_->notes(); }
-
- private:
-  std::shared_ptr<const Model> base_;
-  std::vector<PostLoadHook> hooks_;  // base's, then the extra ones
-};
-
 }  // namespace
 
 void validate_hooks(const Model& model, const std::vector<PostLoadHook>& hooks,
@@ -132,31 +114,19 @@ void validate_hooks(const Model& model, const std::vector<PostLoadHook>& hooks,
   }
 }
 
-std::unique_ptr<Model> with_hooks(std::shared_ptr<const Model> base,
-                                  std::vector<PostLoadHook> extra) {
-  if (!base) {
-    throw Error(Stage::kPostProcess, "", "", "with_hooks: no model");
+void run_hook(const PostLoadHook& hook, HookContext& context, const HookObserver& observer) {
+  const auto begin = std::chrono::steady_clock::now();
+  try {
+    hook.run(context);
+  } catch (...) {
+    if (observer) {
+      observer(hook, begin, std::chrono::steady_clock::now());
+    }
+    throw;
   }
-  std::vector<PostLoadHook> all = base->hooks();
-  validate_hooks(*base, extra, all);
-  for (PostLoadHook& h : extra) {
-    all.push_back(std::move(h));
+  if (observer) {
+    observer(hook, begin, std::chrono::steady_clock::now());
   }
-  return std::make_unique<HookedModel>(std::move(base), std::move(all));
-}
-
-std::unique_ptr<Model> with_wrapped_hooks(
-    std::shared_ptr<const Model> base,
-    const std::function<std::function<void(HookContext&)>(
-        const PostLoadHook&, std::function<void(HookContext&)>)>& wrap) {
-  if (!base) {
-    throw Error(Stage::kPostProcess, "", "", "with_wrapped_hooks: no model");
-  }
-  std::vector<PostLoadHook> hooks = base->hooks();
-  for (PostLoadHook& h : hooks) {
-    h.run = wrap(h, std::move(h.run));
-  }
-  return std::make_unique<HookedModel>(std::move(base), std::move(hooks));
 }
 
 ParamsHookContext::ParamsHookContext(const PostLoadHook& hook, std::span<std::byte* const> params,

@@ -1,12 +1,12 @@
-// Post-load hooks beyond what a family declares: validation shared by every place
-// hooks are registered, and a decorator that adds hooks to an existing Model so the
-// pipeline can exercise the mechanism on a real family before one needs a hook.
+// Post-load hooks: the validation TableModel::add_hook applies (the one place hooks
+// are registered), how the pipeline and the runtime's startup run one, and the
+// context they run in.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <map>
-#include <memory>
 #include <span>
 #include <vector>
 
@@ -24,18 +24,14 @@ namespace ferry::models {
 void validate_hooks(const Model& model, const std::vector<PostLoadHook>& hooks,
                     const std::vector<PostLoadHook>& existing = {});
 
-// A Model that behaves as `base` and reports base's hooks followed by `extra`
-// (validated). The result is as immutable and thread-safe as `base`.
-std::unique_ptr<Model> with_hooks(std::shared_ptr<const Model> base,
-                                  std::vector<PostLoadHook> extra);
+// Sees each hook's run as it ends (the runtime's trace): the hook, and when its run
+// began and ended. Called on the thread that ran the hook, also when it threw.
+using HookObserver = std::function<void(const PostLoadHook& hook,
+                                        std::chrono::steady_clock::time_point begin,
+                                        std::chrono::steady_clock::time_point end)>;
 
-// A Model that behaves as `base` with each of base's hooks' `run` wrapped by `wrap`
-// (which gets the hook and its run, and returns the run to use), e.g. to time
-// every hook. Everything else about the hooks stays as declared.
-std::unique_ptr<Model> with_wrapped_hooks(
-    std::shared_ptr<const Model> base,
-    const std::function<std::function<void(HookContext&)>(
-        const PostLoadHook&, std::function<void(HookContext&)>)>& wrap);
+// Runs `hook` on `context`, then tells `observer` (when set) how long it took.
+void run_hook(const PostLoadHook& hook, HookContext& context, const HookObserver& observer);
 
 // A hook's context over the param pointers of its rank (as the pipeline and the
 // runtime's startup run hooks): refuses a param the hook did not declare, and a

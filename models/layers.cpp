@@ -4,11 +4,16 @@
 #include <utility>
 #include <vector>
 
+#include "common/error.hpp"
 #include "models/placement.hpp"
 
 namespace ferry::models {
 
 using Blocks = std::vector<Block>;
+
+std::string layer_prefix(std::uint64_t layer) {
+  return "model.layers." + std::to_string(layer) + ".";
+}
 
 std::string uneven_note(const std::string& what, const std::string& unit, std::uint64_t padded,
                         std::uint64_t real, int parts, const std::string& padded_text,
@@ -59,21 +64,37 @@ void add_gqa_attention(TableModel& m, const std::string& param_prefix,
   if (a.qkv_bias) {
     m.add_param(b, Shape{qkv_local_rows(qkv, tp, u)});
   }
-  constexpr std::array<std::pair<const char*, QkvSlot>, 3> kSlots{{
-      {"q_proj", QkvSlot::kQ},
-      {"k_proj", QkvSlot::kK},
-      {"v_proj", QkvSlot::kV},
-  }};
-  for (const auto& [name, slot] : kSlots) {
-    const std::string src = tensor_prefix + name;
+  static constexpr std::array<QkvSlot, 3> kSlots{QkvSlot::kQ, QkvSlot::kK, QkvSlot::kV};
+  if (a.sources.size() != kSlots.size()) {
+    throw Error(Stage::kPlacement, "", w, "internal: qkv_proj needs three sources");
+  }
+  for (std::size_t i = 0; i < kSlots.size(); ++i) {
+    const QkvSlot slot = kSlots[i];
+    const std::string src = tensor_prefix + a.sources[i];
     const std::uint64_t rows = slot == QkvSlot::kQ ? q_rows : kv_rows;
-    auto rule = [qkv, slot = slot, tp, u](int rank) {
+    auto rule = [qkv, slot, tp, u](int rank) {
       return Blocks{qkv_slot(qkv, slot, rank, tp, u).copy};
     };
     m.add_target(src + ".weight", w, Shape{rows, a.hidden}, rule);
     if (a.qkv_bias) {
       m.add_target(src + ".bias", b, Shape{rows}, rule);
     }
+  }
+  // A checkpoint with qkv_proj already fused: q rows, then k rows, then v rows.
+  auto fused_rule = [qkv, q_rows, kv_rows, tp, u](int rank) {
+    Blocks out;
+    const std::array<std::uint64_t, 3> base{0, q_rows, q_rows + kv_rows};
+    for (std::size_t i = 0; i < kSlots.size(); ++i) {
+      Block blk = qkv_slot(qkv, kSlots[i], rank, tp, u).copy;
+      blk.src_start += base[i];
+      out.push_back(blk);
+    }
+    return out;
+  };
+  const std::uint64_t fused_rows = q_rows + 2 * kv_rows;
+  m.add_target(tensor_prefix + "qkv_proj.weight", w, Shape{fused_rows, a.hidden}, fused_rule);
+  if (a.qkv_bias) {
+    m.add_target(tensor_prefix + "qkv_proj.bias", b, Shape{fused_rows}, fused_rule);
   }
   // Uneven tp: the padded heads of every slot are zeros (no tensor writes them).
   if (padded != qkv) {
@@ -115,7 +136,7 @@ void add_row_parallel(TableModel& m, const std::string& tensor, const std::strin
 
 void add_gated_mlp(TableModel& m, const std::string& param_prefix, const std::string& tensor_prefix,
                    std::uint64_t hidden, std::uint64_t intermediate, int tp, Unaligned policy,
-                   const char* what) {
+                   const char* what, const std::vector<std::string>& sources) {
   // Uneven tp, under kPad, pads the intermediate size (padded_intermediate): each
   // rank's gate and up shares end in zero rows, its down_proj share in zero columns.
   const std::uint64_t padded = padded_intermediate(intermediate, tp, policy, what);
@@ -134,12 +155,21 @@ void add_gated_mlp(TableModel& m, const std::string& param_prefix, const std::st
     s.zero.dst_start += slot * local;
     return s;
   };
-  constexpr std::array<const char*, 2> kMerged{"gate_proj", "up_proj"};
-  for (std::size_t slot = 0; slot < kMerged.size(); ++slot) {
-    const std::string src = tensor_prefix + kMerged[slot];
+  if (sources.size() != 2) {
+    throw Error(Stage::kPlacement, "", gu_w, "internal: gate_up_proj needs two sources");
+  }
+  for (std::size_t slot = 0; slot < sources.size(); ++slot) {
+    const std::string src = tensor_prefix + sources[slot];
     auto rule = [share, slot](int rank) { return Blocks{share(slot, rank).copy}; };
     m.add_target(src + ".weight", gu_w, Shape{intermediate, hidden}, rule);
   }
+  // A checkpoint with gate_up_proj already fused: the gate rows, then the up rows.
+  m.add_target(tensor_prefix + "gate_up_proj.weight", gu_w, Shape{2 * intermediate, hidden},
+               [share, intermediate](int rank) {
+                 Block up = share(1, rank).copy;
+                 up.src_start += intermediate;
+                 return Blocks{share(0, rank).copy, up};
+               });
   if (padded != intermediate) {
     m.add_fill(gu_w, [share](int rank) {
       return Blocks{share(0, rank).zero, share(1, rank).zero};
@@ -158,8 +188,8 @@ void add_rope_cache_drops(TableModel& m) {
 }
 
 void add_replicated(TableModel& m, const std::string& param, const std::string& tensor,
-                    const Shape& shape) {
-  m.add_param(param, shape);
+                    const Shape& shape, std::optional<DType> dtype) {
+  m.add_param(param, shape, dtype);
   const std::uint64_t rows = shape.empty() ? 1 : shape[0];
   m.add_target(tensor, param, shape, [rows](int) { return Blocks{replicated(rows)}; });
 }

@@ -5,13 +5,18 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "models/hf_config.hpp"
 #include "models/model.hpp"
 #include "models/table_model.hpp"
 
 namespace ferry::models {
+
+// "model.layers.<layer>.": where decoder layer `layer`'s tensors and params live.
+std::string layer_prefix(std::uint64_t layer);
 
 struct GqaAttention {
   std::uint64_t hidden = 0;
@@ -21,10 +26,15 @@ struct GqaAttention {
   bool qkv_bias = false;  // q/k/v biases, placed like their weights' qkv slots
   bool o_bias = false;    // o_proj bias: replicated (a row-parallel layer's bias is whole)
   Unaligned unaligned = Unaligned::kRefuse;  // heads tp does not split: model.unaligned_tp
+  // The checkpoint names of the q, k and v slots (FamilyDescriptor::sources("qkv_proj")).
+  std::vector<std::string> sources{"q_proj", "k_proj", "v_proj"};
 };
 
 // <param_prefix>qkv_proj.weight (and .bias): q, k and v slots of this rank (GQA
-// replication rule in placement.hpp) from <tensor_prefix>{q,k,v}_proj; and
+// replication rule in placement.hpp) from <tensor_prefix>{q,k,v}_proj, or from a
+// checkpoint that stores <tensor_prefix>qkv_proj already fused (Phi-3): split into
+// its q, k and v rows by the head counts, as SGLang's QKVParallelLinear.weight_loader
+// does when it gets no shard id; and
 // <param_prefix>o_proj.weight, row-parallel, from <tensor_prefix>o_proj. Heads tp
 // does not split are refused, or padded (padded_qkv, `a.unaligned`): the padded
 // heads' qkv rows and o_proj columns are zero fills. The caller checks the heads first (check_qkv)
@@ -36,14 +46,17 @@ GqaAttention gqa_attention(const GqaDecoderDims& d, bool qkv_bias, bool o_bias,
                            Unaligned unaligned);
 
 // <param_prefix>gate_up_proj.weight (this rank's gate rows, then its up rows) from
-// <tensor_prefix>{gate,up}_proj, and <param_prefix>down_proj row-parallel (no
+// <tensor_prefix>{gate,up}_proj (`sources`), or from a checkpoint's fused
+// <tensor_prefix>gate_up_proj (gate rows, then up rows: MergedColumnParallelLinear
+// without a shard id), and <param_prefix>down_proj row-parallel (no
 // biases: SGLang's gated MLPs have none). An intermediate size tp does not divide is
 // refused; under Unaligned::kPad one SGLang's CPU rule pads (padded_intermediate)
 // ends each rank's share in zero rows of gate and up and zero columns of down.
 // `what` names the config field in messages.
 void add_gated_mlp(TableModel& m, const std::string& param_prefix, const std::string& tensor_prefix,
                    std::uint64_t hidden, std::uint64_t intermediate, int tp, Unaligned policy,
-                   const char* what);
+                   const char* what,
+                   const std::vector<std::string>& sources = {"gate_proj", "up_proj"});
 
 // The operator's note (Model::notes) for a size `parts` ranks do not split: `what`
 // names it ("intermediate_size 100"), `padded_text` its padded form, `unit` what
@@ -65,8 +78,9 @@ void add_row_parallel(TableModel& m, const std::string& tensor, const std::strin
 // ("rope_cache", ColossalAI-trained models; SGLang skips them too).
 void add_rope_cache_drops(TableModel& m);
 
-// A param every rank holds whole, filled from `tensor` of the same shape.
+// A param every rank holds whole, filled from `tensor` of the same shape; of the
+// model's dtype unless `dtype` says otherwise.
 void add_replicated(TableModel& m, const std::string& param, const std::string& tensor,
-                    const Shape& shape);
+                    const Shape& shape, std::optional<DType> dtype = {});
 
 }  // namespace ferry::models

@@ -19,59 +19,6 @@ namespace {
   throw Error(Stage::kPostProcess, "", param, "MLA kv_b_proj split: " + rule);
 }
 
-class StridedModel final : public Model {
- public:
-  StridedModel(std::shared_ptr<const Model> base, std::vector<RankShell> shells)
-      : base_(std::move(base)), shells_(std::move(shells)), hooks_(base_->hooks()) {}
-
-  std::string family() const override { return base_->family(); }
-  const ParallelLayout& layout() const override { return base_->layout(); }
-  const std::vector<RankShell>& shells() const override { return shells_; }
-  Route route(const io::TensorInfo& tensor) const override { return base_->route(tensor); }
-  std::vector<Piece> fill_pieces() const override { return base_->fill_pieces(); }
-  std::vector<PostLoadHook> hooks() const override { return hooks_; }
-  std::vector<std::string> notes() const override { return base_->notes(); }
-
-  void add_hooks(std::vector<PostLoadHook> hooks) {
-    validate_hooks(*this, hooks, hooks_);
-    for (PostLoadHook& h : hooks) {
-      hooks_.push_back(std::move(h));
-    }
-  }
-
- private:
-  std::shared_ptr<const Model> base_;
-  std::vector<RankShell> shells_;  // base's, with some strides replaced
-  std::vector<PostLoadHook> hooks_;
-};
-
-// True when `strides` address every element of `shape` exactly once within
-// element_count(shape) slots: sorted by stride, each dim's stride is the product of
-// the sizes of the dims below it (dims of size 1 may have any stride).
-bool dense_permutation(const Shape& shape, const std::vector<std::uint64_t>& strides) {
-  if (strides.size() != shape.size()) {
-    return false;
-  }
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> dims;  // (stride, size)
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] == 0) {
-      return true;  // no elements: nothing is addressed
-    }
-    if (shape[i] != 1) {
-      dims.emplace_back(strides[i], shape[i]);
-    }
-  }
-  std::sort(dims.begin(), dims.end());
-  std::uint64_t expect = 1;
-  for (const auto& [stride, size] : dims) {
-    if (stride != expect) {
-      return false;
-    }
-    expect *= size;
-  }
-  return true;
-}
-
 // The quantized form of the split (see make_mla_split_hook): dequantize on the
 // host, then split there, then write both outputs.
 PostLoadHook dequant_split_hook(const RankShell& shell, std::size_t local_rank,
@@ -241,35 +188,6 @@ PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
                        dims.heads);
   };
   return hook;
-}
-
-std::unique_ptr<Model> with_param_strides(
-    std::shared_ptr<const Model> base,
-    const std::map<std::string, std::vector<std::uint64_t>>& strides,
-    std::vector<PostLoadHook> hooks) {
-  if (!base) {
-    throw Error(Stage::kPlacement, "", "", "with_param_strides: no model");
-  }
-  std::vector<RankShell> shells = base->shells();
-  for (RankShell& shell : shells) {
-    for (const auto& [name, s] : strides) {
-      auto it = shell.by_name.find(name);
-      if (it == shell.by_name.end()) {
-        throw Error(Stage::kPlacement, "", name,
-                    "internal: strides given for a parameter the model does not declare");
-      }
-      ParamSpec& p = shell.params[it->second];
-      if (!dense_permutation(p.shape, s)) {
-        throw Error(Stage::kPlacement, "", name,
-                    "internal: strides " + format_shape(s) + " do not lay out the " +
-                        format_shape(p.shape) + " parameter densely");
-      }
-      p.strides = s;
-    }
-  }
-  auto out = std::make_unique<StridedModel>(std::move(base), std::move(shells));
-  out->add_hooks(std::move(hooks));
-  return out;
 }
 
 }  // namespace ferry::models

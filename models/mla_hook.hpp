@@ -72,15 +72,4 @@ PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
                                  const std::string& attn_prefix, const MlaDims& dims,
                                  const QuantScheme& quant = {});
 
-// A Model that behaves as `base`, except that the params named in `strides` (on
-// every local rank) report those storage strides, and that its hooks are base's
-// followed by `hooks` (validated; they index the same shells). Each stride list
-// must describe a dense permutation of the param's elements (same storage size),
-// else Error(Stage::kPlacement) naming the param. Immutable and thread-safe as
-// `base`.
-std::unique_ptr<Model> with_param_strides(
-    std::shared_ptr<const Model> base,
-    const std::map<std::string, std::vector<std::uint64_t>>& strides,
-    std::vector<PostLoadHook> hooks);
-
 }  // namespace ferry::models

@@ -1,15 +1,10 @@
 #include "models/model.hpp"
 
-#include <functional>
-#include <map>
+#include <algorithm>
 
 #include "common/error.hpp"
-#include "models/deepseek.hpp"
-#include "models/dense.hpp"
+#include "models/family.hpp"
 #include "models/hf_config.hpp"
-#include "models/hooks.hpp"
-#include "models/mla_hook.hpp"
-#include "models/moe.hpp"
 #include "models/online_quant.hpp"
 #include "models/quant.hpp"
 #include "models/requant.hpp"
@@ -18,31 +13,36 @@
 namespace ferry::models {
 namespace {
 
-using Factory = std::function<std::unique_ptr<Model>(
-    const nlohmann::json&, const std::string&, const ParallelLayout&, DType, const ModelOptions&)>;
-
-std::unique_ptr<Model> dense(const nlohmann::json& config, const std::string& architecture,
-                             const ParallelLayout& layout, DType dtype,
-                             const ModelOptions& options) {
-  return make_dense_model(parse_dense_config(config, architecture), layout, dtype, options);
-}
-
-const std::map<std::string, Factory>& factories() {
-  static const std::map<std::string, Factory> table{
-      {"LlamaForCausalLM", dense},
-      {"MistralForCausalLM", dense},
-      {"Qwen2ForCausalLM", dense},
-      // MoE families (models/moe.hpp) and DeepSeek / GLM-4 MoE (models/deepseek.hpp)
-      // are registered below this line, one entry per architecture.
-      {"DeepseekV2ForCausalLM", make_deepseek_family},
-      {"DeepseekV3ForCausalLM", make_deepseek_family},
-      {"DeepseekV32ForCausalLM", make_deepseek_family},
-      {"Glm4MoeForCausalLM", make_deepseek_family},
-      {"MixtralForCausalLM", make_moe_family},
-      {"Qwen2MoeForCausalLM", make_moe_family},
-      {"Qwen3MoeForCausalLM", make_moe_family},
+// Options the family does not take are refused by name rather than ignored.
+void refuse_options(const FamilyDescriptor& d, const ParallelLayout& layout,
+                    const ModelOptions& options) {
+  auto refuse = [&](const std::string& option, const std::string& why) {
+    throw Error(Stage::kConfig, kConfigFile, "",
+                option + ": " + d.architecture + " " + why + ", so the option does not apply");
   };
-  return table;
+  if (!d.takes(kTakesDraft) && options.draft) {
+    refuse("model.draft", "has no MTP (NextN) layers and no draft model");
+  }
+  if (!d.takes(kTakesExperts)) {
+    if (options.eplb) {
+      refuse("model.eplb_map", "has no experts to place");
+    }
+    if (options.switch_w13) {
+      refuse("model.switch_w13", "has no fused expert weights (w13)");
+    }
+    if (options.pad_moe_intermediate_to != 0) {
+      refuse("model.pad_moe_intermediate_to", "has no MoE intermediate size");
+    }
+    if (layout.ep != 1) {
+      throw Error(Stage::kConfig, "", "",
+                  "parallel layout: ep " + std::to_string(layout.ep) +
+                      " needs a mixture-of-experts model; " + d.architecture +
+                      " has no experts (use ep 1)");
+    }
+  }
+  if (!d.takes(kTakesSharedExpertFusion) && options.fuse_shared_experts.value_or(false)) {
+    refuse("model.fuse_shared_experts", "has no shared experts");
+  }
 }
 
 }  // namespace
@@ -116,9 +116,10 @@ std::optional<DType> parse_model_dtype(std::string_view text) {
 const std::vector<std::string>& supported_architectures() {
   static const std::vector<std::string> names = [] {
     std::vector<std::string> out;
-    for (const auto& [name, factory] : factories()) {
-      out.push_back(name);
+    for (const FamilyDescriptor& d : family_descriptors()) {
+      out.push_back(d.architecture);
     }
+    std::sort(out.begin(), out.end());
     return out;
   }();
   return names;
@@ -135,8 +136,8 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
                 "field 'architectures' must be a non-empty list of names");
   }
   const std::string architecture = (*arch)[0].get<std::string>();
-  auto factory = factories().find(architecture);
-  if (factory == factories().end()) {
+  const FamilyDescriptor* family = find_family(architecture);
+  if (family == nullptr) {
     std::string known;
     for (const std::string& name : supported_architectures()) {
       known += (known.empty() ? "" : ", ") + name;
@@ -171,18 +172,24 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
   }
   DType dtype = resolve_dtype(hf_config, options.dtype);
   ParallelLayout normalized = normalize_layout(layout);
-  std::unique_ptr<Model> model =
-      factory->second(hf_config, architecture, normalized, dtype, with_quant);
+  refuse_options(*family, normalized, with_quant);
+  for (const std::string& field : family->required_fields) {
+    config_positive(hf_config, field);
+  }
+  const FamilyInput in{hf_config, *family, normalized, dtype, with_quant};
+  std::unique_ptr<TableModel> model = family->build(in);
+  // The one place hooks are registered: the family's, then the quantization's
+  // (which order themselves after the family's that read the weights as loaded).
+  for (const HookRule& rule : family->hooks) {
+    model->add_hooks(rule(*model, in));
+  }
   if (q.online != QuantScheme::Online::kNone) {
-    std::vector<PostLoadHook> hooks = make_online_quant_hooks(*model, q);
-    return with_hooks(std::shared_ptr<const Model>(std::move(model)), std::move(hooks));
+    model->add_hooks(make_online_quant_hooks(*model, q));
   }
-  if (q.requant == QuantScheme::Requant::kNone) {
-    return model;
+  if (q.requant != QuantScheme::Requant::kNone) {
+    model->add_hooks(make_requant_hooks(*model, q));
   }
-  RequantHooks requant = make_requant_hooks(*model, q);
-  return with_param_strides(std::shared_ptr<const Model>(std::move(model)), requant.strides,
-                            std::move(requant.hooks));
+  return model;
 }
 
 }  // namespace ferry::models

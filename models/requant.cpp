@@ -110,8 +110,8 @@ float requant_tensor(std::uint8_t* weight, float* scale, std::uint64_t rows, std
   return s;
 }
 
-RequantHooks make_requant_hooks(const Model& model, const QuantScheme& q) {
-  RequantHooks out;
+std::vector<PostLoadHook> make_requant_hooks(const Model& model, const QuantScheme& q) {
+  std::vector<PostLoadHook> out;
   if (q.requant == QuantScheme::Requant::kNone) {
     return out;
   }
@@ -150,9 +150,6 @@ RequantHooks make_requant_hooks(const Model& model, const QuantScheme& q) {
           bad(out_name, "parameter is " + format_shape(shell.params[output].shape) +
                             ", expected I32 " + format_shape(want));
         }
-        out.strides[out_name] = weight.shape.size() == 3
-                                    ? std::vector<std::uint64_t>{words * rows, 1, rows}
-                                    : std::vector<std::uint64_t>{1, rows};
       }
       PostLoadHook hook;
       hook.name = std::string(ue8m0 ? "requant_ue8m0:" : "requant_tensor:") + weight.name +
@@ -202,7 +199,7 @@ RequantHooks make_requant_hooks(const Model& model, const QuantScheme& q) {
         stream.copy_h2d(ctx.param_data(output), result.data(), result.size());
         stream.synchronize();  // the host buffers die with this call
       };
-      out.hooks.push_back(std::move(hook));
+      out.push_back(std::move(hook));
     }
   }
   return out;

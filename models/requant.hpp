@@ -54,13 +54,10 @@ float requant_tensor(std::uint8_t* weight, float* scale, std::uint64_t rows, std
 float ceil_to_ue8m0(float x);
 
 // The requant hooks of every FP8 block-quantized param of `model` (whose shells
-// already declare the outputs, TableModel::apply_quant), and the storage strides of
-// the packed ue8m0 scales. Throws Error(Stage::kPostProcess) naming a param whose
-// scale or output is missing or misshapen.
-struct RequantHooks {
-  std::vector<PostLoadHook> hooks;
-  std::map<std::string, std::vector<std::uint64_t>> strides;
-};
-RequantHooks make_requant_hooks(const Model& model, const QuantScheme& quant);
+// already declare the outputs, with the packed ue8m0 scales' MN-major strides:
+// TableModel::apply_quant), ordered after `model`'s hooks that read the weights as
+// loaded. Throws Error(Stage::kPostProcess) naming a param whose scale or output is
+// missing or misshapen.
+std::vector<PostLoadHook> make_requant_hooks(const Model& model, const QuantScheme& quant);
 
 }  // namespace ferry::models

@@ -13,6 +13,12 @@ using Blocks = std::vector<Block>;
 // feeds the real rows, the padded tail is zero-filled.
 void add_vocab_parallel(TableModel& m, const StageEdges& e, int tp, const std::string& tensor,
                         const std::string& param) {
+  if (e.replicated_embedding) {
+    m.add_param(param, Shape{e.vocab, e.hidden});
+    m.add_target(tensor, param, Shape{e.vocab, e.hidden},
+                 [v = e.vocab](int) { return Blocks{replicated(v)}; });
+    return;
+  }
   const std::uint64_t local = even_shard(padded_vocab(e.vocab), 0, tp, "padded vocab_size").length;
   m.add_param(param, Shape{local, e.hidden});
   m.add_target(tensor, param, Shape{e.vocab, e.hidden},

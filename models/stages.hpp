@@ -16,6 +16,9 @@ struct StageEdges {
   std::uint64_t hidden = 0;
   std::uint64_t vocab = 0;  // real vocabulary; params are padded to kVocabPadding
   bool tie_embeddings = false;
+  // The embedding is a plain nn.Embedding (Gemma 3): every rank holds all `vocab`
+  // rows, unpadded; a tied last stage that is not first does the same for lm_head.
+  bool replicated_embedding = false;
   std::string embed_name = "model.embed_tokens.weight";
   std::string norm_name = "model.norm.weight";
   std::string head_name = "lm_head.weight";

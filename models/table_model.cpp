@@ -36,6 +36,33 @@ bool castable(DType from, DType to) {
   return from == to || (is_float(from) && is_float(to));
 }
 
+// True when `strides` address every element of `shape` exactly once within
+// element_count(shape) slots: sorted by stride, each dim's stride is the product of
+// the sizes of the dims below it (dims of size 1 may have any stride).
+bool dense_permutation(const Shape& shape, const std::vector<std::uint64_t>& strides) {
+  if (strides.size() != shape.size()) {
+    return false;
+  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> dims;  // (stride, size)
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) {
+      return true;  // no elements: nothing is addressed
+    }
+    if (shape[i] != 1) {
+      dims.emplace_back(strides[i], shape[i]);
+    }
+  }
+  std::sort(dims.begin(), dims.end());
+  std::uint64_t expect = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expect) {
+      return false;
+    }
+    expect *= size;
+  }
+  return true;
+}
+
 }  // namespace
 
 ParallelLayout normalize_layout(const ParallelLayout& layout) {
@@ -81,16 +108,18 @@ TableModel::TableModel(std::string family, std::string architecture, ParallelLay
       dtype_(dtype),
       strict_(strict) {}
 
-void TableModel::add_param(const std::string& name, ShapeRule shape, std::optional<DType> dtype) {
+void TableModel::add_param(const std::string& name, ShapeRule shape, std::optional<DType> dtype,
+                           StrideRule strides) {
   if (finished_) {
     internal(name, "add_param after finish");
   }
-  param_decls_.push_back({name, std::move(shape), dtype.value_or(dtype_)});
+  param_decls_.push_back({name, std::move(shape), dtype.value_or(dtype_), false, std::move(strides)});
 }
 
-void TableModel::add_param(const std::string& name, Shape shape, std::optional<DType> dtype) {
+void TableModel::add_param(const std::string& name, Shape shape, std::optional<DType> dtype,
+                           StrideRule strides) {
   add_param(
-      name, [shape](int) { return shape; }, dtype);
+      name, [shape](int) { return shape; }, dtype, std::move(strides));
 }
 
 void TableModel::add_target(const std::string& tensor, const std::string& param, Shape src_shape,
@@ -365,13 +394,19 @@ void TableModel::apply_quant() {
                           "; DeepGEMM's layout needs a multiple of 4 (TMA alignment)");
         }
       }
+      // DeepGEMM's MN-major layout: the rows run fastest within each packed word.
       companions.push_back({companion_name(d.name, "weight_scale_ue8m0"),
                             [weight, bk](int rank) {
                               Shape s = weight(rank);
                               s.back() = ((s.back() + bk - 1) / bk + 3) / 4;
                               return s;
                             },
-                            DType::kI32});
+                            DType::kI32, false, [](const Shape& s) {
+                              const std::uint64_t rows = s[s.size() - 2];
+                              return s.size() == 3
+                                         ? std::vector<std::uint64_t>{s[2] * rows, 1, rows}
+                                         : std::vector<std::uint64_t>{1, rows};
+                            }});
     } else if (q.requant == QuantScheme::Requant::kTensor) {
       companions.push_back({companion_name(d.name, "weight_scale"),
                             [weight](int rank) {
@@ -563,6 +598,13 @@ void TableModel::finish() {
       p.dtype = decl.dtype;
       p.shape = decl.shape(tp_rank);
       p.strides = contiguous_strides(p.shape);
+      if (decl.strides) {
+        p.strides = decl.strides(p.shape);
+        if (!dense_permutation(p.shape, p.strides)) {
+          internal(decl.name, "strides " + format_shape(p.strides) + " do not lay out the " +
+                                  format_shape(p.shape) + " parameter densely");
+        }
+      }
       p.transient = decl.transient;
       std::uint64_t elems = element_count(p.shape);
       if (__builtin_mul_overflow(elems, dtype_size(p.dtype), &p.nbytes)) {
@@ -622,12 +664,20 @@ void TableModel::add_note(const std::string& note) {
   }
 }
 
-void TableModel::add_hook(PostLoadHook hook) {
+void TableModel::add_hooks(std::vector<PostLoadHook> hooks) {
   if (!finished_) {
-    internal(hook.name, "add_hook before finish");
+    internal(hooks.empty() ? family_ : hooks.front().name, "add_hook before finish");
   }
-  validate_hooks(*this, {hook}, hooks_);
-  hooks_.push_back(std::move(hook));
+  validate_hooks(*this, hooks, hooks_);
+  for (PostLoadHook& h : hooks) {
+    hooks_.push_back(std::move(h));
+  }
+}
+
+void TableModel::add_hook(PostLoadHook hook) {
+  std::vector<PostLoadHook> one;
+  one.push_back(std::move(hook));
+  add_hooks(std::move(one));
 }
 
 Route TableModel::route(const io::TensorInfo& tensor) const {

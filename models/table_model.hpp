@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>
@@ -27,6 +28,8 @@ class TableModel final : public Model {
  public:
   // A param's local shape on tp rank `tp_rank`.
   using ShapeRule = std::function<Shape(int tp_rank)>;
+  // A param's storage strides (elements) for its local shape; empty: row-major.
+  using StrideRule = std::function<std::vector<std::uint64_t>(const Shape& shape)>;
   // The blocks rank `tp_rank` takes from a tensor (or zero-fills, for fills).
   using BlockRule = std::function<std::vector<Block>(int tp_rank)>;
 
@@ -37,10 +40,14 @@ class TableModel final : public Model {
 
   // ---- building ----------------------------------------------------------------
   // Declares a param on every local rank, of the model's dtype unless `dtype` says
-  // otherwise (e.g. an F32 router bias in a BF16 model).
-  void add_param(const std::string& name, ShapeRule shape, std::optional<DType> dtype = {});
+  // otherwise (e.g. an F32 router bias in a BF16 model). `strides` lays out its
+  // storage other than row-major (the MLA split's w_kc / w_vc, DeepGEMM's packed
+  // scales); finish() refuses strides that are not a dense permutation of the shape.
+  void add_param(const std::string& name, ShapeRule shape, std::optional<DType> dtype = {},
+                 StrideRule strides = {});
   // The same shape on every rank.
-  void add_param(const std::string& name, Shape shape, std::optional<DType> dtype = {});
+  void add_param(const std::string& name, Shape shape, std::optional<DType> dtype = {},
+                 StrideRule strides = {});
   // Checkpoint tensor `tensor`, whose shape must be `src_shape`, feeds `param` with
   // the blocks `copy` returns for each local rank. A tensor may feed several params.
   // When no local rank gets a block from any of its targets the tensor is dropped
@@ -64,7 +71,10 @@ class TableModel final : public Model {
   // Error(Stage::kPlacement) for a duplicate param or a target / fill naming an
   // undeclared one: those are bugs in a family's tables.
   void finish();
-  // After finish(): appends a hook after validate_hooks (models/hooks.hpp).
+  // After finish(): appends hooks after validate_hooks (models/hooks.hpp), checked
+  // together with the ones already added. make_model is the one place production
+  // hooks are registered (the family's rules, then the quantization's).
+  void add_hooks(std::vector<PostLoadHook> hooks);
   void add_hook(PostLoadHook hook);
   // A note for the operator (Model::notes); the same text is kept once.
   void add_note(const std::string& note);
@@ -102,6 +112,7 @@ class TableModel final : public Model {
     ShapeRule shape;
     DType dtype;
     bool transient = false;
+    StrideRule strides = {};
   };
 
   void apply_quant();

@@ -1213,9 +1213,6 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
       throw Error(Stage::kConfig, "", "", "RuntimeHooks::wrap_model returned no model");
     }
   }
-  if (w.trace) {
-    w.model = w.trace->time_hooks(w.model);
-  }
   for (const std::string& note : w.model->notes()) {
     log::warn(note);
     report.warnings.push_back(note);
@@ -1445,6 +1442,7 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   if (w.trace) {
     readers.push_back(w.trace->read_observer());
     input.on_prefetch_block = w.trace->prefetch_observer();
+    input.on_hook = w.trace->hook_observer();
   }
   if (!readers.empty() || hooks.wrap_reader) {
     input.wrap_reader = [readers, wrap = hooks.wrap_reader](std::unique_ptr<io::Reader> reader) {
@@ -1800,7 +1798,8 @@ void Runtime::Impl::run_hooks_once(LoadWork& w, LoadHandle::State& handle,
         hook, params, *stream, device.name(),
         [this, &w, r = hook.local_rank](std::size_t param) { return reallocate(w, r, param); });
     try {
-      hook.run(context);
+      models::run_hook(hook, context,
+                       w.trace ? w.trace->hook_observer() : models::HookObserver{});
       stream->synchronize();
     } catch (const std::exception& e) {
       throw Error(Stage::kPostProcess, device.name(), "",

@@ -40,7 +40,8 @@ struct RuntimeHooks {
   // gave every staging buffer back.
   std::shared_ptr<io::BufferAllocator> staging_allocator;
   // Replaces the model made from config.json before planning, e.g. with
-  // models::with_hooks(base, extra) to add post-load hooks.
+  // testing::with_hooks(base, extra) (tests/testing/with_hooks.hpp) to add post-load
+  // hooks.
   std::function<std::shared_ptr<const models::Model>(std::shared_ptr<const models::Model>)>
       wrap_model;
   // Capture-safe startup probes. `before_startup_verify` runs in commit() just

@@ -77,18 +77,10 @@ gpu::CopyObserver TraceRecorder::copy_observer() {
   return o;
 }
 
-std::shared_ptr<const models::Model> TraceRecorder::time_hooks(
-    std::shared_ptr<const models::Model> model) {
-  return models::with_wrapped_hooks(
-      std::move(model),
-      [this](const models::PostLoadHook& h, std::function<void(models::HookContext&)> run) {
-        return [this, run = std::move(run), name = h.name,
-                lane = "hooks rank " + std::to_string(h.local_rank)](models::HookContext& ctx) {
-          const Clock::time_point begin = Clock::now();
-          run(ctx);
-          complete(lane, name, begin, Clock::now());
-        };
-      });
+models::HookObserver TraceRecorder::hook_observer() {
+  return [this](const models::PostLoadHook& h, Clock::time_point begin, Clock::time_point end) {
+    complete("hooks rank " + std::to_string(h.local_rank), h.name, begin, end);
+  };
 }
 
 nlohmann::json TraceRecorder::to_json() const {

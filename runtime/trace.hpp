@@ -21,6 +21,7 @@
 #include "gpu/metered_device.hpp"
 #include "io/metered_reader.hpp"
 #include "io/prefetch.hpp"
+#include "models/hooks.hpp"
 #include "models/model.hpp"
 
 namespace ferry::runtime {
@@ -43,8 +44,8 @@ class TraceRecorder {
   // For io::PrefetchOptions::on_block_read: lanes "prefetch", "prefetch #2", ...
   decltype(io::PrefetchOptions::on_block_read) prefetch_observer();
   gpu::CopyObserver copy_observer();
-  // `model` whose hooks' runs are recorded on lane "hooks rank <local rank>".
-  std::shared_ptr<const models::Model> time_hooks(std::shared_ptr<const models::Model> model);
+  // Records each hook's run on lane "hooks rank <local rank>".
+  models::HookObserver hook_observer();
 
   // The trace as Chrome trace-event JSON (events sorted by start).
   nlohmann::json to_json() const;

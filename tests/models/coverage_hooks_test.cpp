@@ -12,6 +12,7 @@
 #include "gpu/host_device.hpp"
 #include "models/coverage.hpp"
 #include "models/hooks.hpp"
+#include "testing/with_hooks.hpp"
 #include "models/host_hook_context.hpp"
 #include "models/reference_util.hpp"
 #include "models/table_model.hpp"
@@ -387,7 +388,7 @@ TEST(Hooks, WithHooksDecoratesARealModel) {
   watch.local_rank = 1;
   watch.inputs = {shell.by_name.at("model.layers.0.self_attn.qkv_proj.weight")};
   watch.run = [](models::HookContext&) {};
-  auto hooked = models::with_hooks(base, {watch});
+  auto hooked = ferry::testing::with_hooks(base, {watch});
   ASSERT_EQ(hooked->hooks().size(), 1u);
   EXPECT_EQ(hooked->hooks()[0].name, "after_qkv");
   EXPECT_EQ(&hooked->shells(), &base->shells());
@@ -401,15 +402,15 @@ TEST(Hooks, WithHooksDecoratesARealModel) {
   clash.name = "clash";
   clash.inputs = {};
   clash.outputs = {shell.by_name.at("model.norm.weight")};
-  auto clashing = models::with_hooks(base, {clash});
+  auto clashing = ferry::testing::with_hooks(base, {clash});
   SynthCase ck = tiny_case("llama", DType::kBF16, false);
   EXPECT_THAT(error_of(Stage::kPlacement,
                        [&] { models::check_coverage(*clashing, route_all(*clashing, ck)); }),
               AllOf(HasSubstr("model.norm.weight"), HasSubstr("post-load hook 'clash'"),
                     HasSubstr("written twice")));
   watch.local_rank = 5;
-  EXPECT_THROW(models::with_hooks(base, {watch}), Error);
-  EXPECT_THROW(models::with_hooks(nullptr, {}), Error);
+  EXPECT_THROW(ferry::testing::with_hooks(base, {watch}), Error);
+  EXPECT_THROW(ferry::testing::with_hooks(nullptr, {}), Error);
 }
 
 }  // namespace

@@ -28,8 +28,10 @@
 #include "models/host_hook_context.hpp"
 #include "models/mla_hook.hpp"
 #include "models/model.hpp"
+#include "models/placement.hpp"
 #include "models/quant_reference.hpp"
 #include "models/reference_util.hpp"
+#include "models/table_model.hpp"
 #include "testing/test_data.hpp"
 #include "tools/synth.hpp"
 
@@ -992,18 +994,19 @@ TEST(DeepseekErrors, FusingWhereSglangWouldNotIsRefused) {
 }
 
 TEST(DeepseekErrors, StridesMustLayOutTheParamDensely) {
+  // Strides are declared on the param (TableModel::add_param); finish() refuses
+  // strides that do not address every element once.
+  models::TableModel toy("toy", "ToyForCausalLM", models::normalize_layout({}), DType::kBF16,
+                         false);
+  toy.add_param("model.layers.0.self_attn.w_kc", models::Shape{8, 16, 64}, {},
+                [](const models::Shape&) { return std::vector<std::uint64_t>{512, 1, 8}; });
+  expect_error([&] { toy.finish(); }, Stage::kPlacement, "do not lay out");
+  // The real model declares the split's strides: a dense permutation, not row-major.
   const Ckpt ck = make_ckpt("deepseek_v3");
   std::shared_ptr<const models::Model> m = models::make_model(ck.config, {});
-  expect_error(
-      [&] {
-        models::with_param_strides(m, {{"model.layers.0.self_attn.w_kc", {512, 1, 8}}}, {});
-      },
-      Stage::kPlacement, "do not lay out");
-  expect_error(
-      [&] {
-        models::with_param_strides(m, {{"model.nothing", {1}}}, {});
-      },
-      Stage::kPlacement, "does not declare");
+  const auto& shell = m->shells()[0];
+  const models::ParamSpec& w_kc = shell.params[shell.by_name.at("model.layers.0.self_attn.w_kc")];
+  EXPECT_NE(w_kc.strides, models::contiguous_strides(w_kc.shape));
 }
 
 TEST(DeepseekErrors, MalformedConfigFieldsAreNamed) {

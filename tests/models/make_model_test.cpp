@@ -42,7 +42,8 @@ TEST(MakeModel, DispatchesOnTheArchitecture) {
   EXPECT_THAT(models::supported_architectures(),
               ::testing::UnorderedElementsAre(
                   "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                  "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+                  "Qwen3ForCausalLM", "GemmaForCausalLM", "Gemma2ForCausalLM",
+                  "Gemma3ForCausalLM", "Phi3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
                   "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM",
                   "Glm4MoeForCausalLM"));
 }

@@ -257,22 +257,23 @@ TEST(SglangFixtures, SharedExpertFusionDecisions) {
     bool fused_at_ep1;
     bool fused_at_ep8;
   };
-  auto fields = [](const std::string& arch, const std::string& family, std::uint64_t routed,
-                   std::uint64_t shared) {
+  auto fields = [](const std::string& arch, models::SharedExpertFusion fusion,
+                   std::uint64_t routed, std::uint64_t shared) {
     models::DeepseekConfig c;
     c.architecture = arch;
-    c.family = family;
+    c.fusion = fusion;
     c.experts = routed;
     c.shared_experts = shared;
     return c;
   };
+  using F = models::SharedExpertFusion;
   const nlohmann::json v3 = config_of("deepseek-v3");
   const std::vector<Row> rows{
       {"DeepSeek-V3 (../shared/data)",
        models::parse_deepseek_config(v3, v3["architectures"][0].get<std::string>()), true, false},
-      {"DeepSeek-R1", fields("DeepseekV3ForCausalLM", "deepseek_v3", 256, 1), true, false},
-      {"DeepSeek-V2-Lite", fields("DeepseekV2ForCausalLM", "deepseek_v2", 64, 2), false, false},
-      {"GLM-4.5", fields("Glm4MoeForCausalLM", "glm4_moe", 160, 1), true, false},
+      {"DeepSeek-R1", fields("DeepseekV3ForCausalLM", F::kDeepseekV3Shape, 256, 1), true, false},
+      {"DeepSeek-V2-Lite", fields("DeepseekV2ForCausalLM", F::kNever, 64, 2), false, false},
+      {"GLM-4.5", fields("Glm4MoeForCausalLM", F::kSingleShared, 160, 1), true, false},
   };
   for (const Row& r : rows) {
     for (int ep : {1, 8}) {

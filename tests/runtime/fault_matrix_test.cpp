@@ -34,6 +34,7 @@
 #include "io/reader.hpp"
 #include "io/staging_pool.hpp"
 #include "models/hooks.hpp"
+#include "testing/with_hooks.hpp"
 #include "models/model.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/runtime_internal.hpp"
@@ -287,7 +288,7 @@ std::function<std::shared_ptr<const models::Model>(std::shared_ptr<const models:
       hook.outputs.push_back(shell.by_name.at(out));
     }
     hook.run = [run](models::HookContext&) { run(); };
-    return std::shared_ptr<const models::Model>(models::with_hooks(base, {std::move(hook)}));
+    return std::shared_ptr<const models::Model>(ferry::testing::with_hooks(base, {std::move(hook)}));
   };
 }
 

@@ -15,6 +15,7 @@
 #include "gpu/host_device.hpp"
 #include "io/fault_injection.hpp"
 #include "models/hooks.hpp"
+#include "testing/with_hooks.hpp"
 #include "models/model.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/runtime_internal.hpp"
@@ -337,7 +338,7 @@ TEST_F(FailureTest, HooksRunAfterTheirInputsAndTheirFailuresAbort) {
         };
         extra.push_back(std::move(hook));
       }
-      return std::shared_ptr<const models::Model>(models::with_hooks(base, std::move(extra)));
+      return std::shared_ptr<const models::Model>(ferry::testing::with_hooks(base, std::move(extra)));
     };
     Runtime rt(make_config(ck_.dir, {"parallel.tp=2", "io.chunk_bytes=4096"}), hooks);
     LoadResult r = rt.load();

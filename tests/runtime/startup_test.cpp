@@ -15,6 +15,7 @@
 
 #include "gpu/host_device.hpp"
 #include "models/hooks.hpp"
+#include "testing/with_hooks.hpp"
 #include "models/model.hpp"
 #include "runtime/engine_memory.hpp"
 #include "runtime/runtime.hpp"
@@ -242,7 +243,7 @@ std::shared_ptr<const models::Model> with_flagged_hook(std::shared_ptr<const mod
   h.idempotent = idempotent;
   h.reallocates = reallocates;
   h.run = [](models::HookContext&) {};
-  return models::with_hooks(std::move(base), {h});
+  return ferry::testing::with_hooks(std::move(base), {h});
 }
 
 TEST_F(StartupTest, OverlapFailsWithEachRefusalCodeAndAutoRunsSerially) {
@@ -387,7 +388,7 @@ TEST_F(StartupTest, AParameterNothingWroteStaysSentinelAndCommitNamesIt) {
     h.outputs = {index};
     h.run = [](models::HookContext&) {};
     auto dropped = std::make_shared<NeverArrives>(std::move(base), victim);
-    return std::shared_ptr<const models::Model>(models::with_hooks(dropped, {h}));
+    return std::shared_ptr<const models::Model>(ferry::testing::with_hooks(dropped, {h}));
   };
   Runtime rt(config_for(ck("llama").dir, {}, "overlap"), hooks);
   LoadResult prepared = rt.prepare().wait();
@@ -437,7 +438,7 @@ TEST_F(StartupTest, TheManifestCatchesAHookThatReallocated) {
       ctx.stream().synchronize();
       ctx.stream().copy_h2d(dst, host.data(), bytes);
     };
-    return std::shared_ptr<const models::Model>(models::with_hooks(dropped, {h}));
+    return std::shared_ptr<const models::Model>(ferry::testing::with_hooks(dropped, {h}));
   };
   Runtime rt(config_for(ck("llama").dir, {}, "overlap"), hooks);
   ASSERT_TRUE(rt.prepare().wait());
@@ -453,7 +454,7 @@ TEST_F(StartupTest, TheManifestCatchesAHookThatReallocated) {
     h.name = "test.undeclared";
     h.inputs = {0};
     h.run = [](models::HookContext& ctx) { ctx.reallocate(0); };
-    return std::shared_ptr<const models::Model>(models::with_hooks(std::move(base), {h}));
+    return std::shared_ptr<const models::Model>(ferry::testing::with_hooks(std::move(base), {h}));
   };
   Runtime undeclared(config_for(ck("llama").dir, {}, "overlap"), hooks);
   LoadResult u = undeclared.prepare().wait();

@@ -1,0 +1,36 @@
+// Glm4MoeForCausalLM (python/sglang/srt/models/glm4_moe.py at commit
+// 005ffc65dc0f72d42a1436c31ef129ed98cccc58): DeepSeek's MoE and MTP layout with
+// grouped-query attention (qkv_proj, q_norm / k_norm with use_qk_norm); SGLang folds
+// a single shared expert into the routed experts at ep 1.
+#include "models/deepseek.hpp"
+#include "models/hf_config.hpp"
+
+namespace ferry::models::families {
+
+std::vector<FamilyDescriptor> glm4_moe() {
+  FamilyDescriptor d;
+  d.architecture = "Glm4MoeForCausalLM";
+  d.family = "glm4_moe";
+  d.required_fields = {"hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
+                       "intermediate_size"};
+  d.fused = standard_fused_mappings();
+  d.options = kTakesExperts | kTakesDraft | kTakesSharedExpertFusion;
+  d.build = [](const FamilyInput& in) {
+    const nlohmann::json& hf_config = in.config;
+    DeepseekConfig c = deepseek_common_config(hf_config, in.descriptor.architecture);
+    c.fusion = SharedExpertFusion::kSingleShared;
+    c.mla = false;
+    c.kv_heads = config_optional_positive(hf_config, "num_key_value_heads").value_or(c.heads);
+    c.head_dim = config_head_dim(hf_config, c.hidden, c.heads);
+    c.qkv_bias = config_bool(hf_config, "attention_bias", false);
+    c.qk_norm = config_bool(hf_config, "use_qk_norm", false);
+    // GLM-4 MoE has no moe_layer_freq; every layer from first_k_dense_replace on is
+    // sparse, and its router always has the correction bias.
+    c.moe_layer_freq = 1;
+    c.gate_bias = true;
+    return make_deepseek_model(in, c);
+  };
+  return {d};
+}
+
+}  // namespace ferry::models::families

@@ -1,0 +1,41 @@
+// LlamaForCausalLM and MistralForCausalLM (SGLang's MistralForCausalLM is its
+// Llama): python/sglang/srt/models/llama.py at commit 00239548f1cd.
+#include "models/families/llama.hpp"
+
+#include "models/dense.hpp"
+
+namespace ferry::models::families {
+namespace {
+
+// LlamaDecoderLayer: attention_bias (or bias) gives qkv_proj and o_proj a bias; its
+// LlamaMLP has none, whatever mlp_bias says.
+DenseConfig llama_config(const nlohmann::json& config) {
+  DenseConfig c;
+  static_cast<GqaDecoderDims&>(c) = config_gqa_decoder_dims(config);
+  c.intermediate = config_positive(config, "intermediate_size");
+  const bool attention_bias =
+      config_bool(config, "attention_bias", false) || config_bool(config, "bias", false);
+  c.qkv_bias = attention_bias;
+  c.o_bias = attention_bias;
+  c.drop_unused_biases = true;
+  return c;
+}
+
+}  // namespace
+
+FamilyDescriptor llama_descriptor(std::string architecture, std::string family) {
+  FamilyDescriptor d;
+  d.architecture = std::move(architecture);
+  d.family = std::move(family);
+  d.required_fields = dense_required_fields();
+  d.fused = standard_fused_mappings();
+  d.build = [](const FamilyInput& in) { return make_dense_model(in, llama_config(in.config)); };
+  return d;
+}
+
+std::vector<FamilyDescriptor> llama() {
+  return {llama_descriptor("LlamaForCausalLM", "llama"),
+          llama_descriptor("MistralForCausalLM", "mistral")};
+}
+
+}  // namespace ferry::models::families

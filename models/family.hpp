@@ -1,0 +1,88 @@
+// One descriptor per architecture: what make_model needs to know of a family, in
+// one place. A new family is one file in models/families/ (its descriptors and its
+// config parse) plus one line in models/families/registry.cpp.
+//
+// A descriptor holds
+// - its names: the architecture (config.json's architectures[0]) and the family
+//   name ferry reports (Model::family());
+// - the config.json fields it requires (checked by make_model before the build, so
+//   that a missing one is named with the architecture);
+// - its fused mappings (SGLang's stacked_params_mapping / expert_params_mapping:
+//   which checkpoint names, in slot order, feed one fused param), which the layer
+//   builders read their names from;
+// - the options it takes beyond the common ones (make_model refuses the others by
+//   name, before building);
+// - its post-load hooks, as rules that make them from the built model (make_model
+//   registers them, then the quantization's, through TableModel::add_hook: the one
+//   place hooks are registered).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "models/model.hpp"
+
+namespace ferry::models {
+
+class TableModel;
+
+// Options a family takes beyond the common ones (dtype, strict, unaligned_tp, the
+// quantization): bits of FamilyDescriptor::options.
+enum FamilyOption : unsigned {
+  kTakesExperts = 1u << 0,  // ep > 1, model.eplb_map, switch_w13, pad_moe_intermediate_to
+  kTakesDraft = 1u << 1,    // model.draft (an MTP layer)
+  kTakesSharedExpertFusion = 1u << 2,  // model.fuse_shared_experts=true
+};
+
+// One fused param and the checkpoint names that feed it, in slot order: e.g.
+// "qkv_proj" <- q_proj, k_proj, v_proj; "experts.w13_weight" <- w1, w3 (Mixtral).
+struct FusedMapping {
+  std::string param;
+  std::vector<std::string> sources;
+};
+
+struct FamilyDescriptor;
+
+// What a family's build gets: config.json, the normalized layout, the param dtype
+// and the options (quantization resolved by make_model).
+struct FamilyInput {
+  const nlohmann::json& config;
+  const FamilyDescriptor& descriptor;
+  const ParallelLayout& layout;
+  DType dtype;
+  const ModelOptions& options;
+};
+
+// Makes a family's post-load hooks from its built model (every local rank).
+using HookRule = std::function<std::vector<PostLoadHook>(const Model& model, const FamilyInput& in)>;
+
+struct FamilyDescriptor {
+  std::string architecture;                   // "LlamaForCausalLM"
+  std::string family;                         // "llama"
+  std::vector<std::string> required_fields;   // config.json fields it cannot do without
+  std::vector<FusedMapping> fused;            // its fused params
+  unsigned options = 0;                       // FamilyOption bits
+  // Declares the params, targets, fills and drops and calls finish().
+  std::function<std::unique_ptr<TableModel>(const FamilyInput& in)> build;
+  std::vector<HookRule> hooks;
+
+  // The sources of fused param `param` (Error(Stage::kPlacement), internal, when the
+  // descriptor has no such mapping).
+  const std::vector<std::string>& sources(std::string_view param) const;
+  bool takes(FamilyOption option) const { return (options & option) != 0; }
+};
+
+// The mappings most decoders share: qkv_proj <- q/k/v_proj, gate_up_proj <-
+// gate/up_proj, experts.w13_weight <- gate/up_proj, experts.w2_weight <- down_proj.
+std::vector<FusedMapping> standard_fused_mappings();
+
+// Every descriptor (models/families/registry.cpp), and the one for an
+// architecture (null when none).
+const std::vector<FamilyDescriptor>& family_descriptors();
+const FamilyDescriptor* find_family(std::string_view architecture);
+
+}  // namespace ferry::models
