@@ -47,6 +47,24 @@ RefConfig ref_config(const nlohmann::json& config) {
   std::string arch = config.at("architectures").at(0).get<std::string>();
   if (arch == "Qwen2ForCausalLM") {
     c.qkv_bias = true;
+  } else if (arch == "Qwen3ForCausalLM") {
+    c.qk_norm = true;
+    c.qkv_bias = get_bool(config, "attention_bias");
+    c.o_bias = c.qkv_bias;
+  } else if (arch.rfind("Gemma", 0) == 0) {
+    // Gemma has no lm_head of its own: the embedding is the output projection.
+    c.tied = true;
+    if (arch == "GemmaForCausalLM") {
+      c.norm_plus_one = true;
+    } else {
+      c.qkv_bias = get_bool(config, "attention_bias");
+      c.o_bias = c.qkv_bias;
+      c.extra_norms = {"pre_feedforward_layernorm", "post_feedforward_layernorm"};
+    }
+    if (arch == "Gemma3ForCausalLM") {
+      c.qk_norm = true;
+      c.replicated_embedding = true;
+    }
   } else {
     // SGLang's LlamaDecoderLayer: attention_bias or bias; its MLP has no bias.
     c.qkv_bias = get_bool(config, "attention_bias") || get_bool(config, "bias");
@@ -138,13 +156,14 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
   // Vocabulary: padded to a multiple of 64, rank r holds padded rows
   // [r*per, (r+1)*per); rows past the real vocabulary are zero.
   auto vocab_param = [&](const std::string& name) {
-    const std::uint64_t padded = (c.vocab + 63) / 64 * 64;
-    const std::uint64_t per = padded / tp;
+    const std::uint64_t padded = c.replicated_embedding ? c.vocab : (c.vocab + 63) / 64 * 64;
+    const std::uint64_t per = c.replicated_embedding ? c.vocab : padded / tp;
+    const std::uint64_t first = c.replicated_embedding ? 0 : rank * per;
     const HostTensor& full = at(ck, name);
     HostTensor t;
     t.shape = {per, H};
     for (std::uint64_t i = 0; i < per; ++i) {
-      std::uint64_t g = rank * per + i;
+      std::uint64_t g = first + i;
       for (std::uint64_t j = 0; j < H; ++j) {
         t.values.push_back(g < c.vocab ? elem(full, g, j) : 0.0f);
       }
@@ -191,10 +210,53 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
   }
   const std::uint64_t il = inter / tp;
 
+  // Row `row` range [begin, begin + rows) of a 2-D or 1-D tensor, as its own tensor.
+  auto rows_of = [](const HostTensor& t, std::uint64_t begin, std::uint64_t rows) {
+    const std::uint64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
+    HostTensor part;
+    part.shape = t.shape;
+    part.shape[0] = rows;
+    part.values.assign(t.values.begin() + static_cast<std::ptrdiff_t>(begin * cols),
+                       t.values.begin() + static_cast<std::ptrdiff_t>((begin + rows) * cols));
+    return part;
+  };
+  // A checkpoint tensor, or its rows of the fused tensor a Phi-3 checkpoint stores.
+  auto source = [&](const std::string& p, const std::string& name) -> HostTensor {
+    if (ck.count(p + name) != 0) {
+      return at(ck, p + name);
+    }
+    const std::uint64_t q = c.heads * hd;
+    const std::uint64_t kv = c.kv_heads * hd;
+    const std::string suffix = name.substr(name.rfind('.'));
+    if (name.starts_with("self_attn.q_proj")) {
+      return rows_of(at(ck, p + "self_attn.qkv_proj" + suffix), 0, q);
+    }
+    if (name.starts_with("self_attn.k_proj")) {
+      return rows_of(at(ck, p + "self_attn.qkv_proj" + suffix), q, kv);
+    }
+    if (name.starts_with("self_attn.v_proj")) {
+      return rows_of(at(ck, p + "self_attn.qkv_proj" + suffix), q + kv, kv);
+    }
+    if (name.starts_with("mlp.gate_proj")) {
+      return rows_of(at(ck, p + "mlp.gate_up_proj.weight"), 0, c.inter);
+    }
+    if (name.starts_with("mlp.up_proj")) {
+      return rows_of(at(ck, p + "mlp.gate_up_proj.weight"), c.inter, c.inter);
+    }
+    return at(ck, p + name);  // throws, naming it
+  };
+
   for (std::uint64_t l = 0; l < c.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight"}) {
       copy_full(p + n);
+    }
+    for (const std::string& n : c.extra_norms) {
+      copy_full(p + n + ".weight");
+    }
+    if (c.qk_norm) {
+      copy_full(p + "self_attn.q_norm.weight");
+      copy_full(p + "self_attn.k_norm.weight");
     }
     // qkv_proj: this rank's q heads, then its k heads, then its v heads; each head is
     // head_dim consecutive rows of the checkpoint tensor.
@@ -207,7 +269,7 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
       HostTensor t;
       // A head past the checkpoint's (padding) is zeros.
       auto append_head = [&](const std::string& src, std::uint64_t head) {
-        const HostTensor& full = at(ck, p + "self_attn." + src + suffix);
+        const HostTensor full = source(p, "self_attn." + src + suffix);
         const std::uint64_t real = src == "q_proj" ? c.heads : c.kv_heads;
         for (std::uint64_t d = 0; d < hd; ++d) {
           for (std::uint64_t j = 0; j < cols; ++j) {
@@ -251,7 +313,7 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
     // gate_up_proj: this rank's gate rows, then its up rows (no biases).
     HostTensor t;
     for (const char* src : {"gate_proj", "up_proj"}) {
-      const HostTensor& full = at(ck, p + "mlp." + src + ".weight");
+      const HostTensor full = source(p, std::string("mlp.") + src + ".weight");
       for (std::uint64_t i = 0; i < il; ++i) {
         for (std::uint64_t j = 0; j < H; ++j) {
           const std::uint64_t row = rank * il + i;

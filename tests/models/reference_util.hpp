@@ -32,10 +32,18 @@ struct RefConfig {
   bool qkv_bias = false;
   bool o_bias = false;
   bool pad = false;  // model.unaligned_tp=pad (not from config.json: the test sets it)
+  bool qk_norm = false;                  // self_attn.q_norm / k_norm [head_dim] (Qwen3, Gemma 3)
+  std::vector<std::string> extra_norms;  // layer norms past input / post_attention (Gemma 2, 3)
+  bool replicated_embedding = false;     // the whole, unpadded embedding on every rank (Gemma 3)
+  bool norm_plus_one = false;  // Gemma 1: every norm weight is the checkpoint's + 1 (the
+                               // caller applies it, in the param dtype)
 };
 
-// Reads the fields the reference needs (Qwen2: q/k/v biases; Llama/Mistral:
-// attention_bias or bias; an MLP has no biases, whatever mlp_bias says).
+// Reads the fields the reference needs (Qwen2: q/k/v biases; Llama/Mistral/Phi-3:
+// attention_bias or bias; an MLP has no biases, whatever mlp_bias says; Qwen3:
+// q_norm / k_norm, biases with attention_bias; Gemma: always tied, Gemma 2 / 3 the
+// pre- and post-feedforward norms and biases with attention_bias, Gemma 3 q_norm /
+// k_norm and an embedding every rank holds whole).
 RefConfig ref_config(const nlohmann::json& config);
 
 struct HostTensor {
@@ -49,6 +57,8 @@ TensorMap make_checkpoint(const std::map<std::string, std::vector<std::uint64_t>
                           std::uint64_t seed);
 
 // What tp rank `rank` of `tp` must hold: SGLang param name -> local shape and values.
+// A checkpoint that stores self_attn.qkv_proj / mlp.gate_up_proj fused (Phi-3) is
+// read as its q, k, v rows (by the head counts) and its gate, up halves.
 TensorMap reference_params(const RefConfig& c, const TensorMap& checkpoint, int rank, int tp);
 
 // A tiny synthetic checkpoint (tools/synth.hpp's "tiny" preset) of "llama", "qwen2"
