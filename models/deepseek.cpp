@@ -43,7 +43,15 @@ class Builder {
  public:
   Builder(TableModel& m, const DeepseekConfig& c, const FamilyInput& in,
           const ModelOptions& options)
-      : m_(m), c_(c), in_(in), layout_(in.layout), options_(options), tp_(in.layout.tp) {}
+      : m_(m),
+        c_(c),
+        in_(in),
+        layout_(in.layout),
+        options_(options),
+        tp_(in.layout.tp),
+        attn_tp_(in.layout.attn_tp()),
+        dense_tp_(in.layout.moe_dense_tp == 1 ? 1 : in.layout.tp),
+        shared_tp_(in.layout.moe_a2a == ParallelLayout::MoeA2a::kDeepep ? 1 : in.layout.tp) {}
 
   void layer(const LayerNames& n, bool moe) {
     if (c_.mla) {
@@ -59,7 +67,8 @@ class Builder {
     if (moe) {
       moe_mlp(n);
     } else {
-      gated_mlp(n.param + "mlp.", n.tensor + "mlp.", c_.intermediate, "intermediate_size");
+      gated_mlp(n.param + "mlp.", n.tensor + "mlp.", c_.intermediate, "intermediate_size",
+                dense_tp_);
     }
     for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight"}) {
       add_replicated(m_, n.param + norm, n.tensor + norm, Shape{c_.hidden});
@@ -74,31 +83,33 @@ class Builder {
                     std::uint64_t cols, const std::string& what) {
     const std::uint64_t rows = c_.heads * per_head;
     const std::uint64_t padded =
-        padded_heads(c_.heads, tp_, options_.unaligned_tp, "num_attention_heads") * per_head;
-    m_.add_param(param, Shape{padded / static_cast<std::uint64_t>(tp_), cols});
-    m_.add_target(tensor, param, Shape{rows, cols}, [=, tp = tp_](int rank) {
-      return Blocks{padded_shard(0, rows, padded, rank, tp, what).copy};
+        padded_heads(c_.heads, attn_tp_, options_.unaligned_tp, "num_attention_heads") * per_head;
+    m_.add_param(param, Shape{padded / static_cast<std::uint64_t>(attn_tp_), cols});
+    m_.add_target(tensor, param, Shape{rows, cols}, [=, tp = attn_tp_](int rank) {
+      return Blocks{padded_shard(0, rows, padded, rank % tp, tp, what).copy};
     });
     if (padded != rows) {
-      m_.add_fill(param, [=, tp = tp_](int rank) {
-        return Blocks{padded_shard(0, rows, padded, rank, tp, what).zero};
+      m_.add_fill(param, [=, tp = attn_tp_](int rank) {
+        return Blocks{padded_shard(0, rows, padded, rank % tp, tp, what).zero};
       });
     }
   }
 
-  // gate_proj and up_proj fused into gate_up_proj, down_proj row-parallel.
+  // gate_proj and up_proj fused into gate_up_proj, down_proj row-parallel, over a
+  // group of `group` ranks (all tp ranks, or 1: whole on every rank).
   void gated_mlp(const std::string& param_prefix, const std::string& tensor_prefix,
-                 std::uint64_t inter, const char* what) {
-    add_gated_mlp(m_, param_prefix, tensor_prefix, c_.hidden, inter, tp_, options_.unaligned_tp,
-                  what, in_.descriptor.sources("gate_up_proj"));
+                 std::uint64_t inter, const char* what, int group) {
+    add_gated_mlp(m_, param_prefix, tensor_prefix, c_.hidden, inter, group,
+                  options_.unaligned_tp, what, in_.descriptor.sources("gate_up_proj"));
   }
 
   void mla(const std::string& pa, const std::string& ta) {
     if (const std::uint64_t padded =
-            padded_heads(c_.heads, tp_, options_.unaligned_tp, "num_attention_heads");
+            padded_heads(c_.heads, attn_tp_, options_.unaligned_tp, "num_attention_heads");
         padded != c_.heads) {
       m_.add_note(uneven_note("num_attention_heads " + std::to_string(c_.heads) + " (MLA)", "heads",
-                              padded, c_.heads, tp_, std::to_string(padded), "tp ranks"));
+                              padded, c_.heads, attn_tp_, std::to_string(padded),
+                              attn_tp_ == tp_ ? "tp ranks" : "attention tp ranks"));
     }
     const std::uint64_t qk_head = c_.qk_nope + c_.qk_rope;
     const std::uint64_t kv_a_rows = c_.kv_lora_rank + c_.qk_rope;
@@ -135,13 +146,13 @@ class Builder {
     // o_proj's input dim follows the heads, padded columns included.
     const std::uint64_t o_in = c_.heads * c_.v_head;
     const std::uint64_t o_padded =
-        padded_heads(c_.heads, tp_, options_.unaligned_tp, "num_attention_heads") * c_.v_head;
+        padded_heads(c_.heads, attn_tp_, options_.unaligned_tp, "num_attention_heads") * c_.v_head;
     m_.add_param(pa + "o_proj.weight",
-                 Shape{c_.hidden, o_padded / static_cast<std::uint64_t>(tp_)});
-    add_row_parallel(m_, ta + "o_proj.weight", pa + "o_proj.weight", c_.hidden, o_in, o_padded, tp_,
+                 Shape{c_.hidden, o_padded / static_cast<std::uint64_t>(attn_tp_)});
+    add_row_parallel(m_, ta + "o_proj.weight", pa + "o_proj.weight", c_.hidden, o_in, o_padded, attn_tp_,
                      "num_attention_heads * v_head_dim");
     // Filled by the post-load hook only.
-    const MlaDims dims = mla_dims(c_, tp_, options_.unaligned_tp);
+    const MlaDims dims = mla_dims(c_, attn_tp_, options_.unaligned_tp);
     m_.add_param(pa + "w_kc", mla_w_kc_shape(dims), {},
                  [dims](const Shape&) { return mla_w_kc_strides(dims); });
     m_.add_param(pa + "w_vc", mla_w_vc_shape(dims), {},
@@ -209,8 +220,8 @@ class Builder {
     add_moe_experts(m_, spec, layout_, options_);
     if (!fused && c_.shared_experts > 0) {
       gated_mlp(pm + "shared_experts.", tm + "shared_experts.",
-                c_.shared_experts * c_.moe_intermediate,
-                "n_shared_experts * moe_intermediate_size");
+                c_.shared_experts * c_.moe_intermediate, "n_shared_experts * moe_intermediate_size",
+                shared_tp_);
     }
   }
 
@@ -220,6 +231,9 @@ class Builder {
   const ParallelLayout& layout_;
   const ModelOptions& options_;
   int tp_;
+  int attn_tp_;    // MLA's q_b / kv_b / o_proj: tp / attn_dp
+  int dense_tp_;   // the dense layers' MLP: tp, or 1 under moe_dense_tp 1
+  int shared_tp_;  // the shared experts: tp, or 1 under DeepEP
 };
 
 // Every split the layout needs, checked before any table is built so that the error
@@ -230,15 +244,16 @@ void check_splits(const DeepseekConfig& c, const ParallelLayout& layout,
   const int tp = layout.tp;
   const Unaligned u = options.unaligned_tp;
   if (c.mla) {
-    padded_heads(c.heads, tp, u, "num_attention_heads");
+    padded_heads(c.heads, layout.attn_tp(), u, "num_attention_heads");
   } else {
     padded_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, tp, u);
   }
   if (!any_moe || c.first_k_dense > 0 || c.moe_layer_freq > 1) {
-    padded_intermediate(c.intermediate, tp, u, "intermediate_size");
+    padded_intermediate(c.intermediate, layout.moe_dense_tp == 1 ? 1 : tp, u, "intermediate_size");
   }
   if (any_moe && c.shared_experts > 0 && !options.fuse_shared_experts.value_or(false)) {
-    padded_intermediate(c.shared_experts * c.moe_intermediate, tp, u,
+    padded_intermediate(c.shared_experts * c.moe_intermediate,
+                        layout.moe_a2a == ParallelLayout::MoeA2a::kDeepep ? 1 : tp, u,
                         "n_shared_experts * moe_intermediate_size");
   }
   if (!any_moe) {
@@ -325,6 +340,9 @@ bool deepseek_indexer_layer(const DeepseekConfig& c, std::uint64_t layer, bool m
 FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const ParallelLayout& layout) {
   if (c.experts == 0 || c.shared_experts == 0) {
     return {false, c.architecture + " as configured has no shared experts"};
+  }
+  if (layout.moe_a2a == ParallelLayout::MoeA2a::kDeepep) {
+    return {false, "SGLang does not fuse the shared expert under DeepEP (moe_a2a deepep)"};
   }
   switch (c.fusion) {
     case SharedExpertFusion::kSingleShared:
@@ -420,11 +438,18 @@ std::unique_ptr<TableModel> make_deepseek_model(const FamilyInput& in, const Dee
     for (std::uint64_t l = mtp; l < mtp + c.nextn_layers; ++l) {
       m->add_drop_pattern(layer_prefix(l), "mtp_layer");
     }
-    even_shard(padded_vocab(c.vocab), 0, layout.tp, "padded vocab_size");
+    // Under attention data parallelism the embedding is whole on every rank
+    // (DeepseekV2Model: VocabParallelEmbedding(enable_tp=not enable_dp_attention)),
+    // and lm_head splits over the attention tp group with dp_lm_head
+    // (DeepseekV2ForCausalLM: ParallelLMHead(use_attn_tp_group=enable_dp_lm_head)).
     StageEdges edges;
     edges.hidden = c.hidden;
     edges.vocab = c.vocab;
     edges.tie_embeddings = c.tie_embeddings;
+    edges.embed_group = layout.attn_dp > 1 ? 1 : 0;
+    edges.head_group = layout.dp_lm_head ? layout.attn_tp() : 0;
+    even_shard(padded_vocab(c.vocab), 0, edges.head_group != 0 ? edges.head_group : layout.tp,
+               "padded vocab_size");
     add_stage_edges(*m, edges, layout);
   } else {
     const std::string t = layer_prefix(mtp);
@@ -457,7 +482,7 @@ std::vector<PostLoadHook> deepseek_mla_hooks(const Model& model, const DeepseekC
   if (!c.mla) {
     return hooks;
   }
-  const MlaDims dims = mla_dims(c, in.layout.tp, in.options.unaligned_tp);
+  const MlaDims dims = mla_dims(c, in.layout.attn_tp(), in.options.unaligned_tp);
   for (std::size_t i = 0; i < model.shells().size(); ++i) {
     for (const ParamSpec& p : model.shells()[i].params) {
       if (p.name.ends_with("self_attn.w_kc")) {

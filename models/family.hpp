@@ -36,6 +36,9 @@ enum FamilyOption : unsigned {
   kTakesExperts = 1u << 0,  // ep > 1, model.eplb_map, switch_w13, pad_moe_intermediate_to
   kTakesDraft = 1u << 1,    // model.draft (an MTP layer)
   kTakesSharedExpertFusion = 1u << 2,  // model.fuse_shared_experts=true
+  kTakesAttentionDp = 1u << 3,         // parallel.attn_dp > 1, parallel.dp_lm_head
+  kTakesMoeDenseTp = 1u << 4,          // parallel.moe_dense_tp 1
+  kTakesDeepep = 1u << 5,              // parallel.moe_a2a deepep
 };
 
 // One fused param and the checkpoint names that feed it, in slot order: e.g.

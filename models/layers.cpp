@@ -125,11 +125,11 @@ void add_row_parallel(TableModel& m, const std::string& tensor, const std::strin
                       std::uint64_t rows, std::uint64_t input, std::uint64_t padded_input, int tp,
                       const std::string& what) {
   m.add_target(tensor, param, Shape{rows, input}, [=](int rank) {
-    return Blocks{padded_shard(1, input, padded_input, rank, tp, what).copy};
+    return Blocks{padded_shard(1, input, padded_input, rank % tp, tp, what).copy};
   });
   if (padded_input != input) {
     m.add_fill(param, [=](int rank) {
-      return Blocks{padded_shard(1, input, padded_input, rank, tp, what).zero};
+      return Blocks{padded_shard(1, input, padded_input, rank % tp, tp, what).zero};
     });
   }
 }
@@ -150,7 +150,7 @@ void add_gated_mlp(TableModel& m, const std::string& param_prefix, const std::st
   const std::string label = what;
   // Slot 0 (gate) or 1 (up) of the rank: its share, placed after the earlier slot.
   auto share = [intermediate, padded, local, tp, label](std::size_t slot, int rank) {
-    PaddedShard s = padded_shard(0, intermediate, padded, rank, tp, label);
+    PaddedShard s = padded_shard(0, intermediate, padded, rank % tp, tp, label);
     s.copy.dst_start += slot * local;
     s.zero.dst_start += slot * local;
     return s;

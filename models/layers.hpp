@@ -52,7 +52,10 @@ GqaAttention gqa_attention(const GqaDecoderDims& d, bool qkv_bias, bool o_bias,
 // biases: SGLang's gated MLPs have none). An intermediate size tp does not divide is
 // refused; under Unaligned::kPad one SGLang's CPU rule pads (padded_intermediate)
 // ends each rank's share in zero rows of gate and up and zero columns of down.
-// `what` names the config field in messages.
+// `what` names the config field in messages. `tp` is the size of the group the MLP
+// is split over: tp rank r holds group rank r % tp (all tp ranks, or 1: whole on
+// every rank, as SGLang's DeepSeek builds its dense layers under moe_dense_tp_size 1
+// and its shared experts under DeepEP).
 void add_gated_mlp(TableModel& m, const std::string& param_prefix, const std::string& tensor_prefix,
                    std::uint64_t hidden, std::uint64_t intermediate, int tp, Unaligned policy,
                    const char* what,
@@ -67,7 +70,8 @@ std::string uneven_note(const std::string& what, const std::string& unit, std::u
                         const std::string& ranks);
 
 // RowParallelLinear of a [rows, input] tensor into `param` (declared by the caller
-// as [rows, padded_input / tp]): rank r's share of the input dim; with
+// as [rows, padded_input / tp]): tp rank r's share (group rank r % tp) of the input
+// dim; with
 // padded_input > input the columns past the real input are zero fills.
 void add_row_parallel(TableModel& m, const std::string& tensor, const std::string& param,
                       std::uint64_t rows, std::uint64_t input, std::uint64_t padded_input, int tp,

@@ -43,6 +43,21 @@ void refuse_options(const FamilyDescriptor& d, const ParallelLayout& layout,
   if (!d.takes(kTakesSharedExpertFusion) && options.fuse_shared_experts.value_or(false)) {
     refuse("model.fuse_shared_experts", "has no shared experts");
   }
+  // SGLang's DeepSeek deployment layouts: refused where ferry does not know the
+  // family's placement under them.
+  auto refuse_layout = [&](const std::string& key, bool set) {
+    if (set) {
+      throw Error(Stage::kConfig, "", "",
+                  key + ": ferry places it for DeepSeek's MLA families only (SGLang's "
+                        "DeepseekV2ForCausalLM); " +
+                      d.architecture + " does not take it");
+    }
+  };
+  refuse_layout("parallel.attn_dp " + std::to_string(layout.attn_dp),
+                !d.takes(kTakesAttentionDp) && layout.attn_dp != 1);
+  refuse_layout("parallel.moe_dense_tp 1", !d.takes(kTakesMoeDenseTp) && layout.moe_dense_tp == 1);
+  refuse_layout("parallel.moe_a2a deepep",
+                !d.takes(kTakesDeepep) && layout.moe_a2a == ParallelLayout::MoeA2a::kDeepep);
 }
 
 }  // namespace

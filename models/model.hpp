@@ -56,6 +56,26 @@ struct ParallelLayout {
   // process driving all devices); Model::layout() reports the filled-in list.
   std::vector<int> local_ranks;
   std::vector<int> pp_partition;
+  // The layouts SGLang uses for DeepSeek deployments (families whose descriptor
+  // takes them; make_model refuses them for the others):
+  // - attn_dp: attention data parallelism (enable_dp_attention with dp_size): MLA's
+  //   q_b / q_proj, kv_b and o_proj split over the attention tp group, attn_tp() =
+  //   tp / attn_dp ranks, rank r being attention rank r % attn_tp(); the embedding is
+  //   whole on every rank (SGLang's VocabParallelEmbedding with enable_tp off).
+  //   1 = off.
+  // - dp_lm_head (enable_dp_lm_head, needs attn_dp > 1): lm_head over the attention
+  //   tp group instead of all tp ranks.
+  // - moe_dense_tp (moe_dense_tp_size): 0 = none (the dense MLP layers over all tp
+  //   ranks), 1 = the dense MLP layers whole on every rank.
+  // - moe_a2a kDeepep (moe_a2a_backend deepep, needs ep == tp): shared experts whole
+  //   on every rank and never fused into the routed experts.
+  int attn_dp = 1;
+  bool dp_lm_head = false;
+  int moe_dense_tp = 0;
+  enum class MoeA2a { kNone, kDeepep };
+  MoeA2a moe_a2a = MoeA2a::kNone;
+
+  int attn_tp() const { return tp / attn_dp; }
 };
 
 struct ParamSpec {

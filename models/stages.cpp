@@ -21,10 +21,12 @@ void add_vocab_parallel(TableModel& m, const StageEdges& e, int tp, const std::s
   }
   const std::uint64_t local = even_shard(padded_vocab(e.vocab), 0, tp, "padded vocab_size").length;
   m.add_param(param, Shape{local, e.hidden});
-  m.add_target(tensor, param, Shape{e.vocab, e.hidden},
-               [v = e.vocab, tp](int rank) { return Blocks{vocab_parallel(v, rank, tp).copy}; });
-  m.add_fill(param,
-             [v = e.vocab, tp](int rank) { return Blocks{vocab_parallel(v, rank, tp).zero}; });
+  m.add_target(tensor, param, Shape{e.vocab, e.hidden}, [v = e.vocab, tp](int rank) {
+    return Blocks{vocab_parallel(v, rank % tp, tp).copy};
+  });
+  m.add_fill(param, [v = e.vocab, tp](int rank) {
+    return Blocks{vocab_parallel(v, rank % tp, tp).zero};
+  });
 }
 
 }  // namespace
@@ -32,10 +34,11 @@ void add_vocab_parallel(TableModel& m, const StageEdges& e, int tp, const std::s
 void add_stage_edges(TableModel& m, const StageEdges& edges, const ParallelLayout& layout) {
   const bool first = layout.pp_rank == 0;
   const bool last = layout.pp_rank == layout.pp - 1;
-  const int tp = layout.tp;
+  const int embed_tp = edges.embed_group != 0 ? edges.embed_group : layout.tp;
+  const int tp = edges.head_group != 0 ? edges.head_group : layout.tp;
 
   if (first) {
-    add_vocab_parallel(m, edges, tp, edges.embed_name, edges.embed_name);
+    add_vocab_parallel(m, edges, embed_tp, edges.embed_name, edges.embed_name);
   } else if (!(last && edges.tie_embeddings)) {
     m.add_drop_name(edges.embed_name, "first_stage_only");
   }

@@ -82,6 +82,22 @@ ParallelLayout normalize_layout(const ParallelLayout& layout) {
     bad("pp_rank " + std::to_string(layout.pp_rank) + " is outside [0, " +
         std::to_string(layout.pp) + ")");
   }
+  if (layout.attn_dp < 1 || layout.tp % layout.attn_dp != 0) {
+    bad("attn_dp " + std::to_string(layout.attn_dp) + " must divide tp " +
+        std::to_string(layout.tp) + " (attention tp = tp / attn_dp)");
+  }
+  if (layout.dp_lm_head && layout.attn_dp == 1) {
+    bad("dp_lm_head splits lm_head over the attention tp group, so it needs attn_dp > 1 (SGLang: "
+        "enable_dp_lm_head requires enable_dp_attention)");
+  }
+  if (layout.moe_dense_tp != 0 && layout.moe_dense_tp != 1) {
+    bad("moe_dense_tp " + std::to_string(layout.moe_dense_tp) +
+        " is not 1 or none (SGLang's moe_dense_tp_size only supports 1 and None)");
+  }
+  if (layout.moe_a2a == ParallelLayout::MoeA2a::kDeepep && layout.ep != layout.tp) {
+    bad("moe_a2a deepep runs experts with ep = tp (SGLang sets ep_size to tp_size); ep is " +
+        std::to_string(layout.ep) + ", tp " + std::to_string(layout.tp));
+  }
   ParallelLayout out = layout;
   if (out.local_ranks.empty()) {
     for (int r = 0; r < out.tp; ++r) {

@@ -740,6 +740,49 @@ LoadConfig ConfigBuilder::build() const {
     }
   }
   p.ranks = read_ranks(f, p.tp);
+  p.attn_dp = static_cast<int>(f.get_int("parallel.attn_dp", 1, kMaxParallel, d.parallel.attn_dp));
+  if (p.tp % p.attn_dp != 0) {
+    f.fail_key("parallel.attn_dp", "expected a divisor of parallel.tp " + std::to_string(p.tp) +
+                                       " (attention tp = tp / attn_dp), got " +
+                                       std::to_string(p.attn_dp));
+  }
+  p.dp_lm_head = f.get_bool("parallel.dp_lm_head", d.parallel.dp_lm_head);
+  if (p.dp_lm_head && p.attn_dp == 1) {
+    f.fail_key("parallel.dp_lm_head",
+               "splits lm_head over the attention tp group and needs parallel.attn_dp > 1");
+  }
+  {
+    // 1 or "none"; a config file may give the 1 as a number.
+    const Fields::Entry* e = f.find("parallel.moe_dense_tp");
+    const std::string text =
+        e != nullptr && e->value->is_number_integer()
+            ? std::to_string(e->value->get<std::int64_t>())
+            : f.get_string("parallel.moe_dense_tp", d.parallel.moe_dense_tp == 1 ? "1" : "none");
+    if (text == "none") {
+      p.moe_dense_tp = 0;
+    } else if (text == "1") {
+      p.moe_dense_tp = 1;
+    } else {
+      f.fail_key("parallel.moe_dense_tp",
+                 "expected none or 1 (SGLang's moe_dense_tp_size), got " + json_quoted(text));
+    }
+  }
+  {
+    const std::string text =
+        f.get_string("parallel.moe_a2a", d.parallel.moe_a2a_deepep ? "deepep" : "none");
+    if (text == "none") {
+      p.moe_a2a_deepep = false;
+    } else if (text == "deepep") {
+      p.moe_a2a_deepep = true;
+      if (p.ep != p.tp) {
+        f.fail_key("parallel.moe_a2a", "deepep runs experts with ep = tp (SGLang sets ep_size to "
+                                       "tp_size); set parallel.ep " +
+                                           std::to_string(p.tp));
+      }
+    } else {
+      f.fail_key("parallel.moe_a2a", "expected none or deepep, got " + json_quoted(text));
+    }
+  }
 
   // devices
   {
@@ -942,6 +985,10 @@ nlohmann::json to_json(const LoadConfig& c) {
            {"pp_rank", c.parallel.pp_rank},
            {"pp_partition", c.parallel.pp_partition},
            {"ranks", c.parallel.ranks},
+           {"attn_dp", c.parallel.attn_dp},
+           {"dp_lm_head", c.parallel.dp_lm_head},
+           {"moe_dense_tp", c.parallel.moe_dense_tp == 1 ? nlohmann::json(1) : nlohmann::json("none")},
+           {"moe_a2a", c.parallel.moe_a2a_deepep ? "deepep" : "none"},
        }},
       {"devices", to_string(c.devices)},
       {"io",

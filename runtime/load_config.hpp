@@ -64,6 +64,14 @@ struct ParallelConfig {
   // sources spell it "0,2", "0-3" or [0, 2]; "" (the default) means all 0..tp-1.
   // build() always fills it in; the default here is that of tp 1.
   std::vector<int> ranks{0};
+  // SGLang's DeepSeek deployment layouts (models::ParallelLayout has the rules):
+  // attention data parallelism (attention tp = tp / attn_dp; 1 = off), lm_head over
+  // the attention tp group, the dense MLP layers whole on every rank
+  // (moe_dense_tp 1; 0 = "none"), and DeepEP's unsplit shared experts.
+  int attn_dp = 1;
+  bool dp_lm_head = false;
+  int moe_dense_tp = 0;
+  bool moe_a2a_deepep = false;
   bool operator==(const ParallelConfig&) const = default;
 };
 

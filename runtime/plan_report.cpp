@@ -155,6 +155,11 @@ std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& c,
   layout.pp_rank = c.parallel.pp_rank;
   layout.local_ranks = c.parallel.ranks;
   layout.pp_partition = c.parallel.pp_partition;
+  layout.attn_dp = c.parallel.attn_dp;
+  layout.dp_lm_head = c.parallel.dp_lm_head;
+  layout.moe_dense_tp = c.parallel.moe_dense_tp;
+  layout.moe_a2a = c.parallel.moe_a2a_deepep ? models::ParallelLayout::MoeA2a::kDeepep
+                                             : models::ParallelLayout::MoeA2a::kNone;
   models::ModelOptions model_options;
   model_options.dtype = c.model.dtype;
   model_options.strict = c.load.strict;

@@ -83,7 +83,8 @@ FamilyDescriptor deepseek(std::string architecture, std::string family) {
                        "qk_nope_head_dim", "qk_rope_head_dim",    "v_head_dim"};
   d.fused = standard_fused_mappings();
   d.fused.push_back({"fused_qkv_a_proj_with_mqa", {"q_a_proj", "kv_a_proj_with_mqa"}});
-  d.options = kTakesExperts | kTakesDraft | kTakesSharedExpertFusion;
+  d.options = kTakesExperts | kTakesDraft | kTakesSharedExpertFusion | kTakesAttentionDp |
+              kTakesMoeDenseTp | kTakesDeepep;
   d.build = [](const FamilyInput& in) {
     return make_deepseek_model(in, parse_deepseek_config(in.config, in.descriptor.architecture));
   };

@@ -101,11 +101,29 @@ struct Layout {
   bool fuse_shared = false;  // the decision: sglang::fuses_shared_experts, or the option
   bool switch_w13 = false;
   bool pad = false;  // model.unaligned_tp=pad
+  // SGLang's DeepSeek deployment layouts (python/sglang/srt/models/deepseek_v2.py at
+  // 3e4a39ee73308590c5c753108bdcb8d333f7f1c6; layers/dp_attention.py,
+  // compute_dp_attention_world_info: attn_tp_size = tp // dp_size, attn_tp_rank =
+  // tp_rank % attn_tp_size):
+  // - attn_dp: DeepseekV2AttentionMLA builds q_b_proj / q_proj, kv_b_proj and o_proj
+  //   with (attn_tp_rank, attn_tp_size); DeepseekV2Model's embedding is
+  //   VocabParallelEmbedding(enable_tp=not enable_dp_attention): whole (padded) on
+  //   every rank;
+  // - dp_lm_head: ParallelLMHead(use_attn_tp_group=enable_dp_lm_head);
+  // - moe_dense_tp1: DeepseekV2DecoderLayer builds a dense layer's DeepseekV2MLP with
+  //   tp_rank 0, tp_size 1 when enable_moe_dense_fully_dp() (moe_dense_tp_size == 1);
+  // - deepep: DeepseekV2MoE builds shared_experts with tp_rank 0, tp_size 1 under
+  //   get_moe_a2a_backend().is_deepep(), and determine_num_fused_shared_experts
+  //   disables fusion (expert parallel world > 1).
+  int attn_dp = 1;
+  bool dp_lm_head = false;
+  bool moe_dense_tp1 = false;
+  bool deepep = false;
 };
 
 // SGLang's determine_num_fused_shared_experts for these dims and layout.
 inline bool sglang_fuses(const Dims& d, const Layout& l) {
-  return sglang::fuses_shared_experts(d.arch, d.E, d.n_shared, l.ep);
+  return !l.deepep && sglang::fuses_shared_experts(d.arch, d.E, d.n_shared, l.ep);
 }
 
 // An intermediate size under model.unaligned_tp=pad: a multiple of T * 32 (SGLang's
@@ -187,12 +205,19 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     put(param, c == 1 ? std::vector<std::uint64_t>{r} : std::vector<std::uint64_t>{r, c},
         std::move(v), f32);
   };
+  // Tensor-parallel groups (size, this rank's place in it): the attention's, the
+  // embedding's and lm_head's, the dense layers' and the shared experts'.
+  const std::uint64_t Ta = T / static_cast<std::uint64_t>(l.attn_dp);
+  const std::uint64_t Ra = R % Ta;
   auto vocab = [&](const std::string& param, const std::string& tensor) {
+    const bool head = param == "lm_head.weight";
+    const std::uint64_t Tg = head ? (l.dp_lm_head ? Ta : T) : (l.attn_dp > 1 ? 1 : T);
+    const std::uint64_t Rg = R % Tg;
     const std::uint64_t padded = (d.V + 63) / 64 * 64;
-    const std::uint64_t per = padded / T;
+    const std::uint64_t per = padded / Tg;
     std::vector<float> v;
     for (std::uint64_t i = 0; i < per; ++i) {
-      const std::uint64_t g = R * per + i;
+      const std::uint64_t g = Rg * per + i;
       if (g < d.V) {
         rows(v, tensor, H, g, 1);
       } else {
@@ -225,13 +250,16 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
   };
   // gate_up [2*n, H] = this rank's gate rows then up rows; down [H, n] = its columns
   // (of the padded width under pad).
-  auto mlp = [&](const std::string& p, const std::string& t, std::uint64_t inter) {
-    const std::uint64_t n = padded_inter(inter, T, l.pad) / T;
+  // ... over a group of Tg ranks (T, or 1: whole on every rank).
+  auto mlp = [&](const std::string& p, const std::string& t, std::uint64_t inter,
+                 std::uint64_t Tg) {
+    const std::uint64_t Rg = R % Tg;
+    const std::uint64_t n = padded_inter(inter, Tg, l.pad) / Tg;
     std::vector<float> gu;
-    padded_rows(gu, t + "gate_proj.weight", H, inter, R * n, n);
-    padded_rows(gu, t + "up_proj.weight", H, inter, R * n, n);
+    padded_rows(gu, t + "gate_proj.weight", H, inter, Rg * n, n);
+    padded_rows(gu, t + "up_proj.weight", H, inter, Rg * n, n);
     put(p + "gate_up_proj.weight", {2 * n, H}, std::move(gu));
-    put(p + "down_proj.weight", {H, n}, padded_cols(t + "down_proj.weight", H, inter, R * n, n));
+    put(p + "down_proj.weight", {H, n}, padded_cols(t + "down_proj.weight", H, inter, Rg * n, n));
   };
 
   auto attention = [&](const std::string& p, const std::string& t) {
@@ -292,12 +320,12 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     }
     // Local heads: heads / tp, or with heads tp does not divide, the heads padded up
     // to a multiple of tp over tp; a global head g >= heads is padding (zeros).
-    const std::uint64_t hl = (d.heads + T - 1) / T;
+    const std::uint64_t hl = (d.heads + Ta - 1) / Ta;
     // The rows of this rank's heads of a [heads * per, c] tensor, zeros past it.
     auto head_rows = [&](std::vector<float>& dst, const std::string& name, std::uint64_t c,
                          std::uint64_t per) {
       for (std::uint64_t h = 0; h < hl; ++h) {
-        const std::uint64_t g = R * hl + h;
+        const std::uint64_t g = Ra * hl + h;
         if (g < d.heads) {
           rows(dst, name, c, g * per, per);
         } else {
@@ -330,7 +358,7 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     std::vector<float> o;
     for (std::uint64_t i = 0; i < H; ++i) {
       for (std::uint64_t j = 0; j < hl * d.dv; ++j) {
-        const std::uint64_t col = R * hl * d.dv + j;  // padding past heads * dv
+        const std::uint64_t col = Ra * hl * d.dv + j;  // padding past heads * dv
         o.push_back(col < d.heads * d.dv ? value(t + "o_proj.weight", i * d.heads * d.dv + col)
                                          : 0.0f);
       }
@@ -346,7 +374,7 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     for (std::uint64_t h = 0; h < hl; ++h) {
       for (std::uint64_t i = 0; i < d.dn; ++i) {
         for (std::uint64_t c = 0; c < d.kv_lora; ++c) {
-          const std::uint64_t g = R * hl + h;
+          const std::uint64_t g = Ra * hl + h;
           kc.push_back(g < d.heads ? value(kvb_name, (g * per_head + i) * d.kv_lora + c) : 0.0f);
         }
       }
@@ -357,7 +385,7 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     for (std::uint64_t h = 0; h < hl; ++h) {
       for (std::uint64_t c = 0; c < d.kv_lora; ++c) {
         for (std::uint64_t k = 0; k < d.dv; ++k) {
-          const std::uint64_t g = R * hl + h;
+          const std::uint64_t g = Ra * hl + h;
           vc.push_back(g < d.heads ? value(kvb_name, (g * per_head + d.dn + k) * d.kv_lora + c)
                                    : 0.0f);
         }
@@ -411,7 +439,7 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     put(p + "experts.w13_weight", {slots, 2 * il, H}, std::move(w13));
     put(p + "experts.w2_weight", {slots, H, il}, std::move(w2));
     if (!l.fuse_shared && d.n_shared > 0) {
-      mlp(p + "shared_experts.", t + "shared_experts.", d.n_shared * d.moe_I);
+      mlp(p + "shared_experts.", t + "shared_experts.", d.n_shared * d.moe_I, l.deepep ? 1 : T);
     }
   };
 
@@ -420,7 +448,7 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     if (sparse) {
       moe(p + "mlp.", t + "mlp.");
     } else {
-      mlp(p + "mlp.", t + "mlp.", d.I);
+      mlp(p + "mlp.", t + "mlp.", d.I, l.moe_dense_tp1 ? 1 : T);
     }
     full(p + "input_layernorm.weight", t + "input_layernorm.weight", H, 1);
     full(p + "post_attention_layernorm.weight", t + "post_attention_layernorm.weight", H, 1);
@@ -528,11 +556,11 @@ inline std::string expected_reason(const nlohmann::json& config, const Layout& l
   const bool shared = starts_with(rest, "mlp.shared_experts.");
   if (shared || starts_with(rest, "mlp.gate_proj") || starts_with(rest, "mlp.up_proj") ||
       starts_with(rest, "mlp.down_proj")) {
-    const auto T = static_cast<std::uint64_t>(l.tp);
+    const auto T = static_cast<std::uint64_t>((shared ? l.deepep : l.moe_dense_tp1) ? 1 : l.tp);
     const std::uint64_t inter = shared ? d.n_shared * d.moe_I : d.I;
     const std::uint64_t n = padded_inter(inter, T, l.pad) / T;
     for (int r : ranks) {
-      if (static_cast<std::uint64_t>(r) * n < inter) {
+      if (static_cast<std::uint64_t>(r) % T * n < inter) {
         return "";
       }
     }

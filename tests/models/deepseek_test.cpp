@@ -190,6 +190,11 @@ struct Case {
   bool switch_w13 = false;
   std::optional<DType> param_dtype;
   bool pad = false;  // model.unaligned_tp=pad
+  // SGLang's DeepSeek deployment layouts (models::ParallelLayout).
+  int attn_dp = 1;
+  bool dp_lm_head = false;
+  bool moe_dense_tp1 = false;
+  bool deepep = false;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -212,6 +217,10 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   if (c.param_dtype) {
     n += "_to_" + std::string(dtype_name(*c.param_dtype));
   }
+  n += c.attn_dp > 1 ? "_attndp" + std::to_string(c.attn_dp) : "";
+  n += c.dp_lm_head ? "_dplmhead" : "";
+  n += c.moe_dense_tp1 ? "_densetp1" : "";
+  n += c.deepep ? "_deepep" : "";
   return n;
 }
 
@@ -230,6 +239,11 @@ TEST_P(DeepseekReference, EveryElementMatchesTheReference) {
   layout.pp = c.pp;
   layout.pp_rank = c.pp_rank;
   layout.local_ranks = c.local;
+  layout.attn_dp = c.attn_dp;
+  layout.dp_lm_head = c.dp_lm_head;
+  layout.moe_dense_tp = c.moe_dense_tp1 ? 1 : 0;
+  layout.moe_a2a =
+      c.deepep ? models::ParallelLayout::MoeA2a::kDeepep : models::ParallelLayout::MoeA2a::kNone;
   models::ModelOptions options;
   options.dtype = c.param_dtype;
   options.draft = c.draft;
@@ -247,6 +261,10 @@ TEST_P(DeepseekReference, EveryElementMatchesTheReference) {
   }
   ASSERT_EQ(model->layout().local_ranks, local);
   ds::Layout rl{c.tp, c.ep, c.pp, c.pp_rank, c.draft, false, c.switch_w13, c.pad};
+  rl.attn_dp = c.attn_dp;
+  rl.dp_lm_head = c.dp_lm_head;
+  rl.moe_dense_tp1 = c.moe_dense_tp1;
+  rl.deepep = c.deepep;
   rl.fuse_shared = c.fuse.value_or(ds::sglang_fuses(ds::dims_of(ck.config), rl));
 
   ParamBuffers buffers = make_buffers(*model);
@@ -358,6 +376,20 @@ Case padded(Case c) {
   c.pad = true;
   return c;
 }
+// SGLang's DeepSeek deployment layouts.
+Case attn_dp(Case c, int dp, bool lm_head = false) {
+  c.attn_dp = dp;
+  c.dp_lm_head = lm_head;
+  return c;
+}
+Case dense_tp1(Case c) {
+  c.moe_dense_tp1 = true;
+  return c;
+}
+Case deepep(Case c) {
+  c.deepep = true;
+  return c;
+}
 Case up_first(Case c) {
   c.switch_w13 = true;
   return c;
@@ -409,6 +441,23 @@ std::vector<Case> cases() {
   out.push_back(make_case("deepseek_v32", 4, 2));
   out.push_back(stage(make_case("deepseek_v32", 2, 2), 2, 1));
   out.push_back(draft(make_case("deepseek_v32", 2, 2)));
+  // SGLang's DeepSeek deployment layouts: attention data parallelism (attention tp
+  // 2 and 1 of tp 4), lm_head over the attention group, the dense layers whole on
+  // every rank, DeepEP's unsplit shared experts (ep = tp), and all of them at once
+  // (the layout of SGLang's large DeepSeek deployments), on subsets, the draft, and
+  // q_lora_rank null.
+  out.push_back(attn_dp(make_case("deepseek_v3", 4, 1), 2));
+  out.push_back(attn_dp(make_case("deepseek_v3", 4, 2), 4, true));
+  out.push_back(attn_dp(make_case("deepseek_v3", 4, 2), 2, true));
+  out.push_back(dense_tp1(make_case("deepseek_v3", 4, 1)));
+  out.push_back(dense_tp1(attn_dp(make_case("deepseek_v3", 2, 2), 2)));
+  out.push_back(deepep(make_case("deepseek_v3", 4, 4)));
+  out.push_back(deepep(dense_tp1(attn_dp(make_case("deepseek_v3", 4, 4), 4, true))));
+  out.push_back(on(deepep(dense_tp1(attn_dp(make_case("deepseek_v3", 4, 4), 2, true))), {3, 0}));
+  out.push_back(draft(deepep(attn_dp(make_case("deepseek_v3", 4, 4), 2))));
+  out.push_back(attn_dp(make_case("deepseek_v3", 4, 2, "no_q_lora"), 2, true));
+  out.push_back(attn_dp(make_case("deepseek_v32", 4, 2), 4));
+  out.push_back(stage(deepep(attn_dp(make_case("deepseek_v3", 2, 2), 2, true)), 2, 1));
   // Families whose synthetic checkpoints tools/synth.cpp provides.
   if (synth_has("deepseek_v2")) {
     out.push_back(make_case("deepseek_v2", 1, 1));
@@ -1019,6 +1068,62 @@ TEST(DeepseekErrors, MalformedConfigFieldsAreNamed) {
   ck = make_ckpt("deepseek_v3");
   ck.config["topk_method"] = 3;
   expect_error([&] { models::make_model(ck.config, {}); }, Stage::kConfig, "topk_method");
+}
+
+}  // namespace
+}  // namespace ferry::testing
+
+namespace ferry::testing {
+namespace {
+
+TEST(DeepseekErrors, DeploymentLayoutsAreRefusedWhereTheyDoNotApply) {
+  const Ckpt v3 = make_ckpt("deepseek_v3");
+  auto layout = [](int tp, int ep) {
+    models::ParallelLayout l;
+    l.tp = tp;
+    l.ep = ep;
+    return l;
+  };
+  // attn_dp must divide tp; dp_lm_head needs attn_dp > 1; moe_dense_tp is 1 or none;
+  // DeepEP needs ep = tp (SGLang's server_args rules).
+  models::ParallelLayout l = layout(4, 1);
+  l.attn_dp = 3;
+  expect_error([&] { models::make_model(v3.config, l); }, Stage::kConfig, "attn_dp 3 must divide tp 4");
+  l = layout(4, 1);
+  l.dp_lm_head = true;
+  expect_error([&] { models::make_model(v3.config, l); }, Stage::kConfig, "needs attn_dp > 1");
+  l = layout(4, 1);
+  l.moe_dense_tp = 2;
+  expect_error([&] { models::make_model(v3.config, l); }, Stage::kConfig,
+               "moe_dense_tp 2 is not 1 or none");
+  l = layout(4, 2);
+  l.moe_a2a = models::ParallelLayout::MoeA2a::kDeepep;
+  expect_error([&] { models::make_model(v3.config, l); }, Stage::kConfig, "ep = tp");
+  // Under DeepEP SGLang never folds the shared expert: asking for it is refused.
+  l = layout(1, 1);
+  l.moe_a2a = models::ParallelLayout::MoeA2a::kDeepep;
+  models::ModelOptions fuse;
+  fuse.fuse_shared_experts = true;
+  expect_error([&] { models::make_model(v3.config, l, fuse); }, Stage::kConfig, "DeepEP");
+  // Families whose placement under these layouts ferry does not know refuse them.
+  const Ckpt glm = make_ckpt("glm4_moe");
+  l = layout(4, 1);
+  l.attn_dp = 2;
+  expect_error([&] { models::make_model(glm.config, l); }, Stage::kConfig,
+               "parallel.attn_dp 2: ferry places it for DeepSeek's MLA families only");
+  l = layout(4, 4);
+  l.moe_a2a = models::ParallelLayout::MoeA2a::kDeepep;
+  expect_error([&] { models::make_model(glm.config, l); }, Stage::kConfig,
+               "parallel.moe_a2a deepep");
+  l = layout(2, 1);
+  l.moe_dense_tp = 1;
+  expect_error([&] { models::make_model(tiny_case("llama", DType::kBF16, false).config, l); },
+               Stage::kConfig, "parallel.moe_dense_tp 1");
+  // Heads the attention group does not split are named (8 MLA heads, attention tp 16).
+  l = layout(32, 1);
+  l.attn_dp = 2;
+  expect_error([&] { models::make_model(v3.config, l); }, Stage::kPlacement,
+               "num_attention_heads");
 }
 
 }  // namespace

@@ -28,9 +28,12 @@
 
 #include "common/error.hpp"
 #include "models/deepseek.hpp"
+#include "models/coverage.hpp"
 #include "models/model.hpp"
+#include "models/reference_util.hpp"
 #include "testing/error_of.hpp"
 #include "testing/test_data.hpp"
+#include "tools/synth.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -55,6 +58,11 @@ struct Fixture {
   std::string layer;            // "model.layers.<i>.": every param under it is listed
   std::map<std::string, Shape> params;  // names relative to the model (layer ones too)
   models::Unaligned unaligned = models::Unaligned::kRefuse;
+  // SGLang's DeepSeek deployment layouts (models::ParallelLayout).
+  int attn_dp = 1;
+  bool dp_lm_head = false;
+  int moe_dense_tp = 0;
+  bool deepep = false;
 };
 
 void expect_fixture(const Fixture& f) {
@@ -63,6 +71,11 @@ void expect_fixture(const Fixture& f) {
   layout.tp = f.tp;
   layout.ep = f.ep;
   layout.local_ranks = {f.rank};
+  layout.attn_dp = f.attn_dp;
+  layout.dp_lm_head = f.dp_lm_head;
+  layout.moe_dense_tp = f.moe_dense_tp;
+  layout.moe_a2a =
+      f.deepep ? models::ParallelLayout::MoeA2a::kDeepep : models::ParallelLayout::MoeA2a::kNone;
   models::ModelOptions options;
   options.unaligned_tp = f.unaligned;
   std::unique_ptr<models::Model> m = models::make_model(config_of(f.model), layout, options);
@@ -239,6 +252,116 @@ TEST(SglangFixtures, DeepseekV3AtTp8Ep1AndEp8) {
   unfused[l + "mlp.shared_experts.down_proj.weight"] = {7168, 256};
   expect_with_experts("deepseek-v3", 8, 4, l, unfused, experts, {32, 2 * 2048, 7168},
                       {32, 7168, 2048});
+}
+
+// SGLang's DeepSeek deployment layouts, for DeepSeek-V3 at tp 8, from
+// python/sglang/srt/models/deepseek_v2.py at 3e4a39ee7330 and
+// python/sglang/srt/layers/dp_attention.py's compute_dp_attention_world_info
+// (attn_tp_size = tp_size // dp_size, attn_tp_rank = tp_rank % attn_tp_size):
+// - enable_dp_attention, dp 8 (attention tp 1) and dp 2 (attention tp 4):
+//   DeepseekV2AttentionMLA builds q_b_proj, kv_b_proj, o_proj with (attn_tp_rank,
+//   attn_tp_size), fused_qkv_a_proj_with_mqa is a ReplicatedLinear;
+//   DeepseekV2Model's VocabParallelEmbedding(enable_tp=not enable_dp_attention) holds
+//   the whole vocabulary; ParallelLMHead(use_attn_tp_group=enable_dp_lm_head) splits
+//   over all 8 ranks unless enable_dp_lm_head; the dense layers' DeepseekV2MLP and the
+//   experts keep the full tp world;
+// - moe_dense_tp_size 1 (enable_moe_dense_fully_dp): DeepseekV2DecoderLayer builds a
+//   dense layer's DeepseekV2MLP with tp_rank 0, tp_size 1;
+// - moe_a2a_backend deepep (ep 8 = tp): DeepseekV2MoE builds shared_experts with
+//   tp_rank 0, tp_size 1; routed experts 256 / 8 a rank with moe_tp 1.
+TEST(SglangFixtures, DeepseekV3DeploymentLayoutsAtTp8) {
+  FERRY_NEED_TEST_DATA();
+  const std::string l = "model.layers.3.";
+  const std::string a = l + "self_attn.";
+  const std::string experts = l + "mlp.experts.";
+  // attention tp 1 (dp 8), rank 5: every MLA head, the whole embedding.
+  std::map<std::string, Shape> dp8{
+      {"model.embed_tokens.weight", {129280, 7168}},
+      {"lm_head.weight", {16160, 7168}},
+      {"model.layers.2.mlp.gate_up_proj.weight", {2 * 2304, 7168}},
+      {"model.layers.2.mlp.down_proj.weight", {7168, 2304}},
+      {a + "fused_qkv_a_proj_with_mqa.weight", {2112, 7168}},
+      {a + "q_a_layernorm.weight", {1536}},
+      {a + "kv_a_layernorm.weight", {512}},
+      {a + "q_b_proj.weight", {24576, 1536}},
+      {a + "kv_b_proj.weight", {32768, 512}},
+      {a + "o_proj.weight", {7168, 16384}},
+      {a + "w_kc", {128, 128, 512}},
+      {a + "w_vc", {128, 512, 128}},
+      {l + "mlp.gate.weight", {256, 7168}},
+      {l + "mlp.gate.e_score_correction_bias", {256}},
+      {l + "input_layernorm.weight", {7168}},
+      {l + "post_attention_layernorm.weight", {7168}},
+      {l + "mlp.shared_experts.gate_up_proj.weight", {2 * 256, 7168}},
+      {l + "mlp.shared_experts.down_proj.weight", {7168, 256}},
+      {experts + "w13_weight", {32, 2 * 2048, 7168}},
+      {experts + "w2_weight", {32, 7168, 2048}}};
+  Fixture f{"deepseek-v3", 8, 8, 5, l, dp8};
+  f.attn_dp = 8;
+  expect_fixture(f);
+  // ... with enable_dp_lm_head: lm_head over the attention group of 1.
+  f.params["lm_head.weight"] = {129280, 7168};
+  f.dp_lm_head = true;
+  expect_fixture(f);
+  // attention tp 4 (dp 2), rank 6 (attention rank 2): 32 heads; dp_lm_head's
+  // lm_head 129280 / 4.
+  std::map<std::string, Shape> dp2 = dp8;
+  dp2[a + "q_b_proj.weight"] = {6144, 1536};
+  dp2[a + "kv_b_proj.weight"] = {8192, 512};
+  dp2[a + "o_proj.weight"] = {7168, 4096};
+  dp2[a + "w_kc"] = {32, 128, 512};
+  dp2[a + "w_vc"] = {32, 512, 128};
+  dp2["lm_head.weight"] = {32320, 7168};
+  Fixture g{"deepseek-v3", 8, 8, 6, l, dp2};
+  g.attn_dp = 2;
+  g.dp_lm_head = true;
+  expect_fixture(g);
+  // moe_dense_tp_size 1: dense layer 2's MLP whole; DeepEP: the shared expert whole.
+  std::map<std::string, Shape> whole = dp2;
+  whole["model.layers.2.mlp.gate_up_proj.weight"] = {2 * 18432, 7168};
+  whole["model.layers.2.mlp.down_proj.weight"] = {7168, 18432};
+  whole[l + "mlp.shared_experts.gate_up_proj.weight"] = {2 * 2048, 7168};
+  whole[l + "mlp.shared_experts.down_proj.weight"] = {7168, 2048};
+  Fixture h = g;
+  h.params = whole;
+  h.moe_dense_tp = 1;
+  h.deepep = true;
+  expect_fixture(h);
+}
+
+// The whole DeepSeek-V3 at full size (its 46,183 BF16 tensors, from the real config)
+// under the full deployment layout, one rank: every tensor is placed or dropped for a
+// reason (none unmapped), and every byte of every param is written exactly once.
+TEST(SglangFixtures, DeepseekV3AtFullSizeUnderTheDeploymentLayout) {
+  FERRY_NEED_TEST_DATA();
+  const nlohmann::json config = config_of("deepseek-v3");
+  const tools::SynthSource source = tools::synth_source(config, "deepseek-v3/config.json");
+  const std::vector<tools::SynthTensor> tensors = tools::synth_tensor_list(source, DType::kBF16);
+  ASSERT_EQ(tensors.size(), 46183u);
+  models::ParallelLayout layout;
+  layout.tp = 8;
+  layout.ep = 8;
+  layout.local_ranks = {5};
+  layout.attn_dp = 8;
+  layout.dp_lm_head = true;
+  layout.moe_dense_tp = 1;
+  layout.moe_a2a = models::ParallelLayout::MoeA2a::kDeepep;
+  auto m = models::make_model(config, layout);
+  std::vector<models::Route> routes;
+  std::map<std::string, std::size_t> dropped;
+  for (const tools::SynthTensor& t : tensors) {
+    models::Route r = m->route(tensor_info(t.name, t.dtype, t.shape));
+    ASSERT_NE(r.kind, models::RouteKind::kUnmapped) << t.name;
+    if (r.kind == models::RouteKind::kDropped) {
+      ++dropped[r.reason];
+    }
+    routes.push_back(std::move(r));
+  }
+  EXPECT_TRUE(models::check_coverage(*m, routes).empty());
+  // The MTP layer, and the 7 of 8 ranks' experts in each of the 58 MoE layers.
+  EXPECT_EQ(dropped.size(), 2u);
+  EXPECT_GT(dropped["mtp_layer"], 0u);
+  EXPECT_EQ(dropped["remote_expert"], 58u * 224 * 3);
 }
 
 // determine_num_fused_shared_experts outcomes on an NVIDIA GPU of compute

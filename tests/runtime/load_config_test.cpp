@@ -423,6 +423,29 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
               HasSubstr("parallel.pp_partition: expected one layer count per stage"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.pp_partition=4,4"}); }),
               HasSubstr("parallel.pp_partition: expected an array of layer counts"));
+  // SGLang's DeepSeek deployment layouts.
+  EXPECT_THAT(config_error([] { from_sets({"parallel.tp=4", "parallel.attn_dp=3"}); }),
+              HasSubstr("parallel.attn_dp: expected a divisor of parallel.tp 4"));
+  EXPECT_THAT(config_error([] { from_sets({"parallel.tp=4", "parallel.dp_lm_head=true"}); }),
+              HasSubstr("parallel.dp_lm_head: splits lm_head over the attention tp group"));
+  EXPECT_THAT(config_error([] { from_sets({"parallel.moe_dense_tp=2"}); }),
+              HasSubstr("parallel.moe_dense_tp: expected none or 1"));
+  EXPECT_THAT(config_error([] { from_sets({"parallel.moe_a2a=mooncake"}); }),
+              HasSubstr("parallel.moe_a2a: expected none or deepep"));
+  EXPECT_THAT(config_error([] {
+                from_sets({"parallel.tp=4", "parallel.ep=2", "parallel.moe_a2a=deepep"});
+              }),
+              HasSubstr("parallel.moe_a2a: deepep runs experts with ep = tp"));
+  {
+    const LoadConfig c = from_sets({"parallel.tp=8", "parallel.ep=8", "parallel.attn_dp=4",
+                                    "parallel.dp_lm_head=true", "parallel.moe_dense_tp=1",
+                                    "parallel.moe_a2a=deepep"});
+    EXPECT_EQ(c.parallel.attn_dp, 4);
+    EXPECT_TRUE(c.parallel.dp_lm_head);
+    EXPECT_EQ(c.parallel.moe_dense_tp, 1);
+    EXPECT_TRUE(c.parallel.moe_a2a_deepep);
+    EXPECT_EQ(from_sets({"parallel.moe_dense_tp=none"}).parallel.moe_dense_tp, 0);
+  }
   EXPECT_THAT(config_error([] { from_sets({"load.sort_weight_files=-2"}); }),
               HasSubstr("load.sort_weight_files: expected an integer from -1"));
   EXPECT_THAT(config_error([] { from_sets({"host.huge_pages=maybe"}); }),
@@ -588,11 +611,15 @@ LoadConfig every_field_changed() {
   c.model.pad_moe_intermediate_to = 128;
   c.model.unaligned_tp = models::Unaligned::kPad;
   c.parallel.tp = 4;
-  c.parallel.ep = 2;
+  c.parallel.ep = 4;  // = tp, as moe_a2a deepep needs
   c.parallel.pp = 2;
   c.parallel.pp_rank = 1;
   c.parallel.pp_partition = {10, 12};
   c.parallel.ranks = {3, 1};
+  c.parallel.attn_dp = 2;
+  c.parallel.dp_lm_head = true;
+  c.parallel.moe_dense_tp = 1;
+  c.parallel.moe_a2a_deepep = true;
   c.devices = DeviceSpec{DeviceSpec::Kind::kCuda, {2, 0}};
   c.io.engine = io::Engine::kPread;
   c.io.queue_depth = 64;
