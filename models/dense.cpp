@@ -33,6 +33,26 @@ void add_layer(TableModel& m, const FamilyInput& in, const DenseConfig& c, std::
 
 }  // namespace
 
+DenseConfig dense_config(const nlohmann::json& config) {
+  DenseConfig c;
+  static_cast<GqaDecoderDims&>(c) = config_gqa_decoder_dims(config);
+  c.intermediate = config_positive(config, "intermediate_size");
+  return c;
+}
+
+FamilyDescriptor dense_descriptor(std::string architecture, std::string family,
+                                  std::function<DenseConfig(const nlohmann::json&)> parse) {
+  FamilyDescriptor d;
+  d.architecture = std::move(architecture);
+  d.family = std::move(family);
+  d.required_fields = dense_required_fields();
+  d.fused = standard_fused_mappings();
+  d.build = [parse = std::move(parse)](const FamilyInput& in) {
+    return make_dense_model(in, parse(in.config));
+  };
+  return d;
+}
+
 std::vector<std::string> dense_required_fields() {
   return {"hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
           "intermediate_size"};

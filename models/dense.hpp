@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,11 +38,20 @@ struct DenseConfig : GqaDecoderDims {
   bool pipeline_stages = true;
 };
 
+// The fields every dense family reads alike: GqaDecoderDims and intermediate_size;
+// the rest at their defaults, for the family to set.
+DenseConfig dense_config(const nlohmann::json& config);
+
 // The model of `c` for `in` (layout normalized, options resolved): every split is
 // checked up front so the error names the config field (Stage::kPlacement; sizes tp
 // does not divide are padded under unaligned_tp=pad); a pipeline stage holds only
 // its layers. Returns the finished table.
 std::unique_ptr<TableModel> make_dense_model(const FamilyInput& in, const DenseConfig& c);
+
+// A dense family's descriptor: `architecture` reported as `family`, the standard
+// fused mappings and required fields, built from `parse(config.json)`.
+FamilyDescriptor dense_descriptor(std::string architecture, std::string family,
+                                  std::function<DenseConfig(const nlohmann::json&)> parse);
 
 // The fields every dense family reads (required ones; head_dim, num_key_value_heads
 // and tie_word_embeddings have defaults).

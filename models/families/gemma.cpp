@@ -27,9 +27,7 @@ namespace ferry::models::families {
 namespace {
 
 DenseConfig gemma_config(const nlohmann::json& config, int version) {
-  DenseConfig c;
-  static_cast<GqaDecoderDims&>(c) = config_gqa_decoder_dims(config);
-  c.intermediate = config_positive(config, "intermediate_size");
+  DenseConfig c = dense_config(config);
   // The output projection is always the embedding.
   c.tie_embeddings = true;
   c.pipeline_stages = false;
@@ -90,14 +88,9 @@ std::vector<PostLoadHook> norm_plus_one_hooks(const Model& model, const FamilyIn
 }
 
 FamilyDescriptor gemma(std::string architecture, std::string family, int version) {
-  FamilyDescriptor d;
-  d.architecture = std::move(architecture);
-  d.family = std::move(family);
-  d.required_fields = dense_required_fields();
-  d.fused = standard_fused_mappings();
-  d.build = [version](const FamilyInput& in) {
-    return make_dense_model(in, gemma_config(in.config, version));
-  };
+  FamilyDescriptor d = dense_descriptor(
+      std::move(architecture), std::move(family),
+      [version](const nlohmann::json& config) { return gemma_config(config, version); });
   if (version == 1) {
     d.hooks.push_back(norm_plus_one_hooks);
   }

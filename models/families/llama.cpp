@@ -10,9 +10,7 @@ namespace {
 // LlamaDecoderLayer: attention_bias (or bias) gives qkv_proj and o_proj a bias; its
 // LlamaMLP has none, whatever mlp_bias says.
 DenseConfig llama_config(const nlohmann::json& config) {
-  DenseConfig c;
-  static_cast<GqaDecoderDims&>(c) = config_gqa_decoder_dims(config);
-  c.intermediate = config_positive(config, "intermediate_size");
+  DenseConfig c = dense_config(config);
   const bool attention_bias =
       config_bool(config, "attention_bias", false) || config_bool(config, "bias", false);
   c.qkv_bias = attention_bias;
@@ -24,13 +22,7 @@ DenseConfig llama_config(const nlohmann::json& config) {
 }  // namespace
 
 FamilyDescriptor llama_descriptor(std::string architecture, std::string family) {
-  FamilyDescriptor d;
-  d.architecture = std::move(architecture);
-  d.family = std::move(family);
-  d.required_fields = dense_required_fields();
-  d.fused = standard_fused_mappings();
-  d.build = [](const FamilyInput& in) { return make_dense_model(in, llama_config(in.config)); };
-  return d;
+  return dense_descriptor(std::move(architecture), std::move(family), llama_config);
 }
 
 std::vector<FamilyDescriptor> llama() {

@@ -5,19 +5,11 @@
 namespace ferry::models::families {
 
 std::vector<FamilyDescriptor> qwen2() {
-  FamilyDescriptor d;
-  d.architecture = "Qwen2ForCausalLM";
-  d.family = "qwen2";
-  d.required_fields = dense_required_fields();
-  d.fused = standard_fused_mappings();
-  d.build = [](const FamilyInput& in) {
-    DenseConfig c;
-    static_cast<GqaDecoderDims&>(c) = config_gqa_decoder_dims(in.config);
-    c.intermediate = config_positive(in.config, "intermediate_size");
+  return {dense_descriptor("Qwen2ForCausalLM", "qwen2", [](const nlohmann::json& config) {
+    DenseConfig c = dense_config(config);
     c.qkv_bias = true;
-    return make_dense_model(in, c);
-  };
-  return {d};
+    return c;
+  })};
 }
 
 }  // namespace ferry::models::families

@@ -9,22 +9,14 @@
 namespace ferry::models::families {
 
 std::vector<FamilyDescriptor> qwen3() {
-  FamilyDescriptor d;
-  d.architecture = "Qwen3ForCausalLM";
-  d.family = "qwen3";
-  d.required_fields = dense_required_fields();
-  d.fused = standard_fused_mappings();
-  d.build = [](const FamilyInput& in) {
-    DenseConfig c;
-    static_cast<GqaDecoderDims&>(c) = config_gqa_decoder_dims(in.config);
-    c.intermediate = config_positive(in.config, "intermediate_size");
-    c.qkv_bias = config_bool(in.config, "attention_bias", false);
+  return {dense_descriptor("Qwen3ForCausalLM", "qwen3", [](const nlohmann::json& config) {
+    DenseConfig c = dense_config(config);
+    c.qkv_bias = config_bool(config, "attention_bias", false);
     c.o_bias = c.qkv_bias;
     c.qk_norm = true;
     c.drop_unused_biases = true;
-    return make_dense_model(in, c);
-  };
-  return {d};
+    return c;
+  })};
 }
 
 }  // namespace ferry::models::families

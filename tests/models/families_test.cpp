@@ -17,10 +17,7 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "gpu/device.hpp"
-#include "gpu/host_device.hpp"
 #include "models/coverage.hpp"
-#include "models/host_hook_context.hpp"
 #include "models/model.hpp"
 #include "models/reference_util.hpp"
 #include "testing/error_of.hpp"
@@ -125,41 +122,6 @@ Family gemma(int version) {
 }
 Family phi3() {
   return {"phi3", "Phi3ForCausalLM", false, false, true, false, true, false};
-}
-
-// ---- the executor's hooks ---------------------------------------------------------
-
-// Runs every hook of every rank on host-device copies of `buffers`, and copies back
-// what they wrote (outputs and rewrites).
-void run_hooks(const models::Model& model, ParamBuffers& buffers) {
-  auto device = gpu::make_host_device(0, {});
-  auto stream = device->create_stream();
-  for (std::size_t r = 0; r < model.shells().size(); ++r) {
-    const auto& shell = model.shells()[r];
-    std::vector<gpu::DeviceAllocation> storage;
-    std::vector<std::byte*> ptrs;
-    for (std::size_t k = 0; k < shell.params.size(); ++k) {
-      storage.push_back(device->allocate(shell.params[k].nbytes));
-      ptrs.push_back(storage.back().data());
-      stream->copy_h2d(ptrs.back(), buffers.bytes[r][k].data(), shell.params[k].nbytes);
-    }
-    stream->synchronize();
-    std::set<std::size_t> written;
-    for (const models::PostLoadHook& h : model.hooks()) {
-      if (h.local_rank != r) {
-        continue;
-      }
-      HostHookContext ctx(*stream, ptrs, h);
-      h.run(ctx);
-      stream->synchronize();
-      written.insert(h.outputs.begin(), h.outputs.end());
-      written.insert(h.rewrites.begin(), h.rewrites.end());
-    }
-    for (std::size_t k : written) {
-      stream->copy_d2h(buffers.bytes[r][k].data(), ptrs[k], shell.params[k].nbytes);
-    }
-    stream->synchronize();
-  }
 }
 
 // ---- contract tests ---------------------------------------------------------------

@@ -1,7 +1,14 @@
 #include "models/reference_util.hpp"
 
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <set>
 #include <stdexcept>
 
+#include "gpu/device.hpp"
+#include "gpu/host_device.hpp"
+#include "models/host_hook_context.hpp"
 #include "tools/synth.hpp"
 
 namespace ferry::testing {
@@ -369,6 +376,50 @@ void apply_piece(const models::Piece& piece, std::span<const std::byte> window,
         ++writes[d + k];
       }
     }
+  }
+}
+
+// Runs the model's hooks of every local rank on a host device (poisoned memory),
+// over the params' bytes in `buffers`: hook outputs are marked written once (a piece
+// that wrote one fails the test), rewritten params get the hook's bytes.
+void run_hooks(const models::Model& model, ParamBuffers& buffers) {
+  gpu::HostDeviceOptions options;
+  options.poison_allocations = true;
+  auto device = gpu::make_host_device(0, options);
+  auto stream = device->create_stream();
+  for (std::size_t r = 0; r < model.shells().size(); ++r) {
+    const auto& shell = model.shells()[r];
+    std::vector<gpu::DeviceAllocation> storage;
+    std::vector<std::byte*> ptrs;
+    for (std::size_t k = 0; k < shell.params.size(); ++k) {
+      storage.push_back(device->allocate(shell.params[k].nbytes));
+      ptrs.push_back(storage.back().data());
+      stream->copy_h2d(ptrs.back(), buffers.bytes[r][k].data(), shell.params[k].nbytes);
+    }
+    stream->synchronize();
+    std::set<std::size_t> outputs;
+    std::set<std::size_t> rewritten;
+    for (const models::PostLoadHook& h : model.hooks()) {
+      if (h.local_rank != r) {
+        continue;
+      }
+      HostHookContext ctx(*stream, ptrs, h);
+      h.run(ctx);
+      stream->synchronize();
+      outputs.insert(h.outputs.begin(), h.outputs.end());
+      rewritten.insert(h.rewrites.begin(), h.rewrites.end());
+    }
+    for (std::size_t k : rewritten) {
+      stream->copy_d2h(buffers.bytes[r][k].data(), ptrs[k], shell.params[k].nbytes);
+    }
+    for (std::size_t k : outputs) {
+      for (std::uint8_t w : buffers.writes[r][k]) {
+        ASSERT_EQ(w, 0) << shell.params[k].name << " is a hook output but a piece wrote it";
+      }
+      stream->copy_d2h(buffers.bytes[r][k].data(), ptrs[k], shell.params[k].nbytes);
+      std::fill(buffers.writes[r][k].begin(), buffers.writes[r][k].end(), 1);
+    }
+    stream->synchronize();
   }
 }
 

@@ -115,4 +115,9 @@ ParamBuffers make_buffers(const models::Model& model);
 void apply_piece(const models::Piece& piece, std::span<const std::byte> window,
                  std::uint64_t window_begin, ParamBuffers& buffers);
 
+// Runs the model's hooks of every local rank on a host device (poisoned memory),
+// over the params' bytes in `buffers`: hook outputs are marked written once (a piece
+// that wrote one fails the test), rewritten params get the hook's bytes.
+void run_hooks(const models::Model& model, ParamBuffers& buffers);
+
 }  // namespace ferry::testing
