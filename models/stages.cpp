@@ -3,6 +3,8 @@
 #include <string>
 #include <vector>
 
+#include "models/layers.hpp"
+
 namespace ferry::models {
 namespace {
 
@@ -73,7 +75,7 @@ void add_layer_drops(TableModel& m, std::uint64_t num_layers, Range stage) {
       continue;
     }
     // The trailing dot keeps layer 1 from matching layer 11's tensors.
-    m.add_drop_pattern("model.layers." + std::to_string(layer) + ".", "pp_stage");
+    m.add_drop_pattern(layer_prefix(layer), "pp_stage");
   }
 }
 

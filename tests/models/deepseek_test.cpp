@@ -471,6 +471,9 @@ struct Fp8Case {
   bool draft = false;
   std::vector<int> local;
   tools::SynthQuant kind = tools::SynthQuant::kFp8Block;
+  // SGLang's DeepSeek deployment layout: attention tp 2 of tp 4 with dp_lm_head, the
+  // dense layers whole, DeepEP's whole shared experts (ep = tp).
+  bool deployment = false;
 };
 
 std::string fp8_case_name(const ::testing::TestParamInfo<Fp8Case>& info) {
@@ -485,7 +488,7 @@ std::string fp8_case_name(const ::testing::TestParamInfo<Fp8Case>& info) {
   for (int r : c.local) {
     n += "_r" + std::to_string(r);
   }
-  return n;
+  return n + (c.deployment ? "_deployment" : "");
 }
 
 void PrintTo(const Fp8Case& c, std::ostream* os) {
@@ -502,11 +505,23 @@ TEST_P(DeepseekFp8Reference, WeightsScalesAndDequantizedSplitMatchTheReference) 
   layout.tp = c.tp;
   layout.ep = c.ep;
   layout.local_ranks = c.local;
+  if (c.deployment) {
+    layout.attn_dp = 2;
+    layout.dp_lm_head = true;
+    layout.moe_dense_tp = 1;
+    layout.moe_a2a = models::ParallelLayout::MoeA2a::kDeepep;
+  }
   models::ModelOptions options;
   options.draft = c.draft;
   std::unique_ptr<models::Model> model = models::make_model(ck.config, layout, options);
   const std::vector<int> local = model->layout().local_ranks;
   ds::Layout rl{c.tp, c.ep, 1, 0, c.draft, false, false, false};
+  if (c.deployment) {
+    rl.attn_dp = 2;
+    rl.dp_lm_head = true;
+    rl.moe_dense_tp1 = true;
+    rl.deepep = true;
+  }
   rl.fuse_shared = ds::sglang_fuses(ds::dims_of(ck.config), rl);
 
   ParamBuffers buffers = make_buffers(*model);
@@ -558,6 +573,10 @@ std::vector<Fp8Case> fp8_cases() {
   }
   out.push_back({"deepseek_v3", "", 2, 1, false, {}, SynthQuant::kFp8Tensor});  // fused experts
   out.push_back({"deepseek_v3", "", 2, 2, true, {}, SynthQuant::kNvfp4});       // the draft
+  // The deployment layout: block scales follow the attention group's heads, the
+  // whole dense layers and shared experts (and NVFP4's group scales the same).
+  out.push_back({"deepseek_v3", "", 4, 4, false, {}, SynthQuant::kFp8Block, true});
+  out.push_back({"deepseek_v3", "", 4, 4, false, {2, 1}, SynthQuant::kNvfp4, true});
   // V3.2's indexer: wq_b and wk quantized, wk dequantized into wk_weights_proj.
   out.push_back({"deepseek_v32", "", 2, 1, false, {}});
   out.push_back({"deepseek_v32", "", 2, 2, true, {}});
