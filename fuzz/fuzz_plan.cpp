@@ -221,6 +221,16 @@ models::ParallelLayout make_layout(FuzzedDataProvider& in) {
     ranks.resize(in.ConsumeIntegralInRange<std::size_t>(1, ranks.size()));
     layout.local_ranks = std::move(ranks);
   }
+  // SGLang's DeepSeek deployment layouts, now and then (families other than
+  // DeepSeek refuse them; invalid combinations are refused too).
+  if (in.ConsumeIntegralInRange(0, 3) == 0) {
+    layout.attn_dp = divisors[in.ConsumeIntegralInRange<std::size_t>(0, divisors.size() - 1)];
+    layout.dp_lm_head = in.ConsumeBool();
+    layout.moe_dense_tp = in.ConsumeIntegralInRange(0, 2);
+    if (in.ConsumeBool()) {
+      layout.moe_a2a = models::ParallelLayout::MoeA2a::kDeepep;
+    }
+  }
   return layout;
 }
 
