@@ -122,6 +122,11 @@ enum class Family {
   kDeepseekV2,
   kGlm4Moe,
   kDeepseekV32,
+  kQwen3,
+  kGemma,
+  kGemma2,
+  kGemma3,
+  kPhi3,
 };
 enum class Preset { kTiny, kSmall, kMedium };
 
@@ -130,6 +135,11 @@ bool has_routed_experts(Family family) {
     case Family::kLlama:
     case Family::kQwen2:
     case Family::kMistral:
+    case Family::kQwen3:
+    case Family::kGemma:
+    case Family::kGemma2:
+    case Family::kGemma3:
+    case Family::kPhi3:
       return false;
     case Family::kMixtral:
     case Family::kQwen3Moe:
@@ -141,6 +151,12 @@ bool has_routed_experts(Family family) {
       return true;
   }
   return false;
+}
+
+// Gemma's output projection is always its embedding: no lm_head.weight is written,
+// and its config says tied.
+bool gemma_family(Family family) {
+  return family == Family::kGemma || family == Family::kGemma2 || family == Family::kGemma3;
 }
 
 // DeepSeek-V3 and V3.2 (V3 with the sparse-attention indexer) share every rule but it.
@@ -233,6 +249,25 @@ Dims dims_for(Family family, Preset preset) {
       d.index_head_dim = preset == Preset::kTiny ? 32 : 64;
       return d;
     }
+    case Family::kQwen3:
+    case Family::kGemma:
+    case Family::kGemma2:
+    case Family::kGemma3: {
+      // Llama's sizes with head_dim 32 in tiny: the q width (8 x 32) is not hidden, as
+      // in Qwen3-8B and Gemma-7B, so the config's head_dim is what counts.
+      Dims d = dims_for(Family::kLlama, preset);
+      if (preset == Preset::kTiny) {
+        d.head_dim = 32;
+      }
+      if (preset == Preset::kMedium && family != Family::kQwen3) {
+        // Gemma has no lm_head; a larger vocabulary (Gemma's is 256000) keeps medium
+        // above 2 GiB.
+        d.vocab = 64000;
+      }
+      return d;
+    }
+    case Family::kPhi3:
+      return dims_for(Family::kLlama, preset);
     case Family::kLlama:
     case Family::kQwen2:
       switch (preset) {
@@ -503,6 +538,11 @@ constexpr Architecture kArchitectures[] = {
     {"DeepseekV3ForCausalLM", Family::kDeepseekV3},
     {"DeepseekV32ForCausalLM", Family::kDeepseekV32},
     {"Glm4MoeForCausalLM", Family::kGlm4Moe},
+    {"Qwen3ForCausalLM", Family::kQwen3},
+    {"GemmaForCausalLM", Family::kGemma},
+    {"Gemma2ForCausalLM", Family::kGemma2},
+    {"Gemma3ForCausalLM", Family::kGemma3},
+    {"Phi3ForCausalLM", Family::kPhi3},
 };
 // clang-format on
 
@@ -545,6 +585,15 @@ Dims dims_from_config(Family family, const nlohmann::json& config, const std::st
         r.require_bool("attention_bias", false, false, "Llama's projections have no biases here");
         r.require_bool("mlp_bias", false, false, "Llama's MLP has no biases here");
       }
+      break;
+    case Family::kQwen3:
+    case Family::kGemma:
+    case Family::kGemma2:
+    case Family::kGemma3:
+    case Family::kPhi3:
+      d.intermediate = r.positive("intermediate_size");
+      d.head_dim = r.head_dim(d.hidden, d.heads);
+      r.require_bool("attention_bias", false, false, "the projections have no biases here");
       break;
     case Family::kMixtral:
       d.intermediate = r.positive("intermediate_size");
@@ -1131,7 +1180,8 @@ const std::vector<std::string>& synth_families() {
   // Same order as the Family enum; new families are appended, never inserted.
   static const std::vector<std::string> names{
       "llama",   "qwen2",     "mixtral",     "qwen3_moe", "deepseek_v3",
-      "mistral", "qwen2_moe", "deepseek_v2", "glm4_moe",  "deepseek_v32"};
+      "mistral", "qwen2_moe", "deepseek_v2", "glm4_moe",  "deepseek_v32",
+      "qwen3",   "gemma",     "gemma2",      "gemma3",    "phi3"};
   return names;
 }
 
@@ -1206,6 +1256,26 @@ std::vector<SynthTensor> build_tensor_list(Family family, const Dims& d, DType d
         b.attention(p, family == Family::kQwen2, false);
         b.gated_mlp(p + "mlp.", d.intermediate);
         break;
+      case Family::kQwen3:
+      case Family::kGemma:
+      case Family::kGemma2:
+      case Family::kGemma3:
+        // Qwen3 and Gemma 3: per-head q_norm / k_norm.
+        b.attention(p, false, family == Family::kQwen3 || family == Family::kGemma3);
+        b.gated_mlp(p + "mlp.", d.intermediate);
+        if (family == Family::kGemma2 || family == Family::kGemma3) {
+          b.add(p + "pre_feedforward_layernorm.weight", {d.hidden});
+          b.add(p + "post_feedforward_layernorm.weight", {d.hidden});
+        }
+        break;
+      case Family::kPhi3:
+        // Phi-3's checkpoints store qkv_proj and gate_up_proj fused.
+        b.add(p + "self_attn.qkv_proj.weight",
+              {(d.heads + 2 * d.kv_heads) * d.head_dim, d.hidden});
+        b.add(p + "self_attn.o_proj.weight", {d.hidden, d.heads * d.head_dim});
+        b.add(p + "mlp.gate_up_proj.weight", {2 * d.intermediate, d.hidden});
+        b.add(p + "mlp.down_proj.weight", {d.hidden, d.intermediate});
+        break;
       case Family::kMixtral:
         b.attention(p, false, false);
         b.mixtral_moe(p);
@@ -1273,7 +1343,7 @@ std::vector<SynthTensor> build_tensor_list(Family family, const Dims& d, DType d
     b.set_file("");
   }
   b.add("model.norm.weight", {d.hidden});
-  if (!tie_embeddings) {
+  if (!tie_embeddings && !gemma_family(family)) {
     b.add("lm_head.weight", {d.vocab, d.hidden});
   }
   return b.take();
@@ -1439,6 +1509,50 @@ nlohmann::json synth_config(std::string_view family_name, std::string_view prese
       c["rms_norm_eps"] = 1e-5;
       c["rope_scaling"] = nullptr;
       c["rope_theta"] = 500000.0;
+      break;
+    case Family::kQwen3:
+      // As Qwen3-8B: head_dim given, no biases.
+      c["architectures"] = {"Qwen3ForCausalLM"};
+      c["attention_bias"] = false;
+      c["head_dim"] = d.head_dim;
+      c["max_window_layers"] = d.layers;
+      c["rms_norm_eps"] = 1e-6;
+      c["rope_scaling"] = nullptr;
+      c["rope_theta"] = 1000000.0;
+      c["sliding_window"] = nullptr;
+      c["use_sliding_window"] = false;
+      break;
+    case Family::kGemma:
+    case Family::kGemma2:
+    case Family::kGemma3:
+      // As gemma-7b, gemma-2-9b and gemma-3-1b: head_dim given, GELU, no biases; the
+      // output projection is always the embedding (ferry drops an lm_head.weight).
+      c["architectures"] = {family == Family::kGemma    ? "GemmaForCausalLM"
+                            : family == Family::kGemma2 ? "Gemma2ForCausalLM"
+                                                        : "Gemma3ForCausalLM"};
+      c["attention_bias"] = false;
+      c["head_dim"] = d.head_dim;
+      c["hidden_act"] = "gelu_pytorch_tanh";
+      c["tie_word_embeddings"] = true;
+      c["model_type"] = family == Family::kGemma    ? "gemma"
+                        : family == Family::kGemma2 ? "gemma2"
+                                                    : "gemma3_text";
+      c["rms_norm_eps"] = 1e-6;
+      c["rope_theta"] = 10000.0;
+      if (family != Family::kGemma) {
+        c["query_pre_attn_scalar"] = d.head_dim;
+        c["sliding_window"] = 4096;
+      }
+      break;
+    case Family::kPhi3:
+      // As Phi-3-mini-4k-instruct: head_dim = hidden / heads, fused projections.
+      c["architectures"] = {"Phi3ForCausalLM"};
+      c["attention_bias"] = false;
+      c["original_max_position_embeddings"] = 4096;
+      c["rms_norm_eps"] = 1e-5;
+      c["rope_scaling"] = nullptr;
+      c["rope_theta"] = 10000.0;
+      c["sliding_window"] = 2047;
       break;
     case Family::kQwen2:
       // Qwen2 has q/k/v biases by construction: no attention_bias field.
@@ -1711,6 +1825,12 @@ void synth_quantize(std::vector<SynthTensor>& tensors, SynthQuant quant, std::ui
     if (!models::quantized_linear_tensor(t.name)) {
       out.push_back(std::move(t));
       continue;
+    }
+    if (t.name.ends_with("self_attn.qkv_proj.weight") ||
+        t.name.ends_with("mlp.gate_up_proj.weight")) {
+      throw Error(Stage::kSynth, "", t.name,
+                  "no quantized layout of a checkpoint that stores qkv_proj / gate_up_proj "
+                  "fused (Phi-3) is written");
     }
     if (t.shape.size() != 2) {
       throw Error(Stage::kSynth, "", t.name,

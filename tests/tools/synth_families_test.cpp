@@ -719,7 +719,8 @@ TEST(SynthFamilies, UnknownFamilyListsEveryKnownOne) {
   EXPECT_EQ(synth_families(),
             (std::vector<std::string>{"llama", "qwen2", "mixtral", "qwen3_moe", "deepseek_v3",
                                       "mistral", "qwen2_moe", "deepseek_v2", "glm4_moe",
-                                      "deepseek_v32"}));
+                                      "deepseek_v32", "qwen3", "gemma", "gemma2", "gemma3",
+                                      "phi3"}));
   try {
     synth_config("glm4", "tiny", DType::kBF16, false);
     FAIL() << "expected an error";

@@ -224,7 +224,7 @@ TEST(SynthFromConfig, NamesEqualTheRealIndex) {
 }
 
 // Every preset's own config.json, read back as a source, gives the preset's tensors:
-// the field reading agrees with what the presets write, for all nine families.
+// the field reading agrees with what the presets write, for every family.
 TEST(SynthFromConfig, EveryPresetsConfigGivesThePresetsTensors) {
   for (const std::string& family : synth_families()) {
     for (const std::string& preset : synth_presets()) {

@@ -446,6 +446,16 @@ TEST(SynthConfig, DescribesTheTensorsAndTheDtype) {
     std::uint64_t heads = c["num_attention_heads"];
     std::uint64_t kv = c["num_key_value_heads"];
     std::uint64_t hd = c.contains("head_dim") ? c["head_dim"].get<std::uint64_t>() : h / heads;
+    if (family == "phi3") {
+      // Phi-3 stores q, k and v fused, and gate and up.
+      const std::uint64_t inter = c["intermediate_size"];
+      EXPECT_EQ(list.at("model.layers.1.self_attn.qkv_proj.weight").shape,
+                (std::vector<std::uint64_t>{(heads + 2 * kv) * hd, h}));
+      EXPECT_EQ(list.at("model.layers.1.mlp.gate_up_proj.weight").shape,
+                (std::vector<std::uint64_t>{2 * inter, h}));
+      EXPECT_EQ(list.count("model.layers.1.self_attn.q_proj.weight"), 0u);
+      continue;
+    }
     EXPECT_EQ(list.at("model.layers.1.self_attn.q_proj.weight").shape,
               (std::vector<std::uint64_t>{heads * hd, h}));
     EXPECT_EQ(list.at("model.layers.1.self_attn.v_proj.weight").shape,
