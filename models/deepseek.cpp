@@ -46,7 +46,6 @@ class Builder {
       : m_(m),
         c_(c),
         in_(in),
-        layout_(in.layout),
         options_(options),
         tp_(in.layout.tp),
         attn_tp_(in.layout.attn_tp()),
@@ -217,7 +216,7 @@ class Builder {
     if (fused) {
       spec.shared_checkpoint_prefix = tm + "shared_experts.";
     }
-    add_moe_experts(m_, spec, layout_, options_);
+    add_moe_experts(m_, spec, in_.layout, options_);
     if (!fused && c_.shared_experts > 0) {
       gated_mlp(pm + "shared_experts.", tm + "shared_experts.",
                 c_.shared_experts * c_.moe_intermediate, "n_shared_experts * moe_intermediate_size",
@@ -228,7 +227,6 @@ class Builder {
   TableModel& m_;
   const DeepseekConfig& c_;
   const FamilyInput& in_;
-  const ParallelLayout& layout_;
   const ModelOptions& options_;
   int tp_;
   int attn_tp_;    // MLA's q_b / kv_b / o_proj: tp / attn_dp
@@ -476,19 +474,24 @@ std::unique_ptr<TableModel> make_deepseek_model(const FamilyInput& in, const Dee
   return m;
 }
 
-std::vector<PostLoadHook> deepseek_mla_hooks(const Model& model, const DeepseekConfig& c,
-                                             const FamilyInput& in) {
+std::vector<PostLoadHook> deepseek_mla_hooks(const Model& model, const FamilyInput& in) {
   std::vector<PostLoadHook> hooks;
-  if (!c.mla) {
-    return hooks;
-  }
-  const MlaDims dims = mla_dims(c, in.layout.attn_tp(), in.options.unaligned_tp);
   for (std::size_t i = 0; i < model.shells().size(); ++i) {
-    for (const ParamSpec& p : model.shells()[i].params) {
-      if (p.name.ends_with("self_attn.w_kc")) {
-        const std::string prefix = p.name.substr(0, p.name.size() - 4);
-        hooks.push_back(make_mla_split_hook(model, i, prefix, dims, in.options.quant));
+    const RankShell& shell = model.shells()[i];
+    for (const ParamSpec& p : shell.params) {
+      if (!p.name.ends_with("self_attn.w_kc")) {
+        continue;
       }
+      // The split's sizes are the outputs' declared shapes: w_kc [H, dn, r], w_vc
+      // [H, r, dv] (make_deepseek_model declares them from the config and layout).
+      const std::string prefix = p.name.substr(0, p.name.size() - 4);
+      auto vc = shell.by_name.find(prefix + "w_vc");
+      if (vc == shell.by_name.end()) {
+        throw Error(Stage::kPostProcess, "", p.name, "internal: no w_vc beside w_kc");
+      }
+      const Shape& w_vc = shell.params[vc->second].shape;
+      const MlaDims dims{p.shape.at(0), p.shape.at(1), w_vc.at(2), p.shape.at(2)};
+      hooks.push_back(make_mla_split_hook(model, i, prefix, dims, in.options.quant));
     }
   }
   return hooks;

@@ -159,8 +159,7 @@ std::unique_ptr<TableModel> make_deepseek_model(const FamilyInput& in, const Dee
 
 // The families' hook rules: the MLA split of every attention with a w_kc param, and
 // the V3.2 indexer fusion of every indexer with a wk_weights_proj param.
-std::vector<PostLoadHook> deepseek_mla_hooks(const Model& model, const DeepseekConfig& c,
-                                             const FamilyInput& in);
+std::vector<PostLoadHook> deepseek_mla_hooks(const Model& model, const FamilyInput& in);
 std::vector<PostLoadHook> deepseek_indexer_hooks(const Model& model, const FamilyInput& in);
 
 }  // namespace ferry::models

@@ -13,7 +13,7 @@
 // - the options it takes beyond the common ones (make_model refuses the others by
 //   name, before building);
 // - its post-load hooks, as rules that make them from the built model (make_model
-//   registers them, then the quantization's, through TableModel::add_hook: the one
+//   registers them, then the quantization's, through TableModel::add_hooks: the one
 //   place hooks are registered).
 #pragma once
 

@@ -20,7 +20,7 @@ using Blocks = std::vector<Block>;
 class Builder {
  public:
   Builder(TableModel& m, const MoeConfig& c, const FamilyInput& in)
-      : m_(m), c_(c), in_(in), layout_(in.layout), options_(in.options), tp_(in.layout.tp) {}
+      : m_(m), c_(c), in_(in) {}
 
   void layer(std::uint64_t layer) {
     const std::string p = layer_prefix(layer);
@@ -49,7 +49,7 @@ class Builder {
     spec.up_name = gate_up.at(1);
     spec.down_name = in_.descriptor.sources("experts.w2_weight").at(0);
     spec.intermediate_field = c_.moe_intermediate_field;
-    add_moe_experts(m_, spec, layout_, options_);
+    add_moe_experts(m_, spec, in_.layout, in_.options);
 
     if (c_.shared_intermediate > 0) {
       // Qwen2-MoE's shared expert is never fused (SGLang's Qwen2MoeSparseMoeBlock
@@ -65,9 +65,9 @@ class Builder {
   // q, k and v fused into qkv_proj (slots q, k, v), o_proj row-parallel; Qwen3's
   // per-head q/k RMSNorm weights are replicated.
   void attention(const std::string& p) {
-    GqaAttention attention = gqa_attention(c_, c_.qkv_bias, c_.o_bias, options_.unaligned_tp);
+    GqaAttention attention = gqa_attention(c_, c_.qkv_bias, c_.o_bias, in_.options.unaligned_tp);
     attention.sources = in_.descriptor.sources("qkv_proj");
-    add_gqa_attention(m_, p + "self_attn.", p + "self_attn.", attention, tp_);
+    add_gqa_attention(m_, p + "self_attn.", p + "self_attn.", attention, in_.layout.tp);
     if (c_.qk_norm) {
       for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"}) {
         add_replicated(m_, p + norm, p + norm, Shape{c_.head_dim});
@@ -77,16 +77,13 @@ class Builder {
 
   // A tensor-parallel gated MLP under `p` (dense layers, Qwen2-MoE's shared expert).
   void dense_mlp(const std::string& p, std::uint64_t inter, const char* what) {
-    add_gated_mlp(m_, p, p, c_.hidden, inter, tp_, options_.unaligned_tp, what,
+    add_gated_mlp(m_, p, p, c_.hidden, inter, in_.layout.tp, in_.options.unaligned_tp, what,
                   in_.descriptor.sources("gate_up_proj"));
   }
 
   TableModel& m_;
   const MoeConfig& c_;
   const FamilyInput& in_;
-  const ParallelLayout& layout_;
-  const ModelOptions& options_;
-  int tp_;
 };
 
 // Every split the layout needs, checked before any param is declared so the error

@@ -1782,6 +1782,7 @@ void Runtime::Impl::run_hooks_once(LoadWork& w, LoadHandle::State& handle,
                                    const std::string& what) {
   LoadedModel::State& state = *w.state;
   w.report.hooks_skipped.clear();
+  const models::HookObserver observer = w.trace ? w.trace->hook_observer() : models::HookObserver{};
   for (const models::PostLoadHook& hook : w.model->hooks()) {
     handle.check_cancel();
     gpu::Device& device = *state.devices.at(hook.local_rank);
@@ -1798,8 +1799,7 @@ void Runtime::Impl::run_hooks_once(LoadWork& w, LoadHandle::State& handle,
         hook, params, *stream, device.name(),
         [this, &w, r = hook.local_rank](std::size_t param) { return reallocate(w, r, param); });
     try {
-      models::run_hook(hook, context,
-                       w.trace ? w.trace->hook_observer() : models::HookObserver{});
+      models::run_hook(hook, context, observer);
       stream->synchronize();
     } catch (const std::exception& e) {
       throw Error(Stage::kPostProcess, device.name(), "",

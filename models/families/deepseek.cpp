@@ -5,15 +5,12 @@
 #include "models/deepseek.hpp"
 #include "models/hf_config.hpp"
 
-namespace ferry::models::families {
+namespace ferry::models {
 namespace {
 
 constexpr const char* kDeepseekV3 = "DeepseekV3ForCausalLM";
 
 }  // namespace
-}  // namespace ferry::models::families
-
-namespace ferry::models {
 
 DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
                                      const std::string& architecture) {
@@ -21,7 +18,7 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
   // V3 and V3.2 route with noaux_tc by default (V2: greedy), and only they may have
   // an indexer; SGLang folds the shared expert only for DeepseekV3ForCausalLM.
   const bool v3 = architecture != "DeepseekV2ForCausalLM";
-  c.fusion = architecture == families::kDeepseekV3 ? SharedExpertFusion::kDeepseekV3Shape
+  c.fusion = architecture == kDeepseekV3 ? SharedExpertFusion::kDeepseekV3Shape
                                                    : SharedExpertFusion::kNever;
   c.mla = true;
   c.q_lora_rank = config_optional_positive(hf_config, "q_lora_rank").value_or(0);
@@ -68,7 +65,6 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
   return c;
 }
 
-
 }  // namespace ferry::models
 
 namespace ferry::models::families {
@@ -88,10 +84,7 @@ FamilyDescriptor deepseek(std::string architecture, std::string family) {
   d.build = [](const FamilyInput& in) {
     return make_deepseek_model(in, parse_deepseek_config(in.config, in.descriptor.architecture));
   };
-  d.hooks.push_back([](const Model& model, const FamilyInput& in) {
-    return deepseek_mla_hooks(model, parse_deepseek_config(in.config, in.descriptor.architecture),
-                              in);
-  });
+  d.hooks.push_back(deepseek_mla_hooks);
   d.hooks.push_back(deepseek_indexer_hooks);
   return d;
 }
