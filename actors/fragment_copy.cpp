@@ -45,38 +45,37 @@ bool dense_source(const Shape& s) {
   return s.rows <= 1 || s.src_pitch == s.src_row;
 }
 
-// Narrow rows whose source span is worth carrying whole over the link.
-bool gatherable(const Shape& s, std::size_t narrow_row_bytes) {
-  return s.rows > 1 && s.src_row < narrow_row_bytes &&
-         source_span(s.rows, s.src_pitch, s.src_row) <= kGatherMaxSpanRatio * s.rows * s.src_row;
-}
+// How a fragment of shape `s` is carried out: its path, where a cast's rows sit in
+// scratch, and the scratch that takes. The one rule both the copy worker (per
+// fragment) and rank_scratch_bytes (per piece, before streaming) apply, so that no
+// fragment a window cuts from a piece needs more scratch than the piece was sized
+// for: every input is the same for a piece and its fragments except the row count,
+// and cutting rows off only turns a path into a plain copy or shrinks its span.
+struct CopyStep {
+  CopyPath path = CopyPath::kContiguous;
+  bool span_to_scratch = false;  // a cast's source span copied whole into scratch
+  std::uint64_t scratch = 0;
+};
 
-CopyPath path_of(const Shape& s, std::size_t narrow_row_bytes) {
+CopyStep copy_step(const Shape& s, std::size_t narrow_row_bytes) {
+  // Narrow rows are gathered when their source pitch is at most kGatherMaxSpanRatio
+  // rows: a ratio per row, not per span, because a span's ratio depends on the row
+  // count (two rows of pitch 3w span 4w = 2 x 2w) and so would gather a two-row
+  // fragment of a piece whose whole span was judged too sparse.
+  const bool gatherable = s.rows > 1 && s.src_row < narrow_row_bytes &&
+                          s.src_pitch <= kGatherMaxSpanRatio * s.src_row;
+  const std::uint64_t span = source_span(s.rows, s.src_pitch, s.src_row);
   if (s.cast) {
-    return CopyPath::kCast;
+    const bool whole = dense_source(s) || gatherable;
+    return {CopyPath::kCast, whole, whole ? span : s.rows * s.src_row};
   }
   if (s.rows <= 1 || (s.src_pitch == s.src_row && s.dst_pitch == s.dst_row)) {
-    return CopyPath::kContiguous;
+    return {CopyPath::kContiguous, false, 0};
   }
-  return gatherable(s, narrow_row_bytes) ? CopyPath::kGather : CopyPath::kPitched;
-}
-
-// Where a cast's rows sit in scratch: the source's pitch when the span was copied
-// whole (dense or gatherable rows), else packed (one pitched copy put them there).
-bool cast_copies_span(const Shape& s, std::size_t narrow_row_bytes) {
-  return dense_source(s) || gatherable(s, narrow_row_bytes);
-}
-
-std::uint64_t scratch_of(const Shape& s, std::size_t narrow_row_bytes) {
-  switch (path_of(s, narrow_row_bytes)) {
-    case CopyPath::kGather:
-      return source_span(s.rows, s.src_pitch, s.src_row);
-    case CopyPath::kCast:
-      return cast_copies_span(s, narrow_row_bytes) ? source_span(s.rows, s.src_pitch, s.src_row)
-                                                   : s.rows * s.src_row;
-    default:
-      return 0;
+  if (gatherable) {
+    return {CopyPath::kGather, false, span};
   }
+  return {CopyPath::kPitched, false, 0};
 }
 
 }  // namespace
@@ -96,11 +95,11 @@ std::string_view to_string(CopyPath path) {
 }
 
 CopyPath copy_path(const Fragment& f, std::size_t narrow_row_bytes) {
-  return path_of(shape_of(f), narrow_row_bytes);
+  return copy_step(shape_of(f), narrow_row_bytes).path;
 }
 
 std::uint64_t fragment_scratch_bytes(const Fragment& f, std::size_t narrow_row_bytes) {
-  return scratch_of(shape_of(f), narrow_row_bytes);
+  return copy_step(shape_of(f), narrow_row_bytes).scratch;
 }
 
 std::uint64_t rank_scratch_bytes(const Plan& plan, std::size_t rank, std::size_t narrow_row_bytes) {
@@ -108,7 +107,7 @@ std::uint64_t rank_scratch_bytes(const Plan& plan, std::size_t rank, std::size_t
   for (const PlannedRoute& route : plan.routes) {
     for (const models::Piece& p : route.pieces) {
       if (p.local_rank == rank && p.kind == models::Piece::Kind::kCopy) {
-        need = std::max(need, scratch_of(shape_of(p), narrow_row_bytes));
+        need = std::max(need, copy_step(shape_of(p), narrow_row_bytes).scratch);
       }
     }
   }
@@ -121,8 +120,9 @@ void copy_fragment(gpu::Stream& stream, const Fragment& f, std::byte* param,
   std::byte* dst = param + f.dst_offset;
   const std::byte* src = staging + f.src_offset;
   const Shape s = shape_of(f);
-  const CopyPath path = path_of(s, narrow_row_bytes);
-  const std::uint64_t need = scratch_of(s, narrow_row_bytes);
+  const CopyStep step = copy_step(s, narrow_row_bytes);
+  const CopyPath path = step.path;
+  const std::uint64_t need = step.scratch;
   if (need > scratch_bytes) {
     throw Error(Stage::kCopy, "", "",
                 "internal: a fragment's " + std::string(to_string(path)) + " path needs " +
@@ -144,7 +144,7 @@ void copy_fragment(gpu::Stream& stream, const Fragment& f, std::byte* param,
       break;
   }
   std::uint64_t scratch_pitch = s.src_row;
-  if (cast_copies_span(s, narrow_row_bytes)) {
+  if (step.span_to_scratch) {
     stream.copy_h2d(scratch, src, need);
     scratch_pitch = f.rows <= 1 ? s.src_row : f.src_pitch;
   } else {

@@ -8,10 +8,11 @@
 //  - kPitched: one pitched host-to-device copy (rows at least narrow_row_bytes
 //    wide, or a device without a narrow-row limit);
 //  - kGather: rows narrower than the limit (row-parallel tp slices: 1-7 KiB) whose
-//    source span is at most kGatherMaxSpanRatio times the bytes they hold: the span
-//    goes contiguously into device scratch, then one device kernel gathers the rows
-//    into the parameter. Sparser rows (tp 4 and up: the span would carry 4x the
-//    bytes over the link) stay kPitched;
+//    source pitch is at most kGatherMaxSpanRatio rows (so the span carries at most
+//    that many times the bytes they hold): the span goes contiguously into device
+//    scratch, then one device kernel gathers the rows into the parameter. Sparser
+//    rows (tp 3 and up: the span would carry 3x the bytes over the link) stay
+//    kPitched;
 //  - kCast: the source dtype differs: the rows go to device scratch (contiguously
 //    where they are dense or narrow enough to gather, else by one pitched copy),
 //    then one cast_2d launch writes the whole pitched fragment.
@@ -29,7 +30,10 @@ namespace ferry::actors {
 enum class CopyPath { kContiguous, kPitched, kGather, kCast };
 std::string_view to_string(CopyPath path);
 
-// A gathered span may be at most this many times the bytes its rows hold.
+// Gathered rows have a source pitch of at most this many rows. The rule is per row,
+// not per span, so that a piece and every fragment a window cuts from it take the
+// same path (or a plain copy, cut to one row): the scratch sized per piece before
+// streaming then covers each fragment (a span's ratio falls with its row count).
 inline constexpr std::uint64_t kGatherMaxSpanRatio = 2;
 
 // The path of a fragment on a device whose narrow-row limit is `narrow_row_bytes`.

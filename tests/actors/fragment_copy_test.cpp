@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <string>
@@ -237,6 +238,97 @@ TEST(FragmentCopy, ARanksScratchIsItsLargestPieceCappedByTheChunk) {
   EXPECT_EQ(rank_scratch_bytes(plan, 1, 0), 3u * 2048 + 2048);
   EXPECT_EQ(rank_scratch_bytes(plan, 2, kNarrow), 0u);
   EXPECT_EQ(rank_scratch_bytes(plan, 3, kNarrow), 0u);
+}
+
+// The review's case: a tp 3 row-parallel piece (pitch 3x its 2 KiB row) is too
+// sparse to gather, so its rank was given no scratch; a window that cut it into a
+// two-row fragment (span 4 rows = 2x the two rows' bytes) used to send that fragment
+// down the gather path, and the load failed for want of scratch. Every fragment a
+// window cuts now takes its piece's path, within the piece's scratch.
+TEST(FragmentCopy, AFragmentCutFromATp3PieceNeedsNoScratchItsPieceWasNotGiven) {
+  Plan plan;
+  plan.options.chunk_bytes = 1 << 20;
+  models::Piece tp3;
+  tp3.rows = 64;
+  tp3.width_elems = 1024;  // 2 KiB of BF16 a row: narrow
+  tp3.src_pitch = 3 * 2048;
+  tp3.dst_pitch = 2048;
+  tp3.src_offset = 2048;  // rank 1's third
+  plan.routes.push_back({{tp3}, {}});
+  EXPECT_EQ(rank_scratch_bytes(plan, 0, kNarrow), 0u);
+  // A window from the start of row 10 to the end of row 11's slice: two whole rows.
+  std::vector<Fragment> cut;
+  clip_piece(tp3, 0, 2048 + 10 * 6144, 6144 + 2048, 0, cut);
+  ASSERT_EQ(cut.size(), 1u);
+  EXPECT_EQ(cut[0].rows, 2u);
+  EXPECT_EQ(copy_path(cut[0], kNarrow), CopyPath::kPitched);
+  EXPECT_EQ(fragment_scratch_bytes(cut[0], kNarrow), 0u);
+}
+
+// The property behind it, over random pieces and windows: every fragment a window
+// cuts from a piece needs no more scratch than rank_scratch_bytes gave the piece's
+// rank, and copies with exactly that scratch, on the host backend taking the CUDA
+// device's paths, to the bytes a row-by-row copy (and cast) writes.
+TEST(FragmentCopy, EveryFragmentOfEveryWindowFitsItsRanksScratch) {
+  std::mt19937_64 rng(30);
+  auto device = gpu::make_host_device(0);
+  auto stream = device->create_stream();
+  const DType dtypes[] = {DType::kBF16, DType::kF32, DType::kF16};
+  std::size_t gathered = 0;
+  std::size_t cast = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    models::Piece p;
+    p.src_dtype = dtypes[rng() % 3];
+    p.dst_dtype = rng() % 4 == 0 ? dtypes[rng() % 3] : p.src_dtype;
+    const std::uint64_t ses = dtype_size(p.src_dtype);
+    const std::uint64_t des = dtype_size(p.dst_dtype);
+    p.rows = 1 + rng() % 40;
+    p.width_elems = 1 + rng() % 300;
+    const std::uint64_t tp = 1 + rng() % 5;  // source pitch: 1 to 5 rows
+    p.src_pitch = p.width_elems * ses * tp;
+    p.src_offset = p.width_elems * ses * (rng() % tp);
+    p.dst_pitch = p.width_elems * des * (1 + rng() % 2);
+    Plan plan;
+    plan.options.chunk_bytes = 4096 + rng() % 8192;
+    plan.routes.push_back({{p}, {}});
+    const std::size_t narrow = p.width_elems * ses + 1;  // every row narrow
+    const std::uint64_t rank_scratch = rank_scratch_bytes(plan, 0, narrow);
+    gpu::DeviceAllocation scratch = device->allocate(rank_scratch);
+    const std::uint64_t tensor_bytes = p.src_offset + p.src_end();
+    std::vector<std::byte> file(tensor_bytes + 16);
+    for (auto& b : file) {
+      b = static_cast<std::byte>(rng() % 63);  // small bytes: finite in every dtype
+    }
+    const std::uint64_t param_bytes = (p.rows - 1) * p.dst_pitch + p.width_elems * des;
+    gpu::DeviceAllocation param = device->allocate(param_bytes);
+    std::vector<std::byte> want(param_bytes, std::byte{0});
+    std::memset(param.data(), 0, param_bytes);
+    for (std::uint64_t r = 0; r < p.rows; ++r) {
+      gpu::host::cast(want.data() + r * p.dst_pitch, p.dst_dtype,
+                      file.data() + p.src_offset + r * p.src_pitch, p.src_dtype, p.width_elems);
+    }
+    // Windows of random length (element boundaries), walked over the whole tensor.
+    for (std::uint64_t w0 = 0; w0 < tensor_bytes;) {
+      std::uint64_t n = std::min<std::uint64_t>(plan.options.chunk_bytes, tensor_bytes - w0);
+      n = std::max<std::uint64_t>(ses, (1 + rng() % n) / ses * ses);
+      std::vector<Fragment> fragments;
+      clip_piece(p, 0, w0, n, 0, fragments);
+      for (const Fragment& f : fragments) {
+        ASSERT_LE(fragment_scratch_bytes(f, narrow), rank_scratch)
+            << "trial " << trial << ": a " << f.rows << "-row fragment, pitch " << f.src_pitch
+            << ", row " << f.src_row_bytes();
+        gathered += copy_path(f, narrow) == CopyPath::kGather ? 1 : 0;
+        cast += copy_path(f, narrow) == CopyPath::kCast ? 1 : 0;
+        copy_fragment(*stream, f, param.data(), file.data() + w0, scratch.data(), scratch.size(),
+                      narrow);
+      }
+      w0 += n;
+    }
+    stream->synchronize();
+    ASSERT_EQ(std::memcmp(param.data(), want.data(), param_bytes), 0) << "trial " << trial;
+  }
+  EXPECT_GT(gathered, 0u);  // the paths the property is about were taken
+  EXPECT_GT(cast, 0u);
 }
 
 }  // namespace
