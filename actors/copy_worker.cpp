@@ -13,7 +13,8 @@
 // queued behind whatever chunks are already waiting, so a busy worker queues
 // several chunks before it waits. A flush waits for the oldest parked event only,
 // releases what has completed and, while chunks stay parked, sends itself another.
-// A staging buffer never returns to the pool while a copy may still read it.
+// A staging buffer never returns to the pool while a copy may still read it, not
+// even when a chunk fails half queued (the worker waits for the stream first).
 // Zero fills (vocabulary padding) run once, before the first chunk.
 //
 // Landed bytes are batched: a LandedMsg per chunk woke a scheduler thread per
@@ -269,6 +270,16 @@ struct CopyWorkerState {
     return landed;
   }
 
+  // Waits for everything queued on the stream, on a failure path: an error of the
+  // wait itself is logged, since the failure being reported comes first.
+  void wait_for_stream() noexcept {
+    try {
+      stream->synchronize();
+    } catch (const std::exception& e) {
+      log::warn(std::string("copy worker: synchronize after a failed chunk failed: ") + e.what());
+    }
+  }
+
   // Waits for every parked chunk, reports its bytes, releases its staging buffer.
   void flush(caf::event_based_actor* self) {
     while (!parked.empty()) {
@@ -355,7 +366,16 @@ caf::behavior copy_worker(caf::stateful_actor<CopyWorkerState>* self,
           st.add_landed(self, st.execute(*msg.window, nullptr));
           return;
         }
-        Landed landed = st.execute(*msg.window, msg.buf->data());
+        Landed landed;
+        try {
+          landed = st.execute(*msg.window, msg.buf->data());
+        } catch (...) {
+          // Fragments queued before the failure may still be reading the buffer,
+          // which goes back to its pool (or is freed) with this message: wait for
+          // them first.
+          st.wait_for_stream();
+          throw;
+        }
         st.parked.push_back({st.stream->record(), std::move(msg.buf), std::move(landed)});
         st.release_completed(self);
         if (!st.parked.empty() && !st.flush_scheduled) {

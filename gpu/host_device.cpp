@@ -222,6 +222,28 @@ class DeferredEvent final : public Event {
   std::uint64_t seq_;
 };
 
+// What on_changed_source compares: every byte of a small source, else 4096 samples
+// of 8 bytes spread over it (a poisoned or refilled staging buffer changes them all).
+std::uint64_t fingerprint(const std::byte* p, std::size_t bytes) {
+  constexpr std::size_t kWhole = std::size_t{64} << 10;
+  constexpr std::size_t kSamples = 4096;
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  auto mix = [&h](const std::byte* q, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      h = (h ^ static_cast<std::uint64_t>(q[i])) * 0x100000001b3ULL;
+    }
+  };
+  if (bytes <= kWhole) {
+    mix(p, bytes);
+    return h;
+  }
+  const std::size_t step = (bytes - 8) / (kSamples - 1);
+  for (std::size_t i = 0; i < kSamples; ++i) {
+    mix(p + i * step, 8);
+  }
+  return h;
+}
+
 class HostStream final : public Stream {
  public:
   explicit HostStream(std::shared_ptr<HostDeviceState> state) : state_(std::move(state)) {
@@ -243,7 +265,11 @@ class HostStream final : public Stream {
     if (checks().copy_h2d(dst, src_host, bytes) == 0) {
       return;
     }
-    run([=] { host::copy_around_caches(dst, src_host, bytes); });
+    const std::uint64_t before = source_fingerprint(src_host, bytes);
+    run([=, this] {
+      check_source("copy_h2d", before, src_host, bytes);
+      host::copy_around_caches(dst, src_host, bytes);
+    });
     book(bytes);
   }
 
@@ -252,7 +278,10 @@ class HostStream final : public Stream {
     if (checks().copy_h2d_2d(dst, dst_pitch, src_host, src_pitch, width_bytes, rows) == 0) {
       return;
     }
-    run([=] {
+    const std::size_t span = (rows - 1) * src_pitch + width_bytes;
+    const std::uint64_t before = source_fingerprint(src_host, span);
+    run([=, this] {
+      check_source("copy_h2d_2d", before, src_host, span);
       for (std::size_t r = 0; r < rows; ++r) {
         host::copy_around_caches(dst + r * dst_pitch, src_host + r * src_pitch, width_bytes);
       }
@@ -357,6 +386,23 @@ class HostStream final : public Stream {
   }
 
   detail::TrackedStreamChecks checks() const { return {state_->name, state_->allocations}; }
+
+  // HostDeviceOptions::on_changed_source: only deferred copies can see a change.
+  bool checks_sources() const {
+    return deferred_ != nullptr && static_cast<bool>(state_->options.on_changed_source);
+  }
+  std::uint64_t source_fingerprint(const std::byte* src, std::size_t bytes) const {
+    return checks_sources() ? fingerprint(src, bytes) : 0;
+  }
+  // Runs on the deferred queue's thread, just before the copy.
+  void check_source(const char* op, std::uint64_t before, const std::byte* src,
+                    std::size_t bytes) const {
+    if (checks_sources() && fingerprint(src, bytes) != before) {
+      state_->options.on_changed_source(state_->name + ": " + op + " of " +
+                                        std::to_string(bytes) + " bytes from " + hex(src) +
+                                        ": the source changed before the copy ran");
+    }
+  }
 
   // Books a host-to-device transfer on the device's link, in stream order: it
   // starts when queued, after the stream's previous transfer, once the link is free.

@@ -19,7 +19,9 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "gpu/device.hpp"
 
@@ -42,6 +44,14 @@ struct HostDeviceOptions {
   // buffer back before the copy reading it has run copies whatever the buffer
   // holds by then (see io::StagingPool::poison_on_return): host.deferred_copies.
   bool deferred_copies = false;
+  // With deferred_copies: called (on the stream's thread) for each host-to-device
+  // copy whose source bytes changed between the call and the moment the copy ran,
+  // naming the operation: the caller broke the Stream contract (a host buffer must
+  // stay unchanged until an event after the copy completes), e.g. a staging buffer
+  // given back to its pool, and poisoned there, while a copy still read it. The
+  // source is fingerprinted when the copy is queued (every byte of up to 64 KiB,
+  // else samples across it) and again before it runs. Empty: not checked.
+  std::function<void(const std::string& what)> on_changed_source = nullptr;
   // Ask for transparent huge pages (MADV_HUGEPAGE) for large allocations. Off by
   // default: on the virtual machines measured, committing 2.2 GB in huge pages
   // took 4.4-4.9 s in the usual state (free memory handed back to the hypervisor)
