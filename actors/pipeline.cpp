@@ -45,7 +45,6 @@ class LogSinkHook final : public caf::thread_hook {
   std::shared_ptr<const log::Sink> sink_;
 };
 
-constexpr unsigned kMaxAutoLanes = 4;
 constexpr std::size_t kStagingPerRank = std::size_t{8} << 20;
 constexpr std::size_t kStagingAlignment = 4096;
 
@@ -95,7 +94,9 @@ void make_lanes(Shared& shared) {
   const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
   std::size_t lanes = o.read_lanes;
   if (lanes == 0) {
-    lanes = std::min({cores, std::max<std::size_t>(1, files_read(plan)), std::size_t{kMaxAutoLanes},
+    const std::size_t files =
+        o.lanes_follow_files ? std::max<std::size_t>(1, files_read(plan)) : cores;
+    lanes = std::min({cores, files, std::max<std::size_t>(1, o.max_auto_lanes),
                       std::max<std::size_t>(1, buffers / 2)});
   }
   lanes = std::min(lanes, buffers);

@@ -39,6 +39,10 @@ struct PipelineOptions {
   // (lane_spans); 0 = min(cores, files the plan reads, 4). Fewer run when the
   // staging budget holds fewer buffers or the plan has fewer spans.
   unsigned read_lanes = 1;
+  // read_lanes 0 (auto): at most this many lanes, and at most one per weight file
+  // read where lanes_follow_files (runtime::io_auto decides both by the devices).
+  unsigned max_auto_lanes = 4;
+  bool lanes_follow_files = true;
   unsigned queue_depth = 16;  // reads in flight per lane
   // Teardown's bound on reads it asked the kernel to cancel (io::Reader::cancel).
   std::chrono::milliseconds cancel_timeout{5000};

@@ -391,6 +391,13 @@ class Fields {
     fail_key(key, "expected a string, got " + e->value->dump());
   }
 
+  // True when `key` is absent or the string "auto" (a size key whose default ferry
+  // picks); the key then counts as read.
+  bool is_auto(const std::string& key) {
+    const Entry* e = find(key);
+    return e == nullptr || (e->value->is_string() && e->value->get<std::string>() == "auto");
+  }
+
   bool get_bool(const std::string& key, bool fallback) {
     const Entry* e = find(key);
     if (e == nullptr) {
@@ -637,6 +644,15 @@ void ConfigBuilder::apply_flag_value(std::string_view flag, std::string_view key
   set_key(std::string(key), value, std::string(flag), std::nullopt);
 }
 
+IoAuto io_auto(DeviceSpec::Kind kind, std::size_t local_devices) {
+  const std::size_t n = std::max<std::size_t>(1, local_devices);
+  if (kind != DeviceSpec::Kind::kCuda) {
+    return {std::size_t{1} << 20, (std::size_t{8} << 20) * n, 4, true};
+  }
+  return {std::size_t{16} << 20, std::min((std::size_t{256} << 20) * n, std::size_t{1} << 30),
+          static_cast<unsigned>(std::min<std::size_t>(16, 8 * n)), false};
+}
+
 LoadConfig ConfigBuilder::build() const {
   Fields::Lookup lookup;
   for (const auto& [key, entry] : entries_) {
@@ -809,8 +825,20 @@ LoadConfig ConfigBuilder::build() const {
   c.io.queue_depth = static_cast<unsigned>(f.get_int("io.queue_depth", 1, 32768, d.io.queue_depth));
   c.io.cancel_timeout_ms = static_cast<std::uint64_t>(f.get_int(
       "io.cancel_timeout_ms", 1, 3'600'000, static_cast<std::int64_t>(d.io.cancel_timeout_ms)));
-  c.io.chunk_bytes = f.get_size("io.chunk_bytes", 4096, kMaxChunkBytes, d.io.chunk_bytes);
   c.io.staging_bytes = f.get_size("io.staging_bytes", 0, kMaxStagingBytes, d.io.staging_bytes);
+  if (f.is_auto("io.chunk_bytes")) {
+    // By the devices' link, and never so large that explicit staging holds fewer
+    // than two buffers (one read in flight while the other is copied).
+    const IoAuto a = io_auto(c.devices.kind, p.ranks.size());
+    c.io.chunk_bytes = a.chunk_bytes;
+    if (c.io.staging_bytes != 0) {
+      const std::uint64_t half = c.io.staging_bytes / 2 / kDirectAlign * kDirectAlign;
+      c.io.chunk_bytes = std::max<std::uint64_t>(
+          kDirectAlign, std::min<std::uint64_t>(c.io.chunk_bytes, half));
+    }
+  } else {
+    c.io.chunk_bytes = f.get_size("io.chunk_bytes", 4096, kMaxChunkBytes, d.io.chunk_bytes);
+  }
   if (c.io.staging_bytes != 0) {
     const std::uint64_t buffer =
         (c.io.chunk_bytes + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
@@ -818,7 +846,8 @@ LoadConfig ConfigBuilder::build() const {
       f.fail_key("io.staging_bytes", "must hold at least one io.chunk_bytes buffer (" +
                                          std::to_string(buffer) + " bytes), got " +
                                          std::to_string(c.io.staging_bytes) +
-                                         " (0 means 8 MiB per local device)");
+                                         " (0 means auto: 8 MiB per local host device, 256 MiB "
+                                         "per GPU up to 1 GiB)");
     }
   }
   {

@@ -85,18 +85,43 @@ struct DeviceSpec {
   bool operator==(const DeviceSpec&) const = default;
 };
 
+// What io.chunk_bytes, io.staging_bytes and io.read_lanes come to when left auto,
+// by the kind and number of local devices. Host and null devices keep what was
+// measured best on host memory (docs/PERFORMANCE.md): 1 MiB chunks that stay in the
+// CPU caches, 8 MiB of staging per device, at most 4 lanes and one per file. A GPU's
+// link wants more bytes per chunk and more in flight: at 50 GB/s a 1 MiB chunk is
+// 20 us of DMA, of which a chunk's fixed costs (a message, an event record and
+// query, device look-ups) would be a large share, and 8 MiB of staging holds only
+// 160 us of link time. So on CUDA devices: 16 MiB chunks (335 us each at 50 GB/s),
+// 256 MiB of pinned staging per GPU up to 1 GiB in all (at least 5 ms of link time
+// in flight for one GPU), and 8 lanes per GPU up to 16, not bounded by the number
+// of files (a lane takes large runs of one file's tensors when there are fewer
+// files than lanes). The pipeline also caps lanes by cores and by staging buffers / 2.
+struct IoAuto {
+  std::size_t chunk_bytes = 0;
+  std::size_t staging_bytes = 0;  // all lanes together
+  unsigned max_lanes = 0;
+  bool lanes_follow_files = true;  // at most one lane per weight file read
+};
+IoAuto io_auto(DeviceSpec::Kind kind, std::size_t local_devices);
+
 struct IoConfig {
   io::Engine engine = io::Engine::kUring;  // uring (falls back to pread) or pread
   // Defaults measured best from the page cache (docs/PERFORMANCE.md): 1 MiB
   // buffers keep the pool (8 MiB) in the CPU caches between the reader's kernel
   // copy and the copy workers; cold O_DIRECT reads prefer queue_depth 16 x 4 MiB.
+  // GPUs take other defaults, sized for their link (io_auto below).
   // Reader threads, each with its own ring, staging and whole files (or large
-  // spans of one file); 0 = min(cores, weight files read, 4).
+  // spans of one file); 0 = auto (io_auto: min(cores, weight files read, 4) on
+  // host devices).
   unsigned read_lanes = 0;
-  unsigned queue_depth = 4;                        // reads in flight per lane
-  std::size_t chunk_bytes = std::size_t{1} << 20;  // one read and one staging buffer
+  unsigned queue_depth = 4;  // reads in flight per lane
+  // One read and one staging buffer. The key's default is "auto", which build()
+  // resolves by the devices (io_auto: 1 MiB on host devices, 16 MiB on GPUs).
+  std::size_t chunk_bytes = std::size_t{1} << 20;
   // Host staging memory for all lanes together, split evenly across them in
-  // chunk_bytes buffers; 0 = 8 MiB per local device. (Replaces staging_buffers.)
+  // chunk_bytes buffers; 0 = auto (io_auto: 8 MiB per local host device). (Replaces
+  // staging_buffers.)
   std::size_t staging_bytes = 0;
   // Reads that are one contiguous run of one host device's param land there with
   // no staging: auto (where possible with two lanes or more), on (wherever

@@ -1375,7 +1375,11 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   input.options.queue_depth = c.io.queue_depth;
   input.options.cancel_timeout = std::chrono::milliseconds(c.io.cancel_timeout_ms);
   input.options.chunk_bytes = c.io.chunk_bytes;
-  input.options.staging_bytes = c.io.staging_bytes;
+  // Auto staging and lanes follow the devices' link (io_auto).
+  const IoAuto io = io_auto(c.devices.kind, shells.size());
+  input.options.staging_bytes = c.io.staging_bytes != 0 ? c.io.staging_bytes : io.staging_bytes;
+  input.options.max_auto_lanes = io.max_lanes;
+  input.options.lanes_follow_files = io.lanes_follow_files;
   input.options.direct_to_device = c.io.direct_to_device;
   input.options.direct = c.io.direct;
   input.options.prefetch = c.prefetch.enabled;

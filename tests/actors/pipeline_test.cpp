@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu/host_device.hpp"
@@ -101,7 +103,8 @@ struct ToyRun {
 
 void run_toy(ToyRun& run, const std::string& dir, const models::Model& model,
              const std::atomic<bool>* cancel = nullptr,
-             std::function<std::unique_ptr<io::Reader>(std::unique_ptr<io::Reader>)> wrap = {}) {
+             std::function<std::unique_ptr<io::Reader>(std::unique_ptr<io::Reader>)> wrap = {},
+             const std::function<void(PipelineOptions&)>& tweak = {}) {
   run.index = io::build_checkpoint_index(io::resolve_source(dir));
   run.plan = make_plan(run.index, model, {4096, false});
   gpu::HostDeviceOptions o;
@@ -121,6 +124,9 @@ void run_toy(ToyRun& run, const std::string& dir, const models::Model& model,
   in.options.staging_bytes = 2 * 4096;
   in.cancel = cancel;
   in.wrap_reader = std::move(wrap);
+  if (tweak) {
+    tweak(in.options);
+  }
   run.result = run_pipeline(in);
 }
 
@@ -270,6 +276,28 @@ TEST(Pipeline, NoReadIsIssuedAfterTheLoadStops) {
   ASSERT_TRUE(r.error.has_value());
   EXPECT_EQ(r.error->stage(), Stage::kCancelled) << r.error->what();
   EXPECT_EQ(submits.load(), 1);
+}
+
+// read_lanes 0: on host devices at most one lane per file read; where the devices'
+// link wants more (runtime::io_auto on GPUs), lanes split one file's spans too.
+TEST(Pipeline, AutoLanesFollowTheFilesOnlyWhereAsked) {
+  TempDir dir;
+  const std::string ck = write_toy_checkpoint(dir);  // one file, two tensors
+  auto toy = make_toy();
+  const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  for (bool follow : {true, false}) {
+    ToyRun run;
+    run_toy(run, ck, *toy->model, nullptr, {}, [follow](PipelineOptions& o) {
+      o.read_lanes = 0;
+      o.staging_bytes = 8 * 4096;
+      o.max_auto_lanes = 8;
+      o.lanes_follow_files = follow;
+    });
+    ASSERT_FALSE(run.result.error) << run.result.error->what();
+    EXPECT_EQ(run.result.read_lanes, follow ? 1u : std::min<std::size_t>(cores, 2))
+        << "lanes_follow_files " << follow;  // two spans: two lanes at most
+    EXPECT_EQ(read_f32(run, 0)[5], 1.25f);
+  }
 }
 
 TEST(Pipeline, AFailingHookAbortsWithItsName) {

@@ -253,6 +253,42 @@ TEST(LoadConfigTest, FerryVariablesThatNameNoKeyAreIgnoredWithOneWarningEach) {
   EXPECT_THAT(logged[0], HasSubstr("config: environment FERRY_BIN: not a ferry variable"));
 }
 
+// io.chunk_bytes "auto" (the default), io.staging_bytes 0 and io.read_lanes 0 follow
+// the devices' link (io_auto): host memory keeps the sizes measured best there, a
+// GPU's link gets larger chunks, more staging and more lanes.
+TEST(LoadConfigTest, AutoIoSizesFollowTheDevices) {
+  const IoAuto host = io_auto(DeviceSpec::Kind::kHost, 2);
+  EXPECT_EQ(host.chunk_bytes, std::size_t{1} << 20);
+  EXPECT_EQ(host.staging_bytes, std::size_t{16} << 20);  // 8 MiB per device
+  EXPECT_EQ(host.max_lanes, 4u);
+  EXPECT_TRUE(host.lanes_follow_files);
+  EXPECT_EQ(io_auto(DeviceSpec::Kind::kNull, 1).chunk_bytes, std::size_t{1} << 20);
+  const IoAuto one_gpu = io_auto(DeviceSpec::Kind::kCuda, 1);
+  EXPECT_EQ(one_gpu.chunk_bytes, std::size_t{16} << 20);
+  EXPECT_EQ(one_gpu.staging_bytes, std::size_t{256} << 20);
+  EXPECT_EQ(one_gpu.max_lanes, 8u);
+  EXPECT_FALSE(one_gpu.lanes_follow_files);
+  const IoAuto eight = io_auto(DeviceSpec::Kind::kCuda, 8);
+  EXPECT_EQ(eight.staging_bytes, std::size_t{1} << 30);  // capped
+  EXPECT_EQ(eight.max_lanes, 16u);
+
+  EXPECT_EQ(from_sets({}).io.chunk_bytes, std::size_t{1} << 20);
+  EXPECT_EQ(from_sets({"io.chunk_bytes=auto"}).io.chunk_bytes, std::size_t{1} << 20);
+  EXPECT_EQ(from_sets({"devices=cuda:0"}).io.chunk_bytes, std::size_t{16} << 20);
+  EXPECT_EQ(from_sets({"devices=cuda:0", "io.chunk_bytes=auto"}).io.chunk_bytes,
+            std::size_t{16} << 20);
+  // What the user sets stands.
+  EXPECT_EQ(from_sets({"devices=cuda:0", "io.chunk_bytes=2MiB"}).io.chunk_bytes,
+            std::size_t{2} << 20);
+  // Auto chunks leave explicit staging at least two buffers.
+  EXPECT_EQ(from_sets({"devices=cuda:0", "io.staging_bytes=8MiB"}).io.chunk_bytes,
+            std::size_t{4} << 20);
+  EXPECT_EQ(from_sets({"io.staging_bytes=12KiB"}).io.chunk_bytes, 4096u);
+  EXPECT_EQ(from_sets({"devices=cuda:0"}).io.staging_bytes, 0u);  // auto, resolved per load
+  EXPECT_THAT(config_error([] { from_sets({"io.chunk_bytes=most"}); }),
+              HasSubstr("io.chunk_bytes"));
+}
+
 TEST(LoadConfigTest, SetValuesAreJsonElseText) {
   EXPECT_TRUE(from_sets({"io.direct=true"}).io.direct);
   EXPECT_EQ(from_sets({R"(model.path="/a b")"}).model.path, "/a b");
