@@ -302,6 +302,34 @@ class HostStream final : public Stream {
     }
   }
 
+  void set_bytes(std::byte* dst, std::byte value, std::size_t bytes) override {
+    if (checks().set_bytes(dst, bytes) != 0) {
+      run([=] { std::memset(dst, static_cast<int>(value), bytes); });
+    }
+  }
+
+  // The table lies in device memory, which here is host memory: its entries are
+  // checked at the call, after whatever this stream queued before (the upload of
+  // the table, on a deferred stream) has run.
+  void match_pattern(const PatternRange* ranges, std::size_t count,
+                     std::uint8_t* flags) override {
+    if (checks().match_pattern(ranges, count, flags) == 0) {
+      return;
+    }
+    if (deferred_) {
+      deferred_->wait(deferred_->queued());
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      checks().check_pattern_range(ranges[i], i);
+    }
+    run([=] {
+      for (std::size_t i = 0; i < count; ++i) {
+        const PatternRange& r = ranges[i];
+        flags[i] = host::matches_pattern(r.data, r.bytes, r.pattern, r.element_size) ? 1 : 0;
+      }
+    });
+  }
+
   void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
                std::size_t src_pitch, DType src_dtype, std::size_t width,
                std::size_t rows) override {

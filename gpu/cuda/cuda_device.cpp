@@ -306,6 +306,25 @@ class CudaStream final : public Stream {
                      cudaMemset2DAsync(dst, dst_pitch, 0, width_bytes, rows, stream_));
   }
 
+  void set_bytes(std::byte* dst, std::byte value, std::size_t bytes) override {
+    if (bytes == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    FERRY_CUDA_CHECK(state_->name,
+                     cudaMemsetAsync(dst, static_cast<int>(value), bytes, stream_));
+  }
+
+  void match_pattern(const PatternRange* ranges, std::size_t count,
+                     std::uint8_t* flags) override {
+    if (count == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    check(launch_match_pattern(ranges, count, flags, stream_), "match_pattern kernel launch",
+          state_->name, std::to_string(count) + " ranges");
+  }
+
   void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
                std::size_t src_pitch, DType src_dtype, std::size_t width,
                std::size_t rows) override {

@@ -5,9 +5,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +23,7 @@
 #include "runtime/runtime.hpp"
 #include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "testing/faulty_device.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -511,6 +514,80 @@ TEST_F(StartupTest, CallsInTheWrongStateAreClearErrorsThatChangeNothing) {
   EXPECT_EQ(bad.state(), RuntimeState::kFailed);
   ASSERT_FALSE(bad.commit().wait());
   EXPECT_EQ(bad.state(), RuntimeState::kFailed);
+}
+
+
+// The sentinel is filled and checked per device, not per parameter: an FP8 model
+// (one-byte sentinel: set_bytes, no host source) on two devices whose streams count
+// their calls. prepare() waits a few times per device (the fill, the check's
+// upload), commit() reads back once per device (the check's flags) and waits a
+// few times per device. (Before: a synchronize per FP8 parameter in prepare(), a
+// 4 KiB copy_d2h and a synchronize per floating-point parameter in commit().)
+TEST(StartupSyncTest, TheSentinelIsFilledAndCheckedPerDeviceNotPerParameter) {
+  TempDir dir;
+  tools::SynthOptions o;
+  o.family = "llama";
+  o.preset = "tiny";
+  o.out = dir.file("fp8");
+  o.seed = 5;
+  o.fsync = false;
+  o.quant = tools::SynthQuant::kFp8Block;
+  o.quant_block = 16;
+  tools::synthesize(o);
+
+  auto mu = std::make_shared<std::mutex>();
+  auto ops = std::make_shared<std::map<std::string, int>>();
+  RuntimeHooks hooks;
+  for (int i = 0; i < 2; ++i) {
+    hooks.devices.push_back(std::make_shared<ferry::testing::FaultyDevice>(
+        gpu::make_host_device(i), [mu, ops](std::string_view op) {
+          std::lock_guard lock(*mu);
+          ++(*ops)[std::string(op)];
+        }));
+  }
+  auto count = [&](const std::string& op) {
+    std::lock_guard lock(*mu);
+    return (*ops)[op];
+  };
+  Runtime rt(config_for(o.out, {"parallel.tp=2"}, "overlap"), hooks);
+  LoadResult prepared = rt.prepare().wait();
+  ASSERT_TRUE(prepared) << prepared.error->message;
+  std::size_t fp8 = 0, floating = 0;
+  for (const LoadedRank& rank : prepared.model->ranks()) {
+    for (const LoadedParam& p : rank.params) {
+      fp8 += p.dtype == DType::kF8E4M3 ? 1 : 0;
+      floating += p.dtype == DType::kF8E4M3 || p.dtype == DType::kBF16 ||
+                          p.dtype == DType::kF32 || p.dtype == DType::kF16
+                      ? 1
+                      : 0;
+    }
+  }
+  ASSERT_GE(fp8, 8u);  // the FP8 path is what the test is about
+  const int devices = 2;
+  EXPECT_GT(count("set_bytes"), 0);
+  EXPECT_LE(count("synchronize"), 2 * devices) << fp8 << " FP8 params";
+  EXPECT_EQ(count("copy_d2h"), 0);
+  // Every FP8 parameter holds its sentinel byte (2^-9: 0x01).
+  const std::vector<std::byte> w = prepared.model->read_param(0, "model.layers.0.mlp.down_proj.weight");
+  ASSERT_FALSE(w.empty());
+  EXPECT_TRUE(std::all_of(w.begin(), w.end(), [](std::byte b) { return b == std::byte{0x01}; }));
+
+  {
+    std::lock_guard lock(*mu);
+    ops->clear();
+  }
+  LoadResult r = rt.commit().wait();
+  ASSERT_TRUE(r) << r.error->message;
+  EXPECT_EQ(count("match_pattern"), devices);
+  EXPECT_EQ(count("copy_d2h"), devices) << floating << " floating-point params";
+  EXPECT_LE(count("synchronize"), 3 * devices) << [&] {
+    std::string all;
+    std::lock_guard lock(*mu);
+    for (const auto& [op, n] : *ops) {
+      all += op + " " + std::to_string(n) + "; ";
+    }
+    return all;
+  }();
 }
 
 // ---- cancellation ---------------------------------------------------------------
