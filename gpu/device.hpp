@@ -292,6 +292,12 @@ class Device {
 
   virtual std::unique_ptr<Stream> create_stream() = 0;
 
+  // Makes the device's event pool hold at least `count` free events, so that as
+  // many record() (and synchronize()) calls outstanding at once create none: what
+  // a capture-safe load reserves before it streams (actors::prepare_resources).
+  // Each new stream reserves 16. Backends without a pool: nothing.
+  virtual void reserve_events(std::size_t count) { (void)count; }
+
   // A snapshot of the allocation counters.
   virtual AllocationStats stats() const = 0;
 

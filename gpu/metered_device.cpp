@@ -127,6 +127,7 @@ class MeteredDevice final : public Device {
   std::unique_ptr<Stream> create_stream() override {
     return std::make_unique<MeteredStream>(inner_->create_stream(), observer_, inner_->name());
   }
+  void reserve_events(std::size_t count) override { inner_->reserve_events(count); }
   AllocationStats stats() const override { return inner_->stats(); }
   bool holds_data() const override { return inner_->holds_data(); }
   bool host_addressable() const override { return inner_->host_addressable(); }

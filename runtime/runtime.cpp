@@ -830,11 +830,14 @@ struct LoadWork {
   std::unique_ptr<io::Prefetcher> prefetcher;
   std::vector<std::size_t> stamped;  // planned files (index.files) commit() checks again
   Clock::time_point prepared_at;
-  // Made by prepare() in overlap mode, so that commit() creates nothing: a stream
-  // per local rank (the sentinel fill, the pipeline's copy workers, the sentinel
-  // check) and the sentinel check's buffers.
-  std::vector<std::unique_ptr<gpu::Stream>> streams;
+  // Made by prepare() in overlap mode, so that commit() allocates and creates
+  // nothing (include/ferry/runtime.hpp): the pipeline's lanes, staging pools, and
+  // per local rank a stream (the sentinel fill, the copy worker, the sentinel
+  // check) and copy scratch; the sentinel check's buffers. Released with the work,
+  // after commit() ended.
+  std::shared_ptr<actors::PreparedResources> resources;
   std::vector<SentinelCheck> sentinel_checks;
+  gpu::Stream& rank_stream(std::size_t r) { return *resources->ranks.at(r).stream; }
 };
 
 struct FERRY_HIDDEN Runtime::Impl {
@@ -891,6 +894,9 @@ struct FERRY_HIDDEN Runtime::Impl {
   void make_devices(LoadWork& w);
   void allocate(LoadWork& w, LoadHandle::State& handle);
   void stream(LoadWork& w, LoadHandle::State& handle);  // + verify the bytes landed
+  // The pipeline's input as far as it is fixed before streaming: plan, model,
+  // targets, options, staging (what actors::prepare_resources reads).
+  actors::PipelineInput pipeline_input(LoadWork& w) const;
   std::byte* reallocate(LoadWork& w, std::size_t rank, std::size_t param);
   std::vector<StartupRefusal> overlap_refusals(const LoadWork& w) const;
   void fill_sentinel(LoadWork& w, LoadHandle::State& handle);
@@ -1368,16 +1374,9 @@ std::byte* Runtime::Impl::reallocate(LoadWork& w, std::size_t rank, std::size_t 
   return data;
 }
 
-void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
+actors::PipelineInput Runtime::Impl::pipeline_input(LoadWork& w) const {
   const LoadConfig& c = config;
-  LoadReport& report = w.report;
   const auto& shells = w.model->shells();
-  handle.bytes_planned.store(w.plan.bytes_planned);
-  handle.tensors_placed.store(w.plan.placed);
-  const Clock::time_point t_begin = Clock::now();
-
-  // ---- stream (+ postprocess)
-  handle.phase.store(LoadPhase::kStream);
   actors::PipelineInput input;
   input.index = &w.resolved.index;
   input.model = w.model.get();
@@ -1415,6 +1414,21 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
       }
     }
   }
+  return input;
+}
+
+void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
+  const LoadConfig& c = config;
+  LoadReport& report = w.report;
+  const auto& shells = w.model->shells();
+  handle.bytes_planned.store(w.plan.bytes_planned);
+  handle.tensors_placed.store(w.plan.placed);
+  const Clock::time_point t_begin = Clock::now();
+
+  // ---- stream (+ postprocess)
+  handle.phase.store(LoadPhase::kStream);
+  actors::PipelineInput input = pipeline_input(w);
+  input.prepared = w.resources;  // prepare()'s, in overlap mode
   input.faults = hooks.faults;
   input.before_copy = hooks.before_copy;
   input.fault_point = hooks.fault_point;
@@ -1685,7 +1699,7 @@ namespace {
 // (one synchronize per device).
 std::vector<SentinelCheck> prepare_sentinel_checks(
     const std::vector<ManifestEntry>& manifest, const LoadedModel::State& state,
-    const std::vector<std::unique_ptr<gpu::Stream>>& streams) {
+    const actors::PreparedResources& resources) {
   std::vector<SentinelCheck> checks(state.devices.size());
   std::vector<std::vector<gpu::PatternRange>> tables(state.devices.size());
   for (const ManifestEntry& e : manifest) {
@@ -1712,12 +1726,12 @@ std::vector<SentinelCheck> prepare_sentinel_checks(
                   "allocating the sentinel check of " + std::to_string(n) +
                       " parameters: " + e.rule());
     }
-    streams.at(r)->copy_h2d(c.table.data(), reinterpret_cast<const std::byte*>(tables[r].data()),
+    resources.ranks.at(r).stream->copy_h2d(c.table.data(), reinterpret_cast<const std::byte*>(tables[r].data()),
                             n * sizeof(gpu::PatternRange));
   }
   for (std::size_t r = 0; r < checks.size(); ++r) {
     if (!tables[r].empty()) {
-      streams[r]->synchronize();  // before `tables` goes
+      resources.ranks[r].stream->synchronize();  // before `tables` goes
     }
   }
   return checks;
@@ -1727,7 +1741,7 @@ std::vector<SentinelCheck> prepare_sentinel_checks(
 // one synchronize per device.
 std::vector<std::string> sentinel_params(std::vector<SentinelCheck>& checks,
                                          const LoadedModel::State& state,
-                                         const std::vector<std::unique_ptr<gpu::Stream>>& streams) {
+                                         const actors::PreparedResources& resources) {
   for (std::size_t r = 0; r < checks.size(); ++r) {
     SentinelCheck& c = checks[r];
     if (c.names.empty()) {
@@ -1735,9 +1749,10 @@ std::vector<std::string> sentinel_params(std::vector<SentinelCheck>& checks,
     }
     state.devices[r]->bind();  // this thread's calls as a copy worker's (docs/GPU.md)
     auto* flags = reinterpret_cast<std::uint8_t*>(c.flags.data());
-    streams[r]->match_pattern(reinterpret_cast<const gpu::PatternRange*>(c.table.data()),
+    gpu::Stream& stream = *resources.ranks.at(r).stream;
+    stream.match_pattern(reinterpret_cast<const gpu::PatternRange*>(c.table.data()),
                               c.names.size(), flags);
-    streams[r]->copy_d2h(c.result.data(), c.flags.data(), c.names.size());
+    stream.copy_d2h(c.result.data(), c.flags.data(), c.names.size());
   }
   std::vector<std::string> out;
   for (std::size_t r = 0; r < checks.size(); ++r) {
@@ -1745,7 +1760,7 @@ std::vector<std::string> sentinel_params(std::vector<SentinelCheck>& checks,
     if (c.names.empty()) {
       continue;
     }
-    streams[r]->synchronize();
+    resources.ranks[r].stream->synchronize();
     for (std::size_t i = 0; i < c.names.size(); ++i) {
       if (c.result.data()[i] != std::byte{0}) {
         out.push_back(c.names[i]);
@@ -1822,7 +1837,7 @@ void Runtime::Impl::fill_sentinel(LoadWork& w, LoadHandle::State& handle) {
   // sentinel is one repeated byte (set_bytes, a memset), the others a fill kernel.
   for (std::size_t r = 0; r < state.ranks.size(); ++r) {
     handle.check_cancel();
-    gpu::Stream& stream = *w.streams.at(r);
+    gpu::Stream& stream = w.rank_stream(r);
     for (const LoadedParam& p : state.ranks[r].params) {
       if (!floating(p.dtype) || p.nbytes == 0) {
         continue;
@@ -1836,7 +1851,7 @@ void Runtime::Impl::fill_sentinel(LoadWork& w, LoadHandle::State& handle) {
     }
   }
   for (std::size_t r = 0; r < state.ranks.size(); ++r) {
-    w.streams[r]->synchronize();
+    w.rank_stream(r).synchronize();
   }
   // The post-load hooks run on the sentinel weights (the MLA split included), so
   // their outputs are in place and the engine captures the same buffers.
@@ -1992,12 +2007,10 @@ LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
     w.state->manifest = record_manifest(*w.state);
   } else {
     const Clock::time_point t_sentinel = Clock::now();
-    for (const auto& d : w.state->devices) {
-      w.streams.push_back(d->create_stream());
-    }
+    w.resources = actors::prepare_resources(pipeline_input(w));
     fill_sentinel(w, handle);
     w.state->manifest = record_manifest(*w.state);
-    w.sentinel_checks = prepare_sentinel_checks(w.state->manifest, *w.state, w.streams);
+    w.sentinel_checks = prepare_sentinel_checks(w.state->manifest, *w.state, *w.resources);
     report.startup.sentinel = seconds_between(t_sentinel, Clock::now());
     w.span("sentinel", t_sentinel, Clock::now());
     // Warm the page cache while the engine captures: the planned ranges, in plan
@@ -2037,7 +2050,7 @@ void Runtime::Impl::verify_startup(LoadWork& w) {
   }
   std::vector<std::string> sentinel;
   if (w.mode == StartupMode::kOverlap) {
-    sentinel = sentinel_params(w.sentinel_checks, *w.state, w.streams);
+    sentinel = sentinel_params(w.sentinel_checks, *w.state, *w.resources);
   }
   if (moved.empty() && sentinel.empty()) {
     return;

@@ -415,7 +415,18 @@ class CudaDevice final : public Device {
 
   std::string name() const override { return state_->name; }
 
-  void bind() override { FERRY_CUDA_CHECK(state_->name, cudaSetDevice(state_->index)); }
+  // Also puts the calling thread in cudaStreamCaptureModeRelaxed (for the thread's
+  // life): ferry's threads (copy workers, the commit's verification) then may
+  // query and wait on ferry's own events while another thread of the engine
+  // captures a graph in global mode, which would otherwise refuse those calls as
+  // potentially unsafe. Safe, because ferry never records an event on, or waits
+  // for, a capturing stream; everything that allocates or creates was made in
+  // prepare() (include/ferry/runtime.hpp says which calls commit() makes).
+  void bind() override {
+    FERRY_CUDA_CHECK(state_->name, cudaSetDevice(state_->index));
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    FERRY_CUDA_CHECK(state_->name, cudaThreadExchangeStreamCaptureMode(&mode));
+  }
 
   // The PCI device's node from sysfs; -1 when the driver or sysfs does not say.
   int numa_node() const override {
@@ -512,6 +523,11 @@ class CudaDevice final : public Device {
   }
 
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(state_); }
+
+  void reserve_events(std::size_t count) override {
+    DeviceScope scope(*state_);
+    cuda::reserve_events(*state_, count);
+  }
 
   AllocationStats stats() const override { return state_->stats.snapshot(); }
 

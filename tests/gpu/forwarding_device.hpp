@@ -119,6 +119,7 @@ class ForwardingDevice final : public Device {
   std::unique_ptr<Stream> create_stream() override {
     return std::make_unique<ForwardingStream>(inner_->create_stream(), faults_);
   }
+  void reserve_events(std::size_t count) override { inner_->reserve_events(count); }
   AllocationStats stats() const override { return inner_->stats(); }
 
  private:

@@ -517,6 +517,46 @@ TEST_F(StartupTest, CallsInTheWrongStateAreClearErrorsThatChangeNothing) {
 }
 
 
+
+// commit() allocates and creates nothing, so it runs while another thread of the
+// engine captures a graph in global mode: the host backend's emulated capture
+// (gpu::HostCaptureGuard) refuses allocations, pinned memory, streams, event
+// creation, and waits on threads that did not bind() a device, and commit() still
+// streams the same bytes as a serial load. (Before: the copy workers created their
+// streams, scratch and the staging pools' pinned memory in commit().)
+TEST_F(StartupTest, CommitRunsWhileAGraphIsCapturedAndCreatesNothing) {
+  for (const std::string lanes : {"1", "2"}) {
+    SCOPED_TRACE("read lanes " + lanes);
+    const std::vector<std::string> sets = {"parallel.tp=2", "parallel.ep=2", "io.read_lanes=" + lanes};
+    Runtime serial(config_for(ck("deepseek_v3").dir, sets, "serial"));
+    LoadResult want = serial.load();
+    ASSERT_TRUE(want) << want.error->message;
+
+    RuntimeHooks hooks;
+    hooks.devices = {gpu::make_host_device(0, {.narrow_row_bytes = 64}),
+                     gpu::make_host_device(1, {.narrow_row_bytes = 64})};
+    Runtime rt(config_for(ck("deepseek_v3").dir, sets, "overlap"), hooks);
+    LoadResult prepared = rt.prepare().wait();
+    ASSERT_TRUE(prepared) << prepared.error->message;
+    LoadResult r;
+    {
+      gpu::HostCaptureGuard capture;
+      // The guard is on: what commit() must not do fails here.
+      EXPECT_THROW(hooks.devices[0]->create_stream(), Error);
+      EXPECT_THROW(hooks.devices[0]->allocate(256), Error);
+      EXPECT_THROW(hooks.devices[1]->allocate_pinned(4096), Error);
+      r = rt.commit().wait();
+    }
+    ASSERT_TRUE(r) << r.error->message;
+    for (std::size_t rank = 0; rank < want.model->ranks().size(); ++rank) {
+      for (const LoadedParam& p : want.model->ranks()[rank].params) {
+        EXPECT_EQ(r.model->read_param(rank, p.name), want.model->read_param(rank, p.name))
+            << p.name;
+      }
+    }
+  }
+}
+
 // The sentinel is filled and checked per device, not per parameter: an FP8 model
 // (one-byte sentinel: set_bytes, no host source) on two devices whose streams count
 // their calls. prepare() waits a few times per device (the fill, the check's

@@ -140,6 +140,7 @@ class FaultyDevice final : public gpu::Device {
     check("create_stream");
     return std::make_unique<FaultyStream>(inner_->create_stream(), fault_);
   }
+  void reserve_events(std::size_t count) override { inner_->reserve_events(count); }
   gpu::AllocationStats stats() const override { return inner_->stats(); }
   bool holds_data() const override { return inner_->holds_data(); }
   bool host_addressable() const override {
