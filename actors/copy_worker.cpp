@@ -1,12 +1,13 @@
 // The copy worker: one per local rank, a detached actor (so one OS thread for its
-// whole life) that binds its device once and owns that rank's stream.
+// whole life) that binds its device once and drives that rank's stream (made, with
+// its scratch, before the pipeline started: PreparedResources).
 //
 //   reader ── ChunkMsg ──► copy worker ── LandedMsg, DrainedMsg, HookDoneMsg ──► post-processor
 //   post-processor ── RunHookMsg ──►     (FlushMsg to itself)
 //
 // A chunk's fragments are queued on the stream by actors::copy_fragment (1-D and
 // pitched host-to-device copies; narrow rows gathered and casts run through device
-// scratch, allocated in ensure_ready before the first chunk, and one kernel each),
+// scratch, made with the stream before streaming started, and one kernel each),
 // then an event is recorded and the chunk is parked with its staging buffer. The
 // worker first releases every parked chunk whose event has already fired (on an
 // uncapped host device, all of them); for the rest it sends itself a FlushMsg,
@@ -69,8 +70,11 @@ struct CopyWorkerState {
   std::size_t rank = 0;
   caf::actor post_processor;
   std::vector<models::PostLoadHook> hooks;
-  std::unique_ptr<gpu::Stream> stream;
-  gpu::DeviceAllocation scratch;  // casts and gathers (actors/fragment_copy.hpp); made up front
+  // The rank's stream and its device scratch for casts and gathers
+  // (actors/fragment_copy.hpp): PreparedResources', made before the pipeline
+  // started, so that streaming allocates and creates nothing (capture safety).
+  gpu::Stream* stream = nullptr;
+  gpu::DeviceAllocation* scratch = nullptr;
   struct Parked {
     std::unique_ptr<gpu::Event> done;
     std::shared_ptr<io::StagingBuffer> buf;
@@ -105,8 +109,6 @@ struct CopyWorkerState {
       }
     }
     parked.clear();
-    scratch.reset();
-    stream.reset();
   }
 
   const RankTarget& target() const { return shared->input().ranks[rank]; }
@@ -122,18 +124,9 @@ struct CopyWorkerState {
     }
     ready = true;
     device().bind();
-    stream = device().create_stream();
-    // All device scratch (casts, gathered narrow rows) now, before the first chunk:
-    // an allocation in the middle of streaming would stall the copy queue.
-    const std::uint64_t scratch_bytes =
-        rank_scratch_bytes(shared->plan(), rank, device().narrow_row_bytes());
-    try {
-      scratch = device().allocate(scratch_bytes);
-    } catch (const Error& e) {
-      throw Error(
-          Stage::kCopy, device_name(), "",
-          "allocating " + std::to_string(scratch_bytes) + " bytes of copy scratch: " + e.rule());
-    }
+    PreparedResources::Rank& prepared = shared->resources->ranks.at(rank);
+    stream = prepared.stream.get();
+    scratch = &prepared.scratch;
     hooks = shared->model().hooks();
     const auto& shell = shared->model().shells()[rank];
     totals.assign(shell.params.size(), 0);
@@ -251,8 +244,8 @@ struct CopyWorkerState {
           input.before_copy(rank, param);
         }
         if (staging != nullptr) {
-          copy_fragment(*stream, f, param_data(f.param), staging, scratch.data(), scratch.size(),
-                        device().narrow_row_bytes());
+          copy_fragment(*stream, f, param_data(f.param), staging, scratch->data(),
+                        scratch->size(), device().narrow_row_bytes());
         }
       } catch (...) {
         const io::TensorInfo& t = shared->index().tensors[f.tensor];

@@ -15,12 +15,14 @@
 #include <caf/system_messages.hpp>
 #include <caf/thread_hook.hpp>
 #include <exception>
+#include <map>
 #include <memory>
 #include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "actors/fragment_copy.hpp"
 #include "actors/messages_internal.hpp"
 #include "common/log.hpp"
 #include "io/numa.hpp"
@@ -63,10 +65,9 @@ std::vector<unsigned long long> lane_rank_bytes(const Plan& plan,
 
 // How many lanes, their spans, and each one's staging pool (on its devices' NUMA
 // node where the system has several): the staging budget split evenly.
-void make_lanes(Shared& shared) {
-  const PipelineInput& input = shared.input();
+void make_lanes(const PipelineInput& input, PreparedResources& out) {
   const PipelineOptions& o = input.options;
-  const Plan& plan = shared.plan();
+  const Plan& plan = *input.plan;
   const std::size_t budget = o.staging_bytes != 0
                                  ? o.staging_bytes
                                  : kStagingPerRank * std::max<std::size_t>(1, plan.local_ranks);
@@ -110,14 +111,12 @@ void make_lanes(Shared& shared) {
   // machine of several cores that loses the copy worker's second thread, which is
   // worth more than the saved copy (docs/PERFORMANCE.md, read width: 6.1 against
   // 5.0 GB/s on 2 cores), so auto takes them with two lanes or more, or one core.
-  shared.single_copy =
+  out.single_copy =
       o.direct_to_device == io::DirectToDevice::kOn ||
       (o.direct_to_device == io::DirectToDevice::kAuto && (spans.size() >= 2 || cores == 1));
   const std::vector<int> nodes = io::numa_nodes();
   const auto base =
       input.staging_allocator ? input.staging_allocator : io::aligned_host_allocator();
-  // The staging gauge sees the sum over the lanes' pools.
-  auto in_use = std::make_shared<std::vector<std::atomic<std::size_t>>>(spans.size());
   std::vector<int> rank_nodes;  // each local rank's device's node
   for (const RankTarget& t : input.ranks) {
     rank_nodes.push_back(nodes.size() > 1 ? t.device->numa_node() : -1);
@@ -131,24 +130,82 @@ void make_lanes(Shared& shared) {
                                                     : io::numa_allocator(base, node);
       }
     }
-    Shared::Lane& lane = shared.lanes.emplace_back();
+    PreparedResources::Lane& lane = out.lanes.emplace_back();
     lane.spans = spans[l];
     lane.pool = std::make_shared<io::StagingPool>(per_lane, o.chunk_bytes, allocator);
-    if (input.on_staging) {
-      lane.pool->observe([in_use, l, observer = input.on_staging](std::size_t n) {
-        (*in_use)[l].store(n);
-        std::size_t total = 0;
-        for (const auto& count : *in_use) {
-          total += count.load();
-        }
-        observer(total);
-      });
-    }
     lane.pool->poison_on_return(o.poison_staging);
   }
 }
 
+// The staging gauge sees the sum over the lanes' pools.
+void observe_lanes(Shared& shared) {
+  const auto& observer = shared.input().on_staging;
+  if (!observer) {
+    return;
+  }
+  auto in_use = std::make_shared<std::vector<std::atomic<std::size_t>>>(shared.lanes.size());
+  for (std::size_t l = 0; l < shared.lanes.size(); ++l) {
+    shared.lanes[l].pool->observe([in_use, l, observer](std::size_t n) {
+      (*in_use)[l].store(n);
+      std::size_t total = 0;
+      for (const auto& count : *in_use) {
+        total += count.load();
+      }
+      observer(total);
+    });
+  }
+}
+
+// Events a copy worker may hold at once: one per staging buffer of every lane
+// (each parked chunk), one for a synchronize() and one spare.
+std::size_t events_in_flight(const PreparedResources& r) {
+  std::size_t buffers = 0;
+  for (const PreparedResources::Lane& lane : r.lanes) {
+    buffers += lane.pool->count();
+  }
+  return buffers + 2;
+}
+
 }  // namespace
+
+std::uint64_t worker_scratch_bytes(const PipelineInput& input, std::size_t rank) {
+  return rank_scratch_bytes(*input.plan, rank, input.ranks.at(rank).device->narrow_row_bytes());
+}
+
+std::shared_ptr<PreparedResources> prepare_resources(const PipelineInput& input) {
+  if (input.plan == nullptr || input.model == nullptr || input.index == nullptr ||
+      input.ranks.size() != input.model->shells().size()) {
+    throw Error(Stage::kConfig, "", "",
+                "internal: the pipeline needs a plan, a model, an index and one target per "
+                "local rank");
+  }
+  auto out = std::make_shared<PreparedResources>();
+  make_lanes(input, *out);
+  // Each device's event pool, for every worker on it (usually one).
+  std::map<gpu::Device*, std::size_t> events;
+  for (std::size_t r = 0; r < input.ranks.size(); ++r) {
+    gpu::Device& device = *input.ranks[r].device;
+    PreparedResources::Rank& rank = out->ranks.emplace_back();
+    try {
+      rank.stream = device.create_stream();
+    } catch (...) {
+      const Error e = to_error(std::current_exception(), Stage::kCopy, device.name(), "", "");
+      throw Error(e.stage(), device.name(), "", "creating the copy worker's stream: " + e.rule());
+    }
+    const std::uint64_t bytes = worker_scratch_bytes(input, r);
+    try {
+      rank.scratch = device.allocate(bytes);
+    } catch (const Error& e) {
+      throw Error(Stage::kCopy, device.name(), "",
+                  "allocating " + std::to_string(bytes) + " bytes of copy scratch: " + e.rule());
+    }
+    events[&device] += events_in_flight(*out);
+  }
+  for (const auto& [device, count] : events) {
+    device->reserve_events(count);
+  }
+  return out;
+}
 
 PipelineResult run_pipeline(const PipelineInput& input) {
   PipelineResult result;
@@ -160,7 +217,16 @@ PipelineResult run_pipeline(const PipelineInput& input) {
                   "internal: run_pipeline needs a plan, a model, an index and one target per "
                   "local rank");
     }
-    make_lanes(*shared);
+    shared->resources = input.prepared ? input.prepared : prepare_resources(input);
+    if (shared->resources->ranks.size() != input.ranks.size()) {
+      throw Error(Stage::kConfig, "", "",
+                  "internal: the prepared resources are for another plan (" +
+                      std::to_string(shared->resources->ranks.size()) + " ranks, not " +
+                      std::to_string(input.ranks.size()) + ")");
+    }
+    shared->lanes = shared->resources->lanes;
+    shared->single_copy = shared->resources->single_copy;
+    observe_lanes(*shared);
     {
       caf::actor_system_config config;
       // No cfg.parse(): an embedded library reads no argv or caf-application.ini.
@@ -208,7 +274,7 @@ PipelineResult run_pipeline(const PipelineInput& input) {
   result.bytes_staged = shared->bytes_staged.load();
   result.read_lanes = static_cast<unsigned>(shared->lanes.size());
   result.staging_buffers_leaked = shared->staging_leaked.load();
-  for (Shared::Lane& lane : shared->lanes) {
+  for (PreparedResources::Lane& lane : shared->lanes) {
     if (lane.pool) {
       result.staging_bytes += lane.pool->total_bytes();
       result.staging_high_water_bytes += lane.pool->high_water() * lane.pool->buffer_bytes();

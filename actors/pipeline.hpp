@@ -5,9 +5,11 @@
 //
 // The caller owns the param storage (allocated on each rank's device before the
 // call) and frees it when the load failed. run_pipeline returns only after every
-// actor has stopped, every staging buffer went back to its pool and the pool is
-// gone, and every stream and scratch allocation of the copy workers is released,
-// so on return nothing of the pipeline touches device or staging memory any more.
+// actor has stopped, every staging buffer went back to its pool and every copy
+// worker's stream has completed its work, so on return nothing of the pipeline
+// touches device or staging memory any more. The pools, streams and scratch
+// (PreparedResources) are released on return when the pipeline made them, and
+// with the caller's last reference when the caller prepared them.
 #pragma once
 
 #include <atomic>
@@ -81,6 +83,8 @@ struct PipelineProgress {
   std::atomic<std::uint64_t> bytes_copied{0};
 };
 
+struct PreparedResources;
+
 struct PipelineInput {
   const io::CheckpointIndex* index = nullptr;
   const models::Model* model = nullptr;
@@ -134,7 +138,44 @@ struct PipelineInput {
   decltype(io::PrefetchOptions::on_block_read) on_prefetch_block;
   // Sees each post-load hook's run, on its copy worker (the runtime's trace).
   models::HookObserver on_hook;
+  // Every device object the load needs, made ahead by prepare_resources (a
+  // capture-safe commit: Runtime::prepare() makes them, commit() only uses them);
+  // null: run_pipeline makes them itself, just before streaming (start()/load()).
+  std::shared_ptr<PreparedResources> prepared;
 };
+
+// What a load's pipeline allocates and creates on its devices and in pinned host
+// memory, made before any actor starts: the read lanes (their spans and staging
+// pools: cudaHostAlloc on CUDA), and per local rank its copy worker's stream and
+// device scratch (cudaStreamCreate, cudaMalloc), with the device's event pool
+// holding an event for every chunk its worker can keep in flight plus its waits
+// (so that record() and synchronize() create none). A pipeline given these makes
+// no allocation and creates no CUDA object: it copies, launches kernels, records
+// pooled events and waits. Used by one pipeline (a pool closed by an abort stays
+// closed); freed when the last reference goes.
+struct PreparedResources {
+  struct Lane {
+    std::pair<std::size_t, std::size_t> spans;  // the lane's share of plan.spans
+    std::shared_ptr<io::StagingPool> pool;
+  };
+  std::vector<Lane> lanes;
+  // Whether readers may read straight into params (io.direct_to_device resolved
+  // against the lanes).
+  bool single_copy = false;
+  struct Rank {
+    std::unique_ptr<gpu::Stream> stream;
+    gpu::DeviceAllocation scratch;  // worker_scratch_bytes
+  };
+  std::vector<Rank> ranks;  // one per local rank
+};
+
+// The device scratch local rank `rank`'s copy worker needs (casts and gathered
+// narrow rows: actors::rank_scratch_bytes).
+std::uint64_t worker_scratch_bytes(const PipelineInput& input, std::size_t rank);
+
+// Makes `input`'s resources (its plan, model, ranks, options and staging
+// allocators; nothing else is read). Throws ferry::Error naming what failed.
+std::shared_ptr<PreparedResources> prepare_resources(const PipelineInput& input);
 
 struct PipelineResult {
   std::optional<Error> error;          // the first error of any actor; empty on success

@@ -71,19 +71,17 @@ class Shared {
     }
   }
 
-  // One read lane: its share of the plan's spans and its own staging pool, created
-  // by run_pipeline before any actor starts; they outlive the actors.
-  struct Lane {
-    std::pair<std::size_t, std::size_t> spans;
-    std::shared_ptr<io::StagingPool> pool;
-  };
-  std::vector<Lane> lanes;
+  // The lanes, their staging pools and each rank's stream and scratch
+  // (PipelineInput::prepared, or made by run_pipeline), set before any actor
+  // starts; they outlive the actors.
+  std::shared_ptr<PreparedResources> resources;
+  std::vector<PreparedResources::Lane> lanes;
   // Whether readers may read straight into params (io.direct_to_device resolved
   // against the lanes that run; see run_pipeline).
   bool single_copy = false;
   // Closes every lane's pool, so a reader blocked on one wakes (an abort).
   void close_pools() {
-    for (Lane& lane : lanes) {
+    for (PreparedResources::Lane& lane : lanes) {
       if (lane.pool) {
         lane.pool->close();
       }

@@ -236,6 +236,38 @@ std::size_t TrackedStreamChecks::zero_2d(const std::byte* dst, std::size_t dst_p
   return span;
 }
 
+std::size_t TrackedStreamChecks::set_bytes(const std::byte* dst, std::size_t bytes) const {
+  if (bytes != 0) {
+    allocations_.check(device_, "set_bytes", "destination", dst, bytes);
+  }
+  return bytes;
+}
+
+std::size_t TrackedStreamChecks::match_pattern(const PatternRange* ranges, std::size_t count,
+                                               const std::uint8_t* flags) const {
+  if (count == 0) {
+    return 0;
+  }
+  allocations_.check(device_, "match_pattern", "table",
+                     reinterpret_cast<const std::byte*>(ranges),
+                     checked_mul(device_, "match_pattern", count, sizeof(PatternRange)));
+  allocations_.check(device_, "match_pattern", "flags", reinterpret_cast<const std::byte*>(flags),
+                     count);
+  return count;
+}
+
+void TrackedStreamChecks::check_pattern_range(const PatternRange& range, std::size_t index) const {
+  const std::uint32_t es = range.element_size;
+  if (es != 1 && es != 2 && es != 4 && es != 8) {
+    fail(device_, "match_pattern: range " + std::to_string(index) + " has element size " +
+                      std::to_string(es) + " (1, 2, 4 or 8 expected)");
+  }
+  if (range.bytes != 0) {
+    allocations_.check(device_, "match_pattern", "range " + std::to_string(index), range.data,
+                       static_cast<std::size_t>(range.bytes));
+  }
+}
+
 std::size_t TrackedStreamChecks::cast_2d(const std::byte* dst, std::size_t dst_pitch,
                                          DType dst_dtype, const std::byte* src,
                                          std::size_t src_pitch, DType src_dtype, std::size_t width,

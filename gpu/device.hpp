@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -130,6 +131,19 @@ using PinnedAllocation = OwnedMemory<PinnedMemoryTag>;
 // free) the buffer. data() is the caller's pointer.
 using HostRegistration = OwnedMemory<HostRegistrationTag>;
 
+// One range of Stream::match_pattern's table, as it lies in device memory (the
+// same layout on the host and the device: 32 bytes, no padding).
+struct PatternRange {
+  const std::byte* data = nullptr;  // device pointer
+  std::uint64_t bytes = 0;
+  // The element's bytes: the low element_size bytes, in the machine's byte order
+  // (host::fill_pattern's form).
+  std::uint64_t pattern = 0;
+  std::uint32_t element_size = 1;
+  std::uint32_t reserved = 0;
+};
+static_assert(sizeof(PatternRange) == 32);
+
 // Marks a point in a stream. Destroying an Event that is not complete is allowed.
 class Event {
  public:
@@ -202,6 +216,22 @@ class Stream {
   // dst == src with equal pitches and element sizes, in place).
   virtual void zero_2d(std::byte* dst, std::size_t dst_pitch, std::size_t width_bytes,
                        std::size_t rows) = 0;
+
+  // Sets `bytes` bytes to `value` (CUDA: one cudaMemsetAsync): a fill whose element
+  // is one repeated byte, e.g. an FP8 sentinel, with no host source to keep alive.
+  virtual void set_bytes(std::byte* dst, std::byte value, std::size_t bytes) = 0;
+
+  // For each of the `count` ranges of the table at `ranges` (device memory holding
+  // PatternRange entries), writes flags[i] = 1 when every whole element of range i
+  // equals its pattern, else 0 (one pass on the device, CUDA: one kernel launch for
+  // all ranges; the flags are device memory, `count` bytes, read back with
+  // copy_d2h). Element j of a range is the element_size bytes at data +
+  // j*element_size (any alignment); a range of no whole element (bytes <
+  // element_size) is all pattern (1); trailing bytes past the last whole element
+  // are not looked at. element_size is 1, 2, 4 or 8 (else the backend that can read
+  // the table throws; CUDA writes 0). (The capture-safe startup's sentinel check.)
+  virtual void match_pattern(const PatternRange* ranges, std::size_t count,
+                             std::uint8_t* flags) = 0;
   // `width` elements a row, converted as cast() does.
   virtual void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
                        std::size_t src_pitch, DType src_dtype, std::size_t width,
@@ -261,6 +291,12 @@ class Device {
   virtual HostRegistration register_host(void* host, std::size_t bytes) = 0;
 
   virtual std::unique_ptr<Stream> create_stream() = 0;
+
+  // Makes the device's event pool hold at least `count` free events, so that as
+  // many record() (and synchronize()) calls outstanding at once create none: what
+  // a capture-safe load reserves before it streams (actors::prepare_resources).
+  // Each new stream reserves 16. Backends without a pool: nothing.
+  virtual void reserve_events(std::size_t count) { (void)count; }
 
   // A snapshot of the allocation counters.
   virtual AllocationStats stats() const = 0;

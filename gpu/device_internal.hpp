@@ -146,6 +146,15 @@ class TrackedStreamChecks {
   // The pitched and batched operations return the destination's span.
   std::size_t zero_2d(const std::byte* dst, std::size_t dst_pitch, std::size_t width_bytes,
                       std::size_t rows) const;
+  std::size_t set_bytes(const std::byte* dst, std::size_t bytes) const;
+  // The table (count entries) and the flags (count bytes); returns count. The
+  // entries themselves are checked by a backend that can read them
+  // (check_pattern_range).
+  std::size_t match_pattern(const PatternRange* ranges, std::size_t count,
+                            const std::uint8_t* flags) const;
+  // One entry of a match_pattern table: its element size, and its data inside a
+  // live allocation. `index` names it in the message.
+  void check_pattern_range(const PatternRange& range, std::size_t index) const;
   std::size_t cast_2d(const std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
                       const std::byte* src, std::size_t src_pitch, DType src_dtype,
                       std::size_t width, std::size_t rows) const;

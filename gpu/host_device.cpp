@@ -4,6 +4,7 @@
 #include <sys/prctl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -106,6 +107,30 @@ void free_device_memory(std::byte* p, std::size_t bytes) {
   }
 }
 
+std::atomic<int> g_capturing{0};  // HostCaptureGuard's count
+thread_local bool t_bound = false;  // this thread called bind() on a host device
+
+// Events each new stream adds to its device's pool, as on CUDA.
+constexpr std::size_t kEventsPerStream = 16;
+
+// Refuses `op` during an emulated capture.
+void refuse_during_capture(const std::string& device, const std::string& op) {
+  if (g_capturing.load() != 0) {
+    fail(device, op + " while a CUDA graph capture is in progress (emulated: "
+                      "gpu::HostCaptureGuard): a capture-safe load makes it in prepare()");
+  }
+}
+
+// Refuses an event query or wait from a thread that did not bind() a device
+// during an emulated capture (CUDA: not in relaxed capture mode).
+void refuse_unbound_wait(const std::string& device, const char* op) {
+  if (g_capturing.load() != 0 && !t_bound) {
+    fail(device, std::string(op) +
+                     " on a thread that did not bind() the device, while a CUDA graph capture "
+                     "is in progress (emulated: gpu::HostCaptureGuard)");
+  }
+}
+
 // Shared by the device, its streams, events and allocations, so that any of them
 // may outlive the Device object.
 struct HostDeviceState {
@@ -118,6 +143,25 @@ struct HostDeviceState {
   std::size_t live_device_bytes = 0;                    // guarded by mu
   std::map<std::uintptr_t, std::size_t> registrations;  // begin -> size; guarded by mu
   detail::AllocationMap allocations;                    // device memory handed out
+  std::size_t free_events = 0;  // the emulated event pool (HostCaptureGuard); guarded by mu
+
+  void reserve_events(std::size_t count) {
+    std::lock_guard lock(mu);
+    free_events = std::max(free_events, count);
+  }
+  // An event from the pool, or a new one (refused during an emulated capture).
+  void take_event(const char* op) {
+    std::lock_guard lock(mu);
+    if (free_events == 0) {
+      refuse_during_capture(name, std::string(op) + " creating an event (the pool is empty)");
+      return;
+    }
+    --free_events;
+  }
+  void give_event() {
+    std::lock_guard lock(mu);
+    ++free_events;
+  }
 };
 
 // When the emulated link has finished a stream's work: copies land in memory at
@@ -132,14 +176,24 @@ class HostEvent final : public Event {
  public:
   HostEvent(std::shared_ptr<HostDeviceState> state, TimePoint done_at)
       : state_(std::move(state)), done_at_(done_at) {
+    state_->take_event("record");
     state_->stats.event_created();
   }
-  ~HostEvent() override { state_->stats.event_destroyed(); }
+  ~HostEvent() override {
+    state_->give_event();
+    state_->stats.event_destroyed();
+  }
   HostEvent(const HostEvent&) = delete;
   HostEvent& operator=(const HostEvent&) = delete;
 
-  bool query() override { return LinkThrottle::Clock::now() >= done_at_; }
-  void synchronize() override { std::this_thread::sleep_until(done_at_); }
+  bool query() override {
+    refuse_unbound_wait(state_->name, "Event::query");
+    return LinkThrottle::Clock::now() >= done_at_;
+  }
+  void synchronize() override {
+    refuse_unbound_wait(state_->name, "Event::synchronize");
+    std::this_thread::sleep_until(done_at_);
+  }
 
  private:
   std::shared_ptr<HostDeviceState> state_;
@@ -212,12 +266,25 @@ class DeferredQueue {
 
 class DeferredEvent final : public Event {
  public:
-  DeferredEvent(std::shared_ptr<DeferredQueue> queue, std::uint64_t seq)
-      : queue_(std::move(queue)), seq_(seq) {}
-  bool query() override { return queue_->done(seq_); }
-  void synchronize() override { queue_->wait(seq_); }
+  DeferredEvent(std::shared_ptr<HostDeviceState> state, std::shared_ptr<DeferredQueue> queue,
+                std::uint64_t seq)
+      : state_(std::move(state)), queue_(std::move(queue)), seq_(seq) {
+    state_->take_event("record");
+  }
+  ~DeferredEvent() override { state_->give_event(); }
+  DeferredEvent(const DeferredEvent&) = delete;
+  DeferredEvent& operator=(const DeferredEvent&) = delete;
+  bool query() override {
+    refuse_unbound_wait(state_->name, "Event::query");
+    return queue_->done(seq_);
+  }
+  void synchronize() override {
+    refuse_unbound_wait(state_->name, "Event::synchronize");
+    queue_->wait(seq_);
+  }
 
  private:
+  std::shared_ptr<HostDeviceState> state_;
   std::shared_ptr<DeferredQueue> queue_;
   std::uint64_t seq_;
 };
@@ -247,6 +314,8 @@ std::uint64_t fingerprint(const std::byte* p, std::size_t bytes) {
 class HostStream final : public Stream {
  public:
   explicit HostStream(std::shared_ptr<HostDeviceState> state) : state_(std::move(state)) {
+    refuse_during_capture(state_->name, "create_stream");
+    state_->reserve_events(kEventsPerStream);
     state_->stats.stream_created();
     if (state_->options.deferred_copies) {
       deferred_ = std::make_shared<DeferredQueue>();
@@ -331,6 +400,34 @@ class HostStream final : public Stream {
     }
   }
 
+  void set_bytes(std::byte* dst, std::byte value, std::size_t bytes) override {
+    if (checks().set_bytes(dst, bytes) != 0) {
+      run([=] { std::memset(dst, static_cast<int>(value), bytes); });
+    }
+  }
+
+  // The table lies in device memory, which here is host memory: its entries are
+  // checked at the call, after whatever this stream queued before (the upload of
+  // the table, on a deferred stream) has run.
+  void match_pattern(const PatternRange* ranges, std::size_t count,
+                     std::uint8_t* flags) override {
+    if (checks().match_pattern(ranges, count, flags) == 0) {
+      return;
+    }
+    if (deferred_) {
+      deferred_->wait(deferred_->queued());
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      checks().check_pattern_range(ranges[i], i);
+    }
+    run([=] {
+      for (std::size_t i = 0; i < count; ++i) {
+        const PatternRange& r = ranges[i];
+        flags[i] = host::matches_pattern(r.data, r.bytes, r.pattern, r.element_size) ? 1 : 0;
+      }
+    });
+  }
+
   void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
                std::size_t src_pitch, DType src_dtype, std::size_t width,
                std::size_t rows) override {
@@ -362,12 +459,16 @@ class HostStream final : public Stream {
 
   std::unique_ptr<Event> record() override {
     if (deferred_) {
-      return std::make_unique<DeferredEvent>(deferred_, deferred_->queued());
+      return std::make_unique<DeferredEvent>(state_, deferred_, deferred_->queued());
     }
     return std::make_unique<HostEvent>(state_, done_at_);
   }
 
+  // As on CUDA, through a pooled event (taken and given back).
   void synchronize() override {
+    refuse_unbound_wait(state_->name, "Stream::synchronize");
+    state_->take_event("synchronize");
+    state_->give_event();
     if (deferred_) {
       deferred_->wait(deferred_->queued());
     }
@@ -432,6 +533,7 @@ class HostDevice final : public Device {
   // slack, 50 us by default, which per 1 MiB chunk is a quarter of its time on a
   // 5 GB/s link. Binding asks for 1 us instead.
   void bind() override {
+    t_bound = true;
     if (state_->throttle) {
       ::prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
     }
@@ -441,6 +543,7 @@ class HostDevice final : public Device {
     if (bytes == 0) {
       return {};
     }
+    refuse_during_capture(state_->name, "allocate");
     {
       std::lock_guard lock(state_->mu);
       std::size_t capacity = state_->options.capacity_bytes;
@@ -494,6 +597,9 @@ class HostDevice final : public Device {
   }
 
   PinnedAllocation allocate_pinned(std::size_t bytes) override {
+    if (bytes != 0) {
+      refuse_during_capture(state_->name, "allocate_pinned");
+    }
     return detail::allocate_host_pinned(state_, bytes);
   }
 
@@ -501,6 +607,7 @@ class HostDevice final : public Device {
     if (bytes == 0) {
       return {};
     }
+    refuse_during_capture(state_->name, "register_host");
     auto* p = static_cast<std::byte*>(host);
     if (p == nullptr) {
       fail(state_->name, "register_host: the buffer is null");
@@ -534,6 +641,11 @@ class HostDevice final : public Device {
 
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<HostStream>(state_); }
 
+  void reserve_events(std::size_t count) override {
+    refuse_during_capture(state_->name, "reserve_events");
+    state_->reserve_events(count);
+  }
+
   AllocationStats stats() const override { return state_->stats.snapshot(); }
 
  private:
@@ -541,6 +653,16 @@ class HostDevice final : public Device {
 };
 
 }  // namespace
+
+HostCaptureGuard::HostCaptureGuard() {
+  g_capturing.fetch_add(1);
+}
+HostCaptureGuard::~HostCaptureGuard() {
+  g_capturing.fetch_sub(1);
+}
+bool HostCaptureGuard::active() {
+  return g_capturing.load() != 0;
+}
 
 std::shared_ptr<Device> make_host_device(int index, const HostDeviceOptions& options) {
   std::string name = "host:" + std::to_string(index);

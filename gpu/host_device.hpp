@@ -66,6 +66,25 @@ struct HostDeviceOptions {
 
 inline constexpr std::byte kPoisonByte{0xA5};
 
+// Emulates another thread of the engine capturing a CUDA graph in global mode
+// (PyTorch's default), for tests of capture safety. While one lives, every host
+// device refuses, with a ferry::Error that says so, what CUDA would refuse or what
+// would break the capture: allocate, allocate_pinned, register_host,
+// create_stream, reserve_events; a record() or synchronize() that finds its
+// device's event pool empty (CUDA would create an event); and an event query or
+// wait, or a stream synchronize(), on a thread that never called bind() (CUDA:
+// a thread not in cudaStreamCaptureModeRelaxed). Host devices model the CUDA
+// event pool for this: each stream reserves 16 events, reserve_events more, a
+// live event holds one. Process-wide; guards may nest.
+class HostCaptureGuard {
+ public:
+  HostCaptureGuard();
+  ~HostCaptureGuard();
+  HostCaptureGuard(const HostCaptureGuard&) = delete;
+  HostCaptureGuard& operator=(const HostCaptureGuard&) = delete;
+  static bool active();
+};
+
 // Emulated device "host:<index>". Throws ferry::Error (Stage::kConfig) for a
 // negative index or a bandwidth that is negative, infinite or NaN.
 std::shared_ptr<Device> make_host_device(int index, const HostDeviceOptions& options = {});

@@ -290,6 +290,31 @@ void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src
   }
 }
 
+bool matches_pattern(const std::byte* data, std::uint64_t bytes, std::uint64_t pattern,
+                     std::uint32_t element_size) {
+  const std::uint64_t whole = bytes / element_size * element_size;
+  if (element_size == 1) {
+    // The FP8 sentinel: one byte repeated, compared a word at a time by memcmp's
+    // library code rather than byte by byte here.
+    const auto b = static_cast<std::byte>(pattern & 0xFF);
+    std::byte block[4096];
+    std::memset(block, static_cast<int>(b), sizeof block);
+    for (std::uint64_t off = 0; off < whole; off += sizeof block) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(sizeof block, whole - off));
+      if (std::memcmp(data + off, block, n) != 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+  for (std::uint64_t off = 0; off < whole; off += element_size) {
+    if (std::memcmp(data + off, &pattern, element_size) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void copy_around_caches(std::byte* dst, const std::byte* src, std::size_t bytes) {
 #if defined(__SSE2__)
   constexpr std::size_t kStreamFrom = std::size_t{64} << 10;

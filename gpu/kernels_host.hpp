@@ -62,6 +62,13 @@ void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src
                std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
                std::size_t cols, std::size_t batches);
 
+// Stream::match_pattern's rule for one range: true when every whole element of
+// `element_size` bytes (1, 2, 4 or 8) in [data, data + bytes) equals the low
+// element_size bytes of `pattern`, in the machine's byte order. Any alignment;
+// bytes after the last whole element are not read; no whole element: true.
+bool matches_pattern(const std::byte* data, std::uint64_t bytes, std::uint64_t pattern,
+                     std::uint32_t element_size);
+
 // A host-to-"device" copy written the way a DMA engine writes device memory:
 // around the CPU caches. From 64 KiB up it uses non-temporal stores, so the
 // destination (gigabytes, not read again during a load) costs no read-for-ownership

@@ -56,6 +56,15 @@ class MeteredStream final : public Stream {
     inner_->zero_2d(dst, dst_pitch, width_bytes, rows);
     report("zero", width_bytes * rows, t);
   }
+  void set_bytes(std::byte* dst, std::byte value, std::size_t bytes) override {
+    const Clock::time_point t = Clock::now();
+    inner_->set_bytes(dst, value, bytes);
+    report("fill", bytes, t);
+  }
+  void match_pattern(const PatternRange* ranges, std::size_t count,
+                     std::uint8_t* flags) override {
+    inner_->match_pattern(ranges, count, flags);
+  }
   void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
                std::size_t src_pitch, DType src_dtype, std::size_t width,
                std::size_t rows) override {
@@ -118,6 +127,7 @@ class MeteredDevice final : public Device {
   std::unique_ptr<Stream> create_stream() override {
     return std::make_unique<MeteredStream>(inner_->create_stream(), observer_, inner_->name());
   }
+  void reserve_events(std::size_t count) override { inner_->reserve_events(count); }
   AllocationStats stats() const override { return inner_->stats(); }
   bool holds_data() const override { return inner_->holds_data(); }
   bool host_addressable() const override { return inner_->host_addressable(); }

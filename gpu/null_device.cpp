@@ -99,6 +99,15 @@ class NullStream final : public Stream {
       state_->written(width_bytes * rows);
     }
   }
+  void set_bytes(std::byte* dst, std::byte, std::size_t bytes) override {
+    state_->written(checks().set_bytes(dst, bytes));
+  }
+  // Checked only: the table and the ranges hold no bytes here, so nothing is
+  // compared and the flags stay as they were (a null device is never verified).
+  void match_pattern(const PatternRange* ranges, std::size_t count,
+                     std::uint8_t* flags) override {
+    checks().match_pattern(ranges, count, flags);
+  }
   void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
                std::size_t src_pitch, DType src_dtype, std::size_t width,
                std::size_t rows) override {

@@ -10,6 +10,9 @@
 #include <memory>
 #include <stdexcept>
 #include <utility>
+#include <vector>
+
+#include "gpu/kernels_host.hpp"
 
 namespace ferry::gpu {
 namespace {
@@ -343,6 +346,56 @@ void add_cast_scenarios(std::vector<Scenario>& out) {
 void add_device_side_scenarios(std::vector<Scenario>& out) {
   out.push_back({"zero_2d", 40000, [](Device&, Stream& s, std::byte* base) {
                    s.zero_2d(base + kGuard + 3, 1031, 515, 33);
+                 }});
+  out.push_back({"set_bytes", 3 << 20, [](Device&, Stream& s, std::byte* base) {
+                   s.set_bytes(base + kGuard + 1, std::byte{0x7E}, (2 << 20) + 5);
+                   s.set_bytes(base + kGuard + (2 << 20) + 64, std::byte{0x01}, 3);
+                 }});
+  // The sentinel check: ranges written with the sentinel's patterns (some with one
+  // element changed at either end), ranges over the random background, empty ones;
+  // the table goes into the buffer, the flags after it, and the table is zeroed
+  // again afterwards (it holds this device's pointers, which differ between the two).
+  out.push_back({"fill then match_pattern (the sentinel check)", 8 << 20, [](Device&, Stream& s, std::byte* base) {
+                   const std::size_t big = (std::size_t{3} << 20) + 3;  // many passes of a block
+                   std::byte* a = base + kGuard + 1;                       // unaligned
+                   std::byte* b = a + big + kGuard + 255;                  // aligned
+                   std::byte* c = b + (std::size_t{1} << 20) + kGuard;
+                   s.set_bytes(a, std::byte{0x01}, big);
+                   s.fill(b, (std::size_t{1} << 19), DType::kBF16, 1e-3);
+                   s.fill(c, 4096, DType::kF32, 1e-3);
+                   const std::uint64_t bf16 = host::fill_pattern(DType::kBF16, 1e-3);
+                   const std::uint64_t f32 = host::fill_pattern(DType::kF32, 1e-3);
+                   std::byte* rest = c + 4096 * 4 + kGuard;  // random background from here
+                   std::vector<PatternRange> table = {
+                       {a, big, 0x01, 1},
+                       {a, big, 0x02, 1},
+                       {b, std::size_t{1} << 20, bf16, 2},
+                       {b + 1, 1001, bf16, 2},  // shifted: never the pattern
+                       {c, 4096 * 4, f32, 4},
+                       {c, 4096 * 4 + 3, f32, 4},  // a tail the check skips
+                       {c, 4096 * 4, f32 | (f32 << 32), 8},
+                       {rest, 4000, 0, 1},
+                       {rest, 0, 0, 2},  // empty
+                       {rest, 3, 0, 4},  // no whole element
+                   };
+                   // One element changed at the first and at the last place.
+                   std::byte* d = rest + 8192;
+                   s.fill(d, 1000, DType::kBF16, 1e-3);
+                   s.set_bytes(d, std::byte{0}, 1);
+                   std::byte* e = d + 4096;
+                   s.fill(e, 1000, DType::kBF16, 1e-3);
+                   s.set_bytes(e + 1999, std::byte{0}, 1);
+                   table.push_back({d, 2000, bf16, 2});
+                   table.push_back({e, 2000, bf16, 2});
+                   table.push_back({e, 1998, bf16, 2});  // all but the changed element
+                   std::byte* at = e + 4096 + kGuard;
+                   const std::size_t table_bytes = table.size() * sizeof(PatternRange);
+                   std::byte* flags = at + table_bytes + kGuard;
+                   s.copy_h2d(at, reinterpret_cast<const std::byte*>(table.data()), table_bytes);
+                   s.match_pattern(reinterpret_cast<const PatternRange*>(at), table.size(),
+                                   reinterpret_cast<std::uint8_t*>(flags));
+                   s.zero(at, table_bytes);
+                   s.synchronize();  // `table` goes now
                  }});
   struct Gather {
     const char* name;

@@ -790,6 +790,20 @@ io::FileIdentity identity_now(const io::CheckpointFile& f) {
 
 }  // namespace
 
+// The check commit() runs for one local rank: which floating-point params still
+// hold only the sentinel, read where the manifest says ferry put them (never
+// through a pointer that moved since). prepare() builds it, because the manifest
+// is known then and every allocation belongs there (capture safety): the table of
+// ranges, uploaded once, the flags on the device and their pinned copy. commit()
+// then launches one match_pattern over the table and reads the flags back with one
+// copy: no readback, and no synchronize, per parameter.
+struct SentinelCheck {
+  std::vector<std::string> names;  // per range, as the error names them
+  gpu::DeviceAllocation table;     // names.size() PatternRange entries
+  gpu::DeviceAllocation flags;     // names.size() bytes
+  gpu::PinnedAllocation result;    // the flags, read back
+};
+
 // Everything one load builds, step by step. A prepared startup keeps it between
 // prepare() and commit().
 struct LoadWork {
@@ -816,6 +830,14 @@ struct LoadWork {
   std::unique_ptr<io::Prefetcher> prefetcher;
   std::vector<std::size_t> stamped;  // planned files (index.files) commit() checks again
   Clock::time_point prepared_at;
+  // Made by prepare() in overlap mode, so that commit() allocates and creates
+  // nothing (include/ferry/runtime.hpp): the pipeline's lanes, staging pools, and
+  // per local rank a stream (the sentinel fill, the copy worker, the sentinel
+  // check) and copy scratch; the sentinel check's buffers. Released with the work,
+  // after commit() ended.
+  std::shared_ptr<actors::PreparedResources> resources;
+  std::vector<SentinelCheck> sentinel_checks;
+  gpu::Stream& rank_stream(std::size_t r) { return *resources->ranks.at(r).stream; }
 };
 
 struct FERRY_HIDDEN Runtime::Impl {
@@ -872,6 +894,9 @@ struct FERRY_HIDDEN Runtime::Impl {
   void make_devices(LoadWork& w);
   void allocate(LoadWork& w, LoadHandle::State& handle);
   void stream(LoadWork& w, LoadHandle::State& handle);  // + verify the bytes landed
+  // The pipeline's input as far as it is fixed before streaming: plan, model,
+  // targets, options, staging (what actors::prepare_resources reads).
+  actors::PipelineInput pipeline_input(LoadWork& w) const;
   std::byte* reallocate(LoadWork& w, std::size_t rank, std::size_t param);
   std::vector<StartupRefusal> overlap_refusals(const LoadWork& w) const;
   void fill_sentinel(LoadWork& w, LoadHandle::State& handle);
@@ -1349,16 +1374,9 @@ std::byte* Runtime::Impl::reallocate(LoadWork& w, std::size_t rank, std::size_t 
   return data;
 }
 
-void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
+actors::PipelineInput Runtime::Impl::pipeline_input(LoadWork& w) const {
   const LoadConfig& c = config;
-  LoadReport& report = w.report;
   const auto& shells = w.model->shells();
-  handle.bytes_planned.store(w.plan.bytes_planned);
-  handle.tensors_placed.store(w.plan.placed);
-  const Clock::time_point t_begin = Clock::now();
-
-  // ---- stream (+ postprocess)
-  handle.phase.store(LoadPhase::kStream);
   actors::PipelineInput input;
   input.index = &w.resolved.index;
   input.model = w.model.get();
@@ -1400,6 +1418,21 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
       }
     }
   }
+  return input;
+}
+
+void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
+  const LoadConfig& c = config;
+  LoadReport& report = w.report;
+  const auto& shells = w.model->shells();
+  handle.bytes_planned.store(w.plan.bytes_planned);
+  handle.tensors_placed.store(w.plan.placed);
+  const Clock::time_point t_begin = Clock::now();
+
+  // ---- stream (+ postprocess)
+  handle.phase.store(LoadPhase::kStream);
+  actors::PipelineInput input = pipeline_input(w);
+  input.prepared = w.resources;  // prepare()'s, in overlap mode
   input.faults = hooks.faults;
   input.before_copy = hooks.before_copy;
   input.fault_point = hooks.fault_point;
@@ -1650,42 +1683,92 @@ std::vector<std::string> manifest_changes(const std::vector<ManifestEntry>& befo
   return out;
 }
 
-// The floating-point params whose every element is still the sentinel, read where
-// the manifest says ferry put them (never through a pointer that moved since).
-// Each param is read until one element differs: the first 4 KiB settle almost
-// every param, so the check costs little even for a large model.
-std::vector<std::string> sentinel_params(const std::vector<ManifestEntry>& manifest,
-                                         const LoadedModel::State& state) {
-  constexpr std::size_t kFirst = 4096;
-  constexpr std::size_t kBlock = std::size_t{1} << 20;
-  std::vector<std::string> out;
-  std::vector<std::byte> buf;
-  std::vector<std::unique_ptr<gpu::Stream>> streams(state.devices.size());
+// The sentinel as Stream::match_pattern compares it: the element's bytes as the
+// low bytes of a word, in machine order.
+gpu::PatternRange sentinel_range(const ManifestEntry& e) {
+  const std::vector<std::byte> element = sentinel_element(e.dtype);
+  gpu::PatternRange range;
+  range.data = e.data;
+  range.bytes = e.nbytes;
+  std::memcpy(&range.pattern, element.data(), element.size());
+  range.element_size = static_cast<std::uint32_t>(element.size());
+  return range;
+}
+
+}  // namespace
+
+namespace {
+
+// Builds every rank's check on its prepared stream and waits for the uploads
+// (one synchronize per device).
+std::vector<SentinelCheck> prepare_sentinel_checks(
+    const std::vector<ManifestEntry>& manifest, const LoadedModel::State& state,
+    const actors::PreparedResources& resources) {
+  std::vector<SentinelCheck> checks(state.devices.size());
+  std::vector<std::vector<gpu::PatternRange>> tables(state.devices.size());
   for (const ManifestEntry& e : manifest) {
     const gpu::Device& device = *state.devices.at(e.local_rank);
     if (!floating(e.dtype) || !device.holds_data() || e.nbytes == 0) {
       continue;
     }
-    auto& stream = streams[e.local_rank];
-    if (!stream) {
-      stream = state.devices[e.local_rank]->create_stream();
+    tables[e.local_rank].push_back(sentinel_range(e));
+    checks[e.local_rank].names.push_back(rank_name(state, e.local_rank, e.name));
+  }
+  for (std::size_t r = 0; r < checks.size(); ++r) {
+    const std::size_t n = tables[r].size();
+    if (n == 0) {
+      continue;
     }
-    const std::vector<std::byte> element = sentinel_element(e.dtype);
-    const std::size_t es = element.size();
-    const std::size_t total = static_cast<std::size_t>(e.nbytes);
-    bool all_sentinel = true;
-    for (std::size_t off = 0; off < total && all_sentinel;) {
-      const std::size_t n = std::min(off == 0 ? kFirst : kBlock, total - off);
-      buf.resize(n);
-      stream->copy_d2h(buf.data(), e.data + off, n);
-      stream->synchronize();
-      for (std::size_t i = 0; i + es <= n && all_sentinel; i += es) {
-        all_sentinel = std::memcmp(buf.data() + i, element.data(), es) == 0;
+    gpu::Device& device = *state.devices[r];
+    SentinelCheck& c = checks[r];
+    try {
+      c.table = device.allocate(n * sizeof(gpu::PatternRange));
+      c.flags = device.allocate(n);
+      c.result = device.allocate_pinned(n);
+    } catch (const Error& e) {
+      throw Error(Stage::kVerify, device.name(), "",
+                  "allocating the sentinel check of " + std::to_string(n) +
+                      " parameters: " + e.rule());
+    }
+    resources.ranks.at(r).stream->copy_h2d(c.table.data(), reinterpret_cast<const std::byte*>(tables[r].data()),
+                            n * sizeof(gpu::PatternRange));
+  }
+  for (std::size_t r = 0; r < checks.size(); ++r) {
+    if (!tables[r].empty()) {
+      resources.ranks[r].stream->synchronize();  // before `tables` goes
+    }
+  }
+  return checks;
+}
+
+// The params nothing wrote: one match_pattern and one read-back per device, then
+// one synchronize per device.
+std::vector<std::string> sentinel_params(std::vector<SentinelCheck>& checks,
+                                         const LoadedModel::State& state,
+                                         const actors::PreparedResources& resources) {
+  for (std::size_t r = 0; r < checks.size(); ++r) {
+    SentinelCheck& c = checks[r];
+    if (c.names.empty()) {
+      continue;
+    }
+    state.devices[r]->bind();  // this thread's calls as a copy worker's (docs/GPU.md)
+    auto* flags = reinterpret_cast<std::uint8_t*>(c.flags.data());
+    gpu::Stream& stream = *resources.ranks.at(r).stream;
+    stream.match_pattern(reinterpret_cast<const gpu::PatternRange*>(c.table.data()),
+                              c.names.size(), flags);
+    stream.copy_d2h(c.result.data(), c.flags.data(), c.names.size());
+  }
+  std::vector<std::string> out;
+  for (std::size_t r = 0; r < checks.size(); ++r) {
+    const SentinelCheck& c = checks[r];
+    if (c.names.empty()) {
+      continue;
+    }
+    resources.ranks[r].stream->synchronize();
+    for (std::size_t i = 0; i < c.names.size(); ++i) {
+      if (c.result.data()[i] != std::byte{0}) {
+        out.push_back(c.names[i]);
       }
-      off += n;
-    }
-    if (all_sentinel) {
-      out.push_back(rank_name(state, e.local_rank, e.name));
     }
   }
   return out;
@@ -1754,28 +1837,25 @@ std::vector<StartupRefusal> Runtime::Impl::overlap_refusals(const LoadWork& w) c
 void Runtime::Impl::fill_sentinel(LoadWork& w, LoadHandle::State& handle) {
   handle.phase.store(LoadPhase::kSentinel);
   LoadedModel::State& state = *w.state;
-  std::vector<std::byte> fp8_block;
+  // Queued on every device first, waited for once per device at the end: FP8's
+  // sentinel is one repeated byte (set_bytes, a memset), the others a fill kernel.
   for (std::size_t r = 0; r < state.ranks.size(); ++r) {
     handle.check_cancel();
-    auto stream = state.devices[r]->create_stream();
+    gpu::Stream& stream = w.rank_stream(r);
     for (const LoadedParam& p : state.ranks[r].params) {
       if (!floating(p.dtype) || p.nbytes == 0) {
         continue;
       }
       const std::size_t es = dtype_size(p.dtype);
-      if (es != 1) {
-        stream->fill(p.data, p.nbytes / es, p.dtype, kSentinel);
-        continue;
+      if (es == 1) {
+        stream.set_bytes(p.data, sentinel_element(p.dtype).front(), p.nbytes);
+      } else {
+        stream.fill(p.data, p.nbytes / es, p.dtype, kSentinel);
       }
-      const std::byte value = sentinel_element(p.dtype).front();
-      fp8_block.assign(std::min<std::size_t>(p.nbytes, std::size_t{1} << 20), value);
-      for (std::size_t off = 0; off < p.nbytes; off += fp8_block.size()) {
-        stream->copy_h2d(p.data + off, fp8_block.data(),
-                         std::min(fp8_block.size(), p.nbytes - off));
-      }
-      stream->synchronize();  // before fp8_block changes
     }
-    stream->synchronize();
+  }
+  for (std::size_t r = 0; r < state.ranks.size(); ++r) {
+    w.rank_stream(r).synchronize();
   }
   // The post-load hooks run on the sentinel weights (the MLA split included), so
   // their outputs are in place and the engine captures the same buffers.
@@ -1931,8 +2011,10 @@ LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
     w.state->manifest = record_manifest(*w.state);
   } else {
     const Clock::time_point t_sentinel = Clock::now();
+    w.resources = actors::prepare_resources(pipeline_input(w));
     fill_sentinel(w, handle);
     w.state->manifest = record_manifest(*w.state);
+    w.sentinel_checks = prepare_sentinel_checks(w.state->manifest, *w.state, *w.resources);
     report.startup.sentinel = seconds_between(t_sentinel, Clock::now());
     w.span("sentinel", t_sentinel, Clock::now());
     // Warm the page cache while the engine captures: the planned ranges, in plan
@@ -1972,7 +2054,7 @@ void Runtime::Impl::verify_startup(LoadWork& w) {
   }
   std::vector<std::string> sentinel;
   if (w.mode == StartupMode::kOverlap) {
-    sentinel = sentinel_params(w.state->manifest, *w.state);
+    sentinel = sentinel_params(w.sentinel_checks, *w.state, *w.resources);
   }
   if (moved.empty() && sentinel.empty()) {
     return;

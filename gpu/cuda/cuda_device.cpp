@@ -306,6 +306,25 @@ class CudaStream final : public Stream {
                      cudaMemset2DAsync(dst, dst_pitch, 0, width_bytes, rows, stream_));
   }
 
+  void set_bytes(std::byte* dst, std::byte value, std::size_t bytes) override {
+    if (bytes == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    FERRY_CUDA_CHECK(state_->name,
+                     cudaMemsetAsync(dst, static_cast<int>(value), bytes, stream_));
+  }
+
+  void match_pattern(const PatternRange* ranges, std::size_t count,
+                     std::uint8_t* flags) override {
+    if (count == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    check(launch_match_pattern(ranges, count, flags, stream_), "match_pattern kernel launch",
+          state_->name, std::to_string(count) + " ranges");
+  }
+
   void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
                std::size_t src_pitch, DType src_dtype, std::size_t width,
                std::size_t rows) override {
@@ -396,7 +415,18 @@ class CudaDevice final : public Device {
 
   std::string name() const override { return state_->name; }
 
-  void bind() override { FERRY_CUDA_CHECK(state_->name, cudaSetDevice(state_->index)); }
+  // Also puts the calling thread in cudaStreamCaptureModeRelaxed (for the thread's
+  // life): ferry's threads (copy workers, the commit's verification) then may
+  // query and wait on ferry's own events while another thread of the engine
+  // captures a graph in global mode, which would otherwise refuse those calls as
+  // potentially unsafe. Safe, because ferry never records an event on, or waits
+  // for, a capturing stream; everything that allocates or creates was made in
+  // prepare() (include/ferry/runtime.hpp says which calls commit() makes).
+  void bind() override {
+    FERRY_CUDA_CHECK(state_->name, cudaSetDevice(state_->index));
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    FERRY_CUDA_CHECK(state_->name, cudaThreadExchangeStreamCaptureMode(&mode));
+  }
 
   // The PCI device's node from sysfs; -1 when the driver or sysfs does not say.
   int numa_node() const override {
@@ -493,6 +523,11 @@ class CudaDevice final : public Device {
   }
 
   std::unique_ptr<Stream> create_stream() override { return std::make_unique<CudaStream>(state_); }
+
+  void reserve_events(std::size_t count) override {
+    DeviceScope scope(*state_);
+    cuda::reserve_events(*state_, count);
+  }
 
   AllocationStats stats() const override { return state_->stats.snapshot(); }
 

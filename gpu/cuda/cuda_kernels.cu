@@ -663,6 +663,82 @@ cudaError_t launch_transpose(std::byte* dst, std::size_t dst_batch_pitch, const 
   return element_size == 16 ? cudaErrorInvalidValue : with_word(element_size, op);
 }
 
+namespace {
+
+constexpr unsigned kMatchPasses = 8;  // bytes a thread compares between two votes
+
+__host__ __device__ inline bool valid_element_size(std::uint32_t es) {
+  return es == 1 || es == 2 || es == 4 || es == 8;
+}
+
+// Byte j of a range holds byte j % element_size of its element: the low bytes of
+// `pattern`, least significant first (the little-endian machine order of
+// host::fill_pattern).
+__host__ __device__ inline bool pattern_byte(const unsigned char* data, std::uint64_t j,
+                                             std::uint64_t pattern, std::uint32_t es) {
+  const unsigned shift = static_cast<unsigned>(j % es) * 8;
+  return data[j] == static_cast<unsigned char>((pattern >> shift) & 0xFFu);
+}
+
+// A block a range. The threads of a block read consecutive bytes (coalesced) and
+// vote after every kMatchPasses bytes each, so that a range that differs early
+// (real weights, against the sentinel) is settled in its first pass; the vote is
+// uniform, so every thread leaves the loop together.
+__global__ void match_pattern_kernel(const PatternRange* ranges, std::size_t count,
+                                     std::uint8_t* flags) {
+  for (std::size_t r = blockIdx.x; r < count; r += gridDim.x) {
+    const PatternRange range = ranges[r];
+    const bool valid = valid_element_size(range.element_size);
+    const std::uint64_t whole =
+        valid ? range.bytes / range.element_size * range.element_size : 0;
+    const auto* data = reinterpret_cast<const unsigned char*>(range.data);
+    int same = valid ? 1 : 0;
+    const std::uint64_t step = static_cast<std::uint64_t>(blockDim.x) * kMatchPasses;
+    for (std::uint64_t base = 0; base < whole && same != 0; base += step) {
+      int mine = 1;
+      for (unsigned k = 0; k < kMatchPasses; ++k) {
+        const std::uint64_t j = base + static_cast<std::uint64_t>(k) * blockDim.x + threadIdx.x;
+        if (j < whole && !pattern_byte(data, j, range.pattern, range.element_size)) {
+          mine = 0;
+        }
+      }
+      same = __syncthreads_and(mine);
+    }
+    if (threadIdx.x == 0) {
+      flags[r] = same != 0 ? 1 : 0;
+    }
+    __syncthreads();  // the next range's loads after this one's vote
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_match_pattern(const PatternRange* ranges, std::size_t count,
+                                 std::uint8_t* flags, cudaStream_t stream) {
+  if (count == 0) {
+    return cudaSuccess;
+  }
+  (void)cudaGetLastError();
+  const unsigned blocks = static_cast<unsigned>(count < kMaxBlocks ? count : kMaxBlocks);
+  match_pattern_kernel<<<blocks, kThreads, 0, stream>>>(ranges, count, flags);
+  return cudaGetLastError();
+}
+
+void match_pattern_emulated(const PatternRange* ranges, std::size_t count, std::uint8_t* flags) {
+  for (std::size_t r = 0; r < count; ++r) {
+    const PatternRange& range = ranges[r];
+    const bool valid = valid_element_size(range.element_size);
+    const std::uint64_t whole =
+        valid ? range.bytes / range.element_size * range.element_size : 0;
+    const auto* data = reinterpret_cast<const unsigned char*>(range.data);
+    bool same = valid;
+    for (std::uint64_t j = 0; j < whole && same; ++j) {
+      same = pattern_byte(data, j, range.pattern, range.element_size);
+    }
+    flags[r] = same ? 1 : 0;
+  }
+}
+
 void fill_emulated(std::byte* dst, std::size_t count, std::size_t element_size,
                    std::uint64_t pattern) {
   auto* d = reinterpret_cast<unsigned char*>(dst);

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/dtype.hpp"
+#include "gpu/device.hpp"
 
 namespace ferry::gpu::cuda {
 
@@ -48,5 +49,13 @@ cudaError_t launch_transpose(std::byte* dst, std::size_t dst_batch_pitch, const 
                              std::size_t src_batch_pitch, std::size_t element_size,
                              std::size_t rows, std::size_t cols, std::size_t batches,
                              cudaStream_t stream);
+
+// Stream::match_pattern: flags[i] = 1 when every whole element of range i of the
+// device-resident table equals its pattern (host::matches_pattern's rule), else 0;
+// an element size other than 1, 2, 4 or 8 gives 0. One launch for all ranges: a
+// block a range (grid-stride over the ranges), its threads over the range's bytes,
+// stopping at the first pass that finds a difference.
+cudaError_t launch_match_pattern(const PatternRange* ranges, std::size_t count,
+                                 std::uint8_t* flags, cudaStream_t stream);
 
 }  // namespace ferry::gpu::cuda

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/dtype.hpp"
+#include "gpu/device.hpp"
 
 namespace ferry::gpu::cuda {
 
@@ -35,5 +36,8 @@ std::size_t copy_2d_word_size(const std::byte* dst, std::size_t dst_pitch, const
 void transpose_emulated(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
                         std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
                         std::size_t cols, std::size_t batches);
+
+// launch_match_pattern's per-byte rule, run over a host-resident table.
+void match_pattern_emulated(const PatternRange* ranges, std::size_t count, std::uint8_t* flags);
 
 }  // namespace ferry::gpu::cuda

@@ -10,6 +10,22 @@
 //   commit()   stop the prefetch, stream the real weights into the same storage,
 //              post-process in place, and verify against the manifest.
 //
+// Capture safety (overlap mode): commit() may run while another thread of the
+// engine captures CUDA graphs in global mode (PyTorch's default). prepare() makes
+// every CUDA object the commit needs: cudaMalloc (parameters, copy scratch, the
+// sentinel check's table and flags), cudaHostAlloc (staging pools, the check's
+// result), cudaStreamCreateWithFlags (a stream per local rank),
+// cudaEventCreateWithFlags (each device's event pool: an event for every staging
+// buffer a copy worker can hold, plus its waits). commit() then calls only
+// cudaMemcpyAsync / cudaMemcpy2DAsync / cudaMemsetAsync / cudaMemset2DAsync,
+// ferry's kernel launches, cudaEventRecord on pooled events and cudaEventQuery /
+// cudaEventSynchronize on them, all on ferry's own (never capturing) streams, plus
+// cudaSetDevice / cudaGetDevice; every thread of ferry that does first switches
+// itself to cudaStreamCaptureModeRelaxed (gpu::Device::bind), so a global-mode
+// capture elsewhere does not refuse its queries and waits. What prepare() made
+// (cudaFree, cudaFreeHost, cudaStreamDestroy) is released after commit() has
+// ended, on its (relaxed) thread; the parameters stay with the model.
+//
 // startup.mode decides how much of the work overlaps the engine's capture
 // (serial: prepare() loads fully and commit() only verifies). Every load's result
 // is a LoadedModel: for each local rank, its parameters by name with device,

@@ -55,6 +55,10 @@ class RecordingStream final : public gpu::Stream {
   void zero_2d(std::byte* d, std::size_t p, std::size_t w, std::size_t r) override {
     inner_->zero_2d(d, p, w, r);
   }
+  void set_bytes(std::byte* d, std::byte v, std::size_t n) override { inner_->set_bytes(d, v, n); }
+  void match_pattern(const gpu::PatternRange* r, std::size_t n, std::uint8_t* f) override {
+    inner_->match_pattern(r, n, f);
+  }
   void cast_2d(std::byte* d, std::size_t dp, DType dt, const std::byte* s, std::size_t sp, DType st,
                std::size_t w, std::size_t r) override {
     ops.push_back("cast_2d");

@@ -4,6 +4,7 @@
 // GPU does.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -192,6 +193,48 @@ TEST(CudaKernelEmulationTest, TransposeMatchesTheHostTwin) {
 
 TEST(CudaKernelEmulationTest, NeedsTheCudaBackend) {
   GTEST_SKIP() << "ferry was built without the CUDA backend";
+}
+
+
+// The sentinel check's per-byte rule against the host twin: every element size,
+// odd alignments and lengths, a change at the first or last element, empty ranges,
+// an element size the kernel refuses (0).
+TEST(CudaKernelEmulationTest, MatchPatternMatchesTheHostTwin) {
+  std::mt19937 rng(11);
+  std::vector<std::byte> buf(1 << 16);
+  std::vector<PatternRange> table;
+  std::vector<std::uint8_t> want;
+  const std::uint64_t pattern = 0xF0E0D0C0B0A09080ull;
+  std::size_t at = 0;
+  for (std::uint32_t es : {1u, 2u, 4u, 8u}) {
+    for (std::size_t bytes : {std::size_t{0}, std::size_t{es - 1}, std::size_t{3 * es + 1},
+                              std::size_t{4000}}) {
+      for (int change : {-1, 0, 1}) {  // none, the first byte, the last whole element's byte
+        at += 3;                        // odd alignments
+        for (std::size_t j = 0; j < bytes; ++j) {
+          buf.at(at + j) = static_cast<std::byte>((pattern >> (8 * (j % es))) & 0xFF);
+        }
+        const std::size_t whole = bytes / es * es;
+        if (change == 0 && whole != 0) {
+          buf[at] ^= std::byte{1};
+        } else if (change == 1 && whole != 0) {
+          buf[at + whole - 1] ^= std::byte{1};
+        }
+        table.push_back({buf.data() + at, bytes, pattern, es, 0});
+        want.push_back(host::matches_pattern(buf.data() + at, bytes, pattern, es) ? 1 : 0);
+        at += bytes;
+      }
+    }
+  }
+  table.push_back({buf.data() + at, 64, rng(), 1, 0});  // random bytes: (almost surely) not
+  want.push_back(host::matches_pattern(buf.data() + at, 64, table.back().pattern, 1) ? 1 : 0);
+  table.push_back({buf.data(), 16, pattern, 0, 0});  // refused element size
+  want.push_back(0);
+  std::vector<std::uint8_t> got(table.size(), 0xFF);
+  cuda::match_pattern_emulated(table.data(), table.size(), got.data());
+  EXPECT_EQ(got, want);
+  EXPECT_NE(std::count(want.begin(), want.end(), 1), 0);
+  EXPECT_NE(std::count(want.begin(), want.end(), 0), 0);
 }
 
 #endif

@@ -56,6 +56,13 @@ class ForwardingStream final : public Stream {
   void zero_2d(std::byte* dst, std::size_t pitch, std::size_t width, std::size_t rows) override {
     inner_->zero_2d(dst, pitch, width, rows);
   }
+  void set_bytes(std::byte* dst, std::byte value, std::size_t bytes) override {
+    inner_->set_bytes(dst, value, bytes);
+  }
+  void match_pattern(const PatternRange* ranges, std::size_t count,
+                     std::uint8_t* flags) override {
+    inner_->match_pattern(ranges, count, flags);
+  }
   void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
                std::size_t src_pitch, DType src_dtype, std::size_t width,
                std::size_t rows) override {
@@ -112,6 +119,7 @@ class ForwardingDevice final : public Device {
   std::unique_ptr<Stream> create_stream() override {
     return std::make_unique<ForwardingStream>(inner_->create_stream(), faults_);
   }
+  void reserve_events(std::size_t count) override { inner_->reserve_events(count); }
   AllocationStats stats() const override { return inner_->stats(); }
 
  private:

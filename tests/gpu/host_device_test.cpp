@@ -534,5 +534,65 @@ TEST(HostDeviceTest, CappedCopiesAreNeverFasterThanTheLink) {
   EXPECT_EQ(back[0], std::byte{1});
 }
 
+// set_bytes writes its byte and nothing else; match_pattern reads its table from
+// device memory (here after the queued upload on a deferred stream too), writes a
+// flag a range, and refuses a table, flags or a range outside the device's memory
+// and an element size it does not know.
+TEST(HostDeviceTest, SetBytesAndMatchPattern) {
+  for (bool deferred : {false, true}) {
+    SCOPED_TRACE(deferred ? "deferred" : "immediate");
+    auto device = make_host_device(0, {.deferred_copies = deferred});
+    auto stream = device->create_stream();
+    DeviceAllocation a = device->allocate(8192);
+    std::vector<std::byte> want = pattern(a.size(), 5);
+    stream->copy_h2d(a.data(), want.data(), want.size());
+    stream->set_bytes(a.data() + 3, std::byte{0x01}, 1001);
+    std::fill(want.begin() + 3, want.begin() + 1004, std::byte{0x01});
+    stream->set_bytes(a.data(), std::byte{0x02}, 0);  // nothing
+    std::vector<PatternRange> table = {
+        {a.data() + 3, 1001, 0x01, 1, 0},    // all 0x01
+        {a.data() + 3, 1002, 0x01, 1, 0},    // one byte past it
+        {a.data() + 4, 1000, 0x0101, 2, 0},  // 500 elements of 0x0101
+        {a.data() + 3, 0, 0x55, 8, 0},       // empty
+    };
+    const std::size_t table_bytes = table.size() * sizeof(PatternRange);
+    std::byte* t = a.data() + 4096;
+    auto* flags = reinterpret_cast<std::uint8_t*>(a.data() + 6000);
+    stream->copy_h2d(t, reinterpret_cast<const std::byte*>(table.data()), table_bytes);
+    stream->match_pattern(reinterpret_cast<const PatternRange*>(t), table.size(), flags);
+    std::vector<std::byte> got(a.size());
+    stream->copy_d2h(got.data(), a.data(), got.size());
+    stream->synchronize();
+    EXPECT_TRUE(std::equal(got.begin(), got.begin() + 4096, want.begin()));
+    EXPECT_EQ(std::to_integer<int>(got[6000]), 1);
+    EXPECT_EQ(std::to_integer<int>(got[6001]), 0);
+    EXPECT_EQ(std::to_integer<int>(got[6002]), 1);
+    EXPECT_EQ(std::to_integer<int>(got[6003]), 1);
+
+    expect_error([&] { stream->set_bytes(a.data() + 8000, std::byte{1}, 193); }, "host:0",
+                 "set_bytes: destination");
+    std::vector<std::byte> host_table(table_bytes);
+    expect_error(
+        [&] {
+          stream->match_pattern(reinterpret_cast<const PatternRange*>(host_table.data()), 1, flags);
+        },
+        "host:0", "match_pattern: table");
+    expect_error(
+        [&] {
+          stream->match_pattern(reinterpret_cast<const PatternRange*>(t), 1,
+                                reinterpret_cast<std::uint8_t*>(host_table.data()));
+        },
+        "host:0", "match_pattern: flags");
+    PatternRange bad[2] = {{a.data(), 16, 0, 3, 0}, {want.data(), 16, 0, 1, 0}};
+    stream->copy_h2d(t, reinterpret_cast<const std::byte*>(bad), sizeof bad);
+    expect_error([&] { stream->match_pattern(reinterpret_cast<const PatternRange*>(t), 1, flags); },
+                 "host:0", "range 0 has element size 3");
+    expect_error(
+        [&] { stream->match_pattern(reinterpret_cast<const PatternRange*>(t) + 1, 1, flags); },
+        "host:0", "match_pattern: range 0");
+    stream->synchronize();
+  }
+}
+
 }  // namespace
 }  // namespace ferry::gpu

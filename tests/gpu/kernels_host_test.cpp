@@ -444,6 +444,56 @@ TEST(KernelsHostTest, FillRandomIsCounterBasedInRangeAndUniform) {
   EXPECT_THROW(fill_random(one, 1, DType::kI32, 0, 1, 1), Error);
 }
 
+
+// matches_pattern against a naive reference written element by element with the
+// pattern's bytes spelled out (little-endian), over every element size, at odd
+// alignments and lengths, with one element changed at the first and last place.
+bool naive_matches(const std::vector<std::byte>& buf, std::size_t at, std::size_t bytes,
+                   std::uint64_t pattern, std::uint32_t es) {
+  for (std::size_t e = 0; (e + 1) * es <= bytes; ++e) {
+    for (std::uint32_t k = 0; k < es; ++k) {
+      if (buf[at + e * es + k] != static_cast<std::byte>((pattern >> (8 * k)) & 0xFF)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+TEST(KernelsHostTest, MatchesPatternAgreesWithANaiveReference) {
+  const std::uint64_t pattern = 0x0807060504030201ull;
+  for (std::uint32_t es : {1u, 2u, 4u, 8u}) {
+    for (std::size_t shift : {0u, 1u, 3u}) {
+      for (std::size_t bytes : {std::size_t{0}, std::size_t{es - 1}, std::size_t{es},
+                                std::size_t{es * 5 + 1}, std::size_t{8191}, std::size_t{8192}}) {
+        std::vector<std::byte> buf(shift + bytes + 8, std::byte{0xEE});
+        for (std::size_t j = 0; j < bytes; ++j) {
+          buf[shift + j] = static_cast<std::byte>((pattern >> (8 * (j % es))) & 0xFF);
+        }
+        SCOPED_TRACE("es " + std::to_string(es) + " shift " + std::to_string(shift) + " bytes " +
+                     std::to_string(bytes));
+        EXPECT_TRUE(matches_pattern(buf.data() + shift, bytes, pattern, es));
+        EXPECT_TRUE(naive_matches(buf, shift, bytes, pattern, es));
+        const std::size_t whole = bytes / es * es;
+        if (whole == 0) {
+          continue;  // no whole element: vacuously the pattern, whatever follows
+        }
+        for (std::size_t at : {std::size_t{0}, whole - 1}) {  // first, last byte compared
+          std::vector<std::byte> bad = buf;
+          bad[shift + at] ^= std::byte{0x40};
+          EXPECT_FALSE(matches_pattern(bad.data() + shift, bytes, pattern, es)) << at;
+          EXPECT_FALSE(naive_matches(bad, shift, bytes, pattern, es)) << at;
+        }
+        if (whole < bytes) {  // the tail after the last whole element is not read
+          std::vector<std::byte> tail = buf;
+          tail[shift + whole] ^= std::byte{0x40};
+          EXPECT_TRUE(matches_pattern(tail.data() + shift, bytes, pattern, es));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ferry::gpu::host
 

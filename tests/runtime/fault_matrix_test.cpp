@@ -427,7 +427,10 @@ std::vector<Row> rows() {
           }
         };
       },
-      Stage::kCopy, "copy worker: injected: no stream", Names::kFile, "host:1"));
+      // The stream is made before streaming (actors::prepare_resources), for the
+      // copy worker: the error names the device and what it was for.
+      Stage::kCopy, "creating the copy worker's stream: injected: no stream", Names::kFile,
+      "host:1"));
   out.push_back(make_row(
       "ExceptionInCopyWorkerWithChunksParked",
       [](Context& c) {

@@ -5,9 +5,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <string>
 #include <thread>
@@ -21,6 +23,7 @@
 #include "runtime/runtime.hpp"
 #include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "testing/faulty_device.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -511,6 +514,120 @@ TEST_F(StartupTest, CallsInTheWrongStateAreClearErrorsThatChangeNothing) {
   EXPECT_EQ(bad.state(), RuntimeState::kFailed);
   ASSERT_FALSE(bad.commit().wait());
   EXPECT_EQ(bad.state(), RuntimeState::kFailed);
+}
+
+
+
+// commit() allocates and creates nothing, so it runs while another thread of the
+// engine captures a graph in global mode: the host backend's emulated capture
+// (gpu::HostCaptureGuard) refuses allocations, pinned memory, streams, event
+// creation, and waits on threads that did not bind() a device, and commit() still
+// streams the same bytes as a serial load. (Before: the copy workers created their
+// streams, scratch and the staging pools' pinned memory in commit().)
+TEST_F(StartupTest, CommitRunsWhileAGraphIsCapturedAndCreatesNothing) {
+  for (const std::string lanes : {"1", "2"}) {
+    SCOPED_TRACE("read lanes " + lanes);
+    const std::vector<std::string> sets = {"parallel.tp=2", "parallel.ep=2", "io.read_lanes=" + lanes};
+    Runtime serial(config_for(ck("deepseek_v3").dir, sets, "serial"));
+    LoadResult want = serial.load();
+    ASSERT_TRUE(want) << want.error->message;
+
+    RuntimeHooks hooks;
+    hooks.devices = {gpu::make_host_device(0, {.narrow_row_bytes = 64}),
+                     gpu::make_host_device(1, {.narrow_row_bytes = 64})};
+    Runtime rt(config_for(ck("deepseek_v3").dir, sets, "overlap"), hooks);
+    LoadResult prepared = rt.prepare().wait();
+    ASSERT_TRUE(prepared) << prepared.error->message;
+    LoadResult r;
+    {
+      gpu::HostCaptureGuard capture;
+      // The guard is on: what commit() must not do fails here.
+      EXPECT_THROW(hooks.devices[0]->create_stream(), Error);
+      EXPECT_THROW(hooks.devices[0]->allocate(256), Error);
+      EXPECT_THROW(hooks.devices[1]->allocate_pinned(4096), Error);
+      r = rt.commit().wait();
+    }
+    ASSERT_TRUE(r) << r.error->message;
+    for (std::size_t rank = 0; rank < want.model->ranks().size(); ++rank) {
+      for (const LoadedParam& p : want.model->ranks()[rank].params) {
+        EXPECT_EQ(r.model->read_param(rank, p.name), want.model->read_param(rank, p.name))
+            << p.name;
+      }
+    }
+  }
+}
+
+// The sentinel is filled and checked per device, not per parameter: an FP8 model
+// (one-byte sentinel: set_bytes, no host source) on two devices whose streams count
+// their calls. prepare() waits a few times per device (the fill, the check's
+// upload), commit() reads back once per device (the check's flags) and waits a
+// few times per device. (Before: a synchronize per FP8 parameter in prepare(), a
+// 4 KiB copy_d2h and a synchronize per floating-point parameter in commit().)
+TEST(StartupSyncTest, TheSentinelIsFilledAndCheckedPerDeviceNotPerParameter) {
+  TempDir dir;
+  tools::SynthOptions o;
+  o.family = "llama";
+  o.preset = "tiny";
+  o.out = dir.file("fp8");
+  o.seed = 5;
+  o.fsync = false;
+  o.quant = tools::SynthQuant::kFp8Block;
+  o.quant_block = 16;
+  tools::synthesize(o);
+
+  auto mu = std::make_shared<std::mutex>();
+  auto ops = std::make_shared<std::map<std::string, int>>();
+  RuntimeHooks hooks;
+  for (int i = 0; i < 2; ++i) {
+    hooks.devices.push_back(std::make_shared<ferry::testing::FaultyDevice>(
+        gpu::make_host_device(i), [mu, ops](std::string_view op) {
+          std::lock_guard lock(*mu);
+          ++(*ops)[std::string(op)];
+        }));
+  }
+  auto count = [&](const std::string& op) {
+    std::lock_guard lock(*mu);
+    return (*ops)[op];
+  };
+  Runtime rt(config_for(o.out, {"parallel.tp=2"}, "overlap"), hooks);
+  LoadResult prepared = rt.prepare().wait();
+  ASSERT_TRUE(prepared) << prepared.error->message;
+  std::size_t fp8 = 0, floating = 0;
+  for (const LoadedRank& rank : prepared.model->ranks()) {
+    for (const LoadedParam& p : rank.params) {
+      fp8 += p.dtype == DType::kF8E4M3 ? 1 : 0;
+      floating += p.dtype == DType::kF8E4M3 || p.dtype == DType::kBF16 ||
+                          p.dtype == DType::kF32 || p.dtype == DType::kF16
+                      ? 1
+                      : 0;
+    }
+  }
+  ASSERT_GE(fp8, 8u);  // the FP8 path is what the test is about
+  const int devices = 2;
+  EXPECT_GT(count("set_bytes"), 0);
+  EXPECT_LE(count("synchronize"), 2 * devices) << fp8 << " FP8 params";
+  EXPECT_EQ(count("copy_d2h"), 0);
+  // Every FP8 parameter holds its sentinel byte (2^-9: 0x01).
+  const std::vector<std::byte> w = prepared.model->read_param(0, "model.layers.0.mlp.down_proj.weight");
+  ASSERT_FALSE(w.empty());
+  EXPECT_TRUE(std::all_of(w.begin(), w.end(), [](std::byte b) { return b == std::byte{0x01}; }));
+
+  {
+    std::lock_guard lock(*mu);
+    ops->clear();
+  }
+  LoadResult r = rt.commit().wait();
+  ASSERT_TRUE(r) << r.error->message;
+  EXPECT_EQ(count("match_pattern"), devices);
+  EXPECT_EQ(count("copy_d2h"), devices) << floating << " floating-point params";
+  EXPECT_LE(count("synchronize"), 3 * devices) << [&] {
+    std::string all;
+    std::lock_guard lock(*mu);
+    for (const auto& [op, n] : *ops) {
+      all += op + " " + std::to_string(n) + "; ";
+    }
+    return all;
+  }();
 }
 
 // ---- cancellation ---------------------------------------------------------------

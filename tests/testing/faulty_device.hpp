@@ -61,6 +61,15 @@ class FaultyStream final : public gpu::Stream {
     check("zero_2d");
     inner_->zero_2d(dst, pitch, width, rows);
   }
+  void set_bytes(std::byte* dst, std::byte value, std::size_t bytes) override {
+    check("set_bytes");
+    inner_->set_bytes(dst, value, bytes);
+  }
+  void match_pattern(const gpu::PatternRange* ranges, std::size_t count,
+                     std::uint8_t* flags) override {
+    check("match_pattern");
+    inner_->match_pattern(ranges, count, flags);
+  }
   void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
                std::size_t src_pitch, DType src_dtype, std::size_t width,
                std::size_t rows) override {
@@ -131,6 +140,7 @@ class FaultyDevice final : public gpu::Device {
     check("create_stream");
     return std::make_unique<FaultyStream>(inner_->create_stream(), fault_);
   }
+  void reserve_events(std::size_t count) override { inner_->reserve_events(count); }
   gpu::AllocationStats stats() const override { return inner_->stats(); }
   bool holds_data() const override { return inner_->holds_data(); }
   bool host_addressable() const override {
