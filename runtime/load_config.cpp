@@ -838,6 +838,7 @@ LoadConfig ConfigBuilder::build() const {
     }
   } else {
     c.io.chunk_bytes = f.get_size("io.chunk_bytes", 4096, kMaxChunkBytes, d.io.chunk_bytes);
+    c.io.chunk_bytes_auto = false;
   }
   if (c.io.staging_bytes != 0) {
     const std::uint64_t buffer =
@@ -1025,7 +1026,8 @@ nlohmann::json to_json(const LoadConfig& c) {
            {"engine", engine_name(c.io.engine)},
            {"read_lanes", c.io.read_lanes},
            {"queue_depth", c.io.queue_depth},
-           {"chunk_bytes", c.io.chunk_bytes},
+           {"chunk_bytes",
+            c.io.chunk_bytes_auto ? nlohmann::json("auto") : nlohmann::json(c.io.chunk_bytes)},
            {"staging_bytes", c.io.staging_bytes},
            {"direct_to_device", direct_to_device_name(c.io.direct_to_device)},
            {"direct", c.io.direct},

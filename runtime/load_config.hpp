@@ -119,6 +119,7 @@ struct IoConfig {
   // One read and one staging buffer. The key's default is "auto", which build()
   // resolves by the devices (io_auto: 1 MiB on host devices, 16 MiB on GPUs).
   std::size_t chunk_bytes = std::size_t{1} << 20;
+  bool chunk_bytes_auto = true;  // chunk_bytes is io_auto's (to_json writes "auto")
   // Host staging memory for all lanes together, split evenly across them in
   // chunk_bytes buffers; 0 = auto (io_auto: 8 MiB per local host device). (Replaces
   // staging_buffers.)

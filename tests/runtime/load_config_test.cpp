@@ -285,6 +285,9 @@ TEST(LoadConfigTest, AutoIoSizesFollowTheDevices) {
             std::size_t{4} << 20);
   EXPECT_EQ(from_sets({"io.staging_bytes=12KiB"}).io.chunk_bytes, 4096u);
   EXPECT_EQ(from_sets({"devices=cuda:0"}).io.staging_bytes, 0u);  // auto, resolved per load
+  // The dump keeps "auto" where ferry chose, so a dumped config chooses again.
+  EXPECT_EQ(to_json(from_sets({"devices=cuda:0"}))["io"]["chunk_bytes"], "auto");
+  EXPECT_EQ(to_json(from_sets({"io.chunk_bytes=2MiB"}))["io"]["chunk_bytes"], 2u << 20);
   EXPECT_THAT(config_error([] { from_sets({"io.chunk_bytes=most"}); }),
               HasSubstr("io.chunk_bytes"));
 }
@@ -660,6 +663,7 @@ LoadConfig every_field_changed() {
   c.io.engine = io::Engine::kPread;
   c.io.queue_depth = 64;
   c.io.chunk_bytes = std::size_t{8} << 20;
+  c.io.chunk_bytes_auto = false;
   c.io.staging_bytes = std::size_t{24} << 20;
   c.io.read_lanes = 3;
   c.io.direct_to_device = io::DirectToDevice::kOff;
