@@ -24,6 +24,7 @@
 // complete (or any param, when the embedder watches completions: a layer is then
 // announced as its last param lands, not at the next batch), and before it
 // reports a drain or runs a hook.
+#include <algorithm>
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
 #include <deque>
@@ -122,10 +123,17 @@ struct CopyWorkerState {
     ready = true;
     device().bind();
     stream = device().create_stream();
-    // All device scratch (casts, gathered narrow rows) now, before the first chunk:
-    // an allocation in the middle of streaming would stall the copy queue.
-    const std::uint64_t scratch_bytes =
+    // All device scratch (casts, gathered narrow rows, the temporaries of this rank's
+    // post-load hooks) now, before the first chunk: an allocation in the middle of
+    // streaming would stall the copy queue, and a hook must not allocate while it
+    // runs. Copies and hooks share it: both queue on this one stream, in order.
+    std::uint64_t scratch_bytes =
         rank_scratch_bytes(shared->plan(), rank, device().narrow_row_bytes());
+    for (const models::PostLoadHook& h : shared->model().hooks()) {
+      if (h.local_rank == rank) {
+        scratch_bytes = std::max<std::uint64_t>(scratch_bytes, h.scratch_bytes);
+      }
+    }
     try {
       scratch = device().allocate(scratch_bytes);
     } catch (const Error& e) {
@@ -309,7 +317,7 @@ struct CopyWorkerState {
     try {
       shared->check_cancel();
       models::ParamsHookContext context(hook, storage, *stream, device_name(),
-                                        reallocate_param(hook));
+                                        reallocate_param(hook), {scratch.data(), scratch.size()});
       if (!target().device->holds_data()) {
         // Nothing to transform on a device that keeps no bytes (null): check that
         // every declared param exists on this rank, and skip (the report lists it).
