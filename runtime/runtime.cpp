@@ -1783,13 +1783,13 @@ void Runtime::Impl::run_hooks_once(LoadWork& w, LoadHandle::State& handle,
   LoadedModel::State& state = *w.state;
   w.report.hooks_skipped.clear();
   const models::HookObserver observer = w.trace ? w.trace->hook_observer() : models::HookObserver{};
-  const std::vector<models::PostLoadHook> hooks = w.model->hooks();
+  const std::vector<models::PostLoadHook> model_hooks = w.model->hooks();
   // Each rank's hook scratch (the largest any of its hooks declares), made before
   // the first hook runs, as the copy workers make theirs.
   std::vector<gpu::DeviceAllocation> scratch(state.devices.size());
   {
     std::vector<std::size_t> need(state.devices.size(), 0);
-    for (const models::PostLoadHook& hook : hooks) {
+    for (const models::PostLoadHook& hook : model_hooks) {
       need.at(hook.local_rank) = std::max(need.at(hook.local_rank), hook.scratch_bytes);
     }
     for (std::size_t r = 0; r < need.size(); ++r) {
@@ -1798,7 +1798,7 @@ void Runtime::Impl::run_hooks_once(LoadWork& w, LoadHandle::State& handle,
       }
     }
   }
-  for (const models::PostLoadHook& hook : hooks) {
+  for (const models::PostLoadHook& hook : model_hooks) {
     handle.check_cancel();
     gpu::Device& device = *state.devices.at(hook.local_rank);
     if (!device.holds_data()) {
