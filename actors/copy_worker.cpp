@@ -26,6 +26,7 @@
 // complete (or any param, when the embedder watches completions: a layer is then
 // announced as its last param lands, not at the next batch), and before it
 // reports a drain or runs a hook.
+#include <algorithm>
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
 #include <deque>
@@ -70,8 +71,8 @@ struct CopyWorkerState {
   std::size_t rank = 0;
   caf::actor post_processor;
   std::vector<models::PostLoadHook> hooks;
-  // The rank's stream and its device scratch for casts and gathers
-  // (actors/fragment_copy.hpp): PreparedResources', made before the pipeline
+  // The rank's stream and its device scratch for casts, gathers
+  // (actors/fragment_copy.hpp) and hooks: PreparedResources', made before the pipeline
   // started, so that streaming allocates and creates nothing (capture safety).
   gpu::Stream* stream = nullptr;
   gpu::DeviceAllocation* scratch = nullptr;
@@ -313,7 +314,7 @@ struct CopyWorkerState {
     try {
       shared->check_cancel();
       models::ParamsHookContext context(hook, storage, *stream, device_name(),
-                                        reallocate_param(hook));
+                                        reallocate_param(hook), {scratch->data(), scratch->size()});
       if (!target().device->holds_data()) {
         // Nothing to transform on a device that keeps no bytes (null): check that
         // every declared param exists on this rank, and skip (the report lists it).

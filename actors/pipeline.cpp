@@ -169,7 +169,16 @@ std::size_t events_in_flight(const PreparedResources& r) {
 }  // namespace
 
 std::uint64_t worker_scratch_bytes(const PipelineInput& input, std::size_t rank) {
-  return rank_scratch_bytes(*input.plan, rank, input.ranks.at(rank).device->narrow_row_bytes());
+  // Copies and this rank's post-load hooks share it: both queue on the one stream,
+  // in order. A hook must not allocate while it runs (it may run during a capture).
+  std::uint64_t bytes =
+      rank_scratch_bytes(*input.plan, rank, input.ranks.at(rank).device->narrow_row_bytes());
+  for (const models::PostLoadHook& h : input.model->hooks()) {
+    if (h.local_rank == rank) {
+      bytes = std::max<std::uint64_t>(bytes, h.scratch_bytes);
+    }
+  }
+  return bytes;
 }
 
 std::shared_ptr<PreparedResources> prepare_resources(const PipelineInput& input) {

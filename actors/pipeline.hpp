@@ -169,8 +169,9 @@ struct PreparedResources {
   std::vector<Rank> ranks;  // one per local rank
 };
 
-// The device scratch local rank `rank`'s copy worker needs (casts and gathered
-// narrow rows: actors::rank_scratch_bytes).
+// The device scratch local rank `rank`'s copy worker needs: the most of its copies
+// (casts and gathered narrow rows: actors::rank_scratch_bytes) and of its post-load
+// hooks (models::PostLoadHook::scratch_bytes), which share it in stream order.
 std::uint64_t worker_scratch_bytes(const PipelineInput& input, std::size_t rank);
 
 // Makes `input`'s resources (its plan, model, ranks, options and staging

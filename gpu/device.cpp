@@ -293,6 +293,46 @@ std::size_t TrackedStreamChecks::transpose(const std::byte* dst, std::size_t dst
   return check_spans("transpose", dst, src, spans);
 }
 
+Fp8Spans TrackedStreamChecks::dequantize_fp8(const std::byte* dst, DType dst_dtype,
+                                             const std::byte* src, const std::byte* scale,
+                                             const Fp8Scales& scales, std::size_t rows,
+                                             std::size_t cols, std::size_t batches) const {
+  const Fp8Spans spans =
+      check_dequantize_fp8(device_, dst, dst_dtype, src, scale, scales, rows, cols, batches);
+  if (spans.dst != 0) {
+    allocations_.check(device_, "dequantize_fp8", "destination", dst, spans.dst);
+    allocations_.check(device_, "dequantize_fp8", "source", src, spans.src);
+    allocations_.check(device_, "dequantize_fp8", "scales", scale, spans.scale);
+  }
+  return spans;
+}
+
+Fp8Spans TrackedStreamChecks::quantize_fp8(const std::byte* dst, const std::byte* scale,
+                                           const std::byte* src, DType src_dtype,
+                                           const Fp8Scales& scales, std::size_t rows,
+                                           std::size_t cols, std::size_t batches) const {
+  const Fp8Spans spans =
+      check_quantize_fp8(device_, dst, scale, src, src_dtype, scales, rows, cols, batches);
+  if (spans.dst != 0) {
+    allocations_.check(device_, "quantize_fp8", "destination", dst, spans.dst);
+    allocations_.check(device_, "quantize_fp8", "scales", scale, spans.scale);
+    allocations_.check(device_, "quantize_fp8", "source", src, spans.src);
+  }
+  return spans;
+}
+
+Fp8Spans TrackedStreamChecks::pack_ue8m0(const std::byte* dst, const std::byte* scale,
+                                         std::size_t rows, std::size_t block_rows,
+                                         std::size_t scale_cols, std::size_t batches) const {
+  const Fp8Spans spans =
+      check_pack_ue8m0(device_, dst, scale, rows, block_rows, scale_cols, batches);
+  if (spans.dst != 0) {
+    allocations_.check(device_, "pack_ue8m0", "destination", dst, spans.dst);
+    allocations_.check(device_, "pack_ue8m0", "scales", scale, spans.scale);
+  }
+  return spans;
+}
+
 std::size_t TrackedStreamChecks::check_spans(std::string_view op, const std::byte* dst,
                                              const std::byte* src, const Spans& spans) const {
   if (spans.dst == 0) {
@@ -372,6 +412,109 @@ Spans check_transpose(const std::string& device, const std::byte* dst, std::size
   if (overlapping(dst, spans.dst, src, spans.src)) {
     fail_overlap(device, "transpose", dst, src, spans);
   }
+  return spans;
+}
+
+namespace {
+
+// Spans of a batch of rows x cols matrices with their scales; fails for a bad
+// scale layout. `dst_size` / `src_size`: bytes an element takes on each side.
+Fp8Spans fp8_spans(const std::string& device, std::string_view op, const Fp8Scales& scales,
+                   std::size_t rows, std::size_t cols, std::size_t batches, std::size_t dst_size,
+                   std::size_t src_size, bool repeat_scale) {
+  if (scales.granularity == Fp8Granularity::kBlock &&
+      (scales.block_rows == 0 || scales.block_cols == 0)) {
+    fail(device, std::string(op) + ": block scales need a block of at least 1 x 1, not " +
+                     std::to_string(scales.block_rows) + " x " + std::to_string(scales.block_cols));
+  }
+  if (repeat_scale && scales.granularity == Fp8Granularity::kTensor && scales.tensor_repeat == 0) {
+    fail(device, std::string(op) +
+                     ": a per-tensor scale must be written at least once "
+                     "(tensor_repeat is 0)");
+  }
+  const std::size_t elems = checked_mul(device, op, checked_mul(device, op, rows, cols), batches);
+  if (elems == 0) {
+    return {};
+  }
+  std::size_t per_matrix = fp8::scale_count(scales, rows, cols);
+  if (repeat_scale && scales.granularity == Fp8Granularity::kTensor) {
+    per_matrix = scales.tensor_repeat;
+  }
+  return {checked_mul(device, op, elems, dst_size), checked_mul(device, op, elems, src_size),
+          checked_mul(device, op, checked_mul(device, op, per_matrix, batches), sizeof(float))};
+}
+
+void fail_fp8_overlap(const std::string& device, std::string_view op, std::string_view a_name,
+                      const std::byte* a, std::size_t a_bytes, std::string_view b_name,
+                      const std::byte* b, std::size_t b_bytes) {
+  if (overlapping(a, a_bytes, b, b_bytes)) {
+    fail(device, std::string(op) + ": " + std::string(a_name) + " [" + hex(a) + ", +" +
+                     std::to_string(a_bytes) + ") and " + std::string(b_name) + " [" + hex(b) +
+                     ", +" + std::to_string(b_bytes) + ") overlap");
+  }
+}
+
+}  // namespace
+
+Fp8Spans check_dequantize_fp8(const std::string& device, const std::byte* dst, DType dst_dtype,
+                              const std::byte* src, const std::byte* scale, const Fp8Scales& scales,
+                              std::size_t rows, std::size_t cols, std::size_t batches) {
+  if (!castable_dtype(dst_dtype)) {
+    fail(device, "dequantize_fp8: F8_E4M3 -> " + std::string(dtype_name(dst_dtype)) +
+                     " is not supported (BF16, F16 and F32 are)");
+  }
+  const Fp8Spans spans = fp8_spans(device, "dequantize_fp8", scales, rows, cols, batches,
+                                   dtype_size(dst_dtype), 1, false);
+  if (spans.dst != 0) {
+    fail_fp8_overlap(device, "dequantize_fp8", "source", src, spans.src, "destination", dst,
+                     spans.dst);
+    fail_fp8_overlap(device, "dequantize_fp8", "scales", scale, spans.scale, "destination", dst,
+                     spans.dst);
+  }
+  return spans;
+}
+
+Fp8Spans check_quantize_fp8(const std::string& device, const std::byte* dst, const std::byte* scale,
+                            const std::byte* src, DType src_dtype, const Fp8Scales& scales,
+                            std::size_t rows, std::size_t cols, std::size_t batches) {
+  if (!castable_dtype(src_dtype)) {
+    fail(device, "quantize_fp8: " + std::string(dtype_name(src_dtype)) +
+                     " -> F8_E4M3 is not supported (BF16, F16 and F32 are)");
+  }
+  const Fp8Spans spans = fp8_spans(device, "quantize_fp8", scales, rows, cols, batches, 1,
+                                   dtype_size(src_dtype), true);
+  if (spans.dst != 0) {
+    fail_fp8_overlap(device, "quantize_fp8", "source", src, spans.src, "destination", dst,
+                     spans.dst);
+    fail_fp8_overlap(device, "quantize_fp8", "source", src, spans.src, "scales", scale,
+                     spans.scale);
+    fail_fp8_overlap(device, "quantize_fp8", "scales", scale, spans.scale, "destination", dst,
+                     spans.dst);
+  }
+  return spans;
+}
+
+Fp8Spans check_pack_ue8m0(const std::string& device, const std::byte* dst, const std::byte* scale,
+                          std::size_t rows, std::size_t block_rows, std::size_t scale_cols,
+                          std::size_t batches) {
+  if (block_rows == 0) {
+    fail(device, "pack_ue8m0: block_rows must be at least 1");
+  }
+  const std::string_view op = "pack_ue8m0";
+  const std::size_t words = (scale_cols + 3) / 4;
+  const std::size_t block_row_count = (rows + block_rows - 1) / block_rows;
+  Fp8Spans spans;
+  spans.dst = checked_mul(device, op,
+                          checked_mul(device, op, checked_mul(device, op, words, rows), batches),
+                          sizeof(std::int32_t));
+  if (spans.dst == 0) {
+    return {};
+  }
+  spans.scale = checked_mul(
+      device, op,
+      checked_mul(device, op, checked_mul(device, op, block_row_count, scale_cols), batches),
+      sizeof(float));
+  fail_fp8_overlap(device, op, "scales", scale, spans.scale, "destination", dst, spans.dst);
   return spans;
 }
 

@@ -1,7 +1,7 @@
 // The device interface every backend implements: device memory, pinned host memory,
 // a stream that copies host-to-device (1-D and pitched 2-D) and runs the few kernels
-// post-processing needs (fill, zero, dtype cast), and events that say when the work
-// queued before them is done.
+// post-processing needs (fill, zero, dtype cast, FP8 dequantization and
+// quantization), and events that say when the work queued before them is done.
 //
 // The host backend (gpu/host_device.hpp) is the reference: every operation has a
 // plain C++ definition there, and the CUDA backend must produce the same bytes.
@@ -23,6 +23,7 @@
 #include <string>
 
 #include "common/dtype.hpp"
+#include "gpu/fp8.hpp"
 
 namespace ferry::gpu {
 
@@ -249,6 +250,43 @@ class Stream {
   virtual void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
                          std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
                          std::size_t cols, std::size_t batches) = 0;
+
+  // ---- FP8 E4M3 after loading (gpu/fp8.hpp) ----------------------------------------
+  // What the quantized MLA split, the V3.2 indexer fusion, quantization.requant and
+  // quantization.online run, on the device: no weight comes back to the host. Each
+  // works on `batches` dense row-major rows x cols matrices, matrix after matrix,
+  // with F32 scales laid out as `scales` says (fp8::scale_count a matrix, dense).
+  // Pointers need no alignment. No two ranges may overlap. A kBlock layout needs
+  // block sizes > 0; otherwise the call throws, as for other dtypes than the ones
+  // named.
+
+  // dst[b][r][c] = e4m3(src[b][r][c]) * scale of (r, c), computed in F32
+  // (fp8::dequantize_one: a NaN result is the canonical NaN with the NaN operand's
+  // sign) and rounded once to dst_dtype (BF16, F16 or F32) as cast() rounds. `scale`
+  // is read as F32; kTensor reads one scale a matrix (tensor_repeat is ignored).
+  virtual void dequantize_fp8(std::byte* dst, DType dst_dtype, const std::byte* src,
+                              const std::byte* scale, const Fp8Scales& scales, std::size_t rows,
+                              std::size_t cols, std::size_t batches) = 0;
+
+  // Quantizes BF16 / F16 / F32 `src` to E4M3 `dst`: every group of elements sharing
+  // a scale (a matrix, a row, a tile) gets (s, m) = fp8::scale_for(its amax, rule);
+  // each element becomes e4m3(f32(x) * m) and the group's F32 slot of `scale` holds
+  // s (kTensor: tensor_repeat copies a matrix). The amax reductions run on the
+  // device: kTensor uses its scale slots as the accumulator (they are written
+  // before they are final: nothing else may read them until the operation is done),
+  // so no scratch and no host round trip is needed.
+  virtual void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType src_dtype,
+                            const Fp8Scales& scales, Fp8ScaleRule rule, std::size_t rows,
+                            std::size_t cols, std::size_t batches) = 0;
+
+  // DeepGEMM's packed UE8M0 block scales (SGLang's transform_scale_ue8m0): from
+  // `batches` F32 block-scale matrices [ceil(rows / block_rows), scale_cols] at
+  // `scale`, writes per matrix ceil(scale_cols / 4) * rows I32 words at `dst`,
+  // MN-major: word (w, r) at w * rows + r holds the exponent bytes (F32 bits >> 23)
+  // of the scales of column blocks 4w .. 4w + 3 of row r's block row,
+  // little-endian, zero past scale_cols (fp8::ue8m0_word). block_rows > 0.
+  virtual void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows,
+                          std::size_t block_rows, std::size_t scale_cols, std::size_t batches) = 0;
 
   // An event that completes when everything queued so far has finished.
   virtual std::unique_ptr<Event> record() = 0;

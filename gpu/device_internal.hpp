@@ -126,6 +126,26 @@ Spans check_transpose(const std::string& device, const std::byte* dst, std::size
                       const std::byte* src, std::size_t src_batch_pitch, std::size_t element_size,
                       std::size_t rows, std::size_t cols, std::size_t batches);
 
+// The byte ranges an FP8 operation covers (gpu::Stream::dequantize_fp8,
+// quantize_fp8, pack_ue8m0): its destination, its element source and its scales
+// (read by dequantize_fp8 and pack_ue8m0, written by quantize_fp8). All 0: nothing
+// to do.
+struct Fp8Spans {
+  std::size_t dst = 0;
+  std::size_t src = 0;
+  std::size_t scale = 0;
+};
+// Check the calls' dtypes, scale layouts, sizes and overlaps; return their spans.
+Fp8Spans check_dequantize_fp8(const std::string& device, const std::byte* dst, DType dst_dtype,
+                              const std::byte* src, const std::byte* scale, const Fp8Scales& scales,
+                              std::size_t rows, std::size_t cols, std::size_t batches);
+Fp8Spans check_quantize_fp8(const std::string& device, const std::byte* dst, const std::byte* scale,
+                            const std::byte* src, DType src_dtype, const Fp8Scales& scales,
+                            std::size_t rows, std::size_t cols, std::size_t batches);
+Fp8Spans check_pack_ue8m0(const std::string& device, const std::byte* dst, const std::byte* scale,
+                          std::size_t rows, std::size_t block_rows, std::size_t scale_cols,
+                          std::size_t batches);
+
 // A stream's checks on the backends that track their allocations (host, null): the
 // arguments, then every device range against `allocations` and every host pointer,
 // with the same words on both. Each returns the bytes the operation writes on the
@@ -163,6 +183,16 @@ class TrackedStreamChecks {
   std::size_t transpose(const std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
                         std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
                         std::size_t cols, std::size_t batches) const;
+  // The FP8 operations return the spans (every range checked against the live
+  // allocations); spans.dst == 0: nothing to do.
+  Fp8Spans dequantize_fp8(const std::byte* dst, DType dst_dtype, const std::byte* src,
+                          const std::byte* scale, const Fp8Scales& scales, std::size_t rows,
+                          std::size_t cols, std::size_t batches) const;
+  Fp8Spans quantize_fp8(const std::byte* dst, const std::byte* scale, const std::byte* src,
+                        DType src_dtype, const Fp8Scales& scales, std::size_t rows,
+                        std::size_t cols, std::size_t batches) const;
+  Fp8Spans pack_ue8m0(const std::byte* dst, const std::byte* scale, std::size_t rows,
+                      std::size_t block_rows, std::size_t scale_cols, std::size_t batches) const;
 
  private:
   // Checks both spans against the live allocations; returns the destination's.

@@ -457,6 +457,31 @@ class HostStream final : public Stream {
     }
   }
 
+  void dequantize_fp8(std::byte* dst, DType dst_dtype, const std::byte* src, const std::byte* scale,
+                      const Fp8Scales& scales, std::size_t rows, std::size_t cols,
+                      std::size_t batches) override {
+    if (checks().dequantize_fp8(dst, dst_dtype, src, scale, scales, rows, cols, batches).dst != 0) {
+      run([=] { host::dequantize_fp8(dst, dst_dtype, src, scale, scales, rows, cols, batches); });
+    }
+  }
+
+  void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType src_dtype,
+                    const Fp8Scales& scales, Fp8ScaleRule rule, std::size_t rows, std::size_t cols,
+                    std::size_t batches) override {
+    if (checks().quantize_fp8(dst, scale, src, src_dtype, scales, rows, cols, batches).dst != 0) {
+      run([=] {
+        host::quantize_fp8(dst, scale, src, src_dtype, scales, rule, rows, cols, batches);
+      });
+    }
+  }
+
+  void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows, std::size_t block_rows,
+                  std::size_t scale_cols, std::size_t batches) override {
+    if (checks().pack_ue8m0(dst, scale, rows, block_rows, scale_cols, batches).dst != 0) {
+      run([=] { host::pack_ue8m0(dst, scale, rows, block_rows, scale_cols, batches); });
+    }
+  }
+
   std::unique_ptr<Event> record() override {
     if (deferred_) {
       return std::make_unique<DeferredEvent>(state_, deferred_, deferred_->queued());

@@ -11,8 +11,10 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "common/error.hpp"
+#include "common/fp8.hpp"
 #include "gpu/fill_random.hpp"
 
 namespace ferry::gpu::host {
@@ -87,6 +89,10 @@ float double_to_float(double value) {
     return value < 0 ? -kMax : kMax;
   }
   return static_cast<float>(value);
+}
+
+float from_f32_bits(std::uint32_t bits) {
+  return std::bit_cast<float>(bits);
 }
 
 bool castable(DType d) {
@@ -313,6 +319,85 @@ bool matches_pattern(const std::byte* data, std::uint64_t bytes, std::uint64_t p
     }
   }
   return true;
+}
+
+void dequantize_fp8(std::byte* dst, DType dst_dtype, const std::byte* src, const std::byte* scale,
+                    const Fp8Scales& scales, std::size_t rows, std::size_t cols,
+                    std::size_t batches) {
+  const std::size_t per_matrix = fp8::scale_count(scales, rows, cols);
+  const auto* s = reinterpret_cast<const unsigned char*>(scale);
+  for (std::size_t b = 0; b < batches; ++b) {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const std::size_t row = (b * rows + r) * cols;
+      for (std::size_t c = 0; c < cols; ++c) {
+        const float sc = fp8::load_f32(s, b * per_matrix + fp8::scale_index(scales, r, c, cols));
+        const auto q = static_cast<std::uint8_t>(src[row + c]);
+        store_from_f32(dst, row + c, dst_dtype, fp8::dequantize_one(q, sc));
+      }
+    }
+  }
+}
+
+void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType src_dtype,
+                  const Fp8Scales& scales, Fp8ScaleRule rule, std::size_t rows, std::size_t cols,
+                  std::size_t batches) {
+  // Every group is a tile: the matrix (kTensor), a row (kRow), a block (kBlock).
+  std::size_t tile_rows = rows;
+  std::size_t tile_cols = cols;
+  if (scales.granularity == Fp8Granularity::kRow) {
+    tile_rows = 1;
+  } else if (scales.granularity == Fp8Granularity::kBlock) {
+    tile_rows = scales.block_rows;
+    tile_cols = scales.block_cols;
+  }
+  const bool tensor = scales.granularity == Fp8Granularity::kTensor;
+  const std::size_t per_matrix =
+      tensor ? scales.tensor_repeat : fp8::scale_count(scales, rows, cols);
+  std::vector<float> buf(std::min(cols, tile_cols));
+  auto* q = reinterpret_cast<std::uint8_t*>(dst);
+  for (std::size_t b = 0; b < batches; ++b) {
+    std::size_t slot = b * per_matrix;
+    for (std::size_t r0 = 0; r0 < rows; r0 += tile_rows) {
+      const std::size_t r1 = std::min(rows, r0 + tile_rows);
+      for (std::size_t c0 = 0; c0 < cols; c0 += tile_cols) {
+        const std::size_t n = std::min(cols, c0 + tile_cols) - c0;
+        float amax = 0;
+        for (std::size_t r = r0; r < r1; ++r) {
+          const std::size_t at = (b * rows + r) * cols + c0;
+          for (std::size_t i = 0; i < n; ++i) {
+            amax = fp8::amax_fold(amax, from_f32_bits(load_as_f32(src, at + i, src_dtype)));
+          }
+        }
+        const fp8::ScaleMul sm = fp8::scale_for(amax, rule);
+        for (std::size_t r = r0; r < r1; ++r) {
+          const std::size_t at = (b * rows + r) * cols + c0;
+          for (std::size_t i = 0; i < n; ++i) {
+            buf[i] = from_f32_bits(load_as_f32(src, at + i, src_dtype));
+          }
+          scale_to_e4m3(buf.data(), n, sm.mul, q + at);
+        }
+        const std::size_t copies = tensor ? scales.tensor_repeat : 1;
+        for (std::size_t k = 0; k < copies; ++k) {
+          std::memcpy(scale + 4 * slot++, &sm.scale, sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows, std::size_t block_rows,
+                std::size_t scale_cols, std::size_t batches) {
+  const std::size_t words = (scale_cols + 3) / 4;
+  const std::size_t per_matrix = ((rows + block_rows - 1) / block_rows) * scale_cols;
+  const auto* s = reinterpret_cast<const unsigned char*>(scale);
+  for (std::size_t b = 0; b < batches; ++b) {
+    for (std::size_t w = 0; w < words; ++w) {
+      for (std::size_t r = 0; r < rows; ++r) {
+        store(dst + 4 * ((b * words + w) * rows + r),
+              fp8::ue8m0_word(s + 4 * b * per_matrix, r, w, block_rows, scale_cols));
+      }
+    }
+  }
 }
 
 void copy_around_caches(std::byte* dst, const std::byte* src, std::size_t bytes) {

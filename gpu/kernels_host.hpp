@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "common/dtype.hpp"
+#include "gpu/fp8.hpp"
 
 namespace ferry::gpu::host {
 
@@ -68,6 +69,20 @@ void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src
 // bytes after the last whole element are not read; no whole element: true.
 bool matches_pattern(const std::byte* data, std::uint64_t bytes, std::uint64_t pattern,
                      std::uint32_t element_size);
+// The FP8 operations of gpu::Stream (dequantize_fp8, quantize_fp8, pack_ue8m0; see
+// gpu/device.hpp and gpu/fp8.hpp), as plain loops over fp8::'s element functions.
+// Arguments are the caller's to check (gpu/device_internal.hpp). quantize_fp8
+// encodes a run of elements with common/fp8.hpp's scale_to_e4m3 (the vectorized
+// loop quantization.online ran on the host before), which gives the same bytes as
+// fp8::quantize_one element by element.
+void dequantize_fp8(std::byte* dst, DType dst_dtype, const std::byte* src, const std::byte* scale,
+                    const Fp8Scales& scales, std::size_t rows, std::size_t cols,
+                    std::size_t batches);
+void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType src_dtype,
+                  const Fp8Scales& scales, Fp8ScaleRule rule, std::size_t rows, std::size_t cols,
+                  std::size_t batches);
+void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows, std::size_t block_rows,
+                std::size_t scale_cols, std::size_t batches);
 
 // A host-to-"device" copy written the way a DMA engine writes device memory:
 // around the CPU caches. From 64 KiB up it uses non-temporal stores, so the

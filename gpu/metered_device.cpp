@@ -84,6 +84,20 @@ class MeteredStream final : public Stream {
     inner_->transpose(dst, dst_batch_pitch, src, src_batch_pitch, element_size, rows, cols,
                       batches);
   }
+  void dequantize_fp8(std::byte* dst, DType dst_dtype, const std::byte* src, const std::byte* scale,
+                      const Fp8Scales& scales, std::size_t rows, std::size_t cols,
+                      std::size_t batches) override {
+    inner_->dequantize_fp8(dst, dst_dtype, src, scale, scales, rows, cols, batches);
+  }
+  void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType src_dtype,
+                    const Fp8Scales& scales, Fp8ScaleRule rule, std::size_t rows, std::size_t cols,
+                    std::size_t batches) override {
+    inner_->quantize_fp8(dst, scale, src, src_dtype, scales, rule, rows, cols, batches);
+  }
+  void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows, std::size_t block_rows,
+                  std::size_t scale_cols, std::size_t batches) override {
+    inner_->pack_ue8m0(dst, scale, rows, block_rows, scale_cols, batches);
+  }
   std::unique_ptr<Event> record() override { return inner_->record(); }
   void synchronize() override { inner_->synchronize(); }
 

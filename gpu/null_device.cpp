@@ -129,6 +129,23 @@ class NullStream final : public Stream {
       state_->written(rows * cols * element_size * batches);
     }
   }
+  void dequantize_fp8(std::byte* dst, DType dst_dtype, const std::byte* src, const std::byte* scale,
+                      const Fp8Scales& scales, std::size_t rows, std::size_t cols,
+                      std::size_t batches) override {
+    state_->written(
+        checks().dequantize_fp8(dst, dst_dtype, src, scale, scales, rows, cols, batches).dst);
+  }
+  void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType src_dtype,
+                    const Fp8Scales& scales, Fp8ScaleRule, std::size_t rows, std::size_t cols,
+                    std::size_t batches) override {
+    const detail::Fp8Spans spans =
+        checks().quantize_fp8(dst, scale, src, src_dtype, scales, rows, cols, batches);
+    state_->written(spans.dst + spans.scale);
+  }
+  void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows, std::size_t block_rows,
+                  std::size_t scale_cols, std::size_t batches) override {
+    state_->written(checks().pack_ue8m0(dst, scale, rows, block_rows, scale_cols, batches).dst);
+  }
   std::unique_ptr<Event> record() override { return std::make_unique<NullEvent>(state_); }
   void synchronize() override {}
 

@@ -462,6 +462,78 @@ void add_device_side_scenarios(std::vector<Scenario>& out) {
   }
 }
 
+// The FP8 operations over the random background: its bytes are the E4M3 codes, the
+// BF16 / F16 / F32 sources and the F32 scales (NaN, infinities, subnormals and zeros
+// among them), at aligned and unaligned addresses; quantization per tile (rows and
+// blocks), per tensor with aligned scales (the atomic reduction) and unaligned (a
+// block a matrix), every scale rule.
+void add_fp8_scenarios(std::vector<Scenario>& out) {
+  struct Layout {
+    const char* name;
+    std::size_t rows, cols, batches;
+    Fp8Scales scales;
+  };
+  const Layout layouts[] = {
+      {"block 128x128", 260, 300, 2, {Fp8Granularity::kBlock, 128, 128, 1}},
+      {"block 2x3", 37, 41, 3, {Fp8Granularity::kBlock, 2, 3, 1}},
+      {"row", 65, 600, 2, {Fp8Granularity::kRow, 0, 0, 1}},
+      {"tensor", 256, 1100, 2, {Fp8Granularity::kTensor, 0, 0, 1}},
+      {"tensor repeated", 33, 65, 3, {Fp8Granularity::kTensor, 0, 0, 5}},
+  };
+  const DType types[] = {DType::kBF16, DType::kF16, DType::kF32};
+  for (const Layout& l : layouts) {
+    const std::size_t n = l.rows * l.cols * l.batches;
+    const std::size_t scale_bytes = 4 * l.batches *
+                                    (l.scales.granularity == Fp8Granularity::kTensor
+                                         ? l.scales.tensor_repeat
+                                         : fp8::scale_count(l.scales, l.rows, l.cols));
+    for (DType dtype : types) {
+      for (std::size_t misalign : {std::size_t{0}, std::size_t{1}}) {
+        const std::size_t es = dtype_size(dtype);
+        // [guard][source][guard][scales][guard][result][guard]
+        const std::size_t src_at = kGuard + misalign;
+        const std::size_t scale_at = src_at + n * es + kGuard;
+        const std::size_t dst_at = scale_at + scale_bytes + kGuard;
+        const std::string suffix =
+            std::string(l.name) + " " + dtype_str(dtype) + (misalign ? " unaligned" : "");
+        const Fp8Scales read{l.scales.granularity, l.scales.block_rows, l.scales.block_cols, 1};
+        out.push_back({"dequantize_fp8 " + suffix, dst_at + n * es + kGuard,
+                       [=](Device&, Stream& s, std::byte* base) {
+                         s.dequantize_fp8(base + dst_at, dtype, base + src_at, base + scale_at,
+                                          read, l.rows, l.cols, l.batches);
+                       }});
+        for (Fp8ScaleRule rule : {Fp8ScaleRule::kAmax, Fp8ScaleRule::kAmaxOrOne,
+                                  Fp8ScaleRule::kInputToFloat8, Fp8ScaleRule::kUe8m0}) {
+          out.push_back(
+              {"quantize_fp8 " + suffix + " rule " + std::to_string(static_cast<int>(rule)),
+               dst_at + n + kGuard, [=](Device&, Stream& s, std::byte* base) {
+                 s.quantize_fp8(base + dst_at, base + scale_at, base + src_at, dtype, l.scales,
+                                rule, l.rows, l.cols, l.batches);
+               }});
+        }
+      }
+    }
+  }
+  for (std::size_t misalign : {std::size_t{0}, std::size_t{1}}) {
+    // DeepSeek-V3's w13 of one expert (4096 x 7168 in 128 blocks) and a ragged one.
+    struct Pack {
+      std::size_t rows, block_rows, scale_cols, batches;
+    };
+    for (Pack p : {Pack{4096, 128, 56, 1}, Pack{12, 4, 5, 3}}) {
+      const std::size_t scale_bytes =
+          4 * p.batches * ((p.rows + p.block_rows - 1) / p.block_rows) * p.scale_cols;
+      const std::size_t dst_at = kGuard + scale_bytes + kGuard + misalign;
+      const std::size_t dst_bytes = 4 * p.batches * p.rows * ((p.scale_cols + 3) / 4);
+      out.push_back(
+          {"pack_ue8m0 " + std::to_string(p.rows) + " rows" + (misalign ? " unaligned" : ""),
+           dst_at + dst_bytes + kGuard, [=](Device&, Stream& s, std::byte* base) {
+             s.pack_ue8m0(base + dst_at, base + kGuard, p.rows, p.block_rows, p.scale_cols,
+                          p.batches);
+           }});
+    }
+  }
+}
+
 bool same_live(const AllocationStats& a, const AllocationStats& b) {
   return a.device.live_count == b.device.live_count && a.device.live_bytes == b.device.live_bytes &&
          a.pinned.live_count == b.pinned.live_count &&
@@ -524,6 +596,7 @@ SelftestResult run_selftest(Device& dut, Device& reference) {
   add_fill_scenarios(scenarios);
   add_cast_scenarios(scenarios);
   add_device_side_scenarios(scenarios);
+  add_fp8_scenarios(scenarios);
   std::uint64_t seed = 100;
   for (const Scenario& scenario : scenarios) {
     result.checks.push_back(run_check(dut, reference, scenario, seed++));

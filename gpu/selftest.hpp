@@ -8,7 +8,8 @@
 // sentinel, signed zeros, F16 overflow, subnormals, inf, NaN) at aligned and
 // unaligned addresses, every cast pair among BF16/F16/F32 over all 65536 16-bit
 // patterns and a set of F32 edge and random values (also unaligned, in place and
-// large enough for grid-stride loops), events, two streams, and that everything
+// large enough for grid-stride loops), the FP8 dequantization, quantization (every
+// scale granularity and rule) and UE8M0 pack, events, two streams, and that everything
 // allocated was given back. Each region is surrounded by guard bytes that must
 // come back untouched.
 #pragma once

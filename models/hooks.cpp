@@ -131,12 +131,27 @@ void run_hook(const PostLoadHook& hook, HookContext& context, const HookObserver
 
 ParamsHookContext::ParamsHookContext(const PostLoadHook& hook, std::span<std::byte* const> params,
                                      gpu::Stream& stream, std::string device,
-                                     ReallocateParam reallocate_param)
+                                     ReallocateParam reallocate_param, std::span<std::byte> scratch)
     : hook_(hook),
       params_(params),
       stream_(stream),
       device_(std::move(device)),
-      reallocate_param_(std::move(reallocate_param)) {}
+      reallocate_param_(std::move(reallocate_param)),
+      scratch_(scratch) {}
+
+std::byte* ParamsHookContext::scratch(std::size_t bytes) {
+  if (bytes == 0) {
+    return nullptr;
+  }
+  if (bytes > scratch_.size()) {
+    throw Error(Stage::kPostProcess, device_, "",
+                "post-load hook '" + hook_.name + "' asked for " + std::to_string(bytes) +
+                    " bytes of device scratch; " + std::to_string(scratch_.size()) +
+                    " were made for it (it declares scratch_bytes " +
+                    std::to_string(hook_.scratch_bytes) + ")");
+  }
+  return scratch_.data();
+}
 
 bool ParamsHookContext::declared(std::size_t param, bool outputs_only) const {
   auto has = [param](const std::vector<std::size_t>& ids) {

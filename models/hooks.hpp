@@ -37,17 +37,21 @@ void run_hook(const PostLoadHook& hook, HookContext& context, const HookObserver
 // runtime's startup run hooks): refuses a param the hook did not declare, and a
 // reallocate() by a hook that does not declare `reallocates` (or with no
 // `reallocate_param` to do it: the storage cannot move here). `device` names the
-// device in errors.
+// device in errors; `scratch` is the device scratch made for the hook.
 class ParamsHookContext final : public HookContext {
  public:
   // Allocates new storage for `param` and records it; returns the new pointer.
   using ReallocateParam = std::function<std::byte*(std::size_t param)>;
 
   ParamsHookContext(const PostLoadHook& hook, std::span<std::byte* const> params,
-                    gpu::Stream& stream, std::string device, ReallocateParam reallocate_param = {});
+                    gpu::Stream& stream, std::string device, ReallocateParam reallocate_param = {},
+                    std::span<std::byte> scratch = {});
   std::byte* param_data(std::size_t param) override;
   gpu::Stream& stream() override { return stream_; }
   std::byte* reallocate(std::size_t param) override;
+  // A prefix of the device scratch the caller made (at least the hook's
+  // scratch_bytes: the caller's business); refuses more than that.
+  std::byte* scratch(std::size_t bytes) override;
 
  private:
   bool declared(std::size_t param, bool outputs_only) const;
@@ -57,6 +61,7 @@ class ParamsHookContext final : public HookContext {
   gpu::Stream& stream_;
   std::string device_;
   ReallocateParam reallocate_param_;
+  std::span<std::byte> scratch_;
   std::map<std::size_t, std::byte*> moved_;  // params this run reallocated
 };
 

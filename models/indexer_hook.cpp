@@ -79,6 +79,20 @@ PostLoadHook make_indexer_fuse_hook(const Model& model, std::size_t local_rank,
   if (in.scale_2) {
     hook.inputs.push_back(*in.scale_2);
   }
+  if (quant.method != QuantScheme::Method::kNvfp4) {
+    // FP8: wk dequantized on the device straight into the fused param's first rows.
+    const gpu::Fp8Scales scales = fp8_scales(quant);
+    hook.run = [=](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      stream.dequantize_fp8(ctx.param_data(fused), dtype, ctx.param_data(wk),
+                            ctx.param_data(in.scale), scales, wk_rows, cols, 1);
+      const std::size_t wk_bytes = wk_rows * cols * es;
+      stream.copy_d2d_2d(ctx.param_data(fused) + wk_bytes, proj_bytes, ctx.param_data(proj),
+                         proj_bytes, proj_bytes, 1);
+    };
+    return hook;
+  }
+  // NVFP4: on the host (the device has no E2M1 kernel).
   const std::size_t weight_bytes = w.nbytes;
   const std::size_t scale_bytes = shell.params[in.scale].nbytes;
   hook.run = [=](HookContext& ctx) {

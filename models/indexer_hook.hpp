@@ -11,8 +11,10 @@
 // SGLANG_DISABLE_DSA_INDEXER_FUSION), so an engine finds either layout.
 //
 // The copy of a model-dtype wk and of weights_proj runs on the device (one 2-D
-// device copy each); a quantized wk is read back and dequantized on the host (the
-// Device interface has no FP8 kernel), then written with one host-to-device copy.
+// device copy each); an FP8 wk (block, channel or tensor scales) is dequantized on
+// the device straight into the fused param (gpu::Stream::dequantize_fp8), with no
+// host round trip. An NVFP4 wk is read back and dequantized on the host (the device
+// has no E2M1 kernel), then written with one host-to-device copy.
 #pragma once
 
 #include <cstddef>

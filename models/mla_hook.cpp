@@ -19,8 +19,28 @@ namespace {
   throw Error(Stage::kPostProcess, "", param, "MLA kv_b_proj split: " + rule);
 }
 
-// The quantized form of the split (see make_mla_split_hook): dequantize on the
-// host, then split there, then write both outputs.
+// w_kc and w_vc from a dequantized kv_b_proj (`kv_b`, in the outputs' dtype, on the
+// device): a batched transpose for w_kc, a pitched device copy for w_vc.
+void split_on_device(gpu::Stream& stream, const MlaDims& dims, std::size_t es,
+                     const std::byte* kv_b, std::byte* w_kc, std::byte* w_vc) {
+  const std::uint64_t head_rows = dims.qk_nope + dims.v_head;
+  const std::size_t row_bytes = dims.kv_lora_rank * es;
+  const std::size_t head_bytes = head_rows * row_bytes;
+  // w_kc: per head, the dn key rows of kv_b (each kv_lora_rank long), transposed
+  // into kv_lora_rank rows of dn: one batched transpose, a batch per head.
+  stream.transpose(w_kc, dims.kv_lora_rank * dims.qk_nope * es, kv_b, head_bytes, es, dims.qk_nope,
+                   dims.kv_lora_rank, dims.heads);
+  // w_vc: each head's dv value rows, already in storage order: one pitched
+  // device copy with a row per head (skipping the head's dn key rows).
+  const std::size_t vc_head_bytes = dims.v_head * row_bytes;
+  stream.copy_d2d_2d(w_vc, vc_head_bytes, kv_b + dims.qk_nope * row_bytes, head_bytes,
+                     vc_head_bytes, dims.heads);
+}
+
+// The quantized form of the split (see make_mla_split_hook). FP8: dequantized on
+// the device into the hook's scratch, then split there as an unquantized kv_b_proj
+// is. NVFP4: dequantized and split on the host (the device has no E2M1 kernel),
+// then both outputs written.
 PostLoadHook dequant_split_hook(const RankShell& shell, std::size_t local_rank,
                                 const std::string& attn_prefix, const MlaDims& dims,
                                 std::size_t kv_b, std::size_t w_kc, std::size_t w_vc,
@@ -46,6 +66,20 @@ PostLoadHook dequant_split_hook(const RankShell& shell, std::size_t local_rank,
   hook.outputs = {w_kc, w_vc};
   const std::uint64_t weight_bytes = shell.params[kv_b].nbytes;
   const std::uint64_t scale_bytes = shell.params[in.scale].nbytes;
+  if (quant.method != QuantScheme::Method::kNvfp4) {
+    const gpu::Fp8Scales scales = fp8_scales(quant);
+    const std::uint64_t rows = dims.heads * (dims.qk_nope + dims.v_head);
+    const std::size_t es = dtype_size(out_dtype);
+    hook.scratch_bytes = rows * dims.kv_lora_rank * es;
+    hook.run = [dims, kv_b, in, w_kc, w_vc, scales, rows, es, out_dtype](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      std::byte* dequantized = ctx.scratch(rows * dims.kv_lora_rank * es);
+      stream.dequantize_fp8(dequantized, out_dtype, ctx.param_data(kv_b), ctx.param_data(in.scale),
+                            scales, rows, dims.kv_lora_rank, 1);
+      split_on_device(stream, dims, es, dequantized, ctx.param_data(w_kc), ctx.param_data(w_vc));
+    };
+    return hook;
+  }
   hook.run = [dims, kv_b, in, w_kc, w_vc, quant, weight_bytes, scale_bytes,
               out_dtype](HookContext& ctx) {
     gpu::Stream& stream = ctx.stream();
@@ -171,21 +205,8 @@ PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
   // Both outputs are written on the device, in the copy worker's stream order: no
   // round trip through host memory, no wait until the worker's own synchronize.
   hook.run = [dims, es, kv_b, w_kc, w_vc](HookContext& ctx) {
-    gpu::Stream& stream = ctx.stream();
-    const std::uint64_t head_rows = dims.qk_nope + dims.v_head;
-    const std::size_t row_bytes = dims.kv_lora_rank * es;
-    const std::size_t head_bytes = head_rows * row_bytes;
-    // w_kc: per head, the dn key rows of kv_b (each kv_lora_rank long), transposed
-    // into kv_lora_rank rows of dn: one batched transpose, a batch per head.
-    stream.transpose(ctx.param_data(w_kc), dims.kv_lora_rank * dims.qk_nope * es,
-                     ctx.param_data(kv_b), head_bytes, es, dims.qk_nope, dims.kv_lora_rank,
-                     dims.heads);
-    // w_vc: each head's dv value rows, already in storage order: one pitched
-    // device copy with a row per head (skipping the head's dn key rows).
-    const std::size_t vc_head_bytes = dims.v_head * row_bytes;
-    stream.copy_d2d_2d(ctx.param_data(w_vc), vc_head_bytes,
-                       ctx.param_data(kv_b) + dims.qk_nope * row_bytes, head_bytes, vc_head_bytes,
-                       dims.heads);
+    split_on_device(ctx.stream(), dims, es, ctx.param_data(kv_b), ctx.param_data(w_kc),
+                    ctx.param_data(w_vc));
   };
   return hook;
 }

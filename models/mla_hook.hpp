@@ -19,12 +19,8 @@
 //                 stored at h*dv*r + k*r + c      strides (dv*r, 1, r): per head,
 //                                                 W^UV's rows as they are
 //
-// Device work: the Device interface has no device-to-device 2-D copy and no
-// transpose kernel (a same-dtype cast() is a 1-D device copy, enough for w_vc but
-// not for w_kc's per-head transpose), so the hook brings kv_b_proj to the host,
-// transposes there, and writes w_kc with one host-to-device copy and w_vc with one
-// pitched 2-D copy. It synchronizes the stream before returning because its host
-// buffers die with it.
+// Device work: one batched transpose (w_kc) and one pitched device-to-device copy
+// (w_vc) on the copy worker's stream; nothing comes back to the host.
 #pragma once
 
 #include <cstddef>
@@ -62,10 +58,13 @@ std::vector<std::uint64_t> mla_w_vc_strides(const MlaDims& d);  // (dv*r, 1, r)
 // kv_b_proj is first dequantized to w_kc / w_vc's dtype (BF16, F16 or F32): element
 // (row, c) is QuantizedMatrix::at (f32(kv_b[row][c]) times its scale), rounded
 // once to that dtype; then split as above. The hook's inputs are then kv_b_proj
-// and its scales. The dequantization runs on the host (the Device interface has no
-// FP8 kernel): the hook reads them back, dequantizes and splits there, writes w_kc
-// and w_vc with one host-to-device copy each and synchronizes before returning.
-// kv_b_proj keeps its quantized bytes and scales. (SGLang keeps FP8 w_kc / w_vc
+// and its scales. FP8 (block, channel or tensor scales) is dequantized on the device
+// (gpu::Stream::dequantize_fp8) into the hook's device scratch (scratch_bytes:
+// kv_b_proj's elements in the outputs' dtype), then split from there as above: no
+// host round trip. NVFP4 stays on the host (the device has no E2M1 kernel): the
+// hook reads kv_b_proj and its scales back, dequantizes and splits there, writes
+// w_kc and w_vc with one host-to-device copy each and synchronizes before
+// returning. kv_b_proj keeps its quantized bytes and scales. (SGLang keeps FP8 w_kc / w_vc
 // with one scalar scale for blocks other than 128 x 128 and for per-channel
 // scales; ferry dequantizes them all.)
 PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,

@@ -106,6 +106,15 @@ std::byte* HookContext::reallocate(std::size_t param) {
                   ", which this context cannot do");
 }
 
+std::byte* HookContext::scratch(std::size_t bytes) {
+  if (bytes == 0) {
+    return nullptr;
+  }
+  throw Error(Stage::kPostProcess, "", "",
+              "a post-load hook asked for " + std::to_string(bytes) +
+                  " bytes of device scratch, which this context does not have");
+}
+
 std::vector<PostLoadHook> Model::hooks() const {
   return {};
 }

@@ -172,6 +172,14 @@ class HookContext {
   // The old storage stays allocated until the loaded model is released (a captured
   // graph may point at it). Throws ferry::Error(Stage::kPostProcess) when refused.
   virtual std::byte* reallocate(std::size_t param);
+  // Device scratch on the hook's device, at least `bytes` long, for temporaries
+  // (contents undefined; later work of the same stream may reuse it, so the hook
+  // only uses it for work it queues). Made before the hook runs, at least the
+  // hook's declared `scratch_bytes`: a hook never allocates while it runs (a
+  // commit() may run inside another thread's CUDA graph capture). Throws
+  // ferry::Error(Stage::kPostProcess) when `bytes` is more than the context holds;
+  // bytes == 0 gives null.
+  virtual std::byte* scratch(std::size_t bytes);
 };
 
 // Work that runs on one local rank once every input param is complete and that
@@ -197,6 +205,10 @@ struct PostLoadHook {
   // not idempotent or that reallocates refuses the overlap (runtime admission).
   bool idempotent = true;
   bool reallocates = false;
+  // The most device scratch one run asks HookContext::scratch for (0: none). The copy
+  // worker allocates the largest of its rank's hooks (with its copy scratch) before
+  // the first chunk; the runtime's serial hook runs likewise, before the hooks.
+  std::size_t scratch_bytes = 0;
 };
 
 // One per checkpoint + layout. Immutable once made: every method is const and safe

@@ -1,12 +1,7 @@
 #include "models/online_quant.hpp"
 
 #include <algorithm>
-#include <atomic>
-#include <bit>
 #include <cmath>
-#include <cstring>
-#include <functional>
-#include <thread>
 #include <vector>
 
 #include "common/error.hpp"
@@ -48,44 +43,6 @@ Scale amax_scale(float amax) {
 Scale input_to_float8_scale(float amax) {
   const float mul = kFp8Max / std::max(amax, 1e-12f);
   return {1.0f / mul, mul};
-}
-
-// Runs fn(begin, end) over [0, count) in contiguous parts, a thread each (up to the
-// cores, parts of at least `grain`): a hook quantizes a whole weight on the host.
-void parallel_for(std::uint64_t count, std::uint64_t grain,
-                  const std::function<void(std::uint64_t, std::uint64_t)>& fn) {
-  const std::uint64_t cores = std::max(1u, std::thread::hardware_concurrency());
-  const std::uint64_t parts =
-      std::clamp<std::uint64_t>(count / std::max<std::uint64_t>(grain, 1), 1, cores);
-  if (parts == 1) {
-    fn(0, count);
-    return;
-  }
-  std::vector<std::thread> threads;
-  const std::uint64_t per = (count + parts - 1) / parts;
-  for (std::uint64_t b = per; b < count; b += per) {
-    threads.emplace_back(fn, b, std::min(count, b + per));
-  }
-  fn(0, std::min(count, per));
-  for (std::thread& t : threads) {
-    t.join();
-  }
-}
-
-// Elements [begin, begin + n) of a model-dtype weight as F32 into out[0, n) (BF16:
-// a shift, the hot case).
-void widen(const std::byte* raw, DType dtype, std::uint64_t begin, std::uint64_t n, float* out) {
-  if (dtype == DType::kBF16) {
-    const std::byte* src = raw + 2 * begin;
-    for (std::uint64_t i = 0; i < n; ++i) {
-      std::uint16_t b = 0;
-      std::memcpy(&b, src + 2 * i, 2);
-      out[i] = std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-    }
-    return;
-  }
-  gpu::host::cast(reinterpret_cast<std::byte*>(out), DType::kF32, raw + begin * dtype_size(dtype),
-                  dtype, n);
 }
 
 [[noreturn]] void bad(const std::string& param, const std::string& rule) {
@@ -154,66 +111,15 @@ std::vector<PostLoadHook> make_online_quant_hooks(const Model& model, const Quan
       hook.inputs = {t};
       hook.outputs = {w, s};
       const DType dtype = full.dtype;
-      const std::uint64_t count = rows * cols * matrices;
+      // On the device, from the transient straight into the weight and its scale:
+      // per row (kAmax), per matrix (input_to_float8), or per expert (kAmax).
+      const gpu::Fp8Scales scales{
+          channel && !experts ? gpu::Fp8Granularity::kRow : gpu::Fp8Granularity::kTensor, 0, 0, 1};
+      const gpu::Fp8ScaleRule rule =
+          experts || channel ? gpu::Fp8ScaleRule::kAmax : gpu::Fp8ScaleRule::kInputToFloat8;
       hook.run = [=](HookContext& ctx) {
-        gpu::Stream& stream = ctx.stream();
-        std::vector<std::byte> raw(count * dtype_size(dtype));
-        stream.copy_d2h(raw.data(), ctx.param_data(t), raw.size());
-        stream.synchronize();
-        // Quantized a chunk (a row, per channel) at a time through a small F32 buffer
-        // per thread: nothing the size of the weight but its bytes in and out.
-        std::vector<std::uint8_t> q(count);
-        std::vector<float> scales(experts ? matrices : channel ? rows : 1);
-        const std::uint64_t matrix = rows * cols;
-        constexpr std::uint64_t kChunk = 1 << 16;
-        auto amax_of = [&](std::uint64_t begin, std::uint64_t end) {
-          std::vector<float> buf(std::min(kChunk, end - begin));
-          float amax = 0;
-          for (std::uint64_t b = begin; b < end; b += kChunk) {
-            const std::uint64_t n = std::min(kChunk, end - b);
-            widen(raw.data(), dtype, b, n, buf.data());
-            amax = std::max(amax, max_abs(buf.data(), n));
-          }
-          return amax;
-        };
-        auto quantize_range = [&](std::uint64_t begin, std::uint64_t end, float mul) {
-          std::vector<float> buf(std::min(kChunk, end - begin));
-          for (std::uint64_t b = begin; b < end; b += kChunk) {
-            const std::uint64_t n = std::min(kChunk, end - b);
-            widen(raw.data(), dtype, b, n, buf.data());
-            quantize_span(buf.data(), n, mul, q.data() + b);
-          }
-        };
-        if (channel && !experts) {
-          parallel_for(rows, kChunk / std::max<std::uint64_t>(cols, 1),
-                       [&](std::uint64_t b, std::uint64_t e) {
-                         for (std::uint64_t row = b; row < e; ++row) {
-                           const Scale sc = amax_scale(amax_of(row * cols, (row + 1) * cols));
-                           quantize_range(row * cols, (row + 1) * cols, sc.mul);
-                           scales[row] = sc.scale;
-                         }
-                       });
-        } else {
-          // One scale a matrix: its amax in parallel parts, then its quantization.
-          for (std::uint64_t m = 0; m < matrices; ++m) {
-            const std::uint64_t base = m * matrix;
-            std::vector<float> part_max(std::max(1u, std::thread::hardware_concurrency()), 0.0f);
-            std::atomic<std::size_t> next{0};
-            parallel_for(matrix, kChunk, [&](std::uint64_t b, std::uint64_t e) {
-              part_max[next.fetch_add(1)] = amax_of(base + b, base + e);
-            });
-            const float amax = *std::max_element(part_max.begin(), part_max.end());
-            const Scale sc = experts ? amax_scale(amax) : input_to_float8_scale(amax);
-            parallel_for(matrix, kChunk, [&](std::uint64_t b, std::uint64_t e) {
-              quantize_range(base + b, base + e, sc.mul);
-            });
-            scales[m] = sc.scale;
-          }
-        }
-        stream.copy_h2d(ctx.param_data(w), reinterpret_cast<const std::byte*>(q.data()), q.size());
-        stream.copy_h2d(ctx.param_data(s), reinterpret_cast<const std::byte*>(scales.data()),
-                        scales.size() * sizeof(float));
-        stream.synchronize();  // the host buffers die with this call
+        ctx.stream().quantize_fp8(ctx.param_data(w), ctx.param_data(s), ctx.param_data(t), dtype,
+                                  scales, rule, rows, cols, matrices);
       };
       out.push_back(std::move(hook));
     }

@@ -15,9 +15,11 @@
 //       together) and w2, s = max |x| / 448 (scaled_fp8_quant), [E]
 //
 // rounding to nearest even. The MLA split and the V3.2 indexer fusion read the
-// transient too (they run before the quantization in SGLang). The hooks compute on
-// the host (the Device interface has no FP8 kernel): each reads its transient back,
-// quantizes it and writes the FP8 weight and its scale.
+// transient too (they run before the quantization in SGLang). The hooks run on the
+// device: one gpu::Stream::quantize_fp8 each (kRow with kAmax, kTensor with
+// kInputToFloat8, experts kTensor batched with kAmax), its amax reductions on the
+// device too; nothing comes back to the host. The functions below are the same
+// quantizations on host memory: the definition the device path is tested against.
 #pragma once
 
 #include <cstdint>

@@ -750,6 +750,22 @@ float QuantizedMatrix::at(std::uint64_t row, std::uint64_t col) const {
   throw Error(Stage::kPostProcess, "", "", "internal: reading a weight that is not quantized");
 }
 
+gpu::Fp8Scales fp8_scales(const QuantScheme& scheme) {
+  switch (scheme.method) {
+    case Method::kFp8Block:
+      return {gpu::Fp8Granularity::kBlock, scheme.block_n, scheme.block_k, 1};
+    case Method::kFp8Channel:
+      return {gpu::Fp8Granularity::kRow, 0, 0, 1};
+    case Method::kFp8Tensor:
+      return {gpu::Fp8Granularity::kTensor, 0, 0, 1};
+    case Method::kNvfp4:
+    case Method::kNone:
+      break;
+  }
+  throw Error(Stage::kPostProcess, "", "",
+              "internal: " + describe(scheme) + " has no FP8 scales for the device");
+}
+
 QuantizedInputs quantized_inputs(const QuantScheme& scheme, const RankShell& shell,
                                  std::size_t weight) {
   const ParamSpec& w = shell.params.at(weight);

@@ -55,6 +55,7 @@
 #include <string_view>
 #include <vector>
 
+#include "gpu/fp8.hpp"
 #include "models/model.hpp"
 #include "models/placement.hpp"
 
@@ -165,6 +166,12 @@ struct QuantizedMatrix {
   // f32(W[row][col]) * its scale (kNvfp4: e2m1 * f32(e4m3 scale) * scale_2), in F32.
   float at(std::uint64_t row, std::uint64_t col) const;
 };
+
+// How an FP8 scheme's F32 weight scales map onto a 2-D weight, for the device's
+// FP8 operations (gpu::Stream::dequantize_fp8): kFp8Block a block_n x block_k tile,
+// kFp8Channel a row, kFp8Tensor the matrix (a single-shard param). Throws
+// Error(Stage::kPostProcess) for kNvfp4 and kNone (not FP8-scaled).
+gpu::Fp8Scales fp8_scales(const QuantScheme& scheme);
 
 // What a quantized linear param's host reading needs besides the weight: its
 // weight scale and (kNvfp4) weight_scale_2, as indices into `shell`, checked

@@ -166,38 +166,40 @@ std::vector<PostLoadHook> make_requant_hooks(const Model& model, const QuantSche
         }
       }
       const std::size_t scale = sit->second;
-      const std::uint64_t weight_bytes = weight.nbytes;
-      const std::uint64_t scale_elems = shell.params[scale].nbytes / sizeof(float);
-      const std::uint64_t out_bytes = shell.params[output].nbytes;
-      const std::uint64_t bn = q.block_n;
-      const std::uint64_t bk = q.block_k;
+      const std::uint64_t per_scale =
+          shell.params[scale].nbytes / sizeof(float) / std::max<std::uint64_t>(matrices, 1);
+      const std::uint64_t bn = ue8m0 ? kUe8m0Block : q.block_n;
+      const std::uint64_t bk = ue8m0 ? kUe8m0Block : q.block_k;
+      // One matrix at a time through device scratch: its dequantized values (BF16
+      // for ue8m0, rounded once as SGLang's requant_weight_ue8m0 does; exact F32 for
+      // the tensor scale), then requantized from there into the weight and scale.
+      const std::size_t value_bytes = ue8m0 ? 2 : 4;
+      hook.scratch_bytes = rows * cols * value_bytes;
       hook.run = [=](HookContext& ctx) {
         gpu::Stream& stream = ctx.stream();
-        std::vector<std::uint8_t> wq(weight_bytes);
-        std::vector<float> s(scale_elems);
-        std::vector<std::byte> result(out_bytes);
-        stream.copy_d2h(reinterpret_cast<std::byte*>(wq.data()), ctx.param_data(w), wq.size());
-        stream.copy_d2h(reinterpret_cast<std::byte*>(s.data()), ctx.param_data(scale),
-                        s.size() * sizeof(float));
-        stream.synchronize();
-        const std::uint64_t per_scale = scale_elems / matrices;
+        std::byte* values = ctx.scratch(rows * cols * value_bytes);
+        std::byte* weight_data = ctx.param_data(w);
+        std::byte* scale_data = ctx.param_data(scale);
+        const DType value_dtype = ue8m0 ? DType::kBF16 : DType::kF32;
+        const gpu::Fp8Scales blocks{gpu::Fp8Granularity::kBlock, bn, bk, 1};
+        // block_quant_to_tensor_quant: the one scale in every block of S.
+        const gpu::Fp8Scales target =
+            ue8m0 ? blocks : gpu::Fp8Scales{gpu::Fp8Granularity::kTensor, 0, 0, per_scale};
+        const gpu::Fp8ScaleRule rule =
+            ue8m0 ? gpu::Fp8ScaleRule::kUe8m0 : gpu::Fp8ScaleRule::kAmaxOrOne;
         for (std::uint64_t e = 0; e < matrices; ++e) {
-          std::uint8_t* m = wq.data() + e * rows * cols;
-          float* ms = s.data() + e * per_scale;
-          if (ue8m0) {
-            requant_ue8m0(m, ms, reinterpret_cast<std::int32_t*>(result.data()) + e * words * rows,
-                          rows, cols);
-          } else {
-            const float t = requant_tensor(m, ms, rows, cols, bn, bk);
-            std::memcpy(result.data() + e * sizeof(float), &t, sizeof t);
-          }
+          std::byte* m = weight_data + e * rows * cols;
+          std::byte* ms = scale_data + e * per_scale * sizeof(float);
+          stream.dequantize_fp8(values, value_dtype, m, ms, blocks, rows, cols, 1);
+          stream.quantize_fp8(m, ms, values, value_dtype, target, rule, rows, cols, 1);
         }
-        stream.copy_h2d(ctx.param_data(w), reinterpret_cast<const std::byte*>(wq.data()),
-                        wq.size());
-        stream.copy_h2d(ctx.param_data(scale), reinterpret_cast<const std::byte*>(s.data()),
-                        s.size() * sizeof(float));
-        stream.copy_h2d(ctx.param_data(output), result.data(), result.size());
-        stream.synchronize();  // the host buffers die with this call
+        if (ue8m0) {
+          stream.pack_ue8m0(ctx.param_data(output), scale_data, rows, kUe8m0Block, kb, matrices);
+        } else {
+          // <w>weight_scale: each matrix's scale, the first of its blocks.
+          stream.copy_d2d_2d(ctx.param_data(output), sizeof(float), scale_data,
+                             per_scale * sizeof(float), sizeof(float), matrices);
+        }
       };
       out.push_back(std::move(hook));
     }

@@ -26,9 +26,13 @@
 //
 // The hooks run after every hook that reads the same weight first (the MLA split of
 // kv_b_proj, the V3.2 indexer's fusion of wk), as SGLang's post_load_weights runs
-// before process_weights_after_loading. They compute on the host: each reads its
-// weight and scale back, converts them and writes them again (the Device interface
-// has no FP8 kernel yet).
+// before process_weights_after_loading. They run on the device (gpu::Stream's FP8
+// operations), one weight matrix at a time through the hook's device scratch
+// (scratch_bytes: a matrix's BF16 values for ue8m0, F32 for tensor): dequantize,
+// requantize into W and S with the rule above, then pack (ue8m0) or gather the
+// tensor scales; nothing comes back to the host. requant_ue8m0 and requant_tensor
+// below are the same conversions on host memory: the definition the device path is
+// tested against.
 #pragma once
 
 #include <cstdint>

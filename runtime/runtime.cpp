@@ -1867,7 +1867,22 @@ void Runtime::Impl::run_hooks_once(LoadWork& w, LoadHandle::State& handle,
   LoadedModel::State& state = *w.state;
   w.report.hooks_skipped.clear();
   const models::HookObserver observer = w.trace ? w.trace->hook_observer() : models::HookObserver{};
-  for (const models::PostLoadHook& hook : w.model->hooks()) {
+  const std::vector<models::PostLoadHook> model_hooks = w.model->hooks();
+  // Each rank's hook scratch (the largest any of its hooks declares), made before
+  // the first hook runs, as the copy workers make theirs.
+  std::vector<gpu::DeviceAllocation> scratch(state.devices.size());
+  {
+    std::vector<std::size_t> need(state.devices.size(), 0);
+    for (const models::PostLoadHook& hook : model_hooks) {
+      need.at(hook.local_rank) = std::max(need.at(hook.local_rank), hook.scratch_bytes);
+    }
+    for (std::size_t r = 0; r < need.size(); ++r) {
+      if (need[r] != 0 && state.devices[r]->holds_data()) {
+        scratch[r] = state.devices[r]->allocate(need[r]);
+      }
+    }
+  }
+  for (const models::PostLoadHook& hook : model_hooks) {
     handle.check_cancel();
     gpu::Device& device = *state.devices.at(hook.local_rank);
     if (!device.holds_data()) {
@@ -1881,7 +1896,8 @@ void Runtime::Impl::run_hooks_once(LoadWork& w, LoadHandle::State& handle,
     }
     models::ParamsHookContext context(
         hook, params, *stream, device.name(),
-        [this, &w, r = hook.local_rank](std::size_t param) { return reallocate(w, r, param); });
+        [this, &w, r = hook.local_rank](std::size_t param) { return reallocate(w, r, param); },
+        {scratch[hook.local_rank].data(), scratch[hook.local_rank].size()});
     try {
       models::run_hook(hook, context, observer);
       stream->synchronize();

@@ -374,6 +374,49 @@ class CudaStream final : public Stream {
           std::to_string(batches) + " x " + std::to_string(rows) + " x " + std::to_string(cols));
   }
 
+  void dequantize_fp8(std::byte* dst, DType dst_dtype, const std::byte* src, const std::byte* scale,
+                      const Fp8Scales& scales, std::size_t rows, std::size_t cols,
+                      std::size_t batches) override {
+    if (detail::check_dequantize_fp8(state_->name, dst, dst_dtype, src, scale, scales, rows, cols,
+                                     batches)
+            .dst == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    check(launch_dequantize_fp8(dst, dst_dtype, src, scale, scales, rows, cols, batches, stream_),
+          "dequantize_fp8 kernel launch", state_->name,
+          std::to_string(batches) + " x " + std::to_string(rows) + " x " + std::to_string(cols) +
+              " -> " + std::string(dtype_name(dst_dtype)));
+  }
+
+  void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType src_dtype,
+                    const Fp8Scales& scales, Fp8ScaleRule rule, std::size_t rows, std::size_t cols,
+                    std::size_t batches) override {
+    if (detail::check_quantize_fp8(state_->name, dst, scale, src, src_dtype, scales, rows, cols,
+                                   batches)
+            .dst == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    check(
+        launch_quantize_fp8(dst, scale, src, src_dtype, scales, rule, rows, cols, batches, stream_),
+        "quantize_fp8 kernel launch", state_->name,
+        std::string(dtype_name(src_dtype)) + " " + std::to_string(batches) + " x " +
+            std::to_string(rows) + " x " + std::to_string(cols));
+  }
+
+  void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows, std::size_t block_rows,
+                  std::size_t scale_cols, std::size_t batches) override {
+    if (detail::check_pack_ue8m0(state_->name, dst, scale, rows, block_rows, scale_cols, batches)
+            .dst == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    check(launch_pack_ue8m0(dst, scale, rows, block_rows, scale_cols, batches, stream_),
+          "pack_ue8m0 kernel launch", state_->name,
+          std::to_string(batches) + " x " + std::to_string(rows) + " rows");
+  }
+
   std::unique_ptr<Event> record() override { return std::make_unique<CudaEvent>(state_, stream_); }
 
   // Through a pooled blocking-sync event: cudaStreamSynchronize spins a core unless

@@ -11,6 +11,7 @@
 
 #include "common/dtype.hpp"
 #include "gpu/device.hpp"
+#include "gpu/fp8.hpp"
 
 namespace ferry::gpu::cuda {
 
@@ -57,5 +58,21 @@ cudaError_t launch_transpose(std::byte* dst, std::size_t dst_batch_pitch, const 
 // stopping at the first pass that finds a difference.
 cudaError_t launch_match_pattern(const PatternRange* ranges, std::size_t count,
                                  std::uint8_t* flags, cudaStream_t stream);
+// Stream::dequantize_fp8 (dst_dtype BF16, F16 or F32), quantize_fp8 (src_dtype
+// likewise) and pack_ue8m0, their arguments checked by the caller. quantize_fp8 per
+// row or block: a block of threads a group; per tensor with 4-byte aligned scales:
+// a zeroed accumulator in each matrix's first scale slot (cudaMemsetAsync), an
+// atomic-max reduction kernel, an encoding kernel and a kernel writing the final
+// scales (unaligned scales: a block a matrix). No scratch, no host round trip.
+cudaError_t launch_dequantize_fp8(std::byte* dst, DType dst_dtype, const std::byte* src,
+                                  const std::byte* scale, const Fp8Scales& scales, std::size_t rows,
+                                  std::size_t cols, std::size_t batches, cudaStream_t stream);
+cudaError_t launch_quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src,
+                                DType src_dtype, const Fp8Scales& scales, Fp8ScaleRule rule,
+                                std::size_t rows, std::size_t cols, std::size_t batches,
+                                cudaStream_t stream);
+cudaError_t launch_pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows,
+                              std::size_t block_rows, std::size_t scale_cols, std::size_t batches,
+                              cudaStream_t stream);
 
 }  // namespace ferry::gpu::cuda

@@ -11,6 +11,7 @@
 
 #include "common/dtype.hpp"
 #include "gpu/device.hpp"
+#include "gpu/fp8.hpp"
 
 namespace ferry::gpu::cuda {
 
@@ -39,5 +40,15 @@ void transpose_emulated(std::byte* dst, std::size_t dst_batch_pitch, const std::
 
 // launch_match_pattern's per-byte rule, run over a host-resident table.
 void match_pattern_emulated(const PatternRange* ranges, std::size_t count, std::uint8_t* flags);
+// The FP8 kernels' steps run in order on the CPU (the tensor path's accumulator,
+// merge and final scales included), over the very element functions.
+void dequantize_fp8_emulated(std::byte* dst, DType dst_dtype, const std::byte* src,
+                             const std::byte* scale, const Fp8Scales& scales, std::size_t rows,
+                             std::size_t cols, std::size_t batches);
+void quantize_fp8_emulated(std::byte* dst, std::byte* scale, const std::byte* src, DType src_dtype,
+                           const Fp8Scales& scales, Fp8ScaleRule rule, std::size_t rows,
+                           std::size_t cols, std::size_t batches);
+void pack_ue8m0_emulated(std::byte* dst, const std::byte* scale, std::size_t rows,
+                         std::size_t block_rows, std::size_t scale_cols, std::size_t batches);
 
 }  // namespace ferry::gpu::cuda

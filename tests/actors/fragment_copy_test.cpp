@@ -73,6 +73,20 @@ class RecordingStream final : public gpu::Stream {
                  std::size_t r, std::size_t c, std::size_t b) override {
     inner_->transpose(d, dp, s, sp, e, r, c, b);
   }
+  void dequantize_fp8(std::byte* d, DType dd, const std::byte* s, const std::byte* sc,
+                      const gpu::Fp8Scales& l, std::size_t r, std::size_t c,
+                      std::size_t b) override {
+    inner_->dequantize_fp8(d, dd, s, sc, l, r, c, b);
+  }
+  void quantize_fp8(std::byte* d, std::byte* sc, const std::byte* s, DType sd,
+                    const gpu::Fp8Scales& l, gpu::Fp8ScaleRule rule, std::size_t r, std::size_t c,
+                    std::size_t b) override {
+    inner_->quantize_fp8(d, sc, s, sd, l, rule, r, c, b);
+  }
+  void pack_ue8m0(std::byte* d, const std::byte* sc, std::size_t r, std::size_t br,
+                  std::size_t sc_cols, std::size_t b) override {
+    inner_->pack_ue8m0(d, sc, r, br, sc_cols, b);
+  }
   std::unique_ptr<gpu::Event> record() override { return inner_->record(); }
   void synchronize() override { inner_->synchronize(); }
 

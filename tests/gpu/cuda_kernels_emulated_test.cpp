@@ -189,6 +189,70 @@ TEST(CudaKernelEmulationTest, TransposeMatchesTheHostTwin) {
   }
 }
 
+// The FP8 kernels' steps (the tile kernel's groups, the tensor path's accumulator,
+// merge and final scales, the pack's words), aligned and not, against the twins.
+TEST(CudaKernelEmulationTest, Fp8KernelsMatchTheHostTwins) {
+  struct Case {
+    std::size_t rows, cols, batches;
+    Fp8Scales scales;
+  };
+  const Case cases[] = {
+      {130, 260, 2, {Fp8Granularity::kBlock, 128, 128, 1}},
+      {5, 7, 3, {Fp8Granularity::kBlock, 2, 3, 1}},
+      {6, 33, 2, {Fp8Granularity::kRow, 0, 0, 1}},
+      {7, 9, 3, {Fp8Granularity::kTensor, 0, 0, 1}},
+      {3, 5, 2, {Fp8Granularity::kTensor, 0, 0, 4}},
+  };
+  const Fp8ScaleRule rules[] = {Fp8ScaleRule::kAmax, Fp8ScaleRule::kAmaxOrOne,
+                                Fp8ScaleRule::kInputToFloat8, Fp8ScaleRule::kUe8m0};
+  for (const Case& c : cases) {
+    const std::size_t n = c.rows * c.cols * c.batches;
+    const std::size_t per = c.scales.granularity == Fp8Granularity::kTensor
+                                ? c.scales.tensor_repeat
+                                : fp8::scale_count(c.scales, c.rows, c.cols);
+    for (std::size_t shift : {0, 1}) {
+      for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+        // Random bit patterns: NaN, infinities and zeros among them.
+        const std::vector<std::byte> src = noise(shift + n * dtype_size(dtype), 21);
+        for (Fp8ScaleRule rule : rules) {
+          std::vector<std::byte> q_want(n + shift, std::byte{0x11});
+          std::vector<std::byte> q_got = q_want;
+          std::vector<std::byte> s_want(per * c.batches * 4 + shift, std::byte{0x22});
+          std::vector<std::byte> s_got = s_want;
+          host::quantize_fp8(q_want.data() + shift, s_want.data() + shift, src.data() + shift,
+                             dtype, c.scales, rule, c.rows, c.cols, c.batches);
+          cuda::quantize_fp8_emulated(q_got.data() + shift, s_got.data() + shift,
+                                      src.data() + shift, dtype, c.scales, rule, c.rows, c.cols,
+                                      c.batches);
+          ASSERT_EQ(q_got, q_want) << c.rows << "x" << c.cols << " " << dtype_name(dtype);
+          ASSERT_EQ(s_got, s_want) << c.rows << "x" << c.cols << " " << dtype_name(dtype);
+        }
+        // Dequantize with the scales just made (finite) and with random ones.
+        std::vector<std::byte> scales(per * c.batches * 4 + shift);
+        const std::vector<std::byte> raw = noise(scales.size(), 5);
+        std::memcpy(scales.data(), raw.data(), raw.size());
+        std::vector<std::byte> want(n * dtype_size(dtype) + shift, std::byte{0x33});
+        std::vector<std::byte> got = want;
+        const Fp8Scales read{c.scales.granularity, c.scales.block_rows, c.scales.block_cols, 1};
+        host::dequantize_fp8(want.data() + shift, dtype, src.data() + shift, scales.data() + shift,
+                             read, c.rows, c.cols, c.batches);
+        cuda::dequantize_fp8_emulated(got.data() + shift, dtype, src.data() + shift,
+                                      scales.data() + shift, read, c.rows, c.cols, c.batches);
+        ASSERT_EQ(got, want) << "dequantize " << c.rows << "x" << c.cols << " "
+                             << dtype_name(dtype);
+      }
+    }
+  }
+  for (std::size_t shift : {0, 1}) {
+    const std::vector<std::byte> scales = noise(2 * 3 * 5 * 4 + shift, 9);
+    std::vector<std::byte> want(2 * 2 * 9 * 4 + shift, std::byte{0x44});
+    std::vector<std::byte> got = want;
+    host::pack_ue8m0(want.data() + shift, scales.data() + shift, 9, 4, 5, 2);
+    cuda::pack_ue8m0_emulated(got.data() + shift, scales.data() + shift, 9, 4, 5, 2);
+    ASSERT_EQ(got, want) << "pack_ue8m0 shift " << shift;
+  }
+}
+
 #else
 
 TEST(CudaKernelEmulationTest, NeedsTheCudaBackend) {

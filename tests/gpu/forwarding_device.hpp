@@ -17,6 +17,7 @@ struct Faults {
   std::function<void(std::byte* dst, DType dst_dtype, std::size_t count)> after_cast;  // cast()
   std::function<void()> before_fill;
   std::function<void()> on_bind;
+  std::function<void(std::size_t bytes)> on_copy_d2h;  // before a read-back is forwarded
   bool leak_allocations = false;  // allocate() also keeps a byte of device memory
 };
 
@@ -33,6 +34,9 @@ class ForwardingStream final : public Stream {
     inner_->copy_h2d_2d(dst, dst_pitch, src, src_pitch, width, rows);
   }
   void copy_d2h(std::byte* dst, const std::byte* src, std::size_t bytes) override {
+    if (faults_->on_copy_d2h) {
+      faults_->on_copy_d2h(bytes);
+    }
     inner_->copy_d2h(dst, src, bytes);
   }
   void fill(std::byte* dst, std::size_t count, DType dtype, double value) override {
@@ -77,6 +81,20 @@ class ForwardingStream final : public Stream {
                  std::size_t cols, std::size_t batches) override {
     inner_->transpose(dst, dst_batch_pitch, src, src_batch_pitch, element_size, rows, cols,
                       batches);
+  }
+  void dequantize_fp8(std::byte* dst, DType dst_dtype, const std::byte* src, const std::byte* scale,
+                      const Fp8Scales& scales, std::size_t rows, std::size_t cols,
+                      std::size_t batches) override {
+    inner_->dequantize_fp8(dst, dst_dtype, src, scale, scales, rows, cols, batches);
+  }
+  void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType src_dtype,
+                    const Fp8Scales& scales, Fp8ScaleRule rule, std::size_t rows, std::size_t cols,
+                    std::size_t batches) override {
+    inner_->quantize_fp8(dst, scale, src, src_dtype, scales, rule, rows, cols, batches);
+  }
+  void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows, std::size_t block_rows,
+                  std::size_t scale_cols, std::size_t batches) override {
+    inner_->pack_ue8m0(dst, scale, rows, block_rows, scale_cols, batches);
   }
   std::unique_ptr<Event> record() override { return inner_->record(); }
   void synchronize() override { inner_->synchronize(); }

@@ -473,6 +473,77 @@ TEST(HostDeviceTest, PitchedAndBatchedOperationsRejectBadArguments) {
   stream->synchronize();
 }
 
+// The FP8 operations' arguments are checked like the others': dtypes, block sizes,
+// a zero tensor_repeat, overlaps, ranges outside live allocations, on the stream
+// that queues them (also a deferred one); empty calls do nothing.
+TEST(HostDeviceTest, Fp8OperationsCheckTheirArguments) {
+  for (bool deferred : {false, true}) {
+    HostDeviceOptions options;
+    options.deferred_copies = deferred;
+    auto dev = make_host_device(0, options);
+    DeviceAllocation a = dev->allocate(1024);
+    auto stream = dev->create_stream();
+    const Fp8Scales row{Fp8Granularity::kRow, 0, 0, 1};
+    const Fp8Scales zero_block{Fp8Granularity::kBlock, 0, 4, 1};
+    const Fp8Scales no_copies{Fp8Granularity::kTensor, 0, 0, 0};
+    std::byte* p = a.data();
+    expect_error([&] { stream->dequantize_fp8(p, DType::kF8E4M3, p + 512, p + 900, row, 2, 4, 1); },
+                 "host:0", "dequantize_fp8: F8_E4M3 -> F8_E4M3 is not supported");
+    expect_error(
+        [&] {
+          stream->quantize_fp8(p, p + 900, p + 512, DType::kI8, row, Fp8ScaleRule::kAmax, 2, 4, 1);
+        },
+        "host:0", "quantize_fp8: I8 -> F8_E4M3 is not supported");
+    expect_error(
+        [&] { stream->dequantize_fp8(p, DType::kBF16, p + 512, p + 900, zero_block, 2, 4, 1); },
+        "host:0", "block of at least 1 x 1");
+    expect_error(
+        [&] {
+          stream->quantize_fp8(p, p + 900, p + 512, DType::kF32, no_copies, Fp8ScaleRule::kAmax, 2,
+                               4, 1);
+        },
+        "host:0", "tensor_repeat is 0");
+    // 2 x 4 F32 source (32 bytes) overlapping the FP8 destination.
+    expect_error(
+        [&] {
+          stream->quantize_fp8(p, p + 900, p + 4, DType::kF32, row, Fp8ScaleRule::kAmax, 2, 4, 1);
+        },
+        "host:0", "overlap");
+    expect_error(
+        [&] {
+          stream->quantize_fp8(p, p + 516, p + 512, DType::kF32, row, Fp8ScaleRule::kAmax, 2, 4, 1);
+        },
+        "host:0", "overlap");
+    expect_error([&] { stream->dequantize_fp8(p, DType::kF32, p + 512, p + 16, row, 2, 4, 1); },
+                 "host:0", "overlap");
+    expect_error([&] { stream->dequantize_fp8(p, DType::kF32, p + 512, p + 1020, row, 2, 4, 1); },
+                 "host:0", "dequantize_fp8: scales");
+    expect_error([&] { stream->pack_ue8m0(p + 1000, p, 8, 4, 5, 1); }, "host:0",
+                 "pack_ue8m0: destination");
+    expect_error([&] { stream->pack_ue8m0(p, p + 512, 8, 0, 5, 1); }, "host:0",
+                 "block_rows must be at least 1");
+    expect_error([&] { stream->pack_ue8m0(p, p + 8, 8, 4, 5, 1); }, "host:0", "overlap");
+    // Empty: nothing to do, nothing checked beyond the layout.
+    stream->dequantize_fp8(nullptr, DType::kBF16, nullptr, nullptr, row, 0, 4, 1);
+    stream->quantize_fp8(nullptr, nullptr, nullptr, DType::kBF16, row, Fp8ScaleRule::kAmax, 3, 0,
+                         1);
+    stream->pack_ue8m0(nullptr, nullptr, 0, 4, 5, 1);
+    // A valid call on the deferred queue lands after synchronize().
+    const float x[2] = {448.0f, -1.0f};
+    stream->copy_h2d(p + 512, reinterpret_cast<const std::byte*>(x), sizeof x);
+    stream->quantize_fp8(p, p + 600, p + 512, DType::kF32, Fp8Scales{}, Fp8ScaleRule::kAmax, 1, 2,
+                         1);
+    std::uint8_t q[2];
+    float s = 0;
+    stream->copy_d2h(reinterpret_cast<std::byte*>(q), p, 2);
+    stream->copy_d2h(reinterpret_cast<std::byte*>(&s), p + 600, 4);
+    stream->synchronize();
+    EXPECT_EQ(q[0], 0x7E);
+    EXPECT_EQ(q[1], 0xB8);
+    EXPECT_EQ(s, 1.0f);
+  }
+}
+
 TEST(LinkThrottleTest, TransfersQueueOnTheLinkAtItsSpeed) {
   using namespace std::chrono;
   LinkThrottle link(2.0);  // 2 bytes per nanosecond

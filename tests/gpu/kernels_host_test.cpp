@@ -444,7 +444,6 @@ TEST(KernelsHostTest, FillRandomIsCounterBasedInRangeAndUniform) {
   EXPECT_THROW(fill_random(one, 1, DType::kI32, 0, 1, 1), Error);
 }
 
-
 // matches_pattern against a naive reference written element by element with the
 // pattern's bytes spelled out (little-endian), over every element size, at odd
 // alignments and lengths, with one element changed at the first and last place.
@@ -488,6 +487,378 @@ TEST(KernelsHostTest, MatchesPatternAgreesWithANaiveReference) {
           std::vector<std::byte> tail = buf;
           tail[shift + whole] ^= std::byte{0x40};
           EXPECT_TRUE(matches_pattern(tail.data() + shift, bytes, pattern, es));
+        }
+      }
+    }
+  }
+}
+
+// ---- FP8 twins (dequantize_fp8, quantize_fp8, pack_ue8m0) against naive
+// references written from the formulas (gpu/fp8.hpp), with the test's own E4M3
+// decoding and nearest-code search (testing/dtype_codec.hpp) ----------------------
+
+struct Fp8Case {
+  std::size_t rows, cols, batches;
+  Fp8Scales scales;
+};
+
+// Shapes that are not multiples of their blocks, single rows and columns, batches.
+std::vector<Fp8Case> fp8_cases() {
+  const Fp8Scales tensor{Fp8Granularity::kTensor, 0, 0, 1};
+  const Fp8Scales row{Fp8Granularity::kRow, 0, 0, 1};
+  return {
+      {5, 7, 1, {Fp8Granularity::kBlock, 2, 3, 1}},
+      {130, 260, 2, {Fp8Granularity::kBlock, 128, 128, 1}},
+      {9, 4, 3, {Fp8Granularity::kBlock, 4, 8, 1}},  // one column block, wider than the matrix
+      {1, 1, 1, {Fp8Granularity::kBlock, 1, 1, 1}},
+      {6, 33, 2, row},
+      {1, 100, 1, row},
+      {7, 9, 3, tensor},
+      {64, 64, 1, tensor},
+      {3, 5, 2, Fp8Scales{Fp8Granularity::kTensor, 0, 0, 4}},  // repeated tensor scale
+  };
+}
+
+// Scale index of (r, c), written out per granularity.
+std::size_t naive_scale_index(const Fp8Scales& l, std::size_t r, std::size_t c, std::size_t cols) {
+  if (l.granularity == Fp8Granularity::kRow) {
+    return r;
+  }
+  if (l.granularity == Fp8Granularity::kTensor) {
+    return 0;
+  }
+  const std::size_t per_row = (cols + l.block_cols - 1) / l.block_cols;
+  return (r / l.block_rows) * per_row + c / l.block_cols;
+}
+
+std::size_t naive_scale_count(const Fp8Scales& l, std::size_t rows, std::size_t cols) {
+  if (l.granularity == Fp8Granularity::kRow) {
+    return rows;
+  }
+  if (l.granularity == Fp8Granularity::kTensor) {
+    return 1;
+  }
+  return ((rows + l.block_rows - 1) / l.block_rows) * ((cols + l.block_cols - 1) / l.block_cols);
+}
+
+// Every E4M3 code, in a shuffled order, with the NaN codes among them.
+std::vector<std::uint8_t> fp8_codes(std::size_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::uint8_t> out(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    out[i] = static_cast<std::uint8_t>(i < 256 ? i : rng());
+  }
+  std::shuffle(out.begin(), out.end(), rng);
+  return out;
+}
+
+// The BF16 / F16 value nearest `v` (ties to the even code), by binary search over
+// the codes of one sign ordered by magnitude, values compared in double; past the
+// largest finite value, rounding to infinity as IEEE does (at and beyond half an
+// ulp above it).
+float nearest_16(float v, DType dtype) {
+  auto value = [dtype](std::uint32_t code) {
+    return dtype == DType::kBF16
+               ? static_cast<double>(std::bit_cast<float>(code << 16))
+               : static_cast<double>(testing::half_to_float(static_cast<std::uint16_t>(code)));
+  };
+  const std::uint32_t inf_code = dtype == DType::kBF16 ? 0x7F80u : 0x7C00u;
+  const double a = std::fabs(static_cast<double>(v));
+  std::uint32_t lo = 0;
+  std::uint32_t hi = inf_code;  // value(lo) <= a < value(hi) while searching
+  if (a >= value(inf_code)) {
+    lo = inf_code;
+  } else {
+    while (hi - lo > 1) {
+      const std::uint32_t mid = (lo + hi) / 2;
+      (value(mid) <= a ? lo : hi) = mid;
+    }
+    const double below = a - value(lo);
+    const double above = hi == inf_code
+                             ? value(hi - 1) + (value(hi - 1) - value(hi - 2)) - a  // next ulp
+                             : value(hi) - a;
+    if (above < below || (above == below && lo % 2 == 1)) {
+      lo = hi;
+    }
+  }
+  const double mag = value(lo);
+  return static_cast<float>(std::signbit(v) ? -mag : mag);
+}
+
+float bits_float(std::uint32_t bits) {
+  return std::bit_cast<float>(bits);
+}
+
+TEST(KernelsHostTest, DequantizeFp8MatchesTheNaiveReference) {
+  for (const Fp8Case& c : fp8_cases()) {
+    const std::size_t n = c.rows * c.cols * c.batches;
+    const std::size_t per = naive_scale_count(c.scales, c.rows, c.cols);
+    const std::vector<std::uint8_t> q = fp8_codes(n, 3);
+    std::vector<float> scales(per * c.batches);
+    std::mt19937 rng(5);
+    for (std::size_t i = 0; i < scales.size(); ++i) {
+      scales[i] = std::ldexp(1.0f + static_cast<float>(rng() % 1000) / 1000.0f,
+                             static_cast<int>(rng() % 40) - 30);
+    }
+    // Edge scales: zero, infinity (0 * inf is NaN), NaN, a huge one (overflow to inf).
+    scales[0] = scales.size() > 1 ? 1e38f : scales[0];
+    if (scales.size() > 3) {
+      scales[1] = 0.0f;
+      scales[2] = std::numeric_limits<float>::infinity();
+      scales[3] = -std::numeric_limits<float>::quiet_NaN();
+    }
+    for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+      const std::size_t es = dtype_size(dtype);
+      std::vector<std::byte> out(n * es + 8, std::byte{0x5A});
+      dequantize_fp8(out.data(), dtype, reinterpret_cast<const std::byte*>(q.data()),
+                     reinterpret_cast<const std::byte*>(scales.data()), c.scales, c.rows, c.cols,
+                     c.batches);
+      for (std::size_t k = n * es; k < out.size(); ++k) {
+        ASSERT_EQ(out[k], std::byte{0x5A}) << "wrote past the end";
+      }
+      for (std::size_t b = 0; b < c.batches; ++b) {
+        for (std::size_t r = 0; r < c.rows; ++r) {
+          for (std::size_t col = 0; col < c.cols; ++col) {
+            const std::size_t i = (b * c.rows + r) * c.cols + col;
+            const float s = scales[b * per + naive_scale_index(c.scales, r, col, c.cols)];
+            const float want32 = testing::e4m3_value(q[i]) * s;
+            const float got = testing::decode_one(out.data() + i * es, dtype);
+            if (std::isnan(want32)) {
+              ASSERT_TRUE(std::isnan(got)) << i;
+              continue;
+            }
+            const float want = dtype == DType::kF32 ? want32 : nearest_16(want32, dtype);
+            ASSERT_EQ(std::bit_cast<std::uint32_t>(got), std::bit_cast<std::uint32_t>(want))
+                << dtype_name(dtype) << " element " << i << " code " << int(q[i]) << " scale " << s;
+          }
+        }
+      }
+    }
+  }
+}
+
+// A NaN result is the target's canonical NaN, with the NaN operand's sign.
+TEST(KernelsHostTest, DequantizeFp8NaNIsCanonical) {
+  const std::uint8_t q[4] = {0x7F, 0xFF, 0x38, 0x00};  // NaN, -NaN, 1, 0
+  const float nan_scale = bits_float(0xFFC01234u);     // a negative NaN with a payload
+  const float scales[4] = {1.0f, 1.0f, nan_scale, std::numeric_limits<float>::infinity()};
+  std::uint32_t out[4];
+  dequantize_fp8(reinterpret_cast<std::byte*>(out), DType::kF32,
+                 reinterpret_cast<const std::byte*>(q), reinterpret_cast<const std::byte*>(scales),
+                 Fp8Scales{Fp8Granularity::kRow, 0, 0, 1}, 4, 1, 1);
+  EXPECT_EQ(out[0], 0x7FC00000u);
+  EXPECT_EQ(out[1], 0xFFC00000u);
+  EXPECT_EQ(out[2], 0xFFC00000u);  // the scale's sign, no payload
+  EXPECT_EQ(out[3], 0xFFC00000u);  // 0 * inf
+  std::uint16_t bf16[4];
+  dequantize_fp8(reinterpret_cast<std::byte*>(bf16), DType::kBF16,
+                 reinterpret_cast<const std::byte*>(q), reinterpret_cast<const std::byte*>(scales),
+                 Fp8Scales{Fp8Granularity::kRow, 0, 0, 1}, 4, 1, 1);
+  EXPECT_EQ(bf16[0], 0x7FC0u);
+  EXPECT_EQ(bf16[1], 0xFFC0u);
+}
+
+// The scale rules from their SGLang definitions, written independently.
+struct NaiveScale {
+  float scale;
+  float mul;
+};
+NaiveScale naive_scale(float amax, Fp8ScaleRule rule) {
+  switch (rule) {
+    case Fp8ScaleRule::kAmax: {
+      const float s = amax / 448.0f;
+      return {s, s == 0.0f ? 0.0f : 1.0f / s};
+    }
+    case Fp8ScaleRule::kAmaxOrOne: {
+      const float s = amax == 0.0f ? 1.0f : amax / 448.0f;
+      return {s, 1.0f / s};
+    }
+    case Fp8ScaleRule::kInputToFloat8: {
+      const float m = 448.0f / std::max(amax, 1e-12f);
+      return {1.0f / m, m};
+    }
+    case Fp8ScaleRule::kUe8m0:
+      break;
+  }
+  const float x = std::max(amax, 1e-4f) / 448.0f;
+  int e = 0;
+  const float frac = std::frexp(x, &e);  // x = frac * 2^e, frac in [0.5, 1)
+  int exponent = frac == 0.5f ? e - 1 : e;
+  if (std::isinf(x)) {
+    exponent = 127;
+  }
+  exponent = std::clamp(exponent, -126, 127);
+  const float s = std::ldexp(1.0f, exponent);
+  return {s, 1.0f / s};
+}
+
+// The E4M3 code of `v` from the nearest-value search: +-448 beyond the range, 0x7F
+// for NaN; compared by value (so +0 and -0 are one).
+float naive_e4m3(float v) {
+  if (std::isnan(v)) {
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  if (std::fabs(v) >= 448.0f) {
+    return std::copysign(448.0f, v);
+  }
+  return testing::round_to_e4m3(v);
+}
+
+// Inputs with zero rows and blocks, NaN, infinities, values past the E4M3 range
+// after scaling, and tiny ones.
+std::vector<float> quantize_inputs(const Fp8Case& c, std::uint32_t seed) {
+  const std::size_t n = c.rows * c.cols * c.batches;
+  std::mt19937 rng(seed);
+  std::vector<float> x(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const float mag =
+        std::ldexp(static_cast<float>(rng() % 4096) / 4096.0f, static_cast<int>(rng() % 24) - 12);
+    x[i] = rng() % 2 == 0 ? mag : -mag;
+  }
+  if (c.rows > 1) {  // row 1 of matrix 0 all zero: a zero group for kRow
+    for (std::size_t col = 0; col < c.cols; ++col) {
+      x[c.cols + col] = col % 2 == 0 ? 0.0f : -0.0f;
+    }
+  }
+  if (n > 20) {
+    x[3] = std::numeric_limits<float>::quiet_NaN();
+    x[n - 2] = -std::numeric_limits<float>::infinity();
+    x[n / 2] = 1e30f;
+  }
+  return x;
+}
+
+TEST(KernelsHostTest, QuantizeFp8MatchesTheNaiveReference) {
+  for (const Fp8Case& c : fp8_cases()) {
+    const std::vector<float> x32 = quantize_inputs(c, 9);
+    const std::size_t n = x32.size();
+    const bool tensor = c.scales.granularity == Fp8Granularity::kTensor;
+    const std::size_t per =
+        tensor ? c.scales.tensor_repeat : naive_scale_count(c.scales, c.rows, c.cols);
+    for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+      // The source in `dtype`, and the values it holds.
+      std::vector<std::byte> src(n * dtype_size(dtype));
+      std::vector<float> x(n);
+      cast(src.data(), dtype, reinterpret_cast<const std::byte*>(x32.data()), DType::kF32, n);
+      for (std::size_t i = 0; i < n; ++i) {
+        x[i] = testing::decode_one(src.data() + i * dtype_size(dtype), dtype);
+      }
+      for (Fp8ScaleRule rule : {Fp8ScaleRule::kAmax, Fp8ScaleRule::kAmaxOrOne,
+                                Fp8ScaleRule::kInputToFloat8, Fp8ScaleRule::kUe8m0}) {
+        std::vector<std::uint8_t> q(n + 4, 0xA5);
+        std::vector<float> s(per * c.batches + 1, -7.0f);
+        quantize_fp8(reinterpret_cast<std::byte*>(q.data()), reinterpret_cast<std::byte*>(s.data()),
+                     src.data(), dtype, c.scales, rule, c.rows, c.cols, c.batches);
+        ASSERT_EQ(q[n], 0xA5) << "wrote past the weight";
+        ASSERT_EQ(s[per * c.batches], -7.0f) << "wrote past the scales";
+        // Each group's amax, by brute force over its elements.
+        for (std::size_t b = 0; b < c.batches; ++b) {
+          std::vector<float> amax(naive_scale_count(c.scales, c.rows, c.cols), 0.0f);
+          for (std::size_t r = 0; r < c.rows; ++r) {
+            for (std::size_t col = 0; col < c.cols; ++col) {
+              const float v = std::fabs(x[(b * c.rows + r) * c.cols + col]);
+              float& a = amax[naive_scale_index(c.scales, r, col, c.cols)];
+              if (!std::isnan(v) && v > a) {
+                a = v;
+              }
+            }
+          }
+          for (std::size_t g = 0; g < per; ++g) {
+            const float want = naive_scale(amax[tensor ? 0 : g], rule).scale;
+            ASSERT_EQ(s[b * per + g], want) << "scale " << g << " of matrix " << b;
+          }
+          for (std::size_t r = 0; r < c.rows; ++r) {
+            for (std::size_t col = 0; col < c.cols; ++col) {
+              const std::size_t i = (b * c.rows + r) * c.cols + col;
+              const float m =
+                  naive_scale(amax[naive_scale_index(c.scales, r, col, c.cols)], rule).mul;
+              const float want = naive_e4m3(x[i] * m);
+              const float got = testing::e4m3_value(q[i]);
+              if (std::isnan(want)) {
+                ASSERT_EQ(q[i], 0x7F) << i;
+              } else {
+                ASSERT_EQ(got, want) << dtype_name(dtype) << " rule " << static_cast<int>(rule)
+                                     << " element " << i << " x " << x[i] << " m " << m;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The zero-group rules: kAmax stores 0 and zeros, kAmaxOrOne stores 1, and
+// kInputToFloat8 / kUe8m0 floor the amax (1e-12, 1e-4).
+TEST(KernelsHostTest, QuantizeFp8ZeroGroups) {
+  const float zeros[4] = {0.0f, -0.0f, 0.0f, 0.0f};
+  auto run = [&](Fp8ScaleRule rule) {
+    std::uint8_t q[4];
+    float s = -1;
+    quantize_fp8(reinterpret_cast<std::byte*>(q), reinterpret_cast<std::byte*>(&s),
+                 reinterpret_cast<const std::byte*>(zeros), DType::kF32, Fp8Scales{}, rule, 2, 2,
+                 1);
+    EXPECT_EQ(q[0], 0);
+    EXPECT_EQ(q[1] & 0x7F, 0);
+    return s;
+  };
+  EXPECT_EQ(run(Fp8ScaleRule::kAmax), 0.0f);
+  EXPECT_EQ(run(Fp8ScaleRule::kAmaxOrOne), 1.0f);
+  EXPECT_EQ(run(Fp8ScaleRule::kInputToFloat8), 1.0f / (448.0f / 1e-12f));
+  EXPECT_EQ(run(Fp8ScaleRule::kUe8m0), std::ldexp(1.0f, -22));  // 1e-4 / 448 ~ 2.2e-7 <= 2^-22
+}
+
+// Saturation: with a fixed tensor scale, values beyond the group's amax cannot
+// occur, but infinities can: they saturate to +-448 while the scale follows them.
+TEST(KernelsHostTest, QuantizeFp8SaturatesAndSkipsNaN) {
+  const float x[4] = {std::numeric_limits<float>::infinity(), 1.0f,
+                      std::numeric_limits<float>::quiet_NaN(), -1.0f};
+  std::uint8_t q[4];
+  float s = 0;
+  quantize_fp8(reinterpret_cast<std::byte*>(q), reinterpret_cast<std::byte*>(&s),
+               reinterpret_cast<const std::byte*>(x), DType::kF32, Fp8Scales{},
+               Fp8ScaleRule::kAmaxOrOne, 1, 4, 1);
+  EXPECT_TRUE(std::isinf(s));  // amax = inf: the NaN was skipped
+  EXPECT_EQ(q[2], 0x7F);       // NaN stays NaN
+  EXPECT_EQ(q[1], 0x00);       // 1 / inf = 0
+  const float big[2] = {1000.0f, -900.0f};
+  quantize_fp8(reinterpret_cast<std::byte*>(q), reinterpret_cast<std::byte*>(&s),
+               reinterpret_cast<const std::byte*>(big), DType::kF32, Fp8Scales{},
+               Fp8ScaleRule::kUe8m0, 1, 2, 1);
+  EXPECT_EQ(s, 4.0f);     // 1000 / 448 = 2.23 -> 4
+  EXPECT_EQ(q[0], 0x78);  // 250 -> 256 (0x78: exponent 15, mantissa 0)
+}
+
+TEST(KernelsHostTest, PackUe8m0MatchesTheNaiveReference) {
+  struct Case {
+    std::size_t rows, block_rows, scale_cols, batches;
+  };
+  for (const Case& c :
+       {Case{8, 4, 5, 2}, Case{256, 128, 56, 1}, Case{3, 1, 4, 1}, Case{12, 128, 1, 3}}) {
+    const std::size_t block_row_count = (c.rows + c.block_rows - 1) / c.block_rows;
+    const std::size_t per = block_row_count * c.scale_cols;
+    std::vector<float> scales(per * c.batches);
+    std::mt19937 rng(13);
+    for (float& v : scales) {
+      v = std::ldexp(rng() % 3 == 0 ? 1.5f : 1.0f, static_cast<int>(rng() % 60) - 40);
+    }
+    const std::size_t words = (c.scale_cols + 3) / 4;
+    std::vector<std::uint32_t> out(words * c.rows * c.batches + 1, 0xDEADBEEFu);
+    pack_ue8m0(reinterpret_cast<std::byte*>(out.data()),
+               reinterpret_cast<const std::byte*>(scales.data()), c.rows, c.block_rows,
+               c.scale_cols, c.batches);
+    ASSERT_EQ(out.back(), 0xDEADBEEFu);
+    for (std::size_t b = 0; b < c.batches; ++b) {
+      for (std::size_t r = 0; r < c.rows; ++r) {
+        for (std::size_t k = 0; k < words * 4; ++k) {
+          const std::uint32_t word = out[(b * words + k / 4) * c.rows + r];
+          const unsigned byte = (word >> (8 * (k % 4))) & 0xFFu;
+          unsigned want = 0;
+          if (k < c.scale_cols) {
+            want = static_cast<unsigned>(
+                std::ilogb(scales[b * per + (r / c.block_rows) * c.scale_cols + k]) + 127);
+          }
+          ASSERT_EQ(byte, want) << "matrix " << b << " row " << r << " column block " << k;
         }
       }
     }

@@ -403,7 +403,7 @@ void run_hooks(const models::Model& model, ParamBuffers& buffers) {
       if (h.local_rank != r) {
         continue;
       }
-      HostHookContext ctx(*stream, ptrs, h);
+      HostHookContext ctx(*stream, ptrs, h, device.get());
       h.run(ctx);
       stream->synchronize();
       outputs.insert(h.outputs.begin(), h.outputs.end());

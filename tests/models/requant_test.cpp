@@ -182,7 +182,7 @@ TEST(Requant, ModelHooksRewriteEveryFp8ParamAfterTheMlaSplit) {
     }
     std::size_t requants = 0;
     for (const models::PostLoadHook& h : model->hooks()) {
-      HostHookContext ctx(*stream, ptrs, h);
+      HostHookContext ctx(*stream, ptrs, h, device.get());
       h.run(ctx);
       stream->synchronize();
       requants += h.rewrites.empty() ? 0 : 1;

@@ -88,6 +88,23 @@ class FaultyStream final : public gpu::Stream {
     inner_->transpose(dst, dst_batch_pitch, src, src_batch_pitch, element_size, rows, cols,
                       batches);
   }
+  void dequantize_fp8(std::byte* dst, DType dst_dtype, const std::byte* src, const std::byte* scale,
+                      const gpu::Fp8Scales& scales, std::size_t rows, std::size_t cols,
+                      std::size_t batches) override {
+    check("dequantize_fp8");
+    inner_->dequantize_fp8(dst, dst_dtype, src, scale, scales, rows, cols, batches);
+  }
+  void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType src_dtype,
+                    const gpu::Fp8Scales& scales, gpu::Fp8ScaleRule rule, std::size_t rows,
+                    std::size_t cols, std::size_t batches) override {
+    check("quantize_fp8");
+    inner_->quantize_fp8(dst, scale, src, src_dtype, scales, rule, rows, cols, batches);
+  }
+  void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows, std::size_t block_rows,
+                  std::size_t scale_cols, std::size_t batches) override {
+    check("pack_ue8m0");
+    inner_->pack_ue8m0(dst, scale, rows, block_rows, scale_cols, batches);
+  }
   std::unique_ptr<gpu::Event> record() override {
     check("record");
     return inner_->record();
