@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/error.hpp"
@@ -350,15 +351,24 @@ void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType 
     tile_rows = scales.block_rows;
     tile_cols = scales.block_cols;
   }
+  if (rows == 0 || cols == 0 || batches == 0) {
+    return;
+  }
   const bool tensor = scales.granularity == Fp8Granularity::kTensor;
   const std::size_t per_matrix =
       tensor ? scales.tensor_repeat : fp8::scale_count(scales, rows, cols);
-  std::vector<float> buf(std::min(cols, tile_cols));
+  const std::size_t row_tiles = (rows + tile_rows - 1) / tile_rows;
+  const std::size_t col_tiles = (cols + tile_cols - 1) / tile_cols;
   auto* q = reinterpret_cast<std::uint8_t*>(dst);
-  for (std::size_t b = 0; b < batches; ++b) {
-    std::size_t slot = b * per_matrix;
-    for (std::size_t r0 = 0; r0 < rows; r0 += tile_rows) {
+  // Tile rows [t_begin, t_end) of all matrices, in the order (matrix, tile row):
+  // each writes its own elements and scale slots, so ranges run side by side.
+  auto run = [&](std::size_t t_begin, std::size_t t_end) {
+    std::vector<float> buf(std::min(cols, tile_cols));
+    for (std::size_t t = t_begin; t < t_end; ++t) {
+      const std::size_t b = t / row_tiles;
+      const std::size_t r0 = t % row_tiles * tile_rows;
       const std::size_t r1 = std::min(rows, r0 + tile_rows);
+      std::size_t slot = b * per_matrix + (tensor ? 0 : t % row_tiles * col_tiles);
       for (std::size_t c0 = 0; c0 < cols; c0 += tile_cols) {
         const std::size_t n = std::min(cols, c0 + tile_cols) - c0;
         float amax = 0;
@@ -382,6 +392,27 @@ void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType 
         }
       }
     }
+  };
+  // A large weight's row or block groups are spread over the cores, as a GPU spreads
+  // them over its blocks (quantization.online on host devices quantizes every linear
+  // weight of a model here); small ones, and a whole tensor's one group, stay on
+  // the calling thread.
+  const std::size_t tiles = batches * row_tiles;
+  constexpr std::size_t kElementsPerThread = std::size_t{1} << 20;
+  const std::size_t threads = std::min<std::size_t>(
+      {std::max(1u, std::thread::hardware_concurrency()), std::size_t{16}, tiles,
+       std::max<std::size_t>(1, batches * rows * cols / kElementsPerThread)});
+  if (threads <= 1) {
+    run(0, tiles);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (std::size_t k = 1; k < threads; ++k) {
+    pool.emplace_back(run, tiles * k / threads, tiles * (k + 1) / threads);
+  }
+  run(0, tiles / threads);
+  for (std::thread& th : pool) {
+    th.join();
   }
 }
 

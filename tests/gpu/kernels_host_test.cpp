@@ -788,6 +788,42 @@ TEST(KernelsHostTest, QuantizeFp8MatchesTheNaiveReference) {
   }
 }
 
+// A large weight's groups are quantized on several threads (from 1 Mi elements):
+// the same bytes and scales as quantizing it band by band, each band small enough
+// for one thread, for row and block groups, with a ragged last band.
+TEST(KernelsHostTest, QuantizeFp8OnManyThreadsEqualsBandByBand) {
+  const std::size_t rows = 1100;
+  const std::size_t cols = 2100;  // 2.3 Mi elements: several threads where cores allow
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  std::vector<float> x(rows * cols);
+  for (float& v : x) {
+    v = u(rng);
+  }
+  std::vector<std::byte> src(x.size() * 2);
+  cast(src.data(), DType::kBF16, reinterpret_cast<const std::byte*>(x.data()), DType::kF32,
+       x.size());
+  for (const Fp8Scales& scales : {Fp8Scales{Fp8Granularity::kRow, 0, 0, 1},
+                                  Fp8Scales{Fp8Granularity::kBlock, 128, 128, 1}}) {
+    const std::size_t band = scales.granularity == Fp8Granularity::kRow ? 1 : 128;
+    const std::size_t per_band = scales.granularity == Fp8Granularity::kRow ? 1 : (cols + 127) / 128;
+    const std::size_t groups = (rows + band - 1) / band * per_band;
+    std::vector<std::byte> q(x.size()), q_bands(x.size());
+    std::vector<float> s(groups), s_bands(groups);
+    quantize_fp8(q.data(), reinterpret_cast<std::byte*>(s.data()), src.data(), DType::kBF16,
+                 scales, Fp8ScaleRule::kAmax, rows, cols, 1);
+    for (std::size_t r0 = 0; r0 < rows; r0 += band) {
+      const std::size_t n = std::min(band, rows - r0);
+      quantize_fp8(q_bands.data() + r0 * cols,
+                   reinterpret_cast<std::byte*>(s_bands.data() + r0 / band * per_band),
+                   src.data() + r0 * cols * 2, DType::kBF16, scales, Fp8ScaleRule::kAmax, n, cols,
+                   1);
+    }
+    EXPECT_EQ(q, q_bands) << "granularity " << static_cast<int>(scales.granularity);
+    EXPECT_EQ(s, s_bands) << "granularity " << static_cast<int>(scales.granularity);
+  }
+}
+
 // The zero-group rules: kAmax stores 0 and zeros, kAmaxOrOne stores 1, and
 // kInputToFloat8 / kUe8m0 floor the amax (1e-12, 1e-4).
 TEST(KernelsHostTest, QuantizeFp8ZeroGroups) {
