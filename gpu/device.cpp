@@ -243,11 +243,19 @@ std::size_t TrackedStreamChecks::set_bytes(const std::byte* dst, std::size_t byt
   return bytes;
 }
 
+void check_pattern_table(const std::string& device, const void* ranges) {
+  if (reinterpret_cast<std::uintptr_t>(ranges) % alignof(PatternRange) != 0) {
+    fail(device, "match_pattern: the table at " + hex(ranges) + " is not " +
+                     std::to_string(alignof(PatternRange)) + "-byte aligned");
+  }
+}
+
 std::size_t TrackedStreamChecks::match_pattern(const PatternRange* ranges, std::size_t count,
                                                const std::uint8_t* flags) const {
   if (count == 0) {
     return 0;
   }
+  check_pattern_table(device_, ranges);
   allocations_.check(device_, "match_pattern", "table",
                      reinterpret_cast<const std::byte*>(ranges),
                      checked_mul(device_, "match_pattern", count, sizeof(PatternRange)));

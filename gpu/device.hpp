@@ -223,7 +223,7 @@ class Stream {
   virtual void set_bytes(std::byte* dst, std::byte value, std::size_t bytes) = 0;
 
   // For each of the `count` ranges of the table at `ranges` (device memory holding
-  // PatternRange entries), writes flags[i] = 1 when every whole element of range i
+  // PatternRange entries, aligned for PatternRange: 8 bytes; else it throws), writes flags[i] = 1 when every whole element of range i
   // equals its pattern, else 0 (one pass on the device, CUDA: one kernel launch for
   // all ranges; the flags are device memory, `count` bytes, read back with
   // copy_d2h). Element j of a range is the element_size bytes at data +

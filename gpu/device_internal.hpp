@@ -60,6 +60,9 @@ void check_host_pointer(const std::string& device, std::string_view op, std::str
 
 // Throws ferry::Error(Stage::kCopy, device, "", rule).
 [[noreturn]] void fail(const std::string& device, std::string rule);
+// Stream::match_pattern's table must be aligned for PatternRange (a GPU kernel reads
+// its 8-byte fields in place and faults on a misaligned one); fail() otherwise.
+void check_pattern_table(const std::string& device, const void* ranges);
 
 // "0x7f...": for messages.
 std::string hex(const void* p);

@@ -21,6 +21,12 @@ constexpr std::size_t kGuard = 64;         // untouched bytes around every regio
 constexpr std::size_t kEdgeCount = 65536;  // elements in a cast source (all 16-bit patterns)
 constexpr std::size_t kLargeCount = (std::size_t{1} << 21) + 7;  // past one grid of threads
 
+// `p` moved up to the next multiple of `alignment` (a power of two).
+std::byte* align_up(std::byte* p, std::size_t alignment) {
+  const auto at = reinterpret_cast<std::uintptr_t>(p);
+  return reinterpret_cast<std::byte*>((at + alignment - 1) & ~(std::uintptr_t{alignment} - 1));
+}
+
 // Deterministic bytes (SplitMix64), so that a failure reproduces.
 class Random {
  public:
@@ -358,7 +364,7 @@ void add_device_side_scenarios(std::vector<Scenario>& out) {
   out.push_back({"fill then match_pattern (the sentinel check)", 8 << 20, [](Device&, Stream& s, std::byte* base) {
                    const std::size_t big = (std::size_t{3} << 20) + 3;  // many passes of a block
                    std::byte* a = base + kGuard + 1;                       // unaligned
-                   std::byte* b = a + big + kGuard + 255;                  // aligned
+                   std::byte* b = align_up(a + big + kGuard, 256);        // aligned
                    std::byte* c = b + (std::size_t{1} << 20) + kGuard;
                    s.set_bytes(a, std::byte{0x01}, big);
                    s.fill(b, (std::size_t{1} << 19), DType::kBF16, 1e-3);
@@ -388,7 +394,8 @@ void add_device_side_scenarios(std::vector<Scenario>& out) {
                    table.push_back({d, 2000, bf16, 2});
                    table.push_back({e, 2000, bf16, 2});
                    table.push_back({e, 1998, bf16, 2});  // all but the changed element
-                   std::byte* at = e + 4096 + kGuard;
+                   // The table where a GPU kernel can read its 8-byte fields.
+                   std::byte* at = align_up(e + 4096 + kGuard, alignof(PatternRange));
                    const std::size_t table_bytes = table.size() * sizeof(PatternRange);
                    std::byte* flags = at + table_bytes + kGuard;
                    s.copy_h2d(at, reinterpret_cast<const std::byte*>(table.data()), table_bytes);

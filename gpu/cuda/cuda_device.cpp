@@ -320,6 +320,7 @@ class CudaStream final : public Stream {
     if (count == 0) {
       return;
     }
+    detail::check_pattern_table(state_->name, ranges);
     DeviceScope scope(*state_);
     check(launch_match_pattern(ranges, count, flags, stream_), "match_pattern kernel launch",
           state_->name, std::to_string(count) + " ranges");

@@ -654,6 +654,10 @@ TEST(HostDeviceTest, SetBytesAndMatchPattern) {
                                 reinterpret_cast<std::uint8_t*>(host_table.data()));
         },
         "host:0", "match_pattern: flags");
+    // A table a GPU kernel could not read in place (its fields are 8 bytes).
+    expect_error(
+        [&] { stream->match_pattern(reinterpret_cast<const PatternRange*>(t + 4), 1, flags); },
+        "host:0", "is not 8-byte aligned");
     PatternRange bad[2] = {{a.data(), 16, 0, 3, 0}, {want.data(), 16, 0, 1, 0}};
     stream->copy_h2d(t, reinterpret_cast<const std::byte*>(bad), sizeof bad);
     expect_error([&] { stream->match_pattern(reinterpret_cast<const PatternRange*>(t), 1, flags); },
