@@ -122,11 +122,19 @@ TEST(DeferredCopies, AHostDeviceReportsACopySourceChangedBeforeTheCopyRan) {
   auto device = gpu::make_host_device(3, options);
   auto stream = device->create_stream();
   gpu::DeviceAllocation dst = device->allocate(1 << 20);
+  // A long cast first (32 Mi elements: a tenth of a second and more, sanitizers
+  // slower still), so that the copies queued behind it run well after the sources
+  // changed below.
+  const std::size_t n = std::size_t{32} << 20;
+  gpu::DeviceAllocation wide = device->allocate(n * 4);
+  gpu::DeviceAllocation narrow = device->allocate(n * 2);
+  stream->zero(wide.data(), n * 4);
+  stream->cast(narrow.data(), DType::kBF16, wide.data(), DType::kF32, n);
   std::vector<std::byte> small(4096, std::byte{1});
   std::vector<std::byte> large(1 << 20, std::byte{2});
   stream->copy_h2d(dst.data(), small.data(), small.size());
   stream->copy_h2d_2d(dst.data(), 8192, large.data(), 16384, 4096, 64);
-  small[100] = std::byte{9};  // queued copies have not run yet (100 us each)
+  small[100] = std::byte{9};  // the copies wait behind the cast
   std::fill(large.begin(), large.end(), std::byte{7});
   stream->synchronize();
   ASSERT_EQ(reports.size(), 2u);
