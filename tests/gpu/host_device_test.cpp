@@ -615,9 +615,10 @@ TEST(HostDeviceTest, SetBytesAndMatchPattern) {
     auto device = make_host_device(0, {.deferred_copies = deferred});
     auto stream = device->create_stream();
     DeviceAllocation a = device->allocate(8192);
-    std::vector<std::byte> want = pattern(a.size(), 5);
-    stream->copy_h2d(a.data(), want.data(), want.size());
+    const std::vector<std::byte> source = pattern(a.size(), 5);  // unchanged while queued
+    stream->copy_h2d(a.data(), source.data(), source.size());
     stream->set_bytes(a.data() + 3, std::byte{0x01}, 1001);
+    std::vector<std::byte> want = source;
     std::fill(want.begin() + 3, want.begin() + 1004, std::byte{0x01});
     stream->set_bytes(a.data(), std::byte{0x02}, 0);  // nothing
     std::vector<PatternRange> table = {
