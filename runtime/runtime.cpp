@@ -580,8 +580,19 @@ LoadResult LoadHandle::wait() const {
 }
 
 std::optional<LoadResult> LoadHandle::wait_for(std::chrono::milliseconds timeout) const {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point now = Clock::now();
+  // now() + timeout past what the clock holds (milliseconds::max(), centuries) would
+  // wrap into the past and return at once: such a timeout is no deadline. A negative
+  // one is a deadline already passed (and milliseconds::min() must not overflow either).
+  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(
+      Clock::time_point::max() - now);
   std::unique_lock lock(state_->mu);
-  if (!state_->cv.wait_for(lock, timeout, [this] { return state_->result.has_value(); })) {
+  auto ended = [this] { return state_->result.has_value(); };
+  if (timeout >= room) {
+    state_->cv.wait(lock, ended);
+  } else if (!state_->cv.wait_until(
+                 lock, now + std::max(timeout, std::chrono::milliseconds::zero()), ended)) {
     return std::nullopt;
   }
   return *state_->result;
