@@ -93,9 +93,10 @@ std::string describe(const py::error_already_set& e) {
 // (nullopt); a part of a millisecond rounds up, so that a positive timeout waits.
 std::optional<std::chrono::milliseconds> wait_timeout(double seconds) {
   if (std::isnan(seconds) || seconds < 0) {
-    throw py::value_error("LoadHandle.wait: timeout must be a number of seconds >= 0, "
-                          "infinity or None, got " +
-                          py::repr(py::float_(seconds)).cast<std::string>());
+    throw py::value_error(
+        "LoadHandle.wait: timeout must be a number of seconds >= 0, "
+        "infinity or None, got " +
+        py::repr(py::float_(seconds)).cast<std::string>());
   }
   const double ms = std::ceil(seconds * 1000.0);
   if (!(ms < 9223372036854775808.0)) {  // 2^63: the first double an int64 cannot hold
@@ -397,7 +398,8 @@ PYBIND11_MODULE(_ferry, m) {
           [](PyRuntime& p, std::optional<py::function> on_progress,
              std::optional<py::function> on_layer_ready) {
             Failure failure = make_failure();
-            LoadCallbacks cb = callbacks(std::move(on_progress), std::move(on_layer_ready), failure);
+            LoadCallbacks cb =
+                callbacks(std::move(on_progress), std::move(on_layer_ready), failure);
             LoadResult r;
             {
               py::gil_scoped_release nogil;
