@@ -5,13 +5,17 @@
 //
 // Threads: wait() releases the GIL while it blocks; the callbacks run on a ferry
 // thread and take the GIL to call Python. An exception a callback raises fails the
-// load (as any callback's throw does, Stage::kCancelled naming it). ferry's errors
-// reach Python as ferry.Error with `stage`, `file`, `tensor` and `rule`.
+// load (as any callback's throw does, Stage::kCancelled naming it, with the Python
+// exception's type and message), and the ferry.Error raised for it has the Python
+// exception as its `__cause__`. ferry's errors reach Python as ferry.Error with
+// `stage`, `file`, `tensor` and `rule`. wait(timeout) refuses NaN and negative
+// timeouts (ValueError); infinity and timeouts too large to count mean no deadline.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <ferry/ferry.hpp>
 #include <memory>
@@ -28,18 +32,77 @@ namespace {
 
 PyObject* g_error_type = nullptr;  // ferry.Error, made once at import
 
-// Raises ferry.Error carrying the parts of an error.
+// Raises ferry.Error carrying the parts of an error; `cause` (an exception a
+// callback raised), when set, becomes its __cause__, as `raise ... from cause` does.
 [[noreturn]] void raise_error(ferry::Stage stage, const std::string& file,
                               const std::string& tensor, const std::string& rule,
-                              const std::string& message) {
+                              const std::string& message, const py::object& cause = py::object()) {
   py::object type = py::reinterpret_borrow<py::object>(g_error_type);
   py::object e = type(message);
   e.attr("stage") = std::string(ferry::to_string(stage));
   e.attr("file") = file;
   e.attr("tensor") = tensor;
   e.attr("rule") = rule;
+  if (cause) {
+    PyException_SetCause(e.ptr(), cause.inc_ref().ptr());  // steals; sets __suppress_context__
+  }
   PyErr_SetObject(g_error_type, e.ptr());
   throw py::error_already_set();
+}
+
+// The first exception a load's Python callbacks raised (null until one does), kept
+// for the ferry.Error of that load. Touched only with the GIL held: the callback
+// thread writes it, and the load's result (after which it is read) is published
+// only once that thread has been joined.
+struct CallbackFailure {
+  py::object exception;
+};
+using Failure = std::shared_ptr<CallbackFailure>;
+
+Failure make_failure() {
+  // Dropped on whichever thread releases the last copy: take the GIL for it.
+  return Failure(new CallbackFailure(), [](CallbackFailure* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+}
+
+// "ValueError: engine says no" (a class outside builtins with its module) for the
+// C++ error's message; the traceback stays on the exception itself (`__cause__`).
+std::string describe(const py::error_already_set& e) {
+  std::string type = "exception";
+  std::string text;
+  try {
+    const py::object t = e.type();
+    type = py::str(t.attr("__qualname__")).cast<std::string>();
+    const std::string module = py::str(t.attr("__module__")).cast<std::string>();
+    if (module != "builtins") {
+      type = module + "." + type;
+    }
+    text = py::str(e.value()).cast<std::string>();
+  } catch (const py::error_already_set&) {
+    text = "(its str() raised too)";  // a __str__ that raises must not hide the first one
+  } catch (const py::cast_error&) {
+    text = "(its str() is not text)";
+  }
+  return text.empty() ? type : type + ": " + text;
+}
+
+// `seconds` as LoadHandle::wait_for takes it: NaN and negative values are refused;
+// infinity and anything past what a count of milliseconds holds mean no deadline
+// (nullopt); a part of a millisecond rounds up, so that a positive timeout waits.
+std::optional<std::chrono::milliseconds> wait_timeout(double seconds) {
+  if (std::isnan(seconds) || seconds < 0) {
+    throw py::value_error(
+        "LoadHandle.wait: timeout must be a number of seconds >= 0, "
+        "infinity or None, got " +
+        py::repr(py::float_(seconds)).cast<std::string>());
+  }
+  const double ms = std::ceil(seconds * 1000.0);
+  if (!(ms < 9223372036854775808.0)) {  // 2^63: the first double an int64 cannot hold
+    return std::nullopt;
+  }
+  return std::chrono::milliseconds(static_cast<std::int64_t>(ms));
 }
 
 // A parameter or derived buffer, as a framework takes it.
@@ -103,20 +166,40 @@ struct Model {
   }
 };
 
-Model result_or_raise(const LoadResult& r) {
+// The model, or ferry.Error (chained to what a callback of the load raised, if one did).
+Model result_or_raise(const LoadResult& r, const Failure& failure = nullptr) {
   if (!r) {
     const ErrorInfo& e = *r.error;
-    raise_error(e.stage, e.file, e.tensor, e.rule, e.message);
+    raise_error(e.stage, e.file, e.tensor, e.rule, e.message,
+                failure ? failure->exception : py::object());
   }
   return Model{r.model};
 }
 
+// A LoadHandle as Python holds it: the load, and what its callbacks raised.
+struct PyLoadHandle {
+  LoadHandle handle;
+  Failure failure;
+};
+
 // The callbacks as ferry calls them: on a ferry thread, taking the GIL; what
-// Python raises becomes a C++ exception (the GIL still held while it is copied),
+// Python raises is kept in `failure` (the first only: ferry calls no callback
+// after one has failed) and becomes a C++ exception naming its type and message,
 // which fails the load naming the callback.
 LoadCallbacks callbacks(std::optional<py::function> on_progress,
-                        std::optional<py::function> on_layer_ready) {
+                        std::optional<py::function> on_layer_ready, const Failure& failure) {
   LoadCallbacks cb;
+  // Keeps the exception (normalized by pybind11, its traceback on it) and returns
+  // the C++ exception that fails the load.
+  auto fail = [failure](const py::error_already_set& e) {
+    if (!failure->exception && e.value()) {
+      if (e.trace()) {
+        PyException_SetTraceback(e.value().ptr(), e.trace().ptr());
+      }
+      failure->exception = e.value();
+    }
+    return std::runtime_error(describe(e));
+  };
   auto hold = [](py::function f) {
     // Destroyed on whichever thread drops the last copy: take the GIL for it.
     return std::shared_ptr<py::function>(new py::function(std::move(f)), [](py::function* p) {
@@ -126,24 +209,24 @@ LoadCallbacks callbacks(std::optional<py::function> on_progress,
   };
   if (on_progress) {
     auto f = hold(std::move(*on_progress));
-    cb.on_progress = [f](const LoadProgress& p) {
+    cb.on_progress = [f, fail](const LoadProgress& p) {
       py::gil_scoped_acquire gil;
       try {
         py::object r = (*f)(p);
         return r.is_none() || r.cast<bool>();
-      } catch (py::error_already_set& e) {
-        throw std::runtime_error(e.what());
+      } catch (const py::error_already_set& e) {
+        throw fail(e);
       }
     };
   }
   if (on_layer_ready) {
     auto f = hold(std::move(*on_layer_ready));
-    cb.on_layer_ready = [f](std::uint64_t layer, int tp_rank) {
+    cb.on_layer_ready = [f, fail](std::uint64_t layer, int tp_rank) {
       py::gil_scoped_acquire gil;
       try {
         (*f)(layer, tp_rank);
-      } catch (py::error_already_set& e) {
-        throw std::runtime_error(e.what());
+      } catch (const py::error_already_set& e) {
+        throw fail(e);
       }
     };
   }
@@ -263,44 +346,40 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly("report_json",
                              [](const Model& mo) { return mo.model->report().json(-1); });
 
-  py::class_<LoadHandle>(m, "LoadHandle")
+  py::class_<PyLoadHandle>(m, "LoadHandle")
       .def(
           "wait",
-          [](const LoadHandle& h, std::optional<double> timeout) -> py::object {
-            if (!timeout) {
-              LoadResult r;
-              {
-                py::gil_scoped_release nogil;
-                r = h.wait();
-              }
-              return py::cast(result_or_raise(r));
-            }
+          [](const PyLoadHandle& h, std::optional<double> timeout) -> py::object {
+            // Checked before the wait: a bad timeout is refused even on a running load.
+            const std::optional<std::chrono::milliseconds> deadline =
+                timeout ? wait_timeout(*timeout) : std::nullopt;
             std::optional<LoadResult> r;
             {
               py::gil_scoped_release nogil;
-              r = h.wait_for(std::chrono::milliseconds(static_cast<std::int64_t>(*timeout * 1000)));
+              r = deadline ? h.handle.wait_for(*deadline) : h.handle.wait();
             }
             if (!r) {
               return py::none();
             }
-            return py::cast(result_or_raise(*r));
+            return py::cast(result_or_raise(*r, h.failure));
           },
           py::arg("timeout") = py::none(),
-          "the model when the load ends (None when `timeout` seconds pass first); raises "
-          "ferry.Error")
-      .def("cancel", &LoadHandle::cancel)
-      .def("progress", &LoadHandle::progress)
-      .def("done", &LoadHandle::done);
+          "the model when the load ends (None when `timeout` seconds pass first; None or "
+          "infinity: no deadline; NaN or negative: ValueError); raises ferry.Error")
+      .def("cancel", [](const PyLoadHandle& h) { h.handle.cancel(); })
+      .def("progress", [](const PyLoadHandle& h) { return h.handle.progress(); })
+      .def("done", [](const PyLoadHandle& h) { return h.handle.done(); });
 
   using Start = LoadHandle (Runtime::*)(LoadCallbacks);
   auto starter = [](Start f) {
     return [f](PyRuntime& p, std::optional<py::function> on_progress,
                std::optional<py::function> on_layer_ready) {
-      LoadCallbacks cb = callbacks(std::move(on_progress), std::move(on_layer_ready));
+      Failure failure = make_failure();
+      LoadCallbacks cb = callbacks(std::move(on_progress), std::move(on_layer_ready), failure);
       // start() joins the previous load's thread, which may wait for the GIL to
       // drop its callbacks: give the GIL up for the call.
       py::gil_scoped_release nogil;
-      return ((*p.rt).*f)(std::move(cb));
+      return PyLoadHandle{((*p.rt).*f)(std::move(cb)), std::move(failure)};
     };
   };
   py::class_<PyRuntime>(m, "Runtime")
@@ -318,13 +397,15 @@ PYBIND11_MODULE(_ferry, m) {
           "load",
           [](PyRuntime& p, std::optional<py::function> on_progress,
              std::optional<py::function> on_layer_ready) {
-            LoadCallbacks cb = callbacks(std::move(on_progress), std::move(on_layer_ready));
+            Failure failure = make_failure();
+            LoadCallbacks cb =
+                callbacks(std::move(on_progress), std::move(on_layer_ready), failure);
             LoadResult r;
             {
               py::gil_scoped_release nogil;
               r = p.rt->start(std::move(cb)).wait();
             }
-            return result_or_raise(r);
+            return result_or_raise(r, failure);
           },
           py::arg("on_progress") = py::none(), py::arg("on_layer_ready") = py::none())
       .def(

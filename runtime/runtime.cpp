@@ -14,7 +14,6 @@
 // frees the device memory; on success it becomes the LoadedModel.
 #include "runtime/runtime.hpp"
 
-#include <prometheus/exposer.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -53,6 +52,7 @@
 #include "models/model.hpp"
 #include "models/quant.hpp"
 #include "runtime/metrics.hpp"
+#include "runtime/metrics_server.hpp"
 #include "runtime/plan_report.hpp"
 #include "runtime/runtime_internal.hpp"
 #include "runtime/trace.hpp"
@@ -580,8 +580,19 @@ LoadResult LoadHandle::wait() const {
 }
 
 std::optional<LoadResult> LoadHandle::wait_for(std::chrono::milliseconds timeout) const {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point now = Clock::now();
+  // now() + timeout past what the clock holds (milliseconds::max(), centuries) would
+  // wrap into the past and return at once: such a timeout is no deadline. A negative
+  // one is a deadline already passed (and milliseconds::min() must not overflow either).
+  const auto room =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Clock::time_point::max() - now);
   std::unique_lock lock(state_->mu);
-  if (!state_->cv.wait_for(lock, timeout, [this] { return state_->result.has_value(); })) {
+  auto ended = [this] { return state_->result.has_value(); };
+  if (timeout >= room) {
+    state_->cv.wait(lock, ended);
+  } else if (!state_->cv.wait_until(
+                 lock, now + std::max(timeout, std::chrono::milliseconds::zero()), ended)) {
     return std::nullopt;
   }
   return *state_->result;
@@ -856,8 +867,8 @@ struct FERRY_HIDDEN Runtime::Impl {
   // Metrics: on the engine's registry (use_registry), or on one of ferry's own when
   // metrics.listen or metrics.textfile is set; null when neither.
   std::shared_ptr<LoadMetrics> metrics;
-  std::unique_ptr<prometheus::Exposer> exposer;  // metrics.listen, while the Runtime lives
-  std::optional<Error> metrics_error;            // the endpoint could not be opened
+  std::unique_ptr<MetricsServer> server;  // metrics.listen, while the Runtime lives
+  std::optional<Error> metrics_error;     // the endpoint could not be opened
 
   void start_metrics();
   // Adds the work's phases to its trace and writes it to trace.path (a failure
@@ -963,8 +974,8 @@ void Runtime::Impl::start_metrics() {
     return;
   }
   try {
-    exposer = std::make_unique<prometheus::Exposer>(m.listen);
-    exposer->RegisterCollectable(metrics->registry());
+    server = std::make_unique<MetricsServer>(m.listen);
+    server->add(metrics->registry());
   } catch (const std::exception& e) {
     // Every load then fails with this (a constructor that never throws).
     metrics_error = Error(Stage::kConfig, "", "",
@@ -979,15 +990,15 @@ void use_registry(Runtime& runtime, std::shared_ptr<prometheus::Registry> regist
   Runtime::Impl& impl = *runtime.impl_;
   auto metrics = std::make_shared<LoadMetrics>(std::move(registry));
   std::lock_guard lock(impl.mu);
-  if (impl.exposer) {
-    impl.exposer->RegisterCollectable(metrics->registry());
+  if (impl.server) {
+    impl.server->add(metrics->registry());
   }
   impl.metrics = std::move(metrics);
 }
 
 std::vector<int> metrics_ports(const Runtime& runtime) {
   std::lock_guard lock(runtime.impl_->mu);
-  return runtime.impl_->exposer ? runtime.impl_->exposer->GetListeningPorts() : std::vector<int>{};
+  return runtime.impl_->server ? runtime.impl_->server->ports() : std::vector<int>{};
 }
 
 Runtime::~Runtime() {

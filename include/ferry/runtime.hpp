@@ -284,7 +284,9 @@ class FERRY_API LoadHandle {
  public:
   // Blocks until the load ends; returns its result (the same on every call).
   LoadResult wait() const;
-  // The result when the load ends within `timeout`, else nullopt.
+  // The result when the load ends within `timeout`, else nullopt. A timeout too
+  // large for the clock (milliseconds::max()) waits without a deadline; a negative
+  // one is a deadline already passed.
   std::optional<LoadResult> wait_for(std::chrono::milliseconds timeout) const;
   // Asks this load to stop; it ends with Stage::kCancelled unless it already ended.
   // Thread-safe, never blocks.

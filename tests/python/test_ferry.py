@@ -7,6 +7,10 @@ equal to the values of `Model.dump`; BF16 parameters are checked by bytes; error
 are ferry.Error with stage, file, tensor and rule; start() with both callbacks,
 a callback that raises, cancel, and prepare()/commit() keeping the storage. Exits
 77 (skipped) when numpy is missing.
+
+The attacks of hardening round two that reach the module (Attack* classes below):
+wait() with deadlines too large to count, NaN or negative; callbacks that raise,
+whose exception must be named in the error and chained as its __cause__.
 """
 import json
 import os
@@ -15,6 +19,9 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
+import time
+import traceback
 import unittest
 
 try:
@@ -185,6 +192,178 @@ class FerryModule(unittest.TestCase):
         a = np.from_dlpack(p)
         del model, p, rt
         np.testing.assert_array_equal(a, want)
+
+
+class AttackCase(unittest.TestCase):
+    """A tiny checkpoint of its own for each attack class."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="ferry-py-attack-")
+        cls.ck = os.path.join(cls.tmp, "ck")
+        subprocess.run([FERRY_CLI, "synth", "--family", "llama", "--preset", "tiny", "--out", cls.ck],
+                       check=True, stdout=subprocess.DEVNULL)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def runtime(self):
+        return ferry.Runtime({"model.path": self.ck, "parallel.tp": 2})
+
+    def held_load(self, gate):
+        """A load that cannot end before `gate` is set: its first on_layer_ready waits
+        there (60 s at most, so a failing test cannot hang), and the result is
+        published only after the callbacks are done."""
+        rt = self.runtime()
+        reached = threading.Event()
+
+        def hold(layer, rank):
+            reached.set()
+            gate.wait(60)
+
+        h = rt.start(on_layer_ready=hold)
+        self.assertTrue(reached.wait(60), "the load never reached its first layer")
+        return rt, h
+
+
+class AttackWaitDeadlines(AttackCase):
+    """LoadHandle.wait(timeout): a timeout too large to count is no deadline (it
+    returned None at once: int64(timeout * 1000) overflowed); NaN and negative
+    timeouts are refused."""
+
+    def test_a_huge_timeout_waits_for_the_load(self):
+        for timeout in (float("inf"), 1e20, 1e10, 1e300, sys.float_info.max, 9.3e15, 9.2e15):
+            with self.subTest(timeout=timeout):
+                gate = threading.Event()
+                rt, h = self.held_load(gate)
+                opener = threading.Timer(0.5, gate.set)
+                opener.start()
+                began = time.monotonic()
+                try:
+                    model = h.wait(timeout)
+                    waited = time.monotonic() - began
+                finally:
+                    opener.join()
+                self.assertIsNotNone(model, f"wait({timeout!r}) returned None after {waited:.3f} s")
+                self.assertGreaterEqual(waited, 0.4)
+                self.assertTrue(h.done())
+                self.assertGreater(len(model.params()), 0)
+
+    def test_a_short_timeout_still_times_out(self):
+        gate = threading.Event()
+        rt, h = self.held_load(gate)
+        try:
+            self.assertIsNone(h.wait(0))
+            began = time.monotonic()
+            self.assertIsNone(h.wait(0.2))
+            self.assertGreaterEqual(time.monotonic() - began, 0.15)
+            self.assertIsNone(h.wait(1e-9))  # rounds up to a millisecond, still None
+        finally:
+            gate.set()
+        self.assertIsNotNone(h.wait(60))
+
+    def test_nan_and_negative_timeouts_are_refused(self):
+        gate = threading.Event()
+        rt, h = self.held_load(gate)
+        try:
+            for timeout in (float("nan"), -1.0, -1e-9, float("-inf"), -1e300):
+                with self.subTest(timeout=timeout):
+                    with self.assertRaises(ValueError) as e:
+                        h.wait(timeout)
+                    self.assertIn("timeout", str(e.exception))
+                    self.assertFalse(h.done())
+        finally:
+            gate.set()
+        self.assertIsNotNone(h.wait(None))
+        with self.assertRaises(ValueError):  # refused on an ended load too
+            h.wait(float("nan"))
+
+
+class EngineRefused(Exception):
+    pass
+
+
+class AttackRaisingCallbacks(AttackCase):
+    """A callback that raises: the ferry.Error names the callback and the Python
+    exception's type and message, and chains the exception (__cause__), with its
+    traceback, whichever layer raises and however the load was started."""
+
+    def check(self, error, callback, cause_type, text, frame):
+        self.assertEqual(error.stage, "cancelled")
+        self.assertIn(callback, str(error))
+        self.assertIn(f"{cause_type.__name__}", str(error))
+        self.assertIn(text, str(error))
+        self.assertNotIn("the load was cancelled", str(error))
+        self.assertIsInstance(error.__cause__, cause_type)
+        self.assertIn(text, str(error.__cause__))
+        self.assertTrue(error.__suppress_context__)
+        frames = [f.name for f in traceback.extract_tb(error.__cause__.__traceback__)]
+        self.assertIn(frame, frames)
+
+    def test_on_layer_ready_at_any_layer(self):
+        for layer_to_fail in (0, 3):  # the first layer, and the last (the load is done)
+            for way in ("load", "start", "wait_timeout", "prepare"):
+                with self.subTest(layer=layer_to_fail, way=way):
+                    def refuse(layer, rank):
+                        if layer == layer_to_fail:
+                            raise EngineRefused(f"engine refused layer {layer}")
+
+                    rt = self.runtime()
+                    kwargs = {"on_layer_ready": refuse, "on_progress": lambda p: True}
+                    with self.assertRaises(ferry.Error) as e:
+                        if way == "load":
+                            rt.load(**kwargs)
+                        elif way == "start":
+                            rt.start(**kwargs).wait()
+                        elif way == "wait_timeout":
+                            self.assertIsNotNone(rt.start(**kwargs).wait(120))
+                        else:
+                            rt.prepare(**kwargs).wait()
+                    self.check(e.exception, "on_layer_ready", EngineRefused,
+                               f"engine refused layer {layer_to_fail}", "refuse")
+                    # named with its module (__main__ when run as a script)
+                    self.assertIn(f"{EngineRefused.__module__}.EngineRefused", str(e.exception))
+                    self.assertEqual(rt.state, "failed")
+
+    def test_on_progress(self):
+        def boom(progress):
+            raise ValueError("engine says no")
+
+        rt = self.runtime()
+        with self.assertRaises(ferry.Error) as e:
+            rt.load(on_progress=boom)
+        self.check(e.exception, "on_progress", ValueError, "engine says no", "boom")
+        self.assertIn("ValueError: engine says no", str(e.exception))
+
+    def test_repeated_and_next_load_carries_no_stale_cause(self):
+        rt = self.runtime()
+        for i in range(10):
+            def boom(layer, rank, i=i):
+                raise KeyError(f"round {i}")
+
+            with self.assertRaises(ferry.Error) as e:
+                rt.load(on_layer_ready=boom)
+            self.check(e.exception, "on_layer_ready", KeyError, f"round {i}", "boom")
+        with self.assertRaises(ferry.Error) as e:
+            rt.load(on_progress=lambda p: False)  # a cancel, not a raise: nothing to chain
+        self.assertEqual(e.exception.stage, "cancelled")
+        self.assertIsNone(e.exception.__cause__)
+        self.assertGreater(len(rt.load(on_layer_ready=lambda layer, rank: None).params()), 0)
+
+    def test_an_exception_whose_str_raises(self):
+        class Mute(Exception):
+            def __str__(self):
+                raise RuntimeError("no words")
+
+        def mute(layer, rank):
+            raise Mute()
+
+        with self.assertRaises(ferry.Error) as e:
+            self.runtime().load(on_layer_ready=mute)
+        self.assertEqual(e.exception.stage, "cancelled")
+        self.assertIn("Mute", str(e.exception))
+        self.assertIsInstance(e.exception.__cause__, Mute)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -130,6 +131,46 @@ TEST_F(LoadHandleTest, WaitForTimesOutWhileTheLoadStreamsAndProgressShowsIt) {
   std::optional<LoadResult> r = h.wait_for(std::chrono::seconds(30));
   ASSERT_TRUE(r.has_value());
   EXPECT_TRUE(*r) << r->error->message;
+}
+
+// A timeout too large for the clock is no deadline (hardening round two, 5): today's
+// now() + milliseconds::max() wrapped into the past and returned nullopt at once.
+TEST_F(LoadHandleTest, WaitForWithAHugeTimeoutWaitsForTheLoad) {
+  using std::chrono::milliseconds;
+  for (const milliseconds huge :
+       {milliseconds::max(), milliseconds::max() - milliseconds(1),
+        milliseconds(10'000'000'000'000'000)}) {  // 317,000 years: past steady_clock's range
+    Gate gate;
+    RuntimeHooks hooks;
+    hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
+    Runtime rt(config(), hooks);
+    LoadHandle h = rt.start();
+    ASSERT_TRUE(gate.await_reached());
+    auto waited = std::async(std::launch::async, [&h, huge] { return h.wait_for(huge); });
+    // Still waiting while the load is held at its gate.
+    EXPECT_EQ(waited.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+        << huge.count() << " ms returned at once";
+    gate.open();
+    ASSERT_EQ(waited.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    const std::optional<LoadResult> r = waited.get();
+    ASSERT_TRUE(r.has_value()) << huge.count() << " ms";
+    EXPECT_TRUE(*r) << r->error->message;
+  }
+}
+
+TEST_F(LoadHandleTest, WaitForWithANegativeTimeoutIsADeadlinePassed) {
+  Gate gate;
+  RuntimeHooks hooks;
+  hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
+  Runtime rt(config(), hooks);
+  LoadHandle h = rt.start();
+  ASSERT_TRUE(gate.await_reached());
+  EXPECT_EQ(h.wait_for(std::chrono::milliseconds(-5)), std::nullopt);
+  EXPECT_EQ(h.wait_for(std::chrono::milliseconds::min()), std::nullopt);
+  gate.open();
+  const LoadResult r = h.wait();
+  ASSERT_TRUE(r) << r.error->message;
+  ASSERT_TRUE(h.wait_for(std::chrono::milliseconds::min()).has_value());  // ended: at once
 }
 
 TEST_F(LoadHandleTest, TheHandleCancelsItsLoad) {
