@@ -32,6 +32,12 @@
 //
 // On any exit the reader first waits for its in-flight reads: the kernel must not
 // write into a buffer that went back to the pool.
+//
+// Files: a lane takes a file's descriptor before its first read of it (checking
+// that the file is still the one its header was read from) and, once its last
+// read of it has completed, fstats it again and lets it go: a file rewritten in
+// place while it was being read (same inode, new mtime, ctime or size) fails the
+// load, since some of its windows may hold old bytes and others new ones.
 #include "io/reader.hpp"
 
 #include <algorithm>
@@ -107,12 +113,41 @@ class ReadLoop {
       file = std::make_shared<const io::File>(io::File::open(f.path, direct, f.name));
     }
     const io::FileIdentity now = f.file ? file->current_identity() : file->identity();
-    if (f.identity.known() && now != f.identity) {
+    if (io::changed(f.identity, now)) {
       throw Error(Stage::kRead, f.name, "",
                   "changed since its header was read (" + io::describe_change(f.identity, now) +
                       "): the load plan no longer fits it");
     }
     return file;
+  }
+
+  // The lane's descriptor of file `index`, opened (and checked) before its first
+  // read: a lane holds only the files it is reading, not every file of its share.
+  const io::File* file_for(std::uint32_t index) {
+    std::shared_ptr<const io::File>& file = files_[index];
+    if (!file) {
+      file = open_file(shared_->index().files[index], shared_->input().options.direct);
+    }
+    return file.get();
+  }
+
+  // After the lane's last read of file `index` has completed: fstat the descriptor
+  // again. The bytes just read came from the file as it was at some moment of the
+  // read; a file rewritten in place meanwhile (the same inode, so the open-time
+  // check saw nothing) may have given some windows old bytes and others new ones.
+  // Any change since the header was read fails the load. Then the lane lets go of
+  // the descriptor (an O_DIRECT second descriptor closes here).
+  void finish_file(std::uint32_t index) {
+    std::shared_ptr<const io::File>& file = files_[index];
+    const io::CheckpointFile& f = shared_->index().files[index];
+    const io::FileIdentity before = f.identity.known() ? f.identity : file->identity();
+    const io::FileIdentity now = file->current_identity();
+    if (io::changed(before, now)) {
+      throw Error(Stage::kRead, f.name, "",
+                  "changed while it was being read (" + io::describe_change(before, now) +
+                      "): the bytes loaded may mix its old and new contents");
+    }
+    file.reset();
   }
 
   // True when every window was read and dispatched; false when stopped early.
@@ -121,13 +156,6 @@ class ReadLoop {
     const PipelineOptions& o = input.options;
     const auto spans = shared_->lanes[lane_].spans;
     files_.resize(shared_->index().files.size());
-    for (std::size_t i = spans.first; i < spans.second; ++i) {  // the lane's files only
-      const io::CheckpointFile& f = shared_->index().files[shared_->plan().spans[i].file];
-      std::shared_ptr<const io::File>& file = files_[shared_->plan().spans[i].file];
-      if (!file) {
-        file = open_file(f, o.direct);
-      }
-    }
     depth_ = std::max(1u, o.queue_depth);
     io::ReaderOptions ro;
     ro.engine = o.engine;
@@ -141,21 +169,21 @@ class ReadLoop {
     }
 
     WindowCutter cutter(shared_->plan(), spans);
-    std::shared_ptr<Window> next = cut(cutter);
+    next_ = cut(cutter);
     std::vector<io::Completion> done;
     while (true) {
       if (!drain_mailbox() || shared_->aborted()) {
         return false;
       }
       shared_->check_cancel();
-      while (next && in_flight_.size() < depth_) {
+      while (next_ && in_flight_.size() < depth_) {
         // No new read once the load has failed or been cancelled, not even to fill
         // the queue: the dispatches just above may have seen the end.
         if (shared_->aborted()) {
           return false;
         }
         shared_->check_cancel();
-        Window& w = *next;
+        Window& w = *next_;
         std::byte* dst = direct_destination(w);
         std::shared_ptr<io::StagingBuffer> buf;
         if (dst == nullptr) {
@@ -168,9 +196,10 @@ class ReadLoop {
         }
         w.direct = !buf;
         reader_->submit(
-            {files_[w.file].get(), w.offset, static_cast<std::size_t>(w.nbytes), dst, w.index});
-        in_flight_.emplace(w.index, InFlight{std::move(buf), std::move(next)});
-        next = cut(cutter);
+            {file_for(w.file), w.offset, static_cast<std::size_t>(w.nbytes), dst, w.index});
+        ++reads_of_[w.file];
+        in_flight_.emplace(w.index, InFlight{std::move(buf), std::move(next_)});
+        next_ = cut(cutter);
         // Hand over whatever is done before the next read: from the page cache a
         // read completes inside the submit, and batching several of them before
         // the first dispatch left the copy workers idle meanwhile (a convoy).
@@ -181,7 +210,7 @@ class ReadLoop {
           dispatch(c);
         }
       }
-      if (!next && in_flight_.empty()) {
+      if (!next_ && in_flight_.empty()) {
         break;
       }
       if (!in_flight_.empty()) {
@@ -291,6 +320,14 @@ class ReadLoop {
                   e.rule() + " [reading bytes " + std::to_string(w.offset) + " to " +
                       std::to_string(w.offset + w.nbytes) + "]" + more);
     }
+    // The file's last read: none in flight, and the next window (cut in file
+    // order) is of another file or there is none.
+    if (--reads_of_[w.file] == 0) {
+      reads_of_.erase(w.file);
+      if (!next_ || next_->file != w.file) {
+        finish_file(w.file);
+      }
+    }
     shared_->reads.fetch_add(1);
     shared_->progress().bytes_read.fetch_add(w.nbytes, std::memory_order_relaxed);
     (w.direct ? shared_->bytes_direct : shared_->bytes_staged).fetch_add(w.nbytes);
@@ -319,6 +356,8 @@ class ReadLoop {
   std::map<std::uint64_t, InFlight> in_flight_;
   std::unique_ptr<io::Reader> reader_;
   std::uint64_t position_ = 0;
+  std::shared_ptr<Window> next_;  // the next window to read (cut, not yet submitted)
+  std::map<std::uint32_t, std::size_t> reads_of_;  // reads in flight, by file
 };
 
 void reader(caf::blocking_actor* self, std::shared_ptr<Shared> shared, std::size_t lane,

@@ -74,10 +74,29 @@ FileIdentity identity_of(const void* stat_buffer) {
   id.inode = static_cast<std::uint64_t>(st.st_ino);
   id.size = static_cast<std::uint64_t>(st.st_size);
   id.mtime_ns = static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+  id.ctime_ns = static_cast<std::int64_t>(st.st_ctim.tv_sec) * 1'000'000'000 + st.st_ctim.tv_nsec;
+  id.links = static_cast<std::uint64_t>(st.st_nlink);
   return id;
 }
 
+bool changed(const FileIdentity& before, const FileIdentity& now) {
+  if (!before.known()) {
+    return false;
+  }
+  if (!now.known()) {
+    return true;
+  }
+  if (before.device != now.device || before.inode != now.inode || before.size != now.size ||
+      before.mtime_ns != now.mtime_ns) {
+    return true;
+  }
+  return before.ctime_ns != now.ctime_ns && before.links == now.links;
+}
+
 std::string describe_change(const FileIdentity& before, const FileIdentity& now) {
+  if (!now.known()) {
+    return "fstat failed";
+  }
   std::string out;
   auto add = [&out](const char* what, auto a, auto b) {
     if (a != b) {
@@ -89,6 +108,8 @@ std::string describe_change(const FileIdentity& before, const FileIdentity& now)
   add("inode", before.inode, now.inode);
   add("size", before.size, now.size);
   add("mtime (ns)", before.mtime_ns, now.mtime_ns);
+  add("ctime (ns)", before.ctime_ns, now.ctime_ns);
+  add("links", before.links, now.links);
   return out.empty() ? "unchanged" : out;
 }
 

@@ -15,11 +15,24 @@ struct FileIdentity {
   std::uint64_t inode = 0;
   std::uint64_t size = 0;
   std::int64_t mtime_ns = 0;
+  // The inode's change time and link count: a write moves ctime even when the
+  // writer sets mtime back (no call sets ctime), but so does a rename over the
+  // path (the old inode loses its link), which changes no byte of it.
+  std::int64_t ctime_ns = 0;
+  std::uint64_t links = 0;
   bool known() const { return inode != 0; }
   bool operator==(const FileIdentity&) const = default;
 };
 // From fstat(2) results (struct stat), for those who have one.
 FileIdentity identity_of(const void* stat_buffer);
+// Whether the bytes of the file `now` describes may differ from those of `before`
+// (both of the same descriptor, or of a path): another device or inode, another
+// size or mtime, or a ctime that moved while the link count stayed (a write that
+// restored mtime; also chmod, chown or a new extended attribute, which this cannot
+// tell apart). A ctime that moved with the link count (the path renamed over or
+// unlinked) alone is no change: the descriptor still reads the same bytes. An
+// unknown `now` (fstat failed) is a change; an unknown `before` is none.
+bool changed(const FileIdentity& before, const FileIdentity& now);
 // "size 100 -> 90 bytes, inode 12 -> 13": what differs, for error messages.
 std::string describe_change(const FileIdentity& before, const FileIdentity& now);
 

@@ -19,6 +19,7 @@
 #include "common/error.hpp"
 #include "common/json_depth.hpp"
 #include "common/log.hpp"
+#include "io/fd_limit.hpp"
 #include "io/safetensors_internal.hpp"
 
 namespace ferry::io {
@@ -1102,6 +1103,9 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
                 "reading pickled PyTorch weights (" + source.pattern +
                     ") is not supported yet; convert the checkpoint to safetensors");
   }
+  // Every file's descriptor is kept from here on: fail before opening the first
+  // when they cannot all be open at once.
+  reserve_descriptors(source.files.size(), source.folder);
   CheckpointIndex ci;
   for (std::size_t i = 0; i < source.files.size(); ++i) {
     const WeightFile& wf = source.files[i];

@@ -79,7 +79,8 @@ struct CheckpointFile {
   // The descriptor that header was read from, kept open for as long as the index
   // lives (build_checkpoint_index opens it), so the load reads that very file even
   // when its path is renamed over later. Null for an index made by hand: readers
-  // then open `path` and compare identities.
+  // then open `path` and compare identities. The runtime lets go of it, once
+  // planned, for the files its plan reads nothing of.
   std::shared_ptr<const File> file;
 };
 

@@ -41,6 +41,7 @@
 #include "gpu/kernels_host.hpp"
 #include "gpu/metered_device.hpp"
 #include "io/discover.hpp"
+#include "io/fd_limit.hpp"
 #include "io/file.hpp"
 #include "io/metered_reader.hpp"
 #include "io/numa.hpp"
@@ -799,6 +800,27 @@ io::FileIdentity identity_now(const io::CheckpointFile& f) {
   return io::identity_of(&st);
 }
 
+// Lets go of the descriptors kept since resolve for the files the plan reads
+// nothing of (another pipeline rank's layers, unmapped or dropped tensors): a
+// checkpoint of thousands of shards must not hold them all for the whole load.
+void close_unread_files(const actors::Plan& plan, io::CheckpointIndex& index) {
+  std::vector<bool> read(index.files.size(), false);
+  for (const actors::Span& s : plan.spans) {
+    read[s.file] = true;
+  }
+  std::size_t closed = 0;
+  for (std::size_t i = 0; i < index.files.size(); ++i) {
+    if (!read[i] && index.files[i].file) {
+      index.files[i].file.reset();
+      ++closed;
+    }
+  }
+  if (closed > 0) {
+    log::debug("plan: closed " + std::to_string(closed) + " of " +
+               std::to_string(index.files.size()) + " weight files it reads nothing of");
+  }
+}
+
 }  // namespace
 
 // The check commit() runs for one local rank: which floating-point params still
@@ -1231,6 +1253,9 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
 
   // ---- resolve
   handle.phase.store(LoadPhase::kResolve);
+  // Once per process: a checkpoint of thousands of shards keeps a descriptor per
+  // shard (build_checkpoint_index still checks that its files fit).
+  io::raise_open_file_limit();
   // Shared with `ferry plan` (runtime/plan_report.hpp).
   w.resolved = resolve_checkpoint(c);
   report.files = w.resolved.index.files.size();
@@ -1258,6 +1283,7 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   plan_options.direct = c.io.direct;
   if (c.model.load_format != io::LoadFormat::kDummy) {
     w.plan = actors::make_plan(w.resolved.index, *w.model, plan_options, w.resolved.source.folder);
+    close_unread_files(w.plan, w.resolved.index);
   }
   report.tensors.placed = w.plan.placed;
   report.tensors.dropped = w.plan.dropped;
