@@ -183,8 +183,8 @@ std::optional<Checkpoint> make_checkpoint(FuzzedDataProvider& in) {
       t.nbytes = s->nbytes();
       at += t.nbytes;
       c.index.total_bytes += t.nbytes;
-      c.index.by_name[t.name] = c.index.tensors.size();
       c.index.tensors.push_back(std::move(t));
+      c.index.add_name(c.index.tensors.size() - 1);
     }
     file.size = at;
     file.tensor_count = by_file[f].size();

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -188,19 +189,63 @@ std::string shape_text(const std::vector<std::uint64_t>& shape) {
   return s + "]";
 }
 
+// One tensor entry as the three parsers read it: 48 bytes and no allocation of its
+// own, its name and shape held in its Entries' arena and dimension pool. A header
+// of a million entries is read into a few large buffers instead of millions of
+// small strings and vectors (issue 31, item 13); the TensorInfo records are made
+// once, at the end, from these.
 struct RawEntry {
-  TensorInfo info;
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
+  std::uint64_t nbytes = 0;
+  std::uint32_t name_at = 0;  // in Entries::names
+  std::uint32_t name_size = 0;
+  std::uint32_t dims_at = 0;  // in Entries::dims
+  std::uint32_t dims_size = 0;
+  DType dtype = DType::kU8;
 };
 
-RawEntry parse_entry(const std::string& name, const json& v, const std::string& file) {
+// Offsets fit the 32-bit fields: names and dimensions are each fewer than the
+// header's bytes.
+static_assert(kMaxHeaderBytes < 0xffffffffu);
+
+// A header's entries: the records, every name back to back in one arena, every
+// shape back to back in one pool, and the metadata.
+struct Entries {
+  std::vector<RawEntry> list;
+  std::string names;
+  std::vector<std::uint64_t> dims;
+  std::map<std::string, std::string> metadata;
+
+  // Starts an entry named `name`; its dimensions follow with add_dim.
+  RawEntry& start(std::string_view name) {
+    RawEntry& e = list.emplace_back();
+    e.name_at = static_cast<std::uint32_t>(names.size());
+    e.name_size = static_cast<std::uint32_t>(name.size());
+    e.dims_at = static_cast<std::uint32_t>(dims.size());
+    names.append(name);
+    return e;
+  }
+  // A dimension of the entry started last.
+  void add_dim(std::uint64_t d) {
+    dims.push_back(d);
+    ++list.back().dims_size;
+  }
+  std::string_view name(const RawEntry& e) const {
+    return std::string_view(names).substr(e.name_at, e.name_size);
+  }
+  std::string name_string(const RawEntry& e) const { return std::string(name(e)); }
+  std::vector<std::uint64_t> shape(const RawEntry& e) const {
+    return std::vector<std::uint64_t>(dims.begin() + e.dims_at,
+                                      dims.begin() + e.dims_at + e.dims_size);
+  }
+};
+
+void parse_entry(Entries& out, const std::string& name, const json& v, const std::string& file) {
   if (!v.is_object()) {
     header_error(file, name, "entry is not an object (got " + describe(v) + ")");
   }
-  RawEntry e;
-  e.info.name = name;
-  e.info.file = file;
+  RawEntry& e = out.start(name);
   auto dt = v.find("dtype");
   if (dt == v.end() || !dt->is_string()) {
     header_error(file, name, "missing or non-string \"dtype\"");
@@ -209,7 +254,7 @@ RawEntry parse_entry(const std::string& name, const json& v, const std::string& 
   if (!parsed) {
     header_error(file, name, "unknown dtype '" + dt->get<std::string>() + "'");
   }
-  e.info.dtype = *parsed;
+  e.dtype = *parsed;
   auto sh = v.find("shape");
   if (sh == v.end() || !sh->is_array()) {
     header_error(file, name, "missing or non-array \"shape\"");
@@ -217,13 +262,13 @@ RawEntry parse_entry(const std::string& name, const json& v, const std::string& 
   std::uint64_t elements = 1;
   for (const auto& d : *sh) {
     std::uint64_t dim = unsigned_field(d, file, name, "shape dimension");
-    e.info.shape.push_back(dim);
+    out.add_dim(dim);
     if (mul_overflows(elements, dim, &elements)) {
       header_error(file, name, "element count of shape " + describe(*sh) + " overflows 64 bits");
     }
   }
   std::uint64_t nbytes = 0;
-  if (mul_overflows(elements, dtype_size(e.info.dtype), &nbytes)) {
+  if (mul_overflows(elements, dtype_size(e.dtype), &nbytes)) {
     header_error(file, name, "byte size of shape " + describe(*sh) + " overflows 64 bits");
   }
   auto off = v.find("data_offsets");
@@ -240,78 +285,78 @@ RawEntry parse_entry(const std::string& name, const json& v, const std::string& 
   if (e.end - e.begin != nbytes) {
     header_error(file, name,
                  "data_offsets span " + std::to_string(e.end - e.begin) + " bytes but " +
-                     std::string(dtype_name(e.info.dtype)) + " x " + shape_text(e.info.shape) +
+                     std::string(dtype_name(e.dtype)) + " x " + shape_text(out.shape(e)) +
                      " needs " + std::to_string(nbytes));
   }
-  e.info.nbytes = nbytes;
-  return e;
+  e.nbytes = nbytes;
 }
 
-// The document path's parse_entry rules for an entry the fast paths read: all three
-// fields, end not before begin, and a span of exactly the shape's bytes. Sets
-// nbytes; false when a rule is broken (the caller then leaves the header to the
-// next path, whose errors name the rule).
-bool complete_entry(RawEntry& e, bool all_fields) {
+// The document path's parse_entry rules for an entry the fast paths read (the last
+// one started): all three fields, end not before begin, and a span of exactly the
+// shape's bytes. Sets nbytes; false when a rule is broken (the caller then leaves
+// the header to the next path, whose errors name the rule).
+bool complete_entry(Entries& entries, bool all_fields) {
+  RawEntry& e = entries.list.back();
   if (!all_fields || e.end < e.begin) {
     return false;
   }
-  std::uint64_t n = dtype_size(e.info.dtype);
-  for (std::uint64_t d : e.info.shape) {
-    if (mul_overflows(n, d, &n)) {
+  std::uint64_t n = dtype_size(e.dtype);
+  for (std::uint32_t i = 0; i < e.dims_size; ++i) {
+    if (mul_overflows(n, entries.dims[e.dims_at + i], &n)) {
       return false;
     }
   }
   if (e.end - e.begin != n) {
     return false;
   }
-  e.info.nbytes = n;
+  e.nbytes = n;
   return true;
 }
 
 // The common case without a document: a SAX pass that fills the entries straight
 // from a well-formed header. It accepts only what the document path below accepts
 // and yields the same entries; at the first thing it does not expect (a duplicate
-// key, an unknown entry field, a negative or fractional number, a bad dtype or
-// span, malformed JSON), it gives up and the document path runs instead, so every
-// error keeps its words. A 46,000-entry header is parsed about twice as fast, and
-// without a heap object per JSON value.
+// key, a negative or fractional number, a bad dtype or span, malformed JSON), it
+// gives up and the document path runs instead, so every error keeps its words. An
+// entry field the format does not define is skipped, as the document path ignores
+// it, checking only that its objects repeat no key: a valid header never builds a
+// document (which cost about 1 KiB per entry, issue 31 item 13).
 class HeaderSax {
  public:
-  std::vector<RawEntry> entries;
-  std::map<std::string, std::string> metadata;
+  Entries entries;
 
-  bool null() { return false; }
-  bool boolean(bool) { return false; }
-  bool number_integer(json::number_integer_t) { return false; }
-  bool number_float(json::number_float_t, const json::string_t&) { return false; }
+  bool null() { return skipped_scalar(); }
+  bool boolean(bool) { return skipped_scalar(); }
+  bool number_integer(json::number_integer_t) { return skipped_scalar(); }
+  bool number_float(json::number_float_t, const json::string_t&) { return skipped_scalar(); }
   bool binary(json::binary_t&) { return false; }
   bool number_unsigned(json::number_unsigned_t v) {
     if (state_ == State::kShape) {
-      entry_.info.shape.push_back(v);
+      entries.add_dim(v);
       return true;
     }
     if (state_ == State::kOffsets && offsets_ < 2) {
-      (offsets_++ == 0 ? entry_.begin : entry_.end) = v;
+      RawEntry& e = entries.list.back();
+      (offsets_++ == 0 ? e.begin : e.end) = v;
       return true;
     }
-    return false;
+    return skipped_scalar();
   }
   bool string(json::string_t& v) {
     if (state_ == State::kMetaValue) {
       state_ = State::kMetaKey;
-      return metadata.emplace(std::move(key_), std::move(v)).second;
+      return entries.metadata.emplace(std::move(key_), std::move(v)).second;
     }
     if (state_ == State::kDtype) {
       std::optional<DType> dtype = parse_dtype(v);
-      if (!dtype || (seen_ & kSeenDtype) != 0) {
+      if (!dtype) {
         return false;
       }
-      entry_.info.dtype = *dtype;
-      seen_ |= kSeenDtype;
+      entries.list.back().dtype = *dtype;
       state_ = State::kEntryKey;
       return true;
     }
-    return false;
+    return skipped_scalar();
   }
   bool start_object(std::size_t) {
     switch (state_) {
@@ -322,10 +367,14 @@ class HeaderSax {
         state_ = State::kMetaKey;
         return true;
       case State::kEntryStart:
-        entry_ = RawEntry{};
-        entry_.info.name = std::move(key_);
+        entries.start(key_);
         seen_ = 0;
+        unknown_keys_.clear();
         state_ = State::kEntryKey;
+        return true;
+      case State::kSkip:
+        skip_keys_.emplace_back();
+        skip_object_.push_back(true);
         return true;
       default:
         return false;
@@ -350,18 +399,9 @@ class HeaderSax {
         state_ = State::kMetaValue;
         return true;
       case State::kEntryKey:
-        if (k == "dtype") {
-          state_ = State::kDtype;
-        } else if (k == "shape" && (seen_ & kSeenShape) == 0) {
-          seen_ |= kSeenShape;
-          state_ = State::kShapeStart;
-        } else if (k == "data_offsets" && (seen_ & kSeenOffsets) == 0) {
-          seen_ |= kSeenOffsets;
-          state_ = State::kOffsetsStart;
-        } else {
-          return false;
-        }
-        return true;
+        return entry_key(k);
+      case State::kSkip:
+        return skip_keys_.back().insert(std::move(k)).second;
       default:
         return false;
     }
@@ -377,6 +417,9 @@ class HeaderSax {
       case State::kEntryKey:
         state_ = State::kTopKey;
         return finish_entry();
+      case State::kSkip:
+        skip_keys_.pop_back();
+        return end_skipped();
       default:
         return false;
     }
@@ -391,12 +434,19 @@ class HeaderSax {
       offsets_ = 0;
       return true;
     }
+    if (state_ == State::kSkip) {
+      skip_object_.push_back(false);
+      return true;
+    }
     return false;
   }
   bool end_array() {
     if (state_ == State::kShape || (state_ == State::kOffsets && offsets_ == 2)) {
       state_ = State::kEntryKey;
       return true;
+    }
+    if (state_ == State::kSkip) {
+      return end_skipped();
     }
     return false;
   }
@@ -411,25 +461,70 @@ class HeaderSax {
  private:
   enum class State {
     kStart, kTopKey, kMetaStart, kMetaKey, kMetaValue, kEntryStart, kEntryKey, kDtype,
-    kShapeStart, kShape, kOffsetsStart, kOffsets, kDone
+    kShapeStart, kShape, kOffsetsStart, kOffsets, kSkip, kDone
   };
   static constexpr unsigned kSeenDtype = 1, kSeenShape = 2, kSeenOffsets = 4;
 
-  // The document path's parse_entry rules; false sends the header there.
-  bool finish_entry() {
-    if (!complete_entry(entry_, seen_ == (kSeenDtype | kSeenShape | kSeenOffsets))) {
+  bool entry_key(json::string_t& k) {
+    unsigned field = 0;
+    if (k == "dtype") {
+      field = kSeenDtype;
+      state_ = State::kDtype;
+    } else if (k == "shape") {
+      field = kSeenShape;
+      state_ = State::kShapeStart;
+    } else if (k == "data_offsets") {
+      field = kSeenOffsets;
+      state_ = State::kOffsetsStart;
+    } else {
+      // A field the format does not define: its value is skipped, once.
+      if (std::find(unknown_keys_.begin(), unknown_keys_.end(), k) != unknown_keys_.end()) {
+        return false;
+      }
+      unknown_keys_.push_back(std::move(k));
+      state_ = State::kSkip;
+      return true;
+    }
+    if ((seen_ & field) != 0) {
+      return false;  // a repeated field: the document path names the duplicate
+    }
+    seen_ |= field;
+    return true;
+  }
+
+  // A scalar: the whole value of a skipped field, or a part of one.
+  bool skipped_scalar() {
+    if (state_ != State::kSkip) {
       return false;
     }
-    entries.push_back(std::move(entry_));
+    if (skip_object_.empty()) {
+      state_ = State::kEntryKey;
+    }
     return true;
+  }
+  bool end_skipped() {
+    skip_object_.pop_back();
+    if (skip_object_.empty()) {
+      state_ = State::kEntryKey;
+    }
+    return true;
+  }
+
+  // The document path's parse_entry rules; false sends the header there.
+  bool finish_entry() {
+    return complete_entry(entries, seen_ == (kSeenDtype | kSeenShape | kSeenOffsets));
   }
 
   State state_ = State::kStart;
   bool have_metadata_ = false;
   std::string key_;
-  RawEntry entry_;
   unsigned seen_ = 0;
   int offsets_ = 0;
+  std::vector<std::string> unknown_keys_;  // of the entry being read
+  // Inside a skipped value: whether each open container is an object, and each open
+  // object's keys (a duplicate at any depth is the document path's error).
+  std::vector<bool> skip_object_;
+  std::vector<std::unordered_set<std::string>> skip_keys_;
 };
 
 // The index's common case without a document, as HeaderSax: {"metadata": {scalars},
@@ -591,8 +686,7 @@ class PlainHeaderScanner {
  public:
   explicit PlainHeaderScanner(std::string_view text) : p_(text.data()), end_(p_ + text.size()) {}
 
-  std::vector<RawEntry> entries;
-  std::map<std::string, std::string> metadata;
+  Entries entries;
 
   bool scan() {
     if (!expect('{')) {
@@ -697,7 +791,7 @@ class PlainHeaderScanner {
       std::string_view key;
       std::string_view value;
       if (!string(key) || !expect(':') || !string(value) ||
-          !metadata.emplace(std::string(key), std::string(value)).second) {
+          !entries.metadata.emplace(std::string(key), std::string(value)).second) {
         return false;
       }
       const char c = next();
@@ -713,8 +807,7 @@ class PlainHeaderScanner {
     if (!expect('{')) {
       return false;
     }
-    RawEntry e;
-    e.info.name = std::string(name);
+    entries.start(name);
     unsigned seen = 0;
     constexpr unsigned kDtype = 1, kShape = 2, kOffsets = 4;
     while (true) {
@@ -731,7 +824,7 @@ class PlainHeaderScanner {
         if (!dtype) {
           return false;
         }
-        e.info.dtype = *dtype;
+        entries.list.back().dtype = *dtype;
         seen |= kDtype;
       } else if (key == "shape" && (seen & kShape) == 0) {
         if (!expect('[')) {
@@ -745,7 +838,7 @@ class PlainHeaderScanner {
             if (!number(dim)) {
               return false;
             }
-            e.info.shape.push_back(dim);
+            entries.add_dim(dim);
             const char c = next();
             if (c == ']') {
               break;
@@ -757,6 +850,7 @@ class PlainHeaderScanner {
         }
         seen |= kShape;
       } else if (key == "data_offsets" && (seen & kOffsets) == 0) {
+        RawEntry& e = entries.list.back();
         if (!expect('[') || !number(e.begin) || !expect(',') || !number(e.end) || !expect(']')) {
           return false;
         }
@@ -772,71 +866,69 @@ class PlainHeaderScanner {
         return false;
       }
     }
-    if (!complete_entry(e, seen == (kDtype | kShape | kOffsets))) {
-      return false;
-    }
-    entries.push_back(std::move(e));
-    return true;
+    return complete_entry(entries, seen == (kDtype | kShape | kOffsets));
   }
 
   const char* p_;
   const char* end_;
 };
 
-// Tensor names are the top-level keys: the SAX pass checks them for duplicates here.
-bool unique_names(const std::vector<RawEntry>& entries) {
-  std::vector<const std::string*> names;
-  names.reserve(entries.size());
-  for (const RawEntry& e : entries) {
-    names.push_back(&e.info.name);
-  }
-  std::sort(names.begin(), names.end(),
-            [](const std::string* a, const std::string* b) { return *a < *b; });
-  return std::adjacent_find(names.begin(), names.end(), [](const std::string* a,
-                                                           const std::string* b) {
-           return *a == *b;
-         }) == names.end();
-}
-
-// Sorts the entries by offset (ties by name, the document path's order) and checks
-// that they tile the data region exactly.
-SafetensorsHeader tile_entries(SafetensorsHeader h, std::vector<RawEntry> entries,
-                               std::uint64_t n) {
-  const std::string& display = h.file;
-  const std::uint64_t file_size = h.file_size;
-  // "\u0000" is valid JSON, but a name with a NUL byte cannot name a parameter, and
-  // every C string it meets (logs, paths, an engine's API) would cut it short.
-  for (const RawEntry& e : entries) {
-    if (const auto nul = e.info.name.find('\0'); nul != std::string::npos) {
-      std::string shown = e.info.name;
-      for (char& c : shown) {
-        c = c == '\0' ? '?' : c;
-      }
-      header_error(display, shown, "tensor name has a NUL byte (at " + std::to_string(nul) + ")");
+// Tensor names are the top-level keys: the fast paths check them for duplicates
+// here, with a table of positions rather than a sort of the names.
+bool unique_names(const Entries& entries) {
+  NameTable table;
+  table.reserve(entries.list.size());
+  auto name_of = [&](std::uint32_t i) { return entries.name(entries.list[i]); };
+  for (std::size_t i = 0; i < entries.list.size(); ++i) {
+    if (table.insert(static_cast<std::uint32_t>(i), name_of)) {
+      return false;
     }
   }
-  std::sort(entries.begin(), entries.end(), [](const RawEntry& a, const RawEntry& b) {
+  return true;
+}
+
+// Sorts the entries by offset (ties by name, the document path's order), checks
+// that they tile the data region exactly, and makes the header's tensors of them.
+SafetensorsHeader tile_entries(SafetensorsHeader h, Entries entries, std::uint64_t n) {
+  const std::string& display = h.file;
+  const std::uint64_t file_size = h.file_size;
+  std::vector<RawEntry>& list = entries.list;
+  // "\u0000" is valid JSON, but a name with a NUL byte cannot name a parameter, and
+  // every C string it meets (logs, paths, an engine's API) would cut it short.
+  if (entries.names.find('\0') != std::string::npos) {
+    for (const RawEntry& e : list) {
+      if (const auto nul = entries.name(e).find('\0'); nul != std::string_view::npos) {
+        std::string shown = entries.name_string(e);
+        for (char& c : shown) {
+          c = c == '\0' ? '?' : c;
+        }
+        header_error(display, shown, "tensor name has a NUL byte (at " + std::to_string(nul) + ")");
+      }
+    }
+  }
+  std::sort(list.begin(), list.end(), [&](const RawEntry& a, const RawEntry& b) {
     if (a.begin != b.begin) {
       return a.begin < b.begin;
     }
-    return a.end != b.end ? a.end < b.end : a.info.name < b.info.name;
+    return a.end != b.end ? a.end < b.end : entries.name(a) < entries.name(b);
   });
   const std::uint64_t data_size = file_size - 8 - n;
   std::uint64_t expected = 0;
   const RawEntry* prev = nullptr;
-  for (auto& e : entries) {
+  for (const RawEntry& e : list) {
     if (e.begin > expected) {
-      header_error(display, e.info.name,
+      header_error(display, entries.name_string(e),
                    "gap of " + std::to_string(e.begin - expected) + " bytes before its data (at " +
                        std::to_string(expected) + "): tensors must tile the data region");
     }
     if (e.begin < expected) {
-      header_error(display, e.info.name,
+      header_error(display, entries.name_string(e),
                    "data [" + std::to_string(e.begin) + ", " + std::to_string(e.end) +
-                       ") overlaps tensor '" + (prev ? prev->info.name : std::string()) + "'");
+                       ") overlaps tensor '" + (prev ? entries.name_string(*prev) : std::string()) +
+                       "'");
     }
     if (e.end > data_size) {
-      header_error(display, e.info.name,
+      header_error(display, entries.name_string(e),
                    "data_offsets end " + std::to_string(e.end) + " is past the end of the file (" +
                        "data region holds " + std::to_string(data_size) + " bytes)");
     }
@@ -850,10 +942,17 @@ SafetensorsHeader tile_entries(SafetensorsHeader h, std::vector<RawEntry> entrie
                      std::to_string(file_size) + " bytes, tensors end at " +
                      std::to_string(8 + n + expected) + ")");
   }
-  h.tensors.reserve(entries.size());
-  for (auto& e : entries) {
-    e.info.offset = h.header_bytes + e.begin;
-    h.tensors.push_back(std::move(e.info));
+  h.metadata = std::move(entries.metadata);
+  h.tensors.resize(list.size());
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const RawEntry& e = list[i];
+    TensorInfo& t = h.tensors[i];
+    t.name.assign(entries.name(e));
+    t.dtype = e.dtype;
+    t.shape.assign(entries.dims.begin() + e.dims_at, entries.dims.begin() + e.dims_at + e.dims_size);
+    t.file = display;
+    t.offset = h.header_bytes + e.begin;
+    t.nbytes = e.nbytes;
   }
   return h;
 }
@@ -891,19 +990,13 @@ SafetensorsHeader header_frame(std::string_view text, std::uint64_t file_size,
   return h;
 }
 
-// A fast path's entries and metadata as the header: nullopt for a duplicate name
-// (the document path names it), else tiled like the document path's.
-static std::optional<SafetensorsHeader> fast_header(SafetensorsHeader h,
-                                                    std::vector<RawEntry> entries,
-                                                    std::map<std::string, std::string> metadata,
+// A fast path's entries as the header: nullopt for a duplicate name (the document
+// path names it), else tiled like the document path's.
+static std::optional<SafetensorsHeader> fast_header(SafetensorsHeader h, Entries entries,
                                                     std::uint64_t n) {
   if (!unique_names(entries)) {
     return std::nullopt;
   }
-  for (RawEntry& e : entries) {
-    e.info.file = h.file;
-  }
-  h.metadata = std::move(metadata);
   return tile_entries(std::move(h), std::move(entries), n);
 }
 
@@ -914,8 +1007,7 @@ std::optional<SafetensorsHeader> parse_header_plain(std::string_view text, std::
   if (!scanner.scan()) {
     return std::nullopt;
   }
-  return fast_header(std::move(h), std::move(scanner.entries), std::move(scanner.metadata),
-                     text.size());
+  return fast_header(std::move(h), std::move(scanner.entries), text.size());
 }
 
 std::optional<SafetensorsHeader> parse_header_sax(std::string_view text, std::uint64_t file_size,
@@ -928,19 +1020,19 @@ std::optional<SafetensorsHeader> parse_header_sax(std::string_view text, std::ui
   if (!json::sax_parse(text.begin(), text.end(), &sax) || !sax.done()) {
     return std::nullopt;
   }
-  return fast_header(std::move(h), std::move(sax.entries), std::move(sax.metadata), text.size());
+  return fast_header(std::move(h), std::move(sax.entries), text.size());
 }
 
 SafetensorsHeader parse_header_document(std::string_view text, std::uint64_t file_size,
                                         const std::string& display) {
   SafetensorsHeader h = header_frame(text, file_size, display);
   const std::uint64_t n = text.size();
-  std::vector<RawEntry> entries;
+  Entries entries;
   json doc = parse_json_no_duplicates(text, Stage::kHeader, display);
   if (!doc.is_object()) {
     header_error(display, "", "header JSON is not an object (got " + describe(doc) + ")");
   }
-  entries.reserve(doc.size());
+  entries.list.reserve(doc.size());
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     if (it.key() == "__metadata__") {
       if (!it->is_object()) {
@@ -952,11 +1044,11 @@ SafetensorsHeader parse_header_document(std::string_view text, std::uint64_t fil
                        "__metadata__ must map strings to strings (key '" + m.key() + "' is " +
                            describe(*m) + ")");
         }
-        h.metadata[m.key()] = m->get<std::string>();
+        entries.metadata[m.key()] = m->get<std::string>();
       }
       continue;
     }
-    entries.push_back(parse_entry(it.key(), *it, display));
+    parse_entry(entries, it.key(), *it, display);
   }
   return tile_entries(std::move(h), std::move(entries), n);
 }
@@ -1092,8 +1184,23 @@ WeightIndex read_weight_index(const std::string& path, const std::string& displa
 }
 
 const TensorInfo* CheckpointIndex::find(std::string_view name) const {
-  auto it = by_name.find(std::string(name));
-  return it == by_name.end() ? nullptr : &tensors[it->second];
+  std::optional<std::uint32_t> at =
+      by_name.find(name, [this](std::uint32_t i) -> std::string_view { return tensors[i].name; });
+  return at ? &tensors[*at] : nullptr;
+}
+
+std::optional<std::size_t> CheckpointIndex::add_name(std::size_t position) {
+  if (position >= NameTable::kMaxPositions) {
+    throw Error(Stage::kIndex, "", "",
+                "more than " + std::to_string(NameTable::kMaxPositions) + " tensors");
+  }
+  std::optional<std::uint32_t> there =
+      by_name.insert(static_cast<std::uint32_t>(position),
+                     [this](std::uint32_t i) -> std::string_view { return tensors[i].name; });
+  if (there) {
+    return *there;
+  }
+  return std::nullopt;
 }
 
 CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const IndexOptions& options) {
@@ -1123,16 +1230,27 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
     cf.identity = h.identity;
     ci.header_bytes_read += h.header_bytes;
     ci.files.push_back(std::move(cf));
-    for (auto& t : h.tensors) {
+    // The header's tensors move in whole (a lone file's vector is taken as it is):
+    // a million-entry header is never copied record by record.
+    const std::size_t first = ci.tensors.size();
+    if (first == 0) {
+      ci.tensors = std::move(h.tensors);
+    } else {
+      if (ci.tensors.capacity() < first + h.tensors.size()) {
+        ci.tensors.reserve(std::max(2 * ci.tensors.capacity(), first + h.tensors.size()));
+      }
+      std::move(h.tensors.begin(), h.tensors.end(), std::back_inserter(ci.tensors));
+    }
+    ci.by_name.reserve(ci.tensors.size());
+    for (std::size_t at = first; at < ci.tensors.size(); ++at) {
+      TensorInfo& t = ci.tensors[at];
       t.file_index = static_cast<std::uint32_t>(i);
-      auto [it, inserted] = ci.by_name.emplace(t.name, ci.tensors.size());
-      if (!inserted) {
+      if (std::optional<std::size_t> there = ci.add_name(at)) {
         throw Error(Stage::kIndex, wf.name, t.name,
-                    "the same tensor name is in two shards: " +
-                        ci.tensors[it->second].file + " and " + wf.name);
+                    "the same tensor name is in two shards: " + ci.tensors[*there].file +
+                        " and " + wf.name);
       }
       ci.total_bytes += t.nbytes;
-      ci.tensors.push_back(std::move(t));
     }
   }
   if (!source.index_file) {
@@ -1167,7 +1285,7 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
   }
   std::vector<std::string> missing;
   for (const auto& [name, shard] : index.weight_map) {
-    if (!ci.by_name.count(name)) {
+    if (ci.find(name) == nullptr) {
       missing.push_back(name);
     }
   }
@@ -1227,10 +1345,7 @@ std::uint64_t CheckpointIndex::bytes_owned() const {
   for (const TensorInfo& t : tensors) {
     n += heap_bytes(t.name) + heap_bytes(t.file) + t.shape.capacity() * sizeof(std::uint64_t);
   }
-  for (const auto& [name, at] : by_name) {
-    n += sizeof(std::string) + sizeof(std::size_t) + 2 * sizeof(void*) + heap_bytes(name);
-  }
-  n += by_name.bucket_count() * sizeof(void*);
+  n += by_name.bytes_owned();
   for (const std::string& w : warnings) {
     n += sizeof(std::string) + heap_bytes(w);
   }

@@ -15,6 +15,7 @@
 #include "common/dtype.hpp"
 #include "io/discover.hpp"
 #include "io/file.hpp"
+#include "io/name_table.hpp"
 
 namespace ferry::io {
 
@@ -93,13 +94,18 @@ struct CheckpointIndex {
   std::uint64_t header_bytes_read = 0;
 
   const TensorInfo* find(std::string_view name) const;
+  // Adds tensors[position] to the names find() knows. When a tensor of that name is
+  // there already, adds nothing and returns that one's position. An index made by
+  // hand calls this for each tensor it pushes.
+  std::optional<std::size_t> add_name(std::size_t position);
 
-  std::unordered_map<std::string, std::size_t> by_name;  // name -> position in tensors
+  // Positions in `tensors` by name; the names stay in the tensors (io/name_table.hpp).
+  NameTable by_name;
 
   // Host memory this index holds, as ferry counts it: the vectors' capacity, every
-  // string's heap bytes (short names live inside the string), the name map's
-  // nodes and buckets. An estimate from the containers' sizes, not from the
-  // allocator, so that it means the same inside any process.
+  // string's heap bytes (short names live inside the string), the name table's
+  // slots. An estimate from the containers' sizes, not from the allocator, so that
+  // it means the same inside any process.
   std::uint64_t bytes_owned() const;
 };
 
