@@ -24,6 +24,7 @@
 
 #include "actors/fragment_copy.hpp"
 #include "actors/messages_internal.hpp"
+#include "actors/threads_internal.hpp"
 #include "common/log.hpp"
 #include "io/numa.hpp"
 
@@ -240,13 +241,13 @@ PipelineResult run_pipeline(const PipelineInput& input) {
       caf::actor_system_config config;
       // No cfg.parse(): an embedded library reads no argv or caf-application.ini.
       config.set("scheduler.max-threads", 2);
-      // The scheduler's actors (coordinator, post-processor, prefetcher) handle a
-      // few messages per second of loading; CAF's default busy-polls and then
-      // sleeps 50 us at a time after every message, which on a small machine
-      // preempts the reader and the copy workers (measured: half the load's
-      // context switches). Idle workers go straight to their condition variable.
-      config.set("work-stealing.aggressive-poll-attempts", 0);
-      config.set("work-stealing.moderate-poll-attempts", 0);
+      // ferry's scheduler (actors/load_scheduler.cpp): its threads go through the
+      // thread-start seam, and a thread the system refuses stops the others
+      // cleanly (CAF's own ended the process). Its idle workers sleep on a
+      // condition variable: CAF's default busy-polled and then slept 50 us at a
+      // time after every message, which on a small machine preempted the reader
+      // and the copy workers (measured: half the load's context switches).
+      use_load_scheduler(config);
       // Every thread of this actor system (scheduler workers, detached actors)
       // logs where the thread that runs the load does (a Runtime's own sink).
       config.add_thread_hook<LogSinkHook>(log::thread_sink());
