@@ -2,11 +2,12 @@
 // (common/thread_start.hpp), so that one the system refuses becomes
 // "resources: could not start thread NAME" and nothing is left running or counted.
 //
-//  - use_load_scheduler(): the actor system's scheduler. CAF 0.17's own coordinator
+//  - LoadSchedulerThreads: the actor system's scheduler. CAF 0.17's own coordinator
 //    starts its workers, its clock thread and a printer actor's thread inside
 //    caf::actor_system's constructor, and a failed start there destroys running,
-//    joinable std::threads (std::terminate) or crashes; this one starts its threads
-//    through the seam and stops and joins those it started before it rethrows.
+//    joinable std::threads (std::terminate); nor can that constructor be unwound
+//    at all (it crashes in ~actor_registry). ferry's starts its threads through
+//    the seam before the actor system exists, and hands them over.
 //  - spawn_detached() / spawn_blocking(): an actor on a thread of its own. CAF 0.17
 //    counts such an actor (registry, detached threads) before std::thread is
 //    created and never uncounts it when creation fails, so await_all_actors_done()
@@ -22,6 +23,7 @@
 #include <caf/config.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
@@ -37,9 +39,25 @@ static_assert(CAF_VERSION == 1706, "re-check spawn_detached/spawn_blocking again
 
 namespace ferry::actors {
 
-// Replaces CAF's scheduler in `config` with ferry's (scheduler.max-threads workers
-// and a clock thread, named "scheduler worker N" and "scheduler clock").
-void use_load_scheduler(caf::actor_system_config& config);
+// The scheduler of a load's actor system: `workers` worker threads ("scheduler
+// worker N") and a clock thread ("scheduler clock"), started here, before the
+// actor system exists (Error(Stage::kResources) when one is refused, the others
+// stopped and joined), and waiting for the scheduler that use_in() puts into
+// `config` in place of CAF's. Must outlive the actor system made from `config`.
+class LoadSchedulerThreads {
+ public:
+  explicit LoadSchedulerThreads(std::size_t workers);
+  ~LoadSchedulerThreads();
+  LoadSchedulerThreads(const LoadSchedulerThreads&) = delete;
+  LoadSchedulerThreads& operator=(const LoadSchedulerThreads&) = delete;
+
+  void use_in(caf::actor_system_config& config);
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
 
 // What a detached actor's thread runs first: the body that holds the actor's
 // arguments. Kept apart so that a spawn whose thread never starts can drop them
