@@ -137,12 +137,12 @@ Prefetcher::Prefetcher(std::vector<PrefetchFile> files, PrefetchOptions options)
       ++running_;
     }
     try {
-      threads_.push_back(start_thread("prefetch worker " + std::to_string(i),
-                                      [this, sink = log::thread_sink()] {
-                                        // the messages of whoever started it
-                                        const log::ScopedSink scope(sink);
-                                        run_worker();
-                                      }));
+      threads_.push_back(
+          start_thread("prefetch worker " + std::to_string(i), [this, sink = log::thread_sink()] {
+            // the messages of whoever started it
+            const log::ScopedSink scope(sink);
+            run_worker();
+          }));
     } catch (const Error& e) {
       // Prefetch is advice: it goes on with the workers it has (none: the reads
       // go on without it), and says so.

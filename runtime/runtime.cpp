@@ -762,11 +762,11 @@ std::vector<std::vector<gpu::DeviceAllocation>> allocate_ranks(
     std::vector<std::thread> threads;
     try {
       for (std::size_t r = 0; r < shells.size(); ++r) {
-        threads.push_back(
-            start_thread("allocation rank " + std::to_string(r), [&set_up, r, sink = log::thread_sink()] {
-              const log::ScopedSink scope(sink);
-              set_up(r);
-            }));
+        threads.push_back(start_thread("allocation rank " + std::to_string(r),
+                                       [&set_up, r, sink = log::thread_sink()] {
+                                         const log::ScopedSink scope(sink);
+                                         set_up(r);
+                                       }));
       }
     } catch (...) {
       join_all(threads);  // what they allocated goes with `out`
