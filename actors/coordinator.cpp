@@ -13,6 +13,7 @@
 //
 // Abort: an actor that fails records its error in Shared (first one wins) and
 // stops; the coordinator learns it from the actor's down message or from its tick.
+// A spawn that fails (an actor's thread the system refuses) is an abort too.
 // It marks the load aborted (workers drop queued chunks, the reader issues no more
 // reads), closes the staging pools (so a blocked acquire wakes), sends every actor
 // an exit message and quits. run_pipeline then waits until every actor is gone.
@@ -112,20 +113,29 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
   auto& st = self->state;
   st.shared = std::move(shared);
   caf::actor me = caf::actor_cast<caf::actor>(self);
-  st.post_processor = spawn_post_processor(self, st.shared, me);
-  self->monitor(st.post_processor);
-  for (std::size_t r = 0; r < st.shared->input().ranks.size(); ++r) {
-    st.workers.push_back(spawn_copy_worker(self, st.shared, r, st.post_processor));
-    self->monitor(st.workers.back());
-  }
-  self->send(st.post_processor, WorkersMsg{st.workers});
-  if (st.shared->input().options.prefetch) {
-    st.prefetcher = spawn_prefetcher(self, st.shared);
-    self->monitor(st.prefetcher);
-  }
-  for (std::size_t l = 0; l < st.shared->lanes.size(); ++l) {
-    st.readers.push_back(spawn_reader(self, st.shared, l, st.workers, st.prefetcher, me));
-    self->monitor(st.readers.back());
+  try {
+    st.post_processor = spawn_post_processor(self, st.shared, me);
+    self->monitor(st.post_processor);
+    for (std::size_t r = 0; r < st.shared->input().ranks.size(); ++r) {
+      st.workers.push_back(spawn_copy_worker(self, st.shared, r, st.post_processor));
+      self->monitor(st.workers.back());
+    }
+    self->send(st.post_processor, WorkersMsg{st.workers});
+    if (st.shared->input().options.prefetch) {
+      st.prefetcher = spawn_prefetcher(self, st.shared);
+      self->monitor(st.prefetcher);
+    }
+    for (std::size_t l = 0; l < st.shared->lanes.size(); ++l) {
+      st.readers.push_back(spawn_reader(self, st.shared, l, st.workers, st.prefetcher, me));
+      self->monitor(st.readers.back());
+    }
+  } catch (...) {
+    // An actor whose thread could not be started (Stage::kResources): the load
+    // fails with that error, and the actors spawned so far are stopped like on
+    // any abort (run_pipeline then waits for them).
+    st.shared->fail(to_error(std::current_exception(), Stage::kCopy, "", "", "coordinator: "));
+    st.abort(self);
+    return {};
   }
 
   self->set_down_handler([self](caf::down_msg& dm) {

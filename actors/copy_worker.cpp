@@ -37,6 +37,7 @@
 
 #include "actors/fragment_copy.hpp"
 #include "actors/messages_internal.hpp"
+#include "actors/threads_internal.hpp"
 #include "common/log.hpp"
 #include "gpu/device.hpp"
 #include "models/hooks.hpp"
@@ -422,8 +423,12 @@ caf::behavior copy_worker(caf::stateful_actor<CopyWorkerState>* self,
 
 caf::actor spawn_copy_worker(caf::event_based_actor* parent, std::shared_ptr<Shared> shared,
                              std::size_t rank, caf::actor post_processor) {
-  return parent->spawn<caf::detached>(copy_worker, std::move(shared), rank,
-                                      std::move(post_processor));
+  return spawn_detached<CopyWorkerState>(
+      parent, "copy worker rank " + std::to_string(rank),
+      [shared = std::move(shared), rank, post_processor = std::move(post_processor)](
+          caf::stateful_actor<CopyWorkerState>* self) mutable {
+        return copy_worker(self, std::move(shared), rank, std::move(post_processor));
+      });
 }
 
 }  // namespace ferry::actors

@@ -24,6 +24,7 @@
 
 #include "actors/fragment_copy.hpp"
 #include "actors/messages_internal.hpp"
+#include "actors/threads_internal.hpp"
 #include "common/log.hpp"
 #include "io/numa.hpp"
 
@@ -237,16 +238,17 @@ PipelineResult run_pipeline(const PipelineInput& input) {
     shared->single_copy = shared->resources->single_copy;
     observe_lanes(*shared);
     {
+      // ferry's scheduler (actors/load_scheduler.cpp), two workers: its threads
+      // start here, through the thread-start seam, before the actor system (a
+      // refused one is an Error; CAF's own scheduler ended the process). Its idle
+      // workers sleep on a condition variable: CAF's default busy-polled and then
+      // slept 50 us at a time after every message, which on a small machine
+      // preempted the reader and the copy workers (measured: half the load's
+      // context switches). Declared first: it outlives the actor system.
+      LoadSchedulerThreads scheduler(2);
       caf::actor_system_config config;
       // No cfg.parse(): an embedded library reads no argv or caf-application.ini.
-      config.set("scheduler.max-threads", 2);
-      // The scheduler's actors (coordinator, post-processor, prefetcher) handle a
-      // few messages per second of loading; CAF's default busy-polls and then
-      // sleeps 50 us at a time after every message, which on a small machine
-      // preempts the reader and the copy workers (measured: half the load's
-      // context switches). Idle workers go straight to their condition variable.
-      config.set("work-stealing.aggressive-poll-attempts", 0);
-      config.set("work-stealing.moderate-poll-attempts", 0);
+      scheduler.use_in(config);
       // Every thread of this actor system (scheduler workers, detached actors)
       // logs where the thread that runs the load does (a Runtime's own sink).
       config.add_thread_hook<LogSinkHook>(log::thread_sink());

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "actors/messages_internal.hpp"
+#include "actors/threads_internal.hpp"
 #include "common/log.hpp"
 #include "io/prefetch.hpp"
 
@@ -87,7 +88,11 @@ caf::behavior prefetcher(caf::stateful_actor<PrefetcherState>* self,
 }  // namespace
 
 caf::actor spawn_prefetcher(caf::event_based_actor* parent, std::shared_ptr<Shared> shared) {
-  return parent->spawn<caf::detached>(prefetcher, std::move(shared));
+  return spawn_detached<PrefetcherState>(
+      parent, "prefetcher",
+      [shared = std::move(shared)](caf::stateful_actor<PrefetcherState>* self) mutable {
+        return prefetcher(self, std::move(shared));
+      });
 }
 
 }  // namespace ferry::actors

@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "actors/messages_internal.hpp"
+#include "actors/threads_internal.hpp"
 #include "common/log.hpp"
 #include "io/file.hpp"
 
@@ -381,8 +382,8 @@ void reader(caf::blocking_actor* self, std::shared_ptr<Shared> shared, std::size
 caf::actor spawn_reader(caf::event_based_actor* parent, std::shared_ptr<Shared> shared,
                         std::size_t lane, std::vector<caf::actor> workers, caf::actor prefetcher,
                         caf::actor coordinator) {
-  return parent->spawn(reader, std::move(shared), lane, std::move(workers), std::move(prefetcher),
-                       std::move(coordinator));
+  return spawn_blocking(parent, "reader lane " + std::to_string(lane), reader, std::move(shared),
+                        lane, std::move(workers), std::move(prefetcher), std::move(coordinator));
 }
 
 }  // namespace ferry::actors

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "common/error.hpp"
+#include "common/thread_start.hpp"
 #include "gpu/device_internal.hpp"
 #include "gpu/kernels_host.hpp"
 #include "gpu/link_throttle.hpp"
@@ -204,7 +205,7 @@ class HostEvent final : public Event {
 // own some time after they were queued.
 class DeferredQueue {
  public:
-  DeferredQueue() : thread_([this] { run(); }) {}
+  DeferredQueue() : thread_(start_thread("host device queue", [this] { run(); })) {}
   ~DeferredQueue() {
     {
       std::lock_guard lock(mu_);
@@ -315,11 +316,12 @@ class HostStream final : public Stream {
  public:
   explicit HostStream(std::shared_ptr<HostDeviceState> state) : state_(std::move(state)) {
     refuse_during_capture(state_->name, "create_stream");
-    state_->reserve_events(kEventsPerStream);
-    state_->stats.stream_created();
+    // First: a copy thread the system refuses leaves nothing counted.
     if (state_->options.deferred_copies) {
       deferred_ = std::make_shared<DeferredQueue>();
     }
+    state_->reserve_events(kEventsPerStream);
+    state_->stats.stream_created();
   }
   ~HostStream() override {
     if (deferred_) {

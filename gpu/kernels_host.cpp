@@ -16,6 +16,7 @@
 
 #include "common/error.hpp"
 #include "common/fp8.hpp"
+#include "common/thread_start.hpp"
 #include "gpu/fill_random.hpp"
 
 namespace ferry::gpu::host {
@@ -406,14 +407,23 @@ void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType 
     run(0, tiles);
     return;
   }
+  // A share whose thread the system refuses runs here, after the first: this runs
+  // on a stream's thread (a copy worker, a deferred queue), where a throw would
+  // fail the load for want of a helper the work does not need.
   std::vector<std::thread> pool;
-  for (std::size_t k = 1; k < threads; ++k) {
-    pool.emplace_back(run, tiles * k / threads, tiles * (k + 1) / threads);
+  std::size_t k = 1;
+  for (; k < threads; ++k) {
+    try {
+      pool.push_back(start_thread("host kernel " + std::to_string(k),
+                                  [&run, begin = tiles * k / threads,
+                                   end = tiles * (k + 1) / threads] { run(begin, end); }));
+    } catch (const Error&) {
+      break;
+    }
   }
   run(0, tiles / threads);
-  for (std::thread& th : pool) {
-    th.join();
-  }
+  run(tiles * k / threads, tiles);
+  join_all(pool);
 }
 
 void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows, std::size_t block_rows,

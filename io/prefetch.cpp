@@ -15,6 +15,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/thread_start.hpp"
 
 namespace ferry::io {
 
@@ -136,18 +137,21 @@ Prefetcher::Prefetcher(std::vector<PrefetchFile> files, PrefetchOptions options)
       ++running_;
     }
     try {
-      threads_.emplace_back([this, sink = log::thread_sink()] {
-        const log::ScopedSink scope(sink);  // the messages of whoever started it
-        run_worker();
-      });
-    } catch (const std::system_error& e) {
+      threads_.push_back(
+          start_thread("prefetch worker " + std::to_string(i), [this, sink = log::thread_sink()] {
+            // the messages of whoever started it
+            const log::ScopedSink scope(sink);
+            run_worker();
+          }));
+    } catch (const Error& e) {
+      // Prefetch is advice: it goes on with the workers it has (none: the reads
+      // go on without it), and says so.
       {
         std::lock_guard lock(mu_);
         --running_;
       }
       done_cv_.notify_all();
-      record_failure(format_error(Stage::kPrefetch, "", "",
-                                  std::string("cannot start worker thread: ") + e.what()));
+      record_failure(format_error(Stage::kPrefetch, "", "", e.what()));
       break;
     }
   }

@@ -35,6 +35,7 @@
 #include "actors/plan.hpp"
 #include "common/hash.hpp"
 #include "common/log.hpp"
+#include "common/thread_start.hpp"
 #include "ferry/metrics.hpp"
 #include "gpu/backends.hpp"
 #include "gpu/device.hpp"
@@ -436,10 +437,12 @@ std::optional<std::uint64_t> layer_of(const std::string& name) {
 class CallbackThread {
  public:
   CallbackThread(LoadCallbacks callbacks, LoadHandle::State& state)
-      : callbacks_(std::move(callbacks)), state_(state), thread_([this, sink = log::thread_sink()] {
+      : callbacks_(std::move(callbacks)),
+        state_(state),
+        thread_(start_thread("callbacks", [this, sink = log::thread_sink()] {
           const log::ScopedSink scope(sink);
           loop();
-        }) {}
+        })) {}
   CallbackThread(const CallbackThread&) = delete;
   CallbackThread& operator=(const CallbackThread&) = delete;
   ~CallbackThread() { stop(); }
@@ -769,15 +772,19 @@ std::vector<std::vector<gpu::DeviceAllocation>> allocate_ranks(
     set_up(0);
   } else {
     std::vector<std::thread> threads;
-    for (std::size_t r = 0; r < shells.size(); ++r) {
-      threads.emplace_back([&set_up, r, sink = log::thread_sink()] {
-        const log::ScopedSink scope(sink);
-        set_up(r);
-      });
+    try {
+      for (std::size_t r = 0; r < shells.size(); ++r) {
+        threads.push_back(start_thread("allocation rank " + std::to_string(r),
+                                       [&set_up, r, sink = log::thread_sink()] {
+                                         const log::ScopedSink scope(sink);
+                                         set_up(r);
+                                       }));
+      }
+    } catch (...) {
+      join_all(threads);  // what they allocated goes with `out`
+      throw;
     }
-    for (std::thread& t : threads) {
-      t.join();
-    }
+    join_all(threads);
   }
   for (const std::exception_ptr& e : errors) {
     if (e) {
@@ -1075,17 +1082,30 @@ LoadHandle Runtime::Impl::launch(RuntimeState running_state, RuntimeState succes
   if (worker.joinable()) {
     worker.join();  // the previous load has ended (it set the state): its thread is ending
   }
+  try {
+    worker = start_thread("load", [this, handle, cb = std::move(callbacks), body = std::move(body),
+                                   success, keep = std::move(keep), sink = log_sink]() mutable {
+      // Every thread of the load inherits it: the pipeline's, the prefetcher's, the
+      // per-rank allocations', the layer notifier's.
+      const log::ScopedSink scope(std::move(sink));
+      run(*handle, cb, body, success, keep);
+      body = nullptr;  // the work it holds goes before the thread ends
+      keep.reset();
+    });
+  } catch (const Error& e) {
+    // The load never ran; what it would have used (a commit's prepared model) went
+    // with the thread's function.
+    status = RuntimeState::kFailed;
+    LoadResult r;
+    r.error = to_info(e);
+    handle->finish(std::move(r));
+    if (std::shared_ptr<LoadMetrics> m = metrics) {
+      m->record_error(e.stage());
+    }
+    return LoadHandle(handle);
+  }
   status = running_state;
   current = handle;
-  worker = std::thread([this, handle, cb = std::move(callbacks), body = std::move(body), success,
-                        keep = std::move(keep), sink = log_sink]() mutable {
-    // Every thread of the load inherits it: the pipeline's, the prefetcher's, the
-    // per-rank allocations', the layer notifier's.
-    const log::ScopedSink scope(std::move(sink));
-    run(*handle, cb, body, success, keep);
-    body = nullptr;  // the work it holds goes before the thread ends
-    keep.reset();
-  });
   return LoadHandle(handle);
 }
 
@@ -1164,12 +1184,12 @@ LoadResult Runtime::load() {
 void Runtime::Impl::run(LoadHandle::State& handle, const LoadCallbacks& callbacks, const Body& body,
                         RuntimeState success, const std::shared_ptr<LoadWork>& keep) {
   std::unique_ptr<CallbackThread> notifier;
-  if (callbacks.on_progress || callbacks.on_layer_ready) {
-    notifier = std::make_unique<CallbackThread>(callbacks, handle);
-    handle.callbacks = notifier.get();
-  }
   LoadResult r;
   try {
+    if (callbacks.on_progress || callbacks.on_layer_ready) {
+      notifier = std::make_unique<CallbackThread>(callbacks, handle);  // may fail: kResources
+      handle.callbacks = notifier.get();
+    }
     r = body(handle);
   } catch (const Error& e) {
     r.error = to_info(e);
@@ -1993,18 +2013,22 @@ void Runtime::Impl::fill_dummy(LoadWork& w, LoadHandle::State& handle) {
     }
   };
   std::vector<std::thread> threads;
-  for (std::size_t r = 1; r < shells.size(); ++r) {
-    threads.emplace_back([&fill_rank, r, sink = log::thread_sink()] {
-      const log::ScopedSink scope(sink);
-      fill_rank(r);
-    });
+  try {
+    for (std::size_t r = 1; r < shells.size(); ++r) {
+      threads.push_back(start_thread("dummy fill rank " + std::to_string(r),
+                                     [&fill_rank, r, sink = log::thread_sink()] {
+                                       const log::ScopedSink scope(sink);
+                                       fill_rank(r);
+                                     }));
+    }
+  } catch (...) {
+    join_all(threads);
+    throw;
   }
   if (!shells.empty()) {
     fill_rank(0);
   }
-  for (std::thread& t : threads) {
-    t.join();
-  }
+  join_all(threads);
   for (const std::exception_ptr& e : errors) {
     if (e) {
       std::rethrow_exception(e);

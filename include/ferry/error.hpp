@@ -28,6 +28,9 @@ enum class Stage {
   kPostProcess,
   kVerify,
   kCancelled,
+  // The process could not get what the load needs from the system (a thread that
+  // could not be started: EAGAIN under RLIMIT_AS, RLIMIT_NPROC or threads-max).
+  kResources,
 };
 
 FERRY_API std::string_view to_string(Stage stage);

@@ -15,20 +15,24 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <ostream>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <vector>
 
+#include "common/thread_start.hpp"
 #include "gpu/host_device.hpp"
 #include "io/fault_injection.hpp"
 #include "io/reader.hpp"
@@ -185,6 +189,7 @@ struct Context {
   std::atomic<const LoadHandle*> handle{nullptr};
   std::optional<LoadPhase> phase_at_cancel;
   std::thread helper;  // a row's own thread (joined after the load)
+  bool deferred_copies = false;  // the host devices run copies on a thread per stream
 
   // Cancels the running load from inside it, noting the phase it was in.
   void cancel_here() {
@@ -202,6 +207,7 @@ struct Context {
     for (std::size_t r = 0; r < kTp; ++r) {
       gpu::HostDeviceOptions o;
       o.poison_allocations = true;
+      o.deferred_copies = deferred_copies;
       inner.push_back(gpu::make_host_device(static_cast<int>(r), o));
       hooks.devices.push_back(
           std::make_shared<FaultyDevice>(inner.back(), [this, r](std::string_view op) {
@@ -230,6 +236,7 @@ struct Context {
 
   void disarm() {
     armed.store(false);
+    clear_thread_start_failure();
     if (hooks.faults) {
       hooks.faults->set_plan(io::FaultPlan{});
     }
@@ -293,6 +300,54 @@ std::function<std::shared_ptr<const models::Model>(std::shared_ptr<const models:
 }
 
 const std::string kQkv0 = "model.layers.0.self_attn.qkv_proj.weight";
+
+// A thread a load starts (its name in common/thread_start.hpp's seam) and the
+// settings that make the load start it.
+struct ThreadRow {
+  std::string row;     // the test's name
+  std::string thread;  // the start that fails
+  std::vector<std::string> sets;
+  bool deferred_copies = false;
+  bool callbacks = false;
+  Names names = Names::kNothing;
+  std::string in_file;
+};
+
+// Two read lanes, prefetch on, callbacks and deferred copies where a row needs
+// them: the second of two (lanes, ranks, workers) fails with the first running.
+ThreadRow thread_row(std::string row, std::string thread, std::vector<std::string> sets = {}) {
+  ThreadRow t;
+  t.row = std::move(row);
+  t.thread = std::move(thread);
+  t.sets = std::move(sets);
+  return t;
+}
+
+std::vector<ThreadRow> thread_rows() {
+  const std::vector<std::string> lanes = {"io.read_lanes=2", "io.direct_to_device=off"};
+  std::vector<ThreadRow> out = {
+      thread_row("Load", "load"),
+      thread_row("Callbacks", "callbacks"),
+      thread_row("AllocationRank1", "allocation rank 1"),
+      thread_row("SchedulerWorker0", "scheduler worker 0"),
+      thread_row("SchedulerWorker1", "scheduler worker 1"),
+      thread_row("SchedulerClock", "scheduler clock"),
+      thread_row("CopyWorkerRank0", "copy worker rank 0"),
+      thread_row("CopyWorkerRank1", "copy worker rank 1"),
+      thread_row("Prefetcher", "prefetcher", {"prefetch.enabled=true"}),
+      thread_row("ReaderLane0", "reader lane 0", lanes),
+      thread_row("ReaderLane1", "reader lane 1", lanes),
+  };
+  out[1].callbacks = true;
+  // The host device's copy thread is made with the copy worker's stream: the
+  // error names the device and what the stream was for.
+  ThreadRow queue = thread_row("HostDeviceQueue", "host device queue");
+  queue.deferred_copies = true;
+  queue.names = Names::kFile;
+  queue.in_file = "host:";
+  out.push_back(std::move(queue));
+  return out;
+}
 
 // Cuts shard 2 to `bytes` bytes before the load; restores it for the next.
 void arm_truncated_shard(Context& c, std::uint64_t bytes) {
@@ -608,6 +663,26 @@ std::vector<Row> rows() {
         };
       },
       Stage::kCancelled, "on_layer_ready threw: injected layer failure", Names::kNothing));
+
+  // ---- a thread the system refuses (common/thread_start.hpp's seam fails the named
+  // start as pthread_create does, EAGAIN), one row per thread a load starts:
+  // FaultMatrixThreads.EveryThreadOfALoadHasARow checks the list is complete
+  for (const ThreadRow& t : thread_rows()) {
+    out.push_back(make_row(
+        "ThreadStartFails_" + t.row,
+        [t](Context& c) {
+          c.sets = t.sets;
+          c.deferred_copies = t.deferred_copies;
+          if (t.callbacks) {
+            c.callbacks.on_progress = [](const LoadProgress&) { return true; };
+          }
+          inject_thread_start_failure(t.thread);
+        },
+        Stage::kResources, "could not start thread " + t.thread, t.names, t.in_file, std::nullopt,
+        [](Context&) {
+          EXPECT_FALSE(thread_start_failure_pending()) << "the thread was never started";
+        }));
+  }
   return out;
 }
 
@@ -740,6 +815,108 @@ TEST_F(TransientReadFaults, ShortReadsEagainAndEintrStillLoadCorrectly) {
       EXPECT_LE(testing::threads_settle_to(threads, kThreadsSettle), threads);
     }
   }
+}
+
+// The thread rows above against the threads a load really starts: a load with every
+// feature that starts a thread of its own, and a dummy load. A name without a row
+// is a thread whose failure nothing checks. Prefetch workers and the host
+// kernels' helpers are left out on purpose: a refused one is not an error (the
+// tests below).
+class FaultMatrixThreads : public FaultMatrix {
+ protected:
+  static std::string kind_of(std::string name) {
+    while (!name.empty() && (name.back() == ' ' || (name.back() >= '0' && name.back() <= '9'))) {
+      name.pop_back();
+    }
+    return name;
+  }
+};
+
+TEST_F(FaultMatrixThreads, EveryThreadOfALoadHasARow) {
+  std::set<std::string> covered = {"prefetch worker", "host kernel", "dummy fill rank"};
+  for (const ThreadRow& t : thread_rows()) {
+    covered.insert(kind_of(t.thread));
+  }
+  record_thread_starts();
+  {
+    Context c(*ck_);
+    c.deferred_copies = true;
+    c.finish_arming();
+    Runtime rt(config({"io.read_lanes=2", "io.direct_to_device=off", "prefetch.enabled=true"}),
+               c.hooks);
+    LoadCallbacks callbacks;
+    callbacks.on_progress = [](const LoadProgress&) { return true; };
+    LoadResult r = rt.start(callbacks).wait();
+    ASSERT_TRUE(r) << r.error->message;
+    Runtime dummy(config({"model.load_format=dummy"}));
+    LoadResult d = dummy.load();
+    ASSERT_TRUE(d) << d.error->message;
+  }
+  const std::vector<std::string> seen = stop_recording_thread_starts();
+  std::set<std::string> kinds;
+  for (const std::string& name : seen) {
+    kinds.insert(kind_of(name));
+    EXPECT_TRUE(covered.count(kind_of(name))) << "no fault-matrix row fails thread '" << name << "'";
+  }
+  // The rows' threads were all seen: a row whose thread a load no longer starts
+  // fails on its own (its injected failure stays pending).
+  for (const char* kind : {"load", "callbacks", "allocation rank", "scheduler worker",
+                           "scheduler clock", "copy worker rank", "prefetcher", "reader lane",
+                           "host device queue", "prefetch worker", "dummy fill rank"}) {
+    EXPECT_TRUE(kinds.count(kind)) << "a load started no '" << kind << "' thread";
+  }
+}
+
+// A dummy load fills each rank on a thread of its own (rank 0 on the load's).
+TEST_F(FaultMatrixThreads, DummyFillThreadRefused) {
+  const std::size_t fds = testing::open_fds();
+  const std::size_t threads = testing::settled_threads();
+  {
+    Runtime rt(config({"model.load_format=dummy"}));
+    inject_thread_start_failure("dummy fill rank 1");
+    LoadResult r = rt.load();
+    clear_thread_start_failure();
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error->stage, Stage::kResources) << r.error->message;
+    EXPECT_EQ(r.error->message.rfind("resources: could not start thread dummy fill rank 1: ", 0),
+              0u)
+        << r.error->message;
+    EXPECT_EQ(rt.state(), RuntimeState::kFailed);
+    LoadResult next = rt.load();
+    ASSERT_TRUE(next) << next.error->message;
+  }
+  EXPECT_EQ(testing::open_fds(), fds);
+  EXPECT_LE(testing::threads_settle_to(threads, kThreadsSettle), threads);
+}
+
+// Prefetch is advice: a worker the system refuses leaves the load to read without
+// it (a warning), and the load is complete and correct.
+TEST_F(FaultMatrixThreads, PrefetchWorkerRefusedIsAWarning) {
+  const std::size_t fds = testing::open_fds();
+  const std::size_t threads = testing::settled_threads();
+  {
+    Runtime rt(config({"prefetch.enabled=true"}));
+    std::vector<std::string> warnings;
+    std::mutex mu;
+    rt.set_log_sink([&](log::Level level, std::string_view message) {
+      std::lock_guard lock(mu);
+      if (level == log::Level::kWarn) {
+        warnings.emplace_back(message);
+      }
+    });
+    inject_thread_start_failure("prefetch worker 0");
+    LoadResult r = rt.load();
+    EXPECT_FALSE(thread_start_failure_pending()) << "no prefetch worker was started";
+    clear_thread_start_failure();
+    ASSERT_TRUE(r) << r.error->message;
+    EXPECT_GT(testing::expect_matches_reference(*r.model, *ck_, kTp, DType::kBF16), 0u);
+    std::lock_guard lock(mu);
+    EXPECT_TRUE(std::any_of(warnings.begin(), warnings.end(), [](const std::string& w) {
+      return w.find("could not start thread prefetch worker 0") != std::string::npos;
+    })) << "no warning about the refused prefetch worker";
+  }
+  EXPECT_EQ(testing::open_fds(), fds);
+  EXPECT_LE(testing::threads_settle_to(threads, kThreadsSettle), threads);
 }
 
 }  // namespace
