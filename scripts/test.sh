@@ -21,13 +21,25 @@ export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
 export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/scripts/lsan.supp:print_suppressions=0}
 
+# Each phase's wall time goes to the log and, at the end, to one summary line (the
+# CI time budget: the README, "Quick start").
+start=$SECONDS phase_start=$SECONDS phases=()
+phase() {  # phase NAME: ends the running phase, starts NAME
+  local now=$SECONDS
+  [ ${#phases[@]} -gt 0 ] && phases[-1]+=" $((now - phase_start))s"
+  phase_start=$now
+  [ $# -gt 0 ] && phases+=("$1") && echo "== $1 (at $((now - start))s)"
+  return 0
+}
+
 build() {  # build DIR TARGETS... -- CMAKE_ARGS...
   local dir=$1 targets=() args=()
   shift
   while [ $# -gt 0 ] && [ "$1" != -- ]; do targets+=(--target "$1"); shift; done
   [ $# -gt 0 ] && shift
   args=("$@")
-  echo "== build $dir (${args[*]})"
+  phase "build $dir"
+  echo "   ${args[*]}"
   cmake -S . -B "$dir" -G Ninja "${args[@]}" >/dev/null
   cmake --build "$dir" -j "$jobs" "${targets[@]}"
 }
@@ -38,8 +50,10 @@ build build/release -- -DCMAKE_BUILD_TYPE=Release
 build build/tsan ferry_common_tests ferry_io_tests ferry_gpu_tests ferry_models_tests \
   -- -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread -DFERRY_CUDA=OFF
 for dir in build/asan build/release build/tsan; do
-  echo "== tests in $dir"
+  phase "tests in $dir"
   ctest --test-dir "$dir" --output-on-failure -j "$jobs"
 done
-echo "== fuzz smoke"
+phase "fuzz smoke"
 bash scripts/fuzz.sh smoke "${FERRY_FUZZ_SMOKE_SECONDS:-20}"
+phase
+echo "== done in $((SECONDS - start))s:$(printf ' %s;' "${phases[@]}")"
