@@ -20,6 +20,7 @@ std::string_view to_string(Stage stage) {
     case Stage::kPostProcess: return "post-process";
     case Stage::kVerify: return "verify";
     case Stage::kCancelled: return "cancelled";
+    case Stage::kOutput: return "output";
   }
   return "unknown";
 }

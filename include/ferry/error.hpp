@@ -28,6 +28,10 @@ enum class Stage {
   kPostProcess,
   kVerify,
   kCancelled,
+  // Writing a file the caller asked for after the load (the report, the trace, the
+  // metrics textfile, a dump): the load itself may have succeeded. Last, so that the
+  // values above keep their numbers.
+  kOutput,
 };
 
 FERRY_API std::string_view to_string(Stage stage);
