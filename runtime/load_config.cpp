@@ -376,19 +376,28 @@ class Fields {
     fail(source(key), key + ": " + rule);
   }
 
+  // Every string key is read here, so this is the one place a NUL is refused: the
+  // C APIs a path reaches would end it at the NUL ("rep.json\u0000.evil" wrote
+  // rep.json), and no path, name or mode holds one.
   std::string get_string(const std::string& key, std::string fallback) {
     const Entry* e = find(key);
     if (e == nullptr) {
       return fallback;
     }
+    std::string text;
     if (e->value->is_string()) {
-      return e->value->get<std::string>();
+      text = e->value->get<std::string>();
+    } else if (e->text->has_value() && e->value->is_primitive()) {
+      // `--set model.path=2024` parsed as a number; the text is what was meant.
+      text = **e->text;
+    } else {
+      fail_key(key, "expected a string, got " + e->value->dump());
     }
-    // `--set model.path=2024` parsed as a number; the text is what was meant.
-    if (e->text->has_value() && e->value->is_primitive()) {
-      return **e->text;
+    if (text.find('\0') != std::string::npos) {
+      fail_key(key, "contains a NUL byte (\\u0000), which no path, name or mode may hold: " +
+                        json_quoted(text));
     }
-    fail_key(key, "expected a string, got " + e->value->dump());
+    return text;
   }
 
   // True when `key` is absent or the string "auto" (a size key whose default ferry
