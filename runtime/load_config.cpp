@@ -361,10 +361,24 @@ class Fields {
 
   explicit Fields(Lookup entries) : entries_(std::move(entries)) {}
 
+  // Every key is read through here, so this is the one place a NUL is refused: the
+  // C calls a path reaches would end it at the NUL ("rep.json\u0000.evil" wrote
+  // rep.json), and no path, name, mode or size holds one.
   const Entry* find(const std::string& key) {
     read_.insert(key);
     auto it = entries_.find(key);
-    return it == entries_.end() ? nullptr : &it->second;
+    if (it == entries_.end()) {
+      return nullptr;
+    }
+    const Entry& e = it->second;
+    const std::string* text = e.value->is_string() ? e.value->get_ptr<const std::string*>()
+                              : e.text->has_value() ? &**e.text
+                                                    : nullptr;
+    if (text != nullptr && text->find('\0') != std::string::npos) {
+      fail_key(key, "contains a NUL byte (\\u0000), which no path, name or mode may hold: " +
+                        json_quoted(*text));
+    }
+    return &e;
   }
 
   std::string_view source(const std::string& key) const {
@@ -376,9 +390,6 @@ class Fields {
     fail(source(key), key + ": " + rule);
   }
 
-  // Every string key is read here, so this is the one place a NUL is refused: the
-  // C APIs a path reaches would end it at the NUL ("rep.json\u0000.evil" wrote
-  // rep.json), and no path, name or mode holds one.
   std::string get_string(const std::string& key, std::string fallback) {
     const Entry* e = find(key);
     if (e == nullptr) {
@@ -392,10 +403,6 @@ class Fields {
       text = **e->text;
     } else {
       fail_key(key, "expected a string, got " + e->value->dump());
-    }
-    if (text.find('\0') != std::string::npos) {
-      fail_key(key, "contains a NUL byte (\\u0000), which no path, name or mode may hold: " +
-                        json_quoted(text));
     }
     return text;
   }
