@@ -16,10 +16,12 @@
 namespace ferry::runtime {
 namespace {
 
-// The keys whose default value is a string, as "model.path" (every path key is one).
+// The keys whose default value is a string, as "model.path" (every path key is one,
+// and so are the "auto" sizes).
 std::vector<std::string> string_keys() {
   std::vector<std::string> keys;
-  for (const auto& [pointer, value] : to_json(LoadConfig{}).flatten().items()) {
+  const nlohmann::json flat = to_json(LoadConfig{}).flatten();  // outlives the loop
+  for (const auto& [pointer, value] : flat.items()) {
     if (value.is_string()) {
       std::string key = pointer.substr(1);
       for (char& c : key) {
