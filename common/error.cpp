@@ -21,6 +21,7 @@ std::string_view to_string(Stage stage) {
     case Stage::kVerify: return "verify";
     case Stage::kCancelled: return "cancelled";
     case Stage::kResources: return "resources";
+    case Stage::kOutput: return "output";
   }
   return "unknown";
 }

@@ -1,9 +1,9 @@
 #include "common/format.hpp"
 
 #include <cstdio>
-#include <fstream>
 
 #include "common/error.hpp"
+#include "common/output_file.hpp"
 
 namespace ferry {
 
@@ -36,20 +36,9 @@ std::string fixed(double v, int digits) {
 
 void write_file_replacing(const std::string& path, const std::string& text,
                           const std::string& what) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc | std::ios::binary);
-    out << text;
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      throw Error(Stage::kConfig, path, "", what + ": cannot write " + tmp);
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    throw Error(Stage::kConfig, path, "", what + ": cannot rename " + tmp + " into place");
-  }
+  OutputFile out(path, Stage::kOutput, what);
+  out.write(text);
+  out.commit();
 }
 
 }  // namespace ferry

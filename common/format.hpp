@@ -13,9 +13,11 @@ std::string human_bytes(std::uint64_t n);
 // `v` with `digits` digits after the point: fixed(1.23456, 2) == "1.23".
 std::string fixed(double v, int digits);
 
-// Writes `text` to `path` through `path`.tmp renamed into place, so that a reader
-// never sees half a file. Throws ferry::Error(Stage::kConfig, path) saying "`what`:
-// cannot write/rename ..." (`what` names the setting, e.g. "trace.path").
+// Writes `text` to `path` as OutputFile does (common/output_file.hpp): a regular file
+// (or a symlink's target) through a temporary renamed into place, so that a reader
+// never sees half a file; a FIFO or a character device in place. Throws
+// ferry::Error(Stage::kOutput, path) saying "`what`: cannot write ..." (`what` names
+// the setting, e.g. "trace.path"), leaving no temporary behind.
 void write_file_replacing(const std::string& path, const std::string& text,
                           const std::string& what);
 

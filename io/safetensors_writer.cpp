@@ -1,9 +1,6 @@
 // SafetensorsWriter: header layout as the reference implementation writes it,
-// data streamed through a small coalescing buffer with short-write-safe write(2).
+// data streamed through a small coalescing buffer into an OutputFile.
 #include "io/safetensors_writer.hpp"
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -93,25 +90,23 @@ std::string safetensors_header_text(const std::vector<SafetensorsEntry>& entries
   return text;
 }
 
-SafetensorsWriter::SafetensorsWriter(std::string path) : path_(std::move(path)) {}
+SafetensorsWriter::SafetensorsWriter(std::string path, Stage stage, std::string what)
+    : path_(std::move(path)), stage_(stage), what_(std::move(what)) {}
 
-SafetensorsWriter::~SafetensorsWriter() {
-  if (state_ == State::kWriting || state_ == State::kFailed) {
-    if (fd_ >= 0) {
-      ::close(fd_);
-      fd_ = -1;
-    }
-    ::unlink(path_.c_str());
-  }
+// file_'s destructor removes an unfinished file's temporary.
+SafetensorsWriter::~SafetensorsWriter() = default;
+
+void SafetensorsWriter::fail(const std::string& tensor, std::string rule) const {
+  throw Error(stage_, path_, tensor, what_.empty() ? std::move(rule) : what_ + ": " + rule);
 }
 
 void SafetensorsWriter::add(std::string name, DType dtype, std::vector<std::uint64_t> shape) {
   if (state_ != State::kDeclaring) {
-    fail(path_, name, "add() after begin(): every tensor must be declared before data is written");
+    fail(name, "add() after begin(): every tensor must be declared before data is written");
   }
   check_name(name, path_);
   if (names_.count(name) != 0) {
-    fail(path_, name, "tensor declared twice");
+    fail(name, "tensor declared twice");
   }
   SafetensorsEntry entry{std::move(name), dtype, std::move(shape)};
   std::uint64_t end = checked_add(data_bytes_, tensor_bytes(entry, path_), path_, entry.name);
@@ -123,20 +118,17 @@ void SafetensorsWriter::add(std::string name, DType dtype, std::vector<std::uint
 
 void SafetensorsWriter::set_metadata(std::map<std::string, std::string> metadata) {
   if (state_ != State::kDeclaring) {
-    fail(path_, "", "set_metadata() after begin(): the header is already written");
+    fail("", "set_metadata() after begin(): the header is already written");
   }
   metadata_ = std::move(metadata);
 }
 
 void SafetensorsWriter::begin() {
   if (state_ != State::kDeclaring) {
-    fail(path_, "", "begin() called twice");
+    fail("", "begin() called twice");
   }
   std::string text = safetensors_header_text(entries_, metadata_, path_);
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) {
-    throw_errno(Stage::kSynth, path_, "cannot create the file", errno);
-  }
+  file_.emplace(path_, stage_, what_);
   state_ = State::kWriting;
   buffer_.reserve(kBufferBytes);
   std::uint64_t n = text.size();
@@ -155,12 +147,12 @@ void SafetensorsWriter::begin() {
 
 void SafetensorsWriter::write(std::span<const std::byte> bytes) {
   if (state_ != State::kWriting) {
-    fail(path_, "",
+    fail("",
          state_ == State::kDeclaring ? "write() before begin()"
                                      : "write() after finish() or a failed write");
   }
   if (bytes.size() > data_bytes_ - written_) {
-    fail(path_, tensor_at(written_),
+    fail(tensor_at(written_),
          "write of " + std::to_string(bytes.size()) + " bytes at data offset " +
              std::to_string(written_) + " exceeds the declared " + std::to_string(data_bytes_) +
              " data bytes");
@@ -178,7 +170,7 @@ void SafetensorsWriter::write(std::span<const std::byte> bytes) {
 
 void SafetensorsWriter::finish(Sync sync) {
   if (state_ != State::kWriting) {
-    fail(path_, "",
+    fail("",
          state_ == State::kDeclaring ? "finish() before begin()"
                                      : "finish() after finish() or a failed write");
   }
@@ -186,23 +178,22 @@ void SafetensorsWriter::finish(Sync sync) {
     std::size_t i = static_cast<std::size_t>(
         std::upper_bound(ends_.begin(), ends_.end(), written_) - ends_.begin());
     std::uint64_t begin = i == 0 ? 0 : ends_[i - 1];
-    fail(path_, entries_[i].name,
+    fail(entries_[i].name,
          "only " + std::to_string(written_) + " of " + std::to_string(data_bytes_) +
              " declared data bytes were written (this tensor has " +
              std::to_string(written_ - begin) + " of " + std::to_string(ends_[i] - begin) + ")");
   }
   flush_buffer();
-  if (sync == Sync::kFsync && ::fsync(fd_) != 0) {
-    int err = errno;
+  try {
+    if (sync == Sync::kFsync) {
+      file_->sync();
+    }
+    file_->commit();
+  } catch (const Error&) {
     fail_and_close();
-    throw_errno(Stage::kSynth, path_, "fsync failed", err);
+    throw;
   }
-  int fd = std::exchange(fd_, -1);
-  if (::close(fd) != 0) {
-    int err = errno;
-    state_ = State::kFailed;
-    throw_errno(Stage::kSynth, path_, "close failed", err);
-  }
+  file_.reset();
   state_ = State::kFinished;
 }
 
@@ -214,24 +205,11 @@ void SafetensorsWriter::flush_buffer() {
 }
 
 void SafetensorsWriter::write_all(const std::byte* data, std::size_t size) {
-  while (size > 0) {
-    ssize_t n = ::write(fd_, data, size);
-    if (n < 0) {
-      if (errno == EINTR) {
-        continue;
-      }
-      int err = errno;
-      fail_and_close();
-      throw_errno(Stage::kSynth, path_, "write failed", err);
-    }
-    // write(2) on a regular file returns 0 only for a 0-byte request; treat it
-    // as a failure rather than spinning.
-    if (n == 0) {
-      fail_and_close();
-      fail(path_, "", "write returned 0 bytes");
-    }
-    data += n;
-    size -= static_cast<std::size_t>(n);
+  try {
+    file_->write(std::span<const std::byte>(data, size));
+  } catch (const Error&) {
+    fail_and_close();
+    throw;
   }
 }
 
@@ -246,10 +224,7 @@ std::string SafetensorsWriter::tensor_at(std::uint64_t offset) const {
 void SafetensorsWriter::fail_and_close() {
   state_ = State::kFailed;
   buffer_.clear();
-  if (fd_ >= 0) {
-    ::close(fd_);
-    fd_ = -1;
-  }
+  file_.reset();  // closes, removes the temporary
 }
 
 }  // namespace ferry::io

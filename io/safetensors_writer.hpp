@@ -7,12 +7,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <unordered_set>
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "common/error.hpp"
+#include "common/output_file.hpp"
 
 namespace ferry::io {
 
@@ -34,13 +37,21 @@ std::string safetensors_header_text(const std::vector<SafetensorsEntry>& entries
 
 // Call order: add()... set_metadata()? begin() write()... finish().
 // Not thread-safe. Every misuse and every failed system call throws
-// ferry::Error(Stage::kSynth, path, tensor, rule).
+// ferry::Error(stage, path, tensor, rule), `stage` and `what` as given to the
+// constructor: Stage::kSynth for `ferry synth`, the setting's stage and name for
+// an output such as the dump ("load.dump_dir: cannot write: No space left ...").
+//
+// The file is written as every ferry output is (common/output_file.hpp): a regular
+// file (or a symlink's target) through a temporary that finish() renames into place,
+// a FIFO or a character device in place.
 class SafetensorsWriter {
  public:
-  // The file is created (truncated) by begin(), not here.
-  explicit SafetensorsWriter(std::string path);
+  // Nothing is created before begin().
+  explicit SafetensorsWriter(std::string path, Stage stage = Stage::kSynth,
+                             std::string what = {});
   // An unfinished file has a header promising bytes it does not hold: the
-  // destructor closes and removes it so no truncated file is left behind.
+  // destructor removes its temporary, so no truncated file is left behind and a
+  // file that stood at the path stays as it was.
   ~SafetensorsWriter();
   SafetensorsWriter(const SafetensorsWriter&) = delete;
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
@@ -76,8 +87,11 @@ class SafetensorsWriter {
   // The tensor whose data holds data offset `offset` (for error messages).
   std::string tensor_at(std::uint64_t offset) const;
   void fail_and_close();
+  [[noreturn]] void fail(const std::string& tensor, std::string rule) const;
 
   std::string path_;
+  Stage stage_;
+  std::string what_;
   std::vector<SafetensorsEntry> entries_;
   std::vector<std::uint64_t> ends_;  // end data offset of each entry
   std::unordered_set<std::string> names_;
@@ -86,7 +100,7 @@ class SafetensorsWriter {
   std::uint64_t header_bytes_ = 0;
   std::uint64_t written_ = 0;
   std::vector<std::byte> buffer_;  // coalesces small writes into large ones
-  int fd_ = -1;
+  std::optional<OutputFile> file_;  // from begin() to finish()
   State state_ = State::kDeclaring;
 };
 

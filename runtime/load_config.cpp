@@ -361,10 +361,24 @@ class Fields {
 
   explicit Fields(Lookup entries) : entries_(std::move(entries)) {}
 
+  // Every key is read through here, so this is the one place a NUL is refused: the
+  // C calls a path reaches would end it at the NUL ("rep.json\u0000.evil" wrote
+  // rep.json), and no path, name, mode or size holds one.
   const Entry* find(const std::string& key) {
     read_.insert(key);
     auto it = entries_.find(key);
-    return it == entries_.end() ? nullptr : &it->second;
+    if (it == entries_.end()) {
+      return nullptr;
+    }
+    const Entry& e = it->second;
+    const std::string* text = e.value->is_string() ? e.value->get_ptr<const std::string*>()
+                              : e.text->has_value() ? &**e.text
+                                                    : nullptr;
+    if (text != nullptr && text->find('\0') != std::string::npos) {
+      fail_key(key, "contains a NUL byte (\\u0000), which no path, name or mode may hold: " +
+                        json_quoted(*text));
+    }
+    return &e;
   }
 
   std::string_view source(const std::string& key) const {
@@ -381,14 +395,16 @@ class Fields {
     if (e == nullptr) {
       return fallback;
     }
+    std::string text;
     if (e->value->is_string()) {
-      return e->value->get<std::string>();
+      text = e->value->get<std::string>();
+    } else if (e->text->has_value() && e->value->is_primitive()) {
+      // `--set model.path=2024` parsed as a number; the text is what was meant.
+      text = **e->text;
+    } else {
+      fail_key(key, "expected a string, got " + e->value->dump());
     }
-    // `--set model.path=2024` parsed as a number; the text is what was meant.
-    if (e->text->has_value() && e->value->is_primitive()) {
-      return **e->text;
-    }
-    fail_key(key, "expected a string, got " + e->value->dump());
+    return text;
   }
 
   // True when `key` is absent or the string "auto" (a size key whose default ferry

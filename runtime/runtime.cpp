@@ -259,16 +259,21 @@ void LoadedModel::dump(const std::string& dir) const {
   for (const auto& device : state_->devices) {
     require_data(*device, "dump");
   }
+  // The folder's path reaches C calls, which would end it at a NUL (Python can pass one).
+  if (dir.find('\0') != std::string::npos) {
+    throw Error(Stage::kConfig, "", "", "dump: the folder's path contains a NUL byte");
+  }
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
-    throw Error(Stage::kConfig, dir, "", "cannot create the dump folder: " + ec.message());
+    throw Error(Stage::kOutput, dir, "", "dump: cannot create the folder: " + ec.message());
   }
   constexpr std::size_t kBlock = std::size_t{16} << 20;  // bounded host memory per copy
   for (std::size_t r = 0; r < state_->ranks.size(); ++r) {
     const LoadedRank& rank = state_->ranks[r];
     io::SafetensorsWriter writer(
-        (fs::path(dir) / ("rank-" + std::to_string(rank.tp_rank) + ".safetensors")).string());
+        (fs::path(dir) / ("rank-" + std::to_string(rank.tp_rank) + ".safetensors")).string(),
+        Stage::kOutput, "dump");
     writer.set_metadata({{"format", "pt"},
                          {"ferry.tp_rank", std::to_string(rank.tp_rank)},
                          {"ferry.device", rank.device}});
@@ -552,6 +557,32 @@ class CallbackThread {
   std::optional<std::string> error_;                  // written by the thread only
   std::thread thread_;  // last: it starts once everything above exists
 };
+
+namespace {
+
+// A failure that is not a ferry::Error (std::bad_alloc, a std::system_error, an
+// engine's exception) is labelled by the phase the load had reached: it used to be
+// "config", which sent an operator to the settings for a failure of the stream.
+Error unexpected_error(LoadPhase phase, const std::string& what) {
+  Stage stage = Stage::kConfig;  // kStarting: before the checkpoint was touched
+  switch (phase) {
+    case LoadPhase::kResolve: stage = Stage::kDiscovery; break;
+    case LoadPhase::kPlan: stage = Stage::kPlacement; break;
+    // Allocation and the sentinel fill are device work, labelled as the fault
+    // matrix labels a device's failures there; the stream's catch-all is "copy" too.
+    case LoadPhase::kAllocate:
+    case LoadPhase::kSentinel:
+    case LoadPhase::kStream: stage = Stage::kCopy; break;
+    case LoadPhase::kVerify: stage = Stage::kVerify; break;
+    case LoadPhase::kStarting:
+    case LoadPhase::kDone:
+    case LoadPhase::kFailed: break;
+  }
+  return Error(stage, "", "",
+               "unexpected during " + std::string(to_string(phase)) + ": " + what);
+}
+
+}  // namespace
 
 std::string_view to_string(LoadPhase phase) {
   switch (phase) {
@@ -1194,13 +1225,13 @@ void Runtime::Impl::run(LoadHandle::State& handle, const LoadCallbacks& callback
   } catch (const Error& e) {
     r.error = to_info(e);
   } catch (const std::exception& e) {
-    r.error = to_info(Error(Stage::kConfig, "", "", std::string("unexpected: ") + e.what()));
+    r.error = to_info(unexpected_error(handle.phase.load(), e.what()));
   } catch (...) {
     // Last resort: something (an engine's Allocator, a hook) threw what is not a
     // std::exception. Escaping this thread would std::terminate the engine.
     r = LoadResult{};
     r.error = to_info(
-        Error(Stage::kConfig, "", "", "unexpected: an exception that is not a std::exception"));
+        unexpected_error(handle.phase.load(), "an exception that is not a std::exception"));
   }
   if (notifier) {
     // The callbacks see the end (a last progress in its final phase) before wait().

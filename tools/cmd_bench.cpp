@@ -412,13 +412,13 @@ int cmd_bench(const Args& args) {
     // Peer scripts and configs on disk.
     const fs::path runs = fs::path(out) / "runs";
     {
-      std::ofstream(runs / "peer_sglang.py") << kSglangPeer;
-      std::ofstream(runs / "peer_load_file.py") << kLoadFilePeer;
+      write_file_replacing((runs / "peer_sglang.py").string(), kSglangPeer, "bench --out");
+      write_file_replacing((runs / "peer_load_file.py").string(), kLoadFilePeer, "bench --out");
     }
     for (std::size_t i = 0; i < entries.size(); ++i) {
       if (entries[i].config) {
-        std::ofstream(runs / ("config-" + std::to_string(i) + ".json"))
-            << runtime::to_json(*entries[i].config).dump(2);
+        write_file_replacing((runs / ("config-" + std::to_string(i) + ".json")).string(),
+                             runtime::to_json(*entries[i].config).dump(2), "bench --out");
       }
     }
     if (!e.cold) {
@@ -569,7 +569,7 @@ int cmd_bench(const Args& args) {
              (efficiency ? fmt(*efficiency, 3) : "") + "," + std::to_string(bytes_read) + "," +
              fmt(rss_med, 0) + "\n";
     }
-    std::ofstream(fs::path(out) / "results.csv") << csv;
+    write_file_replacing((fs::path(out) / "results.csv").string(), csv, "bench --out");
     std::string timeline;
     if (best) {
       // The median run of the fastest configuration.
@@ -581,16 +581,19 @@ int cmd_bench(const Args& args) {
       timeline = best->traces.at(order[order.size() / 2].second);
       results["timeline_trace"] = timeline;
     }
-    std::ofstream(fs::path(out) / "results.json") << results.dump(2) << "\n";
+    write_file_replacing((fs::path(out) / "results.json").string(), results.dump(2) + "\n",
+                         "bench --out");
     std::vector<const Entry*> rows;
     for (const Entry& entry : entries) {
       rows.push_back(&entry);
     }
-    std::ofstream(fs::path(out) / "chart.svg")
-        << chart(rows, timeline,
-                 fs::path(experiment_file).filename().string() + " on " +
-                     fs::path(model).filename().string() + " (" + human_bytes(file_bytes) +
-                     (e.cold ? ", cold" : ", hot") + ", median of " + std::to_string(repeat) + ")");
+    write_file_replacing(
+        (fs::path(out) / "chart.svg").string(),
+        chart(rows, timeline,
+              fs::path(experiment_file).filename().string() + " on " +
+                  fs::path(model).filename().string() + " (" + human_bytes(file_bytes) +
+                  (e.cold ? ", cold" : ", hot") + ", median of " + std::to_string(repeat) + ")"),
+        "bench --out");
     std::printf("\nwrote %s/results.json, results.csv, chart.svg\n", out.c_str());
   } catch (const Error& err) {
     std::fprintf(stderr, "ferry bench: error: %s\n", err.what());

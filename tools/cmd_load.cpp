@@ -15,7 +15,6 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <span>
 #include <string>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/format.hpp"
 #include "runtime/load_config.hpp"
 #include "runtime/runtime.hpp"
 #include "tools/cli.hpp"
@@ -131,11 +131,9 @@ int cmd_load(const Args& args) {
   }
   try {
     if (!config.load.report.empty()) {
-      std::ofstream out(config.load.report, std::ios::trunc);
-      out << report.json(2) << "\n";
-      if (!out) {
-        throw Error(Stage::kConfig, config.load.report, "", "cannot write the report");
-      }
+      // As every output: a regular file is replaced whole or left as it was (a full
+      // disk leaves no empty report), a FIFO or /dev/stdout is written in place.
+      write_file_replacing(config.load.report, report.json(2) + "\n", "load.report");
     }
     if (!config.load.dump_dir.empty()) {
       result.model->dump(config.load.dump_dir);

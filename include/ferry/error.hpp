@@ -31,6 +31,10 @@ enum class Stage {
   // The process could not get what the load needs from the system (a thread that
   // could not be started: EAGAIN under RLIMIT_AS, RLIMIT_NPROC or threads-max).
   kResources,
+  // Writing a file the caller asked for after the load (the report, the trace, the
+  // metrics textfile, a dump): the load itself may have succeeded. Appended, so that the
+  // values above keep their numbers.
+  kOutput,
 };
 
 FERRY_API std::string_view to_string(Stage stage);

@@ -46,7 +46,7 @@ TEST(FormatTest, WriteFileReplacingLeavesNoTemporaryAndNamesTheSettingOnFailure)
     write_file_replacing(dir.file("missing/m.prom"), "x", "trace.path");
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_EQ(e.stage(), Stage::kConfig);
+    EXPECT_EQ(e.stage(), Stage::kOutput);
     EXPECT_NE(std::string(e.what()).find("trace.path: cannot write"), std::string::npos)
         << e.what();
   }

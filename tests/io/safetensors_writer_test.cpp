@@ -3,8 +3,12 @@
 // ferry's own parser and the official Python library.
 #include "io/safetensors_writer.hpp"
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -197,10 +201,68 @@ TEST(SafetensorsWriter, FinishingShortIsAnErrorAndLeavesNoFile) {
       EXPECT_NE(e.rule().find("only 10 of 16"), std::string::npos) << e.what();
       EXPECT_NE(e.rule().find("2 of 8"), std::string::npos) << e.what();
     }
-    EXPECT_TRUE(std::filesystem::exists(path));
+    // Nothing stands at the path before finish() renames the whole file there.
+    EXPECT_FALSE(std::filesystem::exists(path));
   }
-  // A truncated file would look like a checkpoint with a lying header.
+  // A truncated file would look like a checkpoint with a lying header; its
+  // temporary is gone too.
   EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+TEST(SafetensorsWriter, AnOutputsFailureCarriesTheStageAndSettingItWasGiven) {
+  TempDir dir;
+  const std::string full = dir.file("rank-0.safetensors");
+  // A twin of /dev/full: written in place (never replaced), every write ENOSPC.
+  if (::mknod(full.c_str(), S_IFCHR | 0666, makedev(1, 7)) != 0) {
+    GTEST_SKIP() << "mknod is not permitted here; CI runs as root and makes the node";
+  }
+  SafetensorsWriter w(full, Stage::kOutput, "dump");
+  w.add("a", DType::kU8, {1});
+  w.begin();
+  auto one = pattern(1, 0);
+  w.write(one);
+  try {
+    w.finish();  // the header and the byte reach the device here
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.stage(), Stage::kOutput) << e.what();
+    EXPECT_EQ(e.file(), full);
+    EXPECT_NE(e.rule().find("dump: cannot write: " + errno_text(ENOSPC)), std::string::npos)
+        << e.what();
+  }
+  struct stat st {};
+  ASSERT_EQ(::lstat(full.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode));  // neither replaced nor removed
+}
+
+TEST(SafetensorsWriter, AFileAtThePathIsReplacedOnlyByAFinishedOne) {
+  TempDir dir;
+  const std::string path = dir.file("x.safetensors");
+  ferry::testing::write_file(path, "old");
+  {
+    SafetensorsWriter w(path);
+    w.add("a", DType::kU8, {4});
+    w.begin();
+    auto two = pattern(2, 0);
+    w.write(two);
+  }  // abandoned short
+  EXPECT_EQ(read_file(path), "old");
+  SafetensorsWriter w(path);
+  w.add("a", DType::kU8, {1});
+  w.begin();
+  auto one = pattern(1, 0);
+  w.write(one);
+  w.finish();
+  EXPECT_EQ(read_safetensors_header(path, path).tensors.size(), 1u);
+  EXPECT_EQ(std::vector<std::string>{"x.safetensors"},
+            [&] {
+              std::vector<std::string> names;
+              for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
+                names.push_back(e.path().filename().string());
+              }
+              return names;
+            }());
 }
 
 TEST(SafetensorsWriter, RejectsMisuse) {
