@@ -91,7 +91,7 @@ void reserve_descriptors(std::size_t files, const std::string& folder) {
                             " open now, " + std::to_string(kLoadDescriptorReserve) +
                             " for the load)";
   if (needed > now.hard) {
-    throw Error(Stage::kDiscovery, folder, "",
+    throw Error(Stage::kResources, folder, "",
                 count + ", more than the open-file limit allows: RLIMIT_NOFILE hard limit " +
                     limit_text(now.hard) + " (soft " + limit_text(now.soft) +
                     "); raise the hard limit (ulimit -Hn as root, LimitNOFILE= for a systemd "
@@ -100,7 +100,7 @@ void reserve_descriptors(std::size_t files, const std::string& folder) {
   const std::uint64_t target = std::max(needed, std::min(now.hard, kSoftLimitCeiling));
   const std::string err = set_soft_limit(target, now.hard);
   if (!err.empty()) {
-    throw Error(Stage::kDiscovery, folder, "",
+    throw Error(Stage::kResources, folder, "",
                 count + ": raising the RLIMIT_NOFILE soft limit from " + limit_text(now.soft) +
                     " to " + limit_text(target) + " failed: " + err);
   }

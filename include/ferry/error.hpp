@@ -28,8 +28,9 @@ enum class Stage {
   kPostProcess,
   kVerify,
   kCancelled,
-  // The process could not get what the load needs from the system (a thread that
-  // could not be started: EAGAIN under RLIMIT_AS, RLIMIT_NPROC or threads-max).
+  // The process could not get what the load needs from the system: a thread that
+  // could not be started (EAGAIN under RLIMIT_AS, RLIMIT_NPROC or threads-max), or
+  // more weight files than the hard RLIMIT_NOFILE lets it hold open.
   kResources,
   // Writing a file the caller asked for after the load (the report, the trace, the
   // metrics textfile, a dump): the load itself may have succeeded. Appended, so that the

@@ -435,7 +435,7 @@ TEST_F(AttackManyShards, PastTheHardLimitTheLoadFailsEarlyNamingTheLimitAndTheCo
   const int status = wait_child(c, std::chrono::seconds(120));
   const std::string err = read_file(c.err_path);
   ASSERT_EQ(status, 1) << err;
-  EXPECT_NE(err.find("discovery: " + ck() + ": " + std::to_string(shards_) +
+  EXPECT_NE(err.find("resources: " + ck() + ": " + std::to_string(shards_) +
                      " weight files need about "),
             std::string::npos)
       << err;

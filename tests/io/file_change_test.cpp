@@ -192,12 +192,12 @@ TEST(OpenFileLimitDeathTest, PastTheHardLimitTheErrorNamesTheLimitAndTheCount) {
           reserve_descriptors(5000, "/ck");
         } catch (const Error& e) {
           std::fprintf(stderr, "%s\n", e.what());
-          std::_Exit(e.stage() == Stage::kDiscovery && e.file() == "/ck" ? 3 : 4);
+          std::_Exit(e.stage() == Stage::kResources && e.file() == "/ck" ? 3 : 4);
         }
         std::_Exit(0);
       },
       ::testing::ExitedWithCode(3),
-      "discovery: /ck: 5000 weight files need about [0-9]+ open file descriptors at once "
+      "resources: /ck: 5000 weight files need about [0-9]+ open file descriptors at once "
       "\\(5000 files, [0-9]+ open now, 64 for the load\\), more than the open-file limit "
       "allows: RLIMIT_NOFILE hard limit 2048 \\(soft 1024\\)");
 }
