@@ -27,6 +27,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/thread_start.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::runtime {
@@ -200,11 +201,9 @@ MetricsServer::MetricsServer(const std::string& address, MetricsServerOptions op
   if (impl_->wake.get() < 0) {
     throw std::runtime_error("cannot make an eventfd: " + errno_text(errno));
   }
-  try {
-    impl_->thread = std::thread([impl = impl_.get()] { impl->serve(); });
-  } catch (const std::system_error& e) {
-    throw std::runtime_error(std::string("could not start its thread: ") + e.what());
-  }
+  // A refused thread is Error(Stage::kResources), "could not start thread metrics
+  // server" (common/thread_start.hpp).
+  impl_->thread = start_thread("metrics server", [impl = impl_.get()] { impl->serve(); });
 }
 
 MetricsServer::~MetricsServer() {

@@ -1036,6 +1036,8 @@ void Runtime::Impl::start_metrics() {
   try {
     server = std::make_unique<MetricsServer>(m.listen);
     server->add(metrics->registry());
+  } catch (const Error& e) {
+    metrics_error = e;  // its thread refused: resources
   } catch (const std::exception& e) {
     // Every load then fails with this (a constructor that never throws).
     metrics_error = Error(Stage::kConfig, "", "",

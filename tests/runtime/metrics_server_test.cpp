@@ -22,6 +22,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/thread_start.hpp"
+#include "ferry/error.hpp"
+
 namespace ferry::runtime {
 namespace {
 
@@ -214,6 +217,23 @@ TEST(MetricsServer, APortInUseIsRefusedSaying) {
   }
   // A port that is not a number is refused before any lookup.
   EXPECT_THROW(MetricsServer("127.0.0.1:http"), std::runtime_error);
+}
+
+TEST(MetricsServer, AThreadTheSystemRefusesIsAResourcesErrorAndLeavesNothingListening) {
+  inject_thread_start_failure("metrics server");
+  std::uint16_t port = 0;
+  try {
+    MetricsServer server("127.0.0.1:0");
+    port = server.ports()[0];
+    ADD_FAILURE() << "served on " << port << " without its thread";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.stage(), Stage::kResources) << e.what();
+    EXPECT_THAT(e.what(), HasSubstr("could not start thread metrics server"));
+  }
+  clear_thread_start_failure();
+  // The next server starts as usual.
+  MetricsServer server("127.0.0.1:0");
+  EXPECT_FALSE(server.ports().empty());
 }
 
 TEST(MetricsServer, ServesOnIpv6Loopback) {
