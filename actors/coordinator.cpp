@@ -15,8 +15,9 @@
 // stops; the coordinator learns it from the actor's down message or from its tick.
 // A spawn that fails (an actor's thread the system refuses) is an abort too.
 // It marks the load aborted (workers drop queued chunks, the reader issues no more
-// reads), closes the staging pools (so a blocked acquire wakes), sends every actor
-// an exit message and quits. run_pipeline then waits until every actor is gone.
+// reads), closes the staging pools (so a blocked acquire wakes), ends the streams'
+// emulated waits (so a copy worker sleeping on a capped host link wakes), sends
+// every actor an exit message and quits. run_pipeline then waits until every actor is gone.
 #include <algorithm>
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
@@ -67,6 +68,7 @@ struct CoordinatorState {
   void abort(caf::event_based_actor* self) {
     shared->abort();
     shared->close_pools();
+    shared->abandon_emulated_waits();
     stop_children(self);
     self->quit(caf::exit_reason::user_shutdown);
   }

@@ -79,6 +79,18 @@ class Shared {
   // Whether readers may read straight into params (io.direct_to_device resolved
   // against the lanes that run; see run_pipeline).
   bool single_copy = false;
+  // Ends every rank stream's emulated waits (gpu::Stream::abandon_emulated_waits), so
+  // that a copy worker sleeping on the host backend's capped link wakes (an abort:
+  // a cancel must not wait for a slow link to carry what was booked on it).
+  void abandon_emulated_waits() {
+    if (resources) {
+      for (PreparedResources::Rank& rank : resources->ranks) {
+        if (rank.stream) {
+          rank.stream->abandon_emulated_waits();
+        }
+      }
+    }
+  }
   // Closes every lane's pool, so a reader blocked on one wakes (an abort).
   void close_pools() {
     for (PreparedResources::Lane& lane : lanes) {

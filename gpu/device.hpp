@@ -293,6 +293,15 @@ class Stream {
 
   // Blocks until everything queued so far has finished.
   virtual void synchronize() = 0;
+
+  // Ends the waits that only emulate time, for good: the host backend's bandwidth cap
+  // (its copies land at once; events and synchronize() then wait for the emulated
+  // link). From the call on, synchronize() and the events recorded on this stream
+  // wait only for work still to run, and a thread already sleeping in one of them
+  // wakes at once. How a stopped load (cancel, failure) gets past a link slow enough
+  // to take minutes. Thread-safe: any thread, while another waits. Backends whose
+  // waits are real (CUDA: a copy in flight still reads its buffer): nothing.
+  virtual void abandon_emulated_waits() {}
 };
 
 class Device {

@@ -173,10 +173,39 @@ struct HostDeviceState {
 // in every copy instead lost the timer's slack on each one, about 50 us.)
 using TimePoint = LinkThrottle::Clock::time_point;
 
+// A stream's waits for its emulated link, shared with the events it records. The
+// bytes have landed already when a wait begins (copies run on the calling thread),
+// so Stream::abandon_emulated_waits may end every such wait at once, for good: a
+// stopped load then gets past a link slow enough to take minutes (hardening round
+// two, item 12: at 1e-5 GB/s a cancel waited for every copy booked on the link).
+class LinkWaits {
+ public:
+  // Sleeps until `t` or until abandon(), whichever comes first.
+  void until(TimePoint t) {
+    std::unique_lock lock(mu_);
+    cv_.wait_until(lock, t, [this] { return abandoned_.load(); });
+  }
+  // Whether `t` has passed, or the waits were abandoned.
+  bool passed(TimePoint t) const { return abandoned_.load() || LinkThrottle::Clock::now() >= t; }
+  void abandon() {
+    {
+      std::lock_guard lock(mu_);
+      abandoned_.store(true);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> abandoned_{false};  // written under mu_, read without it by passed()
+};
+
 class HostEvent final : public Event {
  public:
-  HostEvent(std::shared_ptr<HostDeviceState> state, TimePoint done_at)
-      : state_(std::move(state)), done_at_(done_at) {
+  HostEvent(std::shared_ptr<HostDeviceState> state, std::shared_ptr<LinkWaits> waits,
+            TimePoint done_at)
+      : state_(std::move(state)), waits_(std::move(waits)), done_at_(done_at) {
     state_->take_event("record");
     state_->stats.event_created();
   }
@@ -189,15 +218,18 @@ class HostEvent final : public Event {
 
   bool query() override {
     refuse_unbound_wait(state_->name, "Event::query");
-    return LinkThrottle::Clock::now() >= done_at_;
+    return waits_->passed(done_at_);
   }
   void synchronize() override {
     refuse_unbound_wait(state_->name, "Event::synchronize");
-    std::this_thread::sleep_until(done_at_);
+    if (!waits_->passed(done_at_)) {
+      waits_->until(done_at_);
+    }
   }
 
  private:
   std::shared_ptr<HostDeviceState> state_;
+  std::shared_ptr<LinkWaits> waits_;
   TimePoint done_at_;
 };
 
@@ -488,7 +520,7 @@ class HostStream final : public Stream {
     if (deferred_) {
       return std::make_unique<DeferredEvent>(state_, deferred_, deferred_->queued());
     }
-    return std::make_unique<HostEvent>(state_, done_at_);
+    return std::make_unique<HostEvent>(state_, waits_, done_at_);
   }
 
   // As on CUDA, through a pooled event (taken and given back).
@@ -499,8 +531,13 @@ class HostStream final : public Stream {
     if (deferred_) {
       deferred_->wait(deferred_->queued());
     }
-    std::this_thread::sleep_until(done_at_);
+    if (!waits_->passed(done_at_)) {
+      waits_->until(done_at_);
+    }
   }
+
+  // The bytes have landed; only the link's time is left to wait, and no longer is.
+  void abandon_emulated_waits() override { waits_->abandon(); }
 
  private:
   // Runs `op` now, or queues it on the deferred queue (host.deferred_copies).
@@ -541,6 +578,7 @@ class HostStream final : public Stream {
   }
 
   std::shared_ptr<HostDeviceState> state_;
+  std::shared_ptr<LinkWaits> waits_ = std::make_shared<LinkWaits>();
   TimePoint done_at_{};                      // when the link has carried everything queued so far
   std::shared_ptr<DeferredQueue> deferred_;  // host.deferred_copies; null otherwise
 };

@@ -15,7 +15,9 @@
 // books its host-to-device transfers on the device's emulated link (see
 // gpu/link_throttle.hpp) and its events and synchronize() complete when the link
 // has carried everything queued before them, without holding the caller meanwhile:
-// the timing a CUDA stream's copy engine shows the copy worker.
+// the timing a CUDA stream's copy engine shows the copy worker. Those waits are
+// emulated time only, so Stream::abandon_emulated_waits ends them at once (a stopped
+// load does not wait for a slow link).
 #pragma once
 
 #include <cstddef>

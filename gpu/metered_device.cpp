@@ -100,6 +100,7 @@ class MeteredStream final : public Stream {
   }
   std::unique_ptr<Event> record() override { return inner_->record(); }
   void synchronize() override { inner_->synchronize(); }
+  void abandon_emulated_waits() override { inner_->abandon_emulated_waits(); }
 
  private:
   void report(std::string_view op, std::size_t bytes, Clock::time_point began) {

@@ -10,7 +10,6 @@
 #include <array>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -22,6 +21,7 @@
 #include "common/error.hpp"
 #include "common/json_depth.hpp"
 #include "common/log.hpp"
+#include "common/small_file.hpp"
 #include "io/safetensors.hpp"
 
 namespace ferry::io {
@@ -33,8 +33,6 @@ constexpr const char* kModelIndex = "model.safetensors.index.json";
 constexpr const char* kMistralIndex = "consolidated.safetensors.index.json";
 constexpr const char* kMtpFile = "mtp.safetensors";
 constexpr const char* kConfigFile = "config.json";
-// config.json is a few kilobytes; anything this large is not a model config.
-constexpr std::uintmax_t kMaxConfigBytes = 64u << 20;
 
 // Written by trainers next to the weights; never weights themselves.
 constexpr std::array<std::string_view, 5> kTrainingState = {
@@ -252,6 +250,7 @@ struct GlmMtp {
 };
 
 std::optional<GlmMtp> glm_mtp_rule(const std::string& folder, const std::string& index_name,
+                                   std::uint64_t max_config_bytes,
                                    std::vector<std::string>& decisions) {
   const std::string prefix = std::string(kMtpFile) + " is not in " + index_name + "; ";
   const fs::path path = fs::path(folder) / kConfigFile;
@@ -262,20 +261,20 @@ std::optional<GlmMtp> glm_mtp_rule(const std::string& folder, const std::string&
                         ", so the GLM-4 MoE rule does not apply: not added");
     return std::nullopt;
   }
-  std::error_code ec;
-  const std::uintmax_t size = fs::file_size(path, ec);
   nlohmann::json json;
-  if (!ec && size <= kMaxConfigBytes) {
-    std::ifstream in(path, std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string unreadable;
+  try {
+    const std::string text =
+        read_small_file(path.string(), Stage::kDiscovery, max_config_bytes, "config.json");
     if (json_depth(text) <= kMaxJsonDepth) {  // deeper: left null, not an object
       json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     }
+  } catch (const Error& e) {
+    unreadable = " (" + e.rule() + ")";
   }
-  if (ec || size > kMaxConfigBytes || json.is_discarded() || !json.is_object()) {
-    decisions.push_back(prefix +
-                        "config.json cannot be read as a JSON object, so the GLM-4 MoE rule "
-                        "does not apply: not added");
+  if (!unreadable.empty() || json.is_discarded() || !json.is_object()) {
+    decisions.push_back(prefix + "config.json cannot be read as a JSON object" + unreadable +
+                        ", so the GLM-4 MoE rule does not apply: not added");
     return std::nullopt;
   }
   std::string architecture;
@@ -511,7 +510,7 @@ ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions&
 
   if (use_index) {
     auto parsed = std::make_shared<const WeightIndex>(
-        read_weight_index(index_path.string(), index_path.string()));
+        read_weight_index(index_path.string(), index_path.string(), options.max_metadata_bytes));
     const WeightIndex& index = *parsed;
     out.weight_index = parsed;
     if (index.weight_map.empty()) {
@@ -566,7 +565,7 @@ ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions&
         continue;
       }
       if (entry->name == kMtpFile && entry->probe.kind == Kind::kFile) {
-        if (const auto glm = glm_mtp_rule(folder, index_name, out.decisions)) {
+        if (const auto glm = glm_mtp_rule(folder, index_name, options.max_metadata_bytes, out.decisions)) {
           const std::string nextn = "num_nextn_predict_layers=" + std::to_string(glm->nextn_layers);
           choose(entry->name,
                  std::string(kMtpFile) + " added for " + glm->architecture + " (" + nextn + ")");

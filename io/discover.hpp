@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/small_file.hpp"
+
 namespace ferry::io {
 
 struct WeightIndex;  // io/safetensors.hpp
@@ -36,6 +38,8 @@ struct DiscoveryOptions {
   int sort_weight_files = 0;
   int tp_size = 1;
   int tp_rank = 0;  // a process serving several ranks passes its first local rank
+  // io.max_metadata_bytes: the cap on the index and config.json read here.
+  std::uint64_t max_metadata_bytes = kDefaultMaxMetadataBytes;
 };
 
 struct WeightFile {

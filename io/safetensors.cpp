@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <fstream>
 #include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -20,6 +19,7 @@
 #include "common/error.hpp"
 #include "common/json_depth.hpp"
 #include "common/log.hpp"
+#include "common/small_file.hpp"
 #include "io/fd_limit.hpp"
 #include "io/safetensors_internal.hpp"
 
@@ -642,16 +642,6 @@ class IndexSax {
   std::unordered_set<std::string> metadata_keys_;
 };
 
-std::string read_text_file(const std::string& path, Stage stage, const std::string& display) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw_errno(stage, display, "open", errno);
-  }
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 // pread until `n` bytes or end of file; returns bytes read.
 std::size_t pread_full(int fd, char* dst, std::size_t n, std::uint64_t off,
                        const std::string& display) {
@@ -1179,8 +1169,10 @@ WeightIndex parse_weight_index(std::string_view text, const std::string& display
   return index;
 }
 
-WeightIndex read_weight_index(const std::string& path, const std::string& display) {
-  return parse_weight_index(read_text_file(path, Stage::kIndex, display), display);
+WeightIndex read_weight_index(const std::string& path, const std::string& display,
+                              std::uint64_t max_bytes) {
+  return parse_weight_index(read_small_file(path, Stage::kIndex, max_bytes, "the index", display),
+                            display);
 }
 
 const TensorInfo* CheckpointIndex::find(std::string_view name) const {
@@ -1259,7 +1251,8 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
   const std::string index_path = source.folder + "/" + *source.index_file;
   std::shared_ptr<const WeightIndex> parsed = source.weight_index;
   if (!parsed) {
-    parsed = std::make_shared<const WeightIndex>(read_weight_index(index_path, *source.index_file));
+    parsed = std::make_shared<const WeightIndex>(read_weight_index(index_path, *source.index_file,
+                                                                options.max_metadata_bytes));
   }
   const WeightIndex& index = *parsed;
   std::set<std::string> indexed_files;

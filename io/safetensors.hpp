@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "common/small_file.hpp"
 #include "io/discover.hpp"
 #include "io/file.hpp"
 #include "io/name_table.hpp"
@@ -64,7 +65,10 @@ struct WeightIndex {
 // Throws ferry::Error(Stage::kIndex) naming the file when it does not parse, is not an
 // object, has no `weight_map` object, or maps a tensor to something not a string.
 WeightIndex parse_weight_index(std::string_view json, const std::string& display);
-WeightIndex read_weight_index(const std::string& path, const std::string& display);
+// Reads the index through read_small_file: a regular file of at most `max_bytes`
+// (io.max_metadata_bytes), else ferry::Error(Stage::kIndex) naming it.
+WeightIndex read_weight_index(const std::string& path, const std::string& display,
+                              std::uint64_t max_bytes = kDefaultMaxMetadataBytes);
 
 struct CheckpointFile {
   std::string path;
@@ -111,6 +115,8 @@ struct CheckpointIndex {
 
 struct IndexOptions {
   bool strict = false;  // a tensor the index does not list is an error, not a warning
+  // io.max_metadata_bytes: the cap on the index, when discovery did not read it.
+  std::uint64_t max_metadata_bytes = kDefaultMaxMetadataBytes;
 };
 
 // Reads every chosen file's header and cross-checks them with the index. Errors

@@ -1,15 +1,14 @@
 #include "models/experts.hpp"
 
 #include <algorithm>
-#include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "common/error.hpp"
 #include "common/json_depth.hpp"
+#include "common/small_file.hpp"
 #include "models/hf_config.hpp"
 #include "models/layers.hpp"
 #include "models/placement.hpp"
@@ -179,17 +178,17 @@ ModelOptions::Eplb parse_eplb_map(const nlohmann::json& j, const std::string& fi
   return out;
 }
 
-ModelOptions::Eplb load_eplb_map(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    eplb_error(path, "cannot open the file");
+ModelOptions::Eplb load_eplb_map(const std::string& path, std::uint64_t max_bytes) {
+  std::string text;
+  try {
+    text = read_small_file(path, Stage::kConfig, max_bytes, "the file");
+  } catch (const Error& e) {
+    eplb_error(path, e.rule());
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  if (json_depth(text.str()) > kMaxJsonDepth) {
+  if (json_depth(text) > kMaxJsonDepth) {
     eplb_error(path, json_too_deep_rule());
   }
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     eplb_error(path, "not valid JSON");
   }

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "common/small_file.hpp"
 #include "models/model.hpp"
 #include "models/table_model.hpp"
 
@@ -85,6 +86,9 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
 // [[physical ids of logical expert 0], ...]}}. Every physical id in [0, P) appears
 // exactly once per layer. Throws Error(Stage::kConfig) naming `file` and the field.
 ModelOptions::Eplb parse_eplb_map(const nlohmann::json& j, const std::string& file);
-ModelOptions::Eplb load_eplb_map(const std::string& path);
+// Reads `path` through read_small_file (a regular file of at most `max_bytes`,
+// io.max_metadata_bytes).
+ModelOptions::Eplb load_eplb_map(const std::string& path,
+                                 std::uint64_t max_bytes = kDefaultMaxMetadataBytes);
 
 }  // namespace ferry::models

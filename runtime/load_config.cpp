@@ -3,6 +3,9 @@
 // the in-code defaults, so the schema and the report cannot drift apart.
 #include "runtime/load_config.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -20,6 +23,7 @@
 #include "common/error.hpp"
 #include "common/json_depth.hpp"
 #include "common/log.hpp"
+#include "common/small_file.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -29,7 +33,14 @@ constexpr int kMaxParallel = 4096;     // tp, ep, pp: far beyond any deployment
 constexpr int kMaxCudaOrdinal = 1024;  // keeps "cuda:0-999999999" from allocating
 constexpr std::uint64_t kMaxChunkBytes = std::uint64_t{1} << 30;     // a read returns < 2 GiB
 constexpr std::uint64_t kMaxStagingBytes = std::uint64_t{64} << 30;  // staging for all lanes
-constexpr std::uint64_t kDirectAlign = 4096;  // O_DIRECT alignment (notes/toolchain.md)
+// io.max_metadata_bytes: a config.json is a few KiB, the largest indexes tens of MB.
+constexpr std::uint64_t kMinMetadataBytes = std::uint64_t{64} << 10;
+constexpr std::uint64_t kMaxMetadataBytes = std::uint64_t{4} << 30;
+constexpr std::uint64_t kDirectAlign = 4096;
+// host.bandwidth_gbps, when not 0: 10 MB/s to 10 TB/s, around every link there is
+// (PCIe 1.0 x1 moves 0.25 GB/s); 1e-300 made a load that never finished.
+constexpr double kMinBandwidthGbps = 0.01;
+constexpr double kMaxBandwidthGbps = 10000;  // O_DIRECT alignment (notes/toolchain.md)
 
 [[noreturn]] void fail(std::string_view source, std::string rule) {
   throw Error(Stage::kConfig, std::string(source), "", std::move(rule));
@@ -579,15 +590,10 @@ void ConfigBuilder::apply_json_text(std::string_view text, std::string_view sour
 }
 
 void ConfigBuilder::apply_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw_errno(Stage::kConfig, path.string(), "cannot open the config file", errno);
-  }
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) {
-    throw_errno(Stage::kConfig, path.string(), "cannot read the config file", errno);
-  }
-  apply_json_text(text, path.string());
+  // Read with the default cap: io.max_metadata_bytes is not known before the file is.
+  apply_json_text(read_small_file(path.string(), Stage::kConfig, kDefaultMaxMetadataBytes,
+                                  "the config file"),
+                  path.string());
 }
 
 void ConfigBuilder::apply_text(std::string_view key, std::string_view text,
@@ -842,6 +848,8 @@ LoadConfig ConfigBuilder::build() const {
   c.io.cancel_timeout_ms = static_cast<std::uint64_t>(f.get_int(
       "io.cancel_timeout_ms", 1, 3'600'000, static_cast<std::int64_t>(d.io.cancel_timeout_ms)));
   c.io.staging_bytes = f.get_size("io.staging_bytes", 0, kMaxStagingBytes, d.io.staging_bytes);
+  c.io.max_metadata_bytes = f.get_size("io.max_metadata_bytes", kMinMetadataBytes,
+                                       kMaxMetadataBytes, d.io.max_metadata_bytes);
   if (f.is_auto("io.chunk_bytes")) {
     // By the devices' link, and never so large that explicit staging holds fewer
     // than two buffers (one read in flight while the other is copied).
@@ -909,7 +917,15 @@ LoadConfig ConfigBuilder::build() const {
   }
 
   // host, metrics
-  c.host.bandwidth_gbps = f.get_double("host.bandwidth_gbps", 0, 1e6, d.host.bandwidth_gbps);
+  c.host.bandwidth_gbps = f.get_double("host.bandwidth_gbps", 0, kMaxBandwidthGbps,
+                                       d.host.bandwidth_gbps);
+  if (c.host.bandwidth_gbps != 0 && c.host.bandwidth_gbps < kMinBandwidthGbps) {
+    std::ostringstream rule;
+    rule << "expected 0 (no cap) or a number from " << kMinBandwidthGbps << " to "
+         << kMaxBandwidthGbps << " GB/s, got " << c.host.bandwidth_gbps
+         << " (a slower link would take hours to emulate a load)";
+    f.fail_key("host.bandwidth_gbps", rule.str());
+  }
   c.host.deferred_copies = f.get_bool("host.deferred_copies", d.host.deferred_copies);
   c.host.huge_pages = f.get_bool("host.huge_pages", d.host.huge_pages);
   c.host.narrow_row_bytes =
@@ -1049,6 +1065,7 @@ nlohmann::json to_json(const LoadConfig& c) {
            {"direct", c.io.direct},
            {"drop_cache", c.io.drop_cache},
            {"cancel_timeout_ms", c.io.cancel_timeout_ms},
+           {"max_metadata_bytes", c.io.max_metadata_bytes},
        }},
       {"prefetch",
        {
@@ -1105,19 +1122,86 @@ std::string_view online_name(QuantizationConfig::Online online) {
   return "none";
 }
 
+namespace {
+
+// RFC 1123 host names: dot-separated labels of 1-63 letters, digits and '-', not
+// starting or ending with '-', 253 characters at most. The last label must not be all
+// digits, so that "999.1.1.1" (which civetweb would read as 231.1.1.1, each number
+// taken modulo 256) is judged as an IPv4 address, and refused, rather than as a name.
+bool valid_host_name(std::string_view name) {
+  if (name.empty() || name.size() > 253) {
+    return false;
+  }
+  std::string_view last;
+  while (true) {
+    const std::size_t dot = name.find('.');
+    const std::string_view label = name.substr(0, dot);
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
+      return false;
+    }
+    for (char ch : label) {
+      if (std::isalnum(static_cast<unsigned char>(ch)) == 0 && ch != '-') {
+        return false;
+      }
+    }
+    last = label;
+    if (dot == std::string_view::npos) {
+      break;
+    }
+    name.remove_prefix(dot + 1);
+  }
+  return last.find_first_not_of("0123456789") != std::string_view::npos;
+}
+
+bool valid_ip(int family, const std::string& text) {
+  unsigned char buf[sizeof(struct in6_addr)];
+  return ::inet_pton(family, text.c_str(), buf) == 1;
+}
+
+}  // namespace
+
 std::string metrics_bind_address(const std::string& text) {
+  const std::string expected =
+      "expected PORT or ADDRESS:PORT (ADDRESS an IPv4 address, an IPv6 address in brackets "
+      "such as [::1], or a host name; port 0-65535; 0 picks a free one), got " +
+      json_quoted(text);
   std::string host = "127.0.0.1";
   std::string port = text;
-  if (const std::size_t colon = text.rfind(':'); colon != std::string::npos) {
+  bool ipv6 = false;
+  if (!text.empty() && text.front() == '[') {
+    const std::size_t close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      throw Error(Stage::kConfig, "", "", expected);
+    }
+    host = text.substr(0, close + 1);
+    port = text.substr(close + 2);
+    ipv6 = true;
+  } else if (const std::size_t colon = text.rfind(':'); colon != std::string::npos) {
     host = text.substr(0, colon);
     port = text.substr(colon + 1);
+    if (host.find(':') != std::string::npos) {
+      throw Error(Stage::kConfig, "", "",
+                  "an IPv6 address goes in brackets, as in [::1]:9400; " + expected);
+    }
   }
   const bool digits = !port.empty() && port.size() <= 5 &&
                       port.find_first_not_of("0123456789") == std::string::npos;
   if (host.empty() || !digits || std::stoul(port) > 65535) {
+    throw Error(Stage::kConfig, "", "", expected);
+  }
+  if (ipv6) {
+    if (!valid_ip(AF_INET6, host.substr(1, host.size() - 2))) {
+      throw Error(Stage::kConfig, "", "",
+                  "the address " + json_quoted(host) +
+                      " is not an IPv6 address (inet_pton refused it); " + expected);
+    }
+  } else if (!valid_ip(AF_INET, host) && !valid_host_name(host)) {
     throw Error(Stage::kConfig, "", "",
-                "expected PORT or ADDRESS:PORT (port 0-65535; 0 picks a free one), got " +
-                    json_quoted(text));
+                "the address " + json_quoted(host) +
+                    " is neither an IPv4 address (four numbers 0-255, inet_pton) nor a host "
+                    "name (RFC 1123: dot-separated labels of letters, digits and '-', the last "
+                    "not all digits); " +
+                    expected);
   }
   return host + ":" + port;
 }

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "common/small_file.hpp"
 #include "io/discover.hpp"
 #include "io/reader.hpp"
 #include "models/model.hpp"
@@ -134,6 +135,11 @@ struct IoConfig {
   // kernel to cancel; a read still there after it is reported and its buffers are
   // leaked instead of waited for (a hung file system must not hang the engine).
   std::uint64_t cancel_timeout_ms = 5000;
+  // The most bytes of a metadata file ferry reads whole: config.json,
+  // hf_quant_config.json, the safetensors index, an EPLB map (common/small_file.hpp);
+  // larger ones, and anything not a regular file, are refused. ferry's own config file
+  // is read with the default, before this key is known.
+  std::uint64_t max_metadata_bytes = kDefaultMaxMetadataBytes;
   bool operator==(const IoConfig&) const = default;
 };
 
@@ -205,8 +211,10 @@ std::string_view to_string(StartupMode mode);
 // quantization.requant's spelling: "none", "ue8m0", "tensor".
 std::string_view requant_name(models::QuantScheme::Requant requant);
 
-// metrics.listen's value as ADDRESS:PORT ("9400" -> "127.0.0.1:9400"). Throws
-// ferry::Error(Stage::kConfig) for anything else.
+// metrics.listen's value as ADDRESS:PORT ("9400" -> "127.0.0.1:9400"). ADDRESS is an
+// IPv4 address (inet_pton: "999.1.1.1" is refused, where the web server would bind
+// 231.1.1.1), an IPv6 address in brackets ("[::1]:9400") or an RFC 1123 host name.
+// Throws ferry::Error(Stage::kConfig) for anything else.
 std::string metrics_bind_address(const std::string& text);
 
 struct StartupConfig {

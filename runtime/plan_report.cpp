@@ -2,14 +2,13 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "actors/plan.hpp"
 #include "common/error.hpp"
 #include "common/format.hpp"
 #include "common/json_depth.hpp"
+#include "common/small_file.hpp"
 #include "gpu/backends.hpp"
 #include "models/experts.hpp"
 #include "models/quant.hpp"
@@ -17,18 +16,15 @@
 namespace ferry::runtime {
 namespace {
 
-nlohmann::json read_json_file(const std::filesystem::path& path, const char* what) {
-  std::ifstream in(path);
-  if (!in) {
-    throw Error(Stage::kConfig, path.string(), "", std::string("cannot open ") + what);
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  if (json_depth(text.str()) > kMaxJsonDepth) {
+// Through read_small_file: a regular file of at most `max_bytes` (io.max_metadata_bytes).
+nlohmann::json read_json_file(const std::filesystem::path& path, const char* what,
+                              std::uint64_t max_bytes) {
+  const std::string text = read_small_file(path.string(), Stage::kConfig, max_bytes, what);
+  if (json_depth(text) > kMaxJsonDepth) {
     throw Error(Stage::kConfig, path.string(), "", json_too_deep_rule());
   }
   try {
-    return nlohmann::json::parse(text.str());
+    return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error(Stage::kConfig, path.string(), "", std::string("does not parse: ") + e.what());
   }
@@ -58,15 +54,17 @@ models::QuantScheme::Online resolve_online(const LoadConfig& c) {
 
 // config.json, with a ModelOpt hf_quant_config.json beside it merged in
 // (models::with_hf_quant_config).
-nlohmann::json read_hf_config(const std::string& folder) {
+nlohmann::json read_hf_config(const std::string& folder, std::uint64_t max_bytes) {
   const std::filesystem::path dir(folder);
-  nlohmann::json config = read_json_file(
-      dir / "config.json", "the model's config.json (every checkpoint folder needs one)");
+  nlohmann::json config =
+      read_json_file(dir / "config.json",
+                     "the model's config.json (every checkpoint folder needs one)", max_bytes);
   const std::filesystem::path quant = dir / "hf_quant_config.json";
   std::error_code ec;
+  // exists() follows links: a FIFO or a device there is read_small_file's to refuse.
   if (std::filesystem::exists(quant, ec)) {
-    config = models::with_hf_quant_config(std::move(config),
-                                          read_json_file(quant, "hf_quant_config.json"));
+    config = models::with_hf_quant_config(
+        std::move(config), read_json_file(quant, "hf_quant_config.json", max_bytes));
   }
   return config;
 }
@@ -122,10 +120,10 @@ ResolvedCheckpoint resolve_checkpoint(const LoadConfig& c) {
     std::error_code ec;
     if (std::filesystem::is_regular_file(path, ec)) {
       out.source.folder = path.parent_path().string();
-      out.hf_config = read_json_file(path, "the model's config.json");
+      out.hf_config = read_json_file(path, "the model's config.json", c.io.max_metadata_bytes);
     } else {
       out.source.folder = c.model.path;
-      out.hf_config = read_hf_config(c.model.path);
+      out.hf_config = read_hf_config(c.model.path, c.io.max_metadata_bytes);
     }
     out.source.load_format = io::LoadFormat::kDummy;
     return out;
@@ -135,12 +133,14 @@ ResolvedCheckpoint resolve_checkpoint(const LoadConfig& c) {
   discovery.sort_weight_files = c.load.sort_weight_files;
   discovery.tp_size = c.parallel.tp;
   discovery.tp_rank = c.parallel.ranks.empty() ? 0 : c.parallel.ranks.front();
+  discovery.max_metadata_bytes = c.io.max_metadata_bytes;
   ResolvedCheckpoint out;
   out.source = io::resolve_source(c.model.path, discovery);
   io::IndexOptions index_options;
   index_options.strict = c.load.strict;
+  index_options.max_metadata_bytes = c.io.max_metadata_bytes;
   out.index = io::build_checkpoint_index(out.source, index_options);
-  out.hf_config = read_hf_config(out.source.folder);
+  out.hf_config = read_hf_config(out.source.folder, c.io.max_metadata_bytes);
   out.warnings = out.source.warnings;
   out.warnings.insert(out.warnings.end(), out.index.warnings.begin(), out.index.warnings.end());
   return out;
@@ -172,7 +172,7 @@ std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& c,
   model_options.pad_moe_intermediate_to =
       static_cast<std::uint64_t>(c.model.pad_moe_intermediate_to);
   if (!c.model.eplb_map.empty()) {
-    model_options.eplb = models::load_eplb_map(c.model.eplb_map);
+    model_options.eplb = models::load_eplb_map(c.model.eplb_map, c.io.max_metadata_bytes);
   }
   return models::make_model(hf_config, layout, model_options);
 }

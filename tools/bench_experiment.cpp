@@ -1,12 +1,11 @@
 #include "tools/bench_experiment.hpp"
 
 #include <algorithm>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "common/error.hpp"
 #include "common/json_depth.hpp"
+#include "common/small_file.hpp"
 
 namespace ferry::tools {
 namespace {
@@ -103,18 +102,14 @@ Experiment parse_experiment(const nlohmann::ordered_json& j, const std::string& 
 }
 
 Experiment read_experiment(const std::string& file) {
-  std::ifstream in(file);
-  if (!in) {
-    throw Error(Stage::kConfig, file, "", "experiment: cannot open the file");
-  }
-  std::stringstream s;
-  s << in.rdbuf();
-  if (json_depth(s.str()) > kMaxJsonDepth) {
+  const std::string text =
+      read_small_file(file, Stage::kConfig, kDefaultMaxMetadataBytes, "the experiment file");
+  if (json_depth(text) > kMaxJsonDepth) {
     bad(file, json_too_deep_rule());
   }
   nlohmann::ordered_json j;
   try {
-    j = nlohmann::ordered_json::parse(s.str());
+    j = nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::ordered_json::exception& ex) {
     bad(file, std::string("not JSON: ") + ex.what());
   }

@@ -30,6 +30,8 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "common/log.hpp"
+#include "common/small_file.hpp"
 #include "embedded_peers.hpp"
 #include "io/safetensors.hpp"
 #include "tools/bench_experiment.hpp"
@@ -41,6 +43,10 @@ namespace ferry::tools {
 namespace {
 
 namespace fs = std::filesystem;
+
+// A trace `bench` reads back to draw a run's timeline: ferry wrote it, and it grows
+// with the load (an event per read and copy), so it gets a cap of its own.
+constexpr std::uint64_t kMaxTraceBytes = std::uint64_t{1} << 30;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char kDescription[] =
@@ -261,8 +267,13 @@ std::string chart(const std::vector<const Entry*>& rows, const std::string& trac
   }
   // The timeline: one row per trace lane, events as rectangles.
   if (!trace_file.empty()) {
-    std::ifstream in(trace_file);
-    nlohmann::json trace = nlohmann::json::parse(in, nullptr, false);
+    std::string text;
+    try {
+      text = read_small_file(trace_file, Stage::kConfig, kMaxTraceBytes, "the trace");
+    } catch (const Error& e) {
+      log::warn(std::string("bench: no timeline: ") + e.what());
+    }
+    nlohmann::json trace = nlohmann::json::parse(text, nullptr, false);
     if (!trace.is_discarded()) {
       std::map<int, std::string> lanes;
       double end_us = 1;
@@ -449,8 +460,8 @@ int cmd_bench(const Args& args) {
                "--report", report, "--trace", trace, "--quiet"},
               log);
           if (m.status == 0) {
-            std::ifstream in(report);
-            entry.reports.push_back(nlohmann::json::parse(in));
+            entry.reports.push_back(nlohmann::json::parse(
+                read_small_file(report, Stage::kConfig, kDefaultMaxMetadataBytes, "the report")));
             entry.traces.push_back(trace);
           }
         } else if (entry.peer == "cat") {

@@ -26,6 +26,7 @@
 #include "common/hash.hpp"
 #include "common/json_depth.hpp"
 #include "common/log.hpp"
+#include "common/small_file.hpp"
 #include "io/safetensors_writer.hpp"
 #include "models/quant.hpp"
 
@@ -1385,24 +1386,12 @@ SynthSource synth_source(nlohmann::json config, std::string file) {
 
 SynthSource read_synth_source(const std::string& path) {
   std::error_code ec;
-  if (!fs::is_regular_file(path, ec)) {
-    fail(path, fs::exists(path, ec) ? "the model config is not a regular file"
-                                    : "the model config does not exist");
+  if (!fs::exists(path, ec)) {
+    fail(path, "the model config does not exist");
   }
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) {
-    throw_errno(Stage::kSynth, path, "cannot open the model config", errno);
-  }
-  std::string text;
-  char buf[65536];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) {
-    text.append(buf, n);
-  }
-  bool bad = std::ferror(f) != 0;
-  std::fclose(f);
-  if (bad) {
-    fail(path, "cannot read the model config");
-  }
+  // A regular file, at most the default io.max_metadata_bytes (synth reads no LoadConfig).
+  const std::string text =
+      read_small_file(path, Stage::kSynth, kDefaultMaxMetadataBytes, "the model config");
   if (json_depth(text) > kMaxJsonDepth) {
     fail(path, "the model config: " + json_too_deep_rule());
   }

@@ -98,6 +98,7 @@ class ForwardingStream final : public Stream {
   }
   std::unique_ptr<Event> record() override { return inner_->record(); }
   void synchronize() override { inner_->synchronize(); }
+  void abandon_emulated_waits() override { inner_->abandon_emulated_waits(); }
 
  private:
   std::unique_ptr<Stream> inner_;

@@ -605,6 +605,44 @@ TEST(HostDeviceTest, CappedCopiesAreNeverFasterThanTheLink) {
   EXPECT_EQ(back[0], std::byte{1});
 }
 
+// A stopped load must not wait for the emulated link (hardening round two, item 12):
+// abandon_emulated_waits() wakes a thread sleeping on an event or on synchronize()
+// at once, and from then on neither waits for the link. The bytes landed already.
+TEST(HostDeviceTest, AbandonedLinkWaitsEndAtOnceWithTheBytesLanded) {
+  using namespace std::chrono;
+  // 1 MiB at 1e-5 GB/s: 105 s on the emulated link.
+  auto device = make_host_device(0, {.bandwidth_gbps = 1e-5});
+  DeviceAllocation a = device->allocate(1 << 20);
+  std::vector<std::byte> src(1 << 20, std::byte{7});
+  auto stream = device->create_stream();
+  stream->copy_h2d(a.data(), src.data(), src.size());
+  std::unique_ptr<Event> done = stream->record();
+  EXPECT_FALSE(done->query());
+  const auto start = steady_clock::now();
+  std::thread event_waiter([&] { done->synchronize(); });
+  std::thread stream_waiter([&] { stream->synchronize(); });
+  std::this_thread::sleep_for(milliseconds(100));  // both asleep on the link by now, or soon
+  stream->abandon_emulated_waits();
+  event_waiter.join();
+  stream_waiter.join();
+  EXPECT_LT(steady_clock::now() - start, seconds(30));  // not the link's 105 s
+  EXPECT_TRUE(done->query());
+  EXPECT_EQ(a.data()[0], std::byte{7});
+  EXPECT_EQ(a.data()[(1 << 20) - 1], std::byte{7});
+  // Later copies on the abandoned stream do not wait either; a second call is harmless.
+  stream->copy_h2d(a.data(), src.data(), src.size());
+  std::unique_ptr<Event> later = stream->record();
+  EXPECT_TRUE(later->query());
+  stream->abandon_emulated_waits();
+  stream->synchronize();
+  EXPECT_LT(steady_clock::now() - start, seconds(30));
+  // Another stream of the device still waits for its link.
+  auto other = device->create_stream();
+  other->copy_h2d(a.data(), src.data(), 4096);
+  EXPECT_FALSE(other->record()->query());
+  other->abandon_emulated_waits();
+}
+
 // set_bytes writes its byte and nothing else; match_pattern reads its table from
 // device memory (here after the queued upload on a deferred stream too), writes a
 // flag a range, and refuses a table, flags or a range outside the device's memory

@@ -519,6 +519,43 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
               HasSubstr("config: c.json: devices host:2 gives 2 devices for 1 local rank (0)"));
 }
 
+// metrics.listen's address (hardening round two, item 8): "999.1.1.1:19125" was
+// accepted, and civetweb bound 231.1.1.1 (each number taken modulo 256).
+TEST(LoadConfigTest, MetricsListenAddressIsAnIpv4AnIpv6InBracketsOrAHostName) {
+  EXPECT_EQ(metrics_bind_address("9400"), "127.0.0.1:9400");
+  EXPECT_EQ(metrics_bind_address("255.255.255.255:1"), "255.255.255.255:1");
+  EXPECT_EQ(metrics_bind_address("[::1]:9400"), "[::1]:9400");
+  EXPECT_EQ(metrics_bind_address("[::]:0"), "[::]:0");
+  EXPECT_EQ(metrics_bind_address("[fe80::1:2]:65535"), "[fe80::1:2]:65535");
+  EXPECT_EQ(metrics_bind_address("localhost:9400"), "localhost:9400");
+  EXPECT_EQ(metrics_bind_address("metrics-1.example.com:80"), "metrics-1.example.com:80");
+  EXPECT_EQ(metrics_bind_address("4chan.example:80"), "4chan.example:80");  // digits lead
+  for (const std::string& bad : std::vector<std::string>{
+           "999.1.1.1:19125", "256.0.0.1:1", "1.2.3:80", "1.2.3.4.5:80", "01.2.3.4:80",
+        "[::1:9400", "[::1]9400", "[1.2.3.4]:80", "[:::]:80", "::1:9400", "[::1]:",
+        "-host:80", "host-:80", "ho_st:80", "a..b:80", ".host:80", "host.:80",
+        std::string(64, 'a') + ":80", "h st:80", "[::1]:99999", "1.2.3.4:-1"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_THAT(config_error([&] { metrics_bind_address(bad); }),
+                HasSubstr("expected PORT or ADDRESS:PORT"));
+    EXPECT_THAT(config_error([&] { from_sets({"metrics.listen=" + bad}); }),
+                HasSubstr("--set metrics.listen: metrics.listen: "));
+  }
+  EXPECT_THAT(config_error([] { from_sets({"metrics.listen=999.1.1.1:19125"}); }),
+              HasSubstr("the address \"999.1.1.1\" is neither an IPv4 address"));
+  EXPECT_THAT(config_error([] { from_sets({"metrics.listen=[::g]:1"}); }),
+              HasSubstr("the address \"[::g]\" is not an IPv6 address"));
+  EXPECT_THAT(config_error([] { from_sets({"metrics.listen=::1:9400"}); }),
+              HasSubstr("an IPv6 address goes in brackets"));
+  // 253 characters is the longest name; a label of 63 the longest label.
+  const std::string label(63, 'a');
+  const std::string longest = label + "." + label + "." + label + "." + std::string(61, 'b');
+  ASSERT_EQ(longest.size(), 253u);
+  EXPECT_EQ(metrics_bind_address(longest + ":1"), longest + ":1");
+  EXPECT_THAT(config_error([&] { metrics_bind_address(longest + "a:1"); }),
+              HasSubstr("neither an IPv4 address"));
+}
+
 TEST(LoadConfigTest, Sizes) {
   using nlohmann::json;
   EXPECT_EQ(parse_size(4096), 4096u);
@@ -682,6 +719,7 @@ LoadConfig every_field_changed() {
   c.host.huge_pages = true;
   c.host.narrow_row_bytes = 65536;
   c.io.cancel_timeout_ms = 250;
+  c.io.max_metadata_bytes = std::uint64_t{1} << 20;
   c.metrics.listen = "0.0.0.0:9400";
   c.metrics.textfile = "/tmp/metrics.prom";
   c.trace.path = "/tmp/trace.json";

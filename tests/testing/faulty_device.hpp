@@ -113,6 +113,7 @@ class FaultyStream final : public gpu::Stream {
     check("synchronize");
     inner_->synchronize();
   }
+  void abandon_emulated_waits() override { inner_->abandon_emulated_waits(); }
 
  private:
   void check(std::string_view op) const {
