@@ -234,7 +234,7 @@ INSTANTIATE_TEST_SUITE_P(
         ChangeCase{"o_direct_four_lanes",
                    {"io.read_lanes=4", "io.direct=true", "io.direct_to_device=off"}},
         ChangeCase{"pread_one_lane", {"io.read_lanes=1", "io.engine=pread"}}),
-    [](const ::testing::TestParamInfo<ChangeCase>& info) { return std::string(info.param.name); });
+    [](const ::testing::TestParamInfo<ChangeCase>& param) { return std::string(param.param.name); });
 
 // A shard renamed over mid-load is not a change of the file being read (its
 // descriptor still reads the original): the load goes on, with the original
@@ -372,7 +372,7 @@ TEST(AttackFileChangeCli, DdOverAShardDuringASlowedLoadFailsIt) {
 // layer, plus the embedding, the final norm and lm_head), written sparse: headers
 // only, so thousands of shards take a second.
 std::size_t synth_many_shards(const std::string& out, const TempDir& dir, std::uint64_t layers) {
-  nlohmann::json config = tools::synth_config("llama", "tiny", DType::kBF16);
+  nlohmann::json config = tools::synth_config("llama", "tiny", DType::kBF16, /*tie_embeddings=*/false);
   config["num_hidden_layers"] = layers;
   const std::string config_path = dir.file("many-config.json");
   testing::write_file(config_path, config.dump());
@@ -405,7 +405,9 @@ std::size_t AttackManyShards::shards_ = 0;
 
 rlim_t hard_limit() {
   struct rlimit rl {};
-  ::getrlimit(RLIMIT_NOFILE, &rl);
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    return RLIM_INFINITY;  // unknown: the tests below then run as if unbounded
+  }
   return rl.rlim_max;
 }
 
