@@ -1306,6 +1306,9 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
 
   // ---- resolve
   handle.phase.store(LoadPhase::kResolve);
+  if (hooks.in_resolve) {
+    hooks.in_resolve();
+  }
   // Once per process: a checkpoint of thousands of shards keeps a descriptor per
   // shard (build_checkpoint_index still checks that its files fit).
   io::raise_open_file_limit();

@@ -35,6 +35,9 @@ struct RuntimeHooks {
   // Called by the copy workers before each piece; throwing fails the load at the
   // copy stage (tests use it to inject copy failures and to cancel at random points).
   std::function<void(std::size_t local_rank, const std::string& param)> before_copy;
+  // Called once the load enters its resolve phase, before the checkpoint's files are
+  // read (tests cancel there: a config.json that blocks is refused now).
+  std::function<void()> in_resolve;
   // Staging memory comes from here instead of aligned host memory (or pinned memory
   // of the first CUDA device), e.g. a counting allocator that proves a failed load
   // gave every staging buffer back.

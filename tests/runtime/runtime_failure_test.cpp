@@ -134,11 +134,34 @@ TEST_F(FailureTest, TruncatedShardFailsAtTheHeaderStage) {
 TEST_F(FailureTest, ShardTruncatedDuringTheLoadFailsTheRead) {
   Harness h(2);
   RuntimeHooks hooks = h.hooks();
+  const std::string first = ck_.dir + "/model-00001-of-00004.safetensors";
+  std::atomic<bool> once{false};
+  hooks.before_copy = [&](std::size_t, const std::string&) {
+    if (!once.exchange(true)) {
+      // Staging is 2 chunks of 4 KiB: the reader is still in the first shard, which
+      // its lane holds open; its next reads come up short.
+      std::filesystem::resize_file(first, 10000);
+    }
+  };
+  ErrorInfo e = expect_failure(
+      make_config(ck_.dir, {"parallel.tp=2", "io.chunk_bytes=4096", "io.staging_bytes=8192"}),
+      hooks);
+  EXPECT_EQ(e.stage, Stage::kRead) << e.message;
+  EXPECT_NE(e.file.find("model-00001-of-00004.safetensors"), std::string::npos) << e.message;
+  EXPECT_NE(e.message.find("truncated"), std::string::npos) << e.message;
+  EXPECT_FALSE(e.tensor.empty());
+  h.expect_all_released();
+}
+
+TEST_F(FailureTest, ShardTruncatedBeforeItsFirstReadIsRefusedBeforeAByteOfItIsRead) {
+  Harness h(2);
+  RuntimeHooks hooks = h.hooks();
   const std::string last = ck_.dir + "/model-00004-of-00004.safetensors";
   std::atomic<bool> once{false};
   hooks.before_copy = [&](std::size_t, const std::string&) {
     if (!once.exchange(true)) {
-      // Staging is 2 chunks of 4 KiB: the reader is still in the first shard.
+      // The reader is still in the first shard: a lane opens the last one only for
+      // its first read, and finds it is not the file its header described.
       std::filesystem::resize_file(last, 10000);
     }
   };
@@ -147,8 +170,8 @@ TEST_F(FailureTest, ShardTruncatedDuringTheLoadFailsTheRead) {
       hooks);
   EXPECT_EQ(e.stage, Stage::kRead) << e.message;
   EXPECT_NE(e.file.find("model-00004-of-00004.safetensors"), std::string::npos) << e.message;
-  EXPECT_NE(e.message.find("truncated"), std::string::npos) << e.message;
-  EXPECT_FALSE(e.tensor.empty());
+  EXPECT_NE(e.message.find("changed since its header was read (size"), std::string::npos)
+      << e.message;
   h.expect_all_released();
 }
 
