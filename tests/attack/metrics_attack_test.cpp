@@ -22,6 +22,7 @@
 #include "ferry/metrics.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "testing/tcp_client.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -33,63 +34,7 @@ using ::testing::StartsWith;
 using testing::TempDir;
 using Clock = std::chrono::steady_clock;
 
-// A connected socket to 127.0.0.1:port, closed with the object (-1 if refused).
-class Client {
- public:
-  explicit Client(int port) : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<std::uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      ::close(fd_);
-      fd_ = -1;
-    }
-  }
-  Client(Client&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
-  Client(const Client&) = delete;
-  Client& operator=(const Client&) = delete;
-  ~Client() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-    }
-  }
-  bool connected() const { return fd_ >= 0; }
-  bool send(const std::string& bytes) const {
-    return ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
-           static_cast<ssize_t>(bytes.size());
-  }
-  // Everything until the server closes, or what came when `limit` ran out.
-  std::string read_all(std::chrono::milliseconds limit) const {
-    std::string out;
-    const Clock::time_point end = Clock::now() + limit;
-    char buf[4096];
-    while (true) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
-      pollfd p{fd_, POLLIN, 0};
-      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
-        return out;
-      }
-      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-      if (n <= 0) {
-        return out;
-      }
-      out.append(buf, static_cast<std::size_t>(n));
-    }
-  }
-  // True when the server closed this connection within `limit`.
-  bool closed_within(std::chrono::milliseconds limit) const {
-    pollfd p{fd_, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(limit.count())) <= 0) {
-      return false;
-    }
-    char c;
-    return ::recv(fd_, &c, 1, MSG_DONTWAIT) <= 0;
-  }
-
- private:
-  int fd_;
-};
+using Client = testing::TcpClient;
 
 struct Scrape {
   std::string response;

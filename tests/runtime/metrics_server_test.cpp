@@ -24,6 +24,7 @@
 
 #include "common/thread_start.hpp"
 #include "ferry/error.hpp"
+#include "testing/tcp_client.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -33,66 +34,12 @@ using ::testing::Not;
 using ::testing::StartsWith;
 using Clock = std::chrono::steady_clock;
 
-class Client {
- public:
-  // `receive_buffer` > 0: SO_RCVBUF, set before connecting (it bounds the window).
-  explicit Client(int port, int receive_buffer = 0)
-      : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
-    if (receive_buffer > 0) {
-      ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
-    }
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<std::uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  }
-  Client(Client&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
-  Client(const Client&) = delete;
-  Client& operator=(const Client&) = delete;
-  ~Client() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-    }
-  }
-  void send(const std::string& bytes) const {
-    EXPECT_EQ(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(bytes.size()));
-  }
-  // Until the server closes (bounded by `limit`).
-  std::string read_all(std::chrono::milliseconds limit = std::chrono::seconds(10)) const {
-    std::string out;
-    const Clock::time_point end = Clock::now() + limit;
-    char buf[4096];
-    while (true) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
-      pollfd p{fd_, POLLIN, 0};
-      if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) {
-        return out;
-      }
-      const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-      if (n <= 0) {
-        return out;
-      }
-      out.append(buf, static_cast<std::size_t>(n));
-    }
-  }
-  bool closed_within(std::chrono::milliseconds limit) const {
-    pollfd p{fd_, POLLIN, 0};
-    if (::poll(&p, 1, static_cast<int>(limit.count())) <= 0) {
-      return false;
-    }
-    char c;
-    return ::recv(fd_, &c, 1, MSG_DONTWAIT) <= 0;
-  }
-
- private:
-  int fd_;
-};
+using Client = testing::TcpClient;
 
 std::string request(int port, const std::string& text) {
   Client c(port);
-  c.send(text);
+  EXPECT_TRUE(c.connected()) << "127.0.0.1:" << port;
+  EXPECT_TRUE(c.send(text));
   return c.read_all();
 }
 
@@ -141,7 +88,7 @@ TEST(MetricsServer, ARequestTooLargeIsRefused) {
   options.max_request_bytes = 1024;
   MetricsServer server("127.0.0.1:0", options);
   Client c(server.ports()[0]);
-  c.send("GET /metrics HTTP/1.1\r\nX-Long: " + std::string(4096, 'a'));
+  EXPECT_TRUE(c.send("GET /metrics HTTP/1.1\r\nX-Long: " + std::string(4096, 'a')));
   EXPECT_THAT(c.read_all(), StartsWith("HTTP/1.1 431 "));
 }
 
@@ -154,7 +101,8 @@ TEST(MetricsServer, AClientTooSlowToAskIsClosedAtTheRequestTimeout) {
   const Clock::time_point began = Clock::now();
   Client idle(server.ports()[0]);
   Client partial(server.ports()[0]);
-  partial.send("GET /metrics HTTP/1.1\r\n");
+  ASSERT_TRUE(idle.connected());
+  EXPECT_TRUE(partial.send("GET /metrics HTTP/1.1\r\n"));
   EXPECT_TRUE(idle.closed_within(std::chrono::seconds(10)));
   EXPECT_TRUE(partial.closed_within(std::chrono::seconds(10)));
   EXPECT_GE(Clock::now() - began, std::chrono::milliseconds(250));
@@ -172,6 +120,7 @@ TEST(MetricsServer, TheCapClosesTheLongestIdleConnectionForANewOne) {
   std::vector<Client> idle;
   for (int i = 0; i < 4; ++i) {
     idle.emplace_back(port);
+    ASSERT_TRUE(idle.back().connected()) << i;
   }
   // The kernel queues connections in the order made: the server accepts them so.
   EXPECT_THAT(request(port, "GET /metrics HTTP/1.1\r\n\r\n"), HasSubstr("c_total 3"));
@@ -196,7 +145,7 @@ TEST(MetricsServer, AClientThatNeverReadsItsAnswerIsClosedAtTheWriteTimeout) {
   server.add(big);
   const int port = server.ports()[0];
   Client stuck(port, 4096);
-  stuck.send("GET /metrics HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(stuck.send("GET /metrics HTTP/1.1\r\n\r\n"));
   // Meanwhile another scrape is answered whole.
   const std::string whole = request(port, "GET /metrics HTTP/1.1\r\n\r\n");
   EXPECT_THAT(whole, HasSubstr("big_total{label=\"" + std::string(1000, 'x') + "7999\"} 0"));
