@@ -19,17 +19,20 @@
 //   compressed-tensors strategy "tensor", ModelOpt quant_algo "FP8": one F32 scalar
 //   weight_scale per checkpoint tensor; a param fused from several (qkv_proj,
 //   gate_up_proj, w13) holds one per shard, in the order its shards' rows lie in
-//   it (SGLang's PerTensorScaleParameter: [3] for qkv, [2] for gate_up; experts
-//   [E, 2] for w13 and [E] for w2).
+//   it (SGLang's PerTensorScaleParameter: [3] for qkv, [2] for gate_up, [1] for
+//   o_proj; experts [E, 2] for w13 and [E] for w2).
 // - kNvfp4: ModelOpt quant_algo "NVFP4": a weight's E2M1 values packed two a byte
 //   along K (U8 [N, K / 2], element 2i in the low nibble), F8_E4M3 weight_scale
 //   [N, K / group_size] (a [1, group_size] block scale), and F32 weight_scale_2 per
 //   shard; K of every rank's share must be a multiple of group_size (SGLang:
 //   "Unsupported model when in features size is not multiple of 16").
 // Static activation scales (ModelOpt, and fp8 / compressed-tensors with a static
-// scheme) give each quantized module an F32 input_scale per shard; the experts'
-// w13_input_scale is [E, 2] (SGLang keeps one [E] slot that w1 and w3 both write;
-// ferry keeps both values). A ModelOpt FP8 KV cache gives each attention module
+// scheme) give each quantized module an F32 input_scale per shard. Fused experts
+// follow SGLang 0.5.23's FusedMoE create_weights: a one-shard scale is [E] (w2's
+// weight_scale, weight_scale_2 and input_scale), w13's per-shard scales [E, 2]; the
+// FP8 methods' w13_input_scale is [E], one element that w1 and then w3 write
+// (FusedMoE._load_single_value), so ferry reads w3's and drops w1's unread
+// ("overwritten_scale"); NVFP4's w13_input_scale stays [E, 2]. A ModelOpt FP8 KV cache gives each attention module
 // F32 scalars self_attn.attn.k_scale / v_scale, read from self_attn.k_proj.k_scale
 // (or self_attn.k_scale) as SGLang's maybe_remap_kv_scale_name renames them.
 //

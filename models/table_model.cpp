@@ -359,18 +359,37 @@ void TableModel::apply_quant() {
     }
     const std::vector<std::uint64_t> starts(start_set.begin(), start_set.end());
     const std::uint64_t shards = std::max<std::uint64_t>(1, starts.size());
-    auto per_shard_shape = [weight, shards](int rank) {
-      Shape s = weight(rank);
-      s.resize(s.size() - 2);  // the leading (expert) dims
-      s.push_back(shards);
-      return s;
+    // Fused experts keep a shard dim only where there are several shards: SGLang's
+    // FusedMoE methods make w13 scales [E, 2] and w2 scales [E] (Fp8MoEMethod,
+    // ModelOptFp8MoEMethod and ModelOptNvFp4FusedMoEMethod.create_weights in SGLang
+    // 0.5.23); a dense param keeps [shards] ([1] for o_proj).
+    const bool stacked = weight(layout_.local_ranks.front()).size() > 2;
+    auto scale_shape = [weight](std::uint64_t n) {
+      return [weight, n](int rank) {
+        Shape s = weight(rank);
+        s.resize(s.size() - 2);  // the leading (expert) dims
+        if (s.empty() || n > 1) {
+          s.push_back(n);
+        }
+        return s;
+      };
     };
-    auto per_shard_rule = [&starts](BlockRule logical) {
-      return [logical = std::move(logical), starts](int rank) {
+    const ShapeRule per_shard_shape = scale_shape(shards);
+    // `merged`: every shard's scalar goes to its expert's one element (the experts'
+    // w13_input_scale, see below).
+    auto per_shard_rule = [&starts, stacked, shards](BlockRule logical, bool merged = false) {
+      const bool one = stacked && (shards == 1 || merged);
+      return [logical = std::move(logical), starts, one](int rank) {
         std::vector<Block> out;
         for (const Block& b : logical(rank)) {
           if (b.length != 0) {
-            add_unique(out, shard_scale_block(b, starts));
+            Block s = shard_scale_block(b, starts);
+            if (one) {
+              // [E]: the expert index becomes the start of a 1-D block.
+              s.dst_start = s.dst_index.back();
+              s.dst_index.pop_back();
+            }
+            add_unique(out, s);
           }
         }
         return out;
@@ -432,8 +451,38 @@ void TableModel::apply_quant() {
                             },
                             DType::kF32});
     }
+    // The experts' w13_input_scale is [E] for the FP8 methods: w1's and w3's scalars
+    // go to one element per expert (FusedMoE._load_single_value). NVFP4 keeps [E, 2].
+    const bool merged_input = stacked && q.method != Method::kNvfp4;
     if (q.input_scales) {
-      companions.push_back({companion_name(d.name, "input_scale"), per_shard_shape, DType::kF32});
+      companions.push_back({companion_name(d.name, "input_scale"),
+                            merged_input ? scale_shape(1) : per_shard_shape, DType::kF32});
+    }
+    // The experts' slots a target writes (local rank and expert index of each block):
+    // the w1 and w3 tensors of one expert write the same ones.
+    auto slots_of = [this](const Target& t) {
+      std::vector<std::uint64_t> key;
+      for (int rank : layout_.local_ranks) {
+        for (const Block& b : t.copy(rank)) {
+          if (b.length != 0) {
+            key.push_back(static_cast<std::uint64_t>(rank));
+            key.insert(key.end(), b.dst_index.begin(), b.dst_index.end());
+          }
+        }
+      }
+      return key;
+    };
+    // Of the tensors writing the same experts' slots, the one SGLang loads last:
+    // the checkpoint's name order (gate_proj before up_proj, w1 before w3).
+    std::map<std::vector<std::uint64_t>, std::string> last_of_slots;
+    if (merged_input && shards > 1) {
+      for (const auto& [tensor, t] : feeds) {
+        const std::vector<std::uint64_t> key = slots_of(*t);
+        if (!key.empty()) {
+          std::string& last = last_of_slots[key];
+          last = std::max(last, tensor);
+        }
+      }
     }
     for (auto& [tensor, t] : feeds) {
       const BlockRule logical = t->copy;
@@ -478,9 +527,17 @@ void TableModel::apply_quant() {
                                   per_shard_rule(logical), t->empty_reason});
       }
       if (q.input_scales) {
-        added.emplace_back(companion_name(tensor, "input_scale"),
-                           Target{companion_name(d.name, "input_scale"), Shape{},
-                                  per_shard_rule(logical), t->empty_reason});
+        const std::string input = companion_name(tensor, "input_scale");
+        auto last = last_of_slots.find(slots_of(*t));
+        if (last != last_of_slots.end() && last->second != tensor) {
+          // SGLang writes w1's, then w3's over it, so the element holds w3's; w1's is
+          // not read. (SGLang's compressed-tensors path refuses two different values.)
+          drop_names_[input] = "overwritten_scale";
+        } else {
+          added.emplace_back(input, Target{companion_name(d.name, "input_scale"), Shape{},
+                                           per_shard_rule(logical, merged_input),
+                                           t->empty_reason});
+        }
       }
       if (q.method == Method::kNvfp4) {
         // Two E2M1 values a byte along K: the packed tensor's columns are halves.

@@ -278,10 +278,15 @@ bool check_blocked(const models::ParamSpec& spec, const std::byte* base, const P
 }
 
 // A [.., shards] per-shard scalar param: the shards of each matrix are its runs of
-// source tensors down the rows (`ids`), in order.
+// source tensors down the rows (`ids`), in order. Stacked experts follow SGLang
+// 0.5.23's FusedMoE create_weights (Fp8MoEMethod, ModelOptFp8MoEMethod,
+// ModelOptNvFp4FusedMoEMethod): one shard is [E], not [E, 1]; `merged` (the FP8
+// methods' w13_input_scale, [E]) keeps one value per expert, the last shard's:
+// FusedMoE._load_single_value writes w1's and then w3's into the same element (the
+// checkpoint's name order; these checkpoints put up / w3 rows after gate / w1).
 template <typename Param>
 bool check_per_shard(const models::ParamSpec& spec, const std::byte* base, const Param& ref,
-                     const Param& ids, const std::string& where) {
+                     const Param& ids, const std::string& where, bool merged = false) {
   const std::size_t d = ref.shape.size();
   const std::uint64_t matrix = ref.shape[d - 2] * ref.shape[d - 1];
   const std::uint64_t matrices = matrix == 0 ? 0 : ref.values.size() / matrix;
@@ -293,7 +298,13 @@ bool check_per_shard(const models::ParamSpec& spec, const std::byte* base, const
     }
   }
   std::vector<std::uint64_t> sshape(ref.shape.begin(), ref.shape.end() - 2);
-  sshape.push_back(matrices == 0 ? 1 : order[0].size());
+  const std::uint64_t shards = matrices == 0 ? 1 : order[0].size();
+  const bool stacked = !sshape.empty();
+  merged = merged && stacked;
+  if (!stacked || (shards > 1 && !merged)) {
+    sshape.push_back(shards);
+  }
+  const std::uint64_t stored = stacked && sshape.size() == 1 ? 1 : sshape.back();
   EXPECT_EQ(spec.shape, sshape) << where;
   EXPECT_EQ(spec.dtype, DType::kF32) << where;
   if (spec.shape != sshape || spec.dtype != DType::kF32) {
@@ -303,8 +314,12 @@ bool check_per_shard(const models::ParamSpec& spec, const std::byte* base, const
     const std::vector<float>& o = order[e / matrix];
     const std::uint64_t shard =
         static_cast<std::uint64_t>(std::find(o.begin(), o.end(), ids.values[e]) - o.begin());
-    const float got = decode_one(base + ((e / matrix) * sshape.back() + shard) * 4, DType::kF32);
-    if (o.size() != sshape.back() || got != ref.values[e]) {
+    if (merged && shard + 1 != o.size()) {
+      continue;  // overwritten by the last shard's value
+    }
+    const std::uint64_t slot = merged || stored == 1 ? 0 : shard;
+    const float got = decode_one(base + ((e / matrix) * stored + slot) * 4, DType::kF32);
+    if ((!merged && o.size() != stored) || got != ref.values[e]) {
       ADD_FAILURE() << where << ": weight element " << e << " (shard " << shard << " of "
                     << o.size() << ") reads " << got << ", its source's is " << ref.values[e];
       return false;
@@ -409,7 +424,8 @@ std::size_t check_rank(const models::Model& model, std::size_t i, const ParamBuf
       if (c->second.second == 1) {
         ok = detail::check_per_shard(spec, base, s2.at(weight), ids.at(weight), where);
       } else if (c->second.second == 2) {
-        ok = detail::check_per_shard(spec, base, in.at(weight), ids.at(weight), where);
+        ok = detail::check_per_shard(spec, base, in.at(weight), ids.at(weight), where,
+                                     kind != SynthQuant::kNvfp4);
       } else if (kind == SynthQuant::kFp8Block) {
         ok = detail::check_blocked(spec, base, s.at(weight), values.layout().block,
                                    values.layout().block, DType::kF32, where);
