@@ -34,7 +34,8 @@
 // (FusedMoE._load_single_value), so ferry reads w3's and drops w1's unread
 // ("overwritten_scale"); NVFP4's w13_input_scale stays [E, 2]. A ModelOpt FP8 KV cache gives each attention module
 // F32 scalars self_attn.attn.k_scale / v_scale, read from self_attn.k_proj.k_scale
-// (or self_attn.k_scale) as SGLang's maybe_remap_kv_scale_name renames them.
+// (or self_attn.k_scale) as SGLang's maybe_remap_kv_scale_name renames them; MLA's
+// are self_attn.attn_mqa.k_scale / v_scale (SGLang 0.5.23's DeepSeek loader).
 //
 // Which params are quantized: SGLang's quantized linear layers, i.e. params named
 // *_proj.weight (qkv_proj, o_proj, gate_up_proj, down_proj, q_a_proj, q_b_proj,

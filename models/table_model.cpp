@@ -570,7 +570,8 @@ void TableModel::apply_quant() {
   }
   if (q.kv_cache_scales) {
     // SGLang's maybe_remap_kv_scale_name: self_attn.k_proj.k_scale (or
-    // self_attn.k_scale) -> self_attn.attn.k_scale, likewise v.
+    // self_attn.k_scale) -> self_attn.attn.k_scale, likewise v; MLA's go to
+    // self_attn.attn_mqa.k_scale (below).
     std::map<std::string, std::string> a_tensor_of;  // attention param -> a tensor feeding it
     for (const auto& [tensor, targets] : targets_) {
       for (const Target& t : targets) {
@@ -588,8 +589,12 @@ void TableModel::apply_quant() {
       constexpr std::string_view kAttn = "self_attn.";
       const std::string pa = d.name.substr(0, d.name.find(kAttn) + kAttn.size());
       const std::string ta = it->second.substr(0, it->second.find(kAttn) + kAttn.size());
+      // MLA's scales belong to its absorbed attention, attn_mqa: SGLang 0.5.23's
+      // DeepSeek loader (deepseek_common/deepseek_weight_loader.py, load_weights)
+      // renames k_proj.k_scale to attn_mqa.k_scale.
+      const bool mla = ends_with(d.name, "self_attn.kv_b_proj.weight");
       for (const std::string s : {"k", "v"}) {
-        const std::string param = pa + "attn." + s + "_scale";
+        const std::string param = pa + (mla ? "attn_mqa." : "attn.") + s + "_scale";
         companions.push_back({param, [](int) { return Shape{}; }, DType::kF32});
         for (const std::string& name : {ta + s + "_proj." + s + "_scale", ta + s + "_scale"}) {
           added.emplace_back(

@@ -1870,8 +1870,9 @@ void synth_quantize(std::vector<SynthTensor>& tensors, SynthQuant quant, std::ui
     if (input_scales) {
       extra.emplace_back(companion("input_scale"), DType::kF32, std::vector<std::uint64_t>{}, file);
     }
-    // ModelOpt's FP8 KV cache: the attention's k / v scales (SGLang reads
-    // self_attn.k_proj.k_scale; MLA attention has no k_proj: self_attn.k_scale).
+    // ModelOpt's FP8 KV cache: the attention's k / v scales, self_attn.k_proj.k_scale
+    // and v_proj.v_scale, under those names even for MLA, which has no k_proj (SGLang
+    // 0.5.23's DeepSeek loader renames k_proj to attn_mqa for them).
     if (quant == SynthQuant::kModelOptFp8) {
       const std::size_t at = name.find("self_attn.");
       if (at != std::string::npos) {
@@ -1882,7 +1883,7 @@ void synth_quantize(std::vector<SynthTensor>& tensors, SynthQuant quant, std::ui
           extra.emplace_back(attn + s + "_proj." + s + "_scale", DType::kF32,
                              std::vector<std::uint64_t>{}, file);
         } else if (leaf == "kv_b_proj.weight") {
-          for (const char* s : {"k_scale", "v_scale"}) {
+          for (const char* s : {"k_proj.k_scale", "v_proj.v_scale"}) {
             extra.emplace_back(attn + s, DType::kF32, std::vector<std::uint64_t>{}, file);
           }
         }

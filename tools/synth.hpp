@@ -122,8 +122,8 @@ std::vector<SynthTensor> synth_tensor_list(std::string_view family, std::string_
 //                 F8_E4M3, weight_scale F32 [], input_scale F32 []
 //   kModelOptFp8  ModelOpt FP8 (hf_quant_config.json, FP8 KV cache): F8_E4M3,
 //                 weight_scale F32 [], input_scale F32 []; and each attention's
-//                 self_attn.k_proj.k_scale / v_proj.v_scale (MLA: self_attn.k_scale,
-//                 v_scale) F32 []
+//                 self_attn.k_proj.k_scale / v_proj.v_scale (MLA too, as ModelOpt
+//                 names them) F32 []
 //   kNvfp4        ModelOpt NVFP4, group 16: U8 [N, K / 2] (two E2M1 values a byte),
 //                 weight_scale F8_E4M3 [N, K / 16], weight_scale_2 F32 [],
 //                 input_scale F32 []

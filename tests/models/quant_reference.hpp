@@ -385,9 +385,13 @@ std::size_t check_rank(const models::Model& model, std::size_t i, const ParamBuf
       for (const std::string attn : {"qkv_proj.weight", "kv_b_proj.weight"}) {
         if (ends_with(name, "self_attn." + attn)) {
           const std::string pa = name.substr(0, name.size() - attn.size());
+          // SGLang 0.5.23: maybe_remap_kv_scale_name gives attention the names
+          // self_attn.attn.k_scale / v_scale; the DeepSeek loader renames MLA's
+          // k_proj.k_scale to attn_mqa.k_scale (deepseek_weight_loader.py, load_weights).
           const bool gqa = attn[0] == 'q';
-          kv[pa + "attn.k_scale"] = pa + (gqa ? "k_proj.k_scale" : "k_scale");
-          kv[pa + "attn.v_scale"] = pa + (gqa ? "v_proj.v_scale" : "v_scale");
+          const std::string at = pa + (gqa ? "attn." : "attn_mqa.");
+          kv[at + "k_scale"] = pa + "k_proj.k_scale";
+          kv[at + "v_scale"] = pa + "v_proj.v_scale";
         }
       }
     }

@@ -560,6 +560,21 @@ TEST(QuantPlacement, ChannelTensorAndNvfp4ScalesAreCheckedAndNamed) {
     EXPECT_EQ(kv->shells()[0].params[r.pieces.at(0).param].name,
               "model.layers.2.self_attn.attn.k_scale");
   }
+  // MLA (DeepSeek): SGLang 0.5.23's DeepSeek loader (deepseek_weight_loader.py,
+  // load_weights) renames self_attn.k_proj.k_scale to self_attn.attn_mqa.k_scale.
+  {
+    auto mla = model_of(tools::SynthQuant::kModelOptFp8,
+                        tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false));
+    for (const std::string s : {"k", "v"}) {
+      const std::string name = "model.layers.0.self_attn." + s + "_proj." + s + "_scale";
+      const models::Route r = mla->route(tensor_info(name, DType::kF32, {}));
+      ASSERT_EQ(r.kind, models::RouteKind::kPlaced) << name;
+      EXPECT_EQ(mla->shells()[0].params[r.pieces.at(0).param].name,
+                "model.layers.0.self_attn.attn_mqa." + s + "_scale");
+      EXPECT_EQ(mla->shells()[0].by_name.count("model.layers.0.self_attn.attn." + s + "_scale"),
+                0u);
+    }
+  }
   // Without an FP8 KV cache in the config, k_scale has no param (unmapped).
   EXPECT_EQ(
       tensor->route(tensor_info("model.layers.2.self_attn.k_proj.k_scale", DType::kF32, {})).kind,
