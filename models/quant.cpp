@@ -671,6 +671,12 @@ std::string weight_scale_name(const QuantScheme& scheme, std::string_view weight
   return companion_name(weight, scheme.scale_suffix);
 }
 
+std::string loaded_scale_name(const QuantScheme& scheme, std::string_view weight) {
+  return scheme.requant == QuantScheme::Requant::kUe8m0
+             ? companion_name(weight, scheme.scale_suffix + "_f32")
+             : weight_scale_name(scheme, weight);
+}
+
 Shape block_scale_shape(const Shape& weight, std::uint64_t block_n, std::uint64_t block_k) {
   Shape out = weight;
   if (out.size() < 2) {
@@ -791,7 +797,7 @@ QuantizedInputs quantized_inputs(const QuantScheme& scheme, const RankShell& she
   }
   const std::uint64_t rows = w.shape[0];
   QuantizedInputs out;
-  const std::string scale = weight_scale_name(scheme, w.name);
+  const std::string scale = loaded_scale_name(scheme, w.name);
   switch (scheme.method) {
     case Method::kFp8Block:
       out.scale =

@@ -124,7 +124,7 @@ std::vector<PostLoadHook> make_requant_hooks(const Model& model, const QuantSche
       if (weight.dtype != DType::kF8E4M3 || !quantized_linear_param(weight.name)) {
         continue;
       }
-      const std::string scale_name = weight_scale_name(q, weight.name);
+      const std::string scale_name = loaded_scale_name(q, weight.name);
       auto sit = shell.by_name.find(scale_name);
       const Shape scale_shape = block_scale_shape(weight.shape, q.block_n, q.block_k);
       if (sit == shell.by_name.end() || shell.params[sit->second].shape != scale_shape ||
@@ -132,7 +132,7 @@ std::vector<PostLoadHook> make_requant_hooks(const Model& model, const QuantSche
         bad(scale_name, "no F32 " + format_shape(scale_shape) + " block scale for " + weight.name);
       }
       const std::string out_name =
-          companion_name(weight.name, ue8m0 ? "weight_scale_ue8m0" : "weight_scale");
+          ue8m0 ? weight_scale_name(q, weight.name) : companion_name(weight.name, "weight_scale");
       auto it = shell.by_name.find(out_name);
       if (it == shell.by_name.end()) {
         bad(out_name, "the model declares no such parameter for " + weight.name);

@@ -9,9 +9,11 @@
 //   sf    = ceil_to_ue8m0(amax / 448)             the power of two at or above it
 //                                                 (exponent clamped to [1, 254])
 //   W'    = e4m3(x * (1 / sf))                     round to nearest even
-// W and S are rewritten in place (S holds sf, F32 powers of two: f32(W') * S still
-// dequantizes W'), and <w>weight_scale_ue8m0 holds the same scales packed as DeepGEMM
-// reads them (transform_scale_ue8m0): one row per output row (block row r / 128),
+// W and S are rewritten in place (S, the transient <w>weight_scale_inv_f32 the
+// checkpoint's scales load into, holds sf), and <w>weight_scale_inv holds the same
+// scales packed as DeepGEMM reads them (transform_scale_ue8m0; SGLang 0.5.23's
+// requant_weight_ue8m0_inplace replaces weight_scale_inv with them, so no F32 copy is
+// left after the load): one row per output row (block row r / 128),
 // each scale's exponent byte (F32 bits >> 23), four to an I32 little-endian (column
 // blocks 4j..4j+3, zero past the last), MN-major: logical [N, ceil(Kb / 4)] with
 // strides (1, N), so N must be a multiple of 4 (TMA alignment).

@@ -395,14 +395,15 @@ void TableModel::apply_quant() {
         return out;
       };
     };
-    // The weight's own scale param.
-    const std::string scale = weight_scale_name(q, d.name);
+    // The weight's own scale param: the checkpoint's scales as loaded (a transient
+    // F32 copy under quantization.requant=ue8m0, whose packed output takes the name).
+    const std::string scale = loaded_scale_name(q, d.name);
     switch (q.method) {
       case Method::kFp8Block:
       case Method::kNvfp4:
         companions.push_back(
             {scale, [weight, bn, bk](int rank) { return block_scale_shape(weight(rank), bn, bk); },
-             scale_dtype});
+             scale_dtype, q.requant == QuantScheme::Requant::kUe8m0});
         break;
       case Method::kFp8Channel:
         companions.push_back({scale, replace_last_dim(weight, 1, 1), DType::kF32});
@@ -430,7 +431,9 @@ void TableModel::apply_quant() {
         }
       }
       // DeepGEMM's MN-major layout: the rows run fastest within each packed word.
-      companions.push_back({companion_name(d.name, "weight_scale_ue8m0"),
+      // SGLang 0.5.23's requant_weight_ue8m0_inplace (fp8_utils.py) replaces
+      // weight_scale_inv itself with it, so it takes that name.
+      companions.push_back({weight_scale_name(q, d.name),
                             [weight, bk](int rank) {
                               Shape s = weight(rank);
                               s.back() = ((s.back() + bk - 1) / bk + 3) / 4;

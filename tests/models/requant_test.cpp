@@ -202,7 +202,12 @@ TEST(Requant, ModelHooksRewriteEveryFp8ParamAfterTheMlaSplit) {
       }
       ++fp8;
       SCOPED_TRACE(p.name);
-      const std::size_t sk = shell.by_name.at(p.name + "_scale_inv");
+      // ue8m0: SGLang 0.5.23's requant_weight_ue8m0_inplace leaves weight_scale_inv
+      // holding the packed I32 scales; the F32 ones load into a transient.
+      const bool ue8m0 = kind == Requant::kUe8m0;
+      const std::size_t sk = shell.by_name.at(p.name + (ue8m0 ? "_scale_inv_f32" : "_scale_inv"));
+      EXPECT_EQ(shell.params[sk].transient, ue8m0);
+      EXPECT_EQ(shell.params[sk].dtype, DType::kF32);
       // The reference: the conversion of what was loaded.
       std::vector<std::uint8_t> w(loaded[k].size());
       std::memcpy(w.data(), loaded[k].data(), w.size());
@@ -211,8 +216,8 @@ TEST(Requant, ModelHooksRewriteEveryFp8ParamAfterTheMlaSplit) {
       const std::uint64_t rows = p.shape[p.shape.size() - 2];
       const std::uint64_t cols = p.shape.back();
       const std::uint64_t matrices = p.shape.size() == 3 ? p.shape[0] : 1;
-      const std::string out = models::companion_name(
-          p.name, kind == Requant::kUe8m0 ? "weight_scale_ue8m0" : "weight_scale");
+      const std::string out = models::companion_name(p.name, ue8m0 ? "weight_scale_inv" : "weight_scale");
+      EXPECT_EQ(shell.by_name.count(p.name + "_scale_ue8m0"), 0u);
       const std::size_t ok = shell.by_name.at(out);
       std::vector<std::byte> want_out(shell.params[ok].nbytes);
       for (std::uint64_t e = 0; e < matrices; ++e) {
@@ -230,7 +235,7 @@ TEST(Requant, ModelHooksRewriteEveryFp8ParamAfterTheMlaSplit) {
       }
       const std::vector<std::byte> got_w = read(p.name);
       EXPECT_EQ(0, std::memcmp(got_w.data(), w.data(), w.size()));
-      EXPECT_EQ(0, std::memcmp(read(p.name + "_scale_inv").data(), s.data(), s.size() * 4));
+      EXPECT_EQ(0, std::memcmp(read(shell.params[sk].name).data(), s.data(), s.size() * 4));
       EXPECT_EQ(read(out), want_out);
       if (kind == Requant::kUe8m0) {
         EXPECT_EQ(shell.params[ok].dtype, DType::kI32);
@@ -241,7 +246,8 @@ TEST(Requant, ModelHooksRewriteEveryFp8ParamAfterTheMlaSplit) {
     // w_kc: the split of kv_b_proj as loaded (the MLA hook ran first).
     const std::string attn = "model.layers.1.self_attn.";
     const std::size_t kv = shell.by_name.at(attn + "kv_b_proj.weight");
-    const std::size_t ks = shell.by_name.at(attn + "kv_b_proj.weight_scale_inv");
+    const std::size_t ks = shell.by_name.at(
+        attn + (kind == Requant::kUe8m0 ? "kv_b_proj.weight_scale_inv_f32" : "kv_b_proj.weight_scale_inv"));
     const std::vector<std::byte> kc = read(attn + "w_kc");
     const std::uint64_t r = 128;  // kv_lora_rank
     const std::uint64_t dn = 16;
