@@ -151,10 +151,21 @@ class Builder {
     add_row_parallel(m_, ta + "o_proj.weight", pa + "o_proj.weight", c_.hidden, o_in, o_padded, attn_tp_,
                      "num_attention_heads * v_head_dim");
     // Filled by the post-load hook only.
+    // Their dtype follows kv_b_proj's format (mla_split_form, models/mla_hook.hpp).
     const MlaDims dims = mla_dims(c_, attn_tp_, options_.unaligned_tp);
-    m_.add_param(pa + "w_kc", mla_w_kc_shape(dims), {},
+    const QuantScheme& q = options_.quant;
+    const MlaSplitForm form =
+        mla_split_form(q, q.quantized() && !module_skipped(q, pa + "kv_b_proj"));
+    std::optional<DType> split_dtype;
+    if (form == MlaSplitForm::kBf16) {
+      split_dtype = DType::kBF16;
+    } else if (form == MlaSplitForm::kFp8Tensor) {
+      split_dtype = DType::kF8E4M3;
+      m_.add_param(pa + "w_scale", Shape{1}, DType::kF32);
+    }
+    m_.add_param(pa + "w_kc", mla_w_kc_shape(dims), split_dtype,
                  [dims](const Shape&) { return mla_w_kc_strides(dims); });
-    m_.add_param(pa + "w_vc", mla_w_vc_shape(dims), {},
+    m_.add_param(pa + "w_vc", mla_w_vc_shape(dims), split_dtype,
                  [dims](const Shape&) { return mla_w_vc_strides(dims); });
   }
 

@@ -47,13 +47,33 @@ PostLoadHook dequant_split_hook(const RankShell& shell, std::size_t local_rank,
                                 const QuantScheme& quant) {
   const QuantizedInputs in = quantized_inputs(quant, shell, kv_b);
   const DType out_dtype = shell.params[w_kc].dtype;
+  const MlaSplitForm form = mla_split_form(quant, true);
+  const bool fp8_out = form == MlaSplitForm::kFp8Tensor;
   for (std::size_t out : {w_kc, w_vc}) {
     const DType d = shell.params[out].dtype;
-    if (d != out_dtype || (d != DType::kBF16 && d != DType::kF16 && d != DType::kF32)) {
+    const bool fits = fp8_out ? d == DType::kF8E4M3
+                      : form == MlaSplitForm::kBf16
+                          ? d == DType::kBF16
+                          : d == DType::kBF16 || d == DType::kF16 || d == DType::kF32;
+    if (d != out_dtype || !fits) {
       bad_split(shell.params[out].name,
-                "parameter is " + std::string(dtype_name(d)) +
-                    "; the dequantized split needs w_kc and w_vc of one of BF16, F16, F32");
+                "parameter is " + std::string(dtype_name(d)) + "; the split of a " + describe(quant) +
+                    " kv_b_proj leaves w_kc and w_vc " +
+                    (fp8_out                          ? "F8_E4M3"
+                     : form == MlaSplitForm::kBf16 ? "BF16"
+                                                      : "of one of BF16, F16, F32"));
     }
+  }
+  std::size_t w_scale = 0;
+  if (fp8_out) {
+    const std::string attn = shell.params[w_kc].name.substr(0, shell.params[w_kc].name.size() - 4);
+    auto it = shell.by_name.find(attn + "w_scale");
+    if (it == shell.by_name.end() || shell.params[it->second].dtype != DType::kF32 ||
+        shell.params[it->second].shape != Shape{1}) {
+      bad_split(attn + "w_scale", "the split of a " + describe(quant) +
+                                      " kv_b_proj needs an F32 [1] parameter w_scale");
+    }
+    w_scale = it->second;
   }
   PostLoadHook hook;
   hook.name = "mla_dequant_split_kv_b:" + attn_prefix + "kv_b_proj (tp rank " +
@@ -66,6 +86,26 @@ PostLoadHook dequant_split_hook(const RankShell& shell, std::size_t local_rank,
   hook.outputs = {w_kc, w_vc};
   const std::uint64_t weight_bytes = shell.params[kv_b].nbytes;
   const std::uint64_t scale_bytes = shell.params[in.scale].nbytes;
+  if (fp8_out) {
+    hook.outputs.push_back(w_scale);
+    const gpu::Fp8Scales scales = fp8_scales(quant);
+    const std::uint64_t n = dims.heads * (dims.qk_nope + dims.v_head) * dims.kv_lora_rank;
+    const std::uint64_t rows = dims.heads * (dims.qk_nope + dims.v_head);
+    // F32 values, then their one-scale E4M3 requantization, split from there.
+    hook.scratch_bytes = n * 4 + n;
+    hook.run = [dims, kv_b, in, w_kc, w_vc, w_scale, scales, rows, n](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      std::byte* values = ctx.scratch(n * 4 + n);
+      std::byte* requantized = values + n * 4;
+      stream.dequantize_fp8(values, DType::kF32, ctx.param_data(kv_b), ctx.param_data(in.scale),
+                            scales, rows, dims.kv_lora_rank, 1);
+      stream.quantize_fp8(requantized, ctx.param_data(w_scale), values, DType::kF32,
+                          gpu::Fp8Scales{gpu::Fp8Granularity::kTensor, 0, 0, 1},
+                          gpu::Fp8ScaleRule::kAmax, rows, dims.kv_lora_rank, 1);
+      split_on_device(stream, dims, 1, requantized, ctx.param_data(w_kc), ctx.param_data(w_vc));
+    };
+    return hook;
+  }
   if (quant.method != QuantScheme::Method::kNvfp4) {
     const gpu::Fp8Scales scales = fp8_scales(quant);
     const std::uint64_t rows = dims.heads * (dims.qk_nope + dims.v_head);
@@ -126,6 +166,20 @@ PostLoadHook dequant_split_hook(const RankShell& shell, std::size_t local_rank,
 }
 
 }  // namespace
+
+MlaSplitForm mla_split_form(const QuantScheme& quant, bool kv_b_quantized) {
+  using Method = QuantScheme::Method;
+  if (!kv_b_quantized || !quant.quantized()) {
+    return MlaSplitForm::kAsLoaded;
+  }
+  if (quant.method == Method::kNvfp4) {
+    return MlaSplitForm::kDequantized;
+  }
+  if (quant.method == Method::kFp8Block && quant.block_n == 128 && quant.block_k == 128) {
+    return MlaSplitForm::kBf16;
+  }
+  return MlaSplitForm::kFp8Tensor;
+}
 
 Shape mla_w_kc_shape(const MlaDims& d) {
   return {d.heads, d.qk_nope, d.kv_lora_rank};

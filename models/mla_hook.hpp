@@ -54,19 +54,32 @@ std::vector<std::uint64_t> mla_w_vc_strides(const MlaDims& d);  // (dv*r, 1, r)
 // dtype does not fit `dims`.
 //
 // A quantized kv_b_proj (F8_E4M3 or NVFP4's packed U8, with the scales `quant` gives
-// it, models/quant.hpp): as SGLang's post_load_weights does for 128 x 128 blocks,
-// kv_b_proj is first dequantized to w_kc / w_vc's dtype (BF16, F16 or F32): element
-// (row, c) is QuantizedMatrix::at (f32(kv_b[row][c]) times its scale), rounded
-// once to that dtype; then split as above. The hook's inputs are then kv_b_proj
-// and its scales. FP8 (block, channel or tensor scales) is dequantized on the device
-// (gpu::Stream::dequantize_fp8) into the hook's device scratch (scratch_bytes:
-// kv_b_proj's elements in the outputs' dtype), then split from there as above: no
-// host round trip. NVFP4 stays on the host (the device has no E2M1 kernel): the
-// hook reads kv_b_proj and its scales back, dequantizes and splits there, writes
-// w_kc and w_vc with one host-to-device copy each and synchronizes before
-// returning. kv_b_proj keeps its quantized bytes and scales. (SGLang keeps FP8 w_kc / w_vc
-// with one scalar scale for blocks other than 128 x 128 and for per-channel
-// scales; ferry dequantizes them all.)
+// it, models/quant.hpp) is first converted as SGLang 0.5.23's post_load_weights
+// (deepseek_common/deepseek_weight_loader.py) does on CUDA, per format
+// (mla_split_form):
+// - FP8 with 128 x 128 blocks: dequantized to BF16, whatever the model dtype
+//   (block_quant_dequant): element (row, c) is f32(kv_b[row][c]) times its block
+//   scale, rounded once to BF16; w_kc / w_vc are BF16.
+// - FP8 with other blocks, per-channel or per-tensor scales: dequantized to F32 and
+//   requantized with one scale (block_quant_to_tensor_quant,
+//   channel_quant_to_tensor_quant: scaled_fp8_quant, s = amax / 448); w_kc / w_vc
+//   are F8_E4M3 and <attn>w_scale (F32 [1]) holds s.
+// - NVFP4: dequantized to the model dtype. (SGLang 0.5.23 has no NVFP4 case there:
+//   it would split the packed bytes; ModelOpt's NVFP4 DeepSeek checkpoints leave
+//   kv_b_proj unquantized. ferry's is a deliberate difference.)
+// Then split as above. The hook's inputs are kv_b_proj and its scales. FP8 is
+// converted on the device (gpu::Stream::dequantize_fp8, quantize_fp8) in the hook's
+// device scratch, then split from there: no host round trip. NVFP4 stays on the host
+// (the device has no E2M1 kernel): the hook reads kv_b_proj and its scales back,
+// dequantizes and splits there, writes w_kc and w_vc with one host-to-device copy
+// each and synchronizes before returning. kv_b_proj keeps its quantized bytes and
+// scales.
+// What the split of a kv_b_proj leaves (see make_mla_split_hook). kAsLoaded: w_kc /
+// w_vc in kv_b_proj's own dtype (not quantized, or quantized only after the split
+// by quantization.online).
+enum class MlaSplitForm { kAsLoaded, kBf16, kFp8Tensor, kDequantized };
+MlaSplitForm mla_split_form(const QuantScheme& quant, bool kv_b_quantized);
+
 PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
                                  const std::string& attn_prefix, const MlaDims& dims,
                                  const QuantScheme& quant = {});

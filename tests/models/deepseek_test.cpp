@@ -29,6 +29,7 @@
 #include "models/mla_hook.hpp"
 #include "models/model.hpp"
 #include "models/placement.hpp"
+#include "models/quant.hpp"
 #include "models/quant_reference.hpp"
 #include "models/reference_util.hpp"
 #include "models/table_model.hpp"
@@ -759,6 +760,59 @@ TEST(Deepseek, SupportedArchitecturesIncludeTheFamilies) {
   for (const char* a : {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM"}) {
     EXPECT_NE(std::find(names.begin(), names.end(), a), names.end()) << a;
   }
+}
+
+// The MLA split of a quantized kv_b_proj takes the form SGLang 0.5.23's
+// post_load_weights (deepseek_common/deepseek_weight_loader.py) leaves on CUDA: 128 x
+// 128 blocks dequantized to BF16 whatever the model dtype; other blocks, per-channel
+// and per-tensor FP8 kept in E4M3 with one F32 w_scale (block_quant_to_tensor_quant,
+// channel_quant_to_tensor_quant); NVFP4 dequantized to the model dtype (ferry's).
+TEST(Deepseek, QuantizedMlaSplitTakesSglangsFormPerFormat) {
+  using tools::SynthQuant;
+  struct Want {
+    SynthQuant kind;
+    std::uint64_t block;
+    DType split;
+    bool w_scale;
+  };
+  for (const Want& w : {Want{SynthQuant::kFp8Block, 128, DType::kBF16, false},
+                        Want{SynthQuant::kFp8Block, 64, DType::kF8E4M3, true},
+                        Want{SynthQuant::kFp8Channel, 0, DType::kF8E4M3, true},
+                        Want{SynthQuant::kFp8Tensor, 0, DType::kF8E4M3, true},
+                        Want{SynthQuant::kModelOptFp8, 0, DType::kF8E4M3, true},
+                        Want{SynthQuant::kNvfp4, 0, DType::kF32, false}}) {
+    nlohmann::json config = tools::synth_config("deepseek_v3", "tiny", DType::kF32, false);
+    config["q_lora_rank"] = 128;
+    config["kv_lora_rank"] = 128;
+    config["moe_intermediate_size"] = 128;
+    if (w.kind == SynthQuant::kModelOptFp8 || w.kind == SynthQuant::kNvfp4) {
+      config = models::with_hf_quant_config(config, tools::synth_hf_quant_config(w.kind));
+    } else {
+      config["quantization_config"] = tools::synth_quant_config(w.kind, w.block);
+    }
+    models::ModelOptions f32;
+    f32.dtype = DType::kF32;
+    auto m = models::make_model(config, {}, f32);
+    const models::RankShell& sh = m->shells()[0];
+    ASSERT_EQ(sh.params[sh.by_name.at("model.layers.1.self_attn.kv_b_proj.weight")].dtype,
+              w.kind == SynthQuant::kNvfp4 ? DType::kU8 : DType::kF8E4M3);
+    const std::string a = "model.layers.1.self_attn.";
+    SCOPED_TRACE(std::string(tools::to_string(w.kind)) + " block " + std::to_string(w.block));
+    EXPECT_EQ(sh.params[sh.by_name.at(a + "w_kc")].dtype, w.split);
+    EXPECT_EQ(sh.params[sh.by_name.at(a + "w_vc")].dtype, w.split);
+    ASSERT_EQ(sh.by_name.count(a + "w_scale"), w.w_scale ? 1u : 0u);
+    if (w.w_scale) {
+      EXPECT_EQ(sh.params[sh.by_name.at(a + "w_scale")].shape, models::Shape{1});
+      EXPECT_EQ(sh.params[sh.by_name.at(a + "w_scale")].dtype, DType::kF32);
+    }
+  }
+  // Not quantized, or excluded from the quantization: the model dtype.
+  nlohmann::json plain = tools::synth_config("deepseek_v3", "tiny", DType::kF32, false);
+  models::ModelOptions f32;
+  f32.dtype = DType::kF32;
+  auto p = models::make_model(plain, {}, f32);
+  EXPECT_EQ(p->shells()[0].params[p->shells()[0].by_name.at("model.layers.1.self_attn.w_kc")].dtype,
+            DType::kF32);
 }
 
 TEST(Deepseek, RealDeepseekV3ConfigGivesSglangShapes) {

@@ -28,6 +28,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -170,6 +171,11 @@ class Values {
   float tensor_id(const std::string& name, std::uint64_t) { return l_.ids.at(name); }
   // A scalar tensor's value (ModelOpt's k_scale / v_scale).
   float scalar(const std::string& tensor) const { return tools::synth_value(seed_, tensor, 0); }
+  // f32(W) * its scale, unrounded (FP8 only): what SGLang's block_quant_to_tensor_quant
+  // and channel_quant_to_tensor_quant requantize from.
+  float dequantized_f32(const std::string& name, std::uint64_t i) {
+    return l_.shapes.count(name) == 0 ? weight(name, i) : weight(name, i) * own_scale(name, i);
+  }
   float dequantized(const std::string& name, std::uint64_t i) {
     if (l_.shapes.count(name) == 0) {
       return weight(name, i);  // not quantized: the value itself (exact in BF16)
@@ -364,6 +370,32 @@ std::size_t check_rank(const models::Model& model, std::size_t i, const ParamBuf
   if (!dequantized_outputs.empty()) {
     dq = reading("dequantized", &Values::dequantized);
   }
+  // MLA's split of an FP8 kv_b_proj whose blocks are not 128 x 128 (these checkpoints'
+  // are 8 x 8), or whose scales are per channel or per tensor: SGLang 0.5.23's
+  // post_load_weights requantizes the rank's kv_b_proj with one scale,
+  // s = amax / 448 over it (scaled_fp8_quant), and splits the E4M3 values; the scale
+  // is <attn>w_scale. NVFP4 is dequantized to the model dtype (ferry's choice).
+  std::map<std::string, float> w_scale;  // <attn>w_scale -> s
+  Map dq32;
+  const bool fp8_split = kind != SynthQuant::kNvfp4;
+  auto mla_output = [&](const std::string& name) {
+    return fp8_split && dequantized_outputs.count(name) != 0 &&
+           (ends_with(name, "self_attn.w_kc") || ends_with(name, "self_attn.w_vc"));
+  };
+  if (fp8_split && !dequantized_outputs.empty()) {
+    dq32 = reading("dequantized_f32", &Values::dequantized_f32);
+    for (const std::string& name : dequantized_outputs) {
+      if (mla_output(name)) {
+        float& amax = w_scale[name.substr(0, name.size() - 4) + "w_scale"];
+        for (float v : dq32.at(name).values) {
+          amax = std::max(amax, std::fabs(v));
+        }
+      }
+    }
+    for (auto& [name, amax] : w_scale) {
+      amax = amax / 448.0f;
+    }
+  }
   // Expected names: the reference's, and each quantized weight's companions.
   // kind: 0 weight scale, 1 weight_scale_2, 2 input_scale; kv scales by prefix.
   std::map<std::string, std::pair<std::string, int>> companions;  // param -> (weight, kind)
@@ -400,6 +432,9 @@ std::size_t check_rank(const models::Model& model, std::size_t i, const ParamBuf
     names.insert(name);
   }
   for (const auto& [name, source] : kv) {
+    names.insert(name);
+  }
+  for (const auto& [name, scale] : w_scale) {
     names.insert(name);
   }
   const models::RankShell& shell = model.shells()[i];
@@ -444,6 +479,35 @@ std::size_t check_rank(const models::Model& model, std::size_t i, const ParamBuf
         return scales;
       }
       ++scales;
+      continue;
+    }
+    if (auto it = w_scale.find(spec.name); it != w_scale.end()) {
+      EXPECT_EQ(spec.shape, std::vector<std::uint64_t>{1}) << where;
+      EXPECT_EQ(spec.dtype, DType::kF32) << where;
+      EXPECT_EQ(decode_one(base, DType::kF32), it->second) << where;
+      ++scales;
+      continue;
+    }
+    if (mla_output(spec.name)) {
+      // The one-scale E4M3 requantization of the F32 values (clamped, nearest even).
+      const auto& x = dq32.at(spec.name);
+      const float ws = w_scale.at(spec.name.substr(0, spec.name.size() - 4) + "w_scale");
+      EXPECT_EQ(spec.shape, x.shape) << where;
+      EXPECT_EQ(spec.dtype, DType::kF8E4M3) << where;
+      if (spec.shape != x.shape || spec.dtype != DType::kF8E4M3) {
+        return scales;
+      }
+      std::vector<std::uint64_t> idx(spec.shape.size(), 0);
+      for (std::uint64_t e = 0; e < x.values.size(); ++e, next_index(idx, spec.shape)) {
+        const float want =
+            ws == 0 ? 0.0f : round_to_e4m3(std::clamp(x.values[e] * (1.0f / ws), -448.0f, 448.0f));
+        const float got = decode_one(base + storage_offset(idx, spec.strides), DType::kF8E4M3);
+        if (got != want) {
+          ADD_FAILURE() << where << " element " << e << ": got " << got << ", reference " << want
+                        << " (" << x.values[e] << " / " << ws << ")";
+          return scales;
+        }
+      }
       continue;
     }
     if (auto it = kv.find(spec.name); it != kv.end()) {
