@@ -79,8 +79,15 @@ FamilyDescriptor deepseek(std::string architecture, std::string family) {
                        "qk_nope_head_dim", "qk_rope_head_dim",    "v_head_dim"};
   d.fused = standard_fused_mappings();
   d.fused.push_back({"fused_qkv_a_proj_with_mqa", {"q_a_proj", "kv_a_proj_with_mqa"}});
-  d.options = kTakesExperts | kTakesDraft | kTakesSharedExpertFusion | kTakesAttentionDp |
-              kTakesMoeDenseTp | kTakesDeepep;
+  d.options = kTakesExperts | kTakesDraft | kTakesSharedExpertFusion | kTakesMoeDenseTp |
+              kTakesDeepep;
+  // Under attention data parallelism (SGLang 0.5.23, deepseek_v2.py):
+  // DeepseekV2AttentionMLA splits q_b_proj / q_proj, kv_b_proj and o_proj over the
+  // attention tp group; DeepseekV2Model's embedding is
+  // VocabParallelEmbedding(**get_embedding_tp_kwargs()): over the attention tp group
+  // (whole only with SGLANG_ENABLE_EMBED_REPLICATION, which ferry does not model);
+  // the ParallelLMHead takes use_attn_tp_group=enable_dp_lm_head.
+  d.attention_dp = AttentionDpLayout{.attention = true, .embedding = true, .dp_lm_head = true};
   d.build = [](const FamilyInput& in) {
     return make_deepseek_model(in, parse_deepseek_config(in.config, in.descriptor.architecture));
   };

@@ -447,6 +447,12 @@ std::vector<Case> cases() {
     out.push_back(fuse(make_case("glm4_moe", 2, 1), false));
     out.push_back(draft(make_case("glm4_moe", 2, 1)));
     out.push_back(make_case("glm4_moe", 4, 2, "bias_norm"));
+    // Attention data parallelism (SGLang 0.5.23, glm4_moe.py): qkv_proj / o_proj and
+    // the embedding over the attention tp group, lm_head with dp_lm_head, the dense
+    // layers whole under moe_dense_tp 1.
+    out.push_back(attn_dp(make_case("glm4_moe", 4, 2), 2, true));
+    out.push_back(attn_dp(make_case("glm4_moe", 4, 1, "bias_norm"), 4));
+    out.push_back(dense_tp1(attn_dp(make_case("glm4_moe", 4, 2), 2)));
     // Uneven tp: 8 q / 2 kv heads padded to 64 / 16 at tp 16 (ranks 2..15 hold zero
     // heads; ranks 0 and 1 the real ones).
     out.push_back(padded(on(make_case("glm4_moe", 16, 8), {0, 1, 9})));
@@ -1089,10 +1095,6 @@ TEST(DeepseekErrors, DeploymentLayoutsAreRefusedWhereTheyDoNotApply) {
   expect_error([&] { models::make_model(v3.config, l, fuse); }, Stage::kConfig, "DeepEP");
   // Families whose placement under these layouts ferry does not know refuse them.
   const Ckpt glm = make_ckpt("glm4_moe");
-  l = layout(4, 1);
-  l.attn_dp = 2;
-  expect_error([&] { models::make_model(glm.config, l); }, Stage::kConfig,
-               "parallel.attn_dp 2: ferry places it for DeepSeek's MLA families only");
   l = layout(4, 4);
   l.moe_a2a = models::ParallelLayout::MoeA2a::kDeepep;
   expect_error([&] { models::make_model(glm.config, l); }, Stage::kConfig,
