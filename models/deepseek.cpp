@@ -196,7 +196,10 @@ class Builder {
   void moe_mlp(const LayerNames& n) {
     const std::string pm = n.param + "mlp.";
     const std::string tm = n.tensor + "mlp.";
-    add_replicated(m_, pm + "gate.weight", tm + "gate.weight", Shape{c_.experts, c_.hidden});
+    // The router's weight: the model dtype, or F32 where SGLang 0.5.23 declares it so
+    // (Glm4MoeGate.__init__ always; MoEGate.__init__ with config.router_fp32).
+    add_replicated(m_, pm + "gate.weight", tm + "gate.weight", Shape{c_.experts, c_.hidden},
+                   c_.gate_f32 ? std::optional<DType>(DType::kF32) : std::nullopt);
     if (c_.gate_bias) {
       // The router's correction bias stays float32 whatever the model dtype (the
       // checkpoints store it so, and SGLang declares it so).

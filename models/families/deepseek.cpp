@@ -32,6 +32,9 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
   const std::string topk_method =
       config_string(hf_config, "topk_method", v3 ? "noaux_tc" : "greedy");
   c.gate_bias = topk_method == "noaux_tc";
+  // SGLang 0.5.23, deepseek_v2.py MoEGate.__init__: the weight is float32 with
+  // getattr(config, "router_fp32", False), else the model dtype.
+  c.gate_f32 = config_bool(hf_config, "router_fp32", false);
   // SGLang's is_deepseek_dsa: a DeepSeek-V3 / V3.2 config with index_topk.
   c.indexer = v3 && hf_config.contains("index_topk") && !hf_config["index_topk"].is_null();
   if (c.indexer) {

@@ -35,6 +35,9 @@ std::vector<FamilyDescriptor> glm4_moe() {
     // sparse, and its router always has the correction bias.
     c.moe_layer_freq = 1;
     c.gate_bias = true;
+    // SGLang 0.5.23, glm4_moe.py Glm4MoeGate.__init__: weight and
+    // e_score_correction_bias are both created float32.
+    c.gate_f32 = true;
     return make_deepseek_model(in, c);
   };
   return {d};

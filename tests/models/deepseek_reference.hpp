@@ -30,6 +30,7 @@ using ValueFn = std::function<float(const std::string& name, std::uint64_t index
 struct Dims {
   std::string arch;
   bool glm = false;
+  bool router_fp32 = false;  // config.json's router_fp32 (DeepSeek's MoEGate)
   std::uint64_t H = 0, L = 0, V = 0, heads = 0;
   std::uint64_t q_lora = 0, kv_lora = 0, dn = 0, dr = 0, dv = 0;  // MLA
   std::uint64_t kv_heads = 0, head_dim = 0;                       // GLM
@@ -50,6 +51,7 @@ inline Dims dims_of(const nlohmann::json& c) {
   Dims d;
   d.arch = c.at("architectures").at(0).get<std::string>();
   d.glm = d.arch == "Glm4MoeForCausalLM";
+  d.router_fp32 = get_bool_or(c, "router_fp32", false);
   d.H = c.at("hidden_size");
   d.L = c.at("num_hidden_layers");
   d.V = c.at("vocab_size");
@@ -415,7 +417,9 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
   };
 
   auto moe = [&](const std::string& p, const std::string& t) {
-    full(p + "gate.weight", t + "gate.weight", d.E, H);
+    // SGLang 0.5.23: Glm4MoeGate.__init__ creates the weight in float32; DeepSeek's
+    // MoEGate.__init__ does with config.router_fp32.
+    full(p + "gate.weight", t + "gate.weight", d.E, H, d.glm || d.router_fp32);
     if (d.gate_bias) {
       full(p + "gate.e_score_correction_bias", t + "gate.e_score_correction_bias", d.E, 1, true);
     }

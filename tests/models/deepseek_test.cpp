@@ -57,7 +57,8 @@ struct Ckpt {
 // `variant` edits the tiny synthetic checkpoint of `family`:
 //   "no_q_lora": q_lora_rank null, so q_proj instead of q_a_proj / q_b_proj;
 //   "greedy":    topk_method greedy, so the router has no correction bias;
-//   "bias_norm": GLM with attention_bias and use_qk_norm (their tensors added).
+//   "bias_norm": GLM with attention_bias and use_qk_norm (their tensors added);
+//   "router_fp32": router_fp32 set, so the router's weight is F32.
 Ckpt make_ckpt(const std::string& family, const std::string& variant = "") {
   Ckpt c;
   c.config = tools::synth_config(family, "tiny", DType::kBF16, false);
@@ -88,6 +89,8 @@ Ckpt make_ckpt(const std::string& family, const std::string& variant = "") {
       out.push_back(t);
     }
     c.tensors = out;
+  } else if (variant == "router_fp32") {
+    c.config["router_fp32"] = true;
   } else if (variant == "greedy") {
     c.config["topk_method"] = "greedy";
     std::erase_if(c.tensors, [&](const tools::SynthTensor& t) {
@@ -393,6 +396,8 @@ std::vector<Case> cases() {
   out.push_back(make_case("deepseek_v3", 4, 2, "no_q_lora"));
   out.push_back(draft(make_case("deepseek_v3", 2, 2, "no_q_lora")));
   out.push_back(make_case("deepseek_v3", 2, 2, "greedy"));
+  // router_fp32 (SGLang 0.5.23, MoEGate.__init__): the router's weight in F32.
+  out.push_back(make_case("deepseek_v3", 2, 2, "router_fp32"));
   // Uneven tp: 8 MLA heads padded to 16 at tp 16 (one head a rank; ranks 8..15 hold
   // zero heads, and the hook splits their zero kv_b_proj into zero w_kc / w_vc).
   // Under model.unaligned_tp=pad, with every intermediate size rounded up to a
