@@ -48,7 +48,7 @@ class Builder {
         in_(in),
         options_(options),
         tp_(in.layout.tp),
-        attn_tp_(in.layout.attn_tp()),
+        attn_tp_(attention_group(in)),
         dense_tp_(in.layout.moe_dense_tp == 1 ? 1 : in.layout.tp),
         shared_tp_(in.layout.moe_a2a == ParallelLayout::MoeA2a::kDeepep ? 1 : in.layout.tp) {}
 
@@ -183,7 +183,8 @@ class Builder {
     m_.add_param(pi + "wk_weights_proj.weight", Shape{d + h, c_.hidden});
   }
 
-  // Grouped-query attention as Qwen2's: q, k, v fused into qkv_proj.
+  // Grouped-query attention as Qwen2's: q, k, v fused into qkv_proj, over the
+  // attention tp group (Glm4MoeAttention: parallel_group="attn_tp").
   void gqa(const std::string& pa, const std::string& ta) {
     add_gqa_attention(m_, pa, ta,
                       {.hidden = c_.hidden,
@@ -193,8 +194,9 @@ class Builder {
                        .qkv_bias = c_.qkv_bias,
                        .o_bias = false,
                        .unaligned = options_.unaligned_tp,
-                       .sources = in_.descriptor.sources("qkv_proj")},
-                      tp_);
+                       .sources = in_.descriptor.sources("qkv_proj"),
+                       .ranks = attn_tp_ == tp_ ? "tp ranks" : "attention tp ranks"},
+                      attn_tp_);
     if (c_.qk_norm) {
       for (const char* norm : {"q_norm.weight", "k_norm.weight"}) {
         add_replicated(m_, pa + norm, ta + norm, Shape{c_.head_dim});
@@ -205,7 +207,10 @@ class Builder {
   void moe_mlp(const LayerNames& n) {
     const std::string pm = n.param + "mlp.";
     const std::string tm = n.tensor + "mlp.";
-    add_replicated(m_, pm + "gate.weight", tm + "gate.weight", Shape{c_.experts, c_.hidden});
+    // The router's weight: the model dtype, or F32 where SGLang 0.5.23 declares it so
+    // (Glm4MoeGate.__init__ always; MoEGate.__init__ with config.router_fp32).
+    add_replicated(m_, pm + "gate.weight", tm + "gate.weight", Shape{c_.experts, c_.hidden},
+                   c_.gate_f32 ? std::optional<DType>(DType::kF32) : std::nullopt);
     if (c_.gate_bias) {
       // The router's correction bias stays float32 whatever the model dtype (the
       // checkpoints store it so, and SGLang declares it so).
@@ -240,22 +245,27 @@ class Builder {
   const FamilyInput& in_;
   const ModelOptions& options_;
   int tp_;
-  int attn_tp_;    // MLA's q_b / kv_b / o_proj: tp / attn_dp
+  int attn_tp_;    // MLA's q_b / kv_b / o_proj, GLM's qkv_proj / o_proj: tp / attn_dp
   int dense_tp_;   // the dense layers' MLP: tp, or 1 under moe_dense_tp 1
   int shared_tp_;  // the shared experts: tp, or 1 under DeepEP
 };
 
 // Every split the layout needs, checked before any table is built so that the error
 // names the config field rather than a tensor.
-void check_splits(const DeepseekConfig& c, const ParallelLayout& layout,
-                  const ModelOptions& options, bool any_moe,
-                  const std::vector<std::uint64_t>& moe_layers) {
+void check_splits(const DeepseekConfig& c, const FamilyInput& in, const ModelOptions& options,
+                  bool any_moe, const std::vector<std::uint64_t>& moe_layers) {
+  const ParallelLayout& layout = in.layout;
   const int tp = layout.tp;
   const Unaligned u = options.unaligned_tp;
   if (c.mla) {
-    padded_heads(c.heads, layout.attn_tp(), u, "num_attention_heads");
+    padded_heads(c.heads, attention_group(in), u, "num_attention_heads");
   } else {
-    padded_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, tp, u);
+    padded_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, attention_group(in), u);
+  }
+  if (!options.draft) {
+    for (const int group : {embedding_group(in), lm_head_group(in)}) {
+      even_shard(padded_vocab(c.vocab), 0, group != 0 ? group : tp, "padded vocab_size");
+    }
   }
   if (!any_moe || c.first_k_dense > 0 || c.moe_layer_freq > 1) {
     padded_intermediate(c.intermediate, layout.moe_dense_tp == 1 ? 1 : tp, u, "intermediate_size");
@@ -433,7 +443,7 @@ std::unique_ptr<TableModel> make_deepseek_model(const FamilyInput& in, const Dee
       }
     }
   }
-  check_splits(c, layout, o, c.experts != 0, moe_layers);
+  check_splits(c, in, o, c.experts != 0, moe_layers);
 
   auto m = std::make_unique<TableModel>(in.descriptor.family, c.architecture, layout, in.dtype,
                                         o.strict);
@@ -447,18 +457,17 @@ std::unique_ptr<TableModel> make_deepseek_model(const FamilyInput& in, const Dee
     for (std::uint64_t l = mtp; l < mtp + c.nextn_layers; ++l) {
       m->add_drop_pattern(layer_prefix(l), "mtp_layer");
     }
-    // Under attention data parallelism the embedding is whole on every rank
-    // (DeepseekV2Model: VocabParallelEmbedding(enable_tp=not enable_dp_attention)),
-    // and lm_head splits over the attention tp group with dp_lm_head
-    // (DeepseekV2ForCausalLM: ParallelLMHead(use_attn_tp_group=enable_dp_lm_head)).
+    // Under attention data parallelism the embedding splits over the attention tp
+    // group (SGLang 0.5.23, DeepseekV2Model: VocabParallelEmbedding(
+    // **get_embedding_tp_kwargs()), use_attn_tp_group=is_dp_attention_enabled();
+    // GLM-4 MoE's Glm4MoeModel likewise), and lm_head with dp_lm_head
+    // (ParallelLMHead(use_attn_tp_group=enable_dp_lm_head)).
     StageEdges edges;
     edges.hidden = c.hidden;
     edges.vocab = c.vocab;
     edges.tie_embeddings = c.tie_embeddings;
-    edges.embed_group = layout.attn_dp > 1 ? 1 : 0;
-    edges.head_group = layout.dp_lm_head ? layout.attn_tp() : 0;
-    even_shard(padded_vocab(c.vocab), 0, edges.head_group != 0 ? edges.head_group : layout.tp,
-               "padded vocab_size");
+    edges.embed_group = embedding_group(in);
+    edges.head_group = lm_head_group(in);
     add_stage_edges(*m, edges, layout);
   } else {
     const std::string t = layer_prefix(mtp);

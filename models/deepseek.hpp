@@ -14,7 +14,8 @@
 //   GLM-4 MoE:             self_attn.qkv_proj (+ bias with attention_bias),
 //                          o_proj, q_norm / k_norm with use_qk_norm
 //   dense layers:          mlp.gate_up_proj / mlp.down_proj (intermediate_size)
-//   MoE layers:            mlp.gate.weight (replicated), mlp.gate.e_score_correction_bias
+//   MoE layers:            mlp.gate.weight (replicated; F32 for GLM-4 MoE and with
+//                          router_fp32), mlp.gate.e_score_correction_bias
 //                          (replicated, F32; DeepSeek only with topk_method noaux_tc),
 //                          mlp.experts.w13_weight / w2_weight (models/experts.hpp),
 //                          mlp.shared_experts.gate_up_proj / down_proj (tensor-parallel,
@@ -103,6 +104,9 @@ struct DeepseekConfig {
   std::uint64_t first_k_dense = 0;   // first_k_dense_replace
   std::uint64_t moe_layer_freq = 1;
   bool gate_bias = false;          // mlp.gate.e_score_correction_bias exists
+  // mlp.gate.weight is F32 whatever the model dtype (SGLang 0.5.23: Glm4MoeGate
+  // always; DeepSeek's MoEGate with config.json's router_fp32).
+  bool gate_f32 = false;
   std::uint64_t nextn_layers = 0;  // num_nextn_predict_layers
   // DeepSeek-V3.2's sparse-attention indexer (index_topk set; SGLang's
   // is_deepseek_dsa): its heads and head dim, and which layers have one.

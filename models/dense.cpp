@@ -12,12 +12,15 @@ namespace {
 // Declares the params of one layer and the checkpoint names that feed them.
 void add_layer(TableModel& m, const FamilyInput& in, const DenseConfig& c, std::uint64_t layer) {
   const int tp = in.layout.tp;
+  const int attn_tp = attention_group(in);
   const Unaligned u = in.options.unaligned_tp;
   const std::string p = layer_prefix(layer);
-  // Attention: q, k and v fused into qkv_proj, o_proj row-parallel.
+  // Attention: q, k and v fused into qkv_proj, o_proj row-parallel, over the
+  // attention tp group where the family splits it so (attention_dp).
   GqaAttention attention = gqa_attention(c, c.qkv_bias, c.o_bias, u);
   attention.sources = in.descriptor.sources("qkv_proj");
-  add_gqa_attention(m, p + "self_attn.", p + "self_attn.", attention, tp);
+  attention.ranks = attn_tp == tp ? "tp ranks" : "attention tp ranks";
+  add_gqa_attention(m, p + "self_attn.", p + "self_attn.", attention, attn_tp);
   if (c.qk_norm) {
     for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"}) {
       add_replicated(m, p + norm, p + norm, Shape{c.head_dim});
@@ -70,10 +73,12 @@ std::unique_ptr<TableModel> make_dense_model(const FamilyInput& in, const DenseC
   }
   const QkvShape qkv{c.heads, c.kv_heads, c.head_dim};
   // Check every split up front so the error names the config field, not a tensor.
-  padded_qkv(qkv, tp, in.options.unaligned_tp);
+  padded_qkv(qkv, attention_group(in), in.options.unaligned_tp);
   padded_intermediate(c.intermediate, tp, in.options.unaligned_tp, "intermediate_size");
   if (!c.replicated_embedding) {
-    even_shard(padded_vocab(c.vocab), 0, tp, "padded vocab_size");
+    for (const int group : {embedding_group(in), lm_head_group(in)}) {
+      even_shard(padded_vocab(c.vocab), 0, group != 0 ? group : tp, "padded vocab_size");
+    }
   }
 
   // Pipeline stage: only this stage's layers get params; the others' tensors are
@@ -92,6 +97,8 @@ std::unique_ptr<TableModel> make_dense_model(const FamilyInput& in, const DenseC
   edges.vocab = c.vocab;
   edges.tie_embeddings = c.tie_embeddings;
   edges.replicated_embedding = c.replicated_embedding;
+  edges.embed_group = embedding_group(in);
+  edges.head_group = lm_head_group(in);
   add_stage_edges(*m, edges, layout);
   add_rope_cache_drops(*m);
   // A bias the model has no param for (an mlp_bias checkpoint's MLP biases, or

@@ -15,6 +15,23 @@ const std::vector<std::string>& FamilyDescriptor::sources(std::string_view param
                   std::string(param));
 }
 
+int attention_group(const FamilyInput& in) {
+  const bool split = in.layout.attn_dp > 1 && in.descriptor.attention_dp &&
+                     in.descriptor.attention_dp->attention;
+  return split ? in.layout.attn_tp() : in.layout.tp;
+}
+
+int embedding_group(const FamilyInput& in) {
+  const bool split = in.layout.attn_dp > 1 && in.descriptor.attention_dp &&
+                     in.descriptor.attention_dp->embedding;
+  return split ? in.layout.attn_tp() : 0;
+}
+
+int lm_head_group(const FamilyInput& in) {
+  // make_model refuses dp_lm_head for a family whose lm_head does not take it.
+  return in.layout.dp_lm_head ? in.layout.attn_tp() : 0;
+}
+
 std::vector<FusedMapping> standard_fused_mappings() {
   return {
       {"qkv_proj", {"q_proj", "k_proj", "v_proj"}},

@@ -12,6 +12,8 @@
 //   builders read their names from;
 // - the options it takes beyond the common ones (make_model refuses the others by
 //   name, before building);
+// - its layout under attention data parallelism (parallel.attn_dp > 1), where SGLang
+//   builds one for the family (refused by name where it does not);
 // - its post-load hooks, as rules that make them from the built model (make_model
 //   registers them, then the quantization's, through TableModel::add_hooks: the one
 //   place hooks are registered).
@@ -19,6 +21,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -36,9 +39,26 @@ enum FamilyOption : unsigned {
   kTakesExperts = 1u << 0,  // ep > 1, model.eplb_map, switch_w13, pad_moe_intermediate_to
   kTakesDraft = 1u << 1,    // model.draft (an MTP layer)
   kTakesSharedExpertFusion = 1u << 2,  // model.fuse_shared_experts=true
-  kTakesAttentionDp = 1u << 3,         // parallel.attn_dp > 1, parallel.dp_lm_head
   kTakesMoeDenseTp = 1u << 4,          // parallel.moe_dense_tp 1
   kTakesDeepep = 1u << 5,              // parallel.moe_a2a deepep
+};
+
+// What SGLang 0.5.23 splits over the attention tp group (tp / attn_dp ranks, tp rank
+// r holding attention rank r % attn_tp: runtime_context.py, derive_attention_ranks)
+// when attention data parallelism is on (--attn-dp-size / --enable-dp-attention).
+// Everything not named here keeps its usual group: dense MLPs and shared experts
+// over all tp ranks (or whole, where moe_dense_tp / DeepEP say so), routed experts
+// over tp / ep.
+struct AttentionDpLayout {
+  // qkv_proj / o_proj (MLA: q_b_proj or q_proj, kv_b_proj, o_proj) built with
+  // parallel_group="attn_tp"; false: over all tp ranks, as without attention DP.
+  bool attention = false;
+  // embed_tokens a VocabParallelEmbedding(use_attn_tp_group=is_dp_attention_enabled())
+  // (or get_embedding_tp_kwargs); false: over all tp ranks.
+  bool embedding = false;
+  // lm_head a ParallelLMHead(use_attn_tp_group=enable_dp_lm_head): takes
+  // parallel.dp_lm_head (refused by name otherwise).
+  bool dp_lm_head = false;
 };
 
 // One fused param and the checkpoint names that feed it, in slot order: e.g.
@@ -69,6 +89,9 @@ struct FamilyDescriptor {
   std::vector<std::string> required_fields;   // config.json fields it cannot do without
   std::vector<FusedMapping> fused;            // its fused params
   unsigned options = 0;                       // FamilyOption bits
+  // Its layout under attention data parallelism; none: parallel.attn_dp > 1 refused
+  // (SGLang's model for it builds nothing for attention DP).
+  std::optional<AttentionDpLayout> attention_dp;
   // Declares the params, targets, fills and drops and calls finish().
   std::function<std::unique_ptr<TableModel>(const FamilyInput& in)> build;
   std::vector<HookRule> hooks;
@@ -78,6 +101,14 @@ struct FamilyDescriptor {
   const std::vector<std::string>& sources(std::string_view param) const;
   bool takes(FamilyOption option) const { return (options & option) != 0; }
 };
+
+// The groups a family's build splits over under `in.layout` (each a group size; tp
+// rank r holds group rank r % size): the attention's (attn_tp() where the family's
+// attention_dp splits it, else tp), and the embedding's and lm_head's for
+// StageEdges (0: every tp rank).
+int attention_group(const FamilyInput& in);
+int embedding_group(const FamilyInput& in);
+int lm_head_group(const FamilyInput& in);
 
 // The mappings most decoders share: qkv_proj <- q/k/v_proj, gate_up_proj <-
 // gate/up_proj, experts.w13_weight <- gate/up_proj, experts.w2_weight <- down_proj.

@@ -54,7 +54,7 @@ void add_gqa_attention(TableModel& m, const std::string& param_prefix,
                                std::to_string(qkv.q_heads) + " / " + std::to_string(qkv.kv_heads),
                            "heads", padded.q_heads, qkv.q_heads, tp,
                            std::to_string(padded.q_heads) + " / " + std::to_string(padded.kv_heads),
-                           "tp ranks"));
+                           a.ranks));
   }
   const std::uint64_t q_rows = qkv_slot_rows(qkv, QkvSlot::kQ);
   const std::uint64_t kv_rows = qkv_slot_rows(qkv, QkvSlot::kK);
@@ -73,7 +73,7 @@ void add_gqa_attention(TableModel& m, const std::string& param_prefix,
     const std::string src = tensor_prefix + a.sources[i];
     const std::uint64_t rows = slot == QkvSlot::kQ ? q_rows : kv_rows;
     auto rule = [qkv, slot, tp, u](int rank) {
-      return Blocks{qkv_slot(qkv, slot, rank, tp, u).copy};
+      return Blocks{qkv_slot(qkv, slot, rank % tp, tp, u).copy};
     };
     m.add_target(src + ".weight", w, Shape{rows, a.hidden}, rule);
     if (a.qkv_bias) {
@@ -85,7 +85,7 @@ void add_gqa_attention(TableModel& m, const std::string& param_prefix,
     Blocks out;
     const std::array<std::uint64_t, 3> base{0, q_rows, q_rows + kv_rows};
     for (std::size_t i = 0; i < kSlots.size(); ++i) {
-      Block blk = qkv_slot(qkv, kSlots[i], rank, tp, u).copy;
+      Block blk = qkv_slot(qkv, kSlots[i], rank % tp, tp, u).copy;
       blk.src_start += base[i];
       out.push_back(blk);
     }
@@ -101,7 +101,7 @@ void add_gqa_attention(TableModel& m, const std::string& param_prefix,
     auto zeros = [qkv, tp, u](int rank) {
       Blocks out;
       for (QkvSlot slot : {QkvSlot::kQ, QkvSlot::kK, QkvSlot::kV}) {
-        out.push_back(qkv_slot(qkv, slot, rank, tp, u).zero);
+        out.push_back(qkv_slot(qkv, slot, rank % tp, tp, u).zero);
       }
       return out;
     };

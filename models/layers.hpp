@@ -28,6 +28,9 @@ struct GqaAttention {
   Unaligned unaligned = Unaligned::kRefuse;  // heads tp does not split: model.unaligned_tp
   // The checkpoint names of the q, k and v slots (FamilyDescriptor::sources("qkv_proj")).
   std::vector<std::string> sources{"q_proj", "k_proj", "v_proj"};
+  // The ranks the attention is split over, in notes: "tp ranks", or "attention tp
+  // ranks" under attention data parallelism.
+  std::string ranks = "tp ranks";
 };
 
 // <param_prefix>qkv_proj.weight (and .bias): q, k and v slots of this rank (GQA
@@ -38,7 +41,9 @@ struct GqaAttention {
 // <param_prefix>o_proj.weight, row-parallel, from <tensor_prefix>o_proj. Heads tp
 // does not split are refused, or padded (padded_qkv, `a.unaligned`): the padded
 // heads' qkv rows and o_proj columns are zero fills. The caller checks the heads first (check_qkv)
-// so the error names the config fields.
+// so the error names the config fields. `tp` is the size of the group the attention
+// is split over: tp rank r holds group rank r % tp (all tp ranks, or the attention tp
+// group under attention data parallelism).
 void add_gqa_attention(TableModel& m, const std::string& param_prefix,
                        const std::string& tensor_prefix, const GqaAttention& a, int tp);
 // The attention of a family whose config has the common GQA decoder fields.

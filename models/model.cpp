@@ -45,19 +45,34 @@ void refuse_options(const FamilyDescriptor& d, const ParallelLayout& layout,
   }
   // SGLang's DeepSeek deployment layouts: refused where ferry does not know the
   // family's placement under them.
-  auto refuse_layout = [&](const std::string& key, bool set) {
+  auto refuse_layout = [&](const std::string& key, bool set, const std::string& who) {
     if (set) {
       throw Error(Stage::kConfig, "", "",
-                  key + ": ferry places it for DeepSeek's MLA families only (SGLang's "
-                        "DeepseekV2ForCausalLM); " +
-                      d.architecture + " does not take it");
+                  key + ": ferry places it for " + who + " only; " + d.architecture +
+                      " does not take it");
     }
   };
-  refuse_layout("parallel.attn_dp " + std::to_string(layout.attn_dp),
-                !d.takes(kTakesAttentionDp) && layout.attn_dp != 1);
-  refuse_layout("parallel.moe_dense_tp 1", !d.takes(kTakesMoeDenseTp) && layout.moe_dense_tp == 1);
+  // Attention data parallelism: the families SGLang 0.5.23 builds a layout for (the
+  // descriptor's attention_dp); the others are refused by name.
+  if (layout.attn_dp != 1 && !d.attention_dp) {
+    throw Error(Stage::kConfig, "", "",
+                "parallel.attn_dp " + std::to_string(layout.attn_dp) + ": " + d.architecture +
+                    " (family " + d.family +
+                    ") has no layout under attention data parallelism: SGLang 0.5.23's model "
+                    "for it splits nothing over the attention tp group (use attn_dp 1)");
+  }
+  if (layout.dp_lm_head && d.attention_dp && !d.attention_dp->dp_lm_head) {
+    throw Error(Stage::kConfig, "", "",
+                "parallel.dp_lm_head: " + d.architecture + " (family " + d.family +
+                    ") builds its lm_head over all tp ranks whatever enable_dp_lm_head says "
+                    "(SGLang 0.5.23: its ParallelLMHead takes no use_attn_tp_group), so the "
+                    "option does not apply");
+  }
+  refuse_layout("parallel.moe_dense_tp 1", !d.takes(kTakesMoeDenseTp) && layout.moe_dense_tp == 1,
+                "DeepSeek and GLM-4 MoE (SGLang's DeepseekV2ForCausalLM, Glm4MoeForCausalLM)");
   refuse_layout("parallel.moe_a2a deepep",
-                !d.takes(kTakesDeepep) && layout.moe_a2a == ParallelLayout::MoeA2a::kDeepep);
+                !d.takes(kTakesDeepep) && layout.moe_a2a == ParallelLayout::MoeA2a::kDeepep,
+                "DeepSeek's MLA families (SGLang's DeepseekV2ForCausalLM)");
 }
 
 }  // namespace

@@ -67,7 +67,9 @@ class Builder {
   void attention(const std::string& p) {
     GqaAttention attention = gqa_attention(c_, c_.qkv_bias, c_.o_bias, in_.options.unaligned_tp);
     attention.sources = in_.descriptor.sources("qkv_proj");
-    add_gqa_attention(m_, p + "self_attn.", p + "self_attn.", attention, in_.layout.tp);
+    const int attn_tp = attention_group(in_);
+    attention.ranks = attn_tp == in_.layout.tp ? "tp ranks" : "attention tp ranks";
+    add_gqa_attention(m_, p + "self_attn.", p + "self_attn.", attention, attn_tp);
     if (c_.qk_norm) {
       for (const char* norm : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"}) {
         add_replicated(m_, p + norm, p + norm, Shape{c_.head_dim});
@@ -88,11 +90,16 @@ class Builder {
 
 // Every split the layout needs, checked before any param is declared so the error
 // names the config field rather than a tensor.
-void check_splits(const MoeConfig& c, const std::string& architecture,
-                  const ParallelLayout& layout, const ModelOptions& options) {
+void check_splits(const MoeConfig& c, const FamilyInput& in) {
+  const std::string& architecture = in.descriptor.architecture;
+  const ParallelLayout& layout = in.layout;
+  const ModelOptions& options = in.options;
   const int tp = layout.tp;
-  padded_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, tp, options.unaligned_tp);
-  even_shard(padded_vocab(c.vocab), 0, tp, "padded vocab_size");
+  padded_qkv(QkvShape{c.heads, c.kv_heads, c.head_dim}, attention_group(in),
+             options.unaligned_tp);
+  for (const int group : {embedding_group(in), lm_head_group(in)}) {
+    even_shard(padded_vocab(c.vocab), 0, group != 0 ? group : tp, "padded vocab_size");
+  }
   std::vector<std::uint64_t> moe_layers;
   for (std::uint64_t l = 0; l < c.layers; ++l) {
     if (c.sparse[l]) {
@@ -129,7 +136,7 @@ std::unique_ptr<TableModel> make_moe_model(const FamilyInput& in, const MoeConfi
                 "internal: the sparse-layer list has " + std::to_string(c.sparse.size()) +
                     " entries for num_hidden_layers " + std::to_string(c.layers));
   }
-  check_splits(c, in.descriptor.architecture, layout, options);
+  check_splits(c, in);
   const Range stage = pp_layers(c.layers, layout.pp, layout.pp_rank, layout.pp_partition);
 
   auto m = std::make_unique<TableModel>(in.descriptor.family, in.descriptor.architecture, layout,
@@ -144,6 +151,8 @@ std::unique_ptr<TableModel> make_moe_model(const FamilyInput& in, const MoeConfi
   edges.hidden = c.hidden;
   edges.vocab = c.vocab;
   edges.tie_embeddings = c.tie_embeddings;
+  edges.embed_group = embedding_group(in);
+  edges.head_group = lm_head_group(in);
   add_stage_edges(*m, edges, layout);
   add_rope_cache_drops(*m);
   m->finish();

@@ -20,9 +20,9 @@ struct StageEdges {
   // rows, unpadded; a tied last stage that is not first does the same for lm_head.
   bool replicated_embedding = false;
   // The groups the embedding and lm_head are split over (tp rank r holds group rank
-  // r % size): 0 = every tp rank; DeepSeek under attention data parallelism keeps
-  // the embedding whole (1) and, with dp_lm_head, splits lm_head over the attention
-  // tp group.
+  // r % size): 0 = every tp rank; under attention data parallelism the family's
+  // AttentionDpLayout (models/family.hpp) may split either over the attention tp
+  // group (embedding_group / lm_head_group).
   int embed_group = 0;
   int head_group = 0;
   std::string embed_name = "model.embed_tokens.weight";

@@ -32,6 +32,9 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
   const std::string topk_method =
       config_string(hf_config, "topk_method", v3 ? "noaux_tc" : "greedy");
   c.gate_bias = topk_method == "noaux_tc";
+  // SGLang 0.5.23, deepseek_v2.py MoEGate.__init__: the weight is float32 with
+  // getattr(config, "router_fp32", False), else the model dtype.
+  c.gate_f32 = config_bool(hf_config, "router_fp32", false);
   // SGLang's is_deepseek_dsa: a DeepSeek-V3 / V3.2 config with index_topk.
   c.indexer = v3 && hf_config.contains("index_topk") && !hf_config["index_topk"].is_null();
   if (c.indexer) {
@@ -79,8 +82,15 @@ FamilyDescriptor deepseek(std::string architecture, std::string family) {
                        "qk_nope_head_dim", "qk_rope_head_dim",    "v_head_dim"};
   d.fused = standard_fused_mappings();
   d.fused.push_back({"fused_qkv_a_proj_with_mqa", {"q_a_proj", "kv_a_proj_with_mqa"}});
-  d.options = kTakesExperts | kTakesDraft | kTakesSharedExpertFusion | kTakesAttentionDp |
-              kTakesMoeDenseTp | kTakesDeepep;
+  d.options = kTakesExperts | kTakesDraft | kTakesSharedExpertFusion | kTakesMoeDenseTp |
+              kTakesDeepep;
+  // Under attention data parallelism (SGLang 0.5.23, deepseek_v2.py):
+  // DeepseekV2AttentionMLA splits q_b_proj / q_proj, kv_b_proj and o_proj over the
+  // attention tp group; DeepseekV2Model's embedding is
+  // VocabParallelEmbedding(**get_embedding_tp_kwargs()): over the attention tp group
+  // (whole only with SGLANG_ENABLE_EMBED_REPLICATION, which ferry does not model);
+  // the ParallelLMHead takes use_attn_tp_group=enable_dp_lm_head.
+  d.attention_dp = AttentionDpLayout{.attention = true, .embedding = true, .dp_lm_head = true};
   d.build = [](const FamilyInput& in) {
     return make_deepseek_model(in, parse_deepseek_config(in.config, in.descriptor.architecture));
   };

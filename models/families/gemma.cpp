@@ -15,7 +15,9 @@
 //   unpadded on every rank; lm_head is the embedding, a checkpoint's lm_head.weight
 //   is skipped.
 // ferry does not split Gemma into pipeline stages (SGLang's Gemma models have no
-// pipeline-parallel path either).
+// pipeline-parallel path either), and refuses attention data parallelism: SGLang
+// 0.5.23's gemma.py, gemma2.py and gemma3_causal.py build nothing for it (no
+// attention tp group, no use_attn_tp_group).
 #include <cstring>
 #include <vector>
 

@@ -14,7 +14,14 @@ std::vector<FamilyDescriptor> glm4_moe() {
   d.required_fields = {"hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
                        "intermediate_size"};
   d.fused = standard_fused_mappings();
-  d.options = kTakesExperts | kTakesDraft | kTakesSharedExpertFusion;
+  d.options = kTakesExperts | kTakesDraft | kTakesSharedExpertFusion | kTakesMoeDenseTp;
+  // Under attention data parallelism (SGLang 0.5.23, glm4_moe.py): Glm4MoeAttention
+  // builds qkv_proj and o_proj with parallel_group="attn_tp", Glm4MoeModel splits
+  // embed_tokens over the attention tp group, the ParallelLMHead takes
+  // use_attn_tp_group=enable_dp_lm_head. Glm4MoeDecoderLayer builds a dense layer's
+  // Glm4MoeMLP "replicated" when is_dense_ffn_fully_dp() (moe_dense_tp 1), else
+  // over the tp group.
+  d.attention_dp = AttentionDpLayout{.attention = true, .embedding = true, .dp_lm_head = true};
   d.build = [](const FamilyInput& in) {
     const nlohmann::json& hf_config = in.config;
     DeepseekConfig c = deepseek_common_config(hf_config, in.descriptor.architecture);
@@ -28,6 +35,9 @@ std::vector<FamilyDescriptor> glm4_moe() {
     // sparse, and its router always has the correction bias.
     c.moe_layer_freq = 1;
     c.gate_bias = true;
+    // SGLang 0.5.23, glm4_moe.py Glm4MoeGate.__init__: weight and
+    // e_score_correction_bias are both created float32.
+    c.gate_f32 = true;
     return make_deepseek_model(in, c);
   };
   return {d};

@@ -22,7 +22,15 @@ DenseConfig llama_config(const nlohmann::json& config) {
 }  // namespace
 
 FamilyDescriptor llama_descriptor(std::string architecture, std::string family) {
-  return dense_descriptor(std::move(architecture), std::move(family), llama_config);
+  FamilyDescriptor d =
+      dense_descriptor(std::move(architecture), std::move(family), llama_config);
+  // Under attention data parallelism SGLang 0.5.23's Llama keeps its attention, MLP
+  // and embedding over all tp ranks (LlamaAttention and LlamaModel's
+  // VocabParallelEmbedding take the tp group); only lm_head takes
+  // use_attn_tp_group=enable_dp_lm_head (LlamaForCausalLM.__init__). Mistral and
+  // Phi-3 are its subclasses.
+  d.attention_dp = AttentionDpLayout{.attention = false, .embedding = false, .dp_lm_head = true};
+  return d;
 }
 
 std::vector<FamilyDescriptor> llama() {

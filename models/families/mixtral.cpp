@@ -1,7 +1,8 @@
 // MixtralForCausalLM (python/sglang/srt/models/mixtral.py): every layer sparse, an
 // expert's width is intermediate_size, the router and experts under
 // block_sparse_moe., and the checkpoint names an expert's gate, up and down w1, w3
-// and w2.
+// and w2. Attention data parallelism is refused: SGLang 0.5.23's mixtral.py builds
+// nothing for it (MixtralAttention, its embedding and lm_head over the tp group).
 #include "models/moe.hpp"
 
 namespace ferry::models::families {

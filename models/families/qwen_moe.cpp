@@ -75,6 +75,13 @@ FamilyDescriptor qwen_moe(std::string architecture, std::string family, bool qwe
   d.build = [qwen3](const FamilyInput& in) {
     return make_moe_model(in, qwen_moe_config(in.config, qwen3));
   };
+  // Under attention data parallelism (SGLang 0.5.23, qwen2_moe.py / qwen3_moe.py):
+  // Qwen2MoeAttention / Qwen3MoeAttention build qkv_proj and o_proj with
+  // parallel_group="attn_tp"; Qwen2MoeModel splits embed_tokens over the attention
+  // tp group; the ParallelLMHead takes use_attn_tp_group=enable_dp_lm_head. The
+  // dense layers' and the shared expert's Qwen2MoeMLP keep the tp group, the
+  // routed experts moe_tp = tp / ep.
+  d.attention_dp = AttentionDpLayout{.attention = true, .embedding = true, .dp_lm_head = true};
   return d;
 }
 

@@ -30,6 +30,7 @@ using ValueFn = std::function<float(const std::string& name, std::uint64_t index
 struct Dims {
   std::string arch;
   bool glm = false;
+  bool router_fp32 = false;  // config.json's router_fp32 (DeepSeek's MoEGate)
   std::uint64_t H = 0, L = 0, V = 0, heads = 0;
   std::uint64_t q_lora = 0, kv_lora = 0, dn = 0, dr = 0, dv = 0;  // MLA
   std::uint64_t kv_heads = 0, head_dim = 0;                       // GLM
@@ -50,6 +51,7 @@ inline Dims dims_of(const nlohmann::json& c) {
   Dims d;
   d.arch = c.at("architectures").at(0).get<std::string>();
   d.glm = d.arch == "Glm4MoeForCausalLM";
+  d.router_fp32 = get_bool_or(c, "router_fp32", false);
   d.H = c.at("hidden_size");
   d.L = c.at("num_hidden_layers");
   d.V = c.at("vocab_size");
@@ -101,14 +103,16 @@ struct Layout {
   bool fuse_shared = false;  // the decision: sglang::fuses_shared_experts, or the option
   bool switch_w13 = false;
   bool pad = false;  // model.unaligned_tp=pad
-  // SGLang's DeepSeek deployment layouts (python/sglang/srt/models/deepseek_v2.py at
-  // 3e4a39ee73308590c5c753108bdcb8d333f7f1c6; layers/dp_attention.py,
-  // compute_dp_attention_world_info: attn_tp_size = tp // dp_size, attn_tp_rank =
+  // SGLang's DeepSeek deployment layouts (SGLang 0.5.23,
+  // python/sglang/srt/models/deepseek_v2.py; runtime_context.py, derive_attn_tp_size
+  // and derive_attention_ranks: attn_tp_size = tp // attn_dp_size, attn_tp_rank =
   // tp_rank % attn_tp_size):
   // - attn_dp: DeepseekV2AttentionMLA builds q_b_proj / q_proj, kv_b_proj and o_proj
   //   with (attn_tp_rank, attn_tp_size); DeepseekV2Model's embedding is
-  //   VocabParallelEmbedding(enable_tp=not enable_dp_attention): whole (padded) on
-  //   every rank;
+  //   VocabParallelEmbedding(**get_embedding_tp_kwargs()) (layers/
+  //   vocab_parallel_embedding.py): enable_tp with use_attn_tp_group=
+  //   is_dp_attention_enabled(), split over the attention tp group. (Changed from
+  //   commit 3e4a39ee7330, where it was enable_tp=not enable_dp_attention: whole.)
   // - dp_lm_head: ParallelLMHead(use_attn_tp_group=enable_dp_lm_head);
   // - moe_dense_tp1: DeepseekV2DecoderLayer builds a dense layer's DeepseekV2MLP with
   //   tp_rank 0, tp_size 1 when enable_moe_dense_fully_dp() (moe_dense_tp_size == 1);
@@ -211,7 +215,7 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
   const std::uint64_t Ra = R % Ta;
   auto vocab = [&](const std::string& param, const std::string& tensor) {
     const bool head = param == "lm_head.weight";
-    const std::uint64_t Tg = head ? (l.dp_lm_head ? Ta : T) : (l.attn_dp > 1 ? 1 : T);
+    const std::uint64_t Tg = head ? (l.dp_lm_head ? Ta : T) : (l.attn_dp > 1 ? Ta : T);
     const std::uint64_t Rg = R % Tg;
     const std::uint64_t padded = (d.V + 63) / 64 * 64;
     const std::uint64_t per = padded / Tg;
@@ -264,20 +268,22 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
 
   auto attention = [&](const std::string& p, const std::string& t) {
     if (d.glm) {
-      // Heads of this rank: q heads [R*hq, +hq); kv heads split when there are at
-      // least tp of them, else head R / (tp / kv) replicated. Heads tp does not
+      // Over the attention tp group (Glm4MoeAttention: parallel_group="attn_tp" in
+      // SGLang 0.5.23; Ta = T without attention DP), as rank Ra of it.
+      // Heads of this rank: q heads [Ra*hq, +hq); kv heads split when there are at
+      // least Ta of them, else head Ra / (Ta / kv) replicated. Heads Ta does not
       // split are padded (kv to a multiple of tp, q to padded kv * group size) and
       // the padded heads are zeros.
       const std::uint64_t hd = d.head_dim;
       std::uint64_t heads = d.heads;
       std::uint64_t kv = d.kv_heads;
-      if (l.pad && (heads % T != 0 || kv % T != 0)) {
-        kv = (d.kv_heads + T - 1) / T * T;
+      if (l.pad && (heads % Ta != 0 || kv % Ta != 0)) {
+        kv = (d.kv_heads + Ta - 1) / Ta * Ta;
         heads = kv * (d.heads / d.kv_heads);
       }
-      const std::uint64_t hq = heads / T;
-      const std::uint64_t kvl = kv >= T ? kv / T : 1;
-      const std::uint64_t kv0 = kv >= T ? R * kvl : R / (T / kv);
+      const std::uint64_t hq = heads / Ta;
+      const std::uint64_t kvl = kv >= Ta ? kv / Ta : 1;
+      const std::uint64_t kv0 = kv >= Ta ? Ra * kvl : Ra / (Ta / kv);
       const std::uint64_t qkv_rows = (hq + 2 * kvl) * hd;
       // Rows of heads [h0, h0 + n) of a [real heads * hd, c] tensor, zeros past it.
       auto head_rows = [&](std::vector<float>& dst, const std::string& name, std::uint64_t c,
@@ -291,13 +297,13 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
         }
       };
       std::vector<float> w;
-      head_rows(w, t + "q_proj.weight", H, R * hq, hq, d.heads);
+      head_rows(w, t + "q_proj.weight", H, Ra * hq, hq, d.heads);
       head_rows(w, t + "k_proj.weight", H, kv0, kvl, d.kv_heads);
       head_rows(w, t + "v_proj.weight", H, kv0, kvl, d.kv_heads);
       put(p + "qkv_proj.weight", {qkv_rows, H}, std::move(w));
       if (d.qkv_bias) {
         std::vector<float> b;
-        head_rows(b, t + "q_proj.bias", 1, R * hq, hq, d.heads);
+        head_rows(b, t + "q_proj.bias", 1, Ra * hq, hq, d.heads);
         head_rows(b, t + "k_proj.bias", 1, kv0, kvl, d.kv_heads);
         head_rows(b, t + "v_proj.bias", 1, kv0, kvl, d.kv_heads);
         put(p + "qkv_proj.bias", {qkv_rows}, std::move(b));
@@ -306,7 +312,7 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
       std::vector<float> o;
       for (std::uint64_t i = 0; i < H; ++i) {
         for (std::uint64_t j = 0; j < hq * hd; ++j) {
-          const std::uint64_t col = R * hq * hd + j;
+          const std::uint64_t col = Ra * hq * hd + j;
           o.push_back(col < d.heads * hd ? value(t + "o_proj.weight", i * d.heads * hd + col)
                                          : 0.0f);
         }
@@ -411,7 +417,9 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
   };
 
   auto moe = [&](const std::string& p, const std::string& t) {
-    full(p + "gate.weight", t + "gate.weight", d.E, H);
+    // SGLang 0.5.23: Glm4MoeGate.__init__ creates the weight in float32; DeepSeek's
+    // MoEGate.__init__ does with config.router_fp32.
+    full(p + "gate.weight", t + "gate.weight", d.E, H, d.glm || d.router_fp32);
     if (d.gate_bias) {
       full(p + "gate.e_score_correction_bias", t + "gate.e_score_correction_bias", d.E, 1, true);
     }

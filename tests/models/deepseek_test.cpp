@@ -58,7 +58,8 @@ struct Ckpt {
 // `variant` edits the tiny synthetic checkpoint of `family`:
 //   "no_q_lora": q_lora_rank null, so q_proj instead of q_a_proj / q_b_proj;
 //   "greedy":    topk_method greedy, so the router has no correction bias;
-//   "bias_norm": GLM with attention_bias and use_qk_norm (their tensors added).
+//   "bias_norm": GLM with attention_bias and use_qk_norm (their tensors added);
+//   "router_fp32": router_fp32 set, so the router's weight is F32.
 Ckpt make_ckpt(const std::string& family, const std::string& variant = "") {
   Ckpt c;
   c.config = tools::synth_config(family, "tiny", DType::kBF16, false);
@@ -89,6 +90,8 @@ Ckpt make_ckpt(const std::string& family, const std::string& variant = "") {
       out.push_back(t);
     }
     c.tensors = out;
+  } else if (variant == "router_fp32") {
+    c.config["router_fp32"] = true;
   } else if (variant == "greedy") {
     c.config["topk_method"] = "greedy";
     std::erase_if(c.tensors, [&](const tools::SynthTensor& t) {
@@ -394,6 +397,8 @@ std::vector<Case> cases() {
   out.push_back(make_case("deepseek_v3", 4, 2, "no_q_lora"));
   out.push_back(draft(make_case("deepseek_v3", 2, 2, "no_q_lora")));
   out.push_back(make_case("deepseek_v3", 2, 2, "greedy"));
+  // router_fp32 (SGLang 0.5.23, MoEGate.__init__): the router's weight in F32.
+  out.push_back(make_case("deepseek_v3", 2, 2, "router_fp32"));
   // Uneven tp: 8 MLA heads padded to 16 at tp 16 (one head a rank; ranks 8..15 hold
   // zero heads, and the hook splits their zero kv_b_proj into zero w_kc / w_vc).
   // Under model.unaligned_tp=pad, with every intermediate size rounded up to a
@@ -448,6 +453,12 @@ std::vector<Case> cases() {
     out.push_back(fuse(make_case("glm4_moe", 2, 1), false));
     out.push_back(draft(make_case("glm4_moe", 2, 1)));
     out.push_back(make_case("glm4_moe", 4, 2, "bias_norm"));
+    // Attention data parallelism (SGLang 0.5.23, glm4_moe.py): qkv_proj / o_proj and
+    // the embedding over the attention tp group, lm_head with dp_lm_head, the dense
+    // layers whole under moe_dense_tp 1.
+    out.push_back(attn_dp(make_case("glm4_moe", 4, 2), 2, true));
+    out.push_back(attn_dp(make_case("glm4_moe", 4, 1, "bias_norm"), 4));
+    out.push_back(dense_tp1(attn_dp(make_case("glm4_moe", 4, 2), 2)));
     // Uneven tp: 8 q / 2 kv heads padded to 64 / 16 at tp 16 (ranks 2..15 hold zero
     // heads; ranks 0 and 1 the real ones).
     out.push_back(padded(on(make_case("glm4_moe", 16, 8), {0, 1, 9})));
@@ -1143,10 +1154,6 @@ TEST(DeepseekErrors, DeploymentLayoutsAreRefusedWhereTheyDoNotApply) {
   expect_error([&] { models::make_model(v3.config, l, fuse); }, Stage::kConfig, "DeepEP");
   // Families whose placement under these layouts ferry does not know refuse them.
   const Ckpt glm = make_ckpt("glm4_moe");
-  l = layout(4, 1);
-  l.attn_dp = 2;
-  expect_error([&] { models::make_model(glm.config, l); }, Stage::kConfig,
-               "parallel.attn_dp 2: ferry places it for DeepSeek's MLA families only");
   l = layout(4, 4);
   l.moe_a2a = models::ParallelLayout::MoeA2a::kDeepep;
   expect_error([&] { models::make_model(glm.config, l); }, Stage::kConfig,

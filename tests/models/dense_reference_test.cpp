@@ -37,6 +37,9 @@ struct Case {
   // model.unaligned_tp=pad: sizes tp does not divide are zero-padded as SGLang's
   // CPU path does (without it such a layout is refused).
   bool pad = false;
+  // Attention data parallelism (parallel.attn_dp, parallel.dp_lm_head).
+  int attn_dp = 1;
+  bool dp_lm_head = false;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -67,6 +70,12 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   }
   if (c.pad) {
     name += "_pad";
+  }
+  if (c.attn_dp > 1) {
+    name += "_attndp" + std::to_string(c.attn_dp);
+  }
+  if (c.dp_lm_head) {
+    name += "_dplmhead";
   }
   return name;
 }
@@ -143,6 +152,8 @@ TEST_P(DenseReference, EveryElementMatchesTheReference) {
   models::ParallelLayout layout;
   layout.tp = c.tp;
   layout.local_ranks = c.local;
+  layout.attn_dp = c.attn_dp;
+  layout.dp_lm_head = c.dp_lm_head;
   models::ModelOptions options;
   options.dtype = c.param_dtype;
   options.unaligned_tp = c.pad ? models::Unaligned::kPad : models::Unaligned::kRefuse;
@@ -195,6 +206,19 @@ TEST_P(DenseReference, EveryElementMatchesTheReference) {
 
   RefConfig rc = ref_config(ck.config);
   rc.pad = c.pad;
+  // SGLang 0.5.23 under attention data parallelism: Llama (and its subclass Mistral)
+  // keeps attention and embedding over tp and splits lm_head over the attention tp
+  // group with enable_dp_lm_head (LlamaForCausalLM.__init__: ParallelLMHead(
+  // use_attn_tp_group=enable_dp_lm_head)); Qwen2 splits only its embedding there
+  // (Qwen2Model.__init__: VocabParallelEmbedding(use_attn_tp_group=
+  // is_dp_attention_enabled())).
+  const auto attn_tp = static_cast<std::uint64_t>(c.tp / c.attn_dp);
+  if (c.attn_dp > 1 && c.family == "qwen2") {
+    rc.embed_group = attn_tp;
+  }
+  if (c.dp_lm_head) {
+    rc.head_group = attn_tp;
+  }
   for (std::size_t i = 0; i < local.size(); ++i) {
     const models::RankShell& shell = model->shells()[i];
     ASSERT_EQ(shell.tp_rank, local[i]);
@@ -273,6 +297,19 @@ std::vector<Case> cases() {
   // intermediate 256 at tp 4 is a multiple of 128 and stays.
   out.push_back(pad({"llama", 4, {}, false, DType::kBF16, std::nullopt, false}));
   out.push_back({"qwen2", 8, {}, false, DType::kBF16, std::nullopt, false, 0, 0, 8});
+  // Attention data parallelism at tp 8 and 4 (attention tp 2, 1 and 4), with and
+  // without dp_lm_head, on subsets of ranks.
+  auto dp = [](Case c, int attn_dp, bool lm_head) {
+    c.attn_dp = attn_dp;
+    c.dp_lm_head = lm_head;
+    return c;
+  };
+  out.push_back(dp({"llama", 8, {}, false, DType::kBF16, std::nullopt, false}, 4, true));
+  out.push_back(dp({"llama", 8, {6, 1}, false, DType::kBF16, std::nullopt, false}, 8, true));
+  out.push_back(dp({"llama", 4, {}, true, DType::kBF16, std::nullopt, false}, 2, true));
+  out.push_back(dp({"mistral", 8, {}, false, DType::kF16, std::nullopt, false}, 4, false));
+  out.push_back(dp({"qwen2", 8, {}, false, DType::kBF16, std::nullopt, false}, 4, false));
+  out.push_back(dp({"qwen2", 4, {3, 2}, true, DType::kBF16, std::nullopt, false}, 2, false));
   return out;
 }
 

@@ -197,6 +197,9 @@ struct Case {
   // Non-zero: the checkpoint's vocabulary, so that tp 3 or 6 splits the padded
   // vocabulary (tiny's 1000 pads to 1024 = 2^10).
   std::uint64_t vocab = 0;
+  // Attention data parallelism (parallel.attn_dp, parallel.dp_lm_head).
+  int attn_dp = 1;
+  bool dp_lm_head = false;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -231,6 +234,12 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   }
   if (c.vocab != 0) {
     n += "_vocab" + std::to_string(c.vocab);
+  }
+  if (c.attn_dp > 1) {
+    n += "_attndp" + std::to_string(c.attn_dp);
+  }
+  if (c.dp_lm_head) {
+    n += "_dplmhead";
   }
   return n;
 }
@@ -293,6 +302,8 @@ std::size_t run_contract(const Case& c, const Ckpt& ck) {
   layout.pp = c.pp;
   layout.pp_rank = c.pp_rank;
   layout.local_ranks = c.local;
+  layout.attn_dp = c.attn_dp;
+  layout.dp_lm_head = c.dp_lm_head;
   models::ModelOptions options;
   options.switch_w13 = c.switch_w13;
   options.pad_moe_intermediate_to = c.pad;
@@ -306,6 +317,8 @@ std::size_t run_contract(const Case& c, const Ckpt& ck) {
   ro.pad = c.pad;
   ro.unaligned_pad = c.unaligned_pad;
   ro.fused_checkpoint = c.fused_ckpt;
+  ro.attn_dp = c.attn_dp;
+  ro.dp_lm_head = c.dp_lm_head;
   const moe_ref::Config rc = moe_ref::read_config(ck.config);
   if (c.eplb) {
     ro.physical = kPhysical;
@@ -519,6 +532,23 @@ std::vector<Case> contract_cases() {
                  .pp = 2,
                  .pp_rank = 1,
                  .vocab = 960});
+  // Attention data parallelism (Qwen2-MoE, Qwen3-MoE): attention tp 2 and 1 of tp 4
+  // (kv heads replicated at 1 and split at 2), with experts over ep, lm_head with
+  // dp_lm_head, on a subset, on a last pipeline stage.
+  for (const char* f : {"qwen3_moe", "qwen2_moe"}) {
+    const std::string family = f;
+    out.push_back({.family = family, .tp = 4, .ep = 2, .attn_dp = 2, .dp_lm_head = true});
+    out.push_back({.family = family, .tp = 4, .ep = 1, .attn_dp = 4});
+    out.push_back(
+        {.family = family, .tp = 4, .ep = 4, .local = {3, 0}, .attn_dp = 4, .dp_lm_head = true});
+    out.push_back({.family = family,
+                   .tp = 2,
+                   .ep = 2,
+                   .pp = 2,
+                   .pp_rank = 1,
+                   .attn_dp = 2,
+                   .dp_lm_head = true});
+  }
   return out;
 }
 

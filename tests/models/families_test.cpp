@@ -129,6 +129,9 @@ Family phi3() {
 struct Case {
   Family family;
   int tp = 1;
+  // Attention data parallelism (parallel.attn_dp, parallel.dp_lm_head).
+  int attn_dp = 1;
+  bool dp_lm_head = false;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -139,7 +142,18 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   if (info.param.family.tied) {
     name += "_tied";
   }
+  if (info.param.attn_dp > 1) {
+    name += "_attndp" + std::to_string(info.param.attn_dp);
+  }
+  if (info.param.dp_lm_head) {
+    name += "_dplmhead";
+  }
   return name;
+}
+
+// gtest prints a failing parameter with this (instead of its raw bytes).
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << case_name({c, 0});
 }
 
 class FamilyReference : public ::testing::TestWithParam<Case> {};
@@ -153,6 +167,8 @@ TEST_P(FamilyReference, EveryElementMatchesTheReference) {
 
   models::ParallelLayout layout;
   layout.tp = c.tp;
+  layout.attn_dp = c.attn_dp;
+  layout.dp_lm_head = c.dp_lm_head;
   std::unique_ptr<models::Model> model = models::make_model(ck.config, layout);
   ASSERT_EQ(model->family(), f.name);
   ASSERT_EQ(model->shells().size(), static_cast<std::size_t>(c.tp));
@@ -189,7 +205,17 @@ TEST_P(FamilyReference, EveryElementMatchesTheReference) {
   EXPECT_TRUE(models::check_coverage(*model, routes).empty());
   run_hooks(*model, buffers);
 
-  const RefConfig rc = ref_config(ck.config);
+  RefConfig rc = ref_config(ck.config);
+  // SGLang 0.5.23's Qwen3 under attention data parallelism: Qwen3Attention's
+  // qkv_proj / o_proj (parallel_group="attn_tp") and Qwen2Model's embedding
+  // (use_attn_tp_group=is_dp_attention_enabled()) over the attention tp group,
+  // lm_head too with enable_dp_lm_head (Qwen3ForCausalLM.__init__).
+  if (c.attn_dp > 1) {
+    const auto attn_tp = static_cast<std::uint64_t>(c.tp / c.attn_dp);
+    rc.attn_group = attn_tp;
+    rc.embed_group = attn_tp;
+    rc.head_group = c.dp_lm_head ? attn_tp : 0;
+  }
   for (int rank = 0; rank < c.tp; ++rank) {
     const models::RankShell& shell = model->shells()[static_cast<std::size_t>(rank)];
     TensorMap expected = reference_params(rc, full, rank, c.tp);
@@ -243,6 +269,11 @@ std::vector<Case> cases() {
   Family gemma2_bias = gemma(2);
   gemma2_bias.attention_bias = true;
   out.push_back({gemma2_bias, 4});
+  // Qwen3 under attention data parallelism: attention tp 2 and 1 of tp 4, 1 of tp
+  // 2 (kv heads replicated over an attention group of 2 and split at 1), tied too.
+  out.push_back({qwen3(), 4, 2, true});
+  out.push_back({qwen3(), 4, 4, false});
+  out.push_back({biased, 2, 2, true});
   return out;
 }
 

@@ -11,6 +11,13 @@
 //     gate rows then its up rows; row-parallel = this rank's columns);
 //   - vocabulary: padded to a multiple of 64, rank R holds padded rows
 //     [R*per, (R+1)*per), zero past the real vocabulary;
+//   - attention data parallelism (attn_dp > 1; Qwen2-MoE and Qwen3-MoE in SGLang
+//     0.5.23: Qwen2MoeAttention / Qwen3MoeAttention with parallel_group="attn_tp",
+//     Qwen2MoeModel's VocabParallelEmbedding(use_attn_tp_group=
+//     is_dp_attention_enabled()), the ParallelLMHead with use_attn_tp_group=
+//     enable_dp_lm_head): attention and embedding (lm_head with dp_lm_head) are
+//     split as above over Ta = T / attn_dp ranks, rank R being R % Ta of them; the
+//     dense MLPs, shared expert and experts keep T;
 //   - experts: moe_tp = T / ep; rank R is ep rank R / moe_tp and moe-tp rank
 //     R % moe_tp; with P physical slots (E without EPLB), ep rank e holds slots
 //     [e*P/ep, (e+1)*P/ep), slot s holding the logical expert whose EPLB list names
@@ -60,6 +67,9 @@ struct Options {
   // Experts stored as the fused 3-D tensors <moe>experts.gate_up_proj [E, 2I, H]
   // and <moe>experts.down_proj [E, H, I] (values of those names), not per expert.
   bool fused_checkpoint = false;
+  // Attention data parallelism (parallel.attn_dp, parallel.dp_lm_head).
+  int attn_dp = 1;
+  bool dp_lm_head = false;
 };
 
 struct Tensor {
@@ -270,13 +280,18 @@ inline std::map<std::string, Tensor> reference_rank(const nlohmann::json& config
   const auto [l0, l1] = sglang::get_pp_indices(c.L, s, S);
   const bool first = s == 0;
   const bool last = s + 1 == S;
+  // The attention's group (Ta ranks, this one Ra of them).
+  const std::uint64_t Ta = T / static_cast<std::uint64_t>(o.attn_dp);
+  const std::uint64_t Ra = R % Ta;
   auto vocab = [&](const std::string& param, const std::string& src) {
+    const bool split = param == "lm_head.weight" ? o.dp_lm_head : o.attn_dp > 1;
+    const std::uint64_t Tg = split ? Ta : T;
     const std::uint64_t padded = (c.V + 63) / 64 * 64;
-    const std::uint64_t per = padded / T;
+    const std::uint64_t per = padded / Tg;
     const std::vector<float>& v = full(src, c.V * H);
     Tensor t{{per, H}, {}};
     for (std::uint64_t i = 0; i < per; ++i) {
-      const std::uint64_t g = R * per + i;
+      const std::uint64_t g = (R % Tg) * per + i;
       for (std::uint64_t j = 0; j < H; ++j) {
         t.values.push_back(g < c.V ? v[g * H + j] : 0.0f);
       }
@@ -295,16 +310,17 @@ inline std::map<std::string, Tensor> reference_rank(const nlohmann::json& config
     }
   }
 
-  // Heads, padded under pad when q or kv heads are not multiples of T.
+  // Heads (over the attention group), padded under pad when q or kv heads are not
+  // multiples of Ta.
   std::uint64_t heads_p = c.heads;
   std::uint64_t kv_p = c.kv;
-  if (o.unaligned_pad && (c.heads % T != 0 || c.kv % T != 0)) {
-    kv_p = (c.kv + T - 1) / T * T;
+  if (o.unaligned_pad && (c.heads % Ta != 0 || c.kv % Ta != 0)) {
+    kv_p = (c.kv + Ta - 1) / Ta * Ta;
     heads_p = kv_p * (c.heads / c.kv);
   }
-  const std::uint64_t qh = heads_p / T;
-  const std::uint64_t kvl = kv_p >= T ? kv_p / T : 1;
-  const std::uint64_t kv0 = kv_p >= T ? R * kvl : R / (T / kv_p);
+  const std::uint64_t qh = heads_p / Ta;
+  const std::uint64_t kvl = kv_p >= Ta ? kv_p / Ta : 1;
+  const std::uint64_t kv0 = kv_p >= Ta ? Ra * kvl : Ra / (Ta / kv_p);
 
   // Experts.
   const std::uint64_t moe_tp = T / static_cast<std::uint64_t>(o.ep);
@@ -343,18 +359,19 @@ inline std::map<std::string, Tensor> reference_rank(const nlohmann::json& config
     const std::string p = "model.layers." + std::to_string(l) + ".";
     const std::string a = p + "self_attn.";
     Tensor qkv{{(qh + 2 * kvl) * hd, H}, {}};
-    rows(qkv.values, a + "q_proj.weight", c.heads * hd, H, R * qh * hd, qh * hd);
+    rows(qkv.values, a + "q_proj.weight", c.heads * hd, H, Ra * qh * hd, qh * hd);
     rows(qkv.values, a + "k_proj.weight", c.kv * hd, H, kv0 * hd, kvl * hd);
     rows(qkv.values, a + "v_proj.weight", c.kv * hd, H, kv0 * hd, kvl * hd);
     out[a + "qkv_proj.weight"] = std::move(qkv);
     if (c.qkv_bias) {
       Tensor b{{(qh + 2 * kvl) * hd}, {}};
-      rows(b.values, a + "q_proj.bias", c.heads * hd, 1, R * qh * hd, qh * hd);
+      rows(b.values, a + "q_proj.bias", c.heads * hd, 1, Ra * qh * hd, qh * hd);
       rows(b.values, a + "k_proj.bias", c.kv * hd, 1, kv0 * hd, kvl * hd);
       rows(b.values, a + "v_proj.bias", c.kv * hd, 1, kv0 * hd, kvl * hd);
       out[a + "qkv_proj.bias"] = std::move(b);
     }
-    out[a + "o_proj.weight"] = columns(a + "o_proj.weight", H, c.heads * hd, R * qh * hd, qh * hd);
+    out[a + "o_proj.weight"] =
+        columns(a + "o_proj.weight", H, c.heads * hd, Ra * qh * hd, qh * hd);
     if (c.o_bias) {
       copy_full(a + "o_proj.bias", {H});
     }

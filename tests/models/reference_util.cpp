@@ -160,26 +160,27 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
   const std::uint64_t H = c.hidden;
   const std::uint64_t hd = c.head_dim;
 
-  // Vocabulary: padded to a multiple of 64, rank r holds padded rows
+  // Vocabulary: padded to a multiple of 64, rank r of a group of g holds padded rows
   // [r*per, (r+1)*per); rows past the real vocabulary are zero.
-  auto vocab_param = [&](const std::string& name) {
+  auto vocab_param = [&](const std::string& name, std::uint64_t group) {
+    const std::uint64_t g = group != 0 ? group : tp;
     const std::uint64_t padded = c.replicated_embedding ? c.vocab : (c.vocab + 63) / 64 * 64;
-    const std::uint64_t per = c.replicated_embedding ? c.vocab : padded / tp;
-    const std::uint64_t first = c.replicated_embedding ? 0 : rank * per;
+    const std::uint64_t per = c.replicated_embedding ? c.vocab : padded / g;
+    const std::uint64_t first = c.replicated_embedding ? 0 : (rank % g) * per;
     const HostTensor& full = at(ck, name);
     HostTensor t;
     t.shape = {per, H};
     for (std::uint64_t i = 0; i < per; ++i) {
-      std::uint64_t g = first + i;
+      const std::uint64_t row = first + i;
       for (std::uint64_t j = 0; j < H; ++j) {
-        t.values.push_back(g < c.vocab ? elem(full, g, j) : 0.0f);
+        t.values.push_back(row < c.vocab ? elem(full, row, j) : 0.0f);
       }
     }
     out[name] = std::move(t);
   };
-  vocab_param("model.embed_tokens.weight");
+  vocab_param("model.embed_tokens.weight", c.embed_group);
   if (!c.tied) {
-    vocab_param("lm_head.weight");
+    vocab_param("lm_head.weight", c.head_group);
   }
   auto copy_full = [&](const std::string& name) { out[name] = at(ck, name); };
   copy_full("model.norm.weight");
@@ -191,12 +192,15 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
   // intermediate size not a multiple of tp * 32 is padded to one. Heads, rows and
   // columns past the real ones are zeros. Without pad, nothing is padded (the
   // layouts the GPU accepts).
+  // The attention's group (ta ranks, this one ra of them).
+  const std::uint64_t ta = c.attn_group != 0 ? c.attn_group : tp;
+  const std::uint64_t ra = rank % ta;
   std::uint64_t heads = c.heads;
   std::uint64_t kv_heads = c.kv_heads;
   std::uint64_t inter = c.inter;
   if (c.pad) {
-    if (heads % tp != 0 || kv_heads % tp != 0) {
-      kv_heads = (c.kv_heads + tp - 1) / tp * tp;
+    if (heads % ta != 0 || kv_heads % ta != 0) {
+      kv_heads = (c.kv_heads + ta - 1) / ta * ta;
       heads = kv_heads * (c.heads / c.kv_heads);
     }
     if (inter % (tp * 32) != 0) {
@@ -204,16 +208,16 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
     }
   }
 
-  // Heads of this rank: q heads [rank*hq, (rank+1)*hq); kv heads split when there are
-  // at least tp of them, else rank r holds kv head r / (tp / kv).
-  const std::uint64_t hq = heads / tp;
+  // Heads of this rank: q heads [ra*hq, (ra+1)*hq); kv heads split when there are
+  // at least ta of them, else rank ra holds kv head ra / (ta / kv).
+  const std::uint64_t hq = heads / ta;
   std::vector<std::uint64_t> kv_list;
-  if (kv_heads >= tp) {
-    for (std::uint64_t h = rank * (kv_heads / tp); h < (rank + 1) * (kv_heads / tp); ++h) {
+  if (kv_heads >= ta) {
+    for (std::uint64_t h = ra * (kv_heads / ta); h < (ra + 1) * (kv_heads / ta); ++h) {
       kv_list.push_back(h);
     }
   } else {
-    kv_list.push_back(rank / (tp / kv_heads));
+    kv_list.push_back(ra / (ta / kv_heads));
   }
   const std::uint64_t il = inter / tp;
 
@@ -285,7 +289,7 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
         }
       };
       for (std::uint64_t h = 0; h < hq; ++h) {
-        append_head("q_proj", rank * hq + h);
+        append_head("q_proj", ra * hq + h);
       }
       for (std::uint64_t h : kv_list) {
         append_head("k_proj", h);
@@ -297,23 +301,24 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
       t.shape = bias ? std::vector<std::uint64_t>{rows} : std::vector<std::uint64_t>{rows, H};
       out[p + "self_attn.qkv_proj" + suffix] = std::move(t);
     }
-    // Row-parallel: columns [rank*k, (rank+1)*k) of every row of the padded input
-    // (`in_padded`); columns at or past the real input `in_real` are zeros.
+    // Row-parallel over a group of g ranks, this one r of them: columns [r*k, (r+1)*k)
+    // of every row of the padded input (`in_padded`); columns at or past the real
+    // input `in_real` are zeros.
     auto column_slice = [&](const std::string& name, std::uint64_t in_padded,
-                            std::uint64_t in_real) {
+                            std::uint64_t in_real, std::uint64_t g, std::uint64_t r) {
       const HostTensor& full = at(ck, name);
-      const std::uint64_t k = in_padded / tp;
+      const std::uint64_t k = in_padded / g;
       HostTensor t;
       t.shape = {H, k};
       for (std::uint64_t i = 0; i < H; ++i) {
         for (std::uint64_t j = 0; j < k; ++j) {
-          const std::uint64_t col = rank * k + j;
+          const std::uint64_t col = r * k + j;
           t.values.push_back(col < in_real ? elem(full, i, col) : 0.0f);
         }
       }
       out[name] = std::move(t);
     };
-    column_slice(p + "self_attn.o_proj.weight", heads * hd, c.heads * hd);
+    column_slice(p + "self_attn.o_proj.weight", heads * hd, c.heads * hd, ta, ra);
     if (c.o_bias) {
       copy_full(p + "self_attn.o_proj.bias");
     }
@@ -330,7 +335,7 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
     }
     t.shape = {2 * il, H};
     out[p + "mlp.gate_up_proj.weight"] = std::move(t);
-    column_slice(p + "mlp.down_proj.weight", inter, c.inter);
+    column_slice(p + "mlp.down_proj.weight", inter, c.inter, tp, rank);
   }
   return out;
 }

@@ -37,6 +37,13 @@ struct RefConfig {
   bool replicated_embedding = false;     // the whole, unpadded embedding on every rank (Gemma 3)
   bool norm_plus_one = false;  // Gemma 1: every norm weight is the checkpoint's + 1 (the
                                // caller applies it, in the param dtype)
+  // Attention data parallelism (not from config.json: the test sets them): the sizes
+  // of the groups qkv_proj / o_proj, embed_tokens and lm_head split over, 0 meaning
+  // all tp ranks; rank r is rank r % size of its group (SGLang 0.5.23,
+  // runtime_context.py, derive_attention_ranks).
+  std::uint64_t attn_group = 0;
+  std::uint64_t embed_group = 0;
+  std::uint64_t head_group = 0;
 };
 
 // Reads the fields the reference needs (Qwen2: q/k/v biases; Llama/Mistral/Phi-3:

@@ -63,6 +63,8 @@ struct Fixture {
   bool dp_lm_head = false;
   int moe_dense_tp = 0;
   bool deepep = false;
+  // The config, where it is not in ../shared/data (null: config_of(model)).
+  nlohmann::json config = nullptr;
 };
 
 void expect_fixture(const Fixture& f) {
@@ -78,7 +80,8 @@ void expect_fixture(const Fixture& f) {
       f.deepep ? models::ParallelLayout::MoeA2a::kDeepep : models::ParallelLayout::MoeA2a::kNone;
   models::ModelOptions options;
   options.unaligned_tp = f.unaligned;
-  std::unique_ptr<models::Model> m = models::make_model(config_of(f.model), layout, options);
+  std::unique_ptr<models::Model> m =
+      models::make_model(f.config.is_null() ? config_of(f.model) : f.config, layout, options);
   const models::RankShell& shell = m->shells().at(0);
   for (const auto& [name, shape] : f.params) {
     auto it = shell.by_name.find(name);
@@ -254,17 +257,19 @@ TEST(SglangFixtures, DeepseekV3AtTp8Ep1AndEp8) {
                       {32, 7168, 2048});
 }
 
-// SGLang's DeepSeek deployment layouts, for DeepSeek-V3 at tp 8, from
-// python/sglang/srt/models/deepseek_v2.py at 3e4a39ee7330 and
-// python/sglang/srt/layers/dp_attention.py's compute_dp_attention_world_info
-// (attn_tp_size = tp_size // dp_size, attn_tp_rank = tp_rank % attn_tp_size):
-// - enable_dp_attention, dp 8 (attention tp 1) and dp 2 (attention tp 4):
+// SGLang's DeepSeek deployment layouts, for DeepSeek-V3 at tp 8, from SGLang 0.5.23,
+// python/sglang/srt/models/deepseek_v2.py, and runtime_context.py's
+// derive_attn_tp_size / derive_attention_ranks (attn_tp_size = tp_size //
+// attn_dp_size, attn_tp_rank = tp_rank % attn_tp_size):
+// - attention DP 8 (attention tp 1) and 2 (attention tp 4):
 //   DeepseekV2AttentionMLA builds q_b_proj, kv_b_proj, o_proj with (attn_tp_rank,
 //   attn_tp_size), fused_qkv_a_proj_with_mqa is a ReplicatedLinear;
-//   DeepseekV2Model's VocabParallelEmbedding(enable_tp=not enable_dp_attention) holds
-//   the whole vocabulary; ParallelLMHead(use_attn_tp_group=enable_dp_lm_head) splits
-//   over all 8 ranks unless enable_dp_lm_head; the dense layers' DeepseekV2MLP and the
-//   experts keep the full tp world;
+//   DeepseekV2Model.__init__'s VocabParallelEmbedding(**get_embedding_tp_kwargs())
+//   splits over the attention tp group (use_attn_tp_group=is_dp_attention_enabled();
+//   at commit 3e4a39ee7330 it was enable_tp=not enable_dp_attention, whole);
+//   ParallelLMHead(use_attn_tp_group=enable_dp_lm_head) splits over all 8 ranks
+//   unless enable_dp_lm_head; the dense layers' DeepseekV2MLP and the experts keep
+//   the full tp world;
 // - moe_dense_tp_size 1 (enable_moe_dense_fully_dp): DeepseekV2DecoderLayer builds a
 //   dense layer's DeepseekV2MLP with tp_rank 0, tp_size 1;
 // - moe_a2a_backend deepep (ep 8 = tp): DeepseekV2MoE builds shared_experts with
@@ -274,7 +279,8 @@ TEST(SglangFixtures, DeepseekV3DeploymentLayoutsAtTp8) {
   const std::string l = "model.layers.3.";
   const std::string a = l + "self_attn.";
   const std::string experts = l + "mlp.experts.";
-  // attention tp 1 (dp 8), rank 5: every MLA head, the whole embedding.
+  // attention tp 1 (dp 8), rank 5: every MLA head, the whole embedding (an
+  // attention tp group of 1).
   std::map<std::string, Shape> dp8{
       {"model.embed_tokens.weight", {129280, 7168}},
       {"lm_head.weight", {16160, 7168}},
@@ -312,6 +318,7 @@ TEST(SglangFixtures, DeepseekV3DeploymentLayoutsAtTp8) {
   dp2[a + "w_kc"] = {32, 128, 512};
   dp2[a + "w_vc"] = {32, 512, 128};
   dp2["lm_head.weight"] = {32320, 7168};
+  dp2["model.embed_tokens.weight"] = {32320, 7168};  // 129280 / attention tp 4
   Fixture g{"deepseek-v3", 8, 8, 6, l, dp2};
   g.attn_dp = 2;
   g.dp_lm_head = true;
@@ -362,6 +369,183 @@ TEST(SglangFixtures, DeepseekV3AtFullSizeUnderTheDeploymentLayout) {
   EXPECT_EQ(dropped.size(), 2u);
   EXPECT_GT(dropped["mtp_layer"], 0u);
   EXPECT_EQ(dropped["remote_expert"], 58u * 224 * 3);
+}
+
+// Attention data parallelism at tp 8 with attn_dp 8 (attention tp 1) and 4
+// (attention tp 2), from SGLang 0.5.23 (runtime_context.py: derive_attn_tp_size,
+// attn_tp_size = tp_size // attn_dp_size; derive_attention_ranks, attn_tp_rank =
+// tp_rank % attn_tp_size), for the families SGLang builds a layout for:
+// - Qwen3-MoE (python/sglang/srt/models/qwen3_moe.py): Qwen3MoeAttention.__init__
+//   builds qkv_proj / o_proj with parallel_group="attn_tp" (q heads / attn_tp, kv
+//   heads split or replicated over attn_tp); Qwen3MoeModel is Qwen2MoeModel
+//   (qwen2_moe.py), whose __init__ builds VocabParallelEmbedding(
+//   use_attn_tp_group=is_dp_attention_enabled()); Qwen3MoeForCausalLM.__init__'s
+//   ParallelLMHead(use_attn_tp_group=enable_dp_lm_head); Qwen3MoeSparseMoeBlock's
+//   experts keep moe_tp = tp / ep (moe_tp_size), the gate is a ReplicatedLinear.
+// - Llama (python/sglang/srt/models/llama.py): LlamaAttention.__init__ and
+//   LlamaMLP keep the tp group, LlamaModel.__init__'s VocabParallelEmbedding takes
+//   no use_attn_tp_group; only LlamaForCausalLM.__init__'s ParallelLMHead takes
+//   use_attn_tp_group=enable_dp_lm_head.
+// Vocabulary 151936 = 2374 * 64 (Qwen3) and 128256 = 2004 * 64 (Llama).
+
+// Qwen3-30B-A3B (../shared/data): H 2048, 32 q / 4 kv heads of 128, 128 experts of
+// I 768, rank 5.
+TEST(SglangFixtures, Qwen3_30bA3bUnderAttentionDpAtTp8) {
+  FERRY_NEED_TEST_DATA();
+  const std::string l = "model.layers.11.";
+  const std::string experts = l + "mlp.experts.";
+  // attn_dp 8: every head (attention tp 1), the whole embedding; lm_head over all 8
+  // ranks, or whole with dp_lm_head; experts at ep 1 (moe_tp 8).
+  std::map<std::string, Shape> dp8{{"model.embed_tokens.weight", {151936, 2048}},
+                                   {"lm_head.weight", {18992, 2048}},
+                                   {l + "self_attn.qkv_proj.weight", {(32 + 2 * 4) * 128, 2048}},
+                                   {l + "self_attn.o_proj.weight", {2048, 4096}},
+                                   {l + "self_attn.q_norm.weight", {128}},
+                                   {l + "self_attn.k_norm.weight", {128}},
+                                   {l + "mlp.gate.weight", {128, 2048}},
+                                   {l + "input_layernorm.weight", {2048}},
+                                   {l + "post_attention_layernorm.weight", {2048}},
+                                   {experts + "w13_weight", {128, 2 * 96, 2048}},
+                                   {experts + "w2_weight", {128, 2048, 96}}};
+  Fixture f{"qwen3-30b-a3b", 8, 1, 5, l, dp8};
+  f.attn_dp = 8;
+  expect_fixture(f);
+  f.params["lm_head.weight"] = {151936, 2048};
+  f.dp_lm_head = true;
+  expect_fixture(f);
+  // attn_dp 4 (attention tp 2, rank 5 is attention rank 1): 16 q / 2 kv heads; the
+  // embedding and dp_lm_head's lm_head 151936 / 2; experts at ep 8 (16 a rank).
+  std::map<std::string, Shape> dp4 = dp8;
+  dp4[l + "self_attn.qkv_proj.weight"] = {(16 + 2 * 2) * 128, 2048};
+  dp4[l + "self_attn.o_proj.weight"] = {2048, 2048};
+  dp4["model.embed_tokens.weight"] = {75968, 2048};
+  dp4["lm_head.weight"] = {75968, 2048};
+  dp4[experts + "w13_weight"] = {16, 2 * 768, 2048};
+  dp4[experts + "w2_weight"] = {16, 2048, 768};
+  Fixture g{"qwen3-30b-a3b", 8, 8, 5, l, dp4};
+  g.attn_dp = 4;
+  g.dp_lm_head = true;
+  expect_fixture(g);
+}
+
+// Qwen3-235B-A22B (Qwen/Qwen3-235B-A22B's config.json, written here: it is not in
+// ../shared/data): H 4096, 64 q / 4 kv heads of 128, 94 layers, 128 experts of I
+// 1536 (intermediate_size 12288 for dense layers, none here), vocabulary 151936,
+// untied; rank 6.
+TEST(SglangFixtures, Qwen3_235bA22bUnderAttentionDpAtTp8) {
+  const nlohmann::json config = {{"architectures", {"Qwen3MoeForCausalLM"}},
+                                 {"attention_bias", false},
+                                 {"decoder_sparse_step", 1},
+                                 {"head_dim", 128},
+                                 {"hidden_size", 4096},
+                                 {"intermediate_size", 12288},
+                                 {"mlp_only_layers", nlohmann::json::array()},
+                                 {"model_type", "qwen3_moe"},
+                                 {"moe_intermediate_size", 1536},
+                                 {"num_attention_heads", 64},
+                                 {"num_experts", 128},
+                                 {"num_experts_per_tok", 8},
+                                 {"num_hidden_layers", 94},
+                                 {"num_key_value_heads", 4},
+                                 {"tie_word_embeddings", false},
+                                 {"torch_dtype", "bfloat16"},
+                                 {"vocab_size", 151936}};
+  const std::string l = "model.layers.93.";
+  const std::string experts = l + "mlp.experts.";
+  // attn_dp 8: every head; experts at ep 8 (16 a rank, moe_tp 1).
+  std::map<std::string, Shape> dp8{{"model.embed_tokens.weight", {151936, 4096}},
+                                   {"lm_head.weight", {18992, 4096}},
+                                   {"model.norm.weight", {4096}},
+                                   {l + "self_attn.qkv_proj.weight", {(64 + 2 * 4) * 128, 4096}},
+                                   {l + "self_attn.o_proj.weight", {4096, 8192}},
+                                   {l + "self_attn.q_norm.weight", {128}},
+                                   {l + "self_attn.k_norm.weight", {128}},
+                                   {l + "mlp.gate.weight", {128, 4096}},
+                                   {l + "input_layernorm.weight", {4096}},
+                                   {l + "post_attention_layernorm.weight", {4096}},
+                                   {experts + "w13_weight", {16, 2 * 1536, 4096}},
+                                   {experts + "w2_weight", {16, 4096, 1536}}};
+  Fixture f{"qwen3-235b-a22b", 8, 8, 6, l, dp8};
+  f.config = config;
+  f.attn_dp = 8;
+  expect_fixture(f);
+  f.params["lm_head.weight"] = {151936, 4096};
+  f.dp_lm_head = true;
+  expect_fixture(f);
+  // attn_dp 4 (attention tp 2, rank 6 is attention rank 0): 32 q / 2 kv heads, the
+  // embedding 151936 / 2; lm_head over all 8 ranks without dp_lm_head; experts at
+  // ep 1 (moe_tp 8: 1536 / 8 = 192).
+  std::map<std::string, Shape> dp4 = dp8;
+  dp4[l + "self_attn.qkv_proj.weight"] = {(32 + 2 * 2) * 128, 4096};
+  dp4[l + "self_attn.o_proj.weight"] = {4096, 4096};
+  dp4["model.embed_tokens.weight"] = {75968, 4096};
+  dp4["lm_head.weight"] = {18992, 4096};
+  dp4[experts + "w13_weight"] = {128, 2 * 192, 4096};
+  dp4[experts + "w2_weight"] = {128, 4096, 192};
+  Fixture g{"qwen3-235b-a22b", 8, 1, 6, l, dp4};
+  g.config = config;
+  g.attn_dp = 4;
+  expect_fixture(g);
+}
+
+// Llama-3.1-8B (../shared/data): H 4096, 32 q / 8 kv heads of 128, I 14336;
+// attention, MLP and embedding over all 8 ranks under any attn_dp; lm_head over the
+// attention tp group only with dp_lm_head. Rank 3.
+TEST(SglangFixtures, Llama31_8bUnderAttentionDpAtTp8) {
+  FERRY_NEED_TEST_DATA();
+  const std::string l = "model.layers.5.";
+  std::map<std::string, Shape> common{{"model.embed_tokens.weight", {16032, 4096}},
+                                      {"lm_head.weight", {16032, 4096}},
+                                      {"model.norm.weight", {4096}},
+                                      {l + "self_attn.qkv_proj.weight", {(4 + 2 * 1) * 128, 4096}},
+                                      {l + "self_attn.o_proj.weight", {4096, 512}},
+                                      {l + "mlp.gate_up_proj.weight", {2 * 1792, 4096}},
+                                      {l + "mlp.down_proj.weight", {4096, 1792}},
+                                      {l + "input_layernorm.weight", {4096}},
+                                      {l + "post_attention_layernorm.weight", {4096}}};
+  for (const int attn_dp : {8, 4}) {
+    Fixture f{"llama-3.1-8b", 8, 1, 3, l, common};
+    f.attn_dp = attn_dp;
+    expect_fixture(f);
+    // dp_lm_head: 128256 over attention tp 1 (whole) or 2 (64128).
+    f.params["lm_head.weight"] = {128256 / static_cast<std::uint64_t>(8 / attn_dp), 4096};
+    f.dp_lm_head = true;
+    expect_fixture(f);
+  }
+}
+
+// The families SGLang 0.5.23 builds nothing for under attention data parallelism
+// (gemma.py, gemma2.py, gemma3_causal.py, mixtral.py: no attn_tp group, no
+// use_attn_tp_group) are refused by name, and dp_lm_head where the family's
+// ParallelLMHead takes no use_attn_tp_group (qwen2.py, Qwen2ForCausalLM.__init__).
+TEST(SglangFixtures, AttentionDpIsRefusedWhereSglangBuildsNoLayoutForIt) {
+  FERRY_NEED_TEST_DATA();
+  models::ParallelLayout layout;
+  layout.tp = 8;
+  layout.attn_dp = 4;
+  layout.local_ranks = {0};
+  nlohmann::json mixtral = config_of("mixtral-8x7b-v0.1");
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(mixtral, layout); }),
+              HasSubstr("parallel.attn_dp 4: MixtralForCausalLM (family mixtral) has no layout "
+                        "under attention data parallelism"));
+  nlohmann::json gemma = config_of("llama-3.1-8b");
+  gemma["architectures"] = {"GemmaForCausalLM"};
+  gemma["head_dim"] = 128;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(gemma, layout); }),
+              HasSubstr("GemmaForCausalLM (family gemma) has no layout under attention data "
+                        "parallelism"));
+  // Qwen2 takes attn_dp (its embedding over the attention tp group; 28 heads keep
+  // tp 4) but not dp_lm_head.
+  const nlohmann::json qwen2 = config_of("qwen2.5-7b");
+  layout.tp = 4;
+  layout.attn_dp = 2;
+  auto m = models::make_model(qwen2, layout);
+  EXPECT_EQ(m->shells()[0].params[m->shells()[0].by_name.at("model.embed_tokens.weight")].shape,
+            (Shape{76032, 3584}));
+  layout.dp_lm_head = true;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(qwen2, layout); }),
+              HasSubstr("parallel.dp_lm_head: Qwen2ForCausalLM (family qwen2) builds its "
+                        "lm_head over all tp ranks"));
 }
 
 // determine_num_fused_shared_experts outcomes on an NVIDIA GPU of compute
