@@ -356,9 +356,27 @@ bool deepseek_indexer_layer(const DeepseekConfig& c, std::uint64_t layer, bool m
   return (layer > from ? layer - from : 0) % f == 0;
 }
 
-FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const ParallelLayout& layout) {
+FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const ParallelLayout& layout,
+                                           bool enforce) {
   if (c.experts == 0 || c.shared_experts == 0) {
     return {false, c.architecture + " as configured has no shared experts"};
+  }
+  if (enforce && c.fusion != SharedExpertFusion::kSingleShared) {
+    // --enforce-shared-experts-fusion: DeepseekV2ForCausalLM's
+    // shared_experts_fusion_disable_reason returns None before any check of the
+    // architecture, the expert count or ep (SGLang 0.5.23, deepseek_v2.py); the
+    // loader then asserts a single shared expert.
+    if (c.shared_experts != 1) {
+      return {false, "SGLang fuses exactly one shared expert (its loader asserts "
+                     "num_fused_shared_experts == 1); this " +
+                         c.architecture + " config has " + std::to_string(c.shared_experts)};
+    }
+    if (layout.moe_a2a == ParallelLayout::MoeA2a::kDeepep) {
+      return {false, "under DeepEP (parallel.moe_a2a=deepep) SGLang's enforced fusion gives each "
+                     "rank its own shared-expert slot after all routed experts, a layout ferry "
+                     "does not build"};
+    }
+    return {true, ""};
   }
   if (layout.moe_a2a == ParallelLayout::MoeA2a::kDeepep) {
     return {false, "SGLang does not fuse the shared expert under DeepEP (moe_a2a deepep)"};
@@ -377,8 +395,9 @@ FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const Parall
       [[fallthrough]];
     case SharedExpertFusion::kNever:
       return {false,
-              "SGLang fuses the shared expert only for DeepSeek-V3/R1-shaped models "
-              "(DeepseekV3ForCausalLM, 256 routed experts, 1 shared expert); this is " +
+              "SGLang fuses the shared expert by default only for DeepSeek-V3/R1-shaped models "
+              "(DeepseekV3ForCausalLM, 256 routed experts, 1 shared expert; 384 only for a "
+              "Quark checkpoint, which ferry does not load); this is " +
                   c.architecture + " with " + std::to_string(c.experts) + " routed and " +
                   std::to_string(c.shared_experts) + " shared"};
   }
@@ -418,7 +437,8 @@ std::unique_ptr<TableModel> make_deepseek_model(const FamilyInput& in, const Dee
   }
   // Shared-expert fusion: SGLang's decision, or the operator's where it agrees.
   ModelOptions o = options;
-  const FusionDecision fusion = sglang_shared_expert_fusion(c, layout);
+  const FusionDecision fusion =
+      sglang_shared_expert_fusion(c, layout, options.fuse_shared_experts.value_or(false));
   if (!options.fuse_shared_experts) {
     o.fuse_shared_experts = fusion.fuse;
   } else if (*options.fuse_shared_experts && !fusion.fuse) {

@@ -146,11 +146,19 @@ bool deepseek_indexer_layer(const DeepseekConfig& c, std::uint64_t layer, bool m
 // DeepseekV3ForCausalLM with 256 routed experts and 1 shared expert, or GLM-4 MoE
 // (ferry: with 1 shared expert), at ep 1. No DeepEP and no W4AFP8 in ferry, so
 // those conditions never apply. `why_not` says why not, for the refusal of true.
+// `enforce` (model.fuse_shared_experts=true) is SGLang 0.5.23's
+// --enforce-shared-experts-fusion: a DeepSeek-architecture model with exactly one
+// shared expert fuses it whatever its architecture name, expert count or ep
+// (shared_experts_fusion_disable_reason returns None first), except under DeepEP,
+// whose per-rank shared slots ferry does not build (refused). GLM-4 MoE ignores it.
+// SGLang's other cases need keys ferry has no (Quark's 384 experts, AMD's EP, SBO /
+// TBO, which disable it): not expressible, so never chosen.
 struct FusionDecision {
   bool fuse = false;
   std::string why_not;
 };
-FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const ParallelLayout& layout);
+FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const ParallelLayout& layout,
+                                           bool enforce = false);
 
 // The model for `c` under `in` (layout normalized) with params of in.dtype (the
 // gate's correction bias is F32 regardless). Sizes tp does not divide are refused,

@@ -56,15 +56,16 @@ struct ParallelLayout {
   // process driving all devices); Model::layout() reports the filled-in list.
   std::vector<int> local_ranks;
   std::vector<int> pp_partition;
-  // The layouts SGLang uses for DeepSeek deployments (families whose descriptor
-  // takes them; make_model refuses them for the others):
-  // - attn_dp: attention data parallelism (enable_dp_attention with dp_size): MLA's
-  //   q_b / q_proj, kv_b and o_proj split over the attention tp group, attn_tp() =
-  //   tp / attn_dp ranks, rank r being attention rank r % attn_tp(); the embedding is
-  //   whole on every rank (SGLang's VocabParallelEmbedding with enable_tp off).
-  //   1 = off.
+  // The deployment layouts of SGLang 0.5.23 (families whose descriptor declares
+  //   them, FamilyDescriptor::attention_dp; make_model refuses them for the others):
+  // - attn_dp: attention data parallelism (enable_dp_attention with dp_size): the
+  //   attention's projections (MLA's q_b / q_proj, kv_b and o_proj; qkv_proj and
+  //   o_proj) split over the attention tp group, attn_tp() = tp / attn_dp ranks,
+  //   rank r being attention rank r % attn_tp(), where the family's SGLang model
+  //   builds them so; the embedding over the attention group or all tp ranks, as
+  //   the family's descriptor says. 1 = off.
   // - dp_lm_head (enable_dp_lm_head, needs attn_dp > 1): lm_head over the attention
-  //   tp group instead of all tp ranks.
+  //   tp group instead of all tp ranks, for the families whose lm_head takes it.
   // - moe_dense_tp (moe_dense_tp_size): 0 = none (the dense MLP layers over all tp
   //   ranks), 1 = the dense MLP layers whole on every rank.
   // - moe_a2a kDeepep (moe_a2a_backend deepep, needs ep == tp): shared experts whole
@@ -145,7 +146,8 @@ struct Route {
   // loading the target model), "draft_target" (a target-model tensor when loading
   // the draft), "no_indexer" (DeepSeek-V3.2 indexer tensors of a layer without one),
   // "draft_shared" (embed_tokens / shared_head.head of the MTP layer,
-  // shared with the target). Unmapped:
+  // shared with the target), "overwritten_scale" (an expert's w1 input_scale, which
+  // SGLang overwrites with w3's). Unmapped:
   // "unknown_name". Empty when placed.
   std::string reason;
   std::vector<Piece> pieces;  // copy pieces only, grouped by local rank
@@ -274,7 +276,7 @@ struct QuantScheme {
   // fused shard (ModelOpt; fp8 and compressed-tensors with a static scheme).
   bool input_scales = false;
   // An FP8 KV cache with scales (ModelOpt kv_cache_quant_algo FP8): each attention
-  // module has F32 scalars attn.k_scale and attn.v_scale.
+  // module has F32 scalars attn.k_scale and attn.v_scale (MLA: attn_mqa.*).
   bool kv_cache_scales = false;
   // "ue8m0" (DeepSeek-V3.1): the F32 scales are powers of two. Loaded as stored,
   // which is what SGLang does unless DeepGEMM's Blackwell repack runs.
@@ -286,8 +288,8 @@ struct QuantScheme {
   std::vector<std::string> ignored;
   IgnoreMatch ignore_match = IgnoreMatch::kModule;
   // quantization.requant (models/requant.hpp): FP8 block scales converted after
-  // loading. kUe8m0: weights requantized with power-of-two block scales, which are
-  // also packed for DeepGEMM (<w>weight_scale_ue8m0); kTensor: one scale per weight
+  // loading. kUe8m0: weights requantized with power-of-two block scales, packed for
+  // DeepGEMM into <w>weight_scale_inv itself (I32); kTensor: one scale per weight
   // matrix (<w>weight_scale). Set by make_model from ModelOptions::requant.
   enum class Requant { kNone, kUe8m0, kTensor };
   Requant requant = Requant::kNone;

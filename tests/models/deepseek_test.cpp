@@ -1062,18 +1062,39 @@ TEST(DeepseekErrors, WrongKvBProjShapeNamesTensorAndParam) {
       Stage::kPostProcess, "declares no such parameter");
 }
 
-TEST(DeepseekErrors, FusingWhereSglangWouldNotIsRefused) {
+// model.fuse_shared_experts=true is SGLang 0.5.23's --enforce-shared-experts-fusion
+// (DeepseekV2ForCausalLM.shared_experts_fusion_disable_reason returns None before
+// checking the architecture, expert count or ep): any DeepSeek model with one shared
+// expert fuses it, at any ep, into a slot after each rank's routed experts.
+TEST(DeepseekErrors, EnforcedFusionFusesWhereSglangsFlagWould) {
   Ckpt ck = make_ckpt("deepseek_v3");
   models::ModelOptions options;
   options.fuse_shared_experts = true;
-  // Tiny DeepSeek-V3 has 8 routed experts: not DeepSeek-V3/R1-shaped.
-  expect_error([&] { models::make_model(ck.config, {}, options); }, Stage::kConfig,
-               "model.fuse_shared_experts=true: SGLang fuses the shared expert only for "
-               "DeepSeek-V3/R1-shaped models");
+  // Tiny DeepSeek-V3 has 8 routed experts: not fused by default, fused when enforced.
+  for (int ep : {1, 2}) {
+    models::ParallelLayout l;
+    l.tp = 2;
+    l.ep = ep;
+    auto m = models::make_model(ck.config, l, options);
+    const auto& shell = m->shells()[0];
+    SCOPED_TRACE("ep " + std::to_string(ep));
+    EXPECT_EQ(shell.by_name.count("model.layers.1.mlp.shared_experts.gate_up_proj.weight"), 0u);
+    EXPECT_EQ(shell.params[shell.by_name.at("model.layers.1.mlp.experts.w13_weight")].shape.at(0),
+              8u / static_cast<std::uint64_t>(ep) + 1);
+    const models::Route r = m->route(
+        tensor_info("model.layers.1.mlp.shared_experts.gate_proj.weight", DType::kBF16, {32, 128}));
+    EXPECT_EQ(r.kind, models::RouteKind::kPlaced);
+  }
+  {
+    models::ModelOptions automatic;
+    auto m = models::make_model(ck.config, {}, automatic);
+    EXPECT_EQ(m->shells()[0].by_name.count("model.layers.1.mlp.shared_experts.gate_up_proj.weight"),
+              1u);
+  }
   ck.config["n_shared_experts"] = 2;
   expect_error([&] { models::make_model(ck.config, {}, options); }, Stage::kConfig,
-               "with 8 routed and 2 shared");
-  // GLM-4 MoE fuses at ep 1 but not under expert parallelism.
+               "SGLang fuses exactly one shared expert");
+  // GLM-4 MoE ignores the flag: it fuses at ep 1 but not under expert parallelism.
   const Ckpt glm = make_ckpt("glm4_moe");
   models::ParallelLayout ep2;
   ep2.tp = 2;
@@ -1082,11 +1103,10 @@ TEST(DeepseekErrors, FusingWhereSglangWouldNotIsRefused) {
                "does not fuse the shared expert under expert parallelism (ep 2)");
   EXPECT_NO_THROW(models::make_model(glm.config, {}, options));
   options.fuse_shared_experts = false;
-  auto m = models::make_model(ck.config, {}, options);  // unfused: a 2 * 32 wide MLP
+  ck.config["n_shared_experts"] = 1;
+  auto m = models::make_model(ck.config, {}, options);  // unfused
   const auto& shell = m->shells()[0];
-  EXPECT_EQ(
-      shell.params[shell.by_name.at("model.layers.1.mlp.shared_experts.gate_up_proj.weight")].shape,
-      (models::Shape{128, 128}));
+  EXPECT_EQ(shell.by_name.count("model.layers.1.mlp.shared_experts.gate_up_proj.weight"), 1u);
 }
 
 TEST(DeepseekErrors, StridesMustLayOutTheParamDensely) {
