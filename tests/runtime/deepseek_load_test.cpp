@@ -223,16 +223,19 @@ TEST_F(DeepseekLoad, DraftModelAndSharedExpertFusion) {
   EXPECT_NE(m->ranks()[0].find("model.decoder.self_attn.w_kc"), nullptr);
   EXPECT_EQ(m->ranks()[0].find("model.embed_tokens.weight"), nullptr);
   // Tiny DeepSeek-V3 (8 routed experts) is not V3/R1-shaped: SGLang keeps its shared
-  // expert separate, false agrees, and true is refused naming why.
+  // expert separate by default, false agrees, and true is SGLang 0.5.23's
+  // --enforce-shared-experts-fusion, which fuses it (at ep 2 too).
   s = load_setup(2, 1);
   s.fuse = false;
   load_and_check(*v3_, s);
   s.fuse = true;
-  Runtime rt(make_config(v3_->dir, sets_of(s)));
-  LoadResult r = rt.load();
-  ASSERT_FALSE(r);
-  EXPECT_EQ(r.error->stage, Stage::kConfig);
-  EXPECT_THAT(r.error->message, HasSubstr("DeepSeek-V3/R1-shaped"));
+  auto fused = load_and_check(*v3_, s);
+  ASSERT_NE(fused, nullptr);
+  EXPECT_EQ(fused->ranks()[0].find("model.layers.1.mlp.shared_experts.gate_up_proj.weight"),
+            nullptr);
+  s = load_setup(2, 2);
+  s.fuse = true;
+  EXPECT_NE(load_and_check(*v3_, s), nullptr);
 }
 
 TEST_F(DeepseekLoad, DumpWritesStridedSplitParamsInLogicalOrder) {
