@@ -12,6 +12,7 @@
 #              loader never wrote them (for one-byte dtypes, where the fill is
 #              also a legal value, only those that ferry holds otherwise)
 #   bytes      elements whose bytes differ (unwritten ones not counted again)
+# A name only SGLang holds and never wrote at all is a note, not a difference.
 import json
 import mmap
 import re
@@ -106,15 +107,24 @@ def compare_tensors(name, ferry, sglang, fill_byte):
     return out
 
 
-def compare_ranks(ferry, sglang, fill_byte, ignore=()):
+def compare_ranks(ferry, sglang, fill_byte, ignore=(), notes=None):
     """Every difference between two name -> Tensor maps. `ignore` holds regular
-    expressions of SGLang names that are not weights (see README.md)."""
+    expressions of SGLang names that are not weights (see README.md). A name
+    only SGLang holds but never wrote a byte of (the MTP draft's embedding and
+    head, which SGLang shares from the target model after loading) is not a
+    difference; it goes to `notes` when given."""
     patterns = [re.compile(p) for p in ignore]
     sglang = {n: t for n, t in sglang.items()
               if not any(p.fullmatch(n) for p in patterns)}
     out = []
     for name in sorted(set(sglang) - set(ferry)):
         t = sglang[name]
+        elements = t.elements()
+        if elements.size and np.all(elements == fill_byte):
+            if notes is not None:
+                notes.append({"kind": "unloaded", "name": name,
+                              "sglang": [t.dtype, t.shape]})
+            continue
         out.append({"kind": "missing", "name": name, "sglang": [t.dtype, t.shape]})
     for name in sorted(set(ferry) - set(sglang)):
         t = ferry[name]
