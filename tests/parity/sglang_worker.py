@@ -108,29 +108,42 @@ def install_groups():
     return {n: (getattr(parallel, f"{n}_rank"), getattr(parallel, f"{n}_size")) for n in GROUPS}
 
 
+def emulate_capability(emulations):
+    """The GPU capability is an H100's (9, 0). Installed before the server
+    arguments resolve: their DSA defaults read it."""
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    emulations.append("torch.cuda.get_device_capability answers (9, 0)")
+
+
+def _modules_of(klass):
+    return [sys.modules[c.__module__] for c in klass.__mro__
+            if c.__module__ in sys.modules and hasattr(sys.modules[c.__module__], "_is_cuda")]
+
+
 def emulate_hopper(emulations):
     """Answers SGLang's CUDA-only placement decisions as an H100 (sm90) does,
     scoped to the decisions themselves: the modules keep _is_cuda False
     everywhere else, so no CUDA stream or kernel is touched on the CPU."""
-    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
-    emulations.append("torch.cuda.get_device_capability answers (9, 0)")
+    from sglang.srt.model_loader import loader
 
-    from sglang.srt.models import deepseek_v2
+    resolve = loader.resolve_shared_experts_config
 
-    cls = deepseek_v2.DeepseekV2ForCausalLM
-    original_reason = cls.shared_experts_fusion_disable_reason.__func__
-
-    def reason_on_cuda(klass, hf_config, quant_config):
-        saved = deepseek_v2._is_cuda
-        deepseek_v2._is_cuda = True
+    def resolve_on_cuda(model_class, hf_config, quant_config):
+        # The fusion gate (shared_experts_fusion_disable_reason) is the model
+        # class's own or an ancestor's; each reads its module's _is_cuda.
+        modules = _modules_of(model_class)
+        saved = [m._is_cuda for m in modules]
+        for m in modules:
+            m._is_cuda = True
         try:
-            return original_reason(klass, hf_config, quant_config)
+            return resolve(model_class, hf_config, quant_config)
         finally:
-            deepseek_v2._is_cuda = saved
+            for m, value in zip(modules, saved):
+                m._is_cuda = value
 
-    cls.shared_experts_fusion_disable_reason = classmethod(reason_on_cuda)
+    loader.resolve_shared_experts_config = resolve_on_cuda
     emulations.append(
-        "shared_experts_fusion_disable_reason sees _is_cuda=True (deepseek_v2)"
+        "shared-expert fusion gate sees _is_cuda=True in the model class's modules"
     )
 
     from sglang.srt.models.deepseek_common import deepseek_weight_loader
@@ -187,16 +200,24 @@ def held_tensors(model):
 
 
 def save_stage(model, path):
+    """Writes the rank's tensors; a name that is another's storage (a tied
+    lm_head) is written once, under its first name, and returned as an alias."""
     from safetensors.torch import save_file
 
     tensors = {}
+    aliases = {}
+    seen = {}
     for name, tensor in held_tensors(model).items():
         if tensor.device.type != "cpu":
             raise RuntimeError(f"{name} is on {tensor.device}, not the CPU")
-        # Each name gets its own storage: safetensors refuses shared ones (ties).
+        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if tensor.numel() and key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
         tensors[name] = tensor.detach().contiguous().clone()
     save_file(tensors, path)
-    return len(tensors)
+    return {"tensors": len(tensors), "aliases": aliases}
 
 
 def main():
@@ -223,6 +244,7 @@ def main():
     from sglang.srt.server_args import ServerArgs
 
     meta["sglang_version"] = sglang.__version__
+    emulate_capability(emulations)
     server_kwargs = dict(
         model_path=args.model,
         tp_size=args.tp,
@@ -288,15 +310,12 @@ def main():
         loader.DefaultModelLoader.load_weights_only(
             model, model_loader._get_all_weights(model_config, model), cpu
         )
-        meta["stages"]["loader"] = {
-            "tensors": save_stage(model, os.path.join(args.out, "loader.safetensors"))
-        }
+        meta["stages"]["loader"] = save_stage(
+            model, os.path.join(args.out, "loader.safetensors"))
         try:
             loader.DefaultModelLoader.postprocess_weights(model, cpu)
-            meta["stages"]["processed"] = {
-                "tensors": save_stage(
-                    model, os.path.join(args.out, "processed.safetensors"))
-            }
+            meta["stages"]["processed"] = save_stage(
+                model, os.path.join(args.out, "processed.safetensors"))
         except Exception as error:
             meta["stages"]["processed"] = {
                 "error": f"{type(error).__name__}: {error}".splitlines()[0][:300],
