@@ -76,6 +76,13 @@ def matrix():
         cases.append(case(f"{fam}/f32-tp2", 3, tiny(fam), dict(tp=2), dtype="f32"))
         cases.append(case(f"{fam}/f16-ckpt-tp2", 3, tiny(fam, "--dtype", "f16"),
                           dict(tp=2)))
+    # SGLang 0.5.23's MixtralAttention takes head_dim as hidden_size // heads and
+    # ignores config.head_dim; --scale-dims 64 rounds Mixtral's 2 up to 8, so a
+    # width where the two agree (256 / 32 = 8) checks the real tensor set too.
+    mixtral = os.path.join(ROOT, "..", "shared", "data", "models", "mixtral-8x7b-v0.1",
+                           "config.json")
+    cases.append(case("real:mixtral-8x7b-v0.1@256/tp2", 4,
+                      ["--from-config", mixtral, "--scale-dims", "256"], dict(tp=2)))
     # SGLang's rules off the defaults: V3.2's fused indexer (interleaved rope)
     # and forced shared-expert fusion with 8 routed experts.
     cases.append(case("deepseek_v32/tp2-rope_interleave", 3, tiny("deepseek_v32"),
@@ -302,6 +309,7 @@ def main():
     parser.add_argument("--only", action="append", default=[],
                         help="regular expression a case id must contain (repeatable: any)")
     parser.add_argument("--tier", type=int, default=4, help="run tiers up to this one")
+    parser.add_argument("--from-tier", type=int, default=1, help="and from this one")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--timeout", type=int, default=900, help="seconds per SGLang rank")
     parser.add_argument("--stage", choices=["loader", "processed"], default="loader",
@@ -316,7 +324,7 @@ def main():
                         help="rewrite the table in docs/ARCHITECTURE.md")
     args = parser.parse_args()
     args.work = os.path.abspath(args.work)
-    cases = [c for c in matrix() if c["tier"] <= args.tier]
+    cases = [c for c in matrix() if args.from_tier <= c["tier"] <= args.tier]
     if args.only:
         cases = [c for c in cases if any(re.search(o, c["id"]) for o in args.only)]
     if args.list:

@@ -146,6 +146,13 @@ def emulate_hopper(emulations):
         "shared-expert fusion gate sees _is_cuda=True in the model class's modules"
     )
 
+    from sglang.srt.layers.rotary_embedding import rope_variant
+
+    # YaRN-scaled rotary tables (DeepSeek's rope_scaling) ask for the
+    # accelerator to build their cache on; they are not weights.
+    rope_variant.get_device = lambda *a, **k: "cpu"
+    emulations.append("rope_variant.get_device answers 'cpu' (rotary caches)")
+
     from sglang.srt.models.deepseek_common import deepseek_weight_loader
 
     deepseek_weight_loader._is_cuda = True
@@ -170,6 +177,30 @@ def emulate_hopper(emulations):
             dsa_indexer._is_cuda, dsa_indexer.resolve_num_sms = saved
 
     dsa_indexer.Indexer.__init__ = indexer_init_on_cuda
+    emulate_nvfp4_moe_on_hopper(emulations)
+
+
+def emulate_nvfp4_moe_on_hopper(emulations):
+    """ModelOpt NVFP4 MoE on Hopper takes SGLang's Marlin fallback; off CUDA its
+    constructor refuses the platform. Scoped to that constructor."""
+    from sglang.srt.layers.quantization import modelopt_quant
+
+    method = modelopt_quant.ModelOptNvFp4FusedMoEMethod
+    original = method.__init__
+
+    def init_on_hopper(self, *args, **kwargs):
+        saved = (modelopt_quant.is_cuda, modelopt_quant.get_device_capability)
+        modelopt_quant.is_cuda = lambda: True
+        modelopt_quant.get_device_capability = lambda *a, **k: (9, 0)
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            modelopt_quant.is_cuda, modelopt_quant.get_device_capability = saved
+
+    method.__init__ = init_on_hopper
+    emulations.append(
+        "ModelOptNvFp4FusedMoEMethod.__init__ sees CUDA 9.0 (Marlin fallback)"
+    )
     emulations.append(
         "dsa Indexer.__init__ sees _is_cuda=True and 132 SMs (indexer fusion rule)"
     )
@@ -197,6 +228,25 @@ def held_tensors(model):
                 continue
             out[prefix + name] = value
     return out
+
+
+def fill(model):
+    """Fills every tensor with FILL_BYTE, except those of more than one element
+    that SGLang initializes to one
+    non-zero value (torch.ones input scales that FusedMoE checks against 1
+    before loading the second shard): those keep it, and their unwritten
+    elements are compared as they are. Returns the kept names."""
+    kept = []
+    with torch.no_grad():
+        for name, tensor in held_tensors(model).items():
+            flat = tensor.view(-1)
+            if flat.numel() > 1 and flat.is_floating_point():
+                first = flat[0]
+                if first.item() != 0 and bool((flat == first).all()):
+                    kept.append(name)
+                    continue
+            flat.view(torch.uint8).fill_(FILL_BYTE)
+    return kept
 
 
 def save_stage(model, path):
@@ -304,9 +354,7 @@ def main():
     with loader.set_default_torch_dtype(model_config.dtype):
         with cpu:
             model = loader._initialize_model(model_config, load_config, quant_config)
-        with torch.no_grad():
-            for _, tensor in held_tensors(model).items():
-                tensor.view(-1).view(torch.uint8).fill_(FILL_BYTE)
+        meta["kept_init"] = fill(model)
         loader.DefaultModelLoader.load_weights_only(
             model, model_loader._get_all_weights(model_config, model), cpu
         )
