@@ -232,10 +232,10 @@ def held_tensors(model):
 
 def fill(model):
     """Fills every tensor with FILL_BYTE, except those of more than one element
-    that SGLang initializes to one
-    non-zero value (torch.ones input scales that FusedMoE checks against 1
-    before loading the second shard): those keep it, and their unwritten
-    elements are compared as they are. Returns the kept names."""
+    that SGLang initializes to one non-zero value (torch.ones input scales that
+    FusedMoE checks against 1 before loading the second shard): those keep it,
+    and their unwritten elements are compared as they are. Returns the kept
+    names."""
     kept = []
     with torch.no_grad():
         for name, tensor in held_tensors(model).items():
