@@ -76,6 +76,11 @@ def matrix():
         cases.append(case(f"{fam}/f32-tp2", 3, tiny(fam), dict(tp=2), dtype="f32"))
         cases.append(case(f"{fam}/f16-ckpt-tp2", 3, tiny(fam, "--dtype", "f16"),
                           dict(tp=2)))
+    # 128x128 blocks: SGLang's post_load_weights dequantizes kv_b_proj to BF16 on
+    # CUDA for this block size only.
+    cases.append(case("deepseek_v3/fp8-block128-tp1", 4,
+                      tiny("deepseek_v3", "--quant", "fp8-block", "--quant-block", "128"),
+                      dict(tp=1)))
     # SGLang 0.5.23's MixtralAttention takes head_dim as hidden_size // heads and
     # ignores config.head_dim; --scale-dims 64 rounds Mixtral's 2 up to 8, so a
     # width where the two agree (256 / 32 = 8) checks the real tensor set too.
