@@ -332,6 +332,12 @@ def main():
             ranks=SpawnRanks(world_rank=world_rank, dp_rank=dp_rank, gpu_id=0))
     meta["groups"] = install_groups()
     emulations.append("stand-in process groups (rank and size only)")
+    # What the server's bootstrap does right after building the groups
+    # (distributed/bootstrap.py, _init_parallel_groups): the attention-DP flags
+    # that layers read while they are built (get_embedding_tp_kwargs).
+    from sglang.srt.layers.dp_attention import initialize_dp_attention
+
+    initialize_dp_attention(server_args)
     emulate_hopper(emulations)
 
     from sglang.srt.configs.device_config import DeviceConfig  # noqa: F401
@@ -342,6 +348,11 @@ def main():
     model_config = ModelConfig.from_server_args(
         server_args, model_path=args.model, is_draft_model=args.draft
     )
+    # The rest of the bootstrap's per-model runtime setup that layers read
+    # (init_layer_runtime; its gathered buffer is forward-only).
+    from sglang.srt.layers.layernorm_sp import initialize_layernorm_sp
+
+    initialize_layernorm_sp(model_config=model_config)
     meta["architecture"] = model_config.hf_config.architectures[0]
     meta["dtype"] = str(model_config.dtype)
     load_config = LoadConfig(load_format="safetensors")
