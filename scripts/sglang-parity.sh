@@ -26,11 +26,14 @@ if [ "${1:-}" = "--setup" ]; then
     compressed-tensors==0.18.0 einops
   # SGLang without its dependencies (flashinfer, sgl-kernel, ... need a GPU);
   # then the few packages its model, layer and loader modules import at module
-  # level, found by importing them (versions where SGLang pins one).
+  # level, found by importing them; the versions the harness was run with (SGLang
+  # pins apache-tvm-ffi and openai itself).
   "$PY" -m pip install "sglang==$SGLANG_VERSION" --no-deps
-  "$PY" -m pip install orjson pybase64 requests pillow starlette msgspec pyzmq \
-    IPython aiohttp apache-tvm-ffi==0.1.11 torchvision dill sentencepiece gguf \
-    openai==2.8.0 partial_json_parser
+  "$PY" -m pip install orjson==3.13.0 pybase64==1.5.1 requests==2.34.2 \
+    pillow==13.0.0 starlette==1.10.0 msgspec==0.23.0 pyzmq==27.3.0 \
+    ipython==9.18.1 aiohttp==3.14.5 apache-tvm-ffi==0.1.11 torchvision==0.29.2 \
+    dill==0.4.1 sentencepiece==0.2.3 gguf==0.19.0 openai==2.8.0 \
+    partial-json-parser==0.2.1.1.post7
   "$PY" -W ignore -c "import sglang, sglang.srt.models.deepseek_v2, sglang.srt.models.llama; print('parity venv ready: sglang', sglang.__version__)"
   exit 0
 fi
