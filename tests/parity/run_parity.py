@@ -1,0 +1,385 @@
+# The parity matrix: for each case, a checkpoint from `ferry synth`, what each
+# rank holds after `ferry load --dump-dir`, what the same rank holds after
+# SGLang 0.5.23's own loader (sglang_worker.py, one process per rank), and the
+# differences (compare.py). Writes results.json and results.md to --work and,
+# with --update-docs, the table in docs/ARCHITECTURE.md between the parity
+# markers. Run it through scripts/sglang-parity.sh, which picks the venv.
+import argparse
+import concurrent.futures
+import datetime
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import compare  # noqa: E402
+
+DENSE = ["llama", "qwen2", "mistral", "qwen3", "gemma", "gemma2", "gemma3", "phi3"]
+MOE = ["mixtral", "qwen3_moe", "deepseek_v3", "qwen2_moe", "deepseek_v2",
+       "glm4_moe", "deepseek_v32"]
+DEEPSEEK = ["deepseek_v3", "deepseek_v2", "deepseek_v32"]
+# Families whose SGLang model has a NextN (MTP) draft class that ferry loads.
+MTP = ["deepseek_v3", "glm4_moe", "deepseek_v32"]
+REAL = ["llama-3.1-8b", "qwen2.5-7b", "mistral-7b-instruct-v0.3",
+        "mixtral-8x7b-v0.1", "qwen3-30b-a3b", "deepseek-v3"]
+QUANTS = ["fp8-block", "fp8-channel", "fp8-tensor", "modelopt-fp8", "nvfp4"]
+
+# SGLang tensors that are not weights and that ferry rightly does not hold:
+# rotary tables kept as plain tensor attributes, computed from the config.
+IGNORE = [r"(.*\.)?rotary_emb[a-z_]*\.(original_inv_freq|inv_freq|cos_sin_cache)"]
+
+
+def case(cid, tier, synth, layout=None, dtype="auto", ferry_set=(), server_args=(),
+         config=None):
+    """One case. `config` is merged into the synthesized config.json (both sides
+    read it); `server_args` are SGLang ServerArgs fields (NAME=JSON) and
+    `ferry_set` the matching ferry keys."""
+    layout = {**dict(tp=1, ep=1, pp=1, attn_dp=1, dp_lm_head=False, draft=False),
+              **(layout or {})}
+    return dict(id=cid, tier=tier, synth=synth, layout=layout, dtype=dtype,
+                ferry_set=list(ferry_set), server_args=list(server_args),
+                config=config or {})
+
+
+def tiny(family, *extra):
+    return ["--family", family, "--preset", "tiny", *extra]
+
+
+def matrix():
+    """Every case, in tiers: 1 is one case per family (breadth), 2 the layouts,
+    3 dtypes, ties and drafts, 4 real tensor sets and quantized formats."""
+    cases = []
+    for fam in DENSE + MOE:
+        cases.append(case(f"{fam}/tp2", 1, tiny(fam), dict(tp=2)))
+    for fam in DENSE + MOE:
+        cases.append(case(f"{fam}/tp1", 2, tiny(fam), dict(tp=1)))
+        cases.append(case(f"{fam}/tp4", 2, tiny(fam), dict(tp=4)))
+        cases.append(case(f"{fam}/pp2", 2, tiny(fam), dict(pp=2)))
+    for fam in MOE:
+        cases.append(case(f"{fam}/tp2-ep2", 2, tiny(fam), dict(tp=2, ep=2)))
+    for fam in DEEPSEEK + ["qwen3", "qwen3_moe", "llama"]:
+        cases.append(case(f"{fam}/tp4-attn_dp2", 2, tiny(fam), dict(tp=4, attn_dp=2)))
+        cases.append(case(f"{fam}/tp4-attn_dp2-dp_lm_head", 2, tiny(fam),
+                          dict(tp=4, attn_dp=2, dp_lm_head=True)))
+    for fam in MTP:
+        cases.append(case(f"{fam}/draft-tp2", 3, tiny(fam), dict(tp=2, draft=True)))
+    for fam in ["llama", "qwen2", "qwen3"]:
+        cases.append(case(f"{fam}/tied-tp2", 3, tiny(fam, "--tie-embeddings"), dict(tp=2)))
+    for fam in DENSE + ["qwen3_moe", "deepseek_v3"]:
+        cases.append(case(f"{fam}/f32-tp2", 3, tiny(fam), dict(tp=2), dtype="f32"))
+        cases.append(case(f"{fam}/f16-ckpt-tp2", 3, tiny(fam, "--dtype", "f16"),
+                          dict(tp=2)))
+    # 128x128 blocks: SGLang's post_load_weights dequantizes kv_b_proj to BF16 on
+    # CUDA for this block size only.
+    cases.append(case("deepseek_v3/fp8-block128-tp1", 4,
+                      tiny("deepseek_v3", "--quant", "fp8-block", "--quant-block", "128"),
+                      dict(tp=1)))
+    # SGLang 0.5.23's MixtralAttention takes head_dim as hidden_size // heads and
+    # ignores config.head_dim; --scale-dims 64 rounds Mixtral's 2 up to 8, so a
+    # width where the two agree (256 / 32 = 8) checks the real tensor set too.
+    mixtral = os.path.join(ROOT, "..", "shared", "data", "models", "mixtral-8x7b-v0.1",
+                           "config.json")
+    cases.append(case("real:mixtral-8x7b-v0.1@256/tp2", 4,
+                      ["--from-config", mixtral, "--scale-dims", "256"], dict(tp=2)))
+    # SGLang's rules off the defaults: V3.2's fused indexer (interleaved rope)
+    # and forced shared-expert fusion with 8 routed experts.
+    cases.append(case("deepseek_v32/tp2-rope_interleave", 3, tiny("deepseek_v32"),
+                      dict(tp=2), config={"indexer_rope_interleave": True}))
+    cases.append(case("deepseek_v3/tp2-enforce_fusion", 3, tiny("deepseek_v3"),
+                      dict(tp=2), server_args=["enforce_shared_experts_fusion=true"],
+                      ferry_set=["model.fuse_shared_experts=true"]))
+    for model in REAL:
+        config = os.path.join(ROOT, "..", "shared", "data", "models", model, "config.json")
+        cases.append(case(f"real:{model}/tp2", 4,
+                          ["--from-config", config, "--scale-dims", "64"], dict(tp=2)))
+    for quant in QUANTS:
+        # Block 16: the tiny presets' per-rank widths (16 rows of k at tp 2) are
+        # below 128, which SGLang's validate_block_quant_shapes refuses, as ferry.
+        block = ["--quant-block", "16"] if quant == "fp8-block" else []
+        for fam in ["llama", "qwen3_moe", "deepseek_v3"]:
+            cases.append(case(f"{fam}/{quant}-tp2", 4,
+                              tiny(fam, "--quant", quant, *block), dict(tp=2)))
+    return cases
+
+
+def run(cmd, log, timeout):
+    with open(log, "a") as handle:
+        handle.write("$ " + " ".join(cmd) + "\n")
+        handle.flush()
+        proc = subprocess.run(cmd, stdout=handle, stderr=subprocess.STDOUT,
+                              timeout=timeout)
+    return proc.returncode
+
+
+def tail(log, lines=3):
+    with open(log) as handle:
+        text = [l.rstrip() for l in handle
+                if l.strip() and "Ignore import" not in l and not l.startswith("$ ")]
+    return " / ".join(text[-lines:])[-400:]
+
+
+def checkpoint(args, synth, config):
+    key = hashlib.sha1(json.dumps([synth, config]).encode()).hexdigest()[:12]
+    path = os.path.join(args.work, "ckpt", key)
+    if not os.path.exists(os.path.join(path, "config.json")):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        log = path + ".log"
+        rc = run([args.ferry, "synth", *synth, "--out", path, "--force", "--no-fsync"],
+                 log, 600)
+        if rc != 0:
+            raise RuntimeError(f"ferry synth failed: {tail(log)}")
+        if config:
+            config_path = os.path.join(path, "config.json")
+            with open(config_path) as handle:
+                merged = {**json.load(handle), **config}
+            with open(config_path, "w") as handle:
+                json.dump(merged, handle, indent=2)
+    return path
+
+
+FERRY_DTYPE = {"auto": None, "f32": "f32", "f16": "f16", "bf16": "bf16"}
+SGLANG_DTYPE = {"auto": "auto", "f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+
+
+def ferry_load(args, c, ckpt, pp_rank, out):
+    lay = c["layout"]
+    cmd = [args.ferry, "load", "--model", ckpt, "--tp", str(lay["tp"]),
+           "--ep", str(lay["ep"]), "--pp", str(lay["pp"]), "--pp-rank", str(pp_rank),
+           "--dump-dir", out, "--quiet"]
+    if lay["draft"]:
+        cmd.append("--draft")
+    if lay["attn_dp"] > 1:
+        cmd += ["--set", f"parallel.attn_dp={lay['attn_dp']}"]
+    if lay["dp_lm_head"]:
+        cmd += ["--set", "parallel.dp_lm_head=true"]
+    if FERRY_DTYPE[c["dtype"]]:
+        cmd += ["--set", f"model.dtype={FERRY_DTYPE[c['dtype']]}"]
+    for item in c["ferry_set"] + args.ferry_set:
+        cmd += ["--set", item]
+    log = out + ".log"
+    if run(cmd, log, 600) != 0:
+        return f"ferry load refused: {tail(log, 2)}"
+    return None
+
+
+def sglang_rank(args, c, ckpt, pp_rank, tp_rank, out):
+    lay = c["layout"]
+    cmd = [sys.executable, "-W", "ignore", os.path.join(HERE, "sglang_worker.py"),
+           "--model", ckpt, "--out", out, "--tp", str(lay["tp"]), "--ep", str(lay["ep"]),
+           "--pp", str(lay["pp"]), "--pp-rank", str(pp_rank), "--rank", str(tp_rank),
+           "--attn-dp", str(lay["attn_dp"]), "--dtype", SGLANG_DTYPE[c["dtype"]]]
+    if lay["dp_lm_head"]:
+        cmd.append("--dp-lm-head")
+    if lay["draft"]:
+        cmd.append("--draft")
+    for item in c["server_args"]:
+        cmd += ["--server-arg", item]
+    log = out + ".log"
+    if run(cmd, log, args.timeout) != 0:
+        return f"SGLang refused: {tail(log, 1)}"
+    return None
+
+
+def run_case(args, c):
+    """Runs one case; returns its result dict."""
+    start = time.time()
+    result = dict(id=c["id"], tier=c["tier"], ranks=[], status="PASS", summary="PASS")
+    case_dir = os.path.join(args.work, "cases", re.sub(r"[^A-Za-z0-9_.-]+", "_", c["id"]))
+    shutil.rmtree(case_dir, ignore_errors=True)
+    os.makedirs(case_dir)
+    try:
+        ckpt = checkpoint(args, c["synth"], c["config"])
+    except Exception as error:
+        result.update(status="ERROR", summary=str(error))
+        return result
+    lay = c["layout"]
+    stage = args.stage
+    ranks = [(p, r) for p in range(lay["pp"]) for r in range(lay["tp"])]
+    ferry_errors = {}
+    sglang_errors = {}
+    for p in range(lay["pp"]):
+        ferry_errors[p] = ferry_load(args, c, ckpt, p, os.path.join(case_dir, f"ferry-pp{p}"))
+    all_diffs = []
+    for p, r in ranks:
+        out = os.path.join(case_dir, f"sglang-pp{p}-tp{r}")
+        sglang_errors[(p, r)] = sglang_rank(args, c, ckpt, p, r, out)
+        rank = dict(pp=p, tp=r)
+        if ferry_errors[p] or sglang_errors[(p, r)]:
+            rank["error"] = ferry_errors[p] or sglang_errors[(p, r)]
+            result["ranks"].append(rank)
+            continue
+        with open(os.path.join(out, "meta.json")) as handle:
+            meta = json.load(handle)
+        result["sglang_version"] = meta["sglang_version"]
+        result["quantization"] = meta.get("quantization")
+        st = meta["stages"].get(stage, {})
+        if "error" in st:
+            rank["error"] = f"SGLang {stage} stage failed: {st['error']}"
+            result["ranks"].append(rank)
+            continue
+        ours = compare.read_safetensors(
+            os.path.join(case_dir, f"ferry-pp{p}", f"rank-{r}.safetensors"))
+        theirs = compare.read_safetensors(os.path.join(out, f"{stage}.safetensors"))
+        notes = []
+        # A tied name (lm_head.weight = model.embed_tokens.weight) is the same
+        # storage in SGLang: compared when ferry holds it too, a note if not.
+        for alias, canonical in st.get("aliases", {}).items():
+            if alias in ours:
+                theirs[alias] = theirs[canonical]
+            else:
+                notes.append({"kind": "tied", "name": alias, "sglang": canonical})
+        diffs = compare.compare_ranks(ours, theirs, meta["fill_byte"], IGNORE, notes)
+        rank["notes"] = notes
+        for d in diffs:
+            d["rank"] = f"pp{p}/tp{r}"
+        rank["differences"] = diffs
+        all_diffs.extend(diffs)
+        result["ranks"].append(rank)
+        if not args.keep:
+            for name in ("loader.safetensors", "processed.safetensors"):
+                path = os.path.join(out, name)
+                if os.path.exists(path):
+                    os.remove(path)
+    errors = [r["error"] for r in result["ranks"] if "error" in r]
+    if errors:
+        ferry_refuses = any(ferry_errors.values())
+        sglang_refuses = any(sglang_errors.values())
+        if ferry_refuses and sglang_refuses:
+            result["status"] = "BOTH REFUSE"
+            result["summary"] = (f"{next(e for e in ferry_errors.values() if e)}; "
+                                 f"{next(e for e in sglang_errors.values() if e)}")
+        else:
+            result["status"] = ("FERRY REFUSES" if ferry_refuses else
+                                "SGLANG REFUSES" if sglang_refuses else "ERROR")
+            result["summary"] = errors[0]
+    elif all_diffs:
+        result["status"] = "DIFF"
+        result["summary"] = compare.summarize(all_diffs)
+    if not args.keep:
+        for p in range(lay["pp"]):
+            shutil.rmtree(os.path.join(case_dir, f"ferry-pp{p}"), ignore_errors=True)
+    result["seconds"] = round(time.time() - start, 1)
+    with open(os.path.join(case_dir, "result.json"), "w") as handle:
+        json.dump(result, handle, indent=1)
+    return result
+
+
+def table(results, version, stage):
+    date = datetime.date.today().isoformat()
+    passed = sum(r["status"] == "PASS" for r in results)
+    lines = [
+        f"Generated by `scripts/sglang-parity.sh` on {date} against SGLang {version} "
+        f"(PyPI), stage `{stage}`: ferry's `load --dump-dir` per rank against SGLang's "
+        f"own loader on the CPU. {passed} of {len(results)} cases PASS.",
+        "",
+        "| case | date | result |",
+        "|---|---|---|",
+    ]
+    for r in results:
+        text = r["summary"] if r["status"] != "PASS" else "PASS"
+        if r["status"] not in ("PASS", "DIFF"):
+            text = f"{r['status']}: {text}"
+        text = text.replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {r['id']} | {r.get('date', date)} | {text} |")
+    return "\n".join(lines) + "\n"
+
+
+BEGIN = "<!-- parity:begin -->"
+END = "<!-- parity:end -->"
+
+
+def update_docs(text):
+    path = os.path.join(ROOT, "docs", "ARCHITECTURE.md")
+    with open(path) as handle:
+        doc = handle.read()
+    if BEGIN not in doc or END not in doc:
+        raise SystemExit(f"{path} lacks the {BEGIN} / {END} markers")
+    head, rest = doc.split(BEGIN, 1)
+    _, tail_ = rest.split(END, 1)
+    with open(path, "w") as handle:
+        handle.write(head + BEGIN + "\n" + text + END + tail_)
+
+
+def main():
+    parser = argparse.ArgumentParser(description="ferry vs SGLang 0.5.23 parity matrix")
+    parser.add_argument("--ferry", default=os.path.join(ROOT, "build", "release", "ferry"))
+    parser.add_argument("--work", default=os.path.join(ROOT, "build", "parity"))
+    parser.add_argument("--only", action="append", default=[],
+                        help="regular expression a case id must contain (repeatable: any)")
+    parser.add_argument("--tier", type=int, default=4, help="run tiers up to this one")
+    parser.add_argument("--from-tier", type=int, default=1, help="and from this one")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per SGLang rank")
+    parser.add_argument("--stage", choices=["loader", "processed"], default="loader",
+                        help="SGLang's state to compare: after load_weights (ferry's "
+                             "postprocess.target=loader) or after "
+                             "process_weights_after_loading")
+    parser.add_argument("--ferry-set", action="append", default=[],
+                        help="KEY=VALUE passed to every ferry load as --set")
+    parser.add_argument("--keep", action="store_true", help="keep the dumps")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    parser.add_argument("--update-docs", action="store_true",
+                        help="rewrite the table in docs/ARCHITECTURE.md")
+    args = parser.parse_args()
+    args.work = os.path.abspath(args.work)
+    cases = [c for c in matrix() if args.from_tier <= c["tier"] <= args.tier]
+    if args.only:
+        cases = [c for c in cases if any(re.search(o, c["id"]) for o in args.only)]
+    if args.list:
+        for c in cases:
+            print(f"tier {c['tier']}  {c['id']}")
+        return 0
+    if not os.access(args.ferry, os.X_OK):
+        raise SystemExit(f"no ferry binary at {args.ferry} (cmake --build build/release "
+                         "--target ferry)")
+    os.makedirs(args.work, exist_ok=True)
+    results = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {pool.submit(run_case, args, c): c for c in cases}
+        for future in concurrent.futures.as_completed(futures):
+            c = futures[future]
+            try:
+                r = future.result()
+            except Exception as error:  # a harness bug: report it with the case
+                r = dict(id=c["id"], tier=c["tier"], status="ERROR",
+                         summary=f"harness: {type(error).__name__}: {error}")
+            results[c["id"]] = r
+            print(f"{r['status']:11} {r['id']}: {r['summary'][:300]}", flush=True)
+    ordered = [results[c["id"]] for c in cases]
+    # results.json accumulates: a run of some cases replaces theirs and keeps the
+    # others', so the table covers every case run so far, each with its date.
+    merged_path = os.path.join(args.work, "results.json")
+    merged = {}
+    if os.path.exists(merged_path):
+        with open(merged_path) as handle:
+            merged = {r["id"]: r for r in json.load(handle)}
+    today = datetime.date.today().isoformat()
+    for r in ordered:
+        r["date"] = today
+        merged[r["id"]] = r
+    order = {c["id"]: i for i, c in enumerate(matrix())}
+    everything = sorted(merged.values(), key=lambda r: order.get(r["id"], len(order)))
+    version = next((r.get("sglang_version") for r in everything
+                    if r.get("sglang_version")), "0.5.23")
+    with open(merged_path, "w") as handle:
+        json.dump(everything, handle, indent=1)
+    text = table(everything, version, args.stage)
+    with open(os.path.join(args.work, "results.md"), "w") as handle:
+        handle.write(text)
+    if args.update_docs:
+        update_docs(text)
+    passed = sum(r["status"] == "PASS" for r in ordered)
+    print(f"{passed}/{len(ordered)} PASS in this run; table of all runs in "
+          f"{args.work}/results.md")
+    return 0 if passed == len(ordered) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,388 @@
+# One rank of one parity case, in its own process: builds SGLang 0.5.23's model
+# class for a checkpoint and a parallel layout on the CPU, fills every parameter
+# with a fixed byte, runs SGLang's DefaultModelLoader steps (load_weights, which
+# calls the model's post_load_weights, then each quant method's
+# process_weights_after_loading) and writes what the rank holds after each step.
+#
+# It runs SGLang's code, so it needs the parity venv (scripts/sglang-parity.sh).
+# Every way this process differs from a real SGLang server is one of the
+# emulations listed in tests/parity/README.md; keep that list in step with this
+# file.
+#
+# Output, in --out:
+#   loader.safetensors     the rank's tensors right after load_weights
+#   processed.safetensors  after process_weights_after_loading (when it ran)
+#   meta.json              fill byte, stage errors, SGLang version, emulations
+import argparse
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import sys
+import traceback
+import types
+
+# The byte every SGLang parameter holds before loading; compare.py reports an
+# element still holding it as unwritten.
+FILL_BYTE = 0xA5
+
+# GPU-only packages that SGLang imports at module level on paths loading never
+# calls. Anything imported from them is a function that raises when called, so
+# a stub reached while loading fails loudly instead of passing silently.
+STUBBED_ROOTS = {"vllm"}
+
+
+class _StubModule(types.ModuleType):
+    def __getattr__(self, attr):
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        module = self.__name__
+
+        def _unavailable(*args, **kwargs):
+            raise RuntimeError(f"{module}.{attr} is a parity-harness import stub")
+
+        return _unavailable
+
+
+class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in STUBBED_ROOTS:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        module = _StubModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.insert(0, _StubFinder())
+
+import torch  # noqa: E402
+
+
+class StandInGroup:
+    """A process group that knows only its rank and size. Loading reads these to
+    pick its shard; any other use (a collective, a device handle) raises, naming
+    the attribute, so a load that would communicate is not silently emulated."""
+
+    def __init__(self, name, rank, size):
+        self.name = name
+        self.rank_in_group = rank
+        self.world_size = size
+        self.rank = rank
+        self.local_rank = rank
+        self.ranks = list(range(size))
+        self.first_rank = 0
+        self.last_rank = size - 1
+        self.is_first_rank = rank == 0
+        self.is_last_rank = rank == size - 1
+        # Handles the LogitsProcessor keeps for later chunked gathers; never used
+        # while loading.
+        self.cpu_group = None
+        self.device_group = None
+
+    def __getattr__(self, attr):
+        raise RuntimeError(
+            f"stand-in process group {self.name!r} has no {attr!r}: "
+            "SGLang tried to communicate while loading"
+        )
+
+
+GROUPS = ("tp", "attn_tp", "pp", "moe_ep", "moe_tp", "moe_dp", "attn_cp")
+
+
+def install_groups():
+    from sglang.srt.runtime_context import get_parallel
+
+    parallel = get_parallel()
+    groups = {}
+    for name in GROUPS:
+        groups[f"{name}_group"] = StandInGroup(
+            name, getattr(parallel, f"{name}_rank"), getattr(parallel, f"{name}_size")
+        )
+    parallel.override_permanently(**groups)
+    return {n: (getattr(parallel, f"{n}_rank"), getattr(parallel, f"{n}_size")) for n in GROUPS}
+
+
+def emulate_capability(emulations):
+    """The GPU capability is an H100's (9, 0). Installed before the server
+    arguments resolve: their DSA defaults read it."""
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    emulations.append("torch.cuda.get_device_capability answers (9, 0)")
+
+
+def _modules_of(klass):
+    return [sys.modules[c.__module__] for c in klass.__mro__
+            if c.__module__ in sys.modules and hasattr(sys.modules[c.__module__], "_is_cuda")]
+
+
+def emulate_hopper(emulations):
+    """Answers SGLang's CUDA-only placement decisions as an H100 (sm90) does,
+    scoped to the decisions themselves: the modules keep _is_cuda False
+    everywhere else, so no CUDA stream or kernel is touched on the CPU."""
+    from sglang.srt.model_loader import loader
+
+    resolve = loader.resolve_shared_experts_config
+
+    def resolve_on_cuda(model_class, hf_config, quant_config):
+        # The fusion gate (shared_experts_fusion_disable_reason) is the model
+        # class's own or an ancestor's; each reads its module's _is_cuda.
+        modules = _modules_of(model_class)
+        saved = [m._is_cuda for m in modules]
+        for m in modules:
+            m._is_cuda = True
+        try:
+            return resolve(model_class, hf_config, quant_config)
+        finally:
+            for m, value in zip(modules, saved):
+                m._is_cuda = value
+
+    loader.resolve_shared_experts_config = resolve_on_cuda
+    emulations.append(
+        "shared-expert fusion gate sees _is_cuda=True in the model class's modules"
+    )
+
+    from sglang.srt.layers.rotary_embedding import rope_variant
+
+    # YaRN-scaled rotary tables (DeepSeek's rope_scaling) ask for the
+    # accelerator to build their cache on; they are not weights.
+    rope_variant.get_device = lambda *a, **k: "cpu"
+    emulations.append("rope_variant.get_device answers 'cpu' (rotary caches)")
+
+    from sglang.srt.models.deepseek_common import deepseek_weight_loader
+
+    deepseek_weight_loader._is_cuda = True
+    emulations.append(
+        "deepseek_weight_loader._is_cuda=True (post_load_weights' kv_b_proj rule)"
+    )
+
+    try:
+        from sglang.srt.layers.attention.dsa import dsa_indexer
+    except Exception as error:  # an import failure here only matters for V3.2
+        emulations.append(f"dsa_indexer not importable: {error}")
+        return
+    indexer_init = dsa_indexer.Indexer.__init__
+
+    def indexer_init_on_cuda(self, *args, **kwargs):
+        saved = (dsa_indexer._is_cuda, dsa_indexer.resolve_num_sms)
+        dsa_indexer._is_cuda = True
+        dsa_indexer.resolve_num_sms = lambda *a, **k: 132
+        try:
+            indexer_init(self, *args, **kwargs)
+        finally:
+            dsa_indexer._is_cuda, dsa_indexer.resolve_num_sms = saved
+
+    dsa_indexer.Indexer.__init__ = indexer_init_on_cuda
+    emulate_nvfp4_moe_on_hopper(emulations)
+
+
+def emulate_nvfp4_moe_on_hopper(emulations):
+    """ModelOpt NVFP4 MoE on Hopper takes SGLang's Marlin fallback; off CUDA its
+    constructor refuses the platform. Scoped to that constructor."""
+    from sglang.srt.layers.quantization import modelopt_quant
+
+    method = modelopt_quant.ModelOptNvFp4FusedMoEMethod
+    original = method.__init__
+
+    def init_on_hopper(self, *args, **kwargs):
+        saved = (modelopt_quant.is_cuda, modelopt_quant.get_device_capability)
+        modelopt_quant.is_cuda = lambda: True
+        modelopt_quant.get_device_capability = lambda *a, **k: (9, 0)
+        try:
+            original(self, *args, **kwargs)
+        finally:
+            modelopt_quant.is_cuda, modelopt_quant.get_device_capability = saved
+
+    method.__init__ = init_on_hopper
+    emulations.append(
+        "ModelOptNvFp4FusedMoEMethod.__init__ sees CUDA 9.0 (Marlin fallback)"
+    )
+    emulations.append(
+        "dsa Indexer.__init__ sees _is_cuda=True and 132 SMs (indexer fusion rule)"
+    )
+
+
+def held_tensors(model):
+    """Every tensor the rank holds, by SGLang's name: parameters (tied ones under
+    each name, as SGLang's state dict lists them), persistent buffers, and plain
+    tensor attributes that post_load_weights sets (DeepSeek's w_kc, w_vc,
+    w_scale). Non-persistent buffers are caches computed from the config (rotary
+    tables), not weights."""
+    out = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        prefix = f"{module_name}." if module_name else ""
+        for name, param in module._parameters.items():
+            if param is not None:
+                out[prefix + name] = param.data
+        for name, buf in module._buffers.items():
+            if buf is not None and name not in module._non_persistent_buffers_set:
+                out[prefix + name] = buf
+        for name, value in vars(module).items():
+            if name.startswith("_") or not isinstance(value, torch.Tensor):
+                continue
+            if isinstance(value, torch.nn.Parameter):
+                continue
+            out[prefix + name] = value
+    return out
+
+
+def fill(model):
+    """Fills every tensor with FILL_BYTE, except those of more than one element
+    that SGLang initializes to one non-zero value (torch.ones input scales that
+    FusedMoE checks against 1 before loading the second shard): those keep it,
+    and their unwritten elements are compared as they are. Returns the kept
+    names."""
+    kept = []
+    with torch.no_grad():
+        for name, tensor in held_tensors(model).items():
+            flat = tensor.view(-1)
+            if flat.numel() > 1 and flat.is_floating_point():
+                first = flat[0]
+                if first.item() != 0 and bool((flat == first).all()):
+                    kept.append(name)
+                    continue
+            flat.view(torch.uint8).fill_(FILL_BYTE)
+    return kept
+
+
+def save_stage(model, path):
+    """Writes the rank's tensors; a name that is another's storage (a tied
+    lm_head) is written once, under its first name, and returned as an alias."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    aliases = {}
+    seen = {}
+    for name, tensor in held_tensors(model).items():
+        if tensor.device.type != "cpu":
+            raise RuntimeError(f"{name} is on {tensor.device}, not the CPU")
+        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if tensor.numel() and key in seen:
+            aliases[name] = seen[key]
+            continue
+        seen[key] = name
+        tensors[name] = tensor.detach().contiguous().clone()
+    save_file(tensors, path)
+    return {"tensors": len(tensors), "aliases": aliases}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--ep", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--pp-rank", type=int, default=0)
+    parser.add_argument("--rank", type=int, default=0, help="tp rank")
+    parser.add_argument("--attn-dp", type=int, default=1)
+    parser.add_argument("--dp-lm-head", action="store_true")
+    parser.add_argument("--draft", action="store_true")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--server-arg", action="append", default=[],
+                        help="extra ServerArgs field NAME=JSON")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    emulations = []
+    meta = {"fill_byte": FILL_BYTE, "emulations": emulations, "stages": {}}
+
+    import sglang
+    from sglang.srt.server_args import ServerArgs
+
+    meta["sglang_version"] = sglang.__version__
+    emulate_capability(emulations)
+    server_kwargs = dict(
+        model_path=args.model,
+        tp_size=args.tp,
+        ep_size=args.ep,
+        pp_size=args.pp,
+        dtype=args.dtype,
+        # The server's device is CUDA (SGLang decides its GPU layouts from it);
+        # tensors are still built on the CPU below.
+        device="cuda",
+        load_format="safetensors",
+        trust_remote_code=False,
+    )
+    emulations.append("ServerArgs.device='cuda', tensors built on the CPU")
+    if args.attn_dp > 1:
+        server_kwargs.update(enable_dp_attention=True, dp_size=args.attn_dp)
+    if args.dp_lm_head:
+        server_kwargs["enable_dp_lm_head"] = True
+    for item in args.server_arg:
+        key, value = item.split("=", 1)
+        server_kwargs[key] = json.loads(value)
+    if args.draft:
+        server_kwargs.update(
+            speculative_algorithm="EAGLE",
+            speculative_draft_model_path=args.model,
+        )
+    server_args = ServerArgs(**server_kwargs)
+
+    from sglang.srt.runtime_context import SpawnRanks, publish
+
+    world_rank = args.tp * args.pp_rank + args.rank
+    dp_rank = None
+    if args.attn_dp > 1:
+        dp_rank = args.rank // (args.tp // args.attn_dp)
+    publish(server_args, role="scheduler",
+            ranks=SpawnRanks(world_rank=world_rank, dp_rank=dp_rank, gpu_id=0))
+    meta["groups"] = install_groups()
+    emulations.append("stand-in process groups (rank and size only)")
+    # What the server's bootstrap does right after building the groups
+    # (distributed/bootstrap.py, _init_parallel_groups): the attention-DP flags
+    # that layers read while they are built (get_embedding_tp_kwargs).
+    from sglang.srt.layers.dp_attention import initialize_dp_attention
+
+    initialize_dp_attention(server_args)
+    emulate_hopper(emulations)
+
+    from sglang.srt.configs.device_config import DeviceConfig  # noqa: F401
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader import loader
+
+    model_config = ModelConfig.from_server_args(
+        server_args, model_path=args.model, is_draft_model=args.draft
+    )
+    # The rest of the bootstrap's per-model runtime setup that layers read
+    # (init_layer_runtime; its gathered buffer is forward-only).
+    from sglang.srt.layers.layernorm_sp import initialize_layernorm_sp
+
+    initialize_layernorm_sp(model_config=model_config)
+    meta["architecture"] = model_config.hf_config.architectures[0]
+    meta["dtype"] = str(model_config.dtype)
+    load_config = LoadConfig(load_format="safetensors")
+    model_loader = loader.DefaultModelLoader(load_config)
+    cpu = torch.device("cpu")
+    # DefaultModelLoader.load_model, step by step, with the fill between building
+    # the model and loading it.
+    quant_config = loader._get_quantization_config(model_config, load_config)
+    meta["quantization"] = None if quant_config is None else quant_config.get_name()
+    with loader.set_default_torch_dtype(model_config.dtype):
+        with cpu:
+            model = loader._initialize_model(model_config, load_config, quant_config)
+        meta["kept_init"] = fill(model)
+        loader.DefaultModelLoader.load_weights_only(
+            model, model_loader._get_all_weights(model_config, model), cpu
+        )
+        meta["stages"]["loader"] = save_stage(
+            model, os.path.join(args.out, "loader.safetensors"))
+        try:
+            loader.DefaultModelLoader.postprocess_weights(model, cpu)
+            meta["stages"]["processed"] = save_stage(
+                model, os.path.join(args.out, "processed.safetensors"))
+        except Exception as error:
+            meta["stages"]["processed"] = {
+                "error": f"{type(error).__name__}: {error}".splitlines()[0][:300],
+                "where": traceback.format_exc().splitlines()[-3:],
+            }
+    with open(os.path.join(args.out, "meta.json"), "w") as handle:
+        json.dump(meta, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
