@@ -175,12 +175,24 @@ class Builder {
     const std::uint64_t d = c_.index_head_dim;
     const std::uint64_t h = c_.index_heads;
     add_replicated(m_, pi + "wq_b.weight", ti + "wq_b.weight", Shape{h * d, c_.q_lora_rank});
-    add_replicated(m_, pi + "wk.weight", ti + "wk.weight", Shape{d, c_.hidden});
-    add_replicated(m_, pi + "weights_proj.weight", ti + "weights_proj.weight", Shape{h, c_.hidden});
+    // SGLang 0.5.23's Indexer.__init__ (layers/attention/dsa/dsa_indexer.py): either
+    // wk (a quantized linear) and weights_proj (BF16), or, with use_dsa_indexer_fusion,
+    // one BF16 wk_weights_proj instead, which the fusion hook fills from the two
+    // loaded as transients (wk in BF16 unless quantized, as the fused param's loader
+    // copies it).
+    const bool fused = c_.indexer_rope_interleave;
+    add_replicated(m_, pi + "wk.weight", ti + "wk.weight", Shape{d, c_.hidden},
+                   fused ? std::optional<DType>(DType::kBF16) : std::nullopt);
+    add_replicated(m_, pi + "weights_proj.weight", ti + "weights_proj.weight", Shape{h, c_.hidden},
+                   DType::kBF16);
     // A LayerNorm built in F32 (SGLang's Indexer.k_norm).
     add_replicated(m_, pi + "k_norm.weight", ti + "k_norm.weight", Shape{d}, DType::kF32);
     add_replicated(m_, pi + "k_norm.bias", ti + "k_norm.bias", Shape{d}, DType::kF32);
-    m_.add_param(pi + "wk_weights_proj.weight", Shape{d + h, c_.hidden});
+    if (fused) {
+      m_.set_transient(pi + "wk.weight");
+      m_.set_transient(pi + "weights_proj.weight");
+      m_.add_param(pi + "wk_weights_proj.weight", Shape{d + h, c_.hidden}, DType::kBF16);
+    }
   }
 
   // Grouped-query attention as Qwen2's: q, k, v fused into qkv_proj, over the

@@ -45,10 +45,14 @@
 // layer always), all of it replicated on every rank:
 //   self_attn.indexer.wq_b.weight [index_n_heads * index_head_dim, q_lora_rank]
 //                      wk.weight   [index_head_dim, hidden]      (both quantized linears)
-//                      weights_proj.weight [index_n_heads, hidden] (model dtype)
+//                      weights_proj.weight [index_n_heads, hidden] (BF16)
 //                      k_norm.weight / k_norm.bias [index_head_dim] (F32, a LayerNorm)
+//   or, where SGLang 0.5.23 fuses them (the Indexer's use_dsa_indexer_fusion, on CUDA:
+//   config.json's indexer_rope_interleave true, so not is_neox_style, and
+//   SGLANG_DISABLE_DSA_INDEXER_FUSION unset), instead of wk and weights_proj:
 //                      wk_weights_proj.weight [index_head_dim + index_n_heads, hidden]
-//                          filled by the fusion hook (models/indexer_hook.hpp)
+//                          (BF16) filled by the fusion hook (models/indexer_hook.hpp)
+//                          from wk and weights_proj loaded as transients
 // The indexer tensors of a layer without one are dropped ("no_indexer").
 #pragma once
 
@@ -113,6 +117,7 @@ struct DeepseekConfig {
   bool indexer = false;
   std::uint64_t index_heads = 0;           // index_n_heads
   std::uint64_t index_head_dim = 0;        // index_head_dim
+  bool indexer_rope_interleave = false;    // fuses wk and weights_proj (see above)
   std::vector<std::string> indexer_types;  // per layer ("full" / "shared", ...), may be empty
   std::uint64_t index_topk_freq = 1;
   std::optional<std::uint64_t> index_skip_topk_offset;

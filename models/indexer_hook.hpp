@@ -6,9 +6,9 @@
 // deepseek_weight_loader.py, and the Indexer's wk_weights_proj ReplicatedLinear). A
 // quantized wk is dequantized first (QuantizedMatrix::at, rounded once to the model
 // dtype), which is why the fusion waits for wk's scale: the hook's inputs are wk,
-// its scales and weights_proj. ferry keeps wk, its scales and weights_proj as their
-// own params too (SGLang's unfused layout, which it uses off CUDA or with
-// SGLANG_DISABLE_DSA_INDEXER_FUSION), so an engine finds either layout.
+// its scales and weights_proj. The model has the fused param only where SGLang 0.5.23
+// builds it (indexer_rope_interleave, models/deepseek.hpp), and then wk, its scales
+// and weights_proj are transients, freed after the hook: one layout, never both.
 //
 // The copy of a model-dtype wk and of weights_proj runs on the device (one 2-D
 // device copy each); an FP8 wk (block, channel or tensor scales) is dequantized on

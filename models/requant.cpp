@@ -121,7 +121,8 @@ std::vector<PostLoadHook> make_requant_hooks(const Model& model, const QuantSche
     const RankShell& shell = model.shells()[r];
     for (std::size_t w = 0; w < shell.params.size(); ++w) {
       const ParamSpec& weight = shell.params[w];
-      if (weight.dtype != DType::kF8E4M3 || !quantized_linear_param(weight.name)) {
+      if (weight.dtype != DType::kF8E4M3 || !quantized_linear_param(weight.name) ||
+          weight.transient) {
         continue;
       }
       const std::string scale_name = loaded_scale_name(q, weight.name);

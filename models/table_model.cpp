@@ -158,6 +158,16 @@ void TableModel::add_drop_pattern(std::string pattern, std::string reason) {
   drop_patterns_.emplace_back(std::move(pattern), std::move(reason));
 }
 
+void TableModel::set_transient(const std::string& name) {
+  for (ParamDecl& d : param_decls_) {
+    if (d.name == name) {
+      d.transient = true;
+      return;
+    }
+  }
+  internal(name, "set_transient names a param that was not declared");
+}
+
 void TableModel::add_drop_name(std::string name, std::string reason) {
   drop_names_[std::move(name)] = std::move(reason);
 }
@@ -313,6 +323,7 @@ void TableModel::apply_quant() {
       continue;
     }
     const ShapeRule weight = qit->second;
+    const std::size_t companions_before = companions.size();
     if (q.method == Method::kNvfp4) {
       for (int rank : layout_.local_ranks) {
         const std::uint64_t k = weight(rank).back();
@@ -419,7 +430,8 @@ void TableModel::apply_quant() {
           {companion_name(d.name, "weight_scale_2"), per_shard_shape, DType::kF32});
     }
     // quantization.requant's outputs (models/requant.hpp).
-    if (q.requant == QuantScheme::Requant::kUe8m0) {
+    // quantization.requant converts what the model keeps; a transient is only read.
+    if (q.requant == QuantScheme::Requant::kUe8m0 && !d.transient) {
       for (int rank : layout_.local_ranks) {
         const Shape s = weight(rank);
         if (s[s.size() - 2] % 4 != 0) {
@@ -445,7 +457,7 @@ void TableModel::apply_quant() {
                                          ? std::vector<std::uint64_t>{s[2] * rows, 1, rows}
                                          : std::vector<std::uint64_t>{1, rows};
                             }});
-    } else if (q.requant == QuantScheme::Requant::kTensor) {
+    } else if (q.requant == QuantScheme::Requant::kTensor && !d.transient) {
       companions.push_back({companion_name(d.name, "weight_scale"),
                             [weight](int rank) {
                               Shape s = weight(rank);
@@ -563,6 +575,12 @@ void TableModel::apply_quant() {
         };
       }
     }
+    // The scales of a transient weight (read by a hook, then freed) go with it.
+    if (d.transient) {
+      for (std::size_t c = companions_before; c < companions.size(); ++c) {
+        companions[c].transient = true;
+      }
+    }
     // The weight param itself: F8_E4M3, or NVFP4's packed bytes.
     if (q.method == Method::kNvfp4) {
       d.dtype = DType::kU8;
@@ -623,7 +641,8 @@ void TableModel::apply_online() {
   std::map<std::string, std::string> unquantized;  // P -> its transient
   std::vector<ParamDecl> added;
   for (ParamDecl& d : param_decls_) {
-    if (!quantized_linear_param(d.name)) {
+    // A transient (the V3.2 indexer's fused wk) is read by its hook as loaded.
+    if (!quantized_linear_param(d.name) || d.transient) {
       continue;
     }
     const std::string t = companion_name(d.name, "weight_unquantized");

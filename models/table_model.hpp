@@ -48,6 +48,9 @@ class TableModel final : public Model {
   // The same shape on every rank.
   void add_param(const std::string& name, Shape shape, std::optional<DType> dtype = {},
                  StrideRule strides = {});
+  // Makes a declared param transient (ParamSpec::transient): loaded for a hook to
+  // read, then freed; the scales quantization gives it are transient too.
+  void set_transient(const std::string& name);
   // Checkpoint tensor `tensor`, whose shape must be `src_shape`, feeds `param` with
   // the blocks `copy` returns for each local rank. A tensor may feed several params.
   // When no local rank gets a block from any of its targets the tensor is dropped

@@ -40,6 +40,9 @@ DeepseekConfig parse_deepseek_config(const nlohmann::json& hf_config,
   if (c.indexer) {
     c.index_heads = config_positive(hf_config, "index_n_heads");
     c.index_head_dim = config_positive(hf_config, "index_head_dim");
+    // deepseek_v2.py: is_neox_style = not indexer_rope_interleave, and the Indexer
+    // fuses wk and weights_proj only when not is_neox_style.
+    c.indexer_rope_interleave = config_bool(hf_config, "indexer_rope_interleave", false);
     if (c.q_lora_rank == 0) {
       config_error(
           "index_topk (a sparse-attention indexer) needs q_lora_rank: the indexer's "

@@ -38,6 +38,7 @@ struct Dims {
   std::uint64_t I = 0, E = 0, moe_I = 0, n_shared = 0, first_k = 0, freq = 1, nextn = 0;
   bool gate_bias = false, tied = false;
   std::uint64_t index_heads = 0, index_dim = 0;  // DeepSeek-V3.2's indexer (every layer)
+  bool index_fused = false;  // config.json's indexer_rope_interleave: wk_weights_proj
 };
 
 inline std::uint64_t get_or(const nlohmann::json& c, const char* key, std::uint64_t fallback) {
@@ -85,6 +86,7 @@ inline Dims dims_of(const nlohmann::json& c) {
     if (v3 && c.contains("index_topk") && !c.at("index_topk").is_null()) {
       d.index_heads = c.at("index_n_heads");
       d.index_dim = c.at("index_head_dim");
+      d.index_fused = c.value("indexer_rope_interleave", false);
     }
   }
   return d;
@@ -158,6 +160,7 @@ struct Param {
   std::vector<std::uint64_t> shape;
   std::vector<std::uint64_t> strides;  // storage strides in elements
   bool f32 = false;                    // F32 whatever the model dtype
+  bool bf16 = false;                   // BF16 whatever the model dtype
   std::vector<float> values;           // logical row-major
 };
 using Params = std::map<std::string, Param>;
@@ -400,19 +403,26 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     put(p + "w_vc", {hl, d.kv_lora, d.dv}, std::move(vc));
     out[p + "w_vc"].strides = {d.dv * d.kv_lora, 1, d.kv_lora};
     if (d.index_heads != 0) {
-      // DeepSeek-V3.2's indexer, whole on every rank (SGLang's ReplicatedLinears);
-      // wk_weights_proj is wk's rows, then weights_proj's.
+      // DeepSeek-V3.2's indexer, whole on every rank (SGLang 0.5.23's Indexer.__init__,
+      // layers/attention/dsa/dsa_indexer.py: ReplicatedLinears): wk and a BF16
+      // weights_proj, or, with indexer_rope_interleave (use_dsa_indexer_fusion on
+      // CUDA), instead of them one BF16 wk_weights_proj: wk's rows, then weights_proj's.
       const std::string pi = p + "indexer.";
       const std::string ti = t + "indexer.";
       full(pi + "wq_b.weight", ti + "wq_b.weight", d.index_heads * d.index_dim, d.q_lora);
-      full(pi + "wk.weight", ti + "wk.weight", d.index_dim, H);
-      full(pi + "weights_proj.weight", ti + "weights_proj.weight", d.index_heads, H);
       full(pi + "k_norm.weight", ti + "k_norm.weight", d.index_dim, 1, true);
       full(pi + "k_norm.bias", ti + "k_norm.bias", d.index_dim, 1, true);
-      std::vector<float> fused;
-      rows(fused, ti + "wk.weight", H, 0, d.index_dim);
-      rows(fused, ti + "weights_proj.weight", H, 0, d.index_heads);
-      put(pi + "wk_weights_proj.weight", {d.index_dim + d.index_heads, H}, std::move(fused));
+      if (d.index_fused) {
+        std::vector<float> fused;
+        rows(fused, ti + "wk.weight", H, 0, d.index_dim);
+        rows(fused, ti + "weights_proj.weight", H, 0, d.index_heads);
+        put(pi + "wk_weights_proj.weight", {d.index_dim + d.index_heads, H}, std::move(fused));
+        out[pi + "wk_weights_proj.weight"].bf16 = true;
+      } else {
+        full(pi + "wk.weight", ti + "wk.weight", d.index_dim, H);
+        full(pi + "weights_proj.weight", ti + "weights_proj.weight", d.index_heads, H);
+        out[pi + "weights_proj.weight"].bf16 = true;
+      }
     }
   };
 

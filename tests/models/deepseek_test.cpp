@@ -92,6 +92,9 @@ Ckpt make_ckpt(const std::string& family, const std::string& variant = "") {
     c.tensors = out;
   } else if (variant == "router_fp32") {
     c.config["router_fp32"] = true;
+  } else if (variant == "rope_interleave") {
+    // The indexer's fused wk_weights_proj (SGLang 0.5.23's use_dsa_indexer_fusion).
+    c.config["indexer_rope_interleave"] = true;
   } else if (variant == "greedy") {
     c.config["topk_method"] = "greedy";
     std::erase_if(c.tensors, [&](const tools::SynthTensor& t) {
@@ -278,7 +281,9 @@ TEST_P(DeepseekReference, EveryElementMatchesTheReference) {
     const ds::Params want = ds::reference(ck.config, rl, local[i], value);
     std::vector<std::string> names;
     for (const models::ParamSpec& p : shell.params) {
-      names.push_back(p.name);
+      if (!p.transient) {  // loaded for a hook, then freed
+        names.push_back(p.name);
+      }
     }
     std::vector<std::string> want_names;
     for (const auto& [name, p] : want) {
@@ -287,8 +292,11 @@ TEST_P(DeepseekReference, EveryElementMatchesTheReference) {
     ASSERT_EQ(names, want_names) << "rank " << local[i];
     for (std::size_t k = 0; k < shell.params.size(); ++k) {
       const models::ParamSpec& spec = shell.params[k];
+      if (spec.transient) {
+        continue;
+      }
       const ds::Param& ref = want.at(spec.name);
-      const DType dt = ref.f32 ? DType::kF32 : param_dtype;
+      const DType dt = ref.f32 ? DType::kF32 : ref.bf16 ? DType::kBF16 : param_dtype;
       ASSERT_EQ(spec.shape, ref.shape) << spec.name;
       ASSERT_EQ(spec.strides, ref.strides) << spec.name;
       ASSERT_EQ(spec.dtype, dt) << spec.name;
@@ -408,6 +416,8 @@ std::vector<Case> cases() {
   // DeepSeek-V3.2: the indexer in every layer (the MTP layer's in the draft).
   out.push_back(make_case("deepseek_v32", 1, 1));
   out.push_back(make_case("deepseek_v32", 4, 2));
+  out.push_back(make_case("deepseek_v32", 2, 2, "rope_interleave"));
+  out.push_back(draft(make_case("deepseek_v32", 2, 2, "rope_interleave")));
   out.push_back(stage(make_case("deepseek_v32", 2, 2), 2, 1));
   out.push_back(draft(make_case("deepseek_v32", 2, 2)));
   // SGLang's DeepSeek deployment layouts: attention data parallelism (attention tp
@@ -593,6 +603,8 @@ std::vector<Fp8Case> fp8_cases() {
   out.push_back({"deepseek_v32", "", 2, 1, false, {}});
   out.push_back({"deepseek_v32", "", 2, 2, true, {}});
   out.push_back({"deepseek_v32", "", 2, 2, false, {}, SynthQuant::kNvfp4});
+  out.push_back({"deepseek_v32", "rope_interleave", 2, 1, false, {}});
+  out.push_back({"deepseek_v32", "rope_interleave", 2, 2, false, {}, SynthQuant::kNvfp4});
   if (synth_has("glm4_moe")) {
     out.push_back({"glm4_moe", "", 2, 1, false, {}, SynthQuant::kModelOptFp8});
   }
@@ -740,8 +752,29 @@ TEST(Deepseek, TheIndexerFollowsItsConfigAndRouterBiasStaysF32) {
   models::ModelOptions draft;
   draft.draft = true;
   auto d = models::make_model(freq, {}, draft);  // layer 5, the MTP layer: always
-  EXPECT_EQ(d->shells()[0].by_name.count("model.decoder.self_attn.indexer.wk_weights_proj.weight"),
-            1u);
+  EXPECT_EQ(d->shells()[0].by_name.count("model.decoder.self_attn.indexer.wk.weight"), 1u);
+  // SGLang 0.5.23's Indexer.__init__ (dsa_indexer.py): wk and a BF16 weights_proj,
+  // or with indexer_rope_interleave (not is_neox_style: use_dsa_indexer_fusion on
+  // CUDA) one BF16 wk_weights_proj instead of them; ferry loads the two as
+  // transients that the fusion hook reads.
+  {
+    models::ModelOptions f32;
+    f32.dtype = DType::kF32;
+    auto plain = models::make_model(v32, {}, f32);
+    const models::RankShell& s = plain->shells()[0];
+    const std::string pi = "model.layers.0.self_attn.indexer.";
+    EXPECT_EQ(s.by_name.count(pi + "wk_weights_proj.weight"), 0u);
+    EXPECT_EQ(s.params[s.by_name.at(pi + "wk.weight")].dtype, DType::kF32);
+    EXPECT_EQ(s.params[s.by_name.at(pi + "weights_proj.weight")].dtype, DType::kBF16);
+    EXPECT_FALSE(s.params[s.by_name.at(pi + "weights_proj.weight")].transient);
+    nlohmann::json interleaved = v32;
+    interleaved["indexer_rope_interleave"] = true;
+    auto fused = models::make_model(interleaved, {}, f32);
+    const models::RankShell& f = fused->shells()[0];
+    EXPECT_EQ(f.params[f.by_name.at(pi + "wk_weights_proj.weight")].dtype, DType::kBF16);
+    EXPECT_TRUE(f.params[f.by_name.at(pi + "wk.weight")].transient);
+    EXPECT_TRUE(f.params[f.by_name.at(pi + "weights_proj.weight")].transient);
+  }
   // Bad configs, named.
   nlohmann::json bad = v32;
   bad.erase("index_n_heads");

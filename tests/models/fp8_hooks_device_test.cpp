@@ -94,7 +94,11 @@ TEST(Fp8HooksOnDevice, MlaSplitAndIndexerFusionReadNothingBack) {
        {Case{tools::SynthQuant::kFp8Block, 8}, Case{tools::SynthQuant::kFp8Channel, 0},
         Case{tools::SynthQuant::kFp8Tensor, 0}}) {
     SCOPED_TRACE(std::string(tools::to_string(c.kind)));
-    auto model = models::make_model(quantized("deepseek_v32", c.kind, c.block), {}, {});
+    // The fused indexer layout (indexer_rope_interleave: SGLang 0.5.23's
+    // use_dsa_indexer_fusion), so that the fusion hook runs.
+    nlohmann::json config = quantized("deepseek_v32", c.kind, c.block);
+    config["indexer_rope_interleave"] = true;
+    auto model = models::make_model(config, {}, {});
     const HookRun run = run_hooks_counting_reads(*model);
     EXPECT_GT(run.kinds.count("mla_dequant_split_kv_b"), 0u);
     EXPECT_GT(run.kinds.count("indexer_fuse_wk_weights_proj"), 0u);

@@ -173,9 +173,23 @@ TEST(Fp8FullSize, DeepseekV32IndexersPlanWithNothingUnmapped) {
             (std::vector<std::uint64_t>{1, 56}));
   EXPECT_EQ(shell.params[shell.by_name.at(i + "wq_b.weight")].shape,
             (std::vector<std::uint64_t>{8192, 1536}));
-  EXPECT_EQ(shell.params[shell.by_name.at(i + "wk_weights_proj.weight")].shape,
+  // The default config (no indexer_rope_interleave: neox rope): SGLang 0.5.23 builds
+  // wk and a BF16 weights_proj, no fused wk_weights_proj.
+  EXPECT_EQ(shell.by_name.count(i + "wk_weights_proj.weight"), 0u);
+  EXPECT_EQ(shell.params[shell.by_name.at(i + "weights_proj.weight")].shape,
+            (std::vector<std::uint64_t>{64, 7168}));
+  EXPECT_EQ(shell.params[shell.by_name.at(i + "weights_proj.weight")].dtype, DType::kBF16);
+  // indexer_rope_interleave: one fused BF16 wk_weights_proj instead (wk and
+  // weights_proj transients the fusion hook reads).
+  config["indexer_rope_interleave"] = true;
+  auto fused = make_configured_model(
+      testing::make_config(o.out, {"parallel.tp=8", "parallel.ep=8", "parallel.ranks=0"}), config);
+  const models::RankShell& fs = fused->shells()[0];
+  EXPECT_EQ(fs.params[fs.by_name.at(i + "wk_weights_proj.weight")].shape,
             (std::vector<std::uint64_t>{192, 7168}));
-  EXPECT_EQ(shell.params[shell.by_name.at(i + "wk_weights_proj.weight")].dtype, DType::kBF16);
+  EXPECT_EQ(fs.params[fs.by_name.at(i + "wk_weights_proj.weight")].dtype, DType::kBF16);
+  EXPECT_TRUE(fs.params[fs.by_name.at(i + "wk.weight")].transient);
+  EXPECT_TRUE(fs.params[fs.by_name.at(i + "wk.weight_scale_inv")].transient);
 }
 
 }  // namespace

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
@@ -129,6 +131,14 @@ TEST(OnlineQuantLoad, TheMlaSplitAndTheIndexerReadFullPrecision) {
   for (const std::string family : {"deepseek_v3", "deepseek_v32"}) {
     SCOPED_TRACE(family);
     const std::string ck = synth(dir, family);
+    if (family == "deepseek_v32") {
+      // The fused indexer layout (SGLang 0.5.23's use_dsa_indexer_fusion), whose hook
+      // reads wk before any quantization.
+      std::ifstream in(ck + "/config.json");
+      nlohmann::json config = nlohmann::json::parse(in);
+      config["indexer_rope_interleave"] = true;
+      std::ofstream(ck + "/config.json") << config.dump();
+    }
     Runtime plain_rt(make_config(ck, {"parallel.tp=2", "parallel.ep=2"}));
     LoadResult plain = plain_rt.load();
     ASSERT_TRUE(plain) << plain.error->message;
