@@ -81,6 +81,9 @@ def matrix():
     cases.append(case("deepseek_v3/fp8-block128-tp1", 4,
                       tiny("deepseek_v3", "--quant", "fp8-block", "--quant-block", "128"),
                       dict(tp=1)))
+    cases.append(case("deepseek_v3/small-fp8-block128-tp1", 4,
+                      ["--family", "deepseek_v3", "--preset", "small", "--quant",
+                       "fp8-block"], dict(tp=1)))
     # SGLang 0.5.23's MixtralAttention takes head_dim as hidden_size // heads and
     # ignores config.head_dim; --scale-dims 64 rounds Mixtral's 2 up to 8, so a
     # width where the two agree (256 / 32 = 8) checks the real tensor set too.
@@ -165,7 +168,9 @@ def ferry_load(args, c, ckpt, pp_rank, out):
         cmd += ["--set", item]
     log = out + ".log"
     if run(cmd, log, 600) != 0:
-        return f"ferry load refused: {tail(log, 2)}"
+        with open(log) as handle:
+            lines = [l.strip() for l in handle if "error:" in l]
+        return f"ferry load refused: {(lines[-1][:400] if lines else tail(log, 2))}"
     return None
 
 
@@ -183,8 +188,15 @@ def sglang_rank(args, c, ckpt, pp_rank, tp_rank, out):
         cmd += ["--server-arg", item]
     log = out + ".log"
     if run(cmd, log, args.timeout) != 0:
-        return f"SGLang refused: {tail(log, 1)}"
+        return f"SGLang refused: {error_line(log)}"
     return None
+
+
+def error_line(log):
+    """The exception a Python traceback in `log` ended with, else its last line."""
+    with open(log) as handle:
+        lines = [l.strip() for l in handle if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", l)]
+    return lines[-1][:400] if lines else tail(log, 1)
 
 
 def run_case(args, c):
