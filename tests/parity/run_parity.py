@@ -84,6 +84,9 @@ def matrix():
     cases.append(case("deepseek_v3/small-fp8-block128-tp1", 4,
                       ["--family", "deepseek_v3", "--preset", "small", "--quant",
                        "fp8-block"], dict(tp=1)))
+    cases.append(case("deepseek_v3/small-fp8-block128-tp2", 4,
+                      ["--family", "deepseek_v3", "--preset", "small", "--quant",
+                       "fp8-block"], dict(tp=2)))
     # SGLang 0.5.23's MixtralAttention takes head_dim as hidden_size // heads and
     # ignores config.head_dim; --scale-dims 64 rounds Mixtral's 2 up to 8, so a
     # width where the two agree (256 / 32 = 8) checks the real tensor set too.
