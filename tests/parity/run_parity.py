@@ -250,7 +250,10 @@ def run_case(args, c):
                 theirs[alias] = theirs[canonical]
             else:
                 notes.append({"kind": "tied", "name": alias, "sglang": canonical})
-        diffs = compare.compare_ranks(ours, theirs, meta["fill_byte"], IGNORE, notes)
+        kept = meta.get("kept_init") or {}
+        if isinstance(kept, list):  # a dump from before kept values were recorded
+            kept = {}
+        diffs = compare.compare_ranks(ours, theirs, meta["fill_byte"], IGNORE, notes, kept)
         rank["notes"] = notes
         for d in diffs:
             d["rank"] = f"pp{p}/tp{r}"
