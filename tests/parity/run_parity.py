@@ -28,7 +28,8 @@ DEEPSEEK = ["deepseek_v3", "deepseek_v2", "deepseek_v32"]
 # Families whose SGLang model has a NextN (MTP) draft class that ferry loads.
 MTP = ["deepseek_v3", "glm4_moe", "deepseek_v32"]
 REAL = ["llama-3.1-8b", "qwen2.5-7b", "mistral-7b-instruct-v0.3",
-        "mixtral-8x7b-v0.1", "qwen3-30b-a3b", "deepseek-v3"]
+        "mixtral-8x7b-v0.1", "qwen3-30b-a3b", "deepseek-v3", "llama-3.2-3b-instruct",
+        "sakura-14b-qwen2.5", "llama3-chinese-8b"]
 QUANTS = ["fp8-block", "fp8-channel", "fp8-tensor", "modelopt-fp8", "nvfp4"]
 
 # SGLang tensors that are not weights and that ferry rightly does not hold:
@@ -76,6 +77,14 @@ def matrix():
         cases.append(case(f"{fam}/f32-tp2", 3, tiny(fam), dict(tp=2), dtype="f32"))
         cases.append(case(f"{fam}/f16-ckpt-tp2", 3, tiny(fam, "--dtype", "f16"),
                           dict(tp=2)))
+    real_config = {m: os.path.join(ROOT, "..", "shared", "data", "models", m, "config.json")
+                   for m in REAL}
+    for model, layout, name in [("deepseek-v3", dict(tp=2, draft=True), "draft-tp2"),
+                                ("deepseek-v3", dict(tp=2, ep=2), "tp2-ep2"),
+                                ("qwen3-30b-a3b", dict(tp=2, ep=2), "tp2-ep2")]:
+        cases.append(case(f"real:{model}/{name}", 4,
+                          ["--from-config", real_config[model], "--scale-dims", "64"],
+                          layout))
     # 128x128 blocks: SGLang's post_load_weights dequantizes kv_b_proj to BF16 on
     # CUDA for this block size only.
     cases.append(case("deepseek_v3/fp8-block128-tp1", 4,
@@ -103,8 +112,11 @@ def matrix():
                       ferry_set=["model.fuse_shared_experts=true"]))
     for model in REAL:
         config = os.path.join(ROOT, "..", "shared", "data", "models", model, "config.json")
+        # transformers' config check wants heads to divide hidden_size: 24 heads
+        # need 192 (head_dim 8, the real 128 scaled by 192 / 3072).
+        scale = "192" if model == "llama-3.2-3b-instruct" else "64"
         cases.append(case(f"real:{model}/tp2", 4,
-                          ["--from-config", config, "--scale-dims", "64"], dict(tp=2)))
+                          ["--from-config", config, "--scale-dims", scale], dict(tp=2)))
     for quant in QUANTS:
         # Block 16: the tiny presets' per-rank widths (16 rows of k at tp 2) are
         # below 128, which SGLang's validate_block_quant_shapes refuses, as ferry.
