@@ -71,8 +71,11 @@ def _value(dtype, item):
     return "0x" + raw[::-1].hex()
 
 
-def compare_tensors(name, ferry, sglang, fill_byte):
-    """The differences of one name held by both sides (a list of dicts)."""
+def compare_tensors(name, ferry, sglang, fill_byte, init=None):
+    """The differences of one name held by both sides (a list of dicts). `init`
+    is the bytes of the one value SGLang initialized the tensor to instead of the
+    fill (sglang_worker.fill): an element still holding it where ferry holds
+    another value counts as unwritten too."""
     if ferry.dtype != sglang.dtype:
         return [{"kind": "dtype", "name": name, "ferry": ferry.dtype,
                  "sglang": sglang.dtype,
@@ -92,6 +95,9 @@ def compare_tensors(name, ferry, sglang, fill_byte):
         # The fill byte is a legal one-byte value: an element that holds it
         # and matches ferry cannot be told from a written one.
         unwritten &= differ
+    if init is not None and len(init) == theirs.shape[1]:
+        initial = np.frombuffer(init, dtype=np.uint8)
+        unwritten |= np.all(theirs == initial, axis=1) & differ
     if unwritten.any():
         first = int(np.argmax(unwritten))
         out.append({"kind": "unwritten", "name": name, "count": int(unwritten.sum()),
@@ -107,7 +113,7 @@ def compare_tensors(name, ferry, sglang, fill_byte):
     return out
 
 
-def compare_ranks(ferry, sglang, fill_byte, ignore=(), notes=None):
+def compare_ranks(ferry, sglang, fill_byte, ignore=(), notes=None, kept=None):
     """Every difference between two name -> Tensor maps. `ignore` holds regular
     expressions of SGLang names that are not weights (see README.md). A name
     only SGLang holds but never wrote a byte of (the MTP draft's embedding and
@@ -129,8 +135,10 @@ def compare_ranks(ferry, sglang, fill_byte, ignore=(), notes=None):
     for name in sorted(set(ferry) - set(sglang)):
         t = ferry[name]
         out.append({"kind": "extra", "name": name, "ferry": [t.dtype, t.shape]})
+    kept = kept or {}
     for name in sorted(set(ferry) & set(sglang)):
-        out.extend(compare_tensors(name, ferry[name], sglang[name], fill_byte))
+        init = bytes.fromhex(kept[name]) if name in kept else None
+        out.extend(compare_tensors(name, ferry[name], sglang[name], fill_byte, init))
     return out
 
 

@@ -28,7 +28,8 @@ DEEPSEEK = ["deepseek_v3", "deepseek_v2", "deepseek_v32"]
 # Families whose SGLang model has a NextN (MTP) draft class that ferry loads.
 MTP = ["deepseek_v3", "glm4_moe", "deepseek_v32"]
 REAL = ["llama-3.1-8b", "qwen2.5-7b", "mistral-7b-instruct-v0.3",
-        "mixtral-8x7b-v0.1", "qwen3-30b-a3b", "deepseek-v3"]
+        "mixtral-8x7b-v0.1", "qwen3-30b-a3b", "deepseek-v3", "llama-3.2-3b-instruct",
+        "sakura-14b-qwen2.5", "llama3-chinese-8b"]
 QUANTS = ["fp8-block", "fp8-channel", "fp8-tensor", "modelopt-fp8", "nvfp4"]
 
 # SGLang tensors that are not weights and that ferry rightly does not hold:
@@ -76,11 +77,25 @@ def matrix():
         cases.append(case(f"{fam}/f32-tp2", 3, tiny(fam), dict(tp=2), dtype="f32"))
         cases.append(case(f"{fam}/f16-ckpt-tp2", 3, tiny(fam, "--dtype", "f16"),
                           dict(tp=2)))
+    real_config = {m: os.path.join(ROOT, "..", "shared", "data", "models", m, "config.json")
+                   for m in REAL}
+    for model, layout, name in [("deepseek-v3", dict(tp=2, draft=True), "draft-tp2"),
+                                ("deepseek-v3", dict(tp=2, ep=2), "tp2-ep2"),
+                                ("qwen3-30b-a3b", dict(tp=2, ep=2), "tp2-ep2")]:
+        cases.append(case(f"real:{model}/{name}", 4,
+                          ["--from-config", real_config[model], "--scale-dims", "64"],
+                          layout))
     # 128x128 blocks: SGLang's post_load_weights dequantizes kv_b_proj to BF16 on
     # CUDA for this block size only.
     cases.append(case("deepseek_v3/fp8-block128-tp1", 4,
                       tiny("deepseek_v3", "--quant", "fp8-block", "--quant-block", "128"),
                       dict(tp=1)))
+    cases.append(case("deepseek_v3/small-fp8-block128-tp1", 4,
+                      ["--family", "deepseek_v3", "--preset", "small", "--quant",
+                       "fp8-block"], dict(tp=1)))
+    cases.append(case("deepseek_v3/small-fp8-block128-tp2", 4,
+                      ["--family", "deepseek_v3", "--preset", "small", "--quant",
+                       "fp8-block"], dict(tp=2)))
     # SGLang 0.5.23's MixtralAttention takes head_dim as hidden_size // heads and
     # ignores config.head_dim; --scale-dims 64 rounds Mixtral's 2 up to 8, so a
     # width where the two agree (256 / 32 = 8) checks the real tensor set too.
@@ -97,8 +112,11 @@ def matrix():
                       ferry_set=["model.fuse_shared_experts=true"]))
     for model in REAL:
         config = os.path.join(ROOT, "..", "shared", "data", "models", model, "config.json")
+        # transformers' config check wants heads to divide hidden_size: 24 heads
+        # need 192 (head_dim 8, the real 128 scaled by 192 / 3072).
+        scale = "192" if model == "llama-3.2-3b-instruct" else "64"
         cases.append(case(f"real:{model}/tp2", 4,
-                          ["--from-config", config, "--scale-dims", "64"], dict(tp=2)))
+                          ["--from-config", config, "--scale-dims", scale], dict(tp=2)))
     for quant in QUANTS:
         # Block 16: the tiny presets' per-rank widths (16 rows of k at tp 2) are
         # below 128, which SGLang's validate_block_quant_shapes refuses, as ferry.
@@ -165,7 +183,9 @@ def ferry_load(args, c, ckpt, pp_rank, out):
         cmd += ["--set", item]
     log = out + ".log"
     if run(cmd, log, 600) != 0:
-        return f"ferry load refused: {tail(log, 2)}"
+        with open(log) as handle:
+            lines = [l.strip() for l in handle if "error:" in l]
+        return f"ferry load refused: {(lines[-1][:400] if lines else tail(log, 2))}"
     return None
 
 
@@ -183,8 +203,15 @@ def sglang_rank(args, c, ckpt, pp_rank, tp_rank, out):
         cmd += ["--server-arg", item]
     log = out + ".log"
     if run(cmd, log, args.timeout) != 0:
-        return f"SGLang refused: {tail(log, 1)}"
+        return f"SGLang refused: {error_line(log)}"
     return None
+
+
+def error_line(log):
+    """The exception a Python traceback in `log` ended with, else its last line."""
+    with open(log) as handle:
+        lines = [l.strip() for l in handle if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", l)]
+    return lines[-1][:400] if lines else tail(log, 1)
 
 
 def run_case(args, c):
@@ -235,7 +262,10 @@ def run_case(args, c):
                 theirs[alias] = theirs[canonical]
             else:
                 notes.append({"kind": "tied", "name": alias, "sglang": canonical})
-        diffs = compare.compare_ranks(ours, theirs, meta["fill_byte"], IGNORE, notes)
+        kept = meta.get("kept_init") or {}
+        if isinstance(kept, list):  # a dump from before kept values were recorded
+            kept = {}
+        diffs = compare.compare_ranks(ours, theirs, meta["fill_byte"], IGNORE, notes, kept)
         rank["notes"] = notes
         for d in diffs:
             d["rank"] = f"pp{p}/tp{r}"

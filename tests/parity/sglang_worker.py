@@ -234,16 +234,16 @@ def fill(model):
     """Fills every tensor with FILL_BYTE, except those of more than one element
     that SGLang initializes to one non-zero value (torch.ones input scales that
     FusedMoE checks against 1 before loading the second shard): those keep it,
-    and their unwritten elements are compared as they are. Returns the kept
-    names."""
-    kept = []
+    and an element of theirs that still holds it and differs from ferry's is
+    reported as unwritten. Returns name -> that value's bytes, in hex."""
+    kept = {}
     with torch.no_grad():
         for name, tensor in held_tensors(model).items():
             flat = tensor.view(-1)
             if flat.numel() > 1 and flat.is_floating_point():
                 first = flat[0]
                 if first.item() != 0 and bool((flat == first).all()):
-                    kept.append(name)
+                    kept[name] = bytes(flat[:1].view(torch.uint8).tolist()).hex()
                     continue
             flat.view(torch.uint8).fill_(FILL_BYTE)
     return kept

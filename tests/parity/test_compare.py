@@ -64,6 +64,16 @@ class CompareTest(unittest.TestCase):
         diffs = compare.compare_ranks(ferry, sglang, FILL)
         self.assertEqual([d["kind"] for d in diffs], ["unwritten"])
 
+    def test_a_kept_initial_value_is_unwritten_where_ferry_differs(self):
+        # SGLang made the tensor torch.ones-like (kept, not filled): elements
+        # still 1.0 where ferry holds something else were never loaded.
+        ferry = {"s": t("F32", [3], np.array([1, 2, 3], np.float32).tobytes())}
+        sglang = {"s": t("F32", [3], np.array([1, 1, 5], np.float32).tobytes())}
+        kept = {"s": np.array([1], np.float32).tobytes().hex()}
+        diffs = compare.compare_ranks(ferry, sglang, FILL, kept=kept)
+        self.assertEqual([(d["kind"], d["count"], d["first"]) for d in diffs],
+                         [("unwritten", 1, 1), ("bytes", 1, 2)])
+
     def test_names_dtypes_and_shapes(self):
         ferry = {
             "a": t("BF16", [2], bf16([1, 2])),
