@@ -479,7 +479,7 @@ std::unique_ptr<TableModel> make_deepseek_model(const FamilyInput& in, const Dee
 
   auto m = std::make_unique<TableModel>(in.descriptor.family, c.architecture, layout, in.dtype,
                                         o.strict);
-  m->set_quantization(o.quant);
+  set_family_quantization(*m, in, o.quant);
   Builder b(*m, c, in, o);
   if (!o.draft) {
     for (std::uint64_t l = stage.begin; l < stage.end(); ++l) {

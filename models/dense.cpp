@@ -87,7 +87,7 @@ std::unique_ptr<TableModel> make_dense_model(const FamilyInput& in, const DenseC
 
   auto m = std::make_unique<TableModel>(in.descriptor.family, arch, layout, in.dtype,
                                         in.options.strict);
-  m->set_quantization(in.options.quant);
+  set_family_quantization(*m, in, in.options.quant);
   for (std::uint64_t layer = stage.begin; layer < stage.end(); ++layer) {
     add_layer(*m, in, c, layer);
   }

@@ -1,6 +1,7 @@
 #include "models/family.hpp"
 
 #include "common/error.hpp"
+#include "models/table_model.hpp"
 
 namespace ferry::models {
 
@@ -30,6 +31,17 @@ int embedding_group(const FamilyInput& in) {
 int lm_head_group(const FamilyInput& in) {
   // make_model refuses dp_lm_head for a family whose lm_head does not take it.
   return in.layout.dp_lm_head ? in.layout.attn_tp() : 0;
+}
+
+void set_family_quantization(TableModel& m, const FamilyInput& in, QuantScheme quant) {
+  if (quant.kv_cache_scales && in.descriptor.takes(kNoKvCacheScales)) {
+    quant.kv_cache_scales = false;
+    for (const char* name : {"self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale",
+                             "self_attn.k_scale", "self_attn.v_scale"}) {
+      m.add_drop_pattern(name, "no_kv_scale_param");
+    }
+  }
+  m.set_quantization(quant);
 }
 
 std::vector<FusedMapping> standard_fused_mappings() {

@@ -41,6 +41,11 @@ enum FamilyOption : unsigned {
   kTakesSharedExpertFusion = 1u << 2,  // model.fuse_shared_experts=true
   kTakesMoeDenseTp = 1u << 4,          // parallel.moe_dense_tp 1
   kTakesDeepep = 1u << 5,              // parallel.moe_a2a deepep
+  // Its attention's RadixAttention is built without the quant config (SGLang
+  // 0.5.23: Qwen3Attention, Qwen3MoeAttention, Glm4MoeAttention), so an FP8 KV
+  // cache's k_scale / v_scale have no param: the checkpoint's are dropped
+  // ("no_kv_scale_param") as SGLang's load_weights skips them.
+  kNoKvCacheScales = 1u << 6,
 };
 
 // What SGLang 0.5.23 splits over the attention tp group (tp / attn_dp ranks, tp rank
@@ -109,6 +114,10 @@ struct FamilyDescriptor {
 int attention_group(const FamilyInput& in);
 int embedding_group(const FamilyInput& in);
 int lm_head_group(const FamilyInput& in);
+
+// Sets the model's quantization (TableModel::set_quantization) as the family takes
+// it: without KV-cache scales, and their tensors dropped, for kNoKvCacheScales.
+void set_family_quantization(TableModel& m, const FamilyInput& in, QuantScheme quant);
 
 // The mappings most decoders share: qkv_proj <- q/k/v_proj, gate_up_proj <-
 // gate/up_proj, experts.w13_weight <- gate/up_proj, experts.w2_weight <- down_proj.

@@ -141,7 +141,7 @@ std::unique_ptr<TableModel> make_moe_model(const FamilyInput& in, const MoeConfi
 
   auto m = std::make_unique<TableModel>(in.descriptor.family, in.descriptor.architecture, layout,
                                         in.dtype, options.strict);
-  m->set_quantization(options.quant);
+  set_family_quantization(*m, in, options.quant);
   Builder b(*m, c, in);
   for (std::uint64_t layer = stage.begin; layer < stage.end(); ++layer) {
     b.layer(layer);

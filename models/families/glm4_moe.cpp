@@ -14,7 +14,8 @@ std::vector<FamilyDescriptor> glm4_moe() {
   d.required_fields = {"hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
                        "intermediate_size"};
   d.fused = standard_fused_mappings();
-  d.options = kTakesExperts | kTakesDraft | kTakesSharedExpertFusion | kTakesMoeDenseTp;
+  d.options = kTakesExperts | kTakesDraft | kTakesSharedExpertFusion | kTakesMoeDenseTp |
+              kNoKvCacheScales;
   // Under attention data parallelism (SGLang 0.5.23, glm4_moe.py): Glm4MoeAttention
   // builds qkv_proj and o_proj with parallel_group="attn_tp", Glm4MoeModel splits
   // embed_tokens over the attention tp group, the ParallelLMHead takes

@@ -24,6 +24,7 @@ std::vector<FamilyDescriptor> qwen3() {
   // group; Qwen3ForCausalLM's ParallelLMHead takes use_attn_tp_group=
   // enable_dp_lm_head (a tied lm_head on one stage is the embedding).
   d.attention_dp = AttentionDpLayout{.attention = true, .embedding = true, .dp_lm_head = true};
+  d.options |= kNoKvCacheScales;
   return {d};
 }
 

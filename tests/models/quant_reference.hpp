@@ -413,7 +413,11 @@ std::size_t check_rank(const models::Model& model, std::size_t i, const ParamBuf
     if (input_scales(kind)) {
       companions[companion(name, "input_scale")] = {name, 2};
     }
-    if (kind == SynthQuant::kModelOptFp8) {
+    // SGLang 0.5.23's Qwen3Attention, Qwen3MoeAttention and Glm4MoeAttention build
+    // their RadixAttention without the quant config: no k_scale / v_scale params.
+    const std::string family = model.family();
+    const bool kv_params = family != "qwen3" && family != "qwen3_moe" && family != "glm4_moe";
+    if (kind == SynthQuant::kModelOptFp8 && kv_params) {
       for (const std::string attn : {"qkv_proj.weight", "kv_b_proj.weight"}) {
         if (ends_with(name, "self_attn." + attn)) {
           const std::string pa = name.substr(0, name.size() - attn.size());

@@ -575,6 +575,18 @@ TEST(QuantPlacement, ChannelTensorAndNvfp4ScalesAreCheckedAndNamed) {
                 0u);
     }
   }
+  // Qwen3, Qwen3-MoE and GLM-4 MoE: SGLang 0.5.23 builds their RadixAttention
+  // without the quant config (Qwen3Attention, Qwen3MoeAttention, Glm4MoeAttention),
+  // so they have no k_scale / v_scale and the checkpoint's are skipped.
+  for (const char* family : {"qwen3", "qwen3_moe"}) {
+    auto q3 = model_of(tools::SynthQuant::kModelOptFp8,
+                       tools::synth_config(family, "tiny", DType::kBF16, false));
+    const models::Route r =
+        q3->route(tensor_info("model.layers.0.self_attn.k_proj.k_scale", DType::kF32, {}));
+    EXPECT_EQ(r.kind, models::RouteKind::kDropped) << family;
+    EXPECT_EQ(r.reason, "no_kv_scale_param") << family;
+    EXPECT_EQ(q3->shells()[0].by_name.count("model.layers.0.self_attn.attn.k_scale"), 0u) << family;
+  }
   // Without an FP8 KV cache in the config, k_scale has no param (unmapped).
   EXPECT_EQ(
       tensor->route(tensor_info("model.layers.2.self_attn.k_proj.k_scale", DType::kF32, {})).kind,
