@@ -500,6 +500,7 @@ std::unique_ptr<TableModel> make_deepseek_model(const FamilyInput& in, const Dee
     edges.tie_embeddings = c.tie_embeddings;
     edges.embed_group = embedding_group(in);
     edges.head_group = lm_head_group(in);
+    edges.head_on_every_stage = in.descriptor.takes(kLmHeadOnEveryStage);
     add_stage_edges(*m, edges, layout);
   } else {
     const std::string t = layer_prefix(mtp);

@@ -99,6 +99,7 @@ std::unique_ptr<TableModel> make_dense_model(const FamilyInput& in, const DenseC
   edges.replicated_embedding = c.replicated_embedding;
   edges.embed_group = embedding_group(in);
   edges.head_group = lm_head_group(in);
+  edges.head_on_every_stage = in.descriptor.takes(kLmHeadOnEveryStage);
   add_stage_edges(*m, edges, layout);
   add_rope_cache_drops(*m);
   // A bias the model has no param for (an mlp_bias checkpoint's MLP biases, or

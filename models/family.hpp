@@ -46,6 +46,8 @@ enum FamilyOption : unsigned {
   // cache's k_scale / v_scale have no param: the checkpoint's are dropped
   // ("no_kv_scale_param") as SGLang's load_weights skips them.
   kNoKvCacheScales = 1u << 6,
+  // Its untied lm_head is on every pipeline stage (StageEdges::head_on_every_stage).
+  kLmHeadOnEveryStage = 1u << 7,
 };
 
 // What SGLang 0.5.23 splits over the attention tp group (tp / attn_dp ranks, tp rank

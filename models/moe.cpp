@@ -153,6 +153,7 @@ std::unique_ptr<TableModel> make_moe_model(const FamilyInput& in, const MoeConfi
   edges.tie_embeddings = c.tie_embeddings;
   edges.embed_group = embedding_group(in);
   edges.head_group = lm_head_group(in);
+  edges.head_on_every_stage = in.descriptor.takes(kLmHeadOnEveryStage);
   add_stage_edges(*m, edges, layout);
   add_rope_cache_drops(*m);
   m->finish();

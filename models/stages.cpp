@@ -47,7 +47,11 @@ void add_stage_edges(TableModel& m, const StageEdges& edges, const ParallelLayou
 
   if (!last) {
     m.add_drop_name(edges.norm_name, "last_stage_only");
-    m.add_drop_name(edges.head_name, "last_stage_only");
+    if (edges.head_on_every_stage && !edges.tie_embeddings) {
+      add_vocab_parallel(m, edges, tp, edges.head_name, edges.head_name);
+    } else {
+      m.add_drop_name(edges.head_name, "last_stage_only");
+    }
     return;
   }
   m.add_param(edges.norm_name, Shape{edges.hidden});

@@ -25,6 +25,12 @@ struct StageEdges {
   // group (embedding_group / lm_head_group).
   int embed_group = 0;
   int head_group = 0;
+  // The family builds its (untied) lm_head on every pipeline stage, not only the
+  // last, and loads it there too (SGLang 0.5.23: LlamaForCausalLM,
+  // MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM and
+  // Glm4MoeForCausalLM make a ParallelLMHead whatever the stage; Qwen2, Qwen3 and
+  // DeepSeek a PPMissingLayer off the last).
+  bool head_on_every_stage = false;
   std::string embed_name = "model.embed_tokens.weight";
   std::string norm_name = "model.norm.weight";
   std::string head_name = "lm_head.weight";
@@ -39,7 +45,8 @@ struct StageEdges {
 //   a checkpoint's lm_head.weight is never read ("tied_lm_head"); a stage that is
 //   first and last keeps no lm_head param (the engine uses embed_tokens), a last
 //   stage that is not first declares lm_head.weight and fills it from embed_name.
-//   On every other stage the norm and lm_head.weight are dropped "last_stage_only".
+//   On every other stage the norm and lm_head.weight are dropped "last_stage_only",
+//   except that with head_on_every_stage an untied lm_head is held on every stage.
 // With pp == 1 this is exactly the single-model layout. Call it once per model,
 // before finish(); the param and tensor names come from `edges`.
 void add_stage_edges(TableModel& m, const StageEdges& edges, const ParallelLayout& layout);

@@ -15,7 +15,7 @@ std::vector<FamilyDescriptor> glm4_moe() {
                        "intermediate_size"};
   d.fused = standard_fused_mappings();
   d.options = kTakesExperts | kTakesDraft | kTakesSharedExpertFusion | kTakesMoeDenseTp |
-              kNoKvCacheScales;
+              kNoKvCacheScales | kLmHeadOnEveryStage;  // Glm4MoeForCausalLM: lm_head every stage
   // Under attention data parallelism (SGLang 0.5.23, glm4_moe.py): Glm4MoeAttention
   // builds qkv_proj and o_proj with parallel_group="attn_tp", Glm4MoeModel splits
   // embed_tokens over the attention tp group, the ParallelLMHead takes

@@ -30,6 +30,8 @@ FamilyDescriptor llama_descriptor(std::string architecture, std::string family) 
   // use_attn_tp_group=enable_dp_lm_head (LlamaForCausalLM.__init__). Mistral and
   // Phi-3 are its subclasses.
   d.attention_dp = AttentionDpLayout{.attention = false, .embedding = false, .dp_lm_head = true};
+  // LlamaForCausalLM.__init__ builds its ParallelLMHead on every pipeline stage.
+  d.options |= kLmHeadOnEveryStage;
   return d;
 }
 

@@ -19,7 +19,7 @@ std::vector<FamilyDescriptor> mixtral() {
       {"experts.w13_weight", {"w1", "w3"}},
       {"experts.w2_weight", {"w2"}},
   };
-  d.options = kTakesExperts;
+  d.options = kTakesExperts | kLmHeadOnEveryStage;  // MixtralForCausalLM's lm_head: every stage
   d.build = [](const FamilyInput& in) {
     MoeConfig c;
     static_cast<GqaDecoderDims&>(c) = config_gqa_decoder_dims(in.config);

@@ -71,7 +71,9 @@ FamilyDescriptor qwen_moe(std::string architecture, std::string family, bool qwe
   d.fused = standard_fused_mappings();
   // Qwen2-MoE has a shared expert: it takes the fusion option to refuse it with
   // SGLang's reason (never fused) rather than "no shared experts".
-  d.options = kTakesExperts | (qwen3 ? unsigned{kNoKvCacheScales} : unsigned{kTakesSharedExpertFusion});
+  // Qwen2MoeForCausalLM / Qwen3MoeForCausalLM build their lm_head on every stage.
+  d.options = kTakesExperts | kLmHeadOnEveryStage |
+              (qwen3 ? unsigned{kNoKvCacheScales} : unsigned{kTakesSharedExpertFusion});
   d.build = [qwen3](const FamilyInput& in) {
     return make_moe_model(in, qwen_moe_config(in.config, qwen3));
   };

@@ -498,6 +498,10 @@ inline Params reference(const nlohmann::json& config, const Layout& l, int rank,
     } else if (!first) {
       vocab("lm_head.weight", "model.embed_tokens.weight");
     }
+  } else if (d.glm && !d.tied) {
+    // SGLang 0.5.23's Glm4MoeForCausalLM builds its ParallelLMHead on every stage;
+    // DeepSeek's is a PPMissingLayer off the last.
+    vocab("lm_head.weight", "lm_head.weight");
   }
   return out;
 }
@@ -524,7 +528,7 @@ inline std::string expected_reason(const nlohmann::json& config, const Layout& l
   } else if (name == "model.embed_tokens.weight") {
     return first || (last && d.tied) ? "" : "first_stage_only";
   } else if (name == "model.norm.weight" || name == "lm_head.weight") {
-    if (!last) {
+    if (!last && !(d.glm && !d.tied && name == "lm_head.weight")) {
       return "last_stage_only";
     }
     return name == "lm_head.weight" && d.tied ? "tied_lm_head" : "";

@@ -313,6 +313,23 @@ TEST(FamilyReference, TheComparisonCatchesAShiftedFusedSplit) {
   }
 }
 
+// SGLang 0.5.23's LlamaForCausalLM (so Mistral and Phi-3) builds its ParallelLMHead
+// on every pipeline stage and loads it there; Qwen2ForCausalLM and
+// Qwen3ForCausalLM make a PPMissingLayer off the last stage.
+TEST(FamilyFixtures, LmHeadOnEveryStageWhereSglangBuildsIt) {
+  models::ParallelLayout first;
+  first.pp = 2;
+  first.pp_rank = 0;
+  for (const Family& f : {phi3(), qwen3()}) {
+    const Checkpoint ck = make_case(f);
+    auto m = models::make_model(ck.config, first);
+    const bool every = f.architecture == "Phi3ForCausalLM";
+    SCOPED_TRACE(f.architecture);
+    EXPECT_EQ(m->shells()[0].by_name.count("lm_head.weight"), every ? 1u : 0u);
+    EXPECT_EQ(m->shells()[0].by_name.count("model.norm.weight"), 0u);
+  }
+}
+
 TEST(FamilyErrors, GemmaIsNotSplitIntoPipelineStages) {
   models::ParallelLayout layout;
   layout.pp = 2;

@@ -308,6 +308,10 @@ inline std::map<std::string, Tensor> reference_rank(const nlohmann::json& config
     } else if (!first) {
       vocab("lm_head.weight", "model.embed_tokens.weight");
     }
+  } else if (!c.tied) {
+    // SGLang 0.5.23's MixtralForCausalLM, Qwen2MoeForCausalLM and Qwen3MoeForCausalLM
+    // build their ParallelLMHead on every pipeline stage and load it there.
+    vocab("lm_head.weight", "lm_head.weight");
   }
 
   // Heads (over the attention group), padded under pad when q or kv heads are not

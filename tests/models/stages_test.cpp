@@ -126,7 +126,7 @@ struct StageCase {
   int tp = 1;
 };
 
-std::unique_ptr<models::TableModel> edges_model(const StageCase& s) {
+std::unique_ptr<models::TableModel> edges_model(const StageCase& s, bool head_on_every_stage = false) {
   models::ParallelLayout layout;
   layout.tp = s.tp;
   layout.pp = s.pp;
@@ -138,6 +138,7 @@ std::unique_ptr<models::TableModel> edges_model(const StageCase& s) {
   edges.hidden = kHidden;
   edges.vocab = kVocab;
   edges.tie_embeddings = s.tied;
+  edges.head_on_every_stage = head_on_every_stage;
   models::add_stage_edges(*m, edges, layout);
   m->finish();
   return m;
@@ -210,6 +211,21 @@ TEST(StageEdges, UntiedFirstMiddleLast) {
   EXPECT_EQ(fate(*last, kEmbed), "first_stage_only");
   EXPECT_EQ(fate(*last, kNorm), "placed");
   EXPECT_EQ(written(*last, kHead), (std::set<std::string>{kHead}));
+}
+
+// SGLang 0.5.23's LlamaForCausalLM, MixtralForCausalLM, Qwen2MoeForCausalLM,
+// Qwen3MoeForCausalLM and Glm4MoeForCausalLM build their ParallelLMHead on every
+// pipeline stage: an untied lm_head is held on every stage; a tied one is not.
+TEST(StageEdges, HeadOnEveryStage) {
+  for (int stage : {0, 1}) {
+    auto m = edges_model({3, stage, false, 1}, true);
+    SCOPED_TRACE("stage " + std::to_string(stage));
+    EXPECT_EQ(fate(*m, kHead), "placed");
+    EXPECT_EQ(written(*m, kHead), (std::set<std::string>{kHead}));
+    EXPECT_EQ(fate(*m, kNorm), "last_stage_only");
+  }
+  auto tied = edges_model({3, 1, true, 1}, true);
+  EXPECT_EQ(fate(*tied, kHead), "last_stage_only");
 }
 
 TEST(StageEdges, TiedFirstMiddleLast) {
