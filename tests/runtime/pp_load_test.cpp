@@ -86,7 +86,9 @@ std::map<std::string, RefTensor> stage_reference(const Checkpoint& ck, int tp, i
         out["lm_head.weight"] = t;
       }
     } else if (name == "model.norm.weight" || name == "lm_head.weight") {
-      if (last) {
+      // Llama's lm_head (untied) is on every stage: SGLang 0.5.23's
+      // LlamaForCausalLM builds and loads its ParallelLMHead whatever the stage.
+      if (last || (name == "lm_head.weight" && !ck.tied)) {
         out[name] = t;
       }
     } else {
@@ -111,7 +113,7 @@ bool stage_keeps(const Checkpoint& ck, const std::string& name, int pp, int s, S
     return last;
   }
   if (name == "lm_head.weight") {
-    return last && !ck.tied;
+    return !ck.tied;  // every stage (LlamaForCausalLM's ParallelLMHead)
   }
   ADD_FAILURE() << "checkpoint tensor without a stage rule: " << name;
   return false;

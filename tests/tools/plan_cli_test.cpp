@@ -114,6 +114,11 @@ Expected expected_route(const std::string& name, int s, bool tied) {
     return tied ? Expected{"placed", "", "lm_head.weight"}
                 : Expected{"dropped", "first_stage_only", ""};
   }
+  if (!last && name == "lm_head.weight" && !tied) {
+    // Llama's untied lm_head is on every stage (SGLang 0.5.23's LlamaForCausalLM
+    // builds and loads its ParallelLMHead whatever the stage).
+    return {"placed", "", name};
+  }
   if (!last) {
     return {"dropped", "last_stage_only", ""};
   }
