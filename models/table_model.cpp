@@ -467,8 +467,11 @@ void TableModel::apply_quant() {
                             DType::kF32});
     }
     // The experts' w13_input_scale is [E] for the FP8 methods: w1's and w3's scalars
-    // go to one element per expert (FusedMoE._load_single_value). NVFP4 keeps [E, 2].
+    // go to one element per expert (FusedMoE._load_single_value). NVFP4 keeps [E, 2],
+    // but the same loader writes each scalar to the expert's whole row, so both
+    // elements hold the one loaded last (`row_input`).
     const bool merged_input = stacked && q.method != Method::kNvfp4;
+    const bool row_input = stacked && q.method == Method::kNvfp4 && shards > 1;
     if (q.input_scales) {
       companions.push_back({companion_name(d.name, "input_scale"),
                             merged_input ? scale_shape(1) : per_shard_shape, DType::kF32});
@@ -490,7 +493,7 @@ void TableModel::apply_quant() {
     // Of the tensors writing the same experts' slots, the one SGLang loads last:
     // the checkpoint's name order (gate_proj before up_proj, w1 before w3).
     std::map<std::vector<std::uint64_t>, std::string> last_of_slots;
-    if (merged_input && shards > 1) {
+    if ((merged_input && shards > 1) || row_input) {
       for (const auto& [tensor, t] : feeds) {
         const std::vector<std::uint64_t> key = slots_of(*t);
         if (!key.empty()) {
@@ -548,6 +551,23 @@ void TableModel::apply_quant() {
           // SGLang writes w1's, then w3's over it, so the element holds w3's; w1's is
           // not read. (SGLang's compressed-tensors path refuses two different values.)
           drop_names_[input] = "overwritten_scale";
+        } else if (row_input) {
+          // The last loaded scalar in every shard's element of its expert's row.
+          BlockRule one = per_shard_rule(logical);
+          added.emplace_back(
+              input, Target{companion_name(d.name, "input_scale"), Shape{},
+                            [one, shards](int rank) {
+                              std::vector<Block> out;
+                              for (const Block& b : one(rank)) {
+                                for (std::uint64_t k = 0; k < shards; ++k) {
+                                  Block c = b;
+                                  c.dst_start = k;
+                                  add_unique(out, c);
+                                }
+                              }
+                              return out;
+                            },
+                            t->empty_reason});
         } else {
           added.emplace_back(input, Target{companion_name(d.name, "input_scale"), Shape{},
                                            per_shard_rule(logical, merged_input),

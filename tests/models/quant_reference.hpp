@@ -290,9 +290,12 @@ bool check_blocked(const models::ParamSpec& spec, const std::byte* base, const P
 // methods' w13_input_scale, [E]) keeps one value per expert, the last shard's:
 // FusedMoE._load_single_value writes w1's and then w3's into the same element (the
 // checkpoint's name order; these checkpoints put up / w3 rows after gate / w1).
+// `row` (NVFP4's w13_input_scale, [E, 2]): FusedMoE._load_single_value writes each
+// scalar to the expert's whole row, so both elements hold the last shard's.
 template <typename Param>
 bool check_per_shard(const models::ParamSpec& spec, const std::byte* base, const Param& ref,
-                     const Param& ids, const std::string& where, bool merged = false) {
+                     const Param& ids, const std::string& where, bool merged = false,
+                     bool row = false) {
   const std::size_t d = ref.shape.size();
   const std::uint64_t matrix = ref.shape[d - 2] * ref.shape[d - 1];
   const std::uint64_t matrices = matrix == 0 ? 0 : ref.values.size() / matrix;
@@ -307,6 +310,7 @@ bool check_per_shard(const models::ParamSpec& spec, const std::byte* base, const
   const std::uint64_t shards = matrices == 0 ? 1 : order[0].size();
   const bool stacked = !sshape.empty();
   merged = merged && stacked;
+  row = row && stacked && shards > 1;
   if (!stacked || (shards > 1 && !merged)) {
     sshape.push_back(shards);
   }
@@ -320,11 +324,17 @@ bool check_per_shard(const models::ParamSpec& spec, const std::byte* base, const
     const std::vector<float>& o = order[e / matrix];
     const std::uint64_t shard =
         static_cast<std::uint64_t>(std::find(o.begin(), o.end(), ids.values[e]) - o.begin());
-    if (merged && shard + 1 != o.size()) {
+    if ((merged || row) && shard + 1 != o.size()) {
       continue;  // overwritten by the last shard's value
     }
     const std::uint64_t slot = merged || stored == 1 ? 0 : shard;
-    const float got = decode_one(base + ((e / matrix) * stored + slot) * 4, DType::kF32);
+    float got = decode_one(base + ((e / matrix) * stored + slot) * 4, DType::kF32);
+    if (row) {
+      // Every element of the expert's row holds the last shard's value.
+      for (std::uint64_t k = 0; k < stored && got == ref.values[e]; ++k) {
+        got = decode_one(base + ((e / matrix) * stored + k) * 4, DType::kF32);
+      }
+    }
     if ((!merged && o.size() != stored) || got != ref.values[e]) {
       ADD_FAILURE() << where << ": weight element " << e << " (shard " << shard << " of "
                     << o.size() << ") reads " << got << ", its source's is " << ref.values[e];
@@ -473,7 +483,7 @@ std::size_t check_rank(const models::Model& model, std::size_t i, const ParamBuf
         ok = detail::check_per_shard(spec, base, s2.at(weight), ids.at(weight), where);
       } else if (c->second.second == 2) {
         ok = detail::check_per_shard(spec, base, in.at(weight), ids.at(weight), where,
-                                     kind != SynthQuant::kNvfp4);
+                                     kind != SynthQuant::kNvfp4, kind == SynthQuant::kNvfp4);
       } else if (kind == SynthQuant::kFp8Block) {
         ok = detail::check_blocked(spec, base, s.at(weight), values.layout().block,
                                    values.layout().block, DType::kF32, where);
