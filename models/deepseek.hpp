@@ -145,9 +145,9 @@ bool deepseek_moe_layer(const DeepseekConfig& c, std::uint64_t layer);
 bool deepseek_indexer_layer(const DeepseekConfig& c, std::uint64_t layer, bool mtp);
 
 // Whether SGLang fuses the shared expert into the routed experts, as its
-// determine_num_fused_shared_experts decides on an NVIDIA GPU of compute capability
-// >= 8.0 with default server options (python/sglang/srt/models/deepseek_v2.py at
-// commit 3e4a39ee73308590c5c753108bdcb8d333f7f1c6; glm4_moe.py at 005ffc65dc0f):
+// shared_experts_fusion_disable_reason decides on an NVIDIA GPU of compute capability
+// >= 8.0 with default server options (python/sglang/srt/models/deepseek_v2.py in
+// SGLang 0.5.23; glm4_moe.py (SGLang 0.5.23)):
 // DeepseekV3ForCausalLM with 256 routed experts and 1 shared expert, or GLM-4 MoE
 // (ferry: with 1 shared expert), at ep 1. No DeepEP and no W4AFP8 in ferry, so
 // those conditions never apply. `why_not` says why not, for the refusal of true.

@@ -120,8 +120,8 @@ DType resolve_dtype(const nlohmann::json& config, const std::optional<DType>& re
   if (requested) {
     return *requested;
   }
-  // SGLang's _get_and_verify_dtype (python/sglang/srt/configs/model_config.py at
-  // commit 001adf564fd3) for "auto": config.dtype, else config.torch_dtype; a
+  // SGLang's _get_and_verify_dtype (python/sglang/srt/configs/model_config.py in
+  // SGLang 0.5.23) for "auto": config.dtype, else config.torch_dtype; a
   // missing or unknown value counts as float32, and float32 loads as float16, or
   // bfloat16 when model_type starts with "gemma"; bfloat16 and float16 load as given.
   const char* key = "dtype";

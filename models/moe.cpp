@@ -115,7 +115,7 @@ void check_splits(const MoeConfig& c, const FamilyInput& in) {
     padded_intermediate(c.dense_intermediate, tp, options.unaligned_tp, "intermediate_size");
   }
   // SGLang fuses shared experts only for DeepSeek-V3/R1-shaped models and GLM-4 MoE
-  // (determine_num_fused_shared_experts): asking for it here is refused.
+  // (shared_experts_fusion_disable_reason): asking for it here is refused.
   if (options.fuse_shared_experts.value_or(false)) {
     throw Error(Stage::kConfig, kConfigFile, "",
                 "model.fuse_shared_experts=true: " + architecture +

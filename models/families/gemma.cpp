@@ -1,15 +1,15 @@
 // Gemma 1, 2 and 3 (text), as SGLang builds them:
-// - GemmaForCausalLM (python/sglang/srt/models/gemma.py at commit
-//   1d0fd8bb3935daa0cc552c189f2d306793eb0a15): no biases; head_dim from config.json
+// - GemmaForCausalLM (python/sglang/srt/models/gemma.py in
+//   SGLang 0.5.23): no biases; head_dim from config.json
 //   (256 for gemma-7b, whose q width 4096 is not hidden 3072); no lm_head module
 //   (the logits use embed_tokens, and load_weights skips lm_head.weight); plain
 //   RMSNorms whose weights load_weights raises by 1.0 (`loaded_weight += 1.0` for
 //   every "norm.weight"): ferry's post-load hook adds 1 to each norm.
-// - Gemma2ForCausalLM (gemma2.py at 668c67c27a7e041d817b47da8d84ffac82ab9223): the
+// - Gemma2ForCausalLM (gemma2.py (SGLang 0.5.23)): the
 //   same plus pre_feedforward_layernorm and post_feedforward_layernorm per layer;
 //   GemmaRMSNorm computes x * (1 + w) in the forward, so the weights load as stored;
 //   qkv_proj / o_proj biases with attention_bias.
-// - Gemma3ForCausalLM (gemma3_causal.py at 038c87d490581565bd08d24a46cf6333bfc5462d):
+// - Gemma3ForCausalLM (gemma3_causal.py (SGLang 0.5.23)):
 //   Gemma 2's layer plus per-head q_norm / k_norm (Gemma3RMSNorm(head_dim)); its
 //   embedding is a torch nn.Embedding (Gemma3TextScaledWordEmbedding): whole and
 //   unpadded on every rank; lm_head is the embedding, a checkpoint's lm_head.weight

@@ -1,5 +1,5 @@
-// Glm4MoeForCausalLM (python/sglang/srt/models/glm4_moe.py at commit
-// 005ffc65dc0f72d42a1436c31ef129ed98cccc58): DeepSeek's MoE and MTP layout with
+// Glm4MoeForCausalLM (python/sglang/srt/models/glm4_moe.py in
+// SGLang 0.5.23): DeepSeek's MoE and MTP layout with
 // grouped-query attention (qkv_proj, q_norm / k_norm with use_qk_norm); SGLang folds
 // a single shared expert into the routed experts at ep 1.
 #include "models/deepseek.hpp"

@@ -1,5 +1,5 @@
 // LlamaForCausalLM and MistralForCausalLM (SGLang's MistralForCausalLM is its
-// Llama): python/sglang/srt/models/llama.py at commit 00239548f1cd.
+// Llama): python/sglang/srt/models/llama.py (SGLang 0.5.23).
 #include "models/families/llama.hpp"
 
 #include "models/dense.hpp"

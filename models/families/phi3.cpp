@@ -1,5 +1,5 @@
-// Phi3ForCausalLM: SGLang's Llama (python/sglang/srt/models/llama.py at commit
-// bf7a0e237e8d5b2ce5402f5d2fafce31e012dbdf: `class Phi3ForCausalLM(LlamaForCausalLM)`
+// Phi3ForCausalLM: SGLang's Llama (python/sglang/srt/models/llama.py in
+// SGLang 0.5.23: `class Phi3ForCausalLM(LlamaForCausalLM)`
 // with no changes). Its checkpoints store qkv_proj and gate_up_proj already fused;
 // Llama's load_weights matches its stacked names with dots (".q_proj"), so those
 // reach the weight loaders without a shard id, which split them by the head counts

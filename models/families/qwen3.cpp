@@ -1,5 +1,5 @@
-// Qwen3ForCausalLM (python/sglang/srt/models/qwen3.py at commit
-// 01b5f572b7b678e2fa5a727881f1ff3ab4dd3c6d): Qwen3Attention has per-head q_norm /
+// Qwen3ForCausalLM (python/sglang/srt/models/qwen3.py in
+// SGLang 0.5.23): Qwen3Attention has per-head q_norm /
 // k_norm (RMSNorm(head_dim)) and biases on qkv_proj and o_proj only with
 // attention_bias (none by default); head_dim from config.json (128 for Qwen3-8B,
 // whose q width 32 * 128 equals hidden only by chance); Qwen2's MLP; a tied

@@ -119,7 +119,7 @@ struct Layout {
   // - moe_dense_tp1: DeepseekV2DecoderLayer builds a dense layer's DeepseekV2MLP with
   //   tp_rank 0, tp_size 1 when enable_moe_dense_fully_dp() (moe_dense_tp_size == 1);
   // - deepep: DeepseekV2MoE builds shared_experts with tp_rank 0, tp_size 1 under
-  //   get_moe_a2a_backend().is_deepep(), and determine_num_fused_shared_experts
+  //   get_moe_a2a_backend().is_deepep(), and shared_experts_fusion_disable_reason
   //   disables fusion (expert parallel world > 1).
   int attn_dp = 1;
   bool dp_lm_head = false;
@@ -127,7 +127,7 @@ struct Layout {
   bool deepep = false;
 };
 
-// SGLang's determine_num_fused_shared_experts for these dims and layout.
+// SGLang's shared_experts_fusion_disable_reason for these dims and layout.
 inline bool sglang_fuses(const Dims& d, const Layout& l) {
   return !l.deepep && sglang::fuses_shared_experts(d.arch, d.E, d.n_shared, l.ep);
 }

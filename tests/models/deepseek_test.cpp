@@ -1000,8 +1000,8 @@ TEST(DeepseekErrors, DraftWithoutMtpLayersOrWithPipelineStages) {
                "parallel.pp is 2");
 }
 
-// SGLang builds the NextN decoder layer with layer id 0 (deepseek_nextn.py at
-// c28bdc9012d2, DeepseekModelNextN: DeepseekV2DecoderLayer(config, 0, ...)), so
+// SGLang builds the NextN decoder layer with layer id 0 (deepseek_nextn.py in
+// SGLang 0.5.23, DeepseekModelNextN: DeepseekV2DecoderLayer(config, 0, ...)), so
 // its FusedMoE looks experts up in row 0 of the expert-location map, not in row
 // num_hidden_layers.
 TEST(DeepseekMtp, TheDraftLayerReadsEplbRowZero) {
@@ -1040,7 +1040,7 @@ TEST(DeepseekMtp, TheDraftLayerReadsEplbRowZero) {
 
 // A stand-alone NextN checkpoint (num_hidden_layers 1) keeps its MTP layer at
 // model.layers.0 (SGLang's loader: nextn_layer_id = 0 if num_hidden_layers == 1
-// else num_hidden_layers, deepseek_v2.py at 3e4a39ee7330, load_weights).
+// else num_hidden_layers, deepseek_v2.py (SGLang 0.5.23), load_weights).
 TEST(DeepseekMtp, AStandAloneNextnCheckpointIsLayerZero) {
   Ckpt ck = make_ckpt("deepseek_v3");
   const ds::Dims d = ds::dims_of(ck.config);

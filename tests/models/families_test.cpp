@@ -421,7 +421,7 @@ std::map<std::string, Shape> layer0(Shape qkv, Shape o, Shape gate_up, Shape dow
           {p + "input_layernorm.weight", {hidden}},   {p + "post_attention_layernorm.weight", {hidden}}};
 }
 
-// python/sglang/srt/models/qwen3.py at 01b5f572b7b678e2fa5a727881f1ff3ab4dd3c6d
+// python/sglang/srt/models/qwen3.py (SGLang 0.5.23)
 // (Qwen3Attention: QKVParallelLinear(hidden, head_dim, 32, 8), q_norm / k_norm
 // RMSNorm(head_dim); Qwen2MLP; ParallelLMHead untied). Qwen/Qwen3-8B's config.
 TEST(FamilyFixtures, Qwen3_8bAtTp4) {
@@ -441,7 +441,7 @@ TEST(FamilyFixtures, Qwen3_8bAtTp4) {
   expect_fixture(f);
 }
 
-// python/sglang/srt/models/gemma.py at 1d0fd8bb3935daa0cc552c189f2d306793eb0a15
+// python/sglang/srt/models/gemma.py (SGLang 0.5.23)
 // (GemmaAttention with head_dim 256 from the config, no biases; no lm_head module).
 // google/gemma-7b's config (tie_word_embeddings absent: GemmaConfig's default true).
 TEST(FamilyFixtures, Gemma7bAtTp4) {
@@ -458,7 +458,7 @@ TEST(FamilyFixtures, Gemma7bAtTp4) {
   expect_fixture(f);
 }
 
-// python/sglang/srt/models/gemma2.py at 668c67c27a7e041d817b47da8d84ffac82ab9223
+// python/sglang/srt/models/gemma2.py (SGLang 0.5.23)
 // (Gemma2DecoderLayer's four norms; no lm_head module). google/gemma-2-9b's config.
 TEST(FamilyFixtures, Gemma2_9bAtTp4) {
   Fixture f;
@@ -475,7 +475,7 @@ TEST(FamilyFixtures, Gemma2_9bAtTp4) {
   expect_fixture(f);
 }
 
-// python/sglang/srt/models/gemma3_causal.py at 038c87d490581565bd08d24a46cf6333bfc5462d
+// python/sglang/srt/models/gemma3_causal.py (SGLang 0.5.23)
 // (Gemma3TextScaledWordEmbedding is a torch nn.Embedding: whole and unpadded on every
 // rank; QKVParallelLinear with 1 kv head replicated over 4 ranks; q_norm / k_norm
 // Gemma3RMSNorm(head_dim); lm_head is the embedding). google/gemma-3-1b-it's config.
@@ -496,7 +496,7 @@ TEST(FamilyFixtures, Gemma3_1bAtTp4) {
   expect_fixture(f);
 }
 
-// python/sglang/srt/models/llama.py at bf7a0e237e8d5b2ce5402f5d2fafce31e012dbdf
+// python/sglang/srt/models/llama.py (SGLang 0.5.23)
 // (Phi3ForCausalLM(LlamaForCausalLM); head_dim = hidden / heads = 96).
 // microsoft/Phi-3-mini-4k-instruct's config.
 TEST(FamilyFixtures, Phi3MiniAtTp4) {

@@ -126,7 +126,7 @@ TEST(MakeModel, ParamDtypeComesFromTheConfigOrTheOptions) {
   EXPECT_EQ(p.dtype, DType::kF32);
   EXPECT_EQ(p.nbytes, 128u * 4u);
   // SGLang's _get_and_verify_dtype for "auto" (python/sglang/srt/configs/
-  // model_config.py at 001adf564fd3): config.dtype first (newer transformers), then
+  // model_config.py (SGLang 0.5.23)): config.dtype first (newer transformers), then
   // torch_dtype; float32, missing or unknown load as float16, or bfloat16 for a
   // model_type starting with "gemma"; bfloat16 and float16 as given.
   auto dtype_of = [&](const nlohmann::json& config) {

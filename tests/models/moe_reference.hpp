@@ -28,7 +28,7 @@
 //     (R % moe_tp) * I/moe_tp + k, the rest zero;
 //   - uneven tensor parallelism, only with model.unaligned_tp=pad (SGLang's CPU
 //     rule, adjust_config_with_unaligned_cpu_tp in python/sglang/srt/configs/
-//     update_config.py at 041d7c58cca7): when q % T or kv % T is not 0, kv heads
+//     update_config.py (SGLang 0.5.23)): when q % T or kv % T is not 0, kv heads
 //     are padded to a multiple of T and q heads to padded kv * (q / kv); every
 //     intermediate size (dense, shared and the experts') not a multiple of T * 32
 //     is padded to one; shares are cut from the padded sizes (the experts' by

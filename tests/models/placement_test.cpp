@@ -59,8 +59,8 @@ TEST(Placement, CheckQkvRefusesHeadsThatMakeNoAttention) {
 }
 
 // Under refuse, exactly what SGLang's GPU path accepts (LlamaAttention.__init__ and
-// QKVParallelLinear in python/sglang/srt/models/llama.py at 00239548f1cd and
-// layers/linear.py at 0079fcc18b3e): q heads % tp == 0, and kv heads split
+// QKVParallelLinear in python/sglang/srt/models/llama.py (SGLang 0.5.23) and
+// layers/linear.py (SGLang 0.5.23)): q heads % tp == 0, and kv heads split
 // (kv % tp == 0) or replicated (tp % kv == 0).
 TEST(Placement, RefuseKeepsWhatTheGpuAcceptsAndNamesTheFieldAndTheOption) {
   EXPECT_EQ(padded_qkv({32, 8, 128}, 8, Unaligned::kRefuse), (QkvShape{32, 8, 128}));
@@ -86,8 +86,8 @@ TEST(Placement, RefuseKeepsWhatTheGpuAcceptsAndNamesTheFieldAndTheOption) {
 }
 
 // Under pad, SGLang's CPU rule (adjust_config_with_unaligned_cpu_tp and
-// update_intermediate_size, python/sglang/srt/configs/update_config.py at commit
-// 041d7c58cca73e3c137b551f91a396f02dfbcab2): when q or kv heads are not a multiple
+// update_intermediate_size, python/sglang/srt/configs/update_config.py in
+// SGLang 0.5.23): when q or kv heads are not a multiple
 // of tp, kv heads are rounded up to one and q heads follow; an intermediate size
 // not a multiple of tp * 32 is rounded up to one. Worked by hand from that code.
 TEST(Placement, PadFollowsSglangsCpuTriggersAndSizes) {

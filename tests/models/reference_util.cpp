@@ -187,7 +187,7 @@ TensorMap reference_params(const RefConfig& c, const TensorMap& ck, int rank_int
 
   // Uneven tensor parallelism, with model.unaligned_tp=pad (c.pad): SGLang's CPU
   // rule (adjust_config_with_unaligned_cpu_tp, python/sglang/srt/configs/
-  // update_config.py at 041d7c58cca7): when q or kv heads are not a multiple of tp,
+  // update_config.py (SGLang 0.5.23)): when q or kv heads are not a multiple of tp,
   // kv heads are padded to one and q heads to padded kv * (heads / kv); an
   // intermediate size not a multiple of tp * 32 is padded to one. Heads, rows and
   // columns past the real ones are zeros. Without pad, nothing is padded (the

@@ -6,15 +6,15 @@
 //
 // Common rules used in the derivations (cited once):
 // - VocabParallelEmbedding / ParallelLMHead (python/sglang/srt/layers/
-//   vocab_parallel_embedding.py at 04d5e392629c): the vocabulary is padded to a
+//   vocab_parallel_embedding.py (SGLang 0.5.23)): the vocabulary is padded to a
 //   multiple of DEFAULT_VOCAB_PADDING_SIZE = 64 and divided by tp.
-// - QKVParallelLinear (python/sglang/srt/layers/linear.py at 0079fcc18b3e): rows
+// - QKVParallelLinear (python/sglang/srt/layers/linear.py (SGLang 0.5.23)): rows
 //   (q heads / tp + 2 * max(1, kv heads / tp)) * head_dim; kv heads are replicated
 //   when tp > kv heads. MergedColumnParallelLinear: gate rows then up rows, each
 //   intermediate / tp. RowParallelLinear: [out, in / tp].
 // - FusedMoE / UnquantizedFusedMoEMethod.create_weights (python/sglang/srt/layers/
-//   moe/fused_moe_triton/layer.py at 008d7d0e947e, quantization/unquant.py at
-//   0038b2b5e53c): w13_weight [experts / ep, 2 * I / moe_tp, H], w2_weight
+//   moe/fused_moe_triton/layer.py (SGLang 0.5.23), quantization/unquant.py
+//   (SGLang 0.5.23)): w13_weight [experts / ep, 2 * I / moe_tp, H], w2_weight
 //   [experts / ep, H, I / moe_tp] with moe_tp = tp / ep.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -114,7 +114,7 @@ void expect_with_experts(const std::string& model, int ep, int rank, const std::
   expect_fixture({model, 8, ep, rank, layer, std::move(params)});
 }
 
-// python/sglang/srt/models/llama.py at 00239548f1cd (LlamaAttention, LlamaMLP,
+// python/sglang/srt/models/llama.py (SGLang 0.5.23) (LlamaAttention, LlamaMLP,
 // LlamaForCausalLM): Llama-3.1-8B, H 4096, 32 q / 8 kv heads of 128, I 14336,
 // vocabulary 128256 (2004 * 64), untied.
 TEST(SglangFixtures, Llama31_8bAtTp8) {
@@ -132,7 +132,7 @@ TEST(SglangFixtures, Llama31_8bAtTp8) {
                    {l + "post_attention_layernorm.weight", {4096}}}});
 }
 
-// python/sglang/srt/models/qwen2.py at 0005b7e1e252 (Qwen2Attention: q/k/v biases,
+// python/sglang/srt/models/qwen2.py (SGLang 0.5.23) (Qwen2Attention: q/k/v biases,
 // none on o_proj): Qwen2.5-7B, H 3584, 28 q / 4 kv heads of 128, I 18944,
 // vocabulary 152064 (2376 * 64).
 TEST(SglangFixtures, Qwen25_7bAtTp4AndTp8) {
@@ -156,7 +156,7 @@ TEST(SglangFixtures, Qwen25_7bAtTp4AndTp8) {
                        [&] { models::make_model(config_of("qwen2.5-7b"), tp8); }),
               HasSubstr("num_attention_heads (28) is not divisible by tensor parallel size 8"));
   // Under pad, adjust_config_with_unaligned_cpu_tp (python/sglang/srt/configs/
-  // update_config.py at 041d7c58cca7): kv 4 -> 8, q -> 8 * 7 = 56 (7 q + 1 kv a rank);
+  // update_config.py (SGLang 0.5.23)): kv 4 -> 8, q -> 8 * 7 = 56 (7 q + 1 kv a rank);
   // 18944 is a multiple of 8 * 32 and stays (2368 a rank).
   expect_fixture({"qwen2.5-7b",
                   8,
@@ -174,7 +174,7 @@ TEST(SglangFixtures, Qwen25_7bAtTp4AndTp8) {
                   models::Unaligned::kPad});
 }
 
-// python/sglang/srt/models/mixtral.py at 7f1f5bc113ce (MixtralAttention,
+// python/sglang/srt/models/mixtral.py (SGLang 0.5.23) (MixtralAttention,
 // MixtralMoE): Mixtral-8x7B, H 4096, 32 q / 8 kv heads of 128, 8 experts of I 14336,
 // vocabulary 32000 (500 * 64).
 TEST(SglangFixtures, Mixtral8x7bAtTp8Ep1AndEp8) {
@@ -195,7 +195,7 @@ TEST(SglangFixtures, Mixtral8x7bAtTp8Ep1AndEp8) {
                       {1, 4096, 14336});
 }
 
-// python/sglang/srt/models/qwen3_moe.py at e3d8e9aec2c7 (Qwen3MoeAttention with
+// python/sglang/srt/models/qwen3_moe.py (SGLang 0.5.23) (Qwen3MoeAttention with
 // q_norm / k_norm, Qwen3MoeSparseMoeBlock): Qwen3-30B-A3B, H 2048, 32 q / 4 kv heads
 // of 128 (kv replicated twice at tp 8), 128 experts of I 768, vocabulary 151936
 // (2374 * 64).
@@ -219,12 +219,12 @@ TEST(SglangFixtures, Qwen3_30bA3bAtTp8Ep1AndEp8) {
                       {16, 2048, 768});
 }
 
-// python/sglang/srt/models/deepseek_v2.py at 3e4a39ee7330 (DeepseekV2AttentionMLA,
+// python/sglang/srt/models/deepseek_v2.py (SGLang 0.5.23) (DeepseekV2AttentionMLA,
 // DeepseekV2MLP, DeepseekV2MoE, MoEGate, post_load_weights): DeepSeek-V3, H 7168,
 // 128 heads (16 a rank), q_lora 1536, kv_lora 512, qk_nope 128, qk_rope 64, v 128,
 // dense I 18432 on layers 0-2, 256 experts of I 2048 and 1 shared expert,
 // vocabulary 129280 (2020 * 64). At ep 1 SGLang fuses the shared expert as expert
-// 256 (determine_num_fused_shared_experts); at ep 8 it does not, and the shared
+// 256 (shared_experts_fusion_disable_reason); at ep 8 it does not, and the shared
 // expert is a tensor-parallel DeepseekV2MLP of 1 * 2048.
 TEST(SglangFixtures, DeepseekV3AtTp8Ep1AndEp8) {
   FERRY_NEED_TEST_DATA();
@@ -548,10 +548,10 @@ TEST(SglangFixtures, AttentionDpIsRefusedWhereSglangBuildsNoLayoutForIt) {
                         "lm_head over all tp ranks"));
 }
 
-// determine_num_fused_shared_experts outcomes on an NVIDIA GPU of compute
+// shared_experts_fusion_disable_reason outcomes on an NVIDIA GPU of compute
 // capability >= 8.0 with default server options: DeepSeek from
-// python/sglang/srt/models/deepseek_v2.py at 3e4a39ee7330, GLM-4 MoE from
-// python/sglang/srt/models/glm4_moe.py at 005ffc65dc0f. The fields the rule reads
+// python/sglang/srt/models/deepseek_v2.py (SGLang 0.5.23), GLM-4 MoE from
+// python/sglang/srt/models/glm4_moe.py (SGLang 0.5.23). The fields the rule reads
 // are written here where the config is not in ../shared/data, from each model
 // card's config.json: deepseek-ai/DeepSeek-R1 (DeepseekV3ForCausalLM, 256 routed,
 // 1 shared), deepseek-ai/DeepSeek-V2-Lite (DeepseekV2ForCausalLM, 64 routed, 2
@@ -593,7 +593,7 @@ TEST(SglangFixtures, SharedExpertFusionDecisions) {
     }
   }
   // Qwen2-MoE (Qwen1.5-MoE-A2.7B: 60 routed experts and a gated shared expert of
-  // 5632, python/sglang/srt/models/qwen2_moe.py at 0115497da8f2): never fused, at any
+  // 5632, python/sglang/srt/models/qwen2_moe.py (SGLang 0.5.23)): never fused, at any
   // ep; its shared expert stays a tensor-parallel MLP.
   nlohmann::json qwen2_moe = config_of("qwen3-30b-a3b");
   qwen2_moe["architectures"] = {"Qwen2MoeForCausalLM"};

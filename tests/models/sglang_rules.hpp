@@ -1,6 +1,6 @@
 // SGLang's own rules, transliterated from its Python for the contract references and
-// fixtures (never from ferry's models/ code), each citing the file, function and
-// the commit of sgl-project/sglang it was read at. Header-only: the models and
+// fixtures (never from ferry's models/ code), each citing the file and function of
+// SGLang 0.5.23 (PyPI), the one version all parity work pins. Header-only: the models and
 // runtime test executables both use it.
 #pragma once
 
@@ -10,8 +10,8 @@
 
 namespace ferry::testing::sglang {
 
-// python/sglang/srt/distributed/utils.py, get_pp_indices, at commit
-// 1107be112815907371027e0ab2203cb57d91c10e (without SGLANG_PP_LAYER_PARTITION):
+// python/sglang/srt/distributed/utils.py, get_pp_indices, in
+// SGLang 0.5.23 (without SGLANG_PP_LAYER_PARTITION):
 //   base_layers = num_hidden_layers // pp_size
 //   remainder = num_hidden_layers % pp_size
 //   if pp_rank >= pp_size - remainder:
@@ -35,16 +35,17 @@ inline std::pair<std::uint64_t, std::uint64_t> get_pp_indices(std::uint64_t num_
 
 // Shared-expert fusion on an NVIDIA GPU of compute capability >= 8.0 with default
 // server options (no DeepEP, no W4AFP8):
-// - DeepSeek: python/sglang/srt/models/deepseek_v2.py at commit
-//   3e4a39ee73308590c5c753108bdcb8d333f7f1c6,
-//   DeepseekV2ForCausalLM.determine_num_fused_shared_experts:
-//     if (... or self.config.architectures[0] != architecture   # "DeepseekV3ForCausalLM"
-//         or self.config.n_routed_experts != 256 or self.config.n_shared_experts != 1):
-//         disable
-//     elif get_moe_expert_parallel_world_size() > 1: disable
-// - GLM-4 MoE: python/sglang/srt/models/glm4_moe.py at commit
-//   005ffc65dc0f72d42a1436c31ef129ed98cccc58, Glm4MoeForCausalLM's
-//   determine_num_fused_shared_experts: disabled by moe_ep_size > 1 (on NVIDIA); its
+// - DeepSeek: python/sglang/srt/models/deepseek_v2.py in SGLang 0.5.23,
+//   DeepseekV2ForCausalLM.shared_experts_fusion_disable_reason (before, the same
+//   rule was determine_num_fused_shared_experts):
+//     if (architectures[0] != "DeepseekV3ForCausalLM"
+//         or n_routed_experts not in (256, 384) or n_shared_experts != 1
+//         or (n_routed_experts == 384 and not a Quark checkpoint)): disable
+//     elif moe_ep_size > 1 (on NVIDIA): disable
+//   (ferry loads no Quark checkpoint, so 384 never fuses by default.)
+// - GLM-4 MoE: python/sglang/srt/models/glm4_moe.py in
+//   SGLang 0.5.23, Glm4MoeForCausalLM's
+//   shared_experts_fusion_disable_reason: disabled by moe_ep_size > 1 (on NVIDIA); its
 //   earlier version also required n_shared_experts == 1, which ferry keeps.
 inline bool fuses_shared_experts(const std::string& architecture, std::uint64_t n_routed,
                                  std::uint64_t n_shared, int ep) {

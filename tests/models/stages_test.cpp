@@ -35,8 +35,8 @@ constexpr std::uint64_t kRowBytes = kHidden * 2;  // BF16
 
 // ---- pp_layers ----------------------------------------------------------------------
 
-// Fixtures from SGLang's get_pp_indices (python/sglang/srt/distributed/utils.py at
-// commit 1107be112815907371027e0ab2203cb57d91c10e): every stage gets L // pp layers
+// Fixtures from SGLang's get_pp_indices (python/sglang/srt/distributed/utils.py in
+// SGLang 0.5.23): every stage gets L // pp layers
 // and the last L % pp stages one more each. Worked by hand from that code, for
 // remainders 0, 1, 2, 5 and 7.
 TEST(PpLayers, SglangGetPpIndicesFixtures) {
