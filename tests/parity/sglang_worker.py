@@ -159,6 +159,7 @@ def emulate_hopper(emulations):
     emulations.append(
         "deepseek_weight_loader._is_cuda=True (post_load_weights' kv_b_proj rule)"
     )
+    emulate_cuda_tensor_requant(deepseek_weight_loader, emulations)
 
     try:
         from sglang.srt.layers.attention.dsa import dsa_indexer
@@ -178,6 +179,51 @@ def emulate_hopper(emulations):
 
     dsa_indexer.Indexer.__init__ = indexer_init_on_cuda
     emulate_nvfp4_moe_on_hopper(emulations)
+
+
+def cuda_scaled_fp8_quant(x, scale=None, num_token_padding=None, use_per_token_if_dynamic=False):
+    """The dynamic per-tensor path of SGLang's scaled_fp8_quant on CUDA, in torch on
+    the CPU: sgl_per_tensor_quant_fp8's absmax kernel stores s = amax / 448 in a [1]
+    F32 tensor, its quant kernel multiplies by the F32 reciprocal 1 / s, clamps to
+    +-448 (fmin / fmax, so the NaN of a zero s becomes 448) and rounds to E4M3."""
+    import torch
+
+    assert scale is None and not use_per_token_if_dynamic and not num_token_padding
+    x = x.float()
+    s = (x.abs().max() / 448.0).reshape(1).to(torch.float32)
+    inv = torch.reciprocal(s)
+    q = x * inv
+    q = torch.where(torch.isnan(q), torch.full_like(q, 448.0), q).clamp(-448.0, 448.0)
+    return q.to(torch.float8_e4m3fn), s
+
+
+def emulate_cuda_tensor_requant(loader_module, emulations):
+    """post_load_weights' block_quant_to_tensor_quant and
+    channel_quant_to_tensor_quant take fp8_utils' CUDA branch (scaled_fp8_quant, a
+    [1] scale and the 1 / (amax / 448) multiplier) instead of the CPU one
+    (input_to_float8: a 0-d scale, the multiplier 448 / amax). Scoped to those two
+    calls from the DeepSeek loader."""
+    from sglang.srt.layers.quantization import fp8_utils
+
+    def on_cuda(fn):
+        def wrapped(*args, **kwargs):
+            saved = (fp8_utils._is_cuda, fp8_utils.scaled_fp8_quant)
+            fp8_utils._is_cuda = True
+            fp8_utils.scaled_fp8_quant = cuda_scaled_fp8_quant
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                fp8_utils._is_cuda, fp8_utils.scaled_fp8_quant = saved
+
+        return wrapped
+
+    for name in ("block_quant_to_tensor_quant", "channel_quant_to_tensor_quant"):
+        setattr(loader_module, name, on_cuda(getattr(fp8_utils, name)))
+    emulations.append(
+        "the DeepSeek loader's block_quant_to_tensor_quant / channel_quant_to_tensor_quant "
+        "take fp8_utils' CUDA branch, scaled_fp8_quant emulated in torch "
+        "(sgl_per_tensor_quant_fp8: s = amax / 448, x * (1 / s), clamp, E4M3)"
+    )
 
 
 def emulate_nvfp4_moe_on_hopper(emulations):
