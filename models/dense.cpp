@@ -120,6 +120,9 @@ std::unique_ptr<TableModel> make_dense_model(const FamilyInput& in, const DenseC
       m->add_drop_pattern("self_attn.o_proj.bias", "no_bias_param");
     }
   }
+  if (c.norms_through_f32) {
+    m->load_through("norm.weight", "_loaded", DType::kF32);
+  }
   m->finish();
   return m;
 }

@@ -36,6 +36,9 @@ struct DenseConfig : GqaDecoderDims {
   bool replicated_embedding = false;
   // False: pp > 1 is refused (Gemma: no lm_head module to put on a last stage).
   bool pipeline_stages = true;
+  // Gemma 1: every "...norm.weight" loads into an F32 transient "<name>_loaded",
+  // which its post-load hook reads to compute the param (TableModel::load_through).
+  bool norms_through_f32 = false;
 };
 
 // The fields every dense family reads alike: GqaDecoderDims and intermediate_size;

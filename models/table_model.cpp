@@ -168,6 +168,36 @@ void TableModel::set_transient(const std::string& name) {
   internal(name, "set_transient names a param that was not declared");
 }
 
+void TableModel::load_through(const std::string& suffix, const std::string& twin_suffix,
+                              DType dtype) {
+  if (finished_) {
+    internal(suffix, "load_through after finish");
+  }
+  std::map<std::string, std::string> twin_of;
+  std::vector<ParamDecl> twins;
+  for (const ParamDecl& d : param_decls_) {
+    if (!d.transient && d.name.ends_with(suffix)) {
+      twin_of.emplace(d.name, d.name + twin_suffix);
+      twins.push_back({d.name + twin_suffix, d.shape, dtype, true});
+    }
+  }
+  for (ParamDecl& t : twins) {
+    param_decls_.push_back(std::move(t));
+  }
+  for (auto& [tensor, targets] : targets_) {
+    for (Target& t : targets) {
+      if (auto it = twin_of.find(t.param); it != twin_of.end()) {
+        t.param = it->second;
+      }
+    }
+  }
+  for (Fill& f : fill_decls_) {
+    if (auto it = twin_of.find(f.param); it != twin_of.end()) {
+      f.param = it->second;
+    }
+  }
+}
+
 void TableModel::add_drop_name(std::string name, std::string reason) {
   drop_names_[std::move(name)] = std::move(reason);
 }

@@ -51,6 +51,10 @@ class TableModel final : public Model {
   // Makes a declared param transient (ParamSpec::transient): loaded for a hook to
   // read, then freed; the scales quantization gives it are transient too.
   void set_transient(const std::string& name);
+  // Every declared param whose name ends with `suffix` gets a transient twin
+  // <name><twin_suffix> of the same shape in `dtype`, which its targets and fills
+  // write instead: a hook computes the param from the twin (Gemma 1's norm + 1).
+  void load_through(const std::string& suffix, const std::string& twin_suffix, DType dtype);
   // Checkpoint tensor `tensor`, whose shape must be `src_shape`, feeds `param` with
   // the blocks `copy` returns for each local rank. A tensor may feed several params.
   // When no local rank gets a block from any of its targets the tensor is dropped

@@ -19,8 +19,11 @@
 // 0.5.23's gemma.py, gemma2.py and gemma3_causal.py build nothing for it (no
 // attention tp group, no use_attn_tp_group).
 #include <cstring>
+#include <optional>
+#include <string>
 #include <vector>
 
+#include "common/error.hpp"
 #include "gpu/device.hpp"
 #include "gpu/kernels_host.hpp"
 #include "models/dense.hpp"
@@ -44,44 +47,86 @@ DenseConfig gemma_config(const nlohmann::json& config, int version) {
     c.qk_norm = true;
     c.replicated_embedding = true;
   }
+  c.norms_through_f32 = version == 1;
   return c;
 }
 
-// Gemma 1's load-time norm shift: every "...norm.weight" param becomes w + 1,
-// computed in F32 and rounded once to the param's dtype (SGLang adds 1.0 to the
-// checkpoint tensor in its dtype before the copy: the same bytes when the param
-// dtype is the checkpoint's).
-std::vector<PostLoadHook> norm_plus_one_hooks(const Model& model, const FamilyInput&) {
+// The dtype a Gemma checkpoint's tensors are stored in, as config.json declares it
+// (dtype, else torch_dtype); nullopt when it declares none ferry reads.
+std::optional<DType> declared_dtype(const nlohmann::json& config) {
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    auto it = config.find(key);
+    if (it == config.end() || !it->is_string()) {
+      continue;
+    }
+    const std::string v = it->get<std::string>();
+    if (v == "bfloat16") {
+      return DType::kBF16;
+    }
+    if (v == "float16" || v == "half") {
+      return DType::kF16;
+    }
+    if (v == "float32" || v == "float") {
+      return DType::kF32;
+    }
+  }
+  return std::nullopt;
+}
+
+// Gemma 1's load-time norm shift, as SGLang 0.5.23's GemmaForCausalLM.load_weights
+// does it (`loaded_weight += 1.0` on the checkpoint tensor, then the param's
+// weight_loader copies it): the sum is rounded in the checkpoint's dtype, then cast
+// to the param's. The norm loads into an F32 twin "<name>_loaded" (exact for BF16,
+// F16 and F32 tensors; DenseConfig::norms_through_f32), and the hook computes
+// param = cast(round_C(x + 1)) with C the dtype config.json declares for the
+// checkpoint (F32 when none: the sum rounded once). A checkpoint whose tensors are
+// stored in another dtype than it declares rounds as if they were not.
+std::vector<PostLoadHook> norm_plus_one_hooks(const Model& model, const FamilyInput& in) {
   std::vector<PostLoadHook> hooks;
+  const DType ckpt = declared_dtype(in.config).value_or(DType::kF32);
   for (std::size_t r = 0; r < model.shells().size(); ++r) {
     const RankShell& shell = model.shells()[r];
     for (std::size_t i = 0; i < shell.params.size(); ++i) {
       const ParamSpec& p = shell.params[i];
-      if (!p.name.ends_with("norm.weight")) {
+      if (!p.name.ends_with("norm.weight") || p.transient) {
         continue;
+      }
+      auto twin = shell.by_name.find(p.name + "_loaded");
+      if (twin == shell.by_name.end() || shell.params[twin->second].dtype != DType::kF32 ||
+          shell.params[twin->second].shape != p.shape) {
+        throw Error(Stage::kPostProcess, "", p.name,
+                    "Gemma norm + 1: no F32 " + format_shape(p.shape) + " parameter " + p.name +
+                        "_loaded to compute it from");
       }
       PostLoadHook h;
       h.name = "gemma_norm_plus_one:" + p.name + " (tp rank " + std::to_string(shell.tp_rank) +
                ")";
       h.local_rank = r;
-      h.rewrites = {i};
+      const std::size_t src = twin->second;
+      h.inputs = {src};
+      h.outputs = {i};
       const DType dtype = p.dtype;
       const std::uint64_t count = p.nbytes / dtype_size(dtype);
-      h.run = [i, dtype, count](HookContext& ctx) {
+      h.run = [i, src, dtype, ckpt, count](HookContext& ctx) {
         gpu::Stream& stream = ctx.stream();
-        std::vector<std::byte> raw(count * dtype_size(dtype));
         std::vector<float> values(count);
-        stream.copy_d2h(raw.data(), ctx.param_data(i), raw.size());
+        stream.copy_d2h(reinterpret_cast<std::byte*>(values.data()), ctx.param_data(src),
+                        count * sizeof(float));
         stream.synchronize();
-        gpu::host::cast(reinterpret_cast<std::byte*>(values.data()), DType::kF32, raw.data(),
-                        dtype, count);
         for (float& v : values) {
           v += 1.0f;
         }
-        gpu::host::cast(raw.data(), dtype, reinterpret_cast<const std::byte*>(values.data()),
+        // Rounded in the checkpoint's dtype, then cast to the param's.
+        std::vector<std::byte> rounded(count * dtype_size(ckpt));
+        gpu::host::cast(rounded.data(), ckpt, reinterpret_cast<const std::byte*>(values.data()),
                         DType::kF32, count);
-        stream.copy_h2d(ctx.param_data(i), raw.data(), raw.size());
-        stream.synchronize();  // the host buffer dies with this call
+        gpu::host::cast(reinterpret_cast<std::byte*>(values.data()), DType::kF32, rounded.data(),
+                        ckpt, count);
+        std::vector<std::byte> out(count * dtype_size(dtype));
+        gpu::host::cast(out.data(), dtype, reinterpret_cast<const std::byte*>(values.data()),
+                        DType::kF32, count);
+        stream.copy_h2d(ctx.param_data(i), out.data(), out.size());
+        stream.synchronize();  // the host buffers die with this call
       };
       hooks.push_back(std::move(h));
     }
