@@ -116,6 +116,28 @@ bool config_bool(const nlohmann::json& config, std::string_view key, bool fallba
   return v->get<bool>();
 }
 
+std::optional<DType> declared_dtype(const nlohmann::json& config) {
+  const char* key = "dtype";
+  const nlohmann::json* v = find(config, key);
+  if (v == nullptr || v->is_null()) {
+    key = "torch_dtype";
+    v = find(config, key);
+  }
+  if (v == nullptr || v->is_null()) {
+    return std::nullopt;
+  }
+  if (!v->is_string()) {
+    bad("field '" + std::string(key) + "' must be a string (got " + v->dump() + ")");
+  }
+  static const std::map<std::string, DType> kTorchNames{{"half", DType::kF16},
+                                                        {"float16", DType::kF16},
+                                                        {"float", DType::kF32},
+                                                        {"float32", DType::kF32},
+                                                        {"bfloat16", DType::kBF16}};
+  auto it = kTorchNames.find(v->get<std::string>());
+  return it == kTorchNames.end() ? std::nullopt : std::optional<DType>(it->second);
+}
+
 DType resolve_dtype(const nlohmann::json& config, const std::optional<DType>& requested) {
   if (requested) {
     return *requested;
@@ -124,26 +146,7 @@ DType resolve_dtype(const nlohmann::json& config, const std::optional<DType>& re
   // SGLang 0.5.23) for "auto": config.dtype, else config.torch_dtype; a
   // missing or unknown value counts as float32, and float32 loads as float16, or
   // bfloat16 when model_type starts with "gemma"; bfloat16 and float16 load as given.
-  const char* key = "dtype";
-  const nlohmann::json* v = find(config, key);
-  if (v == nullptr || v->is_null()) {
-    key = "torch_dtype";
-    v = find(config, key);
-  }
-  std::optional<DType> dtype;
-  if (v != nullptr && !v->is_null()) {
-    if (!v->is_string()) {
-      bad("field '" + std::string(key) + "' must be a string (got " + v->dump() + ")");
-    }
-    static const std::map<std::string, DType> kTorchNames{{"half", DType::kF16},
-                                                          {"float16", DType::kF16},
-                                                          {"float", DType::kF32},
-                                                          {"float32", DType::kF32},
-                                                          {"bfloat16", DType::kBF16}};
-    if (auto it = kTorchNames.find(v->get<std::string>()); it != kTorchNames.end()) {
-      dtype = it->second;
-    }
-  }
+  const std::optional<DType> dtype = declared_dtype(config);
   if (dtype && *dtype != DType::kF32) {
     return *dtype;
   }

@@ -55,4 +55,9 @@ GqaDecoderDims config_gqa_decoder_dims(const nlohmann::json& config);
 // Throws only when the field is not a string.
 DType resolve_dtype(const nlohmann::json& config, const std::optional<DType>& requested);
 
+// The dtype config.json declares (dtype, else torch_dtype: "bfloat16", "float16" /
+// "half", "float32" / "float"); nullopt when missing or another name. Throws
+// Error(Stage::kConfig) naming the field when it is not a string.
+std::optional<DType> declared_dtype(const nlohmann::json& config);
+
 }  // namespace ferry::models

@@ -10,6 +10,24 @@
 namespace ferry::models {
 namespace {
 
+// Points every target and fill of a param in `to` at its replacement (a transient
+// the checkpoint loads into instead: TableModel::load_through, apply_online).
+template <typename Targets, typename Fills>
+void retarget(Targets& targets, Fills& fills, const std::map<std::string, std::string>& to) {
+  for (auto& [tensor, list] : targets) {
+    for (auto& t : list) {
+      if (auto it = to.find(t.param); it != to.end()) {
+        t.param = it->second;
+      }
+    }
+  }
+  for (auto& f : fills) {
+    if (auto it = to.find(f.param); it != to.end()) {
+      f.param = it->second;
+    }
+  }
+}
+
 [[noreturn]] void internal(const std::string& what, const std::string& rule) {
   throw Error(Stage::kPlacement, "", what, "internal: " + rule);
 }
@@ -184,18 +202,7 @@ void TableModel::load_through(const std::string& suffix, const std::string& twin
   for (ParamDecl& t : twins) {
     param_decls_.push_back(std::move(t));
   }
-  for (auto& [tensor, targets] : targets_) {
-    for (Target& t : targets) {
-      if (auto it = twin_of.find(t.param); it != twin_of.end()) {
-        t.param = it->second;
-      }
-    }
-  }
-  for (Fill& f : fill_decls_) {
-    if (auto it = twin_of.find(f.param); it != twin_of.end()) {
-      f.param = it->second;
-    }
-  }
+  retarget(targets_, fill_decls_, twin_of);
 }
 
 void TableModel::add_drop_name(std::string name, std::string reason) {
@@ -715,18 +722,7 @@ void TableModel::apply_online() {
   for (ParamDecl& a : added) {
     param_decls_.push_back(std::move(a));
   }
-  for (auto& [tensor, targets] : targets_) {
-    for (Target& t : targets) {
-      if (auto it = unquantized.find(t.param); it != unquantized.end()) {
-        t.param = it->second;
-      }
-    }
-  }
-  for (Fill& f : fill_decls_) {
-    if (auto it = unquantized.find(f.param); it != unquantized.end()) {
-      f.param = it->second;
-    }
-  }
+  retarget(targets_, fill_decls_, unquantized);
 }
 
 void TableModel::finish() {

@@ -51,28 +51,6 @@ DenseConfig gemma_config(const nlohmann::json& config, int version) {
   return c;
 }
 
-// The dtype a Gemma checkpoint's tensors are stored in, as config.json declares it
-// (dtype, else torch_dtype); nullopt when it declares none ferry reads.
-std::optional<DType> declared_dtype(const nlohmann::json& config) {
-  for (const char* key : {"dtype", "torch_dtype"}) {
-    auto it = config.find(key);
-    if (it == config.end() || !it->is_string()) {
-      continue;
-    }
-    const std::string v = it->get<std::string>();
-    if (v == "bfloat16") {
-      return DType::kBF16;
-    }
-    if (v == "float16" || v == "half") {
-      return DType::kF16;
-    }
-    if (v == "float32" || v == "float") {
-      return DType::kF32;
-    }
-  }
-  return std::nullopt;
-}
-
 // Gemma 1's load-time norm shift, as SGLang 0.5.23's GemmaForCausalLM.load_weights
 // does it (`loaded_weight += 1.0` on the checkpoint tensor, then the param's
 // weight_loader copies it): the sum is rounded in the checkpoint's dtype, then cast
