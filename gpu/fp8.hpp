@@ -46,6 +46,11 @@ enum class Fp8ScaleRule {
   kInputToFloat8,  // m = 448 / max(amax, 1e-12), s = 1 / m (input_to_float8)
   kUe8m0,          // s = ceil_to_ue8m0(max(amax, 1e-4) / 448), m = 1 / s (exact: a power of
                    //   two), as requant_weight_ue8m0 does for DeepGEMM
+  kStatic,         // no amax: s = the largest of the group's scale slots as they are before
+                   //   the call (kTensor: its tensor_repeat slots), m = 1 / s, and every
+                   //   slot of the group then holds s: SGLang's scaled_fp8_quant with a
+                   //   static scale (its kernel multiplies by the F32 reciprocal), given
+                   //   the max of several shards' scales (requantize_with_max_scale)
 };
 
 namespace fp8 {
@@ -184,7 +189,8 @@ struct ScaleMul {
   float mul = 0;    // what the elements are multiplied by before encoding
 };
 
-// The rule's (s, m) for a group's amax (see Fp8ScaleRule).
+// The rule's (s, m) for a group's amax (see Fp8ScaleRule); kStatic takes the group's
+// static scale in place of the amax.
 FERRY_HOST_DEVICE inline ScaleMul scale_for(float amax, Fp8ScaleRule rule) {
   switch (rule) {
     case Fp8ScaleRule::kAmax: {
@@ -199,6 +205,8 @@ FERRY_HOST_DEVICE inline ScaleMul scale_for(float amax, Fp8ScaleRule rule) {
       const float m = div(kE4M3Max, amax > 1e-12f ? amax : 1e-12f);
       return {div(1.0f, m), m};
     }
+    case Fp8ScaleRule::kStatic:
+      return {amax, div(1.0f, amax)};  // `amax` is the group's static scale
     case Fp8ScaleRule::kUe8m0:
       break;
   }

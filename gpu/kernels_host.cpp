@@ -372,11 +372,21 @@ void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType 
       std::size_t slot = b * per_matrix + (tensor ? 0 : t % row_tiles * col_tiles);
       for (std::size_t c0 = 0; c0 < cols; c0 += tile_cols) {
         const std::size_t n = std::min(cols, c0 + tile_cols) - c0;
+        const std::size_t copies = tensor ? scales.tensor_repeat : 1;
         float amax = 0;
-        for (std::size_t r = r0; r < r1; ++r) {
-          const std::size_t at = (b * rows + r) * cols + c0;
-          for (std::size_t i = 0; i < n; ++i) {
-            amax = fp8::amax_fold(amax, from_f32_bits(load_as_f32(src, at + i, src_dtype)));
+        if (rule == Fp8ScaleRule::kStatic) {
+          // The group's static scale: the largest of its slots as they are.
+          amax = fp8::load_f32(reinterpret_cast<const unsigned char*>(scale), slot);
+          for (std::size_t k = 1; k < copies; ++k) {
+            amax = std::max(amax, fp8::load_f32(reinterpret_cast<const unsigned char*>(scale),
+                                                slot + k));
+          }
+        } else {
+          for (std::size_t r = r0; r < r1; ++r) {
+            const std::size_t at = (b * rows + r) * cols + c0;
+            for (std::size_t i = 0; i < n; ++i) {
+              amax = fp8::amax_fold(amax, from_f32_bits(load_as_f32(src, at + i, src_dtype)));
+            }
           }
         }
         const fp8::ScaleMul sm = fp8::scale_for(amax, rule);
@@ -387,7 +397,6 @@ void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType 
           }
           scale_to_e4m3(buf.data(), n, sm.mul, q + at);
         }
-        const std::size_t copies = tensor ? scales.tensor_repeat : 1;
         for (std::size_t k = 0; k < copies; ++k) {
           std::memcpy(scale + 4 * slot++, &sm.scale, sizeof(float));
         }

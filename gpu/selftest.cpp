@@ -510,7 +510,8 @@ void add_fp8_scenarios(std::vector<Scenario>& out) {
                                           read, l.rows, l.cols, l.batches);
                        }});
         for (Fp8ScaleRule rule : {Fp8ScaleRule::kAmax, Fp8ScaleRule::kAmaxOrOne,
-                                  Fp8ScaleRule::kInputToFloat8, Fp8ScaleRule::kUe8m0}) {
+                                  Fp8ScaleRule::kInputToFloat8, Fp8ScaleRule::kUe8m0,
+                                  Fp8ScaleRule::kStatic}) {
           out.push_back(
               {"quantize_fp8 " + suffix + " rule " + std::to_string(static_cast<int>(rule)),
                dst_at + n + kGuard, [=](Device&, Stream& s, std::byte* base) {

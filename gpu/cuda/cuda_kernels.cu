@@ -877,6 +877,17 @@ __host__ __device__ inline void store_scale(unsigned char* scale, std::size_t sl
   memcpy(scale + slot * sizeof(float), &v, sizeof v);
 }
 
+// kStatic: the largest of a group's `repeat` scale slots from `first` on.
+__host__ __device__ inline float static_scale(const unsigned char* scale, std::size_t first,
+                                              std::size_t repeat) {
+  float s = fp8::load_f32(scale, first);
+  for (std::size_t k = 1; k < repeat; ++k) {
+    const float v = fp8::load_f32(scale, first + k);
+    s = v > s ? v : s;
+  }
+  return s;
+}
+
 // One block a group: its amax folded through shared memory, then its elements
 // encoded and its scale written. Loop bounds depend on block indices only, so
 // every thread reaches each barrier.
@@ -891,8 +902,10 @@ __global__ void quantize_tiles_kernel(unsigned char* dst, unsigned char* scale,
     const std::size_t g = id % t.tiles;
     const std::size_t n = t.height(g) * t.width(g);
     float amax = 0.0f;
-    for (std::size_t k = threadIdx.x; k < n; k += blockDim.x) {
-      amax = fp8::amax_fold(amax, load_value<S, kAligned>(src, t.element(b, g, k)));
+    if (rule != Fp8ScaleRule::kStatic) {
+      for (std::size_t k = threadIdx.x; k < n; k += blockDim.x) {
+        amax = fp8::amax_fold(amax, load_value<S, kAligned>(src, t.element(b, g, k)));
+      }
     }
     partial[threadIdx.x] = amax;
     __syncthreads();
@@ -902,7 +915,10 @@ __global__ void quantize_tiles_kernel(unsigned char* dst, unsigned char* scale,
       }
       __syncthreads();
     }
-    const fp8::ScaleMul sm = fp8::scale_for(partial[0], rule);
+    const float group = rule == Fp8ScaleRule::kStatic ? static_scale(scale, id * t.repeat, t.repeat)
+                                                      : partial[0];
+    const fp8::ScaleMul sm = fp8::scale_for(group, rule);
+    __syncthreads();  // every thread has read the static scale before any writes it
     for (std::size_t k = threadIdx.x; k < n; k += blockDim.x) {
       const std::size_t i = t.element(b, g, k);
       dst[i] = fp8::quantize_one(load_value<S, kAligned>(src, i), sm.mul);
@@ -940,6 +956,15 @@ __global__ void tensor_amax_kernel(unsigned int* acc, std::size_t repeat, const 
       atomicMax(acc + b * repeat, fp8::to_bits(partial[0]));
     }
     __syncthreads();
+  }
+}
+
+// kStatic per tensor: each matrix's largest slot into its first (the accumulator).
+__global__ void tensor_static_kernel(unsigned int* acc, std::size_t repeat, std::size_t batches) {
+  for (std::size_t b = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       b < batches; b += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+    acc[b * repeat] = fp8::to_bits(
+        static_scale(reinterpret_cast<const unsigned char*>(acc), b * repeat, repeat));
   }
 }
 
@@ -1106,13 +1131,18 @@ struct LaunchQuantize {
     }
     auto* acc = reinterpret_cast<unsigned int*>(a.scale);
     const std::size_t count = t.rows * t.cols;
-    cudaError_t err = cudaMemsetAsync(a.scale, 0, t.batches * t.repeat * sizeof(float), stream);
-    if (err != cudaSuccess) {
-      return err;
-    }
     const dim3 grid = grid_2d(count, t.batches);
-    tensor_amax_kernel<S, kAligned><<<grid, kThreads, 0, stream>>>(acc, t.repeat, a.src, count,
-                                                                   t.batches);
+    if (a.rule == Fp8ScaleRule::kStatic) {
+      tensor_static_kernel<<<capped(t.batches, kMaxBlocks), kThreads, 0, stream>>>(acc, t.repeat,
+                                                                                  t.batches);
+    } else {
+      cudaError_t err = cudaMemsetAsync(a.scale, 0, t.batches * t.repeat * sizeof(float), stream);
+      if (err != cudaSuccess) {
+        return err;
+      }
+      tensor_amax_kernel<S, kAligned><<<grid, kThreads, 0, stream>>>(acc, t.repeat, a.src, count,
+                                                                     t.batches);
+    }
     tensor_quantize_kernel<S, kAligned>
         <<<grid, kThreads, 0, stream>>>(a.dst, acc, t.repeat, a.src, count, t.batches, a.rule);
     tensor_scale_kernel<<<capped(t.batches, kMaxBlocks), kThreads, 0, stream>>>(acc, t.repeat,
@@ -1135,8 +1165,12 @@ struct EmulateQuantize {
         const std::size_t g = id % t.tiles;
         const std::size_t n = t.height(g) * t.width(g);
         float amax = 0.0f;
-        for (std::size_t k = 0; k < n; ++k) {
-          amax = fp8::amax_fold(amax, load_value<S, kAligned>(a.src, t.element(b, g, k)));
+        if (a.rule == Fp8ScaleRule::kStatic) {
+          amax = static_scale(a.scale, id * t.repeat, t.repeat);
+        } else {
+          for (std::size_t k = 0; k < n; ++k) {
+            amax = fp8::amax_fold(amax, load_value<S, kAligned>(a.src, t.element(b, g, k)));
+          }
         }
         const fp8::ScaleMul sm = fp8::scale_for(amax, a.rule);
         for (std::size_t k = 0; k < n; ++k) {
@@ -1151,12 +1185,18 @@ struct EmulateQuantize {
     }
     auto* acc = reinterpret_cast<unsigned int*>(a.scale);
     const std::size_t count = t.rows * t.cols;
-    memset(a.scale, 0, t.batches * t.repeat * sizeof(float));
-    for (std::size_t b = 0; b < t.batches; ++b) {
-      for (std::size_t i = 0; i < count; ++i) {
-        const float v = fp8::amax_fold(0.0f, load_value<S, kAligned>(a.src, b * count + i));
-        if (v > 0.0f && fp8::to_bits(v) > acc[b * t.repeat]) {
-          acc[b * t.repeat] = fp8::to_bits(v);
+    if (a.rule == Fp8ScaleRule::kStatic) {
+      for (std::size_t b = 0; b < t.batches; ++b) {
+        acc[b * t.repeat] = fp8::to_bits(static_scale(a.scale, b * t.repeat, t.repeat));
+      }
+    } else {
+      memset(a.scale, 0, t.batches * t.repeat * sizeof(float));
+      for (std::size_t b = 0; b < t.batches; ++b) {
+        for (std::size_t i = 0; i < count; ++i) {
+          const float v = fp8::amax_fold(0.0f, load_value<S, kAligned>(a.src, b * count + i));
+          if (v > 0.0f && fp8::to_bits(v) > acc[b * t.repeat]) {
+            acc[b * t.repeat] = fp8::to_bits(v);
+          }
         }
       }
     }

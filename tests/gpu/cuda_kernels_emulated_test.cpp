@@ -204,7 +204,8 @@ TEST(CudaKernelEmulationTest, Fp8KernelsMatchTheHostTwins) {
       {3, 5, 2, {Fp8Granularity::kTensor, 0, 0, 4}},
   };
   const Fp8ScaleRule rules[] = {Fp8ScaleRule::kAmax, Fp8ScaleRule::kAmaxOrOne,
-                                Fp8ScaleRule::kInputToFloat8, Fp8ScaleRule::kUe8m0};
+                                Fp8ScaleRule::kInputToFloat8, Fp8ScaleRule::kUe8m0,
+                                Fp8ScaleRule::kStatic};
   for (const Case& c : cases) {
     const std::size_t n = c.rows * c.cols * c.batches;
     const std::size_t per = c.scales.granularity == Fp8Granularity::kTensor

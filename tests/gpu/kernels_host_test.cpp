@@ -677,6 +677,8 @@ NaiveScale naive_scale(float amax, Fp8ScaleRule rule) {
       const float m = 448.0f / std::max(amax, 1e-12f);
       return {1.0f / m, m};
     }
+    case Fp8ScaleRule::kStatic:
+      return {amax, 1.0f / amax};  // no amax: the static scale (its own test)
     case Fp8ScaleRule::kUe8m0:
       break;
   }
@@ -726,6 +728,54 @@ std::vector<float> quantize_inputs(const Fp8Case& c, std::uint32_t seed) {
     x[n / 2] = 1e30f;
   }
   return x;
+}
+
+// kStatic: no amax; each group's scale is the largest of its slots as they were,
+// every slot of the group then holds it, and the elements are x * (1 / s) encoded
+// (SGLang's scaled_fp8_quant with a static scale, given the max of shard scales).
+TEST(KernelsHostTest, QuantizeFp8StaticUsesTheLargestSlotOfEachGroup) {
+  for (const Fp8Case& c : fp8_cases()) {
+    const std::vector<float> x = quantize_inputs(c, 17);
+    const std::size_t n = x.size();
+    const bool tensor = c.scales.granularity == Fp8Granularity::kTensor;
+    const std::size_t per =
+        tensor ? c.scales.tensor_repeat : naive_scale_count(c.scales, c.rows, c.cols);
+    std::vector<float> s(per * c.batches + 1, -7.0f);
+    for (std::size_t i = 0; i < per * c.batches; ++i) {
+      s[i] = std::ldexp(1.0f + static_cast<float>(i % 5) / 8.0f, static_cast<int>(i % 3) - 8);
+    }
+    const std::vector<float> before = s;
+    std::vector<std::uint8_t> q(n + 4, 0xA5);
+    quantize_fp8(reinterpret_cast<std::byte*>(q.data()), reinterpret_cast<std::byte*>(s.data()),
+                 reinterpret_cast<const std::byte*>(x.data()), DType::kF32, c.scales,
+                 Fp8ScaleRule::kStatic, c.rows, c.cols, c.batches);
+    ASSERT_EQ(q[n], 0xA5) << "wrote past the weight";
+    ASSERT_EQ(s[per * c.batches], -7.0f) << "wrote past the scales";
+    for (std::size_t b = 0; b < c.batches; ++b) {
+      for (std::size_t r = 0; r < c.rows; ++r) {
+        for (std::size_t col = 0; col < c.cols; ++col) {
+          // The group's slots: all `per` of the matrix (kTensor), else its one.
+          const std::size_t first =
+              b * per + (tensor ? 0 : naive_scale_index(c.scales, r, col, c.cols));
+          const std::size_t count = tensor ? per : 1;
+          const float want_s = *std::max_element(before.begin() + first,
+                                                 before.begin() + first + count);
+          for (std::size_t k = 0; k < count; ++k) {
+            ASSERT_EQ(s[first + k], want_s);
+          }
+          const std::size_t i = (b * c.rows + r) * c.cols + col;
+          const float got = testing::decode_one(reinterpret_cast<const std::byte*>(&q[i]),
+                                                DType::kF8E4M3);
+          const float want = naive_e4m3(x[i] * (1.0f / want_s));
+          if (std::isnan(want)) {
+            ASSERT_TRUE(std::isnan(got)) << i;
+          } else {
+            ASSERT_EQ(got, want) << c.rows << "x" << c.cols << " element " << i;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(KernelsHostTest, QuantizeFp8MatchesTheNaiveReference) {
