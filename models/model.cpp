@@ -6,6 +6,7 @@
 #include "models/family.hpp"
 #include "models/hf_config.hpp"
 #include "models/online_quant.hpp"
+#include "models/postprocess.hpp"
 #include "models/quant.hpp"
 #include "models/requant.hpp"
 #include "models/table_model.hpp"
@@ -211,6 +212,17 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
   }
   DType dtype = resolve_dtype(hf_config, options.dtype);
   ParallelLayout normalized = normalize_layout(layout);
+  // postprocess.target (models/postprocess.hpp). On sm100 DeepGEMM runs block FP8
+  // linears whose output is BF16 (should_deepgemm_weight_requant_ue8m0), and the
+  // experts only under DeepEP (Fp8MoEMethod.is_deepgemm_moe_runner_backend_enabled).
+  q.target = options.target;
+  q.ue8m0_dense = q.target == QuantScheme::Target::kSm100 && dtype == DType::kBF16;
+  q.ue8m0_experts =
+      q.ue8m0_dense && normalized.moe_a2a == ParallelLayout::MoeA2a::kDeepep;
+  check_target(q, architecture, hf_config.contains("n_routed_experts") ||
+                                    hf_config.contains("num_experts") ||
+                                    hf_config.contains("num_local_experts"),
+               normalized);
   refuse_options(*family, normalized, with_quant);
   for (const std::string& field : family->required_fields) {
     config_positive(hf_config, field);
@@ -225,9 +237,10 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
   if (q.online != QuantScheme::Online::kNone) {
     model->add_hooks(make_online_quant_hooks(*model, q));
   }
-  if (q.requant != QuantScheme::Requant::kNone) {
+  if (q.requant != QuantScheme::Requant::kNone || q.target == QuantScheme::Target::kSm100) {
     model->add_hooks(make_requant_hooks(*model, q));
   }
+  model->add_hooks(make_postprocess_hooks(*model, q));
   return model;
 }
 

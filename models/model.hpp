@@ -299,6 +299,17 @@ struct QuantScheme {
   // (the checkpoint is not quantized). Set by make_model from ModelOptions::online.
   enum class Online { kNone, kChannel, kTensor };
   Online online = Online::kNone;
+  // postprocess.target (models/postprocess.hpp): the layout SGLang 0.5.23's
+  // process_weights_after_loading leaves on that GPU with default server options;
+  // kLoader stops at its weight loaders' state. Set by make_model from
+  // ModelOptions::target. Under kSm100, DeepGEMM's UE8M0 repack of FP8 block scales
+  // takes dense linears when ue8m0_dense (the model dtype is BF16) and fused experts
+  // when ue8m0_experts (DeepEP: SGLang's MoE runs DeepGEMM only there), of the shapes
+  // converts_ue8m0 (models/postprocess.hpp) accepts.
+  enum class Target { kLoader, kSm90, kSm100 };
+  Target target = Target::kLoader;
+  bool ue8m0_dense = false;
+  bool ue8m0_experts = false;
 
   bool quantized() const { return method != Method::kNone; }
   bool operator==(const QuantScheme&) const = default;
@@ -340,6 +351,10 @@ struct ModelOptions {
   // quantization.online, resolved (auto is the runtime's): refused for a checkpoint
   // that is already quantized.
   QuantScheme::Online online = QuantScheme::Online::kNone;
+  // postprocess.target, resolved (auto is the runtime's): refused with
+  // quantization.requant, and for what SGLang does not serve on that target or ferry
+  // does not produce (make_model names it).
+  QuantScheme::Target target = QuantScheme::Target::kLoader;
   // The checkpoint's quantization. make_model sets it from config.json's
   // quantization_config (parse_quant_scheme, models/quant.hpp), replacing what the
   // caller put here; the make_*_model functions of the families take it as given.

@@ -9,6 +9,7 @@
 #include "common/error.hpp"
 #include "common/fp8.hpp"
 #include "models/hf_config.hpp"
+#include "models/postprocess.hpp"
 
 namespace ferry::models {
 namespace {
@@ -671,10 +672,14 @@ std::string weight_scale_name(const QuantScheme& scheme, std::string_view weight
   return companion_name(weight, scheme.scale_suffix);
 }
 
-std::string loaded_scale_name(const QuantScheme& scheme, std::string_view weight) {
-  return scheme.requant == QuantScheme::Requant::kUe8m0
-             ? companion_name(weight, scheme.scale_suffix + "_f32")
-             : weight_scale_name(scheme, weight);
+std::string loaded_scale_name(const QuantScheme& scheme, std::string_view weight, bool ue8m0) {
+  return ue8m0 ? companion_name(weight, scheme.scale_suffix + "_f32")
+               : weight_scale_name(scheme, weight);
+}
+
+std::string loaded_scale_name(const QuantScheme& scheme, std::string_view weight,
+                              const Shape& shape) {
+  return loaded_scale_name(scheme, weight, converts_ue8m0(scheme, shape));
 }
 
 Shape block_scale_shape(const Shape& weight, std::uint64_t block_n, std::uint64_t block_k) {
@@ -797,7 +802,11 @@ QuantizedInputs quantized_inputs(const QuantScheme& scheme, const RankShell& she
   }
   const std::uint64_t rows = w.shape[0];
   QuantizedInputs out;
-  const std::string scale = loaded_scale_name(scheme, w.name);
+  // A per-tensor scale postprocess.target serves in another shape loads into a twin.
+  const std::string twin = loaded_tensor_scale_name(w.name);
+  const std::string scale = shell.by_name.count(twin) != 0
+                                ? twin
+                                : loaded_scale_name(scheme, w.name, w.shape);
   switch (scheme.method) {
     case Method::kFp8Block:
       out.scale =

@@ -130,11 +130,18 @@ std::string companion_name(std::string_view weight, std::string_view suffix);
 // The block (or channel, or tensor) scale of a weight: companion_name(weight,
 // scheme.scale_suffix), e.g. "...qkv_proj.weight_scale_inv".
 std::string weight_scale_name(const QuantScheme& scheme, std::string_view weight);
-// The param the checkpoint's block scales load into: weight_scale_name, except under
-// quantization.requant=ue8m0, where that name holds DeepGEMM's packed I32 scales
-// (as in SGLang) and the F32 scales load into a transient "<w>weight_scale_inv_f32"
-// that the requant hook reads and the load then frees.
-std::string loaded_scale_name(const QuantScheme& scheme, std::string_view weight);
+// The param the checkpoint's scales of `weight` (local shape `shape`) load into:
+// weight_scale_name, except
+// where DeepGEMM's UE8M0 repack converts the weight (converts_ue8m0:
+// quantization.requant=ue8m0, or postprocess.target=sm100), whose packed I32 scales
+// take that name (as in SGLang) while the F32 scales load into a transient
+// "<w>weight_scale_inv_f32" that the requant hook reads and the load then frees.
+// (A per-tensor scale postprocess.target serves in another shape loads into
+// "<w>weight_scale_loaded" instead: models/postprocess.hpp.)
+std::string loaded_scale_name(const QuantScheme& scheme, std::string_view weight,
+                              const Shape& shape);
+// The first case alone, given whether the repack converts the weight.
+std::string loaded_scale_name(const QuantScheme& scheme, std::string_view weight, bool ue8m0);
 
 // The block-scale shape of a weight shape (its last two dims N, K become
 // ceil(N / bn), ceil(K / bk); leading dims, such as experts, stay).

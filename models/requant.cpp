@@ -10,6 +10,7 @@
 #include "common/fp8.hpp"
 #include "gpu/device.hpp"
 #include "gpu/kernels_host.hpp"
+#include "models/postprocess.hpp"
 #include "models/quant.hpp"
 
 namespace ferry::models {
@@ -112,20 +113,25 @@ float requant_tensor(std::uint8_t* weight, float* scale, std::uint64_t rows, std
 
 std::vector<PostLoadHook> make_requant_hooks(const Model& model, const QuantScheme& q) {
   std::vector<PostLoadHook> out;
-  if (q.requant == QuantScheme::Requant::kNone) {
+  if (q.requant == QuantScheme::Requant::kNone && q.target != QuantScheme::Target::kSm100) {
     return out;
   }
-  const bool ue8m0 = q.requant == QuantScheme::Requant::kUe8m0;
   const std::vector<PostLoadHook> existing = model.hooks();
   for (std::size_t r = 0; r < model.shells().size(); ++r) {
     const RankShell& shell = model.shells()[r];
     for (std::size_t w = 0; w < shell.params.size(); ++w) {
       const ParamSpec& weight = shell.params[w];
       if (weight.dtype != DType::kF8E4M3 || !quantized_linear_param(weight.name) ||
-          weight.transient) {
+          weight.transient || q.method != QuantScheme::Method::kFp8Block) {
         continue;
       }
-      const std::string scale_name = loaded_scale_name(q, weight.name);
+      // ue8m0: quantization.requant=ue8m0, or postprocess.target=sm100 where DeepGEMM
+      // runs the weight (converts_ue8m0); tensor: quantization.requant=tensor.
+      const bool ue8m0 = converts_ue8m0(q, weight.shape);
+      if (!ue8m0 && q.requant != QuantScheme::Requant::kTensor) {
+        continue;
+      }
+      const std::string scale_name = loaded_scale_name(q, weight.name, ue8m0);
       auto sit = shell.by_name.find(scale_name);
       const Shape scale_shape = block_scale_shape(weight.shape, q.block_n, q.block_k);
       if (sit == shell.by_name.end() || shell.params[sit->second].shape != scale_shape ||

@@ -1,11 +1,14 @@
 #include "models/table_model.hpp"
 
+#include "models/postprocess.hpp"
+
 #include <algorithm>
 #include <set>
 
 #include "common/error.hpp"
 #include "models/hf_config.hpp"
 #include "models/hooks.hpp"
+#include "models/postprocess.hpp"
 
 namespace ferry::models {
 namespace {
@@ -407,6 +410,7 @@ void TableModel::apply_quant() {
     }
     const std::vector<std::uint64_t> starts(start_set.begin(), start_set.end());
     const std::uint64_t shards = std::max<std::uint64_t>(1, starts.size());
+    shard_starts_[d.name] = starts.empty() ? std::vector<std::uint64_t>{0} : starts;
     // Fused experts keep a shard dim only where there are several shards: SGLang's
     // FusedMoE methods make w13 scales [E, 2] and w2 scales [E] (Fp8MoEMethod,
     // ModelOptFp8MoEMethod and ModelOptNvFp4FusedMoEMethod.create_weights in SGLang
@@ -445,19 +449,35 @@ void TableModel::apply_quant() {
     };
     // The weight's own scale param: the checkpoint's scales as loaded (a transient
     // F32 copy under quantization.requant=ue8m0, whose packed output takes the name).
-    const std::string scale = loaded_scale_name(q, d.name);
+    // postprocess.target (models/postprocess.hpp): a scale whose served shape differs
+    // loads into a transient twin of its loaded shape, which a hook reads.
+    const Shape first_shape = weight(layout_.local_ranks.front());
+    const bool ue8m0 = !d.transient && converts_ue8m0(q, first_shape);
+    const ScaleForm form = d.transient ? ScaleForm::kAsLoaded : scale_form(q, first_shape, shards);
+    const bool input_max = !d.transient && input_scale_max(q);
+    const std::string scale = form != ScaleForm::kAsLoaded ? loaded_tensor_scale_name(d.name)
+                                                           : loaded_scale_name(q, d.name, ue8m0);
+    const std::string input_param =
+        input_max ? loaded_input_scale_name(d.name) : companion_name(d.name, "input_scale");
     switch (q.method) {
       case Method::kFp8Block:
       case Method::kNvfp4:
         companions.push_back(
             {scale, [weight, bn, bk](int rank) { return block_scale_shape(weight(rank), bn, bk); },
-             scale_dtype, q.requant == QuantScheme::Requant::kUe8m0});
+             scale_dtype, ue8m0});
         break;
       case Method::kFp8Channel:
         companions.push_back({scale, replace_last_dim(weight, 1, 1), DType::kF32});
         break;
       case Method::kFp8Tensor:
-        companions.push_back({scale, per_shard_shape, DType::kF32});
+        companions.push_back({scale, per_shard_shape, DType::kF32, form != ScaleForm::kAsLoaded});
+        if (form != ScaleForm::kAsLoaded) {
+          companions.push_back({weight_scale_name(q, d.name),
+                                [weight, form](int rank) {
+                                  return served_scale_shape(form, weight(rank));
+                                },
+                                DType::kF32});
+        }
         break;
       case Method::kNone:
         break;
@@ -468,7 +488,7 @@ void TableModel::apply_quant() {
     }
     // quantization.requant's outputs (models/requant.hpp).
     // quantization.requant converts what the model keeps; a transient is only read.
-    if (q.requant == QuantScheme::Requant::kUe8m0 && !d.transient) {
+    if (ue8m0) {
       for (int rank : layout_.local_ranks) {
         const Shape s = weight(rank);
         if (s[s.size() - 2] % 4 != 0) {
@@ -477,6 +497,12 @@ void TableModel::apply_quant() {
                           std::to_string(s[s.size() - 2]) + " rows on tp rank " +
                           std::to_string(rank) +
                           "; DeepGEMM's layout needs a multiple of 4 (TMA alignment)");
+        }
+        if (converts_ue8m0(q, s) != ue8m0) {
+          throw Error(Stage::kPlacement, "", d.name,
+                      "postprocess.target=sm100: the UE8M0 repack would convert this weight on "
+                      "some local ranks and not on others (tp rank " +
+                          std::to_string(rank) + " holds " + format_shape(s) + ")");
         }
       }
       // DeepGEMM's MN-major layout: the rows run fastest within each packed word.
@@ -510,8 +536,12 @@ void TableModel::apply_quant() {
     const bool merged_input = stacked && q.method != Method::kNvfp4;
     const bool row_input = stacked && q.method == Method::kNvfp4 && shards > 1;
     if (q.input_scales) {
-      companions.push_back({companion_name(d.name, "input_scale"),
-                            merged_input ? scale_shape(1) : per_shard_shape, DType::kF32});
+      companions.push_back(
+          {input_param, merged_input ? scale_shape(1) : per_shard_shape, DType::kF32, input_max});
+      if (input_max) {
+        companions.push_back({companion_name(d.name, "input_scale"), [](int) { return Shape{}; },
+                              DType::kF32});
+      }
     }
     // The experts' slots a target writes (local rank and expert index of each block):
     // the w1 and w3 tensors of one expert write the same ones.
@@ -592,7 +622,7 @@ void TableModel::apply_quant() {
           // The last loaded scalar in every shard's element of its expert's row.
           BlockRule one = per_shard_rule(logical);
           added.emplace_back(
-              input, Target{companion_name(d.name, "input_scale"), Shape{},
+              input, Target{input_param, Shape{},
                             [one, shards](int rank) {
                               std::vector<Block> out;
                               for (const Block& b : one(rank)) {
@@ -606,7 +636,7 @@ void TableModel::apply_quant() {
                             },
                             t->empty_reason});
         } else {
-          added.emplace_back(input, Target{companion_name(d.name, "input_scale"), Shape{},
+          added.emplace_back(input, Target{input_param, Shape{},
                                            per_shard_rule(logical, merged_input),
                                            t->empty_reason});
         }
@@ -802,6 +832,11 @@ void TableModel::finish() {
     }
   }
   finished_ = true;
+}
+
+std::vector<std::uint64_t> TableModel::shard_starts(const std::string& weight) const {
+  auto it = shard_starts_.find(weight);
+  return it == shard_starts_.end() ? std::vector<std::uint64_t>{} : it->second;
 }
 
 void TableModel::add_note(const std::string& note) {

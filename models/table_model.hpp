@@ -86,6 +86,11 @@ class TableModel final : public Model {
   // A note for the operator (Model::notes); the same text is kept once.
   void add_note(const std::string& note);
 
+  // After finish(): the first rows of the fused shards of quantized weight `weight`
+  // (the q / k / v or gate / up slots its scales follow; {0} for one shard), the same
+  // on every local rank; empty for a param that is not a quantized weight.
+  std::vector<std::uint64_t> shard_starts(const std::string& weight) const;
+
   // ---- Model ---------------------------------------------------------------------
   std::string family() const override { return family_; }
   const ParallelLayout& layout() const override { return layout_; }
@@ -136,6 +141,7 @@ class TableModel final : public Model {
   std::vector<Piece> fills_;
   std::vector<PostLoadHook> hooks_;
   std::vector<std::string> notes_;
+  std::map<std::string, std::vector<std::uint64_t>> shard_starts_;
 };
 
 // Checks and completes a layout: tp, ep, pp >= 1, 0 <= pp_rank < pp, local ranks

@@ -985,6 +985,23 @@ LoadConfig ConfigBuilder::build() const {
     }
   }
 
+  // postprocess
+  {
+    using Target = PostprocessConfig::Target;
+    const std::string text = f.get_string("postprocess.target", "loader");
+    bool known = false;
+    for (Target t : {Target::kLoader, Target::kSm90, Target::kSm100, Target::kAuto}) {
+      if (text == target_name(t)) {
+        c.postprocess.target = t;
+        known = true;
+      }
+    }
+    if (!known) {
+      f.fail_key("postprocess.target",
+                 "expected loader, sm90, sm100 or auto, got " + json_quoted(text));
+    }
+  }
+
   if (auto left = f.unread(); !left.empty()) {
     // to_json knows a key this function does not read: a bug, not a user error.
     throw std::logic_error("LoadConfig: build() does not read key '" + left.front() + "'");
@@ -1093,6 +1110,7 @@ nlohmann::json to_json(const LoadConfig& c) {
       {"quantization",
        {{"requant", requant_name(c.quantization.requant)},
         {"online", online_name(c.quantization.online)}}},
+      {"postprocess", {{"target", target_name(c.postprocess.target)}}},
   };
 }
 
@@ -1106,6 +1124,20 @@ std::string_view requant_name(models::QuantScheme::Requant r) {
       break;
   }
   return "none";
+}
+
+std::string_view target_name(PostprocessConfig::Target target) {
+  switch (target) {
+    case PostprocessConfig::Target::kSm90:
+      return "sm90";
+    case PostprocessConfig::Target::kSm100:
+      return "sm100";
+    case PostprocessConfig::Target::kAuto:
+      return "auto";
+    case PostprocessConfig::Target::kLoader:
+      break;
+  }
+  return "loader";
 }
 
 std::string_view online_name(QuantizationConfig::Online online) {

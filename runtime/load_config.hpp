@@ -240,6 +240,20 @@ struct QuantizationConfig {
 // quantization.online's spelling: "none", "auto", "fp8_channel", "fp8_tensor".
 std::string_view online_name(QuantizationConfig::Online online);
 
+struct PostprocessConfig {
+  // postprocess.target (models/postprocess.hpp): the layout SGLang 0.5.23's
+  // process_weights_after_loading leaves on that GPU: loader (its weight loaders'
+  // state, the default), sm90, sm100, or auto: the first CUDA device's compute
+  // capability (9.x sm90, 10.x sm100, anything else loader, with a warning), loader
+  // on host and null devices.
+  enum class Target { kLoader, kSm90, kSm100, kAuto };
+  Target target = Target::kLoader;
+  bool operator==(const PostprocessConfig&) const = default;
+};
+
+// postprocess.target's spelling: "loader", "sm90", "sm100", "auto".
+std::string_view target_name(PostprocessConfig::Target target);
+
 
 struct LoadConfig {
   ModelConfig model;
@@ -255,6 +269,7 @@ struct LoadConfig {
   TraceConfig trace;
   StartupConfig startup;
   QuantizationConfig quantization;
+  PostprocessConfig postprocess;
   bool operator==(const LoadConfig&) const = default;
 };
 

@@ -11,6 +11,7 @@
 #include "common/small_file.hpp"
 #include "gpu/backends.hpp"
 #include "models/experts.hpp"
+#include "models/postprocess.hpp"
 #include "models/quant.hpp"
 
 namespace ferry::runtime {
@@ -51,6 +52,40 @@ models::QuantScheme::Online resolve_online(const LoadConfig& c) {
   const int cc = gpu::cuda_compute_capability(c.devices.ids.empty() ? 0 : c.devices.ids.front());
   return cc >= 89 ? Online::kChannel : Online::kTensor;
 }
+
+}  // namespace
+
+models::QuantScheme::Target resolve_target(const LoadConfig& c, std::string* warning) {
+  using Target = models::QuantScheme::Target;
+  switch (c.postprocess.target) {
+    case PostprocessConfig::Target::kLoader:
+      return Target::kLoader;
+    case PostprocessConfig::Target::kSm90:
+      return Target::kSm90;
+    case PostprocessConfig::Target::kSm100:
+      return Target::kSm100;
+    case PostprocessConfig::Target::kAuto:
+      break;
+  }
+  if (c.devices.kind != DeviceSpec::Kind::kCuda) {
+    return Target::kLoader;
+  }
+  const int cc = gpu::cuda_compute_capability(c.devices.ids.empty() ? 0 : c.devices.ids.front());
+  if (cc / 10 == 9) {
+    return Target::kSm90;
+  }
+  if (cc / 10 == 10) {
+    return Target::kSm100;
+  }
+  if (warning != nullptr) {
+    *warning = "postprocess.target=auto: compute capability " + std::to_string(cc / 10) + "." +
+               std::to_string(cc % 10) +
+               " is neither sm90 nor sm100; the parameters stay in the loader's layout";
+  }
+  return Target::kLoader;
+}
+
+namespace {
 
 // config.json, with a ModelOpt hf_quant_config.json beside it merged in
 // (models::with_hf_quant_config).
@@ -169,6 +204,7 @@ std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& c,
   model_options.unaligned_tp = c.model.unaligned_tp;
   model_options.requant = c.quantization.requant;
   model_options.online = resolve_online(c);
+  model_options.target = resolve_target(c);
   model_options.pad_moe_intermediate_to =
       static_cast<std::uint64_t>(c.model.pad_moe_intermediate_to);
   if (!c.model.eplb_map.empty()) {
@@ -228,6 +264,11 @@ PlanReport make_plan_report(const LoadConfig& config) {
     }
   }
   report.dummy = config.model.load_format == io::LoadFormat::kDummy;
+  std::string target_warning;
+  report.postprocess_target = std::string(models::to_string(resolve_target(config, &target_warning)));
+  if (!target_warning.empty()) {
+    report.warnings.push_back(target_warning);
+  }
   if (report.dummy) {
     return report;  // nothing is read: every param is filled with dummy values
   }
@@ -271,6 +312,7 @@ nlohmann::json PlanReport::to_json() const {
     ranks_json.push_back({{"rank", r.rank}, {"params", r.params}, {"param_bytes", r.param_bytes}});
   }
   return nlohmann::json{{"load_format", dummy ? "dummy" : "checkpoint"},
+                        {"postprocess_target", postprocess_target},
                         {"tensors", std::move(tensors_json)},
                         {"ranks", std::move(ranks_json)},
                         {"totals",
@@ -288,7 +330,7 @@ std::string PlanReport::summary() const {
                   join(ranks, ",") + "), ep " + std::to_string(layout.ep) + ", pp stage " +
                   std::to_string(layout.pp_rank) + " of " + std::to_string(layout.pp) + ", " +
                   std::to_string(files) + " file(s), " + std::to_string(tensors.size()) +
-                  " tensor(s)\n";
+                  " tensor(s), postprocess.target " + postprocess_target + "\n";
   std::size_t name_width = 6;
   for (const PlannedTensor& t : tensors) {
     name_width = std::max(name_width, t.name.size());

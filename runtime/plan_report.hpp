@@ -38,6 +38,12 @@ struct ResolvedCheckpoint {
 // config.json, and whatever discovery and the header checks throw.
 ResolvedCheckpoint resolve_checkpoint(const LoadConfig& config);
 
+// postprocess.target resolved: auto is the first CUDA device's compute capability
+// (9.x sm90, 10.x sm100, else loader, with a line in `warning` when given), loader
+// on host and null devices.
+models::QuantScheme::Target resolve_target(const LoadConfig& config,
+                                           std::string* warning = nullptr);
+
 // The model of config.json for the config's parallel layout and model options.
 // Throws what models::make_model throws.
 std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& config,
@@ -84,8 +90,9 @@ struct PlanReport {
   std::vector<std::string> warnings;
   std::vector<PlannedRank> rank_params;  // by local rank
   bool dummy = false;                    // model.load_format dummy: no tensors, nothing read
+  std::string postprocess_target = "loader";  // postprocess.target as resolved
 
-  // {"load_format": "checkpoint" | "dummy",
+  // {"load_format": "checkpoint" | "dummy", "postprocess_target": "loader" | "sm90" | "sm100",
   //  "tensors": [{"name", "route", "reason", "targets": [{"rank", "param"}]}],
   //  "ranks": [{"rank", "params", "param_bytes"}],
   //  "totals": {"checkpoint_bytes", "read_bytes", "skipped_bytes": {reason: n}}}

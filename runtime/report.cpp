@@ -43,6 +43,7 @@ nlohmann::json to_json(const LoadReport& r) {
       {"warnings", r.warnings},
       {"hooks_skipped", r.hooks_skipped},
       {"load_format", r.load_format},
+      {"postprocess_target", r.postprocess_target},
       {"peak_device_bytes", r.peak_device_bytes},
       {"startup_mode", r.startup_mode},
       {"startup_refusals", refusals},

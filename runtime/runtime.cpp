@@ -52,6 +52,7 @@
 #include "io/staging_pool.hpp"
 #include "models/hooks.hpp"
 #include "models/model.hpp"
+#include "models/postprocess.hpp"
 #include "models/quant.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/metrics_server.hpp"
@@ -1333,6 +1334,14 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   for (const std::string& note : w.model->notes()) {
     log::warn(note);
     report.warnings.push_back(note);
+  }
+  {
+    std::string warning;
+    report.postprocess_target = std::string(models::to_string(resolve_target(c, &warning)));
+    if (!warning.empty()) {
+      log::warn(warning);
+      report.warnings.push_back(warning);
+    }
   }
   actors::PlanOptions plan_options;
   plan_options.chunk_bytes = c.io.chunk_bytes;

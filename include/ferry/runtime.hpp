@@ -100,6 +100,9 @@ struct FERRY_API LoadReport {
   // deterministic random values on its device, nothing read; bytes_copied counts
   // the bytes filled).
   std::string load_format = "checkpoint";
+  // postprocess.target as resolved: "loader", "sm90" or "sm100" (the layout the
+  // parameters were left in; auto is resolved from the device).
+  std::string postprocess_target = "loader";
   std::uint64_t bytes_read = 0;     // every byte requested from weight files: headers,
                                     // tensor data, O_DIRECT alignment
   std::uint64_t bytes_skipped = 0;  // tensor bytes never read

@@ -1,0 +1,351 @@
+#include "models/postprocess.hpp"
+
+#include <algorithm>
+#include <set>
+
+#include "common/error.hpp"
+#include "gpu/device.hpp"
+#include "models/quant.hpp"
+#include "models/table_model.hpp"
+
+namespace ferry::models {
+namespace {
+
+using Method = QuantScheme::Method;
+using Format = QuantScheme::Format;
+using Target = QuantScheme::Target;
+
+[[noreturn]] void bad(const std::string& param, const std::string& rule) {
+  throw Error(Stage::kPostProcess, "", param, "postprocess.target: " + rule);
+}
+
+constexpr std::size_t kF32 = sizeof(float);
+
+// Rows [first, first + count) of an F32 [N, 1] scale all take the value at `src`:
+// one copy, then doublings of what is written (no fill from a device value exists).
+void broadcast_rows(gpu::Stream& stream, std::byte* dst, const std::byte* src, std::uint64_t count) {
+  if (count == 0) {
+    return;
+  }
+  stream.copy_d2d_2d(dst, kF32, src, kF32, kF32, 1);
+  for (std::uint64_t have = 1; have < count; have *= 2) {
+    const std::uint64_t n = std::min(have, count - have);
+    stream.copy_d2d_2d(dst + have * kF32, n * kF32, dst, n * kF32, n * kF32, 1);
+  }
+}
+
+// The largest of `count` F32 values at `src` into `dst`, on the device: a static
+// quantize (Fp8ScaleRule::kStatic) of one zero element, whose scale slots (a copy of
+// the values in scratch) all end up holding the largest.
+void max_into(gpu::Stream& stream, std::byte* dst, const std::byte* src, std::uint64_t count,
+              std::byte* scratch) {
+  std::byte* slots = scratch;
+  std::byte* zero = scratch + count * kF32;
+  std::byte* code = zero + kF32;
+  stream.copy_d2d_2d(slots, count * kF32, src, count * kF32, count * kF32, 1);
+  stream.zero(zero, kF32);
+  stream.quantize_fp8(code, slots, zero, DType::kF32,
+                      gpu::Fp8Scales{gpu::Fp8Granularity::kTensor, 0, 0, count},
+                      gpu::Fp8ScaleRule::kStatic, 1, 1, 1);
+  stream.copy_d2d_2d(dst, kF32, slots, kF32, kF32, 1);
+}
+
+std::size_t max_scratch(std::uint64_t count) { return count * kF32 + kF32 + 1; }
+
+}  // namespace
+
+std::string_view to_string(QuantScheme::Target target) {
+  switch (target) {
+    case Target::kSm90:
+      return "sm90";
+    case Target::kSm100:
+      return "sm100";
+    case Target::kLoader:
+      break;
+  }
+  return "loader";
+}
+
+std::optional<QuantScheme::Target> parse_target(std::string_view text) {
+  for (Target t : {Target::kLoader, Target::kSm90, Target::kSm100}) {
+    if (text == to_string(t)) {
+      return t;
+    }
+  }
+  return std::nullopt;
+}
+
+ScaleForm scale_form(const QuantScheme& q, const Shape& weight, std::uint64_t shards) {
+  if (q.target == Target::kLoader || q.method != Method::kFp8Tensor || weight.size() < 2) {
+    return ScaleForm::kAsLoaded;
+  }
+  if (weight.size() == 3) {
+    // Fp8MoEMethod, CompressedTensorsW8A8Fp8MoEMethod, ModelOptFp8MoEMethod:
+    // w13_weight_scale.max(dim=1) where w13 has two shards.
+    return shards == 2 ? ScaleForm::kMaxExperts : ScaleForm::kAsLoaded;
+  }
+  switch (q.format) {
+    case Format::kFp8:
+      return ScaleForm::kChannelwise;  // Fp8LinearMethod: convert_to_channelwise
+    case Format::kCompressedTensors:
+      return ScaleForm::kMaxScalar;  // CompressedTensorsW8A8Fp8: requantize_with_max_scale
+    case Format::kModelOpt: {
+      // ModelOptFp8LinearMethod: the max scale, kept scalar where FlashInfer's bmm_fp8
+      // runs (K and N multiples of 16), else convert_to_channelwise.
+      const std::uint64_t n = weight[0];
+      const std::uint64_t k = weight[1];
+      return n % 16 == 0 && k % 16 == 0 ? ScaleForm::kMaxScalar : ScaleForm::kMaxRows;
+    }
+    case Format::kNone:
+      break;
+  }
+  return ScaleForm::kAsLoaded;
+}
+
+Shape served_scale_shape(ScaleForm form, const Shape& weight) {
+  switch (form) {
+    case ScaleForm::kChannelwise:
+    case ScaleForm::kMaxRows:
+      return Shape{weight[weight.size() - 2], 1};
+    case ScaleForm::kMaxScalar:
+      return Shape{};
+    case ScaleForm::kMaxExperts:
+      return Shape{weight[0]};
+    case ScaleForm::kAsLoaded:
+      break;
+  }
+  return weight;  // not asked for
+}
+
+bool input_scale_max(const QuantScheme& q) {
+  return q.target != Target::kLoader && q.input_scales &&
+         (q.method == Method::kFp8Tensor || q.method == Method::kFp8Channel ||
+          q.method == Method::kFp8Block);
+}
+
+bool converts_ue8m0(const QuantScheme& q, const Shape& weight) {
+  if (q.method != Method::kFp8Block || weight.size() < 2) {
+    return false;
+  }
+  if (q.requant == QuantScheme::Requant::kUe8m0) {
+    return true;
+  }
+  if (q.target != Target::kSm100 || q.block_n != 128 || q.block_k != 128) {
+    return false;
+  }
+  const bool runs = weight.size() == 3 ? q.ue8m0_experts : q.ue8m0_dense;
+  const std::uint64_t n = weight[weight.size() - 2];
+  const std::uint64_t k = weight.back();
+  return runs && n % 64 == 0 && k % 128 == 0;
+}
+
+std::string loaded_tensor_scale_name(std::string_view weight) {
+  return companion_name(weight, "weight_scale_loaded");
+}
+
+std::string loaded_input_scale_name(std::string_view weight) {
+  return companion_name(weight, "input_scale_loaded");
+}
+
+void check_target(const QuantScheme& q, const std::string& architecture, bool has_experts,
+                  const ParallelLayout& layout) {
+  if (q.target == Target::kLoader) {
+    return;
+  }
+  const std::string key = "postprocess.target=" + std::string(to_string(q.target));
+  auto refuse = [&](const std::string& why) {
+    throw Error(Stage::kConfig, "config.json", "", key + ": " + why);
+  };
+  if (q.requant != QuantScheme::Requant::kNone) {
+    refuse(
+        "quantization.requant converts scales by hand; the target already gives the scales "
+        "SGLang's kernels read there (use one or the other)");
+  }
+  if (q.method == Method::kNvfp4) {
+    refuse(q.target == Target::kSm90
+               ? "SGLang 0.5.23 serves NVFP4 on Hopper only through Marlin's repack "
+                 "(ModelOptFp4LinearMethod: fp4_gemm_backend marlin), which ferry does not "
+                 "produce; use postprocess.target=loader"
+               : "NVFP4's swizzled block scales and FlashInfer's layouts "
+                 "(ModelOptFp4LinearMethod / ModelOptNvFp4FusedMoEMethod."
+                 "process_weights_after_loading) are not produced by ferry yet; use "
+                 "postprocess.target=loader");
+  }
+  // SGLang 0.5.23 arg_groups/overrides.py _deepseek_moe_quant_resolution: on sm100,
+  // without an all-to-all backend, the DeepSeek family's MoE runner becomes
+  // flashinfer_trtllm for fp8, ModelOpt and unquantized checkpoints.
+  static const std::set<std::string> kDeepseekFamily = {"DeepseekV3ForCausalLM",
+                                                        "DeepseekV32ForCausalLM"};
+  const bool trtllm_quant = q.format == Format::kFp8 || q.format == Format::kModelOpt ||
+                            q.format == Format::kNone;
+  if (q.target == Target::kSm100 && has_experts && kDeepseekFamily.count(architecture) != 0 &&
+      layout.moe_a2a == ParallelLayout::MoeA2a::kNone && trtllm_quant) {
+    refuse("SGLang 0.5.23 runs " + architecture +
+           "'s experts with the flashinfer_trtllm MoE runner on sm100 by default "
+           "(_deepseek_moe_quant_resolution), whose weight shuffles ferry does not produce; "
+           "use postprocess.target=loader, or parallel.moe_a2a=deepep (DeepGEMM)");
+  }
+}
+
+std::vector<PostLoadHook> make_postprocess_hooks(const TableModel& model, const QuantScheme& q) {
+  std::vector<PostLoadHook> out;
+  if (q.target == Target::kLoader) {
+    return out;
+  }
+  const std::vector<PostLoadHook> existing = model.hooks();
+  for (std::size_t r = 0; r < model.shells().size(); ++r) {
+    const RankShell& shell = model.shells()[r];
+    auto find = [&](const std::string& name) -> std::optional<std::size_t> {
+      auto it = shell.by_name.find(name);
+      return it == shell.by_name.end() ? std::nullopt : std::optional<std::size_t>(it->second);
+    };
+    auto need = [&](const std::string& name, const Shape& shape, const std::string& of) {
+      auto p = find(name);
+      if (!p || shell.params[*p].shape != shape || shell.params[*p].dtype != DType::kF32) {
+        bad(name, "the model declares no F32 " + format_shape(shape) + " parameter for " + of);
+      }
+      return *p;
+    };
+    // After every hook that reads one of `params` as loaded.
+    auto after = [&](PostLoadHook& hook, std::initializer_list<std::size_t> params) {
+      for (const PostLoadHook& h : existing) {
+        if (h.local_rank == r && !h.outputs.empty() &&
+            std::any_of(h.inputs.begin(), h.inputs.end(), [&](std::size_t p) {
+              return std::find(params.begin(), params.end(), p) != params.end();
+            })) {
+          hook.inputs.push_back(h.outputs.front());
+        }
+      }
+    };
+    const std::string rank_note = " (tp rank " + std::to_string(shell.tp_rank) + ")";
+    for (std::size_t w = 0; w < shell.params.size(); ++w) {
+      const ParamSpec& weight = shell.params[w];
+      if (weight.dtype != DType::kF8E4M3 || weight.transient ||
+          !quantized_linear_param(weight.name)) {
+        continue;
+      }
+      // The weight scale.
+      if (auto twin = find(loaded_tensor_scale_name(weight.name))) {
+        const Shape& ts = shell.params[*twin].shape;
+        const bool experts = weight.shape.size() == 3;
+        const std::vector<std::uint64_t> starts = model.shard_starts(weight.name);
+        const std::uint64_t shards = experts ? (ts.size() == 2 ? ts[1] : 1) : starts.size();
+        const ScaleForm form = scale_form(q, weight.shape, shards);
+        if (form == ScaleForm::kAsLoaded) {
+          bad(weight.name, "internal: a loaded-scale twin without a served form");
+        }
+        const std::size_t output = need(weight_scale_name(q, weight.name),
+                                        served_scale_shape(form, weight.shape), weight.name);
+        const std::uint64_t rows = weight.shape[weight.shape.size() - 2];
+        const std::uint64_t cols = weight.shape.back();
+        std::vector<std::uint64_t> widths;
+        if (experts) {
+          if (ts != Shape{weight.shape[0], 2} || rows % 2 != 0) {
+            bad(shell.params[*twin].name, "expected F32 [E, 2] scales for " + weight.name);
+          }
+        } else {
+          if (ts != Shape{starts.size()} || starts.empty() || starts.front() != 0 ||
+              starts.back() >= rows) {
+            bad(shell.params[*twin].name, "its " + format_shape(ts) + " scales do not match the " +
+                                              std::to_string(starts.size()) + " shards of " +
+                                              weight.name);
+          }
+          for (std::size_t i = 0; i < starts.size(); ++i) {
+            widths.push_back((i + 1 < starts.size() ? starts[i + 1] : rows) - starts[i]);
+          }
+        }
+        PostLoadHook hook;
+        hook.name = "postprocess_" + std::string(to_string(q.target)) + ":" + weight.name +
+                    rank_note;
+        hook.local_rank = r;
+        hook.inputs = {*twin};
+        hook.outputs = {output};
+        const bool requant = form != ScaleForm::kChannelwise;
+        if (requant) {
+          hook.rewrites = {w};
+        }
+        after(hook, {w, *twin});
+        const std::size_t twin_index = *twin;
+        const std::uint64_t max_width =
+            experts ? rows : *std::max_element(widths.begin(), widths.end());
+        const std::uint64_t slot_count = experts ? 2 : widths.size();
+        hook.scratch_bytes = requant ? max_width * cols * 2 + slot_count * kF32 : 0;
+        hook.run = [=](HookContext& ctx) {
+          gpu::Stream& stream = ctx.stream();
+          const std::byte* loaded = ctx.param_data(twin_index);
+          std::byte* od = ctx.param_data(output);
+          if (form == ScaleForm::kChannelwise) {
+            std::uint64_t row = 0;
+            for (std::size_t i = 0; i < widths.size(); ++i) {
+              broadcast_rows(stream, od + row * kF32, loaded + i * kF32, widths[i]);
+              row += widths[i];
+            }
+            return;
+          }
+          std::byte* wd = ctx.param_data(w);
+          std::byte* values = ctx.scratch(max_width * cols * 2 + slot_count * kF32);
+          std::byte* slots = values + max_width * cols * 2;
+          const gpu::Fp8Scales one{gpu::Fp8Granularity::kTensor, 0, 0, 1};
+          const gpu::Fp8Scales all{gpu::Fp8Granularity::kTensor, 0, 0, slot_count};
+          if (experts) {
+            // Per expert: w1 and w3 dequantized to F16 with their own scales, then
+            // both quantized with the larger one, which goes to w13_weight_scale[e].
+            const std::uint64_t half = rows / 2;
+            for (std::uint64_t e = 0; e < weight.shape[0]; ++e) {
+              std::byte* m = wd + e * rows * cols;
+              const std::byte* s = loaded + e * 2 * kF32;
+              stream.copy_d2d_2d(slots, 2 * kF32, s, 2 * kF32, 2 * kF32, 1);
+              stream.dequantize_fp8(values, DType::kF16, m, s, one, half, cols, 2);
+              stream.quantize_fp8(m, slots, values, DType::kF16, all, gpu::Fp8ScaleRule::kStatic,
+                                  rows, cols, 1);
+              stream.copy_d2d_2d(od + e * kF32, kF32, slots, kF32, kF32, 1);
+            }
+            return;
+          }
+          // Dense: every shard requantized to the largest of the S scales, the slots
+          // (a copy of them) holding it after the first shard's quantize.
+          stream.copy_d2d_2d(slots, slot_count * kF32, loaded, slot_count * kF32,
+                             slot_count * kF32, 1);
+          std::uint64_t row = 0;
+          for (std::size_t i = 0; i < widths.size(); ++i) {
+            std::byte* m = wd + row * cols;
+            stream.dequantize_fp8(values, DType::kF16, m, loaded + i * kF32, one, widths[i], cols,
+                                  1);
+            stream.quantize_fp8(m, slots, values, DType::kF16, all, gpu::Fp8ScaleRule::kStatic,
+                                widths[i], cols, 1);
+            row += widths[i];
+          }
+          if (form == ScaleForm::kMaxScalar) {
+            stream.copy_d2d_2d(od, kF32, slots, kF32, kF32, 1);
+          } else {
+            broadcast_rows(stream, od, slots, rows);
+          }
+        };
+        out.push_back(std::move(hook));
+      }
+      // The static input scale: its max.
+      if (auto twin = find(loaded_input_scale_name(weight.name))) {
+        const std::size_t output =
+            need(companion_name(weight.name, "input_scale"), Shape{}, weight.name);
+        const std::uint64_t count = shell.params[*twin].nbytes / kF32;
+        PostLoadHook hook;
+        hook.name = "postprocess_" + std::string(to_string(q.target)) + ":" +
+                    companion_name(weight.name, "input_scale") + rank_note;
+        hook.local_rank = r;
+        hook.inputs = {*twin};
+        hook.outputs = {output};
+        after(hook, {*twin});
+        hook.scratch_bytes = max_scratch(count);
+        const std::size_t twin_index = *twin;
+        hook.run = [=](HookContext& ctx) {
+          max_into(ctx.stream(), ctx.param_data(output), ctx.param_data(twin_index), count,
+                   ctx.scratch(max_scratch(count)));
+        };
+        out.push_back(std::move(hook));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace ferry::models

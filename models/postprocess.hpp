@@ -1,0 +1,114 @@
+// postprocess.target: the FP8 layouts SGLang 0.5.23's process_weights_after_loading
+// leaves on an NVIDIA GPU with default server options, produced after loading by
+// post-load hooks on the device. SGLang runs that step after its weight loaders and
+// the model's post_load_weights (DefaultModelLoader.load_weights_and_postprocess),
+// so these hooks run after every hook that reads a weight as loaded (the MLA split,
+// the V3.2 indexer fusion).
+//
+// Targets: kLoader (the weight loaders' state, no change), kSm90 (Hopper), kSm100
+// (Blackwell). What changes, per method (dense linear layers and fused experts):
+//
+// FP8 per tensor (QuantScheme::kFp8Tensor), dense, N output rows in shards of
+// widths w_0..w_{S-1} (q, k, v / gate, up; one for the others), S loaded scales:
+//   fp8 (Fp8LinearMethod, cutlass_fp8_supported on both targets):
+//     weight_scale F32 [N, 1]: row r holds its shard's scale (convert_to_channelwise);
+//     the weight is unchanged.
+//   compressed-tensors (CompressedTensorsW8A8Fp8, strategy tensor):
+//     every shard requantized to s = max of the S scales (requantize_with_max_scale):
+//       x = f16(f32(q) * s_i)             per_tensor_dequantize: an F16 tensor times
+//                                         the scale, rounded once to F16
+//       q' = e4m3(f32(x) * (1 / s))       scaled_fp8_quant with a static scale
+//     weight_scale F32 [] holding s.
+//   ModelOpt (ModelOptFp8LinearMethod): requantized as compressed-tensors; then
+//     weight_scale F32 [] when N and K are multiples of 16 (FlashInfer's bmm_fp8
+//     runs it: _can_use_flashinfer_bmm), else F32 [N, 1] with s in every row.
+// FP8 per tensor, fused experts [E, 2I, K] with w13 scales [E, 2] (Fp8MoEMethod,
+// CompressedTensorsW8A8Fp8MoEMethod, ModelOptFp8MoEMethod): each expert's w1 and
+// w3 requantized to the larger of its two scales as above; w13_weight_scale F32 [E].
+// w2_weight_scale [E] is unchanged.
+// Static input scales (every FP8 method that has them, dense and experts): the
+// largest of them, F32 [] (input_scale.max()).
+// FP8 per channel: unchanged (but a static input_scale, as above).
+// FP8 blocks: unchanged on kSm90; on kSm100 DeepGEMM's UE8M0 repack
+// (models/requant.hpp) of each weight converts_ue8m0 accepts
+// (requant_block_scale_ue8m0_for_deepgemm / should_deepgemm_weight_requant_ue8m0).
+// KV-cache scales: unchanged.
+//
+// Every per-tensor FP8 weight SGLang keeps is its transposed view (weight.t()):
+// the same storage, which ferry keeps as loaded ([N, K] row-major); an engine binds
+// it transposed. Where a scale changes shape, the checkpoint's values load into a
+// transient "<w>weight_scale_loaded" / "<w>input_scale_loaded" of the loaded shape
+// that the hook reads; the model keeps the served shape under SGLang's name.
+//
+// Refused (make_model, Stage::kConfig, naming the reason): NVFP4 on kSm90 (SGLang
+// serves it through Marlin's repack) and on kSm100 (the swizzled scales and
+// FlashInfer's layouts are not produced by ferry yet); on kSm100 the fused experts
+// of SGLang's DeepSeek family without DeepEP (its default MoE runner there is
+// flashinfer_trtllm, whose weight shuffles ferry does not produce); and any target
+// but kLoader together with quantization.requant.
+//
+// The hooks rewrite weights in place and write outputs declared at their final
+// size: nothing is reallocated, and each depends only on the loaded weights and the
+// transient loaded scales, which it never writes, so a capture-safe startup can run
+// them twice (PostLoadHook::idempotent).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "models/model.hpp"
+
+namespace ferry::models {
+
+class TableModel;
+
+// "loader", "sm90", "sm100".
+std::string_view to_string(QuantScheme::Target target);
+// "loader", "sm90", "sm100"; nullopt for anything else ("auto" is the runtime's).
+std::optional<QuantScheme::Target> parse_target(std::string_view text);
+
+// How a quantized weight's scale leaves process_weights_after_loading under the
+// scheme's target (`weight` is the local shape: [N, K] or experts [E, N, K],
+// `shards` the fused shards of its scale).
+enum class ScaleForm {
+  kAsLoaded,     // unchanged
+  kChannelwise,  // [N, 1], each row its shard's scale
+  kMaxScalar,    // requantized to the max; []
+  kMaxRows,      // requantized to the max; [N, 1] all holding it
+  kMaxExperts,   // experts: each expert's w1 / w3 requantized to its max; [E]
+};
+ScaleForm scale_form(const QuantScheme& scheme, const Shape& weight, std::uint64_t shards);
+// The served shape of that scale.
+Shape served_scale_shape(ScaleForm form, const Shape& weight);
+// Whether a static input scale of this weight becomes its max ([]): every target
+// but kLoader.
+bool input_scale_max(const QuantScheme& scheme);
+
+// Whether DeepGEMM's UE8M0 repack converts this FP8 block weight: always under
+// quantization.requant=ue8m0; under kSm100 when the blocks are 128 x 128, N % 64 ==
+// 0 and K % 128 == 0, and QuantScheme::ue8m0_dense (2-D) or ue8m0_experts (3-D)
+// says DeepGEMM runs it.
+bool converts_ue8m0(const QuantScheme& scheme, const Shape& weight);
+
+// The transient twins the checkpoint's scales load into where their served shape
+// differs: "<w>weight_scale_loaded", "<w>input_scale_loaded".
+std::string loaded_tensor_scale_name(std::string_view weight);
+std::string loaded_input_scale_name(std::string_view weight);
+
+// The hooks of every param `model`'s shells give a twin (above), ordered after the
+// model's hooks that read the weight or its scales as loaded. Throws
+// Error(Stage::kPostProcess) naming a param whose output is missing or misshapen.
+// The shard widths of a dense weight come from TableModel::shard_starts.
+std::vector<PostLoadHook> make_postprocess_hooks(const TableModel& model,
+                                                 const QuantScheme& scheme);
+
+// make_model's refusals (above), naming the target and the reason:
+// Error(Stage::kConfig).
+void check_target(const QuantScheme& scheme, const std::string& architecture, bool has_experts,
+                  const ParallelLayout& layout);
+
+}  // namespace ferry::models
