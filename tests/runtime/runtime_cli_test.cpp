@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/safetensors.hpp"
+#include "models/model.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/run.hpp"
 #include "testing/temp_dir.hpp"
@@ -129,6 +130,58 @@ TEST(LoadCli, StartupBootsThroughPrepareACaptureAndCommit) {
       {FERRY_BINARY, "load", "--model", ck.dir, "--startup", "overlap", "--capture-seconds", "-1"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--capture-seconds"), std::string::npos) << r.err;
+}
+
+// postprocess.target on the command line: a tiny FP8 per-tensor Llama and a
+// block-FP8 DeepSeek-V3 load on sm90, the report and the dump say and hold the
+// target's layout; DeepSeek-V3's experts on sm100 are refused naming the MoE runner.
+TEST(LoadCli, PostprocessTargetOnTheCommandLine) {
+  TempDir dir;
+  struct Case {
+    std::string family, quant, served_param, served_shape;
+  };
+  const Case cases[] = {
+      // fp8-tensor is compressed-tensors: one scalar scale a weight after requantizing.
+      {"llama", "fp8-tensor", "model.layers.0.self_attn.qkv_proj.weight_scale", "[]"},
+      {"deepseek_v3", "fp8-block", "", ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.family);
+    const std::string ck = dir.file(c.family);
+    std::vector<std::string> synth = {FERRY_BINARY, "synth", "--family", c.family, "--preset",
+                                      "tiny", "--quant", c.quant, "--out", ck};
+    if (c.quant == "fp8-block") {  // blocks of 32: tiny DeepSeek's fused slots start on them
+      synth.insert(synth.end(), {"--quant-block", "32"});
+    }
+    testing::RunResult s = run(synth);
+    ASSERT_EQ(s.status, 0) << s.err;
+    const std::string report = dir.file(c.family + ".json");
+    const std::string dump = dir.file(c.family + "-dump");
+    testing::RunResult r =
+        run({FERRY_BINARY, "load", "--model", ck, "--tp", "1", "--set", "postprocess.target=sm90",
+             "--report", report, "--dump-dir", dump});
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(read_file(report))["postprocess_target"], "sm90");
+    const std::string file = dump + "/rank-0.safetensors";
+    io::SafetensorsHeader h = io::read_safetensors_header(file, file);
+    bool found = c.served_param.empty();
+    for (const io::TensorInfo& t : h.tensors) {
+      EXPECT_EQ(t.name.find("_loaded"), std::string::npos) << t.name;  // freed twins
+      if (t.name == c.served_param) {
+        found = true;
+        EXPECT_EQ(models::format_shape(t.shape), c.served_shape);
+      }
+    }
+    EXPECT_TRUE(found) << c.served_param;
+  }
+  testing::RunResult refused = run({FERRY_BINARY, "load", "--model", dir.file("deepseek_v3"),
+                                    "--tp", "1", "--set", "postprocess.target=sm100"});
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.err.find("flashinfer_trtllm"), std::string::npos) << refused.err;
+  testing::RunResult bad =
+      run({FERRY_BINARY, "load", "--model", dir.file("llama"), "--set", "postprocess.target=h100"});
+  EXPECT_EQ(bad.status, 2) << bad.err;
+  EXPECT_NE(bad.err.find("postprocess.target"), std::string::npos) << bad.err;
 }
 
 TEST(LoadCli, UsageErrors) {

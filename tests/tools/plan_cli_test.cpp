@@ -163,9 +163,10 @@ void check_stage_json(const PlanCheckpoint& pc, bool tied, int tp, int s) {
   ASSERT_EQ(r.status, 0) << r.err;
   nlohmann::json doc = nlohmann::json::parse(r.out);  // throws unless exactly one document
   ASSERT_TRUE(doc.is_object());
-  EXPECT_EQ(doc.size(), 4u) << "load_format, tensors, ranks and totals";
+  EXPECT_EQ(doc.size(), 5u) << "load_format, postprocess_target, tensors, ranks and totals";
   ASSERT_TRUE(doc.contains("tensors") && doc.contains("totals") && doc.contains("ranks"));
   EXPECT_EQ(doc.at("load_format"), "checkpoint");
+  EXPECT_EQ(doc.at("postprocess_target"), "loader");
   ASSERT_EQ(doc.at("ranks").size(), static_cast<std::size_t>(tp));
   for (const nlohmann::json& rank : doc.at("ranks")) {
     EXPECT_GT(rank.at("params").get<std::size_t>(), 0u);

@@ -1,0 +1,339 @@
+// postprocess.target (models/postprocess.hpp): the params a model declares per
+// target, as fixtures of what SGLang 0.5.23's process_weights_after_loading leaves
+// (names, shapes, dtypes; each case cites the function), the hooks' order after the
+// hooks that read weights as loaded, and the refusals, by name. The values the
+// hooks write are checked through the pipeline (tests/runtime/postprocess_load_test).
+#include "models/postprocess.hpp"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "models/hooks.hpp"
+#include "models/model.hpp"
+#include "models/quant.hpp"
+#include "testing/error_of.hpp"
+#include "tools/synth.hpp"
+
+namespace ferry::testing {
+namespace {
+
+using ::testing::HasSubstr;
+using models::QuantScheme;
+using Target = QuantScheme::Target;
+
+const models::ParamSpec* find(const models::RankShell& shell, const std::string& name) {
+  auto it = shell.by_name.find(name);
+  return it == shell.by_name.end() ? nullptr : &shell.params[it->second];
+}
+
+// The param's dtype and shape, "F32 [4096, 1]", or "absent".
+std::string spec(const models::RankShell& shell, const std::string& name) {
+  const models::ParamSpec* p = find(shell, name);
+  if (p == nullptr) {
+    return "absent";
+  }
+  return std::string(dtype_name(p->dtype)) + " " + models::format_shape(p->shape) +
+         (p->transient ? " transient" : "");
+}
+
+std::unique_ptr<models::Model> make(const nlohmann::json& config, Target target,
+                                    models::ParallelLayout layout = {}) {
+  models::ModelOptions o;
+  o.target = target;
+  return models::make_model(config, layout, o);
+}
+
+// Llama with per-tensor FP8 scales, static input scales, in the format given.
+nlohmann::json llama_fp8_tensor(const std::string& format) {
+  nlohmann::json c = tools::synth_config("llama", "tiny", DType::kBF16, false);
+  if (format == "fp8") {
+    c["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "static"}};
+  } else if (format == "compressed-tensors") {
+    c["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Tensor, 0);
+  } else {
+    c = models::with_hf_quant_config(c,
+                                     tools::synth_hf_quant_config(tools::SynthQuant::kModelOptFp8));
+  }
+  return c;
+}
+
+std::string rows_1(const models::RankShell& shell, const std::string& weight) {
+  return "F32 [" + std::to_string(find(shell, weight)->shape[0]) + ", 1]";
+}
+
+// Fp8LinearMethod.process_weights_after_loading (fp8.py), per-tensor checkpoint,
+// cutlass_fp8_supported on sm90 and sm100: convert_to_channelwise; the static
+// input_scale becomes input_scale.max().
+TEST(Postprocess, Fp8PerTensorLinearExpandsScalesPerRow) {
+  const nlohmann::json c = llama_fp8_tensor("fp8");
+  const auto loader = make(c, Target::kLoader);
+  const models::RankShell& l = loader->shells()[0];
+  const std::string qkv = "model.layers.0.self_attn.qkv_proj.";
+  const std::string o = "model.layers.0.self_attn.o_proj.";
+  EXPECT_EQ(spec(l, qkv + "weight_scale"), "F32 [3]");
+  EXPECT_EQ(spec(l, qkv + "input_scale"), "F32 [3]");
+  EXPECT_EQ(spec(l, qkv + "weight_scale_loaded"), "absent");
+  for (Target t : {Target::kSm90, Target::kSm100}) {
+    SCOPED_TRACE(std::string(models::to_string(t)));
+    const auto m = make(c, t);
+    const models::RankShell& s = m->shells()[0];
+    EXPECT_EQ(spec(s, qkv + "weight"), spec(l, qkv + "weight"));  // unchanged storage
+    EXPECT_EQ(spec(s, qkv + "weight_scale"), rows_1(s, qkv + "weight"));
+    EXPECT_EQ(spec(s, qkv + "weight_scale_loaded"), "F32 [3] transient");
+    EXPECT_EQ(spec(s, qkv + "input_scale"), "F32 []");
+    EXPECT_EQ(spec(s, qkv + "input_scale_loaded"), "F32 [3] transient");
+    EXPECT_EQ(spec(s, o + "weight_scale"), rows_1(s, o + "weight"));
+    EXPECT_EQ(spec(s, "model.layers.0.mlp.gate_up_proj.weight_scale"),
+              rows_1(s, "model.layers.0.mlp.gate_up_proj.weight"));
+    // Every param the loader has but the twins, with the same names.
+    std::size_t twins = 0;
+    for (const models::ParamSpec& p : s.params) {
+      if (p.transient) {
+        ++twins;
+        continue;
+      }
+      EXPECT_NE(find(l, p.name), nullptr) << p.name;
+    }
+    EXPECT_EQ(s.params.size(), l.params.size() + twins);
+    // One hook per weight scale and per input scale; validate_hooks accepts them.
+    std::size_t pp = 0;
+    for (const models::PostLoadHook& h : m->hooks()) {
+      pp += h.name.rfind("postprocess_", 0) == 0 ? 1 : 0;
+      EXPECT_TRUE(h.idempotent);
+      EXPECT_FALSE(h.reallocates);
+    }
+    EXPECT_EQ(pp, twins);
+  }
+}
+
+// CompressedTensorsW8A8Fp8.process_weights_after_loading (strategy tensor):
+// requantize_with_max_scale leaves one scalar scale; input_scale.max().
+// ModelOptFp8LinearMethod.process_weights_after_loading: the same, kept scalar where
+// _can_use_flashinfer_bmm (K and N multiples of 16), else convert_to_channelwise.
+TEST(Postprocess, CompressedTensorsAndModelOptRequantizeToOneScale) {
+  for (const std::string format : {"compressed-tensors", "modelopt"}) {
+    SCOPED_TRACE(format);
+    nlohmann::json c = llama_fp8_tensor(format);
+    const auto m = make(c, Target::kSm90);
+    const models::RankShell& s = m->shells()[0];
+    const std::string qkv = "model.layers.0.self_attn.qkv_proj.";
+    EXPECT_EQ(spec(s, qkv + "weight_scale"), "F32 []");
+    EXPECT_EQ(spec(s, qkv + "weight_scale_loaded"), "F32 [3] transient");
+    EXPECT_EQ(spec(s, qkv + "input_scale"), "F32 []");
+    bool rewrites = false;
+    for (const models::PostLoadHook& h : m->hooks()) {
+      if (h.name.find(qkv + "weight") != std::string::npos) {
+        rewrites = h.rewrites == std::vector<std::size_t>{s.by_name.at(qkv + "weight")};
+      }
+    }
+    EXPECT_TRUE(rewrites) << "the weight is requantized in place";
+  }
+  // ModelOpt with an intermediate size that is not a multiple of 16: gate_up_proj
+  // (N = 2 x 36) and down_proj (K = 36) fall back to per-row scales.
+  nlohmann::json c = llama_fp8_tensor("modelopt");
+  c["intermediate_size"] = 36;
+  const auto m = make(c, Target::kSm100);
+  const models::RankShell& s = m->shells()[0];
+  EXPECT_EQ(spec(s, "model.layers.0.mlp.gate_up_proj.weight_scale"), "F32 [72, 1]");
+  EXPECT_EQ(spec(s, "model.layers.0.mlp.down_proj.weight_scale"),
+            rows_1(s, "model.layers.0.mlp.down_proj.weight"));
+  EXPECT_EQ(spec(s, "model.layers.0.self_attn.qkv_proj.weight_scale"), "F32 []");
+}
+
+// Fp8MoEMethod / CompressedTensorsW8A8Fp8MoEMethod / ModelOptFp8MoEMethod
+// .process_weights_after_loading: w13_weight_scale.max(dim=1) with each expert's w1
+// and w3 requantized to it; w13_input_scale / w2_input_scale .max(); w2 unchanged.
+TEST(Postprocess, PerTensorExpertsTakeEachExpertsLargerScale) {
+  nlohmann::json c = tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
+  c["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Tensor, 0);
+  const auto loader = make(c, Target::kLoader);
+  const auto m = make(c, Target::kSm90);
+  const models::RankShell& l = loader->shells()[0];
+  const models::RankShell& s = m->shells()[0];
+  const std::string e = "model.layers.0.mlp.experts.";
+  const std::uint64_t experts = find(s, e + "w13_weight")->shape[0];
+  const std::string per_expert = "F32 [" + std::to_string(experts) + "]";
+  EXPECT_EQ(spec(l, e + "w13_weight_scale"), "F32 [" + std::to_string(experts) + ", 2]");
+  EXPECT_EQ(spec(s, e + "w13_weight_scale"), per_expert);
+  EXPECT_EQ(spec(s, e + "w13_weight_scale_loaded"),
+            "F32 [" + std::to_string(experts) + ", 2] transient");
+  EXPECT_EQ(spec(s, e + "w2_weight_scale"), spec(l, e + "w2_weight_scale"));
+  EXPECT_EQ(spec(s, e + "w2_weight_scale_loaded"), "absent");
+  EXPECT_EQ(spec(l, e + "w13_input_scale"), per_expert);
+  EXPECT_EQ(spec(s, e + "w13_input_scale"), "F32 []");
+  EXPECT_EQ(spec(s, e + "w2_input_scale"), "F32 []");
+  EXPECT_EQ(spec(s, e + "w2_input_scale_loaded"), per_expert + " transient");
+}
+
+// Block FP8 (Fp8LinearMethod.process_weights_after_loading_block_quant,
+// requant_block_scale_ue8m0_for_deepgemm, should_deepgemm_weight_requant_ue8m0):
+// unchanged on sm90; on sm100 DeepGEMM's UE8M0 scales replace weight_scale_inv for
+// BF16 models where N % 64 == 0 and K % 128 == 0; the experts only under DeepEP
+// (Fp8MoEMethod.is_deepgemm_moe_runner_backend_enabled).
+TEST(Postprocess, BlockFp8RepacksToUe8m0OnlyOnSm100WhereDeepGemmRuns) {
+  nlohmann::json c = tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
+  c["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Block, 128);
+  // Every slot whole 128 x 128 blocks: two heads of 128, one KV head.
+  c["hidden_size"] = 256;
+  c["num_attention_heads"] = 2;
+  c["num_key_value_heads"] = 1;
+  c["head_dim"] = 128;
+  c["moe_intermediate_size"] = 128;
+  c["intermediate_size"] = 128;
+  const auto loader = make(c, Target::kLoader);
+  const auto sm90 = make(c, Target::kSm90);
+  const models::RankShell& l = loader->shells()[0];
+  ASSERT_EQ(sm90->shells()[0].params.size(), l.params.size());
+  for (std::size_t i = 0; i < l.params.size(); ++i) {
+    EXPECT_EQ(sm90->shells()[0].params[i].name, l.params[i].name);
+    EXPECT_EQ(spec(sm90->shells()[0], l.params[i].name), spec(l, l.params[i].name));
+  }
+  const auto sm100 = make(c, Target::kSm100);
+  const models::RankShell& s = sm100->shells()[0];
+  // Each FP8 weight: repacked (I32 weight_scale_inv, the F32 scales in a transient
+  // twin) exactly where DeepGEMM runs it, by SGLang's shape rule written out here.
+  std::size_t repacked = 0;
+  std::size_t kept = 0;
+  for (const models::ParamSpec& w : s.params) {
+    if (w.dtype != DType::kF8E4M3) {
+      continue;
+    }
+    const std::string base = w.name.substr(0, w.name.size() - std::string("weight").size());
+    const std::uint64_t n = w.shape[w.shape.size() - 2];
+    const std::uint64_t k = w.shape.back();
+    const bool dense = w.shape.size() == 2;
+    if (dense && n % 64 == 0 && k % 128 == 0) {
+      ++repacked;
+      models::Shape packed = w.shape;
+      packed.back() = ((k + 127) / 128 + 3) / 4;
+      EXPECT_EQ(spec(s, base + "weight_scale_inv"), "I32 " + models::format_shape(packed))
+          << w.name;
+      EXPECT_EQ(spec(s, base + "weight_scale_inv_f32"),
+                "F32 " + models::format_shape({(n + 127) / 128, (k + 127) / 128}) + " transient");
+    } else {
+      ++kept;
+      EXPECT_EQ(spec(s, base + "weight_scale_inv"), spec(l, base + "weight_scale_inv")) << w.name;
+      EXPECT_EQ(spec(s, base + "weight_scale_inv_f32"), "absent") << w.name;
+    }
+  }
+  EXPECT_GT(repacked, 0u);
+  EXPECT_GT(kept, 0u);  // the experts
+  const std::string o = "model.layers.0.self_attn.o_proj.";
+  // The experts stay: SGLang's MoE runs DeepGEMM only under DeepEP (ferry places
+  // DeepEP for DeepSeek only: DeepseekRepackWaitsForTheMlaSplit has them repacked).
+  const std::string e = "model.layers.0.mlp.experts.";
+  EXPECT_EQ(spec(s, e + "w13_weight_scale_inv"), spec(l, e + "w13_weight_scale_inv"));
+  // An F16 model: DeepGEMM's linears need BF16 output, so nothing is repacked.
+  c["torch_dtype"] = "float16";
+  const auto f16 = make(c, Target::kSm100);
+  EXPECT_EQ(spec(f16->shells()[0], o + "weight_scale_inv_f32"), "absent");
+  EXPECT_THAT(spec(f16->shells()[0], o + "weight_scale_inv"), HasSubstr("F32 ["));
+}
+
+TEST(Postprocess, ShapesDeepGemmCannotRunKeepTheirScales) {
+  QuantScheme q;
+  q.method = QuantScheme::Method::kFp8Block;
+  q.block_n = 128;
+  q.block_k = 128;
+  q.target = Target::kSm100;
+  q.ue8m0_dense = true;
+  EXPECT_TRUE(models::converts_ue8m0(q, {512, 256}));
+  EXPECT_FALSE(models::converts_ue8m0(q, {96, 256}));    // N % 64
+  EXPECT_FALSE(models::converts_ue8m0(q, {512, 192}));   // K % 128
+  EXPECT_FALSE(models::converts_ue8m0(q, {4, 512, 256}));  // experts without DeepEP
+  q.ue8m0_experts = true;
+  EXPECT_TRUE(models::converts_ue8m0(q, {4, 512, 256}));
+  q.target = Target::kSm90;
+  EXPECT_FALSE(models::converts_ue8m0(q, {512, 256}));
+  q.block_n = 64;
+  q.target = Target::kSm100;
+  EXPECT_FALSE(models::converts_ue8m0(q, {512, 256}));
+}
+
+// The MLA split reads kv_b_proj as loaded: SGLang's post_load_weights runs before
+// process_weights_after_loading, so the repack of kv_b_proj waits for the split.
+TEST(Postprocess, DeepseekRepackWaitsForTheMlaSplit) {
+  nlohmann::json c = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+  c["q_lora_rank"] = 128;
+  c["kv_lora_rank"] = 128;
+  c["moe_intermediate_size"] = 128;
+  c["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Block, 128);
+  models::ParallelLayout deepep;
+  deepep.moe_a2a = models::ParallelLayout::MoeA2a::kDeepep;
+  const auto m = make(c, Target::kSm100, deepep);
+  const models::RankShell& s = m->shells()[0];
+  const std::string kv_b = "model.layers.1.self_attn.kv_b_proj.weight";
+  std::size_t split_output = 0;
+  for (const models::PostLoadHook& h : m->hooks()) {
+    if (h.local_rank == 0 && h.name.find("mla") != std::string::npos &&
+        std::count(h.inputs.begin(), h.inputs.end(), s.by_name.at(kv_b)) == 1) {
+      split_output = h.outputs.front();
+    }
+  }
+  ASSERT_NE(split_output, 0u);
+  // Under DeepEP the experts are repacked too.
+  EXPECT_THAT(spec(s, "model.layers.1.mlp.experts.w13_weight_scale_inv"), HasSubstr("I32 ["));
+  EXPECT_THAT(spec(s, "model.layers.1.mlp.experts.w2_weight_scale_inv_f32"),
+              HasSubstr("transient"));
+  bool ordered = false;
+  for (const models::PostLoadHook& h : m->hooks()) {
+    if (h.local_rank == 0 && h.name.find("requant_ue8m0:" + kv_b) == 0) {
+      ordered = std::count(h.inputs.begin(), h.inputs.end(), split_output) == 1;
+    }
+  }
+  EXPECT_TRUE(ordered);
+}
+
+TEST(Postprocess, RefusalsNameTheTargetAndWhy) {
+  // NVFP4: Marlin on Hopper; the swizzled scales on Blackwell are not produced.
+  nlohmann::json nvfp4 = models::with_hf_quant_config(
+      tools::synth_config("llama", "tiny", DType::kBF16, false),
+      tools::synth_hf_quant_config(tools::SynthQuant::kNvfp4));
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(nvfp4, Target::kSm90); }),
+              HasSubstr("postprocess.target=sm90: SGLang 0.5.23 serves NVFP4 on Hopper only "
+                        "through Marlin"));
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(nvfp4, Target::kSm100); }),
+              HasSubstr("postprocess.target=sm100: NVFP4's swizzled block scales"));
+  EXPECT_NO_THROW(make(nvfp4, Target::kLoader));
+  // DeepSeek-V3's experts on sm100 without DeepEP: flashinfer_trtllm.
+  nlohmann::json ds = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+  ds["q_lora_rank"] = 128;
+  ds["kv_lora_rank"] = 128;
+  ds["moe_intermediate_size"] = 128;
+  ds["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Block, 128);
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(ds, Target::kSm100); }),
+              HasSubstr("flashinfer_trtllm MoE runner on sm100"));
+  EXPECT_NO_THROW(make(ds, Target::kSm90));
+  // With quantization.requant.
+  models::ModelOptions o;
+  o.target = Target::kSm90;
+  o.requant = QuantScheme::Requant::kUe8m0;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(ds, {}, o); }),
+              HasSubstr("quantization.requant converts scales by hand"));
+  // Spellings.
+  EXPECT_EQ(models::parse_target("sm90"), Target::kSm90);
+  EXPECT_EQ(models::parse_target("sm100"), Target::kSm100);
+  EXPECT_EQ(models::parse_target("loader"), Target::kLoader);
+  EXPECT_EQ(models::parse_target("auto"), std::nullopt);
+  EXPECT_EQ(models::parse_target("SM90"), std::nullopt);
+}
+
+// Unquantized checkpoints and the loader target: nothing changes.
+TEST(Postprocess, UnquantizedModelsAreTheSameOnEveryTarget) {
+  const nlohmann::json c = tools::synth_config("qwen3", "tiny", DType::kBF16, false);
+  const auto l = make(c, Target::kLoader);
+  for (Target t : {Target::kSm90, Target::kSm100}) {
+    const auto m = make(c, t);
+    ASSERT_EQ(m->shells()[0].params.size(), l->shells()[0].params.size());
+    for (const models::ParamSpec& p : l->shells()[0].params) {
+      EXPECT_EQ(spec(m->shells()[0], p.name), spec(l->shells()[0], p.name));
+    }
+    EXPECT_EQ(m->hooks().size(), l->hooks().size());
+  }
+}
+
+}  // namespace
+}  // namespace ferry::testing

@@ -1,0 +1,360 @@
+// postprocess.target through the whole pipeline on the host device: each target's
+// params hold what a naive reference, written here from SGLang 0.5.23's definitions,
+// makes of a plain (loader) load of the same checkpoint. Also: the capture-safe
+// startup runs the hooks again on the real weights in the same storage, the dummy
+// format allocates what a real load does, the report and the plan say the target,
+// and bad values are refused by name.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "models/quant.hpp"
+#include "models/requant.hpp"
+#include "runtime/plan_report.hpp"
+#include "runtime/runtime.hpp"
+#include "runtime/runtime_test_util.hpp"
+#include "testing/dtype_codec.hpp"
+#include "testing/temp_dir.hpp"
+#include "tools/synth.hpp"
+
+namespace ferry::runtime {
+namespace {
+
+using testing::make_config;
+using testing::TempDir;
+
+std::string synth(TempDir& dir, const std::string& family, tools::SynthQuant quant,
+                  const std::string& name) {
+  tools::SynthOptions o;
+  o.family = family;
+  o.preset = "tiny";
+  o.quant = quant;
+  o.out = dir.file(name);
+  o.fsync = false;
+  tools::synthesize(o);
+  return o.out;
+}
+
+// The checkpoint's quantization_config replaced by quant_method fp8 with static
+// per-tensor activation scales (the tensors are the same as compressed-tensors').
+void as_fp8_format(const std::string& ck) {
+  nlohmann::json c = nlohmann::json::parse(std::ifstream(ck + "/config.json"));
+  c["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "static"}};
+  std::ofstream(ck + "/config.json") << c.dump();
+}
+
+std::vector<float> floats(const std::vector<std::byte>& b) {
+  std::vector<float> out(b.size() / 4);
+  std::memcpy(out.data(), b.data(), b.size());
+  return out;
+}
+
+float f16(float v) { return testing::half_to_float(tools::float_to_f16_bits(v)); }
+
+// per_tensor_dequantize (an F16 tensor times the F32 scale, rounded once to F16),
+// then scaled_fp8_quant with the static scale s (x * (1 / s), clamped, E4M3).
+float requant_value(std::uint8_t q, float own, float s) {
+  const float x = f16(testing::e4m3_value(q) * own);
+  return testing::round_to_e4m3(std::clamp(x * (1.0f / s), -448.0f, 448.0f));
+}
+
+struct Loads {
+  LoadResult plain;
+  LoadResult target;
+};
+
+Loads load_both(const std::string& ck, const std::string& target,
+                std::vector<std::string> sets = {"parallel.tp=2"}) {
+  Runtime plain_rt(make_config(ck, sets));
+  Loads out{plain_rt.load(), {}};
+  sets.push_back("postprocess.target=" + target);
+  Runtime rt(make_config(ck, sets));
+  out.target = rt.load();
+  return out;
+}
+
+// The rows each shard of a dense param's scales covers: the loader's [S] scales over
+// the weight's N rows, found from the q / k / v and gate / up widths of the config.
+std::vector<std::uint64_t> widths(const nlohmann::json& c, const std::string& weight, int tp,
+                                  std::uint64_t rows) {
+  if (weight.find("qkv_proj") != std::string::npos) {
+    const std::uint64_t heads = c["num_attention_heads"].get<std::uint64_t>();
+    const std::uint64_t kv = c["num_key_value_heads"].get<std::uint64_t>();
+    const std::uint64_t d = c.value("head_dim", c["hidden_size"].get<std::uint64_t>() / heads);
+    const std::uint64_t q = heads / tp * d;
+    const std::uint64_t k = std::max<std::uint64_t>(1, kv / tp) * d;
+    EXPECT_EQ(q + 2 * k, rows);
+    return {q, k, k};
+  }
+  if (weight.find("gate_up_proj") != std::string::npos) {
+    return {rows / 2, rows / 2};
+  }
+  return {rows};
+}
+
+void check_dense(const Loads& l, const std::string& ck, const std::string& format) {
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  const nlohmann::json c = nlohmann::json::parse(std::ifstream(ck + "/config.json"));
+  std::size_t checked = 0;
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (const LoadedParam& p : l.target.model->ranks()[r].params) {
+      if (p.dtype != DType::kF8E4M3) {
+        continue;
+      }
+      ++checked;
+      const std::string base = p.name.substr(0, p.name.size() - 6);
+      const std::vector<std::byte> w = l.plain.model->read_param(r, p.name);
+      const std::vector<float> s = floats(l.plain.model->read_param(r, base + "weight_scale"));
+      const std::vector<float> in = floats(l.plain.model->read_param(r, base + "input_scale"));
+      const std::uint64_t rows = p.shape[0];
+      const std::uint64_t cols = p.shape[1];
+      const std::vector<std::uint64_t> wd = widths(c, p.name, 2, rows);
+      ASSERT_EQ(wd.size(), s.size()) << p.name;
+      const float smax = *std::max_element(s.begin(), s.end());
+      // input_scale.max(), F32 [].
+      EXPECT_EQ(floats(l.target.model->read_param(r, base + "input_scale")),
+                std::vector<float>{*std::max_element(in.begin(), in.end())})
+          << p.name;
+      const std::vector<std::byte> got_w = l.target.model->read_param(r, p.name);
+      const std::vector<float> got_s = floats(l.target.model->read_param(r, base + "weight_scale"));
+      const bool aligned = rows % 16 == 0 && cols % 16 == 0;
+      if (format == "fp8") {
+        // convert_to_channelwise: each row its shard's scale; the weight as loaded.
+        std::vector<float> want;
+        for (std::size_t i = 0; i < wd.size(); ++i) {
+          want.insert(want.end(), wd[i], s[i]);
+        }
+        EXPECT_EQ(got_s, want) << p.name;
+        EXPECT_EQ(got_w, w) << p.name;
+        continue;
+      }
+      // requantize_with_max_scale: every shard to the largest scale.
+      if (format == "modelopt" && !aligned) {
+        EXPECT_EQ(got_s, std::vector<float>(rows, smax)) << p.name;
+      } else {
+        EXPECT_EQ(got_s, std::vector<float>{smax}) << p.name;
+      }
+      std::uint64_t row = 0;
+      for (std::size_t i = 0; i < wd.size(); ++i) {
+        for (std::uint64_t e = row * cols; e < (row + wd[i]) * cols; ++e) {
+          const float want = requant_value(static_cast<std::uint8_t>(w[e]), s[i], smax);
+          const float got = testing::e4m3_value(static_cast<std::uint8_t>(got_w[e]));
+          ASSERT_EQ(got, want) << p.name << " element " << e;
+        }
+        row += wd[i];
+      }
+    }
+  }
+  EXPECT_GT(checked, 8u);
+}
+
+TEST(PostprocessLoad, Fp8PerTensorExpandsEachShardsScaleOverItsRows) {
+  TempDir dir;
+  const std::string ck = synth(dir, "llama", tools::SynthQuant::kFp8Tensor, "fp8");
+  as_fp8_format(ck);
+  for (const std::string target : {"sm90", "sm100"}) {
+    SCOPED_TRACE(target);
+    const Loads l = load_both(ck, target);
+    check_dense(l, ck, "fp8");
+    EXPECT_EQ(l.target.model->report().postprocess_target, target);
+    EXPECT_EQ(l.plain.model->report().postprocess_target, "loader");
+    // The twins are freed with the load.
+    EXPECT_EQ(l.target.model->ranks()[0].find("model.layers.0.self_attn.qkv_proj.weight_scale_loaded"),
+              nullptr);
+  }
+}
+
+TEST(PostprocessLoad, CompressedTensorsAndModelOptRequantizeToTheLargestScale) {
+  TempDir dir;
+  const std::string ct = synth(dir, "qwen3", tools::SynthQuant::kFp8Tensor, "ct");
+  check_dense(load_both(ct, "sm90"), ct, "compressed-tensors");
+  const std::string mo = synth(dir, "llama", tools::SynthQuant::kModelOptFp8, "modelopt");
+  check_dense(load_both(mo, "sm100"), mo, "modelopt");
+}
+
+// Fused experts: each expert's w1 and w3 requantized to the larger of its two
+// scales, which w13_weight_scale [E] holds; the input scales' max; w2 as loaded.
+TEST(PostprocessLoad, PerTensorExpertsRequantizeW1AndW3ToOneScale) {
+  TempDir dir;
+  const std::string ck = synth(dir, "qwen3_moe", tools::SynthQuant::kFp8Tensor, "moe");
+  const Loads l = load_both(ck, "sm90", {"parallel.tp=2", "parallel.ep=2"});
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  std::size_t checked = 0;
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (const LoadedParam& p : l.target.model->ranks()[r].params) {
+      if (!p.name.ends_with("experts.w13_weight")) {
+        continue;
+      }
+      ++checked;
+      const std::string e = p.name.substr(0, p.name.size() - std::string("w13_weight").size());
+      const std::vector<std::byte> w = l.plain.model->read_param(r, p.name);
+      const std::vector<float> s = floats(l.plain.model->read_param(r, e + "w13_weight_scale"));
+      const std::vector<std::byte> got_w = l.target.model->read_param(r, p.name);
+      const std::vector<float> got_s = floats(l.target.model->read_param(r, e + "w13_weight_scale"));
+      const std::uint64_t experts = p.shape[0];
+      const std::uint64_t half = p.shape[1] / 2;
+      const std::uint64_t cols = p.shape[2];
+      ASSERT_EQ(s.size(), 2 * experts);
+      ASSERT_EQ(got_s.size(), experts);
+      for (std::uint64_t x = 0; x < experts; ++x) {
+        const float smax = std::max(s[2 * x], s[2 * x + 1]);
+        EXPECT_EQ(got_s[x], smax);
+        for (std::uint64_t i = 0; i < 2 * half * cols; ++i) {
+          const std::uint64_t at = x * 2 * half * cols + i;
+          const float own = s[2 * x + (i / cols >= half ? 1 : 0)];
+          ASSERT_EQ(testing::e4m3_value(static_cast<std::uint8_t>(got_w[at])),
+                    requant_value(static_cast<std::uint8_t>(w[at]), own, smax))
+              << p.name << " expert " << x << " element " << i;
+        }
+      }
+      for (const std::string name : {"w2_weight", "w2_weight_scale"}) {
+        EXPECT_EQ(l.target.model->read_param(r, e + name), l.plain.model->read_param(r, e + name));
+      }
+      for (const std::string name : {"w13_input_scale", "w2_input_scale"}) {
+        const std::vector<float> in = floats(l.plain.model->read_param(r, e + name));
+        EXPECT_EQ(floats(l.target.model->read_param(r, e + name)),
+                  std::vector<float>{*std::max_element(in.begin(), in.end())});
+      }
+    }
+  }
+  EXPECT_GT(checked, 1u);
+}
+
+// Block FP8 on sm100 with DeepEP: the UE8M0 repack of models/requant.hpp on exactly
+// the weights DeepGEMM runs; the MLA split still reads kv_b_proj as loaded.
+TEST(PostprocessLoad, BlockFp8OnSm100IsTheUe8m0RepackOfAPlainLoad) {
+  TempDir dir;
+  nlohmann::json config = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+  config["q_lora_rank"] = 128;
+  config["kv_lora_rank"] = 128;
+  config["moe_intermediate_size"] = 128;
+  const std::string path = dir.file("config.json");
+  std::ofstream(path) << config.dump();
+  tools::SynthOptions o;
+  o.from_config = path;
+  o.quant = tools::SynthQuant::kFp8Block;
+  o.quant_block = 128;
+  o.out = dir.file("ck");
+  o.fsync = false;
+  tools::synthesize(o);
+  const std::vector<std::string> sets = {"parallel.tp=1", "parallel.moe_a2a=deepep"};
+  const Loads l = load_both(o.out, "sm100", sets);
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  std::size_t repacked = 0;
+  for (const LoadedParam& p : l.target.model->ranks()[0].params) {
+    if (p.dtype != DType::kF8E4M3) {
+      continue;
+    }
+    const std::string scale = p.name + "_scale_inv";
+    const LoadedParam* packed = l.target.model->ranks()[0].find(scale);
+    ASSERT_NE(packed, nullptr);
+    if (packed->dtype == DType::kF32) {
+      EXPECT_EQ(l.target.model->read_param(0, p.name), l.plain.model->read_param(0, p.name));
+      continue;
+    }
+    ++repacked;
+    std::vector<std::byte> w = l.plain.model->read_param(0, p.name);
+    std::vector<std::byte> s = l.plain.model->read_param(0, scale);
+    const std::uint64_t rows = p.shape[p.shape.size() - 2];
+    const std::uint64_t cols = p.shape.back();
+    const std::uint64_t matrices = p.shape.size() == 3 ? p.shape[0] : 1;
+    EXPECT_EQ(rows % 64, 0u);
+    EXPECT_EQ(cols % 128, 0u);
+    std::vector<std::byte> want(packed->nbytes);
+    const std::uint64_t words = ((cols + 127) / 128 + 3) / 4;
+    for (std::uint64_t e = 0; e < matrices; ++e) {
+      models::requant_ue8m0(reinterpret_cast<std::uint8_t*>(w.data()) + e * rows * cols,
+                            reinterpret_cast<float*>(s.data()) + e * (s.size() / 4 / matrices),
+                            reinterpret_cast<std::int32_t*>(want.data()) + e * words * rows, rows,
+                            cols);
+    }
+    EXPECT_EQ(l.target.model->read_param(0, p.name), w) << p.name;
+    EXPECT_EQ(l.target.model->read_param(0, scale), want) << scale;
+  }
+  EXPECT_GT(repacked, 10u);
+  EXPECT_EQ(l.target.model->read_param(0, "model.layers.1.self_attn.w_kc"),
+            l.plain.model->read_param(0, "model.layers.1.self_attn.w_kc"));
+}
+
+// The capture-safe startup runs the hooks on the sentinel, then on the real weights,
+// in the same storage; the dummy format allocates what a real load does.
+TEST(PostprocessLoad, OverlapStartupAndDummyFormatKeepTheTargetsLayout) {
+  TempDir dir;
+  const std::string ck = synth(dir, "qwen3_moe", tools::SynthQuant::kFp8Tensor, "moe");
+  const std::vector<std::string> sets = {"parallel.tp=2", "postprocess.target=sm90"};
+  std::vector<std::string> overlap_sets = sets;
+  overlap_sets.push_back("startup.mode=overlap");
+  Runtime overlap(make_config(ck, overlap_sets));
+  ASSERT_TRUE(overlap.prepare().wait());
+  LoadResult committed = overlap.commit().wait();
+  ASSERT_TRUE(committed) << committed.error->message;
+  EXPECT_TRUE(committed.model->report().startup_refusals.empty());
+  Runtime serial(make_config(ck, sets));
+  LoadResult s = serial.load();
+  ASSERT_TRUE(s) << s.error->message;
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (const LoadedParam& p : s.model->ranks()[r].params) {
+      EXPECT_EQ(committed.model->read_param(r, p.name), s.model->read_param(r, p.name)) << p.name;
+    }
+    // The overlap keeps the loaded scales the hooks read (in storage that does not
+    // move, for the run on the real weights); nothing else is extra.
+    for (const LoadedParam& p : committed.model->ranks()[r].params) {
+      if (s.model->ranks()[r].find(p.name) == nullptr) {
+        EXPECT_TRUE(p.name.ends_with("_loaded")) << p.name;
+      }
+    }
+  }
+  std::vector<std::string> dummy_sets = sets;
+  dummy_sets.push_back("model.load_format=dummy");
+  Runtime dummy(make_config(ck, dummy_sets));
+  LoadResult d = dummy.load();
+  ASSERT_TRUE(d) << d.error->message;
+  EXPECT_EQ(d.model->report().postprocess_target, "sm90");
+  for (std::size_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(d.model->ranks()[r].params.size(), s.model->ranks()[r].params.size());
+    for (std::size_t i = 0; i < s.model->ranks()[r].params.size(); ++i) {
+      const LoadedParam& a = d.model->ranks()[r].params[i];
+      const LoadedParam& b = s.model->ranks()[r].params[i];
+      EXPECT_EQ(a.name, b.name);
+      EXPECT_EQ(a.dtype, b.dtype) << a.name;
+      EXPECT_EQ(a.shape, b.shape) << a.name;
+      EXPECT_EQ(a.nbytes, b.nbytes) << a.name;
+    }
+  }
+  // The plan names the target.
+  const PlanReport plan = make_plan_report(make_config(ck, sets));
+  EXPECT_EQ(plan.to_json()["postprocess_target"], "sm90");
+  EXPECT_THAT(plan.summary(), ::testing::HasSubstr("postprocess.target sm90"));
+  EXPECT_EQ(make_plan_report(make_config(ck, {"postprocess.target=auto"})).postprocess_target,
+            "loader");  // auto on host devices
+}
+
+TEST(PostprocessLoad, BadValuesAreRefusedByName) {
+  try {
+    make_config("/x", {"postprocess.target=sm89"});
+    FAIL() << "accepted sm89";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("postprocess.target"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("expected loader, sm90, sm100 or auto"));
+  }
+  TempDir dir;
+  const std::string ck = synth(dir, "llama", tools::SynthQuant::kNvfp4, "nvfp4");
+  Runtime rt(make_config(ck, {"postprocess.target=sm90"}));
+  LoadResult r = rt.load();
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error->stage, Stage::kConfig);
+  EXPECT_THAT(r.error->message, ::testing::HasSubstr("Marlin"));
+}
+
+}  // namespace
+}  // namespace ferry::runtime
