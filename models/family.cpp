@@ -34,6 +34,9 @@ int lm_head_group(const FamilyInput& in) {
 }
 
 void set_family_quantization(TableModel& m, const FamilyInput& in, QuantScheme quant) {
+  if (in.descriptor.takes(kNoKvCacheScales)) {
+    quant.kv_cache_params = false;
+  }
   if (quant.kv_cache_scales && in.descriptor.takes(kNoKvCacheScales)) {
     quant.kv_cache_scales = false;
     for (const char* name : {"self_attn.k_proj.k_scale", "self_attn.v_proj.v_scale",

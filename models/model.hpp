@@ -278,6 +278,10 @@ struct QuantScheme {
   // An FP8 KV cache with scales (ModelOpt kv_cache_quant_algo FP8): each attention
   // module has F32 scalars attn.k_scale and attn.v_scale (MLA: attn_mqa.*).
   bool kv_cache_scales = false;
+  // Whether the family's SGLang attention takes a KV-cache quant method at all (not
+  // Qwen3, Qwen3-MoE, GLM-4-MoE: FamilyOption kNoKvCacheScales), so that
+  // postprocess.target gives it BaseKVCacheMethod's k_scale / v_scale.
+  bool kv_cache_params = true;
   // "ue8m0" (DeepSeek-V3.1): the F32 scales are powers of two. Loaded as stored,
   // which is what SGLang does unless DeepGEMM's Blackwell repack runs.
   std::string scale_fmt;

@@ -52,6 +52,72 @@ void max_into(gpu::Stream& stream, std::byte* dst, const std::byte* src, std::ui
 
 std::size_t max_scratch(std::uint64_t count) { return count * kF32 + kF32 + 1; }
 
+// BaseKVCacheMethod.process_weights_after_loading for a loaded pair: both valid,
+// kept; neither, 1.0; only k_scale (a single kv_scale loaded as it), the larger in
+// both. A valid v_scale beside an invalid k_scale is refused, as SGLang asserts.
+void kv_rule(const std::string& module, float& k, float& v) {
+  if (k > 0.0f && v > 0.0f) {
+    return;
+  }
+  if (k <= 0.0f && v <= 0.0f) {
+    k = v = 1.0f;
+    return;
+  }
+  if (!(k > 0.0f)) {
+    throw Error(Stage::kPostProcess, "", module + ".k_scale",
+                "the FP8 KV cache's k_scale is " + std::to_string(k) + " while v_scale is " +
+                    std::to_string(v) +
+                    ": SGLang's BaseKVCacheMethod asserts k_scale > 0 when only one is valid");
+  }
+  k = v = std::max(k, v);
+}
+
+// The k_scale / v_scale hooks of one rank: 1.0 where nothing loads them, the rule
+// above where the checkpoint does (two scalars read back to the host, decided there
+// and written back: no device kernel compares).
+void add_kv_scale_hooks(const RankShell& shell, std::size_t r, const QuantScheme& q,
+                        std::vector<PostLoadHook>& out) {
+  constexpr std::string_view kSuffix = ".k_scale";
+  for (std::size_t k = 0; k < shell.params.size(); ++k) {
+    const std::string& name = shell.params[k].name;
+    if (!name.ends_with(kSuffix) || name.find(".self_attn.attn") == std::string::npos) {
+      continue;
+    }
+    const std::string module = name.substr(0, name.size() - kSuffix.size());
+    const std::string attn = module.substr(module.rfind('.') + 1);
+    auto vit = shell.by_name.find(module + ".v_scale");
+    if (vit == shell.by_name.end()) {
+      bad(module + ".v_scale", "no v_scale beside " + name);
+    }
+    const std::size_t v = vit->second;
+    PostLoadHook hook;
+    hook.name = "postprocess_" + std::string(to_string(q.target)) + ":" + module +
+                ".kv_scales (tp rank " + std::to_string(shell.tp_rank) + ")";
+    hook.local_rank = r;
+    if (!kv_scales_loaded(q, attn)) {
+      hook.outputs = {k, v};
+      hook.run = [k, v](HookContext& ctx) {
+        ctx.stream().fill(ctx.param_data(k), 1, DType::kF32, 1.0);
+        ctx.stream().fill(ctx.param_data(v), 1, DType::kF32, 1.0);
+      };
+    } else {
+      hook.rewrites = {k, v};
+      hook.run = [k, v, module](HookContext& ctx) {
+        gpu::Stream& stream = ctx.stream();
+        float kv[2] = {0, 0};
+        stream.copy_d2h(reinterpret_cast<std::byte*>(&kv[0]), ctx.param_data(k), kF32);
+        stream.copy_d2h(reinterpret_cast<std::byte*>(&kv[1]), ctx.param_data(v), kF32);
+        stream.synchronize();
+        kv_rule(module, kv[0], kv[1]);
+        stream.copy_h2d(ctx.param_data(k), reinterpret_cast<const std::byte*>(&kv[0]), kF32);
+        stream.copy_h2d(ctx.param_data(v), reinterpret_cast<const std::byte*>(&kv[1]), kF32);
+        stream.synchronize();  // the host values die with this call
+      };
+    }
+    out.push_back(std::move(hook));
+  }
+}
+
 }  // namespace
 
 std::string_view to_string(QuantScheme::Target target) {
@@ -121,6 +187,15 @@ bool input_scale_max(const QuantScheme& q) {
   return q.target != Target::kLoader && q.input_scales &&
          (q.method == Method::kFp8Tensor || q.method == Method::kFp8Channel ||
           q.method == Method::kFp8Block);
+}
+
+bool kv_scales_served(const QuantScheme& q) {
+  return q.target != Target::kLoader && q.kv_cache_params &&
+         (q.format == Format::kFp8 || q.kv_cache_scales);
+}
+
+bool kv_scales_loaded(const QuantScheme& q, std::string_view attn) {
+  return q.kv_cache_scales && (attn == "attn" || attn == "attn_mqa");
 }
 
 bool converts_ue8m0(const QuantScheme& q, const Shape& weight) {
@@ -195,6 +270,9 @@ std::vector<PostLoadHook> make_postprocess_hooks(const TableModel& model, const 
   const std::vector<PostLoadHook> existing = model.hooks();
   for (std::size_t r = 0; r < model.shells().size(); ++r) {
     const RankShell& shell = model.shells()[r];
+    if (kv_scales_served(q)) {
+      add_kv_scale_hooks(shell, r, q, out);
+    }
     auto find = [&](const std::string& name) -> std::optional<std::size_t> {
       auto it = shell.by_name.find(name);
       return it == shell.by_name.end() ? std::nullopt : std::optional<std::size_t>(it->second);

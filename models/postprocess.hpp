@@ -32,7 +32,12 @@
 // FP8 blocks: unchanged on kSm90; on kSm100 DeepGEMM's UE8M0 repack
 // (models/requant.hpp) of each weight converts_ue8m0 accepts
 // (requant_block_scale_ue8m0_for_deepgemm / should_deepgemm_weight_requant_ue8m0).
-// KV-cache scales: unchanged.
+// KV-cache scales (BaseKVCacheMethod.process_weights_after_loading): each attention
+// SGLang gives a KV-cache method holds k_scale and v_scale, F32 []; both > 0: kept;
+// both <= 0 (or not in the checkpoint, SGLang's -1.0): 1.0 each; one > 0: the larger
+// in both (one kv_scale loaded as k_scale). fp8 checkpoints have them on every
+// attention (Fp8KVCacheMethod), ModelOpt ones with an FP8 KV cache too; MLA on
+// attn_mqa (loaded) and attn_mha (1.0).
 //
 // Every per-tensor FP8 weight SGLang keeps is its transposed view (weight.t()):
 // the same storage, which ferry keeps as loaded ([N, K] row-major); an engine binds
@@ -87,6 +92,15 @@ Shape served_scale_shape(ScaleForm form, const Shape& weight);
 // Whether a static input scale of this weight becomes its max ([]): every target
 // but kLoader.
 bool input_scale_max(const QuantScheme& scheme);
+
+// Whether every attention holds BaseKVCacheMethod's k_scale / v_scale (F32 []) under
+// the target: fp8 checkpoints (Fp8KVCacheMethod on each RadixAttention) and ModelOpt
+// ones with an FP8 KV cache, on every target but kLoader; MLA has them on attn_mqa
+// and attn_mha.
+bool kv_scales_served(const QuantScheme& scheme);
+// Whether the checkpoint feeds the k_scale / v_scale of attention module `attn`
+// ("attn", "attn_mqa", "attn_mha"): ModelOpt's FP8 KV cache, for attn and attn_mqa.
+bool kv_scales_loaded(const QuantScheme& scheme, std::string_view attn);
 
 // Whether DeepGEMM's UE8M0 repack converts this FP8 block weight: always under
 // quantization.requant=ue8m0; under kSm100 when the blocks are 128 x 128, N % 64 ==

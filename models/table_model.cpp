@@ -712,6 +712,34 @@ void TableModel::apply_quant() {
       }
     }
   }
+  // postprocess.target: every attention SGLang gives a KV-cache quant method (fp8:
+  // Fp8Config.get_quant_method for each RadixAttention; ModelOpt with
+  // kv_cache_quant_algo) holds BaseKVCacheMethod's k_scale / v_scale (F32 []), MLA
+  // both attn_mqa and attn_mha; those no checkpoint tensor feeds get 1.0 from a hook
+  // (process_weights_after_loading; models/postprocess.hpp).
+  if (kv_scales_served(q)) {
+    std::set<std::string> declared;
+    for (const ParamDecl& c : companions) {
+      declared.insert(c.name);
+    }
+    for (const ParamDecl& d : param_decls_) {
+      const bool mla = ends_with(d.name, "self_attn.kv_b_proj.weight");
+      if (!mla && !ends_with(d.name, "self_attn.qkv_proj.weight")) {
+        continue;
+      }
+      constexpr std::string_view kAttn = "self_attn.";
+      const std::string pa = d.name.substr(0, d.name.find(kAttn) + kAttn.size());
+      for (const std::string& attn : mla ? std::vector<std::string>{"attn_mqa.", "attn_mha."}
+                                        : std::vector<std::string>{"attn."}) {
+        for (const std::string s : {"k", "v"}) {
+          const std::string param = pa + attn + s + "_scale";
+          if (declared.insert(param).second) {
+            companions.push_back({param, [](int) { return Shape{}; }, DType::kF32});
+          }
+        }
+      }
+    }
+  }
   for (ParamDecl& c : companions) {
     param_decls_.push_back(std::move(c));
   }

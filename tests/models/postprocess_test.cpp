@@ -88,24 +88,38 @@ TEST(Postprocess, Fp8PerTensorLinearExpandsScalesPerRow) {
     EXPECT_EQ(spec(s, o + "weight_scale"), rows_1(s, o + "weight"));
     EXPECT_EQ(spec(s, "model.layers.0.mlp.gate_up_proj.weight_scale"),
               rows_1(s, "model.layers.0.mlp.gate_up_proj.weight"));
-    // Every param the loader has but the twins, with the same names.
+    // Fp8Config gives every RadixAttention an Fp8KVCacheMethod: k_scale / v_scale,
+    // which process_weights_after_loading sets to 1.0 when nothing loaded them.
+    EXPECT_EQ(spec(l, "model.layers.0.self_attn.attn.k_scale"), "absent");
+    EXPECT_EQ(spec(s, "model.layers.0.self_attn.attn.k_scale"), "F32 []");
+    EXPECT_EQ(spec(s, "model.layers.0.self_attn.attn.v_scale"), "F32 []");
+    // Not for a family whose SGLang attention takes no KV-cache method (Qwen3).
+    nlohmann::json qwen3 = tools::synth_config("qwen3", "tiny", DType::kBF16, false);
+    qwen3["quantization_config"] = c["quantization_config"];
+    EXPECT_EQ(spec(make(qwen3, t)->shells()[0], "model.layers.0.self_attn.attn.k_scale"),
+              "absent");
+    // Every param the loader has, the twins and the KV scales.
     std::size_t twins = 0;
+    std::size_t kv = 0;
     for (const models::ParamSpec& p : s.params) {
       if (p.transient) {
         ++twins;
-        continue;
+      } else if (p.name.ends_with("attn.k_scale") || p.name.ends_with("attn.v_scale")) {
+        ++kv;
+      } else {
+        EXPECT_NE(find(l, p.name), nullptr) << p.name;
       }
-      EXPECT_NE(find(l, p.name), nullptr) << p.name;
     }
-    EXPECT_EQ(s.params.size(), l.params.size() + twins);
-    // One hook per weight scale and per input scale; validate_hooks accepts them.
+    EXPECT_EQ(s.params.size(), l.params.size() + twins + kv);
+    // One hook per weight scale, per input scale and per attention's KV scales;
+    // validate_hooks accepts them.
     std::size_t pp = 0;
     for (const models::PostLoadHook& h : m->hooks()) {
       pp += h.name.rfind("postprocess_", 0) == 0 ? 1 : 0;
       EXPECT_TRUE(h.idempotent);
       EXPECT_FALSE(h.reallocates);
     }
-    EXPECT_EQ(pp, twins);
+    EXPECT_EQ(pp, twins + kv / 2);
   }
 }
 
@@ -186,10 +200,15 @@ TEST(Postprocess, BlockFp8RepacksToUe8m0OnlyOnSm100WhereDeepGemmRuns) {
   const auto loader = make(c, Target::kLoader);
   const auto sm90 = make(c, Target::kSm90);
   const models::RankShell& l = loader->shells()[0];
-  ASSERT_EQ(sm90->shells()[0].params.size(), l.params.size());
-  for (std::size_t i = 0; i < l.params.size(); ++i) {
-    EXPECT_EQ(sm90->shells()[0].params[i].name, l.params[i].name);
-    EXPECT_EQ(spec(sm90->shells()[0], l.params[i].name), spec(l, l.params[i].name));
+  // sm90: every param as loaded, plus Fp8KVCacheMethod's k_scale / v_scale.
+  for (const models::ParamSpec& p : l.params) {
+    EXPECT_EQ(spec(sm90->shells()[0], p.name), spec(l, p.name));
+  }
+  for (const models::ParamSpec& p : sm90->shells()[0].params) {
+    if (find(l, p.name) == nullptr) {
+      EXPECT_TRUE(p.name.ends_with("attn.k_scale") || p.name.ends_with("attn.v_scale")) << p.name;
+      EXPECT_EQ(spec(sm90->shells()[0], p.name), "F32 []");
+    }
   }
   const auto sm100 = make(c, Target::kSm100);
   const models::RankShell& s = sm100->shells()[0];

@@ -11,10 +11,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "io/safetensors.hpp"
 #include "models/quant.hpp"
 #include "models/requant.hpp"
 #include "runtime/plan_report.hpp"
@@ -48,6 +50,33 @@ void as_fp8_format(const std::string& ck) {
   nlohmann::json c = nlohmann::json::parse(std::ifstream(ck + "/config.json"));
   c["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "static"}};
   std::ofstream(ck + "/config.json") << c.dump();
+}
+
+// Sets the F32 scalars whose names end with `suffix` in every shard of `ck` (the
+// first `values.size()` of them in name order take values[i], the rest the last).
+void set_scalars(const std::string& ck, const std::string& suffix, std::vector<float> values) {
+  std::vector<std::pair<std::string, io::TensorInfo>> found;
+  for (const auto& entry : std::filesystem::directory_iterator(ck)) {
+    if (entry.path().extension() != ".safetensors") {
+      continue;
+    }
+    const io::SafetensorsHeader h =
+        io::read_safetensors_header(entry.path().string(), entry.path().string());
+    for (const io::TensorInfo& t : h.tensors) {
+      if (t.name.ends_with(suffix) && t.dtype == DType::kF32 && t.nbytes == 4) {
+        found.emplace_back(entry.path().string(), t);
+      }
+    }
+  }
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a.second.name < b.second.name; });
+  ASSERT_FALSE(found.empty()) << suffix;
+  for (std::size_t i = 0; i < found.size(); ++i) {
+    const float v = values[std::min(i, values.size() - 1)];
+    std::fstream f(found[i].first, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(found[i].second.offset));
+    f.write(reinterpret_cast<const char*>(&v), 4);
+  }
 }
 
 std::vector<float> floats(const std::vector<std::byte>& b) {
@@ -177,7 +206,50 @@ TEST(PostprocessLoad, CompressedTensorsAndModelOptRequantizeToTheLargestScale) {
   const std::string ct = synth(dir, "qwen3", tools::SynthQuant::kFp8Tensor, "ct");
   check_dense(load_both(ct, "sm90"), ct, "compressed-tensors");
   const std::string mo = synth(dir, "llama", tools::SynthQuant::kModelOptFp8, "modelopt");
+  // Valid FP8 KV-cache scales (synth's may be negative; see KvCacheScales below).
+  set_scalars(mo, "k_scale", {0.5f});
+  set_scalars(mo, "v_scale", {0.25f});
   check_dense(load_both(mo, "sm100"), mo, "modelopt");
+}
+
+// BaseKVCacheMethod.process_weights_after_loading: both valid kept, neither 1.0,
+// only k_scale the larger in both; a valid v_scale beside an invalid k_scale is
+// refused, as SGLang asserts. fp8 checkpoints get 1.0 on every attention.
+TEST(PostprocessLoad, KvCacheScales) {
+  TempDir dir;
+  const std::string mo = synth(dir, "llama", tools::SynthQuant::kModelOptFp8, "modelopt");
+  // Layer 0: k 2, v -1 (one kv_scale); layer 1: both -1 (not calibrated).
+  set_scalars(mo, "k_scale", {2.0f, -1.0f});
+  set_scalars(mo, "v_scale", {-1.0f, -1.0f});
+  const Loads l = load_both(mo, "sm90");
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  for (std::size_t r = 0; r < 2; ++r) {
+    auto at = [&](const std::string& name) { return floats(l.target.model->read_param(r, name)); };
+    EXPECT_EQ(at("model.layers.0.self_attn.attn.k_scale"), std::vector<float>{2.0f});
+    EXPECT_EQ(at("model.layers.0.self_attn.attn.v_scale"), std::vector<float>{2.0f});
+    EXPECT_EQ(at("model.layers.1.self_attn.attn.k_scale"), std::vector<float>{1.0f});
+    EXPECT_EQ(at("model.layers.1.self_attn.attn.v_scale"), std::vector<float>{1.0f});
+  }
+  // As loaded under loader.
+  EXPECT_EQ(floats(l.plain.model->read_param(0, "model.layers.1.self_attn.attn.k_scale")),
+            std::vector<float>{-1.0f});
+  set_scalars(mo, "k_scale", {-1.0f});
+  set_scalars(mo, "v_scale", {3.0f});
+  Runtime rt(make_config(mo, {"parallel.tp=2", "postprocess.target=sm90"}));
+  LoadResult refused = rt.load();
+  ASSERT_FALSE(refused);
+  EXPECT_EQ(refused.error->stage, Stage::kPostProcess);
+  EXPECT_THAT(refused.error->message,
+              ::testing::ContainsRegex("tensor 'model\\.layers\\.[0-9]+\\.self_attn\\.attn\\.k_scale'"));
+  EXPECT_THAT(refused.error->message, ::testing::HasSubstr("asserts k_scale > 0"));
+  // fp8: Fp8KVCacheMethod on every attention, nothing loads them: 1.0.
+  const std::string fp8 = synth(dir, "llama", tools::SynthQuant::kFp8Tensor, "fp8");
+  as_fp8_format(fp8);
+  const Loads f = load_both(fp8, "sm100");
+  ASSERT_TRUE(f.target) << f.target.error->message;
+  EXPECT_EQ(floats(f.target.model->read_param(1, "model.layers.1.self_attn.attn.v_scale")),
+            std::vector<float>{1.0f});
+  EXPECT_EQ(f.plain.model->ranks()[0].find("model.layers.1.self_attn.attn.v_scale"), nullptr);
 }
 
 // Fused experts: each expert's w1 and w3 requantized to the larger of its two
