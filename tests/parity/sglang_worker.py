@@ -120,6 +120,66 @@ def _modules_of(klass):
             if c.__module__ in sys.modules and hasattr(sys.modules[c.__module__], "_is_cuda")]
 
 
+def cuda_static_fp8_quant(x, scale=None, num_token_padding=None,
+                          use_per_token_if_dynamic=False):
+    """scaled_fp8_quant with a static scale on CUDA, in torch on the CPU:
+    per_tensor_quant_fp8_kernel (kernels/jit/csrc/gemm/per_tensor_quant_fp8.cuh)
+    multiplies by the F32 reciprocal 1.0f / *scale, clips to +-448 and rounds to
+    E4M3. (SGLang's CPU fallback divides instead: a different rounding.) The
+    dynamic form goes to cuda_scaled_fp8_quant."""
+    import torch
+
+    if scale is None:
+        return cuda_scaled_fp8_quant(x, None, num_token_padding, use_per_token_if_dynamic)
+    assert not num_token_padding and scale.numel() == 1
+    inv = torch.reciprocal(scale.float().reshape(1))
+    q = x.float() * inv
+    q = torch.where(torch.isnan(q), torch.full_like(q, 448.0), q).clamp(-448.0, 448.0)
+    return q.to(torch.float8_e4m3fn), scale
+
+
+def emulate_cuda_postprocess(target, emulations):
+    """process_weights_after_loading as on an NVIDIA GPU of the target (postprocess
+    .target sm90 / sm100), for the per-tensor and per-channel FP8 methods: the
+    quantization modules see CUDA, not the CPU (their CPU branches repack for AMX
+    or requantize where CUDA expands per row), cutlass FP8 supported, no Marlin,
+    the target's capability, FlashInfer's per-tensor bmm_fp8 available (ModelOpt),
+    and scaled_fp8_quant computed as its CUDA kernel does."""
+    from sglang.srt.layers.quantization import fp8, fp8_utils, modelopt_quant
+    from sglang.srt.layers.quantization import utils as qutils
+    from sglang.srt.layers.quantization.compressed_tensors.schemes import (
+        compressed_tensors_w8a8_fp8 as ct_linear,
+        compressed_tensors_w8a8_fp8_moe as ct_moe,
+    )
+
+    capability = (9, 0) if target == "sm90" else (10, 0)
+    modules = [fp8, fp8_utils, modelopt_quant, qutils, ct_linear, ct_moe]
+    for m in modules:
+        for name, value in (("_is_cpu", False), ("_is_cuda", True), ("_is_hip", False),
+                            ("_use_aiter", False), ("_is_fp8_fnuz", False),
+                            ("_is_cpu_amx_available", False)):
+            if hasattr(m, name):
+                setattr(m, name, value)
+        if hasattr(m, "cutlass_fp8_supported"):
+            m.cutlass_fp8_supported = lambda: True
+        if hasattr(m, "can_auto_enable_marlin_fp8"):
+            m.can_auto_enable_marlin_fp8 = lambda *a, **k: False
+        if hasattr(m, "get_device_capability"):
+            m.get_device_capability = lambda *a, **k: capability
+        if hasattr(m, "flashinfer_per_tensor_fp8_supported"):
+            m.flashinfer_per_tensor_fp8_supported = lambda: True
+        if hasattr(m, "is_fp8_fnuz"):
+            m.is_fp8_fnuz = lambda: False
+        if hasattr(m, "scaled_fp8_quant"):
+            m.scaled_fp8_quant = cuda_static_fp8_quant
+    emulations.append(
+        f"process_weights_after_loading as on CUDA capability {capability}: the FP8 "
+        "quantization modules see _is_cuda (not _is_cpu), cutlass FP8, no Marlin, "
+        "FlashInfer bmm_fp8 available; scaled_fp8_quant as its CUDA kernel "
+        "(x * (1 / s), clip, E4M3)"
+    )
+
+
 def emulate_hopper(emulations):
     """Answers SGLang's CUDA-only placement decisions as an H100 (sm90) does,
     scoped to the decisions themselves: the modules keep _is_cuda False
@@ -303,6 +363,7 @@ def save_stage(model, path):
     tensors = {}
     aliases = {}
     seen = {}
+    transposed = []
     for name, tensor in held_tensors(model).items():
         if tensor.device.type != "cpu":
             raise RuntimeError(f"{name} is on {tensor.device}, not the CPU")
@@ -311,9 +372,14 @@ def save_stage(model, path):
             aliases[name] = seen[key]
             continue
         seen[key] = name
+        if tensor.dim() == 2 and not tensor.is_contiguous() and tensor.t().is_contiguous():
+            # process_weights_after_loading keeps FP8 weights as weight.t(): a view
+            # of the loaded [N, K] storage, saved in that order (what ferry holds).
+            transposed.append(name)
+            tensor = tensor.t()
         tensors[name] = tensor.detach().contiguous().clone()
     save_file(tensors, path)
-    return {"tensors": len(tensors), "aliases": aliases}
+    return {"tensors": len(tensors), "aliases": aliases, "transposed_views": transposed}
 
 
 def main():
@@ -329,6 +395,8 @@ def main():
     parser.add_argument("--dp-lm-head", action="store_true")
     parser.add_argument("--draft", action="store_true")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--target", choices=["loader", "sm90", "sm100"], default="loader",
+                        help="the CUDA target process_weights_after_loading emulates")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra ServerArgs field NAME=JSON")
     args = parser.parse_args()
@@ -385,6 +453,8 @@ def main():
 
     initialize_dp_attention(server_args)
     emulate_hopper(emulations)
+    if args.target != "loader":
+        emulate_cuda_postprocess(args.target, emulations)
 
     from sglang.srt.configs.device_config import DeviceConfig  # noqa: F401
     from sglang.srt.configs.load_config import LoadConfig
