@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""postprocess.target: what the post-processing phase costs (served-layouts issue).
+"""postprocess.target: what the post-processing costs (served-layouts issue).
 
     python3 bench/postprocess_bench.py [--build build/release] [--runs 3]
         [--config ../shared/data/models/deepseek-v3/config.json] [--skip-full]
@@ -7,23 +7,27 @@
 Checkpoints are written once under BUILD/bench-cache with `ferry synth`:
 - full size: `synth --sparse --from-config CONFIG` (DeepSeek-V3's FP8 checkpoint at
   its real shapes, 128 x 128 block scales; data are holes);
-- medium: `synth --family llama --preset medium --quant fp8-tensor` (compressed-
-  tensors per-tensor FP8 with static input scales) and the same for qwen3_moe
-  (fused experts).
+- medium: `synth --family F --preset medium --quant Q`: DeepSeek-V3 with FP8
+  128 x 128 blocks, Llama and Qwen3-MoE with compressed-tensors per-tensor FP8 and
+  static input scales.
 
-Rows, each a whole process, rounds in rotating order after one untimed run, medians
-(min-max) of the report's seconds and its postprocess phase:
-- full size, rank 0 of tp 8 / ep 8 with parallel.moe_a2a=deepep on `null:1`:
-  `ferry plan --json` (its param bytes) and `ferry load` for loader and sm100 (the
-  UE8M0 repack of every block-FP8 weight of the rank: the null device runs no
-  kernel, so this is ferry's own cost of ordering and issuing the hooks);
-- medium, tp 1 on `host:1` (the host device runs the FP8 operations on the CPU,
-  the same arithmetic a GPU runs), hot page cache: loader and sm90 (every shard
-  requantized to the largest scale, the input scales' max).
+Rows:
+- full size, rank 0 of tp 8 / ep 8 with parallel.moe_a2a=deepep: `ferry plan --json`
+  per target, the rank's params and param bytes (the load-only loaded scales
+  included). A load on the null device runs no hook (it keeps no data: the
+  report's hooks_skipped), so the time is measured on the host device below.
+- medium, tp 1 on `host:1` (its FP8 operations are the CPU's, the arithmetic a GPU
+  runs), hot page cache, each load a whole process, rounds in rotated order after
+  one untimed load, medians (min-max) of the report's seconds and its postprocess
+  phase (the hooks run as their layers complete, overlapping the stream; the phase
+  is what is left after the last copy): loader against the target (DeepSeek-V3:
+  sm100 with DeepEP, every weight's UE8M0 repack; the others: sm90, every shard
+  requantized to the largest scale).
 """
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,41 +91,45 @@ def main():
             flags = ["--tp", "8", "--ep", "8", "--ranks", "0", "--set",
                      "parallel.moe_a2a=deepep"]
             print("full-size DeepSeek-V3 FP8 (sparse), rank 0 of tp 8 / ep 8, deepep")
-            print("| target | plan: params | plan: param bytes (GB) |")
-            print("|---|---|---|")
+            print("| target | plan seconds | params | param bytes (GB) |")
+            print("|---|---|---|---|")
             for target in ("loader", "sm90", "sm100"):
-                _, _, out = run_measured([ferry, "plan", "--model", full, "--json", *flags,
-                                          "--set", "postprocess.target=" + target])
+                secs = []
+                for _ in range(args.runs):
+                    seconds, _, out = run_measured([ferry, "plan", "--model", full, "--json",
+                                                    *flags, "--set",
+                                                    "postprocess.target=" + target])
+                    secs.append(seconds)
                 plan = json.loads(out)
                 rank = plan["ranks"][0]
-                print(f"| {target} | {rank['params']} | {rank['param_bytes'] / 1e9:.3f} |")
-            res = rounds(["loader", "sm100"], args.runs,
-                         lambda t: load(full, flags + ["--devices", "null:1"], t))
-            print()
-            print("| target | load seconds, null:1 | postprocess phase seconds |")
-            print("|---|---|---|")
-            for target, values in res.items():
-                print(f"| {target} | {cell([v[0] for v in values])} | "
-                      f"{cell([v[1] for v in values], fmt='{:.3f}')} |")
+                print(f"| {target} | {cell(secs)} | {rank['params']} | "
+                      f"{rank['param_bytes'] / 1e9:.3f} |")
             print()
 
-        for family in ("llama", "qwen3_moe"):
-            model = synth(ferry, os.path.join(cache, f"{family}-medium-fp8-tensor"), "--family",
-                          family, "--preset", "medium", "--quant", "fp8-tensor")
+        mediums = [
+            ("deepseek_v3", "fp8-block", "sm100", ["--set", "parallel.moe_a2a=deepep"]),
+            ("llama", "fp8-tensor", "sm90", []),
+            ("qwen3_moe", "fp8-tensor", "sm90", []),
+        ]
+        for family, quant, target, extra in mediums:
+            model = synth(ferry, os.path.join(cache, f"{family}-medium-{quant}"), "--family",
+                          family, "--preset", "medium", "--quant", quant)
             warm(model)
             size = sum(os.path.getsize(os.path.join(model, n)) for n in os.listdir(model)
                        if n.endswith(".safetensors"))
-            res = rounds(["loader", "sm90"], args.runs,
-                         lambda t: load(model, ["--devices", "host:1"], t))
-            print(f"medium {family}, compressed-tensors FP8 per tensor, {size / 1e9:.2f} GB, "
-                  f"host:1, hot, {args.runs} rounds")
+            flags = ["--tp", "1", "--devices", "host:1", *extra]
+            res = rounds(["loader", target], args.runs, lambda t: load(model, flags, t))
+            print(f"medium {family}, {quant}, {size / 1e9:.2f} GB, tp 1, host:1, hot, "
+                  f"{args.runs} rounds{' (deepep)' if extra else ''}")
             print("| target | load seconds | postprocess phase seconds |")
             print("|---|---|---|")
-            for target, values in res.items():
-                print(f"| {target} | {cell([v[0] for v in values])} | "
+            for name, values in res.items():
+                print(f"| {name} | {cell([v[0] for v in values])} | "
                       f"{cell([v[1] for v in values], fmt='{:.3f}')} |")
+            ratio = statistics.median(v[0] for v in res[target]) / statistics.median(
+                v[0] for v in res["loader"])
+            print(f"{target} / loader, load seconds: {ratio:.2f}")
             print()
-
 
 if __name__ == "__main__":
     main()
