@@ -240,6 +240,7 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
   if (q.requant != QuantScheme::Requant::kNone || q.target == QuantScheme::Target::kSm100) {
     model->add_hooks(make_requant_hooks(*model, q));
   }
+  model->add_hooks(make_input_scale_checks(*model));
   model->add_hooks(make_postprocess_hooks(*model, q));
   return model;
 }

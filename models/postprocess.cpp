@@ -1,6 +1,7 @@
 #include "models/postprocess.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "common/error.hpp"
@@ -260,6 +261,63 @@ void check_target(const QuantScheme& q, const std::string& architecture, bool ha
            "(_deepseek_moe_quant_resolution), whose weight shuffles ferry does not produce; "
            "use postprocess.target=loader, or parallel.moe_a2a=deepep (DeepGEMM)");
   }
+}
+
+std::string input_scale_w1_name(std::string_view weight) {
+  return companion_name(weight, "input_scale_w1");
+}
+
+std::vector<PostLoadHook> make_input_scale_checks(const Model& model) {
+  std::vector<PostLoadHook> out;
+  for (std::size_t r = 0; r < model.shells().size(); ++r) {
+    const RankShell& shell = model.shells()[r];
+    for (std::size_t w1 = 0; w1 < shell.params.size(); ++w1) {
+      const std::string& name = shell.params[w1].name;
+      constexpr std::string_view kSuffix = "w13_input_scale_w1";
+      if (!name.ends_with(kSuffix)) {
+        continue;
+      }
+      const std::string weight = name.substr(0, name.size() - kSuffix.size()) + "w13_weight";
+      // The slot as loaded: postprocess.target's twin, else the param itself.
+      auto slot = shell.by_name.find(loaded_input_scale_name(weight));
+      if (slot == shell.by_name.end()) {
+        slot = shell.by_name.find(companion_name(weight, "input_scale"));
+      }
+      if (slot == shell.by_name.end() ||
+          shell.params[slot->second].nbytes != shell.params[w1].nbytes) {
+        bad(name, "no loaded w13_input_scale of its shape beside it");
+      }
+      const std::size_t w3 = slot->second;
+      const std::uint64_t experts = shell.params[w1].nbytes / kF32;
+      const std::string param = shell.params[w3].name;
+      PostLoadHook hook;
+      hook.name = "input_scale_check:" + name + " (tp rank " + std::to_string(shell.tp_rank) + ")";
+      hook.local_rank = r;
+      hook.inputs = {w3};
+      hook.rewrites = {w1};  // read only; the load waits for the check
+      hook.run = [w1, w3, experts, param](HookContext& ctx) {
+        gpu::Stream& stream = ctx.stream();
+        std::vector<float> a(experts);
+        std::vector<float> b(experts);
+        stream.copy_d2h(reinterpret_cast<std::byte*>(a.data()), ctx.param_data(w1),
+                        experts * kF32);
+        stream.copy_d2h(reinterpret_cast<std::byte*>(b.data()), ctx.param_data(w3),
+                        experts * kF32);
+        stream.synchronize();
+        for (std::uint64_t e = 0; e < experts; ++e) {
+          if (a[e] != 1.0f && std::fabs(a[e] - b[e]) > 1e-5f) {
+            throw Error(Stage::kPostProcess, "", param,
+                        "input_scales of w1 and w3 of a layer must be equal (SGLang's "
+                        "FusedMoE.weight_loader for compressed-tensors): local expert " +
+                            std::to_string(e) + " has " + std::to_string(a[e]) + " vs. " +
+                            std::to_string(b[e]));
+          }
+        }
+      };
+      out.push_back(std::move(hook));
+    }
+  }
+  return out;
 }
 
 std::vector<PostLoadHook> make_postprocess_hooks(const TableModel& model, const QuantScheme& q) {

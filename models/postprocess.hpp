@@ -120,6 +120,16 @@ std::string loaded_input_scale_name(std::string_view weight);
 std::vector<PostLoadHook> make_postprocess_hooks(const TableModel& model,
                                                  const QuantScheme& scheme);
 
+// compressed-tensors' fused experts with static input scales: w1's input_scale loads
+// into this transient ("<experts>.w13_input_scale_w1", [E]) instead of being dropped,
+// and make_input_scale_checks refuses, as SGLang 0.5.23's FusedMoE.weight_loader does
+// for compressed-tensors, an expert whose w1 scale is not 1 and differs from w3's
+// (the one the slot keeps) by more than 1e-5: Error(Stage::kPostProcess) naming the
+// param, the expert and both values. (Every target, loader included: it is the
+// weight loader's rule.) Two scalars an expert are read back to the host.
+std::string input_scale_w1_name(std::string_view weight);
+std::vector<PostLoadHook> make_input_scale_checks(const Model& model);
+
 // make_model's refusals (above), naming the target and the reason:
 // Error(Stage::kConfig).
 void check_target(const QuantScheme& scheme, const std::string& architecture, bool has_experts,

@@ -32,7 +32,8 @@
 // weight_scale, weight_scale_2 and input_scale), w13's per-shard scales [E, 2]; the
 // FP8 methods' w13_input_scale is [E], one element that w1 and then w3 write
 // (FusedMoE._load_single_value), so ferry reads w3's and drops w1's unread
-// ("overwritten_scale"); NVFP4's w13_input_scale stays [E, 2], both elements of an
+// ("overwritten_scale"; compressed-tensors reads w1's into a transient
+// w13_input_scale_w1 to refuse unequal ones, models/postprocess.hpp); NVFP4's w13_input_scale stays [E, 2], both elements of an
 // expert's row holding w3's (the same loader writes a scalar to the whole row). A ModelOpt FP8 KV cache gives each attention module
 // F32 scalars self_attn.attn.k_scale / v_scale, read from self_attn.k_proj.k_scale
 // (or self_attn.k_scale) as SGLang's maybe_remap_kv_scale_name renames them; MLA's

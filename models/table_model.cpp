@@ -569,6 +569,7 @@ void TableModel::apply_quant() {
         }
       }
     }
+    bool w1_inputs = false;
     for (auto& [tensor, t] : feeds) {
       const BlockRule logical = t->copy;
       const Shape src = t->src_shape;
@@ -615,9 +616,19 @@ void TableModel::apply_quant() {
         const std::string input = companion_name(tensor, "input_scale");
         auto last = last_of_slots.find(slots_of(*t));
         if (last != last_of_slots.end() && last->second != tensor) {
-          // SGLang writes w1's, then w3's over it, so the element holds w3's; w1's is
-          // not read. (SGLang's compressed-tensors path refuses two different values.)
-          drop_names_[input] = "overwritten_scale";
+          if (q.format == QuantScheme::Format::kCompressedTensors && merged_input) {
+            // SGLang's compressed-tensors FusedMoE refuses w1 / w3 input scales that
+            // differ (FusedMoE.weight_loader): w1's load into a transient that
+            // make_input_scale_checks compares with the slot (w3's).
+            added.emplace_back(input, Target{input_scale_w1_name(d.name), Shape{},
+                                             per_shard_rule(logical, merged_input),
+                                             t->empty_reason});
+            w1_inputs = true;
+          } else {
+            // SGLang writes w1's, then w3's over it, so the element holds w3's; w1's
+            // is not read.
+            drop_names_[input] = "overwritten_scale";
+          }
         } else if (row_input) {
           // The last loaded scalar in every shard's element of its expert's row.
           BlockRule one = per_shard_rule(logical);
@@ -661,6 +672,9 @@ void TableModel::apply_quant() {
           return out;
         };
       }
+    }
+    if (w1_inputs) {
+      companions.push_back({input_scale_w1_name(d.name), scale_shape(1), DType::kF32, true});
     }
     // The scales of a transient weight (read by a hook, then freed) go with it.
     if (d.transient) {

@@ -1798,6 +1798,21 @@ std::string_view to_string(SynthQuant quant) {
   return "?";
 }
 
+std::string synth_value_name(SynthQuant quant, std::string_view name) {
+  std::string out(name);
+  if (quant != SynthQuant::kFp8Tensor || out.find(".experts.") == std::string::npos) {
+    return out;
+  }
+  for (const auto& [up, gate] : {std::pair<std::string_view, std::string_view>{
+                                     ".up_proj.input_scale", ".gate_proj.input_scale"},
+                                 {".w3.input_scale", ".w1.input_scale"}}) {
+    if (out.ends_with(up)) {
+      return out.substr(0, out.size() - up.size()) + std::string(gate);
+    }
+  }
+  return out;
+}
+
 void synth_quantize(std::vector<SynthTensor>& tensors, SynthQuant quant, std::uint64_t block) {
   if (quant == SynthQuant::kNone) {
     return;
@@ -1869,6 +1884,10 @@ void synth_quantize(std::vector<SynthTensor>& tensors, SynthQuant quant, std::ui
     }
     if (input_scales) {
       extra.emplace_back(companion("input_scale"), DType::kF32, std::vector<std::uint64_t>{}, file);
+      const std::string source = synth_value_name(quant, extra.back().name);
+      if (source != extra.back().name) {
+        extra.back().value_name = source;
+      }
     }
     // ModelOpt's FP8 KV cache: the attention's k / v scales, self_attn.k_proj.k_scale
     // and v_proj.v_scale, under those names even for MLA, which has no k_proj (SGLang
@@ -2082,7 +2101,8 @@ SynthResult synthesize(const SynthOptions& options) {
       for (std::uint64_t first = 0; first < n; first += per_block) {
         std::size_t count = static_cast<std::size_t>(std::min(per_block, n - first));
         std::span<std::byte> bytes(block.data(), count * esize);
-        synth_encode(t.dtype, options.seed, t.name, first, bytes);
+        synth_encode(t.dtype, options.seed, t.value_name.empty() ? t.name : t.value_name, first,
+                     bytes);
         writer.write(bytes);
       }
     }

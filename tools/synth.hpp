@@ -93,6 +93,11 @@ struct SynthTensor {
   // Empty: the tensor goes to the indexed shards. Otherwise the unindexed file it is
   // written to (kSynthMtpFile for GLM-4 MoE's MTP layer).
   std::string file;
+  // Empty: its values are synth_value(seed, name, i). Otherwise those of this name:
+  // compressed-tensors' per-tensor FP8 gives an expert's up (w3) input_scale its gate
+  // (w1) one's value (synth_value_name), as real checkpoints calibrate both on the
+  // same input and SGLang refuses unequal ones.
+  std::string value_name;
 
   std::uint64_t elements() const;
   std::uint64_t nbytes() const;
@@ -138,6 +143,12 @@ inline constexpr std::uint64_t kSynthNvfp4Group = 16;
 // nullopt for anything else.
 std::optional<SynthQuant> parse_synth_quant(std::string_view text);
 std::string_view to_string(SynthQuant quant);
+
+// The name whose synth values tensor `name` of a `quant` checkpoint holds (see
+// SynthTensor::value_name): kFp8Tensor's "...experts.E.up_proj.input_scale" (or
+// w3.input_scale) takes "...experts.E.gate_proj.input_scale" (w1); every other
+// tensor its own name.
+std::string synth_value_name(SynthQuant quant, std::string_view name);
 
 // Turns `tensors` into `quant`'s layout, in place (`block` is kFp8Block's b).
 // Throws ferry::Error(Stage::kSynth) for block 0 with kFp8Block, for a weight that

@@ -165,8 +165,10 @@ class Values {
                : 0.0f;
   }
   float input_scale(const std::string& name, std::uint64_t) {
-    return l_.shapes.count(name) != 0 ? tools::synth_value(seed_, companion(name, "input_scale"), 0)
-                                      : 0.0f;
+    return l_.shapes.count(name) != 0
+               ? tools::synth_value(
+                     seed_, tools::synth_value_name(l_.kind, companion(name, "input_scale")), 0)
+               : 0.0f;
   }
   float tensor_id(const std::string& name, std::uint64_t) { return l_.ids.at(name); }
   // A scalar tensor's value (ModelOpt's k_scale / v_scale).
@@ -198,7 +200,7 @@ class Values {
   // A stored tensor's bytes, as ferry synth writes them.
   std::vector<std::byte> bytes(const tools::SynthTensor& t) const {
     std::vector<std::byte> out(t.nbytes());
-    tools::synth_encode(t.dtype, seed_, t.name, 0, out);
+    tools::synth_encode(t.dtype, seed_, t.value_name.empty() ? t.name : t.value_name, 0, out);
     return out;
   }
 

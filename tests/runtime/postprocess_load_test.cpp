@@ -79,6 +79,18 @@ void set_scalars(const std::string& ck, const std::string& suffix, std::vector<f
   }
 }
 
+// compressed-tensors' fused experts need equal w1 / w3 input scales (SGLang refuses
+// others): each expert's gate and up scales set to one value, which varies from
+// expert to expert (synth's equal pairs, made independent of its values).
+void equal_w1_w3_input_scales(const std::string& ck) {
+  std::vector<float> values;
+  for (int i = 0; i < 4096; ++i) {
+    values.push_back(0.01f * static_cast<float>(i % 37 + 1));
+  }
+  set_scalars(ck, "gate_proj.input_scale", values);
+  set_scalars(ck, "up_proj.input_scale", values);
+}
+
 std::vector<float> floats(const std::vector<std::byte>& b) {
   std::vector<float> out(b.size() / 4);
   std::memcpy(out.data(), b.data(), b.size());
@@ -257,6 +269,7 @@ TEST(PostprocessLoad, KvCacheScales) {
 TEST(PostprocessLoad, PerTensorExpertsRequantizeW1AndW3ToOneScale) {
   TempDir dir;
   const std::string ck = synth(dir, "qwen3_moe", tools::SynthQuant::kFp8Tensor, "moe");
+  equal_w1_w3_input_scales(ck);
   const Loads l = load_both(ck, "sm90", {"parallel.tp=2", "parallel.ep=2"});
   ASSERT_TRUE(l.plain) << l.plain.error->message;
   ASSERT_TRUE(l.target) << l.target.error->message;
@@ -363,6 +376,7 @@ TEST(PostprocessLoad, BlockFp8OnSm100IsTheUe8m0RepackOfAPlainLoad) {
 TEST(PostprocessLoad, OverlapStartupAndDummyFormatKeepTheTargetsLayout) {
   TempDir dir;
   const std::string ck = synth(dir, "qwen3_moe", tools::SynthQuant::kFp8Tensor, "moe");
+  equal_w1_w3_input_scales(ck);
   const std::vector<std::string> sets = {"parallel.tp=2", "postprocess.target=sm90"};
   std::vector<std::string> overlap_sets = sets;
   overlap_sets.push_back("startup.mode=overlap");
@@ -378,11 +392,12 @@ TEST(PostprocessLoad, OverlapStartupAndDummyFormatKeepTheTargetsLayout) {
     for (const LoadedParam& p : s.model->ranks()[r].params) {
       EXPECT_EQ(committed.model->read_param(r, p.name), s.model->read_param(r, p.name)) << p.name;
     }
-    // The overlap keeps the loaded scales the hooks read (in storage that does not
-    // move, for the run on the real weights); nothing else is extra.
+    // The overlap keeps the load-only params the hooks read (the loaded scales, w1's
+    // input scales), in storage that does not move, for the run on the real
+    // weights; nothing else is extra.
     for (const LoadedParam& p : committed.model->ranks()[r].params) {
       if (s.model->ranks()[r].find(p.name) == nullptr) {
-        EXPECT_TRUE(p.name.ends_with("_loaded")) << p.name;
+        EXPECT_TRUE(p.name.ends_with("_loaded") || p.name.ends_with("_w1")) << p.name;
       }
     }
   }
@@ -409,6 +424,34 @@ TEST(PostprocessLoad, OverlapStartupAndDummyFormatKeepTheTargetsLayout) {
   EXPECT_THAT(plan.summary(), ::testing::HasSubstr("postprocess.target sm90"));
   EXPECT_EQ(make_plan_report(make_config(ck, {"postprocess.target=auto"})).postprocess_target,
             "loader");  // auto on host devices
+}
+
+// SGLang's FusedMoE.weight_loader for compressed-tensors: an expert's w1 and w3
+// input scales must be equal (within 1e-5, unless w1's is 1), on every target.
+TEST(PostprocessLoad, CompressedTensorsExpertsNeedEqualW1W3InputScales) {
+  TempDir dir;
+  const std::string ck = synth(dir, "qwen3_moe", tools::SynthQuant::kFp8Tensor, "moe");
+  // synth gives w1 and w3 one value (synth_value_name); make them differ.
+  set_scalars(ck, "gate_proj.input_scale", {0.5f});
+  set_scalars(ck, "up_proj.input_scale", {0.25f});
+  for (const std::string target : {"loader", "sm90"}) {
+    Runtime rt(make_config(ck, {"parallel.tp=2", "postprocess.target=" + target}));
+    LoadResult r = rt.load();
+    ASSERT_FALSE(r) << target;
+    EXPECT_EQ(r.error->stage, Stage::kPostProcess);
+    EXPECT_THAT(r.error->message, ::testing::HasSubstr("input_scales of w1 and w3"));
+    EXPECT_THAT(r.error->message, ::testing::ContainsRegex("w13_input_scale(_loaded)?'"));
+  }
+  equal_w1_w3_input_scales(ck);
+  // A w1 scale of exactly 1 is let through whatever w3's is (SGLang's slot starts at 1).
+  set_scalars(ck, "experts.0.gate_proj.input_scale", {1.0f});
+  set_scalars(ck, "experts.0.up_proj.input_scale", {0.75f});
+  Runtime rt(make_config(ck, {"parallel.tp=2"}));
+  LoadResult ok = rt.load();
+  ASSERT_TRUE(ok) << ok.error->message;
+  // The slot holds w3's; the w1 transient is gone.
+  EXPECT_EQ(floats(ok.model->read_param(0, "model.layers.0.mlp.experts.w13_input_scale"))[0], 0.75f);
+  EXPECT_EQ(ok.model->ranks()[0].find("model.layers.0.mlp.experts.w13_input_scale_w1"), nullptr);
 }
 
 TEST(PostprocessLoad, BadValuesAreRefusedByName) {
