@@ -318,21 +318,9 @@ TEST(PostprocessLoad, PerTensorExpertsRequantizeW1AndW3ToOneScale) {
 // the weights DeepGEMM runs; the MLA split still reads kv_b_proj as loaded.
 TEST(PostprocessLoad, BlockFp8OnSm100IsTheUe8m0RepackOfAPlainLoad) {
   TempDir dir;
-  nlohmann::json config = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
-  config["q_lora_rank"] = 128;
-  config["kv_lora_rank"] = 128;
-  config["moe_intermediate_size"] = 128;
-  const std::string path = dir.file("config.json");
-  std::ofstream(path) << config.dump();
-  tools::SynthOptions o;
-  o.from_config = path;
-  o.quant = tools::SynthQuant::kFp8Block;
-  o.quant_block = 128;
-  o.out = dir.file("ck");
-  o.fsync = false;
-  tools::synthesize(o);
+  const std::string ck = testing::synth_deepseek_v3_block128(dir);
   const std::vector<std::string> sets = {"parallel.tp=1", "parallel.moe_a2a=deepep"};
-  const Loads l = load_both(o.out, "sm100", sets);
+  const Loads l = load_both(ck, "sm100", sets);
   ASSERT_TRUE(l.plain) << l.plain.error->message;
   ASSERT_TRUE(l.target) << l.target.error->message;
   std::size_t repacked = 0;

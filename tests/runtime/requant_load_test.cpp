@@ -26,27 +26,9 @@ namespace {
 using testing::make_config;
 using testing::TempDir;
 
-// Tiny DeepSeek-V3 widened so that every fused slot starts on a 128-row block.
-std::string write_checkpoint(TempDir& dir) {
-  nlohmann::json config = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
-  config["q_lora_rank"] = 128;
-  config["kv_lora_rank"] = 128;
-  config["moe_intermediate_size"] = 128;
-  const std::string path = dir.file("config.json");
-  std::ofstream(path) << config.dump();
-  tools::SynthOptions o;
-  o.from_config = path;
-  o.quant = tools::SynthQuant::kFp8Block;
-  o.quant_block = 128;
-  o.out = dir.file("ck");
-  o.fsync = false;
-  tools::synthesize(o);
-  return o.out;
-}
-
 TEST(RequantLoad, TheRewritesOfAPlainLoad) {
   TempDir dir;
-  const std::string ck = write_checkpoint(dir);
+  const std::string ck = testing::synth_deepseek_v3_block128(dir);
   Runtime plain_rt(make_config(ck, {"parallel.tp=1"}));
   LoadResult plain = plain_rt.load();
   ASSERT_TRUE(plain) << plain.error->message;

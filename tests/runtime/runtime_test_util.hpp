@@ -84,6 +84,26 @@ struct Checkpoint {
   }
 };
 
+// A tiny DeepSeek-V3 with FP8 128 x 128 blocks, widened so that every fused slot
+// starts on a 128-row block (q_lora_rank, kv_lora_rank and the experts' width 128),
+// written under `dir`; returns the checkpoint folder.
+inline std::string synth_deepseek_v3_block128(TempDir& dir) {
+  nlohmann::json config = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+  config["q_lora_rank"] = 128;
+  config["kv_lora_rank"] = 128;
+  config["moe_intermediate_size"] = 128;
+  const std::string path = dir.file("config.json");
+  std::ofstream(path) << config.dump();
+  tools::SynthOptions o;
+  o.from_config = path;
+  o.quant = tools::SynthQuant::kFp8Block;
+  o.quant_block = 128;
+  o.out = dir.file("ck");
+  o.fsync = false;
+  tools::synthesize(o);
+  return o.out;
+}
+
 inline Checkpoint synth_checkpoint(const std::string& dir, const std::string& family,
                                    bool tied = false, std::uint64_t seed = 1,
                                    std::uint64_t shard_bytes = 0) {
