@@ -11,7 +11,9 @@
 namespace ferry::actors {
 namespace {
 
-constexpr std::uint64_t kDirectAlignment = 4096;  // O_DIRECT offsets (notes/toolchain.md)
+// O_DIRECT offsets, lengths and buffers: the logical block size the reader aligns to
+// (docs/ARCHITECTURE.md, io/: direct reads).
+constexpr std::uint64_t kDirectAlignment = 4096;
 constexpr std::size_t kMaxNamesListed = 50;
 
 [[noreturn]] void internal(const std::string& rule) {

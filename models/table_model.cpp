@@ -37,7 +37,8 @@ void retarget(Targets& targets, Fills& fills, const std::map<std::string, std::s
 
 // A zero-dimensional scalar and a one-element 1-D tensor hold the same bytes: a 0-d
 // checkpoint scalar loads into a [1] param and a [1] tensor into a 0-d param (as
-// SGLang's loaders reshape a scalar scale; article section 5.1). Shapes are compared
+// SGLang 0.5.23's PerTensorScaleParameter._load_into_shard_id takes a [1] scale as
+// its one element; layers/parameter.py). Shapes are compared
 // and pieces computed with [] read as [1].
 Shape as_1d(const Shape& shape) {
   return shape.empty() ? Shape{1} : shape;

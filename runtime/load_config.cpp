@@ -40,7 +40,7 @@ constexpr std::uint64_t kDirectAlign = 4096;
 // host.bandwidth_gbps, when not 0: 10 MB/s to 10 TB/s, around every link there is
 // (PCIe 1.0 x1 moves 0.25 GB/s); 1e-300 made a load that never finished.
 constexpr double kMinBandwidthGbps = 0.01;
-constexpr double kMaxBandwidthGbps = 10000;  // O_DIRECT alignment (notes/toolchain.md)
+constexpr double kMaxBandwidthGbps = 10000;
 
 [[noreturn]] void fail(std::string_view source, std::string rule) {
   throw Error(Stage::kConfig, std::string(source), "", std::move(rule));

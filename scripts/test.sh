@@ -45,10 +45,11 @@ build() {  # build DIR TARGETS... -- CMAKE_ARGS...
 }
 # The CUDA backend is built (and its tests run where a GPU is) in Release only:
 # no GPU runs under the sanitizers here, and nvcc's time is better spent once.
-build build/asan -- -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=address,undefined -DFERRY_CUDA=OFF
-build build/release -- -DCMAKE_BUILD_TYPE=Release
+build build/asan -- -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=address,undefined -DFERRY_CUDA=OFF \
+  -DFERRY_WERROR=ON
+build build/release -- -DCMAKE_BUILD_TYPE=Release -DFERRY_WERROR=ON
 build build/tsan ferry_common_tests ferry_io_tests ferry_gpu_tests ferry_models_tests \
-  -- -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread -DFERRY_CUDA=OFF
+  -- -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread -DFERRY_CUDA=OFF -DFERRY_WERROR=ON
 for dir in build/asan build/release build/tsan; do
   phase "tests in $dir"
   ctest --test-dir "$dir" --output-on-failure -j "$jobs"
