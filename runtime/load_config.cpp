@@ -24,6 +24,7 @@
 #include "common/json_depth.hpp"
 #include "common/log.hpp"
 #include "common/small_file.hpp"
+#include "models/postprocess.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -987,16 +988,12 @@ LoadConfig ConfigBuilder::build() const {
 
   // postprocess
   {
-    using Target = PostprocessConfig::Target;
     const std::string text = f.get_string("postprocess.target", "loader");
-    bool known = false;
-    for (Target t : {Target::kLoader, Target::kSm90, Target::kSm100, Target::kAuto}) {
-      if (text == target_name(t)) {
-        c.postprocess.target = t;
-        known = true;
-      }
-    }
-    if (!known) {
+    if (text == "auto") {
+      c.postprocess.target = std::nullopt;
+    } else if (auto target = models::parse_target(text)) {
+      c.postprocess.target = *target;
+    } else {
       f.fail_key("postprocess.target",
                  "expected loader, sm90, sm100 or auto, got " + json_quoted(text));
     }
@@ -1126,18 +1123,8 @@ std::string_view requant_name(models::QuantScheme::Requant r) {
   return "none";
 }
 
-std::string_view target_name(PostprocessConfig::Target target) {
-  switch (target) {
-    case PostprocessConfig::Target::kSm90:
-      return "sm90";
-    case PostprocessConfig::Target::kSm100:
-      return "sm100";
-    case PostprocessConfig::Target::kAuto:
-      return "auto";
-    case PostprocessConfig::Target::kLoader:
-      break;
-  }
-  return "loader";
+std::string_view target_name(const std::optional<models::QuantScheme::Target>& target) {
+  return target ? models::to_string(*target) : std::string_view("auto");
 }
 
 std::string_view online_name(QuantizationConfig::Online online) {

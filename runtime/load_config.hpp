@@ -243,16 +243,15 @@ std::string_view online_name(QuantizationConfig::Online online);
 struct PostprocessConfig {
   // postprocess.target (models/postprocess.hpp): the layout SGLang 0.5.23's
   // process_weights_after_loading leaves on that GPU: loader (its weight loaders'
-  // state, the default), sm90, sm100, or auto: the first CUDA device's compute
-  // capability (9.x sm90, 10.x sm100, anything else loader, with a warning), loader
-  // on host and null devices.
-  enum class Target { kLoader, kSm90, kSm100, kAuto };
-  Target target = Target::kLoader;
+  // state, the default), sm90, sm100, or auto (nullopt): the first CUDA device's
+  // compute capability (9.x sm90, 10.x sm100, anything else loader, with a warning),
+  // loader on host and null devices.
+  std::optional<models::QuantScheme::Target> target = models::QuantScheme::Target::kLoader;
   bool operator==(const PostprocessConfig&) const = default;
 };
 
-// postprocess.target's spelling: "loader", "sm90", "sm100", "auto".
-std::string_view target_name(PostprocessConfig::Target target);
+// postprocess.target's spelling: models::to_string's, or "auto" for nullopt.
+std::string_view target_name(const std::optional<models::QuantScheme::Target>& target);
 
 
 struct LoadConfig {

@@ -31,6 +31,15 @@ nlohmann::json read_json_file(const std::filesystem::path& path, const char* wha
   }
 }
 
+// The compute capability (major * 10 + minor) of the config's first CUDA device;
+// nullopt for host and null devices.
+std::optional<int> first_cuda_capability(const LoadConfig& c) {
+  if (c.devices.kind != DeviceSpec::Kind::kCuda) {
+    return std::nullopt;
+  }
+  return gpu::cuda_compute_capability(c.devices.ids.empty() ? 0 : c.devices.ids.front());
+}
+
 // quantization.online, auto decided as SGLang does (cutlass_fp8_supported: per channel
 // from compute capability 8.9 up, else per tensor; host and null devices stand for
 // such a GPU).
@@ -46,40 +55,30 @@ models::QuantScheme::Online resolve_online(const LoadConfig& c) {
     case QuantizationConfig::Online::kAuto:
       break;
   }
-  if (c.devices.kind != DeviceSpec::Kind::kCuda) {
-    return Online::kChannel;
-  }
-  const int cc = gpu::cuda_compute_capability(c.devices.ids.empty() ? 0 : c.devices.ids.front());
-  return cc >= 89 ? Online::kChannel : Online::kTensor;
+  const std::optional<int> cc = first_cuda_capability(c);
+  return !cc || *cc >= 89 ? Online::kChannel : Online::kTensor;
 }
 
 }  // namespace
 
 models::QuantScheme::Target resolve_target(const LoadConfig& c, std::string* warning) {
   using Target = models::QuantScheme::Target;
-  switch (c.postprocess.target) {
-    case PostprocessConfig::Target::kLoader:
-      return Target::kLoader;
-    case PostprocessConfig::Target::kSm90:
-      return Target::kSm90;
-    case PostprocessConfig::Target::kSm100:
-      return Target::kSm100;
-    case PostprocessConfig::Target::kAuto:
-      break;
+  if (c.postprocess.target) {
+    return *c.postprocess.target;
   }
-  if (c.devices.kind != DeviceSpec::Kind::kCuda) {
+  const std::optional<int> cc = first_cuda_capability(c);
+  if (!cc) {
     return Target::kLoader;
   }
-  const int cc = gpu::cuda_compute_capability(c.devices.ids.empty() ? 0 : c.devices.ids.front());
-  if (cc / 10 == 9) {
+  if (*cc / 10 == 9) {
     return Target::kSm90;
   }
-  if (cc / 10 == 10) {
+  if (*cc / 10 == 10) {
     return Target::kSm100;
   }
   if (warning != nullptr) {
-    *warning = "postprocess.target=auto: compute capability " + std::to_string(cc / 10) + "." +
-               std::to_string(cc % 10) +
+    *warning = "postprocess.target=auto: compute capability " + std::to_string(*cc / 10) + "." +
+               std::to_string(*cc % 10) +
                " is neither sm90 nor sm100; the parameters stay in the loader's layout";
   }
   return Target::kLoader;

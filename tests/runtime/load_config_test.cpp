@@ -727,7 +727,7 @@ LoadConfig every_field_changed() {
   c.model.dummy_seed = 99;
   c.quantization.requant = models::QuantScheme::Requant::kUe8m0;
   c.quantization.online = QuantizationConfig::Online::kChannel;
-  c.postprocess.target = PostprocessConfig::Target::kSm100;
+  c.postprocess.target = models::QuantScheme::Target::kSm100;
   c.load.layered = true;
   return c;
 }
