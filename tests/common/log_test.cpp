@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <new>
 #include <string>
 #include <thread>
 #include <vector>
@@ -169,6 +170,36 @@ TEST(Log, AScopedSinkHonoursTheLevelAndAnEmptyOneFallsBackToStandardError) {
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(err.find("ferry warning: to stderr"), std::string::npos) << err;
   EXPECT_EQ(err.find("threw"), std::string::npos) << err;
+}
+
+// write() is called from destructors and noexcept failure paths, where a throw
+// would terminate; and memory may be what ran out, so standard error is written
+// without allocating, long lines included.
+static_assert(noexcept(write(Level::kError, "")));
+
+TEST(Log, StandardErrorTakesLinesOfEveryLength) {
+  SinkScope scope;
+  set_level(Level::kInfo);
+  const std::string long_line(5000, 'x');
+  ::testing::internal::CaptureStderr();
+  warn("short");
+  info(long_line);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(err, "ferry warning: short\nferry info: " + long_line + "\n");
+}
+
+TEST(Log, AMessageThatCannotBeBuiltWritesItsFallback) {
+  SinkScope scope;
+  set_level(Level::kInfo);
+  std::vector<std::string> seen;
+  set_sink([&seen](Level, std::string_view m) { seen.emplace_back(m); });
+  write_built(
+      Level::kWarn, [] { return std::string("built"); }, "fallback");
+  write_built(
+      Level::kWarn,
+      []() -> std::string { throw std::bad_alloc(); },
+      "reader lane: reads still in flight");
+  EXPECT_EQ(seen, (std::vector<std::string>{"built", "reader lane: reads still in flight"}));
 }
 
 }  // namespace
