@@ -114,6 +114,13 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
                           std::shared_ptr<Shared> shared) {
   auto& st = self->state;
   st.shared = std::move(shared);
+  // First: an exception before it would meet CAF's default handler, which prints
+  // through aout (and crashes there when memory runs out).
+  self->set_exception_handler([self](std::exception_ptr& ep) -> caf::error {
+    self->state.shared->fail(ep, Stage::kCopy, "", "", "coordinator: ");
+    self->state.abort(self);
+    return caf::sec::runtime_error;
+  });
   caf::actor me = caf::actor_cast<caf::actor>(self);
   try {
     st.post_processor = spawn_post_processor(self, st.shared, me);
@@ -135,7 +142,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
     // An actor whose thread could not be started (Stage::kResources): the load
     // fails with that error, and the actors spawned so far are stopped like on
     // any abort (run_pipeline then waits for them).
-    st.shared->fail(to_error(std::current_exception(), Stage::kCopy, "", "", "coordinator: "));
+    st.shared->fail(std::current_exception(), Stage::kCopy, "", "", "coordinator: ");
     st.abort(self);
     return {};
   }
@@ -159,11 +166,6 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
                                ")"));
     }
     s.abort(self);
-  });
-  self->set_exception_handler([self](std::exception_ptr& ep) -> caf::error {
-    self->state.shared->fail(to_error(ep, Stage::kCopy, "", "", "coordinator: "));
-    self->state.abort(self);
-    return caf::sec::runtime_error;
   });
   self->send(self, TickMsg{});
   return {

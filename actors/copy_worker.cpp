@@ -107,7 +107,10 @@ struct CopyWorkerState {
       try {
         stream->synchronize();
       } catch (const std::exception& e) {
-        log::warn(std::string("copy worker: synchronize at shutdown failed: ") + e.what());
+        log::write_built(
+            log::Level::kWarn,
+            [&] { return std::string("copy worker: synchronize at shutdown failed: ") + e.what(); },
+            "copy worker: synchronize at shutdown failed");
       }
     }
     parked.clear();
@@ -271,7 +274,12 @@ struct CopyWorkerState {
     try {
       stream->synchronize();
     } catch (const std::exception& e) {
-      log::warn(std::string("copy worker: synchronize after a failed chunk failed: ") + e.what());
+      log::write_built(
+          log::Level::kWarn,
+          [&] {
+            return std::string("copy worker: synchronize after a failed chunk failed: ") + e.what();
+          },
+          "copy worker: synchronize after a failed chunk failed");
     }
   }
 
@@ -347,7 +355,7 @@ caf::behavior copy_worker(caf::stateful_actor<CopyWorkerState>* self,
   self->state.post_processor = std::move(post_processor);
   self->set_exception_handler([self](std::exception_ptr& ep) -> caf::error {
     auto& st = self->state;
-    st.shared->fail(to_error(ep, Stage::kCopy, st.device_name(), "", "copy worker: "));
+    st.shared->fail(ep, Stage::kCopy, st.device_name(), "", "copy worker: ");
     return caf::sec::runtime_error;
   });
   return {

@@ -17,7 +17,6 @@
 #include <exception>
 #include <map>
 #include <memory>
-#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -37,13 +36,15 @@ class LogSinkHook final : public caf::thread_hook {
  public:
   explicit LogSinkHook(std::shared_ptr<const log::Sink> sink) : sink_(std::move(sink)) {}
   void init(caf::actor_system&) override {}
-  void thread_started() override { scope().emplace(sink_); }
-  void thread_terminates() override { scope().reset(); }
+  void thread_started() override { previous() = log::exchange_thread_sink(&sink_); }
+  void thread_terminates() override { log::exchange_thread_sink(previous()); }
 
  private:
-  static std::optional<log::ScopedSink>& scope() {
-    thread_local std::optional<log::ScopedSink> s;
-    return s;
+  // A plain pointer: a thread_local with a destructor would make glibc allocate on
+  // each new thread, and abort the process when that fails (under ulimit -v).
+  static const std::shared_ptr<const log::Sink>*& previous() {
+    thread_local const std::shared_ptr<const log::Sink>* p = nullptr;
+    return p;
   }
   std::shared_ptr<const log::Sink> sink_;
 };
@@ -270,7 +271,7 @@ PipelineResult run_pipeline(const PipelineInput& input) {
       system.await_all_actors_done();
     }
   } catch (...) {
-    shared->fail(to_error(std::current_exception(), Stage::kCopy, "", "", "pipeline: "));
+    shared->fail(std::current_exception(), Stage::kCopy, "", "", "pipeline: ");
   }
   result.error = shared->error();
   result.bytes_read = shared->bytes_read.load();

@@ -199,11 +199,12 @@ caf::behavior post_processor(caf::stateful_actor<PostProcessorState>* self,
                              std::shared_ptr<Shared> shared, caf::actor coordinator) {
   self->state.shared = std::move(shared);
   self->state.coordinator = std::move(coordinator);
-  self->state.init();
+  // Before init(): an exception without a handler meets CAF's default one.
   self->set_exception_handler([self](std::exception_ptr& ep) -> caf::error {
-    self->state.shared->fail(to_error(ep, Stage::kPostProcess, "", "", "post-processor: "));
+    self->state.shared->fail(ep, Stage::kPostProcess, "", "", "post-processor: ");
     return caf::sec::runtime_error;
   });
+  self->state.init();
   return {
       [self](WorkersMsg& msg) {
         fault_point(self->state);

@@ -50,6 +50,13 @@ caf::behavior prefetcher(caf::stateful_actor<PrefetcherState>* self,
                          std::shared_ptr<Shared> shared) {
   auto& st = self->state;
   st.shared = std::move(shared);
+  // Prefetch is best effort per lane (below), but an exception out of the actor
+  // (memory running out) fails the load cleanly: without this handler it would meet
+  // CAF's default one, which prints through aout and crashes there.
+  self->set_exception_handler([self](std::exception_ptr& ep) -> caf::error {
+    self->state.shared->fail(ep, Stage::kRead, "", "", "prefetcher: ");
+    return caf::sec::runtime_error;
+  });
   const PipelineOptions& o = st.shared->input().options;
   const std::size_t lanes = st.shared->lanes.size();
   for (std::size_t l = 0; l < lanes; ++l) {

@@ -89,9 +89,15 @@ class ReadLoop {
       // for, bounded by io.cancel_timeout_ms (io::Reader::cancel never throws).
       const auto bound = shared_->input().options.cancel_timeout;
       if (reader_->outstanding() > 0 && !reader_->cancel(bound)) {
-        log::error("reader lane " + std::to_string(lane_) + ": " +
-                   std::to_string(in_flight_.size()) + " read(s) still in flight after " +
-                   std::to_string(bound.count()) + " ms; leaking their staging buffers");
+        log::write_built(
+            log::Level::kError,
+            [&] {
+              return "reader lane " + std::to_string(lane_) + ": " +
+                     std::to_string(in_flight_.size()) + " read(s) still in flight after " +
+                     std::to_string(bound.count()) + " ms; leaking their staging buffers";
+            },
+            "reader lane: reads still in flight after io.cancel_timeout_ms; leaking their "
+            "staging buffers");
         leak_in_flight();
       }
       shared_->bytes_read.fetch_add(reader_->stats().bytes_requested);
@@ -370,7 +376,7 @@ void reader(caf::blocking_actor* self, std::shared_ptr<Shared> shared, std::size
   } catch (...) {
     // A closed pool after an abort is the abort's echo, not a new error; fail()
     // keeps the first error anyway.
-    shared->fail(to_error(std::current_exception(), Stage::kRead, "", "", "reader: "));
+    shared->fail(std::current_exception(), Stage::kRead, "", "", "reader: ");
   }
   if (finished) {
     self->send(coordinator, ReaderDoneMsg{});

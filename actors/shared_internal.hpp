@@ -27,6 +27,21 @@ namespace ferry::actors {
 
 using Clock = std::chrono::steady_clock;
 
+// Turns whatever was thrown into a ferry::Error: a ferry::Error as is, anything
+// else as `fallback` with the given file and tensor and the exception's text.
+inline Error to_error(std::exception_ptr ep, Stage fallback, const std::string& file,
+                      const std::string& tensor, const std::string& context) {
+  try {
+    std::rethrow_exception(ep);
+  } catch (const Error& e) {
+    return e;
+  } catch (const std::exception& e) {
+    return Error(fallback, file, tensor, context + e.what());
+  } catch (...) {
+    return Error(fallback, file, tensor, context + "unknown exception");
+  }
+}
+
 class Shared {
  public:
   explicit Shared(const PipelineInput& input)
@@ -39,15 +54,36 @@ class Shared {
   const io::CheckpointIndex& index() const { return *input_.index; }
   const models::Model& model() const { return *input_.model; }
 
-  // Records `error` when it is the first; always sets aborted().
-  void fail(const Error& error) {
+  // Records `error` when it is the first; always sets aborted(). Never throws (it
+  // runs in CAF's exception handlers and on failure paths): where copying the error
+  // runs out of memory, the spare made up front is recorded instead.
+  void fail(const Error& error) noexcept {
     {
       std::lock_guard lock(mu_);
       if (!error_) {
-        error_ = error;
+        try {
+          error_ = error;
+        } catch (...) {
+          error_ = std::move(spare_);
+        }
       }
     }
     aborted_.store(true);
+  }
+  // fail(to_error(...)), where building the error may itself run out of memory.
+  void fail(std::exception_ptr ep, Stage fallback, const std::string& file,
+            const std::string& tensor, const std::string& context) noexcept {
+    try {
+      fail(to_error(std::move(ep), fallback, file, tensor, context));
+    } catch (...) {
+      {
+        std::lock_guard lock(mu_);
+        if (!error_) {
+          error_ = std::move(spare_);
+        }
+      }
+      aborted_.store(true);
+    }
   }
   std::optional<Error> error() const {
     std::lock_guard lock(mu_);
@@ -135,23 +171,12 @@ class Shared {
   Clock::time_point start_;
   mutable std::mutex mu_;
   std::optional<Error> error_;
+  // Recorded when the first error cannot be, for want of memory (an Error moves
+  // without allocating).
+  std::optional<Error> spare_{
+      Error(Stage::kResources, "", "", "out of memory while recording the load's error")};
   std::atomic<bool> aborted_{false};
   std::vector<std::vector<std::uint64_t>> landed_;
 };
-
-// Turns whatever was thrown into a ferry::Error: a ferry::Error as is, anything
-// else as `fallback` with the given file and tensor and the exception's text.
-inline Error to_error(std::exception_ptr ep, Stage fallback, const std::string& file,
-                      const std::string& tensor, const std::string& context) {
-  try {
-    std::rethrow_exception(ep);
-  } catch (const Error& e) {
-    return e;
-  } catch (const std::exception& e) {
-    return Error(fallback, file, tensor, context + e.what());
-  } catch (...) {
-    return Error(fallback, file, tensor, context + "unknown exception");
-  }
-}
 
 }  // namespace ferry::actors

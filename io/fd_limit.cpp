@@ -61,20 +61,27 @@ std::size_t open_descriptors() {
 
 void raise_open_file_limit() {
   static std::once_flag once;
-  std::call_once(once, [] {
-    const OpenFileLimit now = open_file_limit();
-    const std::uint64_t target = std::min(now.hard, kSoftLimitCeiling);
-    if (target <= now.soft) {
-      return;
+  // Nothing may leave the callback: an exception unwinding through glibc's
+  // pthread_once makes glibc load libgcc_s with dlopen, and abort the process where
+  // that fails (a std::bad_alloc under ulimit -v). A message that cannot be built
+  // is dropped; the limit is raised or not all the same.
+  std::call_once(once, []() noexcept {
+    try {
+      const OpenFileLimit now = open_file_limit();
+      const std::uint64_t target = std::min(now.hard, kSoftLimitCeiling);
+      if (target <= now.soft) {
+        return;
+      }
+      const std::string err = set_soft_limit(target, now.hard);
+      if (!err.empty()) {
+        log::warn("open-file limit (RLIMIT_NOFILE): could not raise the soft limit from " +
+                  limit_text(now.soft) + " to " + limit_text(target) + ": " + err);
+        return;
+      }
+      log::info("open-file limit (RLIMIT_NOFILE): soft limit raised from " + limit_text(now.soft) +
+                " to " + limit_text(target) + " (hard limit " + limit_text(now.hard) + ")");
+    } catch (...) {
     }
-    const std::string err = set_soft_limit(target, now.hard);
-    if (!err.empty()) {
-      log::warn("open-file limit (RLIMIT_NOFILE): could not raise the soft limit from " +
-                limit_text(now.soft) + " to " + limit_text(target) + ": " + err);
-      return;
-    }
-    log::info("open-file limit (RLIMIT_NOFILE): soft limit raised from " + limit_text(now.soft) +
-              " to " + limit_text(target) + " (hard limit " + limit_text(now.hard) + ")");
   });
 }
 

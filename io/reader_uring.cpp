@@ -22,6 +22,7 @@
 #include <iterator>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -38,6 +39,7 @@ namespace {
 struct ProbeResult {
   bool ok = false;
   std::string why;
+  bool lasting = true;  // false: a shortage of the moment (memory, descriptors)
 };
 
 bool disabled_by_environment() {
@@ -54,7 +56,9 @@ ProbeResult probe_uring() {
   const int r = io_uring_queue_init(4, &ring, 0);
   if (r < 0) {
     // ENOSYS: kernel without io_uring; EPERM: disabled by sysctl or a seccomp filter.
-    return {false, std::string("io_uring_queue_init: ") + errno_text(-r)};
+    // ENOMEM and the like say nothing about the kernel: the next reader tries again.
+    const bool shortage = r == -ENOMEM || r == -EAGAIN || r == -EMFILE || r == -ENFILE;
+    return {false, std::string("io_uring_queue_init: ") + errno_text(-r), !shortage};
   }
   ProbeResult result{true, "io_uring available"};
   io_uring_probe* probe = io_uring_get_probe_ring(&ring);
@@ -70,10 +74,21 @@ ProbeResult probe_uring() {
   return result;
 }
 
-const ProbeResult& probe_once() {
-  static std::once_flag once;
-  static ProbeResult result;
-  std::call_once(once, [] { result = probe_uring(); });
+// The first lasting answer, kept for the process. Not std::call_once: an exception
+// (std::bad_alloc) out of its callback unwinds through glibc's pthread_once, which
+// loads libgcc_s with dlopen to do so and aborts the process where that fails, as
+// it does under ulimit -v.
+ProbeResult probe_cached() {
+  static std::mutex mu;
+  static std::optional<ProbeResult> kept;
+  std::lock_guard lock(mu);
+  if (kept) {
+    return *kept;
+  }
+  ProbeResult result = probe_uring();
+  if (result.lasting) {
+    kept = result;
+  }
   return result;
 }
 
@@ -114,9 +129,15 @@ class UringReader final : public Reader {
       cancel(cancel_timeout_);  // sets gave_up_ when a read outlives it
     }
     if (gave_up_) {
-      log::error("io_uring reader: " + std::to_string(in_flight_) +
-                 " read(s) still in the kernel after " + std::to_string(cancel_timeout_.count()) +
-                 " ms; leaking their buffers");
+      log::write_built(
+          log::Level::kError,
+          [&] {
+            return "io_uring reader: " + std::to_string(in_flight_) +
+                   " read(s) still in the kernel after " + std::to_string(cancel_timeout_.count()) +
+                   " ms; leaking their buffers";
+          },
+          "io_uring reader: reads still in the kernel after io.cancel_timeout_ms; leaking "
+          "their buffers");
       for (auto& b : bounce_) {
         static_cast<void>(b.release());
       }
@@ -480,7 +501,7 @@ class UringReader final : public Reader {
 }  // namespace
 
 bool uring_available(std::string* why) {
-  const ProbeResult& probe = probe_once();
+  const ProbeResult probe = probe_cached();
   if (why != nullptr) {
     *why = probe.why;
   }

@@ -1690,7 +1690,9 @@ void Runtime::Impl::write_trace(LoadWork& w) noexcept {
     w.spans.clear();
     w.trace->write(config.trace.path);
   } catch (const std::exception& e) {
-    log::warn(std::string("trace: ") + e.what());
+    log::write_built(
+        log::Level::kWarn, [&] { return std::string("trace: ") + e.what(); },
+        "trace: could not be written");
   }
 }
 

@@ -1021,7 +1021,10 @@ class TempFolder {
       std::error_code ec;
       fs::remove_all(path_, ec);
       if (ec) {
-        log::warn("synth: cannot remove " + path_.string() + ": " + ec.message());
+        log::write_built(
+            log::Level::kWarn,
+            [&] { return "synth: cannot remove " + path_.string() + ": " + ec.message(); },
+            "synth: cannot remove its temporary folder");
       }
     }
   }
