@@ -1,7 +1,11 @@
 // ferry: the command line. Dispatches to a verb, which parses the rest of the words
 // with CLI11 (tools/cli.hpp); `ferry --help` is generated from the same verb table.
 // Nothing throws past here.
+#include <malloc.h>
+#include <sys/resource.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <string>
@@ -50,9 +54,32 @@ int top_level(const ferry::tools::Args& args) {
   return status ? *status : 2;  // a verb would have been dispatched before
 }
 
+// Under a finite address-space limit (ulimit -v, RLIMIT_AS), one malloc arena,
+// unless the user chose (MALLOC_ARENA_MAX, GLIBC_TUNABLES). glibc gives threads
+// arenas of their own, each reserving 64 MiB of address space at once. Under the
+// limit those reservations, not ferry's thread stacks and buffers, took the last
+// of it, and the small allocations glibc and CAF make where nothing can report a
+// failure (a thread-local's destructor registration, a mailbox element) then
+// aborted the process (docs/OPERATING.md, "Address-space limits"). With one arena
+// the limit falls on ferry's own starts and allocations, which end in an error.
+void one_malloc_arena_under_an_address_limit() {
+  rlimit as{};
+  if (::getrlimit(RLIMIT_AS, &as) != 0 || as.rlim_cur == RLIM_INFINITY) {
+    return;
+  }
+  const char* arena_max = std::getenv("MALLOC_ARENA_MAX");  // NOLINT(concurrency-mt-unsafe)
+  const char* tunables = std::getenv("GLIBC_TUNABLES");     // NOLINT(concurrency-mt-unsafe)
+  if (arena_max != nullptr || (tunables != nullptr && std::string_view(tunables).find(
+                                                          "arena_max") != std::string_view::npos)) {
+    return;
+  }
+  ::mallopt(M_ARENA_MAX, 1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  one_malloc_arena_under_an_address_limit();  // before any thread allocates
   ferry::tools::Args args(argv + 1, argv + argc);
   for (const Verb& verb : kVerbs) {
     if (argc >= 2 && std::string_view(argv[1]) == verb.name) {
