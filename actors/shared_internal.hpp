@@ -55,34 +55,15 @@ class Shared {
   const models::Model& model() const { return *input_.model; }
 
   // Records `error` when it is the first; always sets aborted(). Never throws (it
-  // runs in CAF's exception handlers and on failure paths): where copying the error
-  // runs out of memory, the spare made up front is recorded instead.
-  void fail(const Error& error) noexcept {
-    {
-      std::lock_guard lock(mu_);
-      if (!error_) {
-        try {
-          error_ = error;
-        } catch (...) {
-          error_ = std::move(spare_);
-        }
-      }
-    }
-    aborted_.store(true);
-  }
+  // runs in CAF's exception handlers and on failure paths).
+  void fail(const Error& error) noexcept { record(&error); }
   // fail(to_error(...)), where building the error may itself run out of memory.
   void fail(std::exception_ptr ep, Stage fallback, const std::string& file,
             const std::string& tensor, const std::string& context) noexcept {
     try {
       fail(to_error(std::move(ep), fallback, file, tensor, context));
     } catch (...) {
-      {
-        std::lock_guard lock(mu_);
-        if (!error_) {
-          error_ = std::move(spare_);
-        }
-      }
-      aborted_.store(true);
+      record(nullptr);
     }
   }
   std::optional<Error> error() const {
@@ -165,6 +146,25 @@ class Shared {
   }
 
  private:
+  // Records `*error` when it is the first; the spare when there is no error to
+  // record (null) or copying it runs out of memory (an Error moves without
+  // allocating). Sets aborted().
+  void record(const Error* error) noexcept {
+    {
+      std::lock_guard lock(mu_);
+      if (!error_ && error != nullptr) {
+        try {
+          error_ = *error;
+        } catch (...) {
+        }
+      }
+      if (!error_) {
+        error_ = std::move(spare_);
+      }
+    }
+    aborted_.store(true);
+  }
+
   const PipelineInput& input_;
   PipelineProgress own_progress_;
   PipelineProgress* progress_;

@@ -21,12 +21,9 @@ Level initial_level() {
     return Level::kInfo;
   }
   std::string_view v(env);
-  if (v == "debug")
-    return Level::kDebug;
-  if (v == "warn")
-    return Level::kWarn;
-  if (v == "error")
-    return Level::kError;
+  if (v == "debug") return Level::kDebug;
+  if (v == "warn") return Level::kWarn;
+  if (v == "error") return Level::kError;
   return Level::kInfo;
 }
 
@@ -54,14 +51,10 @@ State& state() {
 
 std::string_view level_name(Level l) {
   switch (l) {
-    case Level::kDebug:
-      return "debug";
-    case Level::kInfo:
-      return "info";
-    case Level::kWarn:
-      return "warning";
-    case Level::kError:
-      return "error";
+    case Level::kDebug: return "debug";
+    case Level::kInfo: return "info";
+    case Level::kWarn: return "warning";
+    case Level::kError: return "error";
   }
   return "?";
 }
