@@ -25,6 +25,7 @@
 #include "actors/messages_internal.hpp"
 #include "actors/threads_internal.hpp"
 #include "common/log.hpp"
+#include "io/file.hpp"
 #include "io/numa.hpp"
 
 namespace ferry::actors {
@@ -50,7 +51,6 @@ class LogSinkHook final : public caf::thread_hook {
 };
 
 constexpr std::size_t kStagingPerRank = std::size_t{8} << 20;
-constexpr std::size_t kStagingAlignment = 4096;
 
 // Param bytes per local rank that the spans of `lane` feed (a tensor split over
 // several spans counts once per span: a weight, not a byte count).
@@ -74,13 +74,14 @@ void make_lanes(const PipelineInput& input, PreparedResources& out) {
                                  ? o.staging_bytes
                                  : kStagingPerRank * std::max<std::size_t>(1, plan.local_ranks);
   const std::size_t buffer_bytes =
-      (o.chunk_bytes + kStagingAlignment - 1) / kStagingAlignment * kStagingAlignment;
+      (o.chunk_bytes + io::kDirectAlignment - 1) / io::kDirectAlignment * io::kDirectAlignment;
   const std::size_t buffers = buffer_bytes == 0 ? 0 : budget / buffer_bytes;
   if (buffers == 0) {
     throw Error(Stage::kConfig, "", "",
                 "io.staging_bytes (" + std::to_string(budget) + ") holds no staging buffer of " +
-                    "io.chunk_bytes (" + std::to_string(buffer_bytes) +
-                    " after rounding to 4096): raise io.staging_bytes or lower io.chunk_bytes");
+                    "io.chunk_bytes (" + std::to_string(buffer_bytes) + " after rounding to " +
+                    std::to_string(io::kDirectAlignment) +
+                    "): raise io.staging_bytes or lower io.chunk_bytes");
   }
   if (o.direct_to_device == io::DirectToDevice::kOn &&
       std::none_of(input.ranks.begin(), input.ranks.end(),

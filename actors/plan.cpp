@@ -6,14 +6,12 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "io/file.hpp"
 #include "models/coverage.hpp"
 
 namespace ferry::actors {
 namespace {
 
-// O_DIRECT offsets, lengths and buffers: the logical block size the reader aligns to
-// (docs/ARCHITECTURE.md, io/: direct reads).
-constexpr std::uint64_t kDirectAlignment = 4096;
 constexpr std::size_t kMaxNamesListed = 50;
 
 [[noreturn]] void internal(const std::string& rule) {
@@ -220,7 +218,7 @@ bool WindowCutter::cut(Window& out, std::vector<Segment>* segments) {
       const std::uint64_t es = s.elem_bytes;
       take = s.tensor_offset + (take - s.tensor_offset) / es * es;
       if (plan_.options.direct) {
-        const std::uint64_t aligned = take / kDirectAlignment * kDirectAlignment;
+        const std::uint64_t aligned = take / io::kDirectAlignment * io::kDirectAlignment;
         if (aligned > pos_ && (aligned - s.tensor_offset) % es == 0) {
           take = aligned;
         }
@@ -254,9 +252,10 @@ bool WindowCutter::cut(Window& out, std::vector<Segment>* segments) {
 
 Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
                const PlanOptions& options, const std::string& folder) {
-  if (options.chunk_bytes < 4096) {
+  if (options.chunk_bytes < io::kDirectAlignment) {
     throw Error(Stage::kConfig, "", "",
-                "io.chunk_bytes must be at least 4096, got " + std::to_string(options.chunk_bytes));
+                "io.chunk_bytes must be at least " + std::to_string(io::kDirectAlignment) +
+                    ", got " + std::to_string(options.chunk_bytes));
   }
   Plan plan;
   plan.local_ranks = model.shells().size();

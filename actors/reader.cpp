@@ -62,7 +62,7 @@ namespace ferry::actors {
 namespace {
 
 constexpr std::chrono::milliseconds kPollWait{2};
-constexpr std::uintptr_t kDirectAlign = 4096;  // O_DIRECT offsets, lengths and memory
+constexpr std::uintptr_t kDirectAlign = io::kDirectAlignment;  // offsets, lengths, memory
 
 class ReadLoop {
  public:

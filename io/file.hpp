@@ -2,10 +2,16 @@
 // path as the user should see it in errors.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
 namespace ferry::io {
+
+// O_DIRECT's alignment of file offsets, lengths and memory (the logical block size
+// of the filesystems ferry reads from is at most the page size): the one spelling of
+// 4096 for staging buffers, bounce buffers, plan splits and io.chunk_bytes' checks.
+inline constexpr std::size_t kDirectAlignment = 4096;
 
 // Which file a descriptor or path is, as of one fstat: what tells a shard that was
 // replaced (renamed over), rewritten or truncated since its header was read. An
@@ -71,8 +77,9 @@ class File {
   bool direct() const { return direct_; }
   const std::string& path() const { return path_; }
   const std::string& display() const { return display_; }
-  // O_DIRECT alignment of offsets, lengths and buffers (4096 when direct, else 1).
-  std::uint32_t alignment() const { return direct_ ? 4096 : 1; }
+  // O_DIRECT alignment of offsets, lengths and buffers (kDirectAlignment when
+  // direct, else 1).
+  std::uint32_t alignment() const { return direct_ ? kDirectAlignment : 1; }
 
  private:
   int fd_ = -1;

@@ -16,6 +16,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/thread_start.hpp"
+#include "io/read_fully.hpp"
 
 namespace ferry::io {
 
@@ -69,25 +70,18 @@ std::string open_file(const PrefetchFile& file, Fd& fd) {
   return {};
 }
 
-// Reads [offset, offset + len) into `buf`, retrying short reads. Adds the bytes read
-// to `got`. Returns the failure rule, empty on success.
+// Reads [offset, offset + len) into `buf` (read_fully). Adds the bytes read to
+// `got`. Returns the failure rule, empty on success.
 std::string read_block(int fd, const PrefetchFile& file, std::uint64_t offset, std::size_t len,
                        std::byte* buf, std::uint64_t& got) {
-  std::size_t done = 0;
-  while (done < len) {
-    ssize_t n = ::pread(fd, buf + done, len - done, static_cast<off_t>(offset + done));
-    if (n < 0) {
-      if (errno == EINTR) {
-        continue;
-      }
-      return "read at offset " + std::to_string(offset + done) + ": " + errno_text(errno);
-    }
-    if (n == 0) {
-      return "file is shorter than its planned size (end of file at offset " +
-             std::to_string(offset + done) + ", " + std::to_string(file.size) + " planned)";
-    }
-    done += static_cast<std::size_t>(n);
-    got += static_cast<std::uint64_t>(n);
+  const ReadFullyResult r = read_fully(fd, {buf, len}, offset);
+  got += r.bytes;
+  if (r.error != 0) {
+    return "read at offset " + std::to_string(offset + r.bytes) + ": " + errno_text(r.error);
+  }
+  if (r.bytes < len) {
+    return "file is shorter than its planned size (end of file at offset " +
+           std::to_string(offset + r.bytes) + ", " + std::to_string(file.size) + " planned)";
   }
   return {};
 }

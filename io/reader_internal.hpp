@@ -130,7 +130,7 @@ struct FreeDeleter {
   void operator()(std::byte* p) const { std::free(p); }
 };
 using AlignedBuffer = std::unique_ptr<std::byte[], FreeDeleter>;
-AlignedBuffer make_aligned_buffer(std::size_t bytes, std::size_t alignment = 4096);
+AlignedBuffer make_aligned_buffer(std::size_t bytes, std::size_t alignment = kDirectAlignment);
 
 // Moves every finished completion to `out` and lowers `outstanding` by as many;
 // the common tail of every engine's poll().

@@ -98,7 +98,7 @@ class UringReader final : public Reader {
       : cancel_timeout_(options.cancel_timeout),
         depth_(options.queue_depth),
         chunk_bytes_(options.chunk_bytes),
-        bounce_bytes_(detail::OpPlan::max_length(options.chunk_bytes, 4096)),
+        bounce_bytes_(detail::OpPlan::max_length(options.chunk_bytes, kDirectAlignment)),
         faults_(options.faults) {
     const int r = io_uring_queue_init(depth_, &ring_, 0);
     if (r < 0) {

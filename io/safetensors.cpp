@@ -13,6 +13,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <span>
 #include <sstream>
 #include <unordered_set>
 
@@ -21,6 +22,7 @@
 #include "common/log.hpp"
 #include "common/small_file.hpp"
 #include "io/fd_limit.hpp"
+#include "io/read_fully.hpp"
 #include "io/safetensors_internal.hpp"
 
 namespace ferry::io {
@@ -642,24 +644,15 @@ class IndexSax {
   std::unordered_set<std::string> metadata_keys_;
 };
 
-// pread until `n` bytes or end of file; returns bytes read.
-std::size_t pread_full(int fd, char* dst, std::size_t n, std::uint64_t off,
+// Fills `into` from `off`: false when the file ends first; a failed pread is an
+// error at the header stage.
+bool read_header_bytes(int fd, std::span<std::byte> into, std::uint64_t off,
                        const std::string& display) {
-  std::size_t done = 0;
-  while (done < n) {
-    ssize_t r = ::pread(fd, dst + done, n - done, static_cast<off_t>(off + done));
-    if (r < 0) {
-      if (errno == EINTR || errno == EAGAIN) {
-        continue;
-      }
-      throw_errno(Stage::kHeader, display, "pread", errno);
-    }
-    if (r == 0) {
-      break;
-    }
-    done += static_cast<std::size_t>(r);
+  const ReadFullyResult r = read_fully(fd, into, off);
+  if (r.error != 0) {
+    throw_errno(Stage::kHeader, display, "pread", r.error);
   }
-  return done;
+  return r.bytes == into.size();
 }
 
 // The plainest headers, the ones writers produce, without any JSON library: a
@@ -1063,16 +1056,15 @@ namespace {
 // The header of the open file `fd`, `file_size` bytes long: 8 + n bytes with pread.
 SafetensorsHeader read_header_at(int fd, std::uint64_t file_size, const FileIdentity& identity,
                                  const std::string& display) {
-  unsigned char len_bytes[8];
-  if (file_size < 8 ||
-      pread_full(fd, reinterpret_cast<char*>(len_bytes), 8, 0, display) != 8) {
+  std::byte len_bytes[8];
+  if (file_size < 8 || !read_header_bytes(fd, len_bytes, 0, display)) {
     header_error(display, "",
                  "file is " + std::to_string(file_size) +
                      " bytes, too short for the 8-byte header length");
   }
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) {
-    n = (n << 8) | len_bytes[i];
+    n = (n << 8) | std::to_integer<std::uint64_t>(len_bytes[i]);
   }
   if (n > kMaxHeaderBytes) {
     header_error(display, "",
@@ -1085,7 +1077,8 @@ SafetensorsHeader read_header_at(int fd, std::uint64_t file_size, const FileIden
                      std::to_string(file_size) + " bytes)");
   }
   std::string text(n, '\0');
-  if (pread_full(fd, text.data(), n, 8, display) != n) {
+  if (!read_header_bytes(fd, std::as_writable_bytes(std::span(text.data(), text.size())), 8,
+                         display)) {
     header_error(display, "", "file ended while reading the header (truncated)");
   }
   SafetensorsHeader h = parse_safetensors_header(text, file_size, display);

@@ -3,7 +3,7 @@
 //
 // The pool is the bound on host memory a load uses (count × buffer_bytes): every
 // buffer is allocated up front and readers must lease one before they can read.
-// Buffers are aligned (4096 by default) so that O_DIRECT reads land in them in place.
+// Buffers are aligned (kDirectAlignment by default) so that O_DIRECT reads land in them in place.
 //
 // The memory comes from a pluggable BufferAllocator. io/ provides aligned host
 // memory; pinned (page-locked) memory from a device backend is plugged in by a layer
@@ -28,6 +28,8 @@
 #include <optional>
 #include <span>
 #include <string>
+
+#include "io/file.hpp"
 
 namespace ferry::io {
 
@@ -101,7 +103,7 @@ class StagingPool {
   // allocated is given back).
   StagingPool(std::size_t count, std::size_t buffer_bytes,
               std::shared_ptr<BufferAllocator> allocator = aligned_host_allocator(),
-              std::size_t alignment = 4096);
+              std::size_t alignment = kDirectAlignment);
   // Closes the pool (see close()). Outstanding leases stay valid (see file comment).
   ~StagingPool();
   StagingPool(const StagingPool&) = delete;

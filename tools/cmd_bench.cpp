@@ -33,6 +33,7 @@
 #include "common/log.hpp"
 #include "common/small_file.hpp"
 #include "embedded_peers.hpp"
+#include "io/read_fully.hpp"
 #include "io/safetensors.hpp"
 #include "tools/bench_experiment.hpp"
 #include "tools/cli.hpp"
@@ -127,17 +128,8 @@ Measured run_pread_peer(const std::vector<std::string>& files, const std::string
           throw_errno(Stage::kRead, files[i], "pread peer: open", errno);
         }
         for (const io::TensorInfo& t : headers[i].tensors) {
-          std::uint64_t done = 0;
-          while (done < t.nbytes) {
-            const ssize_t n = ::pread(fd, memory.data() + at + done, t.nbytes - done,
-                                      static_cast<off_t>(t.offset + done));
-            if (n <= 0) {
-              throw Error(Stage::kRead, files[i], t.name,
-                          n == 0 ? "pread peer: the file ends inside the tensor"
-                                 : std::string("pread peer: pread: ") + errno_text(errno));
-            }
-            done += static_cast<std::uint64_t>(n);
-          }
+          io::read_exactly(fd, {memory.data() + at, static_cast<std::size_t>(t.nbytes)}, t.offset,
+                           Stage::kRead, files[i], t.name, "pread peer");
           at += t.nbytes;
         }
         ::close(fd);
