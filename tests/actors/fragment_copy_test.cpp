@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "gpu/device_wrapper.hpp"
 #include "gpu/host_device.hpp"
 #include "gpu/kernels_host.hpp"
 
@@ -24,74 +25,35 @@ using ::testing::HasSubstr;
 
 constexpr std::size_t kNarrow = std::size_t{64} << 10;  // the CUDA device's limit
 
-// Forwards to a host stream and writes down each operation's name.
-class RecordingStream final : public gpu::Stream {
+// Forwards to a host stream and writes down the copies' and casts' names.
+class RecordingStream final : public gpu::StreamWrapper {
  public:
-  explicit RecordingStream(std::unique_ptr<gpu::Stream> inner) : inner_(std::move(inner)) {}
+  explicit RecordingStream(std::unique_ptr<gpu::Stream> inner) : StreamWrapper(std::move(inner)) {}
   std::vector<std::string> ops;
 
   void copy_h2d(std::byte* d, const std::byte* s, std::size_t n) override {
     ops.push_back("copy_h2d");
-    inner_->copy_h2d(d, s, n);
+    StreamWrapper::copy_h2d(d, s, n);
   }
   void copy_h2d_2d(std::byte* d, std::size_t dp, const std::byte* s, std::size_t sp, std::size_t w,
                    std::size_t r) override {
     ops.push_back("copy_h2d_2d");
-    inner_->copy_h2d_2d(d, dp, s, sp, w, r);
+    StreamWrapper::copy_h2d_2d(d, dp, s, sp, w, r);
   }
-  void copy_d2h(std::byte* d, const std::byte* s, std::size_t n) override {
-    inner_->copy_d2h(d, s, n);
-  }
-  void fill(std::byte* d, std::size_t c, DType t, double v) override { inner_->fill(d, c, t, v); }
-  void fill_random(std::byte* d, std::size_t c, DType t, double lo, double hi,
-                   std::uint64_t seed) override {
-    inner_->fill_random(d, c, t, lo, hi, seed);
-  }
-  void zero(std::byte* d, std::size_t n) override { inner_->zero(d, n); }
   void cast(std::byte* d, DType dt, const std::byte* s, DType st, std::size_t c) override {
     ops.push_back("cast");
-    inner_->cast(d, dt, s, st, c);
-  }
-  void zero_2d(std::byte* d, std::size_t p, std::size_t w, std::size_t r) override {
-    inner_->zero_2d(d, p, w, r);
-  }
-  void set_bytes(std::byte* d, std::byte v, std::size_t n) override { inner_->set_bytes(d, v, n); }
-  void match_pattern(const gpu::PatternRange* r, std::size_t n, std::uint8_t* f) override {
-    inner_->match_pattern(r, n, f);
+    StreamWrapper::cast(d, dt, s, st, c);
   }
   void cast_2d(std::byte* d, std::size_t dp, DType dt, const std::byte* s, std::size_t sp, DType st,
                std::size_t w, std::size_t r) override {
     ops.push_back("cast_2d");
-    inner_->cast_2d(d, dp, dt, s, sp, st, w, r);
+    StreamWrapper::cast_2d(d, dp, dt, s, sp, st, w, r);
   }
   void copy_d2d_2d(std::byte* d, std::size_t dp, const std::byte* s, std::size_t sp, std::size_t w,
                    std::size_t r) override {
     ops.push_back("copy_d2d_2d");
-    inner_->copy_d2d_2d(d, dp, s, sp, w, r);
+    StreamWrapper::copy_d2d_2d(d, dp, s, sp, w, r);
   }
-  void transpose(std::byte* d, std::size_t dp, const std::byte* s, std::size_t sp, std::size_t e,
-                 std::size_t r, std::size_t c, std::size_t b) override {
-    inner_->transpose(d, dp, s, sp, e, r, c, b);
-  }
-  void dequantize_fp8(std::byte* d, DType dd, const std::byte* s, const std::byte* sc,
-                      const gpu::Fp8Scales& l, std::size_t r, std::size_t c,
-                      std::size_t b) override {
-    inner_->dequantize_fp8(d, dd, s, sc, l, r, c, b);
-  }
-  void quantize_fp8(std::byte* d, std::byte* sc, const std::byte* s, DType sd,
-                    const gpu::Fp8Scales& l, gpu::Fp8ScaleRule rule, std::size_t r, std::size_t c,
-                    std::size_t b) override {
-    inner_->quantize_fp8(d, sc, s, sd, l, rule, r, c, b);
-  }
-  void pack_ue8m0(std::byte* d, const std::byte* sc, std::size_t r, std::size_t br,
-                  std::size_t sc_cols, std::size_t b) override {
-    inner_->pack_ue8m0(d, sc, r, br, sc_cols, b);
-  }
-  std::unique_ptr<gpu::Event> record() override { return inner_->record(); }
-  void synchronize() override { inner_->synchronize(); }
-
- private:
-  std::unique_ptr<gpu::Stream> inner_;
 };
 
 Fragment fragment(std::uint64_t rows, std::uint64_t width, DType src, DType dst,

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "gpu/device_wrapper.hpp"
 #include "gpu/null_device.hpp"
 #include "runtime/runtime.hpp"
 #include "runtime/runtime_internal.hpp"
@@ -93,33 +94,15 @@ TEST(NullLoad, HooksAreCheckedSkippedAndReported) {
 
 // A null device whose allocations are 2 bytes short of what was asked, so the last
 // piece of every parameter runs past it.
-class ShortDevice final : public gpu::Device {
+class ShortDevice final : public gpu::DeviceWrapper {
  public:
-  explicit ShortDevice(int index) : inner_(gpu::make_null_device(index)) {}
-  std::string name() const override { return inner_->name(); }
-  void bind() override { inner_->bind(); }
-  bool holds_data() const override { return false; }
-  gpu::DeviceAllocation adopt(std::byte* data, std::size_t bytes,
-                              gpu::DeviceAllocation::Release release) override {
-    return inner_->adopt(data, bytes, std::move(release));
-  }
+  explicit ShortDevice(int index) : DeviceWrapper(gpu::make_null_device(index)) {}
   gpu::DeviceAllocation allocate(std::size_t bytes) override {
-    gpu::DeviceAllocation a = inner_->allocate(bytes > 2 ? bytes - 2 : bytes);
+    gpu::DeviceAllocation a = DeviceWrapper::allocate(bytes > 2 ? bytes - 2 : bytes);
     std::byte* data = a.data();
     auto owner = std::make_shared<gpu::DeviceAllocation>(std::move(a));
     return gpu::DeviceAllocation(data, bytes, [owner](std::byte*, std::size_t) { owner->reset(); });
   }
-  gpu::PinnedAllocation allocate_pinned(std::size_t bytes) override {
-    return inner_->allocate_pinned(bytes);
-  }
-  gpu::HostRegistration register_host(void* host, std::size_t bytes) override {
-    return inner_->register_host(host, bytes);
-  }
-  std::unique_ptr<gpu::Stream> create_stream() override { return inner_->create_stream(); }
-  gpu::AllocationStats stats() const override { return inner_->stats(); }
-
- private:
-  std::shared_ptr<gpu::Device> inner_;
 };
 
 TEST(NullLoad, APiecePastItsParameterNamesTheParameter) {

@@ -1,6 +1,6 @@
 // A Device/Stream decorator for fault tests: forwards every call to a real device
-// (the host backend) and, before each, asks the test whether to fail it. The
-// test's `fault` callback sees the operation's name ("allocate", "bind",
+// (the host backend; gpu::DeviceWrapper) and, before each, asks the test whether to
+// fail it. The test's `fault` callback sees the operation's name ("allocate", "bind",
 // "create_stream", "host_addressable", "copy_h2d", "copy_h2d_2d", "cast",
 // "record", ...) and throws to inject the failure, so a load meets the fault in
 // the real pipeline code that made the call. The inner device keeps the
@@ -15,105 +15,105 @@
 #include <utility>
 
 #include "gpu/device.hpp"
+#include "gpu/device_wrapper.hpp"
 
 namespace ferry::testing {
 
 // Called before each forwarded operation; throwing fails that operation.
 using DeviceFault = std::function<void(std::string_view op)>;
 
-class FaultyStream final : public gpu::Stream {
+class FaultyStream final : public gpu::StreamWrapper {
  public:
   FaultyStream(std::unique_ptr<gpu::Stream> inner, std::shared_ptr<const DeviceFault> fault)
-      : inner_(std::move(inner)), fault_(std::move(fault)) {}
+      : StreamWrapper(std::move(inner)), fault_(std::move(fault)) {}
 
   void copy_h2d(std::byte* dst, const std::byte* src, std::size_t bytes) override {
     check("copy_h2d");
-    inner_->copy_h2d(dst, src, bytes);
+    StreamWrapper::copy_h2d(dst, src, bytes);
   }
   void copy_h2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
                    std::size_t src_pitch, std::size_t width, std::size_t rows) override {
     check("copy_h2d_2d");
-    inner_->copy_h2d_2d(dst, dst_pitch, src, src_pitch, width, rows);
+    StreamWrapper::copy_h2d_2d(dst, dst_pitch, src, src_pitch, width, rows);
   }
   void copy_d2h(std::byte* dst, const std::byte* src, std::size_t bytes) override {
     check("copy_d2h");
-    inner_->copy_d2h(dst, src, bytes);
+    StreamWrapper::copy_d2h(dst, src, bytes);
   }
   void fill(std::byte* dst, std::size_t count, DType dtype, double value) override {
     check("fill");
-    inner_->fill(dst, count, dtype, value);
+    StreamWrapper::fill(dst, count, dtype, value);
   }
   void fill_random(std::byte* dst, std::size_t count, DType dtype, double low, double high,
                    std::uint64_t seed) override {
     check("fill_random");
-    inner_->fill_random(dst, count, dtype, low, high, seed);
+    StreamWrapper::fill_random(dst, count, dtype, low, high, seed);
   }
   void zero(std::byte* dst, std::size_t bytes) override {
     check("zero");
-    inner_->zero(dst, bytes);
+    StreamWrapper::zero(dst, bytes);
   }
   void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype,
             std::size_t count) override {
     check("cast");
-    inner_->cast(dst, dst_dtype, src, src_dtype, count);
+    StreamWrapper::cast(dst, dst_dtype, src, src_dtype, count);
   }
   void zero_2d(std::byte* dst, std::size_t pitch, std::size_t width, std::size_t rows) override {
     check("zero_2d");
-    inner_->zero_2d(dst, pitch, width, rows);
+    StreamWrapper::zero_2d(dst, pitch, width, rows);
   }
   void set_bytes(std::byte* dst, std::byte value, std::size_t bytes) override {
     check("set_bytes");
-    inner_->set_bytes(dst, value, bytes);
+    StreamWrapper::set_bytes(dst, value, bytes);
   }
   void match_pattern(const gpu::PatternRange* ranges, std::size_t count,
                      std::uint8_t* flags) override {
     check("match_pattern");
-    inner_->match_pattern(ranges, count, flags);
+    StreamWrapper::match_pattern(ranges, count, flags);
   }
   void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
                std::size_t src_pitch, DType src_dtype, std::size_t width,
                std::size_t rows) override {
     check("cast_2d");
-    inner_->cast_2d(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows);
+    StreamWrapper::cast_2d(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows);
   }
   void copy_d2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
                    std::size_t src_pitch, std::size_t width, std::size_t rows) override {
     check("copy_d2d_2d");
-    inner_->copy_d2d_2d(dst, dst_pitch, src, src_pitch, width, rows);
+    StreamWrapper::copy_d2d_2d(dst, dst_pitch, src, src_pitch, width, rows);
   }
   void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
                  std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
                  std::size_t cols, std::size_t batches) override {
     check("transpose");
-    inner_->transpose(dst, dst_batch_pitch, src, src_batch_pitch, element_size, rows, cols,
-                      batches);
+    StreamWrapper::transpose(dst, dst_batch_pitch, src, src_batch_pitch, element_size, rows, cols,
+                             batches);
   }
   void dequantize_fp8(std::byte* dst, DType dst_dtype, const std::byte* src, const std::byte* scale,
                       const gpu::Fp8Scales& scales, std::size_t rows, std::size_t cols,
                       std::size_t batches) override {
     check("dequantize_fp8");
-    inner_->dequantize_fp8(dst, dst_dtype, src, scale, scales, rows, cols, batches);
+    StreamWrapper::dequantize_fp8(dst, dst_dtype, src, scale, scales, rows, cols, batches);
   }
   void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType src_dtype,
                     const gpu::Fp8Scales& scales, gpu::Fp8ScaleRule rule, std::size_t rows,
                     std::size_t cols, std::size_t batches) override {
     check("quantize_fp8");
-    inner_->quantize_fp8(dst, scale, src, src_dtype, scales, rule, rows, cols, batches);
+    StreamWrapper::quantize_fp8(dst, scale, src, src_dtype, scales, rule, rows, cols, batches);
   }
   void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows, std::size_t block_rows,
                   std::size_t scale_cols, std::size_t batches) override {
     check("pack_ue8m0");
-    inner_->pack_ue8m0(dst, scale, rows, block_rows, scale_cols, batches);
+    StreamWrapper::pack_ue8m0(dst, scale, rows, block_rows, scale_cols, batches);
   }
   std::unique_ptr<gpu::Event> record() override {
     check("record");
-    return inner_->record();
+    return StreamWrapper::record();
   }
   void synchronize() override {
     check("synchronize");
-    inner_->synchronize();
+    StreamWrapper::synchronize();
   }
-  void abandon_emulated_waits() override { inner_->abandon_emulated_waits(); }
 
  private:
   void check(std::string_view op) const {
@@ -121,52 +121,44 @@ class FaultyStream final : public gpu::Stream {
       (*fault_)(op);
     }
   }
-  std::unique_ptr<gpu::Stream> inner_;
   std::shared_ptr<const DeviceFault> fault_;
 };
 
-class FaultyDevice final : public gpu::Device {
+class FaultyDevice final : public gpu::DeviceWrapper {
  public:
   FaultyDevice(std::shared_ptr<gpu::Device> inner, DeviceFault fault)
-      : inner_(std::move(inner)), fault_(std::make_shared<const DeviceFault>(std::move(fault))) {}
+      : DeviceWrapper(std::move(inner)),
+        fault_(std::make_shared<const DeviceFault>(std::move(fault))) {}
 
-  const std::shared_ptr<gpu::Device>& inner() const { return inner_; }
-
-  std::string name() const override { return inner_->name(); }
   void bind() override {
     check("bind");
-    inner_->bind();
+    DeviceWrapper::bind();
   }
   gpu::DeviceAllocation allocate(std::size_t bytes) override {
     check("allocate");
-    return inner_->allocate(bytes);
+    return DeviceWrapper::allocate(bytes);
   }
   gpu::DeviceAllocation adopt(std::byte* data, std::size_t bytes,
                               gpu::DeviceAllocation::Release release) override {
     check("adopt");
-    return inner_->adopt(data, bytes, std::move(release));
+    return DeviceWrapper::adopt(data, bytes, std::move(release));
   }
   gpu::PinnedAllocation allocate_pinned(std::size_t bytes) override {
     check("allocate_pinned");
-    return inner_->allocate_pinned(bytes);
+    return DeviceWrapper::allocate_pinned(bytes);
   }
   gpu::HostRegistration register_host(void* host, std::size_t bytes) override {
     check("register_host");
-    return inner_->register_host(host, bytes);
+    return DeviceWrapper::register_host(host, bytes);
   }
   std::unique_ptr<gpu::Stream> create_stream() override {
     check("create_stream");
-    return std::make_unique<FaultyStream>(inner_->create_stream(), fault_);
+    return std::make_unique<FaultyStream>(DeviceWrapper::create_stream(), fault_);
   }
-  void reserve_events(std::size_t count) override { inner_->reserve_events(count); }
-  gpu::AllocationStats stats() const override { return inner_->stats(); }
-  bool holds_data() const override { return inner_->holds_data(); }
   bool host_addressable() const override {
     check("host_addressable");
-    return inner_->host_addressable();
+    return DeviceWrapper::host_addressable();
   }
-  int numa_node() const override { return inner_->numa_node(); }
-  std::size_t narrow_row_bytes() const override { return inner_->narrow_row_bytes(); }
 
  private:
   void check(std::string_view op) const {
@@ -174,7 +166,6 @@ class FaultyDevice final : public gpu::Device {
       (*fault_)(op);
     }
   }
-  std::shared_ptr<gpu::Device> inner_;
   std::shared_ptr<const DeviceFault> fault_;
 };
 
