@@ -9,6 +9,7 @@
 #include "models/hf_config.hpp"
 #include "models/hooks.hpp"
 #include "models/postprocess.hpp"
+#include "models/quant_traits.hpp"
 
 namespace ferry::models {
 namespace {
@@ -313,8 +314,72 @@ TableModel::ShapeRule replace_last_dim(TableModel::ShapeRule rule, std::uint64_t
 
 }  // namespace
 
-void TableModel::apply_quant() {
-  using Method = QuantScheme::Method;
+// What apply_quant adds: the scale params and the targets feeding them.
+struct TableModel::QuantWork {
+  const QuantScheme& q;
+  const QuantTraits& traits;
+  std::uint64_t bn = 0;  // a scale block's rows and columns (ScaleGrain::kBlock)
+  std::uint64_t bk = 0;
+  std::vector<ParamDecl> companions;
+  std::vector<std::pair<std::string, Target>> added;
+};
+
+// One quantized weight param: the checkpoint tensors feeding it, where its fused
+// shards start, and its scale params' names and forms.
+struct TableModel::WeightScales {
+  ParamDecl* decl = nullptr;
+  ShapeRule weight;  // the logical (unpacked) shape
+  std::vector<std::pair<std::string, Target*>> feeds;
+  std::vector<std::uint64_t> starts;  // rows where the fused shards begin
+  std::uint64_t shards = 1;
+  bool stacked = false;  // fused experts: leading expert dims
+  bool ue8m0 = false;    // quantization.requant=ue8m0 converts it
+  ScaleForm form = ScaleForm::kAsLoaded;
+  bool input_max = false;
+  std::string scale;        // the weight scale's param
+  std::string input_param;  // the input scale's param
+  // The experts' w13_input_scale: one element an expert (merged_input), or each
+  // element of the expert's row holding the scalar loaded last (row_input).
+  bool merged_input = false;
+  bool row_input = false;
+
+  // Fused experts keep a shard dim only where there are several shards: SGLang's
+  // FusedMoE methods make w13 scales [E, 2] and w2 scales [E] (Fp8MoEMethod,
+  // ModelOptFp8MoEMethod and ModelOptNvFp4FusedMoEMethod.create_weights in SGLang
+  // 0.5.23); a dense param keeps [shards] ([1] for o_proj).
+  ShapeRule scale_shape(std::uint64_t n) const {
+    return [weight = weight, n](int rank) {
+      Shape s = weight(rank);
+      s.resize(s.size() - 2);  // the leading (expert) dims
+      if (s.empty() || n > 1) {
+        s.push_back(n);
+      }
+      return s;
+    };
+  }
+  // A per-shard scalar's blocks. `merged`: every shard's scalar goes to its
+  // expert's one element (the experts' w13_input_scale).
+  BlockRule per_shard_rule(BlockRule logical, bool merged = false) const {
+    const bool one = stacked && (shards == 1 || merged);
+    return [logical = std::move(logical), starts = starts, one](int rank) {
+      std::vector<Block> out;
+      for (const Block& b : logical(rank)) {
+        if (b.length != 0) {
+          Block s = shard_scale_block(b, starts);
+          if (one) {
+            // [E]: the expert index becomes the start of a 1-D block.
+            s.dst_start = s.dst_index.back();
+            s.dst_index.pop_back();
+          }
+          add_unique(out, s);
+        }
+      }
+      return out;
+    };
+  }
+};
+
+std::map<std::string, TableModel::ShapeRule> TableModel::quantized_weights() const {
   const QuantScheme& q = quant_;
   const ExcludedModules excluded(q);
   std::map<std::string, ShapeRule> quantized;  // weight param -> its logical shape rule
@@ -336,8 +401,8 @@ void TableModel::apply_quant() {
                       ") is not supported: the padded share would not be whole scale blocks");
     }
   }
-  if (q.format == QuantScheme::Format::kCompressedTensors && q.method == Method::kFp8Tensor &&
-      !q.input_scales) {
+  if (q.format == QuantScheme::Format::kCompressedTensors &&
+      q.method == QuantScheme::Method::kFp8Tensor && !q.input_scales) {
     for (const auto& [param, rule] : quantized) {
       if (ends_with(param, "experts.w13_weight")) {
         throw Error(Stage::kMapping, kConfigFile, param,
@@ -347,350 +412,335 @@ void TableModel::apply_quant() {
       }
     }
   }
-  // Block-scaled shares must be whole blocks: NVFP4's scales are [1, group] blocks.
-  std::uint64_t bn = q.block_n;
-  std::uint64_t bk = q.block_k;
-  if (q.method == Method::kNvfp4) {
-    bn = 1;
-    bk = q.group_size;
-  }
-  const bool blocked = q.method == Method::kFp8Block || q.method == Method::kNvfp4;
-  const DType scale_dtype = q.method == Method::kNvfp4 ? DType::kF8E4M3 : DType::kF32;
-  std::vector<ParamDecl> companions;
-  std::vector<std::pair<std::string, Target>> added;
-  for (ParamDecl& d : param_decls_) {
-    auto qit = quantized.find(d.name);
-    if (qit == quantized.end()) {
-      continue;
-    }
-    const ShapeRule weight = qit->second;
-    const std::size_t companions_before = companions.size();
-    if (q.method == Method::kNvfp4) {
-      for (int rank : layout_.local_ranks) {
-        const std::uint64_t k = weight(rank).back();
-        if (k % q.group_size != 0) {
-          throw Error(Stage::kPlacement, "", d.name,
-                      "Unsupported model when in features size is not multiple of " +
-                          std::to_string(q.group_size) + ": " + d.name + " has " +
-                          std::to_string(k) + " input features on tp rank " + std::to_string(rank) +
-                          " (NVFP4 group_size " + std::to_string(q.group_size) + ")");
-        }
+  return quantized;
+}
+
+TableModel::WeightScales TableModel::weight_scales(ParamDecl& d, ShapeRule weight,
+                                                   const QuantWork& w) {
+  const QuantScheme& q = w.q;
+  if (w.traits.group_blocks) {
+    for (int rank : layout_.local_ranks) {
+      const std::uint64_t k = weight(rank).back();
+      if (k % q.group_size != 0) {
+        throw Error(Stage::kPlacement, "", d.name,
+                    "Unsupported model when in features size is not multiple of " +
+                        std::to_string(q.group_size) + ": " + d.name + " has " + std::to_string(k) +
+                        " input features on tp rank " + std::to_string(rank) + " (" +
+                        w.traits.name + " group_size " + std::to_string(q.group_size) + ")");
       }
     }
-    // Every local rank's share is checked now, so that a layout SGLang refuses fails
-    // when the model is made, naming the tensor; the shard starts are gathered.
-    std::set<std::uint64_t> start_set;
-    std::vector<std::pair<std::string, Target*>> feeds;
-    for (auto& [tensor, targets] : targets_) {
-      for (Target& t : targets) {
-        if (t.param != d.name || !ends_with(tensor, "weight")) {
-          // Experts stored fused on disk (experts.gate_up_proj): no quantized layout
-          // of them is known, so they get no scale target; a quantized one would
-          // leave the scale param incomplete (a coverage error), a BF16 one is
-          // refused by dtype.
-          continue;
-        }
-        feeds.emplace_back(tensor, &t);
-        for (int rank : layout_.local_ranks) {
-          const Shape dst = weight(rank);
-          for (const Block& b : t.copy(rank)) {
-            if (b.length == 0) {
-              continue;
-            }
-            if (b.axis == 0) {
-              start_set.insert(b.dst_start);
-            }
-            if (blocked) {
-              check_block_aligned(b, inner_dims(t.src_shape, b.src_index.size()),
-                                  inner_dims(dst, b.dst_index.size()), bn, bk, tensor, t.param,
-                                  rank, layout_.tp);
-            }
+  }
+  WeightScales s;
+  s.decl = &d;
+  s.weight = std::move(weight);
+  // Every local rank's share is checked now, so that a layout SGLang refuses fails
+  // when the model is made, naming the tensor; the shard starts are gathered.
+  std::set<std::uint64_t> start_set;
+  for (auto& [tensor, targets] : targets_) {
+    for (Target& t : targets) {
+      if (t.param != d.name || !ends_with(tensor, "weight")) {
+        // Experts stored fused on disk (experts.gate_up_proj): no quantized layout
+        // of them is known, so they get no scale target; a quantized one would
+        // leave the scale param incomplete (a coverage error), a BF16 one is
+        // refused by dtype.
+        continue;
+      }
+      s.feeds.emplace_back(tensor, &t);
+      for (int rank : layout_.local_ranks) {
+        const Shape dst = s.weight(rank);
+        for (const Block& b : t.copy(rank)) {
+          if (b.length == 0) {
+            continue;
+          }
+          if (b.axis == 0) {
+            start_set.insert(b.dst_start);
+          }
+          if (w.traits.grain == ScaleGrain::kBlock) {
+            check_block_aligned(b, inner_dims(t.src_shape, b.src_index.size()),
+                                inner_dims(dst, b.dst_index.size()), w.bn, w.bk, tensor, t.param,
+                                rank, layout_.tp);
           }
         }
       }
     }
-    const std::vector<std::uint64_t> starts(start_set.begin(), start_set.end());
-    const std::uint64_t shards = std::max<std::uint64_t>(1, starts.size());
-    shard_starts_[d.name] = starts.empty() ? std::vector<std::uint64_t>{0} : starts;
-    // Fused experts keep a shard dim only where there are several shards: SGLang's
-    // FusedMoE methods make w13 scales [E, 2] and w2 scales [E] (Fp8MoEMethod,
-    // ModelOptFp8MoEMethod and ModelOptNvFp4FusedMoEMethod.create_weights in SGLang
-    // 0.5.23); a dense param keeps [shards] ([1] for o_proj).
-    const bool stacked = weight(layout_.local_ranks.front()).size() > 2;
-    auto scale_shape = [weight](std::uint64_t n) {
-      return [weight, n](int rank) {
-        Shape s = weight(rank);
-        s.resize(s.size() - 2);  // the leading (expert) dims
-        if (s.empty() || n > 1) {
-          s.push_back(n);
+  }
+  s.starts.assign(start_set.begin(), start_set.end());
+  s.shards = std::max<std::uint64_t>(1, s.starts.size());
+  shard_starts_[d.name] = s.starts.empty() ? std::vector<std::uint64_t>{0} : s.starts;
+  const Shape first_shape = s.weight(layout_.local_ranks.front());
+  s.stacked = first_shape.size() > 2;
+  // The weight's own scale param: the checkpoint's scales as loaded (a transient
+  // F32 copy under quantization.requant=ue8m0, whose packed output takes the name).
+  // postprocess.target (models/postprocess.hpp): a scale whose served shape differs
+  // loads into a transient twin of its loaded shape, which a hook reads.
+  s.ue8m0 = !d.transient && converts_ue8m0(q, first_shape);
+  s.form = d.transient ? ScaleForm::kAsLoaded : scale_form(q, first_shape, s.shards);
+  s.input_max = !d.transient && input_scale_max(q);
+  s.scale = s.form != ScaleForm::kAsLoaded ? loaded_tensor_scale_name(d.name)
+                                           : loaded_scale_name(q, d.name, s.ue8m0);
+  s.input_param =
+      s.input_max ? loaded_input_scale_name(d.name) : companion_name(d.name, "input_scale");
+  // The experts' w13_input_scale is [E] for the FP8 methods: w1's and w3's scalars
+  // go to one element per expert (FusedMoE._load_single_value). NVFP4 keeps [E, 2],
+  // but the same loader writes each scalar to the expert's whole row, so both
+  // elements hold the one loaded last (`row_input`).
+  s.merged_input = s.stacked && w.traits.merged_expert_input;
+  s.row_input = s.stacked && !w.traits.merged_expert_input && s.shards > 1;
+  return s;
+}
+
+// quantization.requant's outputs (models/requant.hpp): DeepGEMM's packed UE8M0
+// scales, or one F32 scale a matrix. It converts what the model keeps; a transient
+// is only read.
+void TableModel::add_requant_outputs(const WeightScales& s, QuantWork& w) const {
+  const QuantScheme& q = w.q;
+  const ParamDecl& d = *s.decl;
+  const ShapeRule& weight = s.weight;
+  if (s.ue8m0) {
+    for (int rank : layout_.local_ranks) {
+      const Shape shape = weight(rank);
+      if (shape[shape.size() - 2] % 4 != 0) {
+        throw Error(Stage::kPlacement, "", d.name,
+                    "quantization.requant=ue8m0 packs the scales of " +
+                        std::to_string(shape[shape.size() - 2]) + " rows on tp rank " +
+                        std::to_string(rank) +
+                        "; DeepGEMM's layout needs a multiple of 4 (TMA alignment)");
+      }
+      if (converts_ue8m0(q, shape) != s.ue8m0) {
+        throw Error(Stage::kPlacement, "", d.name,
+                    "postprocess.target=sm100: the UE8M0 repack would convert this weight on "
+                    "some local ranks and not on others (tp rank " +
+                        std::to_string(rank) + " holds " + format_shape(shape) + ")");
+      }
+    }
+    // DeepGEMM's MN-major layout: the rows run fastest within each packed word.
+    // SGLang 0.5.23's requant_weight_ue8m0_inplace (fp8_utils.py) replaces
+    // weight_scale_inv itself with it, so it takes that name.
+    w.companions.push_back({weight_scale_name(q, d.name),
+                            [weight, bk = w.bk](int rank) {
+                              Shape shape = weight(rank);
+                              shape.back() = ((shape.back() + bk - 1) / bk + 3) / 4;
+                              return shape;
+                            },
+                            DType::kI32, false, [](const Shape& shape) {
+                              const std::uint64_t rows = shape[shape.size() - 2];
+                              return shape.size() == 3
+                                         ? std::vector<std::uint64_t>{shape[2] * rows, 1, rows}
+                                         : std::vector<std::uint64_t>{1, rows};
+                            }});
+  } else if (q.requant == QuantScheme::Requant::kTensor && !d.transient) {
+    w.companions.push_back({companion_name(d.name, "weight_scale"),
+                            [weight](int rank) {
+                              Shape shape = weight(rank);
+                              shape.resize(shape.size() - 2);  // one a matrix: an expert each
+                              return shape.empty() ? Shape{1} : shape;
+                            },
+                            DType::kF32});
+  }
+}
+
+// The weight's scale params: its scale (as its QuantTraits grain lays it out), the
+// second scale, quantization.requant's outputs and the static input scale.
+void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) const {
+  const QuantScheme& q = w.q;
+  const ParamDecl& d = *s.decl;
+  const ShapeRule& weight = s.weight;
+  const ShapeRule per_shard_shape = s.scale_shape(s.shards);
+  switch (w.traits.grain) {
+    case ScaleGrain::kBlock:
+      w.companions.push_back({s.scale,
+                              [weight, bn = w.bn, bk = w.bk](int rank) {
+                                return block_scale_shape(weight(rank), bn, bk);
+                              },
+                              w.traits.scale_dtype, s.ue8m0});
+      break;
+    case ScaleGrain::kChannel:
+      w.companions.push_back({s.scale, replace_last_dim(weight, 1, 1), w.traits.scale_dtype});
+      break;
+    case ScaleGrain::kShard:
+      w.companions.push_back(
+          {s.scale, per_shard_shape, w.traits.scale_dtype, s.form != ScaleForm::kAsLoaded});
+      if (s.form != ScaleForm::kAsLoaded) {
+        w.companions.push_back({weight_scale_name(q, d.name),
+                                [weight, form = s.form](int rank) {
+                                  return served_scale_shape(form, weight(rank));
+                                },
+                                DType::kF32});
+      }
+      break;
+    case ScaleGrain::kNone:
+      break;
+  }
+  if (w.traits.second_scale) {
+    w.companions.push_back(
+        {companion_name(d.name, "weight_scale_2"), per_shard_shape, DType::kF32});
+  }
+  add_requant_outputs(s, w);
+  if (q.input_scales) {
+    w.companions.push_back({s.input_param, s.merged_input ? s.scale_shape(1) : per_shard_shape,
+                            DType::kF32, s.input_max});
+    if (s.input_max) {
+      w.companions.push_back(
+          {companion_name(d.name, "input_scale"), [](int) { return Shape{}; }, DType::kF32});
+    }
+  }
+}
+
+// The target a weight tensor's scale tensor loads through, as the grain lays it out.
+TableModel::Target TableModel::scale_target(const WeightScales& s, const Target& t,
+                                            const QuantWork& w) {
+  const BlockRule logical = t.copy;
+  const Shape src = t.src_shape;
+  Target scale{s.scale, {}, {}, t.empty_reason};
+  switch (w.traits.grain) {
+    case ScaleGrain::kBlock:
+      scale.src_shape = block_scale_shape(src, w.bn, w.bk);
+      scale.copy = [logical, bn = w.bn, bk = w.bk](int rank) {
+        std::vector<Block> out;
+        for (const Block& b : logical(rank)) {
+          out.push_back(scale_block(b, bn, bk));
         }
-        return s;
+        return out;
       };
-    };
-    const ShapeRule per_shard_shape = scale_shape(shards);
-    // `merged`: every shard's scalar goes to its expert's one element (the experts'
-    // w13_input_scale, see below).
-    auto per_shard_rule = [&starts, stacked, shards](BlockRule logical, bool merged = false) {
-      const bool one = stacked && (shards == 1 || merged);
-      return [logical = std::move(logical), starts, one](int rank) {
+      break;
+    case ScaleGrain::kChannel:
+      scale.src_shape = src;
+      scale.src_shape.back() = 1;
+      scale.copy = [logical, src](int rank) {
         std::vector<Block> out;
         for (const Block& b : logical(rank)) {
           if (b.length != 0) {
-            Block s = shard_scale_block(b, starts);
-            if (one) {
-              // [E]: the expert index becomes the start of a 1-D block.
-              s.dst_start = s.dst_index.back();
-              s.dst_index.pop_back();
-            }
-            add_unique(out, s);
+            add_unique(out, channel_scale_block(b, inner_dims(src, b.src_index.size())));
           }
         }
         return out;
       };
-    };
-    // The weight's own scale param: the checkpoint's scales as loaded (a transient
-    // F32 copy under quantization.requant=ue8m0, whose packed output takes the name).
-    // postprocess.target (models/postprocess.hpp): a scale whose served shape differs
-    // loads into a transient twin of its loaded shape, which a hook reads.
-    const Shape first_shape = weight(layout_.local_ranks.front());
-    const bool ue8m0 = !d.transient && converts_ue8m0(q, first_shape);
-    const ScaleForm form = d.transient ? ScaleForm::kAsLoaded : scale_form(q, first_shape, shards);
-    const bool input_max = !d.transient && input_scale_max(q);
-    const std::string scale = form != ScaleForm::kAsLoaded ? loaded_tensor_scale_name(d.name)
-                                                           : loaded_scale_name(q, d.name, ue8m0);
-    const std::string input_param =
-        input_max ? loaded_input_scale_name(d.name) : companion_name(d.name, "input_scale");
-    switch (q.method) {
-      case Method::kFp8Block:
-      case Method::kNvfp4:
-        companions.push_back(
-            {scale, [weight, bn, bk](int rank) { return block_scale_shape(weight(rank), bn, bk); },
-             scale_dtype, ue8m0});
-        break;
-      case Method::kFp8Channel:
-        companions.push_back({scale, replace_last_dim(weight, 1, 1), DType::kF32});
-        break;
-      case Method::kFp8Tensor:
-        companions.push_back({scale, per_shard_shape, DType::kF32, form != ScaleForm::kAsLoaded});
-        if (form != ScaleForm::kAsLoaded) {
-          companions.push_back({weight_scale_name(q, d.name),
-                                [weight, form](int rank) {
-                                  return served_scale_shape(form, weight(rank));
-                                },
-                                DType::kF32});
-        }
-        break;
-      case Method::kNone:
-        break;
-    }
-    if (q.method == Method::kNvfp4) {
-      companions.push_back(
-          {companion_name(d.name, "weight_scale_2"), per_shard_shape, DType::kF32});
-    }
-    // quantization.requant's outputs (models/requant.hpp).
-    // quantization.requant converts what the model keeps; a transient is only read.
-    if (ue8m0) {
-      for (int rank : layout_.local_ranks) {
-        const Shape s = weight(rank);
-        if (s[s.size() - 2] % 4 != 0) {
-          throw Error(Stage::kPlacement, "", d.name,
-                      "quantization.requant=ue8m0 packs the scales of " +
-                          std::to_string(s[s.size() - 2]) + " rows on tp rank " +
-                          std::to_string(rank) +
-                          "; DeepGEMM's layout needs a multiple of 4 (TMA alignment)");
-        }
-        if (converts_ue8m0(q, s) != ue8m0) {
-          throw Error(Stage::kPlacement, "", d.name,
-                      "postprocess.target=sm100: the UE8M0 repack would convert this weight on "
-                      "some local ranks and not on others (tp rank " +
-                          std::to_string(rank) + " holds " + format_shape(s) + ")");
-        }
-      }
-      // DeepGEMM's MN-major layout: the rows run fastest within each packed word.
-      // SGLang 0.5.23's requant_weight_ue8m0_inplace (fp8_utils.py) replaces
-      // weight_scale_inv itself with it, so it takes that name.
-      companions.push_back({weight_scale_name(q, d.name),
-                            [weight, bk](int rank) {
-                              Shape s = weight(rank);
-                              s.back() = ((s.back() + bk - 1) / bk + 3) / 4;
-                              return s;
-                            },
-                            DType::kI32, false, [](const Shape& s) {
-                              const std::uint64_t rows = s[s.size() - 2];
-                              return s.size() == 3
-                                         ? std::vector<std::uint64_t>{s[2] * rows, 1, rows}
-                                         : std::vector<std::uint64_t>{1, rows};
-                            }});
-    } else if (q.requant == QuantScheme::Requant::kTensor && !d.transient) {
-      companions.push_back({companion_name(d.name, "weight_scale"),
-                            [weight](int rank) {
-                              Shape s = weight(rank);
-                              s.resize(s.size() - 2);  // one a matrix: a fused expert each
-                              return s.empty() ? Shape{1} : s;
-                            },
-                            DType::kF32});
-    }
-    // The experts' w13_input_scale is [E] for the FP8 methods: w1's and w3's scalars
-    // go to one element per expert (FusedMoE._load_single_value). NVFP4 keeps [E, 2],
-    // but the same loader writes each scalar to the expert's whole row, so both
-    // elements hold the one loaded last (`row_input`).
-    const bool merged_input = stacked && q.method != Method::kNvfp4;
-    const bool row_input = stacked && q.method == Method::kNvfp4 && shards > 1;
-    if (q.input_scales) {
-      companions.push_back(
-          {input_param, merged_input ? scale_shape(1) : per_shard_shape, DType::kF32, input_max});
-      if (input_max) {
-        companions.push_back({companion_name(d.name, "input_scale"), [](int) { return Shape{}; },
-                              DType::kF32});
+      break;
+    case ScaleGrain::kShard:
+      scale.src_shape = Shape{};
+      scale.copy = s.per_shard_rule(logical);
+      break;
+    case ScaleGrain::kNone:
+      break;
+  }
+  return scale;
+}
+
+// Packed weights (values_per_byte > 1, NVFP4's E2M1 pairs along K): the tensor's
+// columns are bytes, so a target's column blocks are divided.
+void TableModel::pack_target(const std::string& tensor, Target& t, const QuantWork& w) {
+  const std::uint64_t per_byte = w.traits.values_per_byte;
+  if (per_byte == 1) {
+    return;
+  }
+  if (t.src_shape.back() % per_byte != 0) {
+    throw Error(Stage::kPlacement, "", tensor,
+                std::string("an ") + w.traits.name + " weight packs " + std::to_string(per_byte) +
+                    " values a byte, but the tensor has " + std::to_string(t.src_shape.back()) +
+                    " columns");
+  }
+  t.src_shape.back() /= per_byte;
+  t.copy = [logical = t.copy, per_byte](int rank) {
+    std::vector<Block> out = logical(rank);
+    for (Block& b : out) {
+      if (b.axis == 1) {
+        b.src_start /= per_byte;
+        b.dst_start /= per_byte;
+        b.length /= per_byte;
       }
     }
-    // The experts' slots a target writes (local rank and expert index of each block):
-    // the w1 and w3 tensors of one expert write the same ones.
-    auto slots_of = [this](const Target& t) {
-      std::vector<std::uint64_t> key;
-      for (int rank : layout_.local_ranks) {
-        for (const Block& b : t.copy(rank)) {
-          if (b.length != 0) {
-            key.push_back(static_cast<std::uint64_t>(rank));
-            key.insert(key.end(), b.dst_index.begin(), b.dst_index.end());
-          }
-        }
-      }
-      return key;
-    };
-    // Of the tensors writing the same experts' slots, the one SGLang loads last:
-    // the checkpoint's name order (gate_proj before up_proj, w1 before w3).
-    std::map<std::vector<std::uint64_t>, std::string> last_of_slots;
-    if ((merged_input && shards > 1) || row_input) {
-      for (const auto& [tensor, t] : feeds) {
-        const std::vector<std::uint64_t> key = slots_of(*t);
-        if (!key.empty()) {
-          std::string& last = last_of_slots[key];
-          last = std::max(last, tensor);
+    return out;
+  };
+}
+
+// Each feed's scale targets: its weight scale, second scale and input scale.
+// Returns whether w1's input scales load into a transient (compressed-tensors).
+bool TableModel::add_scale_targets(const WeightScales& s, QuantWork& w) {
+  const QuantScheme& q = w.q;
+  const ParamDecl& d = *s.decl;
+  // The experts' slots a target writes (local rank and expert index of each block):
+  // the w1 and w3 tensors of one expert write the same ones.
+  auto slots_of = [this](const Target& t) {
+    std::vector<std::uint64_t> key;
+    for (int rank : layout_.local_ranks) {
+      for (const Block& b : t.copy(rank)) {
+        if (b.length != 0) {
+          key.push_back(static_cast<std::uint64_t>(rank));
+          key.insert(key.end(), b.dst_index.begin(), b.dst_index.end());
         }
       }
     }
-    bool w1_inputs = false;
-    for (auto& [tensor, t] : feeds) {
-      const BlockRule logical = t->copy;
-      const Shape src = t->src_shape;
-      Target scale_target{scale, {}, {}, t->empty_reason};
-      switch (q.method) {
-        case Method::kFp8Block:
-        case Method::kNvfp4:
-          scale_target.src_shape = block_scale_shape(src, bn, bk);
-          scale_target.copy = [logical, bn, bk](int rank) {
-            std::vector<Block> out;
-            for (const Block& b : logical(rank)) {
-              out.push_back(scale_block(b, bn, bk));
-            }
-            return out;
-          };
-          break;
-        case Method::kFp8Channel:
-          scale_target.src_shape = src;
-          scale_target.src_shape.back() = 1;
-          scale_target.copy = [logical, src](int rank) {
-            std::vector<Block> out;
-            for (const Block& b : logical(rank)) {
-              if (b.length != 0) {
-                add_unique(out, channel_scale_block(b, inner_dims(src, b.src_index.size())));
-              }
-            }
-            return out;
-          };
-          break;
-        case Method::kFp8Tensor:
-          scale_target.src_shape = Shape{};
-          scale_target.copy = per_shard_rule(logical);
-          break;
-        case Method::kNone:
-          break;
+    return key;
+  };
+  // Of the tensors writing the same experts' slots, the one SGLang loads last:
+  // the checkpoint's name order (gate_proj before up_proj, w1 before w3).
+  std::map<std::vector<std::uint64_t>, std::string> last_of_slots;
+  if ((s.merged_input && s.shards > 1) || s.row_input) {
+    for (const auto& [tensor, t] : s.feeds) {
+      const std::vector<std::uint64_t> key = slots_of(*t);
+      if (!key.empty()) {
+        std::string& last = last_of_slots[key];
+        last = std::max(last, tensor);
       }
-      added.emplace_back(weight_scale_name(q, tensor), std::move(scale_target));
-      if (q.method == Method::kNvfp4) {
-        added.emplace_back(companion_name(tensor, "weight_scale_2"),
-                           Target{companion_name(d.name, "weight_scale_2"), Shape{},
-                                  per_shard_rule(logical), t->empty_reason});
-      }
-      if (q.input_scales) {
-        const std::string input = companion_name(tensor, "input_scale");
-        auto last = last_of_slots.find(slots_of(*t));
-        if (last != last_of_slots.end() && last->second != tensor) {
-          if (q.format == QuantScheme::Format::kCompressedTensors && merged_input) {
-            // SGLang's compressed-tensors FusedMoE refuses w1 / w3 input scales that
-            // differ (FusedMoE.weight_loader): w1's load into a transient that
-            // make_input_scale_checks compares with the slot (w3's).
-            added.emplace_back(input, Target{input_scale_w1_name(d.name), Shape{},
-                                             per_shard_rule(logical, merged_input),
-                                             t->empty_reason});
-            w1_inputs = true;
-          } else {
-            // SGLang writes w1's, then w3's over it, so the element holds w3's; w1's
-            // is not read.
-            drop_names_[input] = "overwritten_scale";
-          }
-        } else if (row_input) {
-          // The last loaded scalar in every shard's element of its expert's row.
-          BlockRule one = per_shard_rule(logical);
-          added.emplace_back(
-              input, Target{input_param, Shape{},
-                            [one, shards](int rank) {
-                              std::vector<Block> out;
-                              for (const Block& b : one(rank)) {
-                                for (std::uint64_t k = 0; k < shards; ++k) {
-                                  Block c = b;
-                                  c.dst_start = k;
-                                  add_unique(out, c);
-                                }
-                              }
-                              return out;
-                            },
-                            t->empty_reason});
-        } else {
-          added.emplace_back(input, Target{input_param, Shape{},
-                                           per_shard_rule(logical, merged_input),
-                                           t->empty_reason});
-        }
-      }
-      if (q.method == Method::kNvfp4) {
-        // Two E2M1 values a byte along K: the packed tensor's columns are halves.
-        if (src.back() % 2 != 0) {
-          throw Error(Stage::kPlacement, "", tensor,
-                      "an NVFP4 weight packs two values a byte, but the tensor has " +
-                          std::to_string(src.back()) + " columns");
-        }
-        t->src_shape.back() /= 2;
-        t->copy = [logical](int rank) {
-          std::vector<Block> out = logical(rank);
-          for (Block& b : out) {
-            if (b.axis == 1) {
-              b.src_start /= 2;
-              b.dst_start /= 2;
-              b.length /= 2;
-            }
-          }
-          return out;
-        };
-      }
-    }
-    if (w1_inputs) {
-      companions.push_back({input_scale_w1_name(d.name), scale_shape(1), DType::kF32, true});
-    }
-    // The scales of a transient weight (read by a hook, then freed) go with it.
-    if (d.transient) {
-      for (std::size_t c = companions_before; c < companions.size(); ++c) {
-        companions[c].transient = true;
-      }
-    }
-    // The weight param itself: F8_E4M3, or NVFP4's packed bytes.
-    if (q.method == Method::kNvfp4) {
-      d.dtype = DType::kU8;
-      d.shape = replace_last_dim(weight, 2);
-    } else {
-      d.dtype = DType::kF8E4M3;
     }
   }
+  bool w1_inputs = false;
+  for (const auto& [tensor, t] : s.feeds) {
+    const BlockRule logical = t->copy;
+    w.added.emplace_back(weight_scale_name(q, tensor), scale_target(s, *t, w));
+    if (w.traits.second_scale) {
+      w.added.emplace_back(companion_name(tensor, "weight_scale_2"),
+                           Target{companion_name(d.name, "weight_scale_2"), Shape{},
+                                  s.per_shard_rule(logical), t->empty_reason});
+    }
+    if (q.input_scales) {
+      const std::string input = companion_name(tensor, "input_scale");
+      auto last = last_of_slots.find(slots_of(*t));
+      if (last != last_of_slots.end() && last->second != tensor) {
+        if (q.format == QuantScheme::Format::kCompressedTensors && s.merged_input) {
+          // SGLang's compressed-tensors FusedMoE refuses w1 / w3 input scales that
+          // differ (FusedMoE.weight_loader): w1's load into a transient that
+          // make_input_scale_checks compares with the slot (w3's).
+          w.added.emplace_back(input, Target{input_scale_w1_name(d.name), Shape{},
+                                             s.per_shard_rule(logical, s.merged_input),
+                                             t->empty_reason});
+          w1_inputs = true;
+        } else {
+          // SGLang writes w1's, then w3's over it, so the element holds w3's; w1's
+          // is not read.
+          drop_names_[input] = "overwritten_scale";
+        }
+      } else if (s.row_input) {
+        // The last loaded scalar in every shard's element of its expert's row.
+        BlockRule one = s.per_shard_rule(logical);
+        w.added.emplace_back(input, Target{s.input_param, Shape{},
+                                           [one, shards = s.shards](int rank) {
+                                             std::vector<Block> out;
+                                             for (const Block& b : one(rank)) {
+                                               for (std::uint64_t k = 0; k < shards; ++k) {
+                                                 Block c = b;
+                                                 c.dst_start = k;
+                                                 add_unique(out, c);
+                                               }
+                                             }
+                                             return out;
+                                           },
+                                           t->empty_reason});
+      } else {
+        w.added.emplace_back(input, Target{s.input_param, Shape{},
+                                           s.per_shard_rule(logical, s.merged_input),
+                                           t->empty_reason});
+      }
+    }
+    pack_target(tensor, *t, w);
+  }
+  return w1_inputs;
+}
+
+// ModelOpt's FP8 KV cache: SGLang's maybe_remap_kv_scale_name gives every attention
+// its F32 scalars; postprocess.target adds those no checkpoint tensor feeds.
+void TableModel::add_kv_cache_scales(QuantWork& w) const {
+  const QuantScheme& q = w.q;
   if (q.kv_cache_scales) {
     // SGLang's maybe_remap_kv_scale_name: self_attn.k_proj.k_scale (or
     // self_attn.k_scale) -> self_attn.attn.k_scale, likewise v; MLA's go to
@@ -718,9 +768,9 @@ void TableModel::apply_quant() {
       const bool mla = ends_with(d.name, "self_attn.kv_b_proj.weight");
       for (const std::string s : {"k", "v"}) {
         const std::string param = pa + (mla ? "attn_mqa." : "attn.") + s + "_scale";
-        companions.push_back({param, [](int) { return Shape{}; }, DType::kF32});
+        w.companions.push_back({param, [](int) { return Shape{}; }, DType::kF32});
         for (const std::string& name : {ta + s + "_proj." + s + "_scale", ta + s + "_scale"}) {
-          added.emplace_back(
+          w.added.emplace_back(
               name, Target{param, Shape{}, [](int) { return std::vector<Block>{replicated(1)}; },
                            "no_local_slice"});
         }
@@ -734,7 +784,7 @@ void TableModel::apply_quant() {
   // (process_weights_after_loading; models/postprocess.hpp).
   if (kv_scales_served(q)) {
     std::set<std::string> declared;
-    for (const ParamDecl& c : companions) {
+    for (const ParamDecl& c : w.companions) {
       declared.insert(c.name);
     }
     for (const ParamDecl& d : param_decls_) {
@@ -749,16 +799,49 @@ void TableModel::apply_quant() {
         for (const std::string s : {"k", "v"}) {
           const std::string param = pa + attn + s + "_scale";
           if (declared.insert(param).second) {
-            companions.push_back({param, [](int) { return Shape{}; }, DType::kF32});
+            w.companions.push_back({param, [](int) { return Shape{}; }, DType::kF32});
           }
         }
       }
     }
   }
-  for (ParamDecl& c : companions) {
+}
+
+void TableModel::apply_quant() {
+  const std::map<std::string, ShapeRule> quantized = quantized_weights();
+  const QuantTraits& traits = quant_traits(quant_.method);
+  // Block-scaled shares must be whole blocks: NVFP4's scales are [1, group] blocks.
+  QuantWork w{quant_, traits, traits.group_blocks ? 1 : quant_.block_n,
+              traits.group_blocks ? quant_.group_size : quant_.block_k, {}, {}};
+  for (ParamDecl& d : param_decls_) {
+    auto qit = quantized.find(d.name);
+    if (qit == quantized.end()) {
+      continue;
+    }
+    const std::size_t companions_before = w.companions.size();
+    const WeightScales s = weight_scales(d, qit->second, w);
+    add_weight_companions(s, w);
+    if (add_scale_targets(s, w)) {
+      w.companions.push_back(
+          {input_scale_w1_name(d.name), s.scale_shape(1), DType::kF32, true});
+    }
+    // The scales of a transient weight (read by a hook, then freed) go with it.
+    if (d.transient) {
+      for (std::size_t c = companions_before; c < w.companions.size(); ++c) {
+        w.companions[c].transient = true;
+      }
+    }
+    // The weight param itself: F8_E4M3, or NVFP4's packed bytes.
+    d.dtype = w.traits.weight_dtype;
+    if (w.traits.values_per_byte > 1) {
+      d.shape = replace_last_dim(s.weight, w.traits.values_per_byte);
+    }
+  }
+  add_kv_cache_scales(w);
+  for (ParamDecl& c : w.companions) {
     param_decls_.push_back(std::move(c));
   }
-  for (auto& [tensor, target] : added) {
+  for (auto& [tensor, target] : w.added) {
     targets_[tensor].push_back(std::move(target));
   }
 }

@@ -127,7 +127,19 @@ class TableModel final : public Model {
     StrideRule strides = {};
   };
 
+  // Quantized checkpoints (table_model.cpp): the weights' scale params and the
+  // targets that load them, by the method's QuantTraits row.
+  struct QuantWork;
+  struct WeightScales;
   void apply_quant();
+  std::map<std::string, ShapeRule> quantized_weights() const;
+  WeightScales weight_scales(ParamDecl& d, ShapeRule weight, const QuantWork& w);
+  void add_weight_companions(const WeightScales& s, QuantWork& w) const;
+  void add_requant_outputs(const WeightScales& s, QuantWork& w) const;
+  static Target scale_target(const WeightScales& s, const Target& t, const QuantWork& w);
+  static void pack_target(const std::string& tensor, Target& t, const QuantWork& w);
+  bool add_scale_targets(const WeightScales& s, QuantWork& w);
+  void add_kv_cache_scales(QuantWork& w) const;
   void apply_online();
 
   QuantScheme quant_;
