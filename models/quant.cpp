@@ -4,11 +4,12 @@
 #include <array>
 #include <cctype>
 #include <cstring>
-#include <regex>
+#include <stdexcept>
 
 #include "common/error.hpp"
 #include "common/fp8.hpp"
 #include "models/hf_config.hpp"
+#include "models/module_regex.hpp"
 #include "models/postprocess.hpp"
 
 namespace ferry::models {
@@ -523,7 +524,7 @@ bool quantized_linear_tensor(std::string_view tensor) {
 }
 
 struct ExcludedModules::Regexes {
-  std::vector<std::regex> list;
+  std::vector<ModuleRegex> list;
 };
 
 ExcludedModules::ExcludedModules(const QuantScheme& s)
@@ -537,7 +538,7 @@ ExcludedModules::ExcludedModules(const QuantScheme& s)
     if (starts_with(entry, "re:")) {
       try {
         regexes->list.emplace_back(entry.substr(3));
-      } catch (const std::regex_error& e) {
+      } catch (const std::invalid_argument& e) {
         throw Error(Stage::kConfig, kConfigFile, "",
                     "quantization_config.ignore entry \"" + entry +
                         "\" is not a regular expression: " + e.what());
@@ -583,9 +584,8 @@ bool ExcludedModules::ct_listed(const std::string& module) const {
       return true;
     }
   }
-  return std::any_of(regexes_->list.begin(), regexes_->list.end(), [&](const std::regex& r) {
-    return std::regex_search(module, r, std::regex_constants::match_continuous);
-  });
+  return std::any_of(regexes_->list.begin(), regexes_->list.end(),
+                     [&](const ModuleRegex& r) { return r.matches_from_start(module); });
 }
 
 // ModelOpt (is_layer_excluded and is_layer_skipped's path match): a wildcard pattern
