@@ -16,6 +16,9 @@
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
+#include "common/error.hpp"
 #include "io/safetensors.hpp"
 
 namespace ferry::io::detail {
@@ -26,5 +29,13 @@ std::optional<SafetensorsHeader> parse_header_sax(std::string_view text, std::ui
                                                   const std::string& display);
 SafetensorsHeader parse_header_document(std::string_view text, std::uint64_t file_size,
                                         const std::string& display);
+
+// Shared by the header (safetensors.cpp) and the index (checkpoint_index.cpp).
+// JSON text as a document, refusing duplicate keys at every depth, a NUL byte and
+// more nesting than common/json_depth.hpp allows: errors at `stage` name `file`.
+nlohmann::json parse_json_no_duplicates(std::string_view text, Stage stage,
+                                        const std::string& file);
+// A JSON value as an error message quotes it: its text, cut to 40 characters.
+std::string describe(const nlohmann::json& v);
 
 }  // namespace ferry::io::detail
