@@ -395,20 +395,33 @@ void check_files_stay_inside(const std::string& folder, const std::vector<std::s
   }
 }
 
-}  // namespace
-
-ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions& options) {
-  check_order_options(options.sort_weight_files, options.tp_size, options.tp_rank);
-
+// What discovery has decided so far: the result being built, and the files chosen
+// (in list order, the order -1 keeps) with their reasons.
+struct Discovery {
+  const std::string& folder;
+  const DiscoveryOptions& options;
   ResolvedSource out;
-  out.folder = folder;
-  out.load_format = options.format;
-  const std::string format_name(to_string(options.format));
+  std::set<std::string> skipped_names;
+  std::vector<std::string> chosen;
+  std::map<std::string, std::string> reasons;
 
+  void skip(const std::string& name, std::string reason) {
+    if (skipped_names.insert(name).second) {
+      out.skipped.push_back({name, std::move(reason)});
+    }
+  }
+  void choose(const std::string& name, std::string reason) {
+    chosen.push_back(name);
+    reasons[name] = std::move(reason);
+  }
+};
+
+// The folder's entries, once it is known to be a folder at all.
+std::vector<Entry> open_model_folder(const std::string& folder, LoadFormat format) {
   if (folder.empty()) {
     throw Error(Stage::kDiscovery, "", "", "no model folder given");
   }
-  if (options.format == LoadFormat::kDummy) {
+  if (format == LoadFormat::kDummy) {
     throw Error(Stage::kDiscovery, folder, "",
                 "load format dummy reads no weight files (the runtime fills the parameters "
                 "from config.json alone); there is nothing to discover");
@@ -427,66 +440,57 @@ ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions&
                     (where.kind == Kind::kFile ? std::string("a regular file") : where.detail) +
                     ")");
   }
-  const std::vector<Entry> entries = list_folder(folder);
+  return list_folder(folder);
+}
 
-  // ---- the first pattern that matches a weight candidate wins --------------------------
+// The weight candidates (files and dangling links, in directory order) of the first
+// pattern that matches one; sets the result's pattern and file format.
+std::vector<const Entry*> find_candidates(Discovery& d, const std::vector<Entry>& entries) {
+  const std::string format_name(to_string(d.options.format));
   std::vector<std::string> tried;
-  const char* pattern = nullptr;
-  std::vector<const Entry*> candidates;  // files and dangling links, in directory order
-  std::set<std::string> skipped_names;
-  auto skip = [&](const std::string& name, std::string reason) {
-    if (skipped_names.insert(name).second) {
-      out.skipped.push_back({name, std::move(reason)});
-    }
-  };
-  for (const char* p : patterns_for(options.format)) {
+  std::vector<const Entry*> candidates;
+  for (const char* p : patterns_for(d.options.format)) {
     tried.emplace_back(p);
     for (const Entry& entry : entries) {
       if (!matches(p, entry.name)) {
         continue;
       }
       if (is_training_state(entry.name)) {
-        skip(entry.name, "training state, not weights");
+        d.skip(entry.name, "training state, not weights");
       } else if (entry.probe.kind == Kind::kOther) {
-        skip(entry.name, "not a regular file (" + entry.probe.detail + ")");
+        d.skip(entry.name, "not a regular file (" + entry.probe.detail + ")");
       } else {
         candidates.push_back(&entry);
       }
     }
     if (!candidates.empty()) {
-      pattern = p;
+      d.out.pattern = p;
       break;
     }
-    out.decisions.push_back("load format " + format_name + ": " + p + " matched no weight file");
+    d.out.decisions.push_back("load format " + format_name + ": " + p + " matched no weight file");
   }
-  if (pattern == nullptr) {
+  if (candidates.empty()) {
     std::string rule = "no weight files found (tried " + join(tried, ", ") + ")";
-    if (!out.skipped.empty()) {
+    if (!d.out.skipped.empty()) {
       std::vector<std::string> parts;
-      for (const SkippedFile& s : out.skipped) {
+      for (const SkippedFile& s : d.out.skipped) {
         parts.push_back(s.name + " (" + s.reason + ")");
       }
       rule += "; skipped " + join(parts, ", ");
     }
-    throw Error(Stage::kDiscovery, folder, "", rule);
+    throw Error(Stage::kDiscovery, d.folder, "", rule);
   }
-  out.pattern = pattern;
-  out.format =
-      ends_with(out.pattern, ".safetensors") ? FileFormat::kSafetensors : FileFormat::kPickle;
-  out.decisions.push_back("load format " + format_name + ": " + out.pattern + " matched " +
-                          count_files(candidates.size()));
+  d.out.format =
+      ends_with(d.out.pattern, ".safetensors") ? FileFormat::kSafetensors : FileFormat::kPickle;
+  d.out.decisions.push_back("load format " + format_name + ": " + d.out.pattern + " matched " +
+                            count_files(candidates.size()));
+  return candidates;
+}
 
-  std::set<std::string> matched;
-  for (const Entry* entry : candidates) {
-    matched.insert(entry->name);
-  }
-
-  // ---- the index, for safetensors files only -----------------------------------------
-  const std::string index_name =
-      options.format == LoadFormat::kMistral ? kMistralIndex : kModelIndex;
-  const fs::path index_path = fs::path(folder) / index_name;
-  bool use_index = false;
-  if (out.format == FileFormat::kSafetensors) {
+// Whether the index decides the shard list: for safetensors files only, and an
+// index that is there but unreadable is an error rather than a guess.
+bool index_decides(Discovery& d, const fs::path& index_path, const std::string& index_name) {
+  if (d.out.format == FileFormat::kSafetensors) {
     const Probe index = probe(index_path);
     if (index.kind == Kind::kDangling || index.kind == Kind::kOther) {
       // Guessing without it could load duplicate or stale files; say so instead.
@@ -494,135 +498,171 @@ ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions&
           Stage::kDiscovery, index_path.string(), "",
           "the index is not a readable file (" + index.detail + "), so the shard list is unknown");
     }
-    use_index = index.kind == Kind::kFile;
-  } else if (probe(index_path).kind != Kind::kMissing) {
-    out.decisions.push_back(index_name + " is present but " + out.pattern +
-                            " matched, so it is not used");
+    return index.kind == Kind::kFile;
   }
+  if (probe(index_path).kind != Kind::kMissing) {
+    d.out.decisions.push_back(index_name + " is present but " + d.out.pattern +
+                              " matched, so it is not used");
+  }
+  return false;
+}
 
-  // The names chosen, in list order (the order -1 keeps), with their reasons.
-  std::vector<std::string> chosen;
-  std::map<std::string, std::string> reasons;
-  auto choose = [&](const std::string& name, std::string reason) {
-    chosen.push_back(name);
-    reasons[name] = std::move(reason);
-  };
-
-  if (use_index) {
-    auto parsed = std::make_shared<const WeightIndex>(
-        read_weight_index(index_path.string(), index_path.string(), options.max_metadata_bytes));
-    const WeightIndex& index = *parsed;
-    out.weight_index = parsed;
-    if (index.weight_map.empty()) {
-      throw Error(Stage::kDiscovery, index_path.string(), "",
-                  "the index names no shard files (weight_map is empty)");
+// The shard files the index names, each checked to be a relative path inside the
+// folder and present; the parsed index is kept for the checkpoint index.
+std::set<std::string> read_index_shards(Discovery& d, const fs::path& index_path,
+                                        const std::string& index_name) {
+  auto parsed = std::make_shared<const WeightIndex>(read_weight_index(
+      index_path.string(), index_path.string(), d.options.max_metadata_bytes));
+  const WeightIndex& index = *parsed;
+  d.out.weight_index = parsed;
+  if (index.weight_map.empty()) {
+    throw Error(Stage::kDiscovery, index_path.string(), "",
+                "the index names no shard files (weight_map is empty)");
+  }
+  std::set<std::string> shards;
+  for (const auto& [tensor, shard] : index.weight_map) {
+    const std::string why = bad_shard_name(shard);
+    if (!why.empty()) {
+      throw Error(Stage::kDiscovery, index_path.string(), tensor,
+                  "shard name '" + shard + "' " + why +
+                      "; shard names must be relative paths inside the folder");
     }
-    std::set<std::string> shards;
-    for (const auto& [tensor, shard] : index.weight_map) {
-      const std::string why = bad_shard_name(shard);
-      if (!why.empty()) {
-        throw Error(Stage::kDiscovery, index_path.string(), tensor,
-                    "shard name '" + shard + "' " + why +
-                        "; shard names must be relative paths inside the folder");
-      }
-      shards.insert(shard);
-    }
-    out.index_file = index_name;
-    out.decisions.push_back("index " + index_name + ": " + std::to_string(index.weight_map.size()) +
-                            " tensors in " + std::to_string(shards.size()) + " shard " +
+    shards.insert(shard);
+  }
+  d.out.index_file = index_name;
+  d.out.decisions.push_back("index " + index_name + ": " +
+                            std::to_string(index.weight_map.size()) + " tensors in " +
+                            std::to_string(shards.size()) + " shard " +
                             (shards.size() == 1 ? "file" : "files"));
-
-    std::vector<std::string> missing;
-    for (const std::string& shard : shards) {
-      const Probe p = probe(fs::path(folder) / shard);
-      if (p.kind != Kind::kFile) {
-        missing.push_back(p.detail.empty() ? shard : shard + " (" + p.detail + ")");
-      }
+  std::vector<std::string> missing;
+  for (const std::string& shard : shards) {
+    const Probe p = probe(fs::path(d.folder) / shard);
+    if (p.kind != Kind::kFile) {
+      missing.push_back(p.detail.empty() ? shard : shard + " (" + p.detail + ")");
     }
-    if (!missing.empty()) {
-      throw Error(Stage::kDiscovery, index_path.string(), "",
-                  std::to_string(missing.size()) + " of " + std::to_string(shards.size()) +
-                      " shard files named by the index are missing: " + join(missing, ", "));
-    }
+  }
+  if (!missing.empty()) {
+    throw Error(Stage::kDiscovery, index_path.string(), "",
+                std::to_string(missing.size()) + " of " + std::to_string(shards.size()) +
+                    " shard files named by the index are missing: " + join(missing, ", "));
+  }
+  return shards;
+}
 
-    const std::string named = "named by " + index_name;
-    for (const Entry& entry : entries) {
-      if (shards.count(entry.name) != 0) {
-        choose(entry.name, matched.count(entry.name) != 0
+// With an index: its shards, in listing order, then those in subfolders; a candidate
+// it does not name is skipped, but for GLM's mtp.safetensors (glm_mtp_rule).
+void choose_from_index(Discovery& d, const std::vector<Entry>& entries,
+                       const std::vector<const Entry*>& candidates,
+                       const std::set<std::string>& matched, const fs::path& index_path,
+                       const std::string& index_name) {
+  const std::set<std::string> shards = read_index_shards(d, index_path, index_name);
+  const std::string named = "named by " + index_name;
+  for (const Entry& entry : entries) {
+    if (shards.count(entry.name) != 0) {
+      d.choose(entry.name, matched.count(entry.name) != 0
                                ? named
-                               : named + " (does not match " + out.pattern + ")");
-      }
+                               : named + " (does not match " + d.out.pattern + ")");
     }
-    // A subfolder shard is not seen by the top-level listing; the index vouches for it.
-    for (const std::string& shard : shards) {
-      if (shard.find('/') != std::string::npos) {
-        choose(shard, named + " (in a subfolder)");
-      }
+  }
+  // A subfolder shard is not seen by the top-level listing; the index vouches for it.
+  for (const std::string& shard : shards) {
+    if (shard.find('/') != std::string::npos) {
+      d.choose(shard, named + " (in a subfolder)");
     }
-
-    for (const Entry* entry : candidates) {
-      if (shards.count(entry->name) != 0) {
+  }
+  for (const Entry* entry : candidates) {
+    if (shards.count(entry->name) != 0) {
+      continue;
+    }
+    if (entry->name == kMtpFile && entry->probe.kind == Kind::kFile) {
+      if (const auto glm = glm_mtp_rule(d.folder, index_name, d.options.max_metadata_bytes,
+                                        d.out.decisions)) {
+        const std::string nextn = "num_nextn_predict_layers=" + std::to_string(glm->nextn_layers);
+        d.choose(entry->name,
+                 std::string(kMtpFile) + " added for " + glm->architecture + " (" + nextn + ")");
+        const std::string warning = std::string(kMtpFile) + " is not in " + index_name +
+                                    " (a packaging bug of " + glm->architecture +
+                                    " checkpoints); added it because config.json has " + nextn;
+        d.out.warnings.push_back(warning);
+        log::warn("discovery: " + d.folder + ": " + warning);
         continue;
       }
-      if (entry->name == kMtpFile && entry->probe.kind == Kind::kFile) {
-        if (const auto glm = glm_mtp_rule(folder, index_name, options.max_metadata_bytes, out.decisions)) {
-          const std::string nextn = "num_nextn_predict_layers=" + std::to_string(glm->nextn_layers);
-          choose(entry->name,
-                 std::string(kMtpFile) + " added for " + glm->architecture + " (" + nextn + ")");
-          const std::string warning = std::string(kMtpFile) + " is not in " + index_name +
-                                      " (a packaging bug of " + glm->architecture +
-                                      " checkpoints); added it because config.json has " + nextn;
-          out.warnings.push_back(warning);
-          log::warn("discovery: " + folder + ": " + warning);
-          continue;
-        }
-      }
-      skip(entry->name, entry->probe.kind == Kind::kFile
+    }
+    d.skip(entry->name, entry->probe.kind == Kind::kFile
                             ? "not in " + index_name
                             : "not in " + index_name + " (" + entry->probe.detail + ")");
-    }
-  } else {
-    if (out.format == FileFormat::kSafetensors) {
-      out.decisions.push_back("no index (" + index_name + " is absent): every file matching " +
-                              out.pattern + " is a weight file");
-    }
-    // Some Mistral repositories ship the same weights twice under these two names.
-    const bool duplicate_pair = candidates.size() == 2 && matched.count("model.safetensors") != 0 &&
-                                matched.count("consolidated.safetensors") != 0;
-    std::vector<std::string> dangling;
-    for (const Entry* entry : candidates) {
-      if (duplicate_pair && entry->name == "consolidated.safetensors") {
-        skip(entry->name,
+  }
+}
+
+// Without an index: every candidate, but for Mistral's duplicate pair; a candidate
+// that cannot be opened is an error (nothing says whether it held weights).
+void choose_without_index(Discovery& d, const std::vector<const Entry*>& candidates,
+                          const std::set<std::string>& matched, const std::string& index_name) {
+  if (d.out.format == FileFormat::kSafetensors) {
+    d.out.decisions.push_back("no index (" + index_name + " is absent): every file matching " +
+                              d.out.pattern + " is a weight file");
+  }
+  // Some Mistral repositories ship the same weights twice under these two names.
+  const bool duplicate_pair = candidates.size() == 2 && matched.count("model.safetensors") != 0 &&
+                              matched.count("consolidated.safetensors") != 0;
+  std::vector<std::string> dangling;
+  for (const Entry* entry : candidates) {
+    if (duplicate_pair && entry->name == "consolidated.safetensors") {
+      d.skip(entry->name,
              "duplicates model.safetensors (both present, no index): kept model.safetensors");
-        continue;
-      }
-      if (entry->probe.kind != Kind::kFile) {
-        dangling.push_back(entry->name + " (" + entry->probe.detail + ")");
-        continue;
-      }
-      choose(entry->name, "matches " + out.pattern + " (no index)");
+      continue;
     }
-    if (!dangling.empty()) {
-      // Without an index nothing says whether these were weights; loading the rest would
-      // silently drop tensors.
-      throw Error(Stage::kDiscovery, folder, "",
-                  std::to_string(dangling.size()) + " files matching " + out.pattern +
-                      " cannot be opened: " + join(dangling, ", "));
+    if (entry->probe.kind != Kind::kFile) {
+      dangling.push_back(entry->name + " (" + entry->probe.detail + ")");
+      continue;
     }
+    d.choose(entry->name, "matches " + d.out.pattern + " (no index)");
+  }
+  if (!dangling.empty()) {
+    // Without an index nothing says whether these were weights; loading the rest would
+    // silently drop tensors.
+    throw Error(Stage::kDiscovery, d.folder, "",
+                std::to_string(dangling.size()) + " files matching " + d.out.pattern +
+                    " cannot be opened: " + join(dangling, ", "));
+  }
+}
+
+}  // namespace
+
+ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions& options) {
+  check_order_options(options.sort_weight_files, options.tp_size, options.tp_rank);
+  Discovery d{folder, options, {}, {}, {}, {}};
+  d.out.folder = folder;
+  d.out.load_format = options.format;
+  const std::vector<Entry> entries = open_model_folder(folder, options.format);
+
+  // The first pattern that matches a weight candidate wins.
+  const std::vector<const Entry*> candidates = find_candidates(d, entries);
+  std::set<std::string> matched;
+  for (const Entry* entry : candidates) {
+    matched.insert(entry->name);
+  }
+  const std::string index_name =
+      options.format == LoadFormat::kMistral ? kMistralIndex : kModelIndex;
+  const fs::path index_path = fs::path(folder) / index_name;
+  if (index_decides(d, index_path, index_name)) {
+    choose_from_index(d, entries, candidates, matched, index_path, index_name);
+  } else {
+    choose_without_index(d, candidates, matched, index_name);
   }
 
+  ResolvedSource& out = d.out;
   std::sort(out.skipped.begin(), out.skipped.end(),
             [](const SkippedFile& a, const SkippedFile& b) { return a.name < b.name; });
-
-  check_files_stay_inside(folder, chosen);
-  chosen = order_weight_files(std::move(chosen), options.sort_weight_files, options.tp_size,
-                              options.tp_rank);
+  check_files_stay_inside(folder, d.chosen);
+  const std::vector<std::string> chosen = order_weight_files(
+      std::move(d.chosen), options.sort_weight_files, options.tp_size, options.tp_rank);
   out.decisions.push_back(
       order_decision(options.sort_weight_files, options.tp_size, options.tp_rank));
   for (const std::string& name : chosen) {
-    out.files.push_back({(fs::path(folder) / name).string(), name, reasons[name]});
+    out.files.push_back({(fs::path(folder) / name).string(), name, d.reasons[name]});
   }
-  return out;
+  return std::move(out);
 }
 
 }  // namespace ferry::io
