@@ -229,17 +229,8 @@ class Builder {
       add_replicated(m_, pm + "gate.e_score_correction_bias", tm + "gate.e_score_correction_bias",
                        Shape{c_.experts}, DType::kF32);
     }
-    MoeLayerSpec spec;
-    spec.layer = n.index;
-    spec.num_experts = c_.experts;
-    spec.hidden = c_.hidden;
-    spec.intermediate = c_.moe_intermediate;
-    spec.param_prefix = pm + "experts.";
-    spec.checkpoint_prefix = tm + "experts.";
-    const std::vector<std::string>& gate_up = in_.descriptor.sources("experts.w13_weight");
-    spec.gate_name = gate_up.at(0);
-    spec.up_name = gate_up.at(1);
-    spec.down_name = in_.descriptor.sources("experts.w2_weight").at(0);
+    MoeLayerSpec spec = routed_experts(in_.descriptor, n.index, c_.experts, c_.hidden,
+                                       c_.moe_intermediate, pm + "experts.", tm + "experts.");
     const bool fused = options_.fuse_shared_experts.value_or(false);
     if (fused) {
       spec.shared_checkpoint_prefix = tm + "shared_experts.";

@@ -9,6 +9,7 @@
 #include "common/error.hpp"
 #include "common/json_depth.hpp"
 #include "common/small_file.hpp"
+#include "models/family.hpp"
 #include "models/hf_config.hpp"
 #include "models/layers.hpp"
 #include "models/placement.hpp"
@@ -388,6 +389,24 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
                    });
     }
   }
+}
+
+MoeLayerSpec routed_experts(const FamilyDescriptor& descriptor, std::uint64_t layer,
+                            std::uint64_t experts, std::uint64_t hidden,
+                            std::uint64_t intermediate, std::string param_prefix,
+                            std::string checkpoint_prefix) {
+  MoeLayerSpec spec;
+  spec.layer = layer;
+  spec.num_experts = experts;
+  spec.hidden = hidden;
+  spec.intermediate = intermediate;
+  spec.param_prefix = std::move(param_prefix);
+  spec.checkpoint_prefix = std::move(checkpoint_prefix);
+  const std::vector<std::string>& gate_up = descriptor.sources("experts.w13_weight");
+  spec.gate_name = gate_up.at(0);
+  spec.up_name = gate_up.at(1);
+  spec.down_name = descriptor.sources("experts.w2_weight").at(0);
+  return spec;
 }
 
 }  // namespace ferry::models

@@ -60,6 +60,17 @@ struct MoeLayerSpec {
   std::string intermediate_field = "moe_intermediate_size";
 };
 
+struct FamilyDescriptor;
+
+// A layer's routed experts: `experts` of them, [intermediate, hidden] each, under
+// `param_prefix` and `checkpoint_prefix` ("model.layers.3.mlp.experts."), with the
+// family's names for their tensors (the descriptor's sources of experts.w13_weight:
+// gate, up; of experts.w2_weight: down).
+MoeLayerSpec routed_experts(const FamilyDescriptor& descriptor, std::uint64_t layer,
+                            std::uint64_t experts, std::uint64_t hidden,
+                            std::uint64_t intermediate, std::string param_prefix,
+                            std::string checkpoint_prefix);
+
 // Checks up front, naming the config fields: tp % ep == 0 (Stage::kConfig);
 // physical experts (E, or the EPLB map's P) % ep == 0 (Stage::kPlacement, naming
 // `experts_field`, the config key of E); with an EPLB map, every layer it lists has

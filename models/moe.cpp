@@ -37,17 +37,8 @@ class Builder {
     const std::string gate = moe + "gate.weight";
     add_replicated(m_, gate, gate, Shape{c_.experts, c_.hidden});
 
-    MoeLayerSpec spec;
-    spec.layer = layer;
-    spec.num_experts = c_.experts;
-    spec.hidden = c_.hidden;
-    spec.intermediate = c_.moe_intermediate;
-    spec.param_prefix = moe + "experts.";
-    spec.checkpoint_prefix = moe + "experts.";
-    const std::vector<std::string>& gate_up = in_.descriptor.sources("experts.w13_weight");
-    spec.gate_name = gate_up.at(0);
-    spec.up_name = gate_up.at(1);
-    spec.down_name = in_.descriptor.sources("experts.w2_weight").at(0);
+    MoeLayerSpec spec = routed_experts(in_.descriptor, layer, c_.experts, c_.hidden,
+                                       c_.moe_intermediate, moe + "experts.", moe + "experts.");
     spec.intermediate_field = c_.moe_intermediate_field;
     add_moe_experts(m_, spec, in_.layout, in_.options);
 

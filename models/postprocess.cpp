@@ -320,6 +320,193 @@ std::vector<PostLoadHook> make_input_scale_checks(const Model& model) {
   return out;
 }
 
+namespace {
+
+// The post-processing hooks of one rank's shell: the served weight scale and the
+// static input scale of each FP8 linear weight.
+class RankPostprocess {
+ public:
+  RankPostprocess(const TableModel& model, const QuantScheme& q,
+                  const std::vector<PostLoadHook>& existing, std::size_t r)
+      : model_(model),
+        q_(q),
+        existing_(existing),
+        shell_(model.shells()[r]),
+        r_(r),
+        rank_note_(" (tp rank " + std::to_string(shell_.tp_rank) + ")") {}
+
+  void add(std::vector<PostLoadHook>& out) const {
+    for (std::size_t w = 0; w < shell_.params.size(); ++w) {
+      const ParamSpec& weight = shell_.params[w];
+      if (weight.dtype != DType::kF8E4M3 || weight.transient ||
+          !quantized_linear_param(weight.name)) {
+        continue;
+      }
+      if (auto twin = find(loaded_tensor_scale_name(weight.name))) {
+        add_weight_scale(w, *twin, out);
+      }
+      if (auto twin = find(loaded_input_scale_name(weight.name))) {
+        add_input_scale(w, *twin, out);
+      }
+    }
+  }
+
+ private:
+  std::optional<std::size_t> find(const std::string& name) const {
+    auto it = shell_.by_name.find(name);
+    return it == shell_.by_name.end() ? std::nullopt : std::optional<std::size_t>(it->second);
+  }
+  std::size_t need(const std::string& name, const Shape& shape, const std::string& of) const {
+    auto p = find(name);
+    if (!p || shell_.params[*p].shape != shape || shell_.params[*p].dtype != DType::kF32) {
+      bad(name, "the model declares no F32 " + format_shape(shape) + " parameter for " + of);
+    }
+    return *p;
+  }
+  // After every hook that reads one of `params` as loaded.
+  void after(PostLoadHook& hook, std::initializer_list<std::size_t> params) const {
+    for (const PostLoadHook& h : existing_) {
+      if (h.local_rank == r_ && !h.outputs.empty() &&
+          std::any_of(h.inputs.begin(), h.inputs.end(), [&](std::size_t p) {
+            return std::find(params.begin(), params.end(), p) != params.end();
+          })) {
+        hook.inputs.push_back(h.outputs.front());
+      }
+    }
+  }
+
+  // The weight scale in its served form, from weight w's loaded scales `twin`
+  // (requantizing the weight where the form keeps one scale for several).
+  void add_weight_scale(std::size_t w, std::size_t twin, std::vector<PostLoadHook>& out) const {
+    const ParamSpec& weight = shell_.params[w];
+    const Shape& ts = shell_.params[twin].shape;
+    const bool experts = weight.shape.size() == 3;
+    const std::vector<std::uint64_t> starts = model_.shard_starts(weight.name);
+    const std::uint64_t shards = experts ? (ts.size() == 2 ? ts[1] : 1) : starts.size();
+    const ScaleForm form = scale_form(q_, weight.shape, shards);
+    if (form == ScaleForm::kAsLoaded) {
+      bad(weight.name, "internal: a loaded-scale twin without a served form");
+    }
+    const std::size_t output = need(weight_scale_name(q_, weight.name),
+                                    served_scale_shape(form, weight.shape), weight.name);
+    const std::uint64_t rows = weight.shape[weight.shape.size() - 2];
+    const std::uint64_t cols = weight.shape.back();
+    std::vector<std::uint64_t> widths;
+    if (experts) {
+      if (ts != Shape{weight.shape[0], 2} || rows % 2 != 0) {
+        bad(shell_.params[twin].name, "expected F32 [E, 2] scales for " + weight.name);
+      }
+    } else {
+      if (ts != Shape{starts.size()} || starts.empty() || starts.front() != 0 ||
+          starts.back() >= rows) {
+        bad(shell_.params[twin].name, "its " + format_shape(ts) + " scales do not match the " +
+                                          std::to_string(starts.size()) + " shards of " +
+                                          weight.name);
+      }
+      for (std::size_t i = 0; i < starts.size(); ++i) {
+        widths.push_back((i + 1 < starts.size() ? starts[i + 1] : rows) - starts[i]);
+      }
+    }
+    PostLoadHook hook;
+    hook.name = "postprocess_" + std::string(to_string(q_.target)) + ":" + weight.name +
+                rank_note_;
+    hook.local_rank = r_;
+    hook.inputs = {twin};
+    hook.outputs = {output};
+    const bool requant = form != ScaleForm::kChannelwise;
+    if (requant) {
+      hook.rewrites = {w};
+    }
+    after(hook, {w, twin});
+    const std::uint64_t max_width =
+        experts ? rows : *std::max_element(widths.begin(), widths.end());
+    const std::uint64_t slot_count = experts ? 2 : widths.size();
+    hook.scratch_bytes = requant ? max_width * cols * 2 + slot_count * kF32 : 0;
+    hook.run = [=](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      const std::byte* loaded = ctx.param_data(twin);
+      std::byte* od = ctx.param_data(output);
+      if (form == ScaleForm::kChannelwise) {
+        std::uint64_t row = 0;
+        for (std::size_t i = 0; i < widths.size(); ++i) {
+          broadcast_rows(stream, od + row * kF32, loaded + i * kF32, widths[i]);
+          row += widths[i];
+        }
+        return;
+      }
+      std::byte* wd = ctx.param_data(w);
+      std::byte* values = ctx.scratch(max_width * cols * 2 + slot_count * kF32);
+      std::byte* slots = values + max_width * cols * 2;
+      const gpu::Fp8Scales one{gpu::Fp8Granularity::kTensor, 0, 0, 1};
+      const gpu::Fp8Scales all{gpu::Fp8Granularity::kTensor, 0, 0, slot_count};
+      if (experts) {
+        // Per expert: w1 and w3 dequantized to F16 with their own scales, then
+        // both quantized with the larger one, which goes to w13_weight_scale[e].
+        const std::uint64_t half = rows / 2;
+        for (std::uint64_t e = 0; e < weight.shape[0]; ++e) {
+          std::byte* m = wd + e * rows * cols;
+          const std::byte* s = loaded + e * 2 * kF32;
+          stream.copy_d2d_2d(slots, 2 * kF32, s, 2 * kF32, 2 * kF32, 1);
+          stream.dequantize_fp8(values, DType::kF16, m, s, one, half, cols, 2);
+          stream.quantize_fp8(m, slots, values, DType::kF16, all, gpu::Fp8ScaleRule::kStatic,
+                              rows, cols, 1);
+          stream.copy_d2d_2d(od + e * kF32, kF32, slots, kF32, kF32, 1);
+        }
+        return;
+      }
+      // Dense: every shard requantized to the largest of the S scales, the slots
+      // (a copy of them) holding it after the first shard's quantize.
+      stream.copy_d2d_2d(slots, slot_count * kF32, loaded, slot_count * kF32,
+                         slot_count * kF32, 1);
+      std::uint64_t row = 0;
+      for (std::size_t i = 0; i < widths.size(); ++i) {
+        std::byte* m = wd + row * cols;
+        stream.dequantize_fp8(values, DType::kF16, m, loaded + i * kF32, one, widths[i], cols,
+                              1);
+        stream.quantize_fp8(m, slots, values, DType::kF16, all, gpu::Fp8ScaleRule::kStatic,
+                            widths[i], cols, 1);
+        row += widths[i];
+      }
+      if (form == ScaleForm::kMaxScalar) {
+        stream.copy_d2d_2d(od, kF32, slots, kF32, kF32, 1);
+      } else {
+        broadcast_rows(stream, od, slots, rows);
+      }
+    };
+    out.push_back(std::move(hook));
+  }
+
+  // The static input scale: the max of the loaded ones.
+  void add_input_scale(std::size_t w, std::size_t twin, std::vector<PostLoadHook>& out) const {
+    const ParamSpec& weight = shell_.params[w];
+    const std::size_t output =
+        need(companion_name(weight.name, "input_scale"), Shape{}, weight.name);
+    const std::uint64_t count = shell_.params[twin].nbytes / kF32;
+    PostLoadHook hook;
+    hook.name = "postprocess_" + std::string(to_string(q_.target)) + ":" +
+                companion_name(weight.name, "input_scale") + rank_note_;
+    hook.local_rank = r_;
+    hook.inputs = {twin};
+    hook.outputs = {output};
+    after(hook, {twin});
+    hook.scratch_bytes = max_scratch(count);
+    hook.run = [=](HookContext& ctx) {
+      max_into(ctx.stream(), ctx.param_data(output), ctx.param_data(twin), count,
+               ctx.scratch(max_scratch(count)));
+    };
+    out.push_back(std::move(hook));
+  }
+
+  const TableModel& model_;
+  const QuantScheme& q_;
+  const std::vector<PostLoadHook>& existing_;
+  const RankShell& shell_;
+  std::size_t r_;
+  std::string rank_note_;
+};
+
+}  // namespace
+
 std::vector<PostLoadHook> make_postprocess_hooks(const TableModel& model, const QuantScheme& q) {
   std::vector<PostLoadHook> out;
   if (q.target == Target::kLoader) {
@@ -327,159 +514,10 @@ std::vector<PostLoadHook> make_postprocess_hooks(const TableModel& model, const 
   }
   const std::vector<PostLoadHook> existing = model.hooks();
   for (std::size_t r = 0; r < model.shells().size(); ++r) {
-    const RankShell& shell = model.shells()[r];
     if (kv_scales_served(q)) {
-      add_kv_scale_hooks(shell, r, q, out);
+      add_kv_scale_hooks(model.shells()[r], r, q, out);
     }
-    auto find = [&](const std::string& name) -> std::optional<std::size_t> {
-      auto it = shell.by_name.find(name);
-      return it == shell.by_name.end() ? std::nullopt : std::optional<std::size_t>(it->second);
-    };
-    auto need = [&](const std::string& name, const Shape& shape, const std::string& of) {
-      auto p = find(name);
-      if (!p || shell.params[*p].shape != shape || shell.params[*p].dtype != DType::kF32) {
-        bad(name, "the model declares no F32 " + format_shape(shape) + " parameter for " + of);
-      }
-      return *p;
-    };
-    // After every hook that reads one of `params` as loaded.
-    auto after = [&](PostLoadHook& hook, std::initializer_list<std::size_t> params) {
-      for (const PostLoadHook& h : existing) {
-        if (h.local_rank == r && !h.outputs.empty() &&
-            std::any_of(h.inputs.begin(), h.inputs.end(), [&](std::size_t p) {
-              return std::find(params.begin(), params.end(), p) != params.end();
-            })) {
-          hook.inputs.push_back(h.outputs.front());
-        }
-      }
-    };
-    const std::string rank_note = " (tp rank " + std::to_string(shell.tp_rank) + ")";
-    for (std::size_t w = 0; w < shell.params.size(); ++w) {
-      const ParamSpec& weight = shell.params[w];
-      if (weight.dtype != DType::kF8E4M3 || weight.transient ||
-          !quantized_linear_param(weight.name)) {
-        continue;
-      }
-      // The weight scale.
-      if (auto twin = find(loaded_tensor_scale_name(weight.name))) {
-        const Shape& ts = shell.params[*twin].shape;
-        const bool experts = weight.shape.size() == 3;
-        const std::vector<std::uint64_t> starts = model.shard_starts(weight.name);
-        const std::uint64_t shards = experts ? (ts.size() == 2 ? ts[1] : 1) : starts.size();
-        const ScaleForm form = scale_form(q, weight.shape, shards);
-        if (form == ScaleForm::kAsLoaded) {
-          bad(weight.name, "internal: a loaded-scale twin without a served form");
-        }
-        const std::size_t output = need(weight_scale_name(q, weight.name),
-                                        served_scale_shape(form, weight.shape), weight.name);
-        const std::uint64_t rows = weight.shape[weight.shape.size() - 2];
-        const std::uint64_t cols = weight.shape.back();
-        std::vector<std::uint64_t> widths;
-        if (experts) {
-          if (ts != Shape{weight.shape[0], 2} || rows % 2 != 0) {
-            bad(shell.params[*twin].name, "expected F32 [E, 2] scales for " + weight.name);
-          }
-        } else {
-          if (ts != Shape{starts.size()} || starts.empty() || starts.front() != 0 ||
-              starts.back() >= rows) {
-            bad(shell.params[*twin].name, "its " + format_shape(ts) + " scales do not match the " +
-                                              std::to_string(starts.size()) + " shards of " +
-                                              weight.name);
-          }
-          for (std::size_t i = 0; i < starts.size(); ++i) {
-            widths.push_back((i + 1 < starts.size() ? starts[i + 1] : rows) - starts[i]);
-          }
-        }
-        PostLoadHook hook;
-        hook.name = "postprocess_" + std::string(to_string(q.target)) + ":" + weight.name +
-                    rank_note;
-        hook.local_rank = r;
-        hook.inputs = {*twin};
-        hook.outputs = {output};
-        const bool requant = form != ScaleForm::kChannelwise;
-        if (requant) {
-          hook.rewrites = {w};
-        }
-        after(hook, {w, *twin});
-        const std::size_t twin_index = *twin;
-        const std::uint64_t max_width =
-            experts ? rows : *std::max_element(widths.begin(), widths.end());
-        const std::uint64_t slot_count = experts ? 2 : widths.size();
-        hook.scratch_bytes = requant ? max_width * cols * 2 + slot_count * kF32 : 0;
-        hook.run = [=](HookContext& ctx) {
-          gpu::Stream& stream = ctx.stream();
-          const std::byte* loaded = ctx.param_data(twin_index);
-          std::byte* od = ctx.param_data(output);
-          if (form == ScaleForm::kChannelwise) {
-            std::uint64_t row = 0;
-            for (std::size_t i = 0; i < widths.size(); ++i) {
-              broadcast_rows(stream, od + row * kF32, loaded + i * kF32, widths[i]);
-              row += widths[i];
-            }
-            return;
-          }
-          std::byte* wd = ctx.param_data(w);
-          std::byte* values = ctx.scratch(max_width * cols * 2 + slot_count * kF32);
-          std::byte* slots = values + max_width * cols * 2;
-          const gpu::Fp8Scales one{gpu::Fp8Granularity::kTensor, 0, 0, 1};
-          const gpu::Fp8Scales all{gpu::Fp8Granularity::kTensor, 0, 0, slot_count};
-          if (experts) {
-            // Per expert: w1 and w3 dequantized to F16 with their own scales, then
-            // both quantized with the larger one, which goes to w13_weight_scale[e].
-            const std::uint64_t half = rows / 2;
-            for (std::uint64_t e = 0; e < weight.shape[0]; ++e) {
-              std::byte* m = wd + e * rows * cols;
-              const std::byte* s = loaded + e * 2 * kF32;
-              stream.copy_d2d_2d(slots, 2 * kF32, s, 2 * kF32, 2 * kF32, 1);
-              stream.dequantize_fp8(values, DType::kF16, m, s, one, half, cols, 2);
-              stream.quantize_fp8(m, slots, values, DType::kF16, all, gpu::Fp8ScaleRule::kStatic,
-                                  rows, cols, 1);
-              stream.copy_d2d_2d(od + e * kF32, kF32, slots, kF32, kF32, 1);
-            }
-            return;
-          }
-          // Dense: every shard requantized to the largest of the S scales, the slots
-          // (a copy of them) holding it after the first shard's quantize.
-          stream.copy_d2d_2d(slots, slot_count * kF32, loaded, slot_count * kF32,
-                             slot_count * kF32, 1);
-          std::uint64_t row = 0;
-          for (std::size_t i = 0; i < widths.size(); ++i) {
-            std::byte* m = wd + row * cols;
-            stream.dequantize_fp8(values, DType::kF16, m, loaded + i * kF32, one, widths[i], cols,
-                                  1);
-            stream.quantize_fp8(m, slots, values, DType::kF16, all, gpu::Fp8ScaleRule::kStatic,
-                                widths[i], cols, 1);
-            row += widths[i];
-          }
-          if (form == ScaleForm::kMaxScalar) {
-            stream.copy_d2d_2d(od, kF32, slots, kF32, kF32, 1);
-          } else {
-            broadcast_rows(stream, od, slots, rows);
-          }
-        };
-        out.push_back(std::move(hook));
-      }
-      // The static input scale: its max.
-      if (auto twin = find(loaded_input_scale_name(weight.name))) {
-        const std::size_t output =
-            need(companion_name(weight.name, "input_scale"), Shape{}, weight.name);
-        const std::uint64_t count = shell.params[*twin].nbytes / kF32;
-        PostLoadHook hook;
-        hook.name = "postprocess_" + std::string(to_string(q.target)) + ":" +
-                    companion_name(weight.name, "input_scale") + rank_note;
-        hook.local_rank = r;
-        hook.inputs = {*twin};
-        hook.outputs = {output};
-        after(hook, {*twin});
-        hook.scratch_bytes = max_scratch(count);
-        const std::size_t twin_index = *twin;
-        hook.run = [=](HookContext& ctx) {
-          max_into(ctx.stream(), ctx.param_data(output), ctx.param_data(twin_index), count,
-                   ctx.scratch(max_scratch(count)));
-        };
-        out.push_back(std::move(hook));
-      }
-    }
+    RankPostprocess(model, q, existing, r).add(out);
   }
   return out;
 }
