@@ -316,288 +316,339 @@ std::string chart(const std::vector<const Entry*>& rows, const std::string& trac
          xml_escape(title) + "</text>\n" + body + "</svg>\n";
 }
 
+// One bench invocation: the experiment, its checkpoint and the runs of each round.
+struct Bench {
+  std::string experiment_file;
+  std::string model;
+  std::string out;
+  int repeat = 5;
+  Experiment e;
+  std::vector<std::string> files;  // the checkpoint's .safetensors files, sorted
+  std::uint64_t file_bytes = 0;
+  std::vector<Entry> entries;
+  std::vector<std::string> skipped;
+  std::optional<std::string> python;
+
+  fs::path runs() const { return fs::path(out) / "runs"; }
+};
+
+// The checkpoint folder: --model, the experiment's path, or a synthetic one of its
+// family and preset (generated once into the output's cache).
+void choose_checkpoint(Bench& b) {
+  if (!b.model.empty()) {
+    return;
+  }
+  if (b.e.path) {
+    b.model = *b.e.path;
+  } else if (!b.e.family.empty()) {
+    b.model = (fs::path(b.out) / "cache" / (b.e.family + "-" + b.e.preset)).string();
+    if (!fs::exists(fs::path(b.model) / "config.json")) {
+      SynthOptions o;
+      o.family = b.e.family;
+      o.preset = b.e.preset;
+      o.out = b.model;
+      o.fsync = false;
+      synthesize(o);
+    }
+  } else {
+    throw Error(Stage::kConfig, b.experiment_file, "",
+                "experiment: no checkpoint (give \"checkpoint\" or --model)");
+  }
+}
+
+void list_weight_files(Bench& b) {
+  for (const auto& entry : fs::directory_iterator(b.model)) {
+    if (entry.path().extension() == ".safetensors") {
+      b.files.push_back(entry.path().string());
+      b.file_bytes += entry.file_size();
+    }
+  }
+  std::sort(b.files.begin(), b.files.end());
+  if (b.files.empty()) {
+    throw Error(Stage::kConfig, b.model, "", "bench: no .safetensors files in the checkpoint");
+  }
+}
+
+// What runs each round: every combination (and its read-alone twin where the
+// overlap is measured), then the peers.
+void plan_entries(Bench& b) {
+  for (Combination& c : expand(b.e, b.model)) {
+    if (!c.config) {
+      b.skipped.push_back(c.label + ": " + c.skipped);
+      continue;
+    }
+    if (b.e.cold) {
+      c.config->io.direct = true;  // the note's cold: ferry reads with O_DIRECT
+      if (c.config->prefetch.enabled) {
+        b.skipped.push_back(c.label + ": prefetch with cold (io.direct) runs");
+        continue;
+      }
+    }
+    Entry f;
+    f.name = c.label;
+    f.kind = "ferry";
+    f.config = c.config;
+    b.entries.push_back(f);
+    if (b.e.overlap && c.config->host.bandwidth_gbps > 0) {
+      Entry r = f;
+      r.kind = "read-alone";
+      r.group = c.label;
+      r.name = c.label + " [read alone: null devices]";
+      r.config->devices.kind = runtime::DeviceSpec::Kind::kNull;
+      b.entries.push_back(r);
+    }
+  }
+  b.python = bench_python();
+  for (const std::string& peer : b.e.peers) {
+    if ((peer == "sglang" || peer == "load_file") && !b.python) {
+      b.skipped.push_back("peer " + peer +
+                          ": no Python with torch and safetensors (run scripts/bench-venv.sh, or "
+                          "set FERRY_BENCH_PYTHON)");
+      continue;
+    }
+    Entry p;
+    p.name = "peer: " + peer + (peer == "cat" && b.e.cold ? " (dd iflag=direct)" : "");
+    p.kind = "peer";
+    p.peer = peer;
+    b.entries.push_back(p);
+  }
+  for (const std::string& s : b.skipped) {
+    std::printf("skipped: %s\n", s.c_str());
+  }
+  if (b.entries.empty()) {
+    throw Error(Stage::kConfig, b.experiment_file, "", "bench: nothing to run");
+  }
+}
+
+// Peer scripts and configs on disk; the files warmed once for a hot run, as `cat`
+// would.
+void prepare_runs(const Bench& b) {
+  write_file_replacing((b.runs() / "peer_sglang.py").string(), kSglangPeer, "bench --out");
+  write_file_replacing((b.runs() / "peer_load_file.py").string(), kLoadFilePeer, "bench --out");
+  for (std::size_t i = 0; i < b.entries.size(); ++i) {
+    if (b.entries[i].config) {
+      write_file_replacing((b.runs() / ("config-" + std::to_string(i) + ".json")).string(),
+                           runtime::to_json(*b.entries[i].config).dump(2), "bench --out");
+    }
+  }
+  if (!b.e.cold) {
+    for (const std::string& f : b.files) {
+      std::ifstream in(f, std::ios::binary);
+      std::vector<char> buf(1 << 20);
+      while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount()) {
+      }
+    }
+  }
+}
+
+// Entry i's run of one round, its output in runs/<i>-r<round>.log.
+Measured run_entry(Bench& b, std::size_t i, int round, const std::string& exe, int tp) {
+  Entry& entry = b.entries[i];
+  const std::string id = std::to_string(i) + "-r" + std::to_string(round);
+  const std::string log = (b.runs() / (id + ".log")).string();
+  Measured m;
+  if (entry.config) {
+    const std::string report = (b.runs() / (id + ".report.json")).string();
+    const std::string trace = (b.runs() / (id + ".trace.json")).string();
+    m = run_process({exe, "load", "--config",
+                     (b.runs() / ("config-" + std::to_string(i) + ".json")).string(), "--report",
+                     report, "--trace", trace, "--quiet"},
+                    log);
+    if (m.status == 0) {
+      entry.reports.push_back(nlohmann::json::parse(
+          read_small_file(report, Stage::kConfig, kDefaultMaxMetadataBytes, "the report")));
+      entry.traces.push_back(trace);
+    }
+  } else if (entry.peer == "cat") {
+    std::vector<std::string> argv;
+    if (b.e.cold) {
+      std::string script;
+      for (const std::string& f : b.files) {
+        script += "dd if='" + f + "' of=/dev/null bs=4M iflag=direct status=none; ";
+      }
+      argv = {"sh", "-c", script};
+    } else {
+      argv = {"sh", "-c", "cat \"$@\" > /dev/null", "cat"};
+      argv.insert(argv.end(), b.files.begin(), b.files.end());
+    }
+    m = run_process(argv, log);
+  } else if (entry.peer == "pread") {
+    m = run_pread_peer(b.files, log);
+  } else {
+    const std::string script =
+        (b.runs() / (entry.peer == "sglang" ? "peer_sglang.py" : "peer_load_file.py")).string();
+    m = run_process({*b.python, script, b.model, std::to_string(tp)}, log);
+  }
+  if (m.status != 0) {
+    throw Error(Stage::kConfig, log, "",
+                "bench: run '" + entry.name + "' exited with status " +
+                    std::to_string(m.status) + " (its output is in the log)");
+  }
+  return m;
+}
+
+// Every entry once a round, each round starting one entry further on.
+void run_rounds(Bench& b) {
+  const std::string exe = self_exe();
+  const int tp = b.entries.front().config ? b.entries.front().config->parallel.tp : 1;
+  for (int round = 0; round < b.repeat; ++round) {
+    for (std::size_t k = 0; k < b.entries.size(); ++k) {
+      const std::size_t i = (k + static_cast<std::size_t>(round)) % b.entries.size();
+      if (b.e.cold) {
+        drop_cache(b.files);
+      }
+      const Measured m = run_entry(b, i, round, exe, tp);
+      b.entries[i].seconds.push_back(m.seconds);
+      b.entries[i].rss.push_back(m.peak_rss);
+    }
+    std::printf("round %d/%d done\n", round + 1, b.repeat);
+    std::fflush(stdout);
+  }
+}
+
+// (read alone + copy alone) / stream, medians of the same rounds: for a ferry run
+// whose read-alone twin ran.
+std::optional<double> overlap_efficiency(const Bench& b, const Entry& entry) {
+  std::optional<double> efficiency;
+  if (entry.kind != "ferry" || !b.e.overlap || entry.config->host.bandwidth_gbps <= 0) {
+    return efficiency;
+  }
+  for (const Entry& other : b.entries) {
+    if (other.kind == "read-alone" && other.group == entry.name) {
+      std::vector<double> read_alone, stream;
+      for (const nlohmann::json& r : other.reports) {
+        read_alone.push_back(r["phases"]["stream"].get<double>());
+      }
+      for (const nlohmann::json& r : entry.reports) {
+        stream.push_back(r["phases"]["stream"].get<double>());
+      }
+      const double copy_alone =
+          static_cast<double>(entry.reports.front()["bytes_copied"].get<std::uint64_t>()) /
+          (entry.config->host.bandwidth_gbps * 1e9);
+      if (median(stream) > 0) {
+        efficiency = (median(read_alone) + copy_alone) / median(stream);
+      }
+    }
+  }
+  return efficiency;
+}
+
+// The table on stdout, results.json, results.csv and chart.svg; the fastest ferry
+// configuration is the peers' reference.
+void write_results(const Bench& b) {
+  const Entry* best = nullptr;
+  for (const Entry& entry : b.entries) {
+    if (entry.kind == "ferry" && (!best || median(entry.seconds) < median(best->seconds))) {
+      best = &entry;
+    }
+  }
+  nlohmann::json results = {{"experiment", b.experiment_file},
+                            {"checkpoint", b.model},
+                            {"file_bytes", b.file_bytes},
+                            {"rounds", b.repeat},
+                            {"cold", b.e.cold},
+                            {"skipped", b.skipped},
+                            {"runs", nlohmann::json::array()}};
+  std::string csv =
+      "name,kind,median_s,min_s,max_s,gbps,ratio_to_best_ferry,overlap_efficiency,bytes_read,"
+      "peak_rss_bytes\n";
+  int name_w = 8;
+  for (const Entry& entry : b.entries) {
+    name_w = std::max(name_w, static_cast<int>(entry.name.size()));
+  }
+  std::printf("\n%-*s %-22s %7s %8s %8s %12s %8s\n", name_w, "run", "seconds med (min-max)",
+              "GB/s", "ratio", "overlap", "bytes read", "RSS MiB");
+  for (const Entry& entry : b.entries) {
+    const double med = median(entry.seconds);
+    const double lo = *std::min_element(entry.seconds.begin(), entry.seconds.end());
+    const double hi = *std::max_element(entry.seconds.begin(), entry.seconds.end());
+    std::vector<double> rss(entry.rss.begin(), entry.rss.end());
+    const double rss_med = median(rss);
+    std::uint64_t bytes_read = b.file_bytes;
+    if (!entry.reports.empty()) {
+      bytes_read = entry.reports.front().value("bytes_read", std::uint64_t{0});
+    }
+    const std::optional<double> efficiency = overlap_efficiency(b, entry);
+    const double gbps = med > 0 ? static_cast<double>(b.file_bytes) / med / 1e9 : 0;
+    const double ratio = best && entry.kind == "peer" ? med / median(best->seconds) : 0;
+    std::printf("%-*s %6s (%s-%s) %7s %8s %8s %12s %8s\n", name_w, entry.name.c_str(),
+                fmt(med).c_str(), fmt(lo).c_str(), fmt(hi).c_str(), fmt(gbps).c_str(),
+                ratio > 0 ? fmt(ratio).c_str() : "", efficiency ? fmt(*efficiency).c_str() : "",
+                human_bytes(bytes_read).c_str(), fmt(rss_med / (1 << 20), 0).c_str());
+    nlohmann::json run = {{"name", entry.name},
+                          {"kind", entry.kind},
+                          {"seconds", entry.seconds},
+                          {"median_s", med},
+                          {"min_s", lo},
+                          {"max_s", hi},
+                          {"gbps", gbps},
+                          {"bytes_read", bytes_read},
+                          {"peak_rss_bytes", entry.rss}};
+    if (ratio > 0) {
+      run["ratio_to_best_ferry"] = ratio;
+    }
+    if (efficiency) {
+      run["overlap_efficiency"] = *efficiency;
+    }
+    if (entry.config) {
+      run["config"] = runtime::to_json(*entry.config);
+    }
+    results["runs"].push_back(run);
+    csv += "\"" + entry.name + "\"," + entry.kind + "," + fmt(med, 4) + "," + fmt(lo, 4) + "," +
+           fmt(hi, 4) + "," + fmt(gbps, 3) + "," + (ratio > 0 ? fmt(ratio, 3) : "") + "," +
+           (efficiency ? fmt(*efficiency, 3) : "") + "," + std::to_string(bytes_read) + "," +
+           fmt(rss_med, 0) + "\n";
+  }
+  write_file_replacing((fs::path(b.out) / "results.csv").string(), csv, "bench --out");
+  std::string timeline;
+  if (best) {
+    // The median run of the fastest configuration.
+    std::vector<std::pair<double, std::size_t>> order;
+    for (std::size_t r = 0; r < best->seconds.size(); ++r) {
+      order.emplace_back(best->seconds[r], r);
+    }
+    std::sort(order.begin(), order.end());
+    timeline = best->traces.at(order[order.size() / 2].second);
+    results["timeline_trace"] = timeline;
+  }
+  write_file_replacing((fs::path(b.out) / "results.json").string(), results.dump(2) + "\n",
+                       "bench --out");
+  std::vector<const Entry*> rows;
+  for (const Entry& entry : b.entries) {
+    rows.push_back(&entry);
+  }
+  write_file_replacing(
+      (fs::path(b.out) / "chart.svg").string(),
+      chart(rows, timeline,
+            fs::path(b.experiment_file).filename().string() + " on " +
+                fs::path(b.model).filename().string() + " (" + human_bytes(b.file_bytes) +
+                (b.e.cold ? ", cold" : ", hot") + ", median of " + std::to_string(b.repeat) + ")"),
+      "bench --out");
+}
+
 }  // namespace
 
 int cmd_bench(const Args& args) {
   CLI::App app(kDescription, "ferry bench");
-  std::string experiment_file, model, out = "bench-out";
-  int repeat = 5;
-  app.add_option("--experiment", experiment_file, "the experiment (JSON)")->required();
-  app.add_option("--model", model, "checkpoint folder (overrides the experiment's)");
-  app.add_option("--repeat", repeat, "rounds (default 5)")->check(CLI::Range(1, 1000));
-  app.add_option("--out", out, "folder for results.json, results.csv, chart.svg and runs/");
+  Bench b;
+  b.out = "bench-out";
+  app.add_option("--experiment", b.experiment_file, "the experiment (JSON)")->required();
+  app.add_option("--model", b.model, "checkpoint folder (overrides the experiment's)");
+  app.add_option("--repeat", b.repeat, "rounds (default 5)")->check(CLI::Range(1, 1000));
+  app.add_option("--out", b.out, "folder for results.json, results.csv, chart.svg and runs/");
   if (std::optional<int> status = parse_verb(app, args)) {
     return *status;
   }
   try {
-    Experiment e = read_experiment(experiment_file);
-    fs::create_directories(fs::path(out) / "runs");
-    if (model.empty()) {
-      if (e.path) {
-        model = *e.path;
-      } else if (!e.family.empty()) {
-        model = (fs::path(out) / "cache" / (e.family + "-" + e.preset)).string();
-        if (!fs::exists(fs::path(model) / "config.json")) {
-          SynthOptions o;
-          o.family = e.family;
-          o.preset = e.preset;
-          o.out = model;
-          o.fsync = false;
-          synthesize(o);
-        }
-      } else {
-        throw Error(Stage::kConfig, experiment_file, "",
-                    "experiment: no checkpoint (give \"checkpoint\" or --model)");
-      }
-    }
-    std::vector<std::string> files;
-    std::uint64_t file_bytes = 0;
-    for (const auto& entry : fs::directory_iterator(model)) {
-      if (entry.path().extension() == ".safetensors") {
-        files.push_back(entry.path().string());
-        file_bytes += entry.file_size();
-      }
-    }
-    std::sort(files.begin(), files.end());
-    if (files.empty()) {
-      throw Error(Stage::kConfig, model, "", "bench: no .safetensors files in the checkpoint");
-    }
-
-    // What runs each round.
-    std::vector<Entry> entries;
-    std::vector<std::string> skipped;
-    for (Combination& c : expand(e, model)) {
-      if (!c.config) {
-        skipped.push_back(c.label + ": " + c.skipped);
-        continue;
-      }
-      if (e.cold) {
-        c.config->io.direct = true;  // the note's cold: ferry reads with O_DIRECT
-        if (c.config->prefetch.enabled) {
-          skipped.push_back(c.label + ": prefetch with cold (io.direct) runs");
-          continue;
-        }
-      }
-      Entry f;
-      f.name = c.label;
-      f.kind = "ferry";
-      f.config = c.config;
-      entries.push_back(f);
-      if (e.overlap && c.config->host.bandwidth_gbps > 0) {
-        Entry r = f;
-        r.kind = "read-alone";
-        r.group = c.label;
-        r.name = c.label + " [read alone: null devices]";
-        r.config->devices.kind = runtime::DeviceSpec::Kind::kNull;
-        entries.push_back(r);
-      }
-    }
-    const std::optional<std::string> python = bench_python();
-    for (const std::string& peer : e.peers) {
-      if ((peer == "sglang" || peer == "load_file") && !python) {
-        skipped.push_back("peer " + peer +
-                          ": no Python with torch and safetensors (run scripts/bench-venv.sh, or "
-                          "set FERRY_BENCH_PYTHON)");
-        continue;
-      }
-      Entry p;
-      p.name = "peer: " + peer + (peer == "cat" && e.cold ? " (dd iflag=direct)" : "");
-      p.kind = "peer";
-      p.peer = peer;
-      entries.push_back(p);
-    }
-    for (const std::string& s : skipped) {
-      std::printf("skipped: %s\n", s.c_str());
-    }
-    if (entries.empty()) {
-      throw Error(Stage::kConfig, experiment_file, "", "bench: nothing to run");
-    }
-    // Peer scripts and configs on disk.
-    const fs::path runs = fs::path(out) / "runs";
-    {
-      write_file_replacing((runs / "peer_sglang.py").string(), kSglangPeer, "bench --out");
-      write_file_replacing((runs / "peer_load_file.py").string(), kLoadFilePeer, "bench --out");
-    }
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      if (entries[i].config) {
-        write_file_replacing((runs / ("config-" + std::to_string(i) + ".json")).string(),
-                             runtime::to_json(*entries[i].config).dump(2), "bench --out");
-      }
-    }
-    if (!e.cold) {
-      for (const std::string& f : files) {  // hot: warmed once, as `cat` would
-        std::ifstream in(f, std::ios::binary);
-        std::vector<char> buf(1 << 20);
-        while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount()) {
-        }
-      }
-    }
-    const std::string exe = self_exe();
-    const int tp = entries.front().config ? entries.front().config->parallel.tp : 1;
-    for (int round = 0; round < repeat; ++round) {
-      for (std::size_t k = 0; k < entries.size(); ++k) {
-        const std::size_t i = (k + static_cast<std::size_t>(round)) % entries.size();
-        Entry& entry = entries[i];
-        if (e.cold) {
-          drop_cache(files);
-        }
-        const std::string id = std::to_string(i) + "-r" + std::to_string(round);
-        const std::string log = (runs / (id + ".log")).string();
-        Measured m;
-        if (entry.config) {
-          const std::string report = (runs / (id + ".report.json")).string();
-          const std::string trace = (runs / (id + ".trace.json")).string();
-          m = run_process(
-              {exe, "load", "--config", (runs / ("config-" + std::to_string(i) + ".json")).string(),
-               "--report", report, "--trace", trace, "--quiet"},
-              log);
-          if (m.status == 0) {
-            entry.reports.push_back(nlohmann::json::parse(
-                read_small_file(report, Stage::kConfig, kDefaultMaxMetadataBytes, "the report")));
-            entry.traces.push_back(trace);
-          }
-        } else if (entry.peer == "cat") {
-          std::vector<std::string> argv;
-          if (e.cold) {
-            std::string script;
-            for (const std::string& f : files) {
-              script += "dd if='" + f + "' of=/dev/null bs=4M iflag=direct status=none; ";
-            }
-            argv = {"sh", "-c", script};
-          } else {
-            argv = {"sh", "-c", "cat \"$@\" > /dev/null", "cat"};
-            argv.insert(argv.end(), files.begin(), files.end());
-          }
-          m = run_process(argv, log);
-        } else if (entry.peer == "pread") {
-          m = run_pread_peer(files, log);
-        } else {
-          const std::string script =
-              (runs / (entry.peer == "sglang" ? "peer_sglang.py" : "peer_load_file.py")).string();
-          m = run_process({*python, script, model, std::to_string(tp)}, log);
-        }
-        if (m.status != 0) {
-          throw Error(Stage::kConfig, log, "",
-                      "bench: run '" + entry.name + "' exited with status " +
-                          std::to_string(m.status) + " (its output is in the log)");
-        }
-        entry.seconds.push_back(m.seconds);
-        entry.rss.push_back(m.peak_rss);
-      }
-      std::printf("round %d/%d done\n", round + 1, repeat);
-      std::fflush(stdout);
-    }
-
-    // The fastest ferry configuration is the peers' reference.
-    const Entry* best = nullptr;
-    for (const Entry& entry : entries) {
-      if (entry.kind == "ferry" && (!best || median(entry.seconds) < median(best->seconds))) {
-        best = &entry;
-      }
-    }
-    nlohmann::json results = {{"experiment", experiment_file},
-                              {"checkpoint", model},
-                              {"file_bytes", file_bytes},
-                              {"rounds", repeat},
-                              {"cold", e.cold},
-                              {"skipped", skipped},
-                              {"runs", nlohmann::json::array()}};
-    std::string csv =
-        "name,kind,median_s,min_s,max_s,gbps,ratio_to_best_ferry,overlap_efficiency,bytes_read,"
-        "peak_rss_bytes\n";
-    int name_w = 8;
-    for (const Entry& entry : entries) {
-      name_w = std::max(name_w, static_cast<int>(entry.name.size()));
-    }
-    std::printf("\n%-*s %-22s %7s %8s %8s %12s %8s\n", name_w, "run", "seconds med (min-max)",
-                "GB/s", "ratio", "overlap", "bytes read", "RSS MiB");
-    for (const Entry& entry : entries) {
-      const double med = median(entry.seconds);
-      const double lo = *std::min_element(entry.seconds.begin(), entry.seconds.end());
-      const double hi = *std::max_element(entry.seconds.begin(), entry.seconds.end());
-      std::vector<double> rss(entry.rss.begin(), entry.rss.end());
-      const double rss_med = median(rss);
-      std::uint64_t bytes_read = file_bytes;
-      std::optional<double> efficiency;
-      if (!entry.reports.empty()) {
-        bytes_read = entry.reports.front().value("bytes_read", std::uint64_t{0});
-      }
-      if (entry.kind == "ferry" && e.overlap && entry.config->host.bandwidth_gbps > 0) {
-        // (read alone + copy alone) / stream, medians of the same rounds.
-        for (const Entry& other : entries) {
-          if (other.kind == "read-alone" && other.group == entry.name) {
-            std::vector<double> read_alone, stream;
-            for (const nlohmann::json& r : other.reports) {
-              read_alone.push_back(r["phases"]["stream"].get<double>());
-            }
-            for (const nlohmann::json& r : entry.reports) {
-              stream.push_back(r["phases"]["stream"].get<double>());
-            }
-            const double copy_alone =
-                static_cast<double>(entry.reports.front()["bytes_copied"].get<std::uint64_t>()) /
-                (entry.config->host.bandwidth_gbps * 1e9);
-            if (median(stream) > 0) {
-              efficiency = (median(read_alone) + copy_alone) / median(stream);
-            }
-          }
-        }
-      }
-      const double gbps = med > 0 ? static_cast<double>(file_bytes) / med / 1e9 : 0;
-      const double ratio = best && entry.kind == "peer" ? med / median(best->seconds) : 0;
-      std::printf("%-*s %6s (%s-%s) %7s %8s %8s %12s %8s\n", name_w, entry.name.c_str(),
-                  fmt(med).c_str(), fmt(lo).c_str(), fmt(hi).c_str(), fmt(gbps).c_str(),
-                  ratio > 0 ? fmt(ratio).c_str() : "", efficiency ? fmt(*efficiency).c_str() : "",
-                  human_bytes(bytes_read).c_str(), fmt(rss_med / (1 << 20), 0).c_str());
-      nlohmann::json run = {{"name", entry.name},
-                            {"kind", entry.kind},
-                            {"seconds", entry.seconds},
-                            {"median_s", med},
-                            {"min_s", lo},
-                            {"max_s", hi},
-                            {"gbps", gbps},
-                            {"bytes_read", bytes_read},
-                            {"peak_rss_bytes", entry.rss}};
-      if (ratio > 0) {
-        run["ratio_to_best_ferry"] = ratio;
-      }
-      if (efficiency) {
-        run["overlap_efficiency"] = *efficiency;
-      }
-      if (entry.config) {
-        run["config"] = runtime::to_json(*entry.config);
-      }
-      results["runs"].push_back(run);
-      csv += "\"" + entry.name + "\"," + entry.kind + "," + fmt(med, 4) + "," + fmt(lo, 4) + "," +
-             fmt(hi, 4) + "," + fmt(gbps, 3) + "," + (ratio > 0 ? fmt(ratio, 3) : "") + "," +
-             (efficiency ? fmt(*efficiency, 3) : "") + "," + std::to_string(bytes_read) + "," +
-             fmt(rss_med, 0) + "\n";
-    }
-    write_file_replacing((fs::path(out) / "results.csv").string(), csv, "bench --out");
-    std::string timeline;
-    if (best) {
-      // The median run of the fastest configuration.
-      std::vector<std::pair<double, std::size_t>> order;
-      for (std::size_t r = 0; r < best->seconds.size(); ++r) {
-        order.emplace_back(best->seconds[r], r);
-      }
-      std::sort(order.begin(), order.end());
-      timeline = best->traces.at(order[order.size() / 2].second);
-      results["timeline_trace"] = timeline;
-    }
-    write_file_replacing((fs::path(out) / "results.json").string(), results.dump(2) + "\n",
-                         "bench --out");
-    std::vector<const Entry*> rows;
-    for (const Entry& entry : entries) {
-      rows.push_back(&entry);
-    }
-    write_file_replacing(
-        (fs::path(out) / "chart.svg").string(),
-        chart(rows, timeline,
-              fs::path(experiment_file).filename().string() + " on " +
-                  fs::path(model).filename().string() + " (" + human_bytes(file_bytes) +
-                  (e.cold ? ", cold" : ", hot") + ", median of " + std::to_string(repeat) + ")"),
-        "bench --out");
-    std::printf("\nwrote %s/results.json, results.csv, chart.svg\n", out.c_str());
+    b.e = read_experiment(b.experiment_file);
+    fs::create_directories(b.runs());
+    choose_checkpoint(b);
+    list_weight_files(b);
+    plan_entries(b);
+    prepare_runs(b);
+    run_rounds(b);
+    write_results(b);
+    std::printf("\nwrote %s/results.json, results.csv, chart.svg\n", b.out.c_str());
   } catch (const Error& err) {
     std::fprintf(stderr, "ferry bench: error: %s\n", err.what());
     return 1;
