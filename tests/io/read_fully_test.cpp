@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,19 @@ struct Fd {
   }
   int fd;
 };
+
+// What read_exactly throws for this range (a failure of the test if it returns).
+Error read_exactly_error(int fd, std::span<std::byte> out, std::uint64_t offset, Stage stage,
+                         const std::string& file, const std::string& tensor,
+                         const std::string& what) {
+  try {
+    read_exactly(fd, out, offset, stage, file, tensor, what);
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "read_exactly did not throw";
+  return Error(stage, file, tensor, "no error");
+}
 
 TEST(ReadFully, ReadsAWholeRangeAtAnOffset) {
   TempDir dir;
@@ -73,15 +87,12 @@ TEST(ReadFully, AZeroByteReadOfANeededRangeIsAnErrorNamingTheFile) {
   Fd f(dir.file("f"));
   std::vector<std::byte> out(8);
   EXPECT_EQ(read_fully(f.fd, out, 4096).bytes, 0u);  // past the end: nothing, no error
-  try {
-    read_exactly(f.fd, out, 4096, Stage::kRead, "shard-1.safetensors", "w.weight", "pread peer");
-    FAIL() << "no throw";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.stage(), Stage::kRead);
-    EXPECT_EQ(e.file(), "shard-1.safetensors");
-    EXPECT_EQ(e.tensor(), "w.weight");
-    EXPECT_EQ(e.rule(), "pread peer: the file ends at offset 4096, inside bytes [4096, 4104)");
-  }
+  const Error e = read_exactly_error(f.fd, out, 4096, Stage::kRead, "shard-1.safetensors",
+                                     "w.weight", "pread peer");
+  EXPECT_EQ(e.stage(), Stage::kRead);
+  EXPECT_EQ(e.file(), "shard-1.safetensors");
+  EXPECT_EQ(e.tensor(), "w.weight");
+  EXPECT_EQ(e.rule(), "pread peer: the file ends at offset 4096, inside bytes [4096, 4104)");
 }
 
 TEST(ReadFully, AFailedPreadCarriesItsErrno) {
@@ -94,14 +105,10 @@ TEST(ReadFully, AFailedPreadCarriesItsErrno) {
   TempDir dir;
   Fd d(dir.str());  // a directory: pread fails with EISDIR
   ASSERT_GE(d.fd, 0);
-  try {
-    read_exactly(d.fd, out, 0, Stage::kHeader, "folder", "", "header");
-    FAIL() << "no throw";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.stage(), Stage::kHeader);
-    EXPECT_EQ(e.file(), "folder");
-    EXPECT_EQ(e.rule(), "header: pread at offset 0: " + errno_text(EISDIR));
-  }
+  const Error e = read_exactly_error(d.fd, out, 0, Stage::kHeader, "folder", "", "header");
+  EXPECT_EQ(e.stage(), Stage::kHeader);
+  EXPECT_EQ(e.file(), "folder");
+  EXPECT_EQ(e.rule(), "header: pread at offset 0: " + errno_text(EISDIR));
 }
 
 TEST(ReadFully, AnEmptyRangeIsComplete) {
