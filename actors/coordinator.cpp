@@ -21,10 +21,11 @@
 #include <algorithm>
 #include <caf/actor_cast.hpp>
 #include <caf/actor_system.hpp>
-#include <caf/event_based_actor.hpp>
+#include <caf/behavior.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/system_messages.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -37,35 +38,33 @@ namespace {
 
 constexpr std::chrono::milliseconds kTick{5};
 
+struct CoordinatorState;
+using Self = CoordinatorActor::stateful_pointer<CoordinatorState>;
+
 struct CoordinatorState {
   std::shared_ptr<Shared> shared;
-  caf::actor post_processor;
-  std::vector<caf::actor> workers;
-  caf::actor prefetcher;
-  std::vector<caf::actor> readers;  // one per read lane
+  PostProcessorActor post_processor;
+  std::vector<CopyWorkerActor> workers;
+  PrefetcherActor prefetcher;
+  std::vector<caf::actor> readers;  // one per read lane (blocking: untyped)
   std::size_t readers_done = 0;
   bool all_complete = false;
   bool finishing = false;
 
-  std::vector<caf::actor> children() const {
-    std::vector<caf::actor> out = workers;
-    for (const caf::actor& a : {post_processor, prefetcher}) {
-      if (a) {
-        out.push_back(a);
-      }
-    }
-    out.insert(out.end(), readers.begin(), readers.end());
-    return out;
-  }
-
-  void stop_children(caf::event_based_actor* self) {
+  // Sends every child an exit message (which needs no interface); a child not
+  // spawned (a null handle) is skipped.
+  void stop_children(Self self) {
     finishing = true;
-    for (const caf::actor& a : children()) {
-      self->send_exit(a, caf::exit_reason::user_shutdown);
-    }
+    const auto stop = [self](const auto& child) {
+      self->send_exit(child, caf::exit_reason::user_shutdown);
+    };
+    std::for_each(workers.begin(), workers.end(), stop);
+    stop(post_processor);
+    stop(prefetcher);
+    std::for_each(readers.begin(), readers.end(), stop);
   }
 
-  void abort(caf::event_based_actor* self) {
+  void abort(Self self) {
     shared->abort();
     shared->close_pools();
     shared->abandon_emulated_waits();
@@ -73,7 +72,7 @@ struct CoordinatorState {
     self->quit(caf::exit_reason::user_shutdown);
   }
 
-  void maybe_finish(caf::event_based_actor* self) {
+  void maybe_finish(Self self) {
     if (finishing || readers_done < readers.size() || !all_complete) {
       return;
     }
@@ -110,8 +109,7 @@ void fault_point(const CoordinatorState& st) {
   }
 }
 
-caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
-                          std::shared_ptr<Shared> shared) {
+CoordinatorActor::behavior_type coordinator(Self self, std::shared_ptr<Shared> shared) {
   auto& st = self->state;
   st.shared = std::move(shared);
   // First: an exception before it would meet CAF's default handler, which prints
@@ -121,7 +119,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
     self->state.abort(self);
     return caf::sec::runtime_error;
   });
-  caf::actor me = caf::actor_cast<caf::actor>(self);
+  auto me = caf::actor_cast<CoordinatorActor>(self);
   try {
     st.post_processor = spawn_post_processor(self, st.shared, me);
     self->monitor(st.post_processor);
@@ -144,7 +142,10 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
     // any abort (run_pipeline then waits for them).
     st.shared->fail(std::current_exception(), Stage::kCopy, "", "", "coordinator: ");
     st.abort(self);
-    return {};
+    // No behavior: the actor has quit. (A typed behavior is empty only by this
+    // constructor, which skips the interface check that an empty one has no use for.)
+    using Behavior = CoordinatorActor::behavior_type;
+    return Behavior{Behavior::unsafe_init{}, caf::behavior{}};
   }
 
   self->set_down_handler([self](caf::down_msg& dm) {
@@ -199,7 +200,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self,
 
 }  // namespace
 
-caf::actor spawn_coordinator(caf::actor_system& system, std::shared_ptr<Shared> shared) {
+CoordinatorActor spawn_coordinator(caf::actor_system& system, std::shared_ptr<Shared> shared) {
   return system.spawn(coordinator, std::move(shared));
 }
 

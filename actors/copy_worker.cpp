@@ -27,8 +27,8 @@
 // announced as its last param lands, not at the next batch), and before it
 // reports a drain or runs a hook.
 #include <algorithm>
-#include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <deque>
 #include <map>
 #include <string>
@@ -67,10 +67,13 @@ std::vector<std::pair<std::uint32_t, std::uint64_t>> to_vector(const Landed& lan
   return {landed.begin(), landed.end()};
 }
 
+struct CopyWorkerState;
+using Self = CopyWorkerActor::stateful_pointer<CopyWorkerState>;
+
 struct CopyWorkerState {
   std::shared_ptr<Shared> shared;
   std::size_t rank = 0;
-  caf::actor post_processor;
+  PostProcessorActor post_processor;
   std::vector<models::PostLoadHook> hooks;
   // The rank's stream and its device scratch for casts, gathers
   // (actors/fragment_copy.hpp) and hooks: PreparedResources', made before the pipeline
@@ -123,7 +126,7 @@ struct CopyWorkerState {
   // Binds the device on this thread and runs the rank's zero fills. Lazy, because
   // chunks (from the reader) and the first message from anyone else are not
   // ordered with respect to each other.
-  void ensure_ready(caf::event_based_actor* self) {
+  void ensure_ready(Self self) {
     if (ready) {
       return;
     }
@@ -207,7 +210,7 @@ struct CopyWorkerState {
   }
 
   // Counts bytes whose copies have completed; reports them in batches (see top).
-  void add_landed(caf::event_based_actor* self, const Landed& landed) {
+  void add_landed(Self self, const Landed& landed) {
     const auto& params = shared->model().shells()[rank].params;
     const bool watched = static_cast<bool>(shared->input().on_param_complete);
     bool now = false;
@@ -222,7 +225,7 @@ struct CopyWorkerState {
     }
   }
 
-  void report_landed(caf::event_based_actor* self) {
+  void report_landed(Self self) {
     if (!pending.empty()) {
       self->send(post_processor, LandedMsg{static_cast<std::uint32_t>(rank), to_vector(pending)});
     }
@@ -284,7 +287,7 @@ struct CopyWorkerState {
   }
 
   // Waits for every parked chunk, reports its bytes, releases its staging buffer.
-  void flush(caf::event_based_actor* self) {
+  void flush(Self self) {
     while (!parked.empty()) {
       parked.front().done->synchronize();
       release_front(self);
@@ -295,14 +298,14 @@ struct CopyWorkerState {
   // already completed, so their buffers go back to the reader at once instead of
   // after every chunk queued before the flush (which left the reader idle while the
   // worker drained its queue, and then the worker idle while the reader refilled).
-  void release_completed(caf::event_based_actor* self) {
+  void release_completed(Self self) {
     const bool early = shared->input().release_staging_early;  // a test's broken pipeline
     while (!parked.empty() && (early || parked.front().done->query())) {
       release_front(self);
     }
   }
 
-  void release_front(caf::event_based_actor* self) {
+  void release_front(Self self) {
     Landed landed = std::move(parked.front().landed);
     parked.pop_front();  // the last reference to the lease returns the buffer
     add_landed(self, landed);
@@ -347,9 +350,8 @@ struct CopyWorkerState {
   }
 };
 
-caf::behavior copy_worker(caf::stateful_actor<CopyWorkerState>* self,
-                          std::shared_ptr<Shared> shared, std::size_t rank,
-                          caf::actor post_processor) {
+CopyWorkerActor::behavior_type copy_worker(Self self, std::shared_ptr<Shared> shared,
+                                           std::size_t rank, PostProcessorActor post_processor) {
   self->state.shared = std::move(shared);
   self->state.rank = rank;
   self->state.post_processor = std::move(post_processor);
@@ -429,12 +431,12 @@ caf::behavior copy_worker(caf::stateful_actor<CopyWorkerState>* self,
 
 }  // namespace
 
-caf::actor spawn_copy_worker(caf::event_based_actor* parent, std::shared_ptr<Shared> shared,
-                             std::size_t rank, caf::actor post_processor) {
-  return spawn_detached<CopyWorkerState>(
+CopyWorkerActor spawn_copy_worker(caf::local_actor* parent, std::shared_ptr<Shared> shared,
+                                  std::size_t rank, PostProcessorActor post_processor) {
+  return spawn_detached<CopyWorkerActor, CopyWorkerState>(
       parent, "copy worker rank " + std::to_string(rank),
-      [shared = std::move(shared), rank, post_processor = std::move(post_processor)](
-          caf::stateful_actor<CopyWorkerState>* self) mutable {
+      [shared = std::move(shared), rank,
+       post_processor = std::move(post_processor)](Self self) mutable {
         return copy_worker(self, std::move(shared), rank, std::move(post_processor));
       });
 }

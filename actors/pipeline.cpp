@@ -257,7 +257,7 @@ PipelineResult run_pipeline(const PipelineInput& input) {
       caf::actor_system system{config};
       {
         caf::scoped_actor self{system};
-        caf::actor coordinator = spawn_coordinator(system, shared);
+        CoordinatorActor coordinator = spawn_coordinator(system, shared);
         self->monitor(coordinator);
         // An abnormal exit that no actor reported as an error (the exit reason was
         // once ignored here) still fails the load, naming the coordinator.

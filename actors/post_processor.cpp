@@ -12,8 +12,8 @@
 // When every worker has drained the stream, no hook is running and some param is
 // still short, nothing can fill it any more: the load fails listing those params
 // rather than waiting forever.
-#include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <deque>
 #include <map>
 #include <string>
@@ -27,10 +27,13 @@ namespace {
 
 constexpr std::size_t kMaxNamesListed = 50;
 
+struct PostProcessorState;
+using Self = PostProcessorActor::stateful_pointer<PostProcessorState>;
+
 struct PostProcessorState {
   std::shared_ptr<Shared> shared;
-  caf::actor coordinator;
-  std::vector<caf::actor> workers;  // empty until WorkersMsg
+  CoordinatorActor coordinator;
+  std::vector<CopyWorkerActor> workers;  // empty until WorkersMsg
   std::vector<models::PostLoadHook> hooks;
   std::vector<std::vector<std::uint64_t>> landed;  // [rank][param]
   std::vector<std::vector<bool>> is_output;        // filled by a hook
@@ -99,7 +102,7 @@ struct PostProcessorState {
     }
   }
 
-  void start_ready(caf::event_based_actor* self) {
+  void start_ready(Self self) {
     while (!workers.empty() && !ready.empty()) {
       std::size_t h = ready.front();
       ready.pop_front();
@@ -150,7 +153,7 @@ struct PostProcessorState {
     }
   }
 
-  void check(caf::event_based_actor* self) {
+  void check(Self self) {
     start_ready(self);
     if (missing_copied == 0 && shared->stream_done_seconds.load() < 0) {
       shared->stream_done_seconds.store(shared->seconds_since_start());
@@ -195,8 +198,8 @@ void fault_point(const PostProcessorState& st) {
   }
 }
 
-caf::behavior post_processor(caf::stateful_actor<PostProcessorState>* self,
-                             std::shared_ptr<Shared> shared, caf::actor coordinator) {
+PostProcessorActor::behavior_type post_processor(Self self, std::shared_ptr<Shared> shared,
+                                                 CoordinatorActor coordinator) {
   self->state.shared = std::move(shared);
   self->state.coordinator = std::move(coordinator);
   // Before init(): an exception without a handler meets CAF's default one.
@@ -243,8 +246,8 @@ caf::behavior post_processor(caf::stateful_actor<PostProcessorState>* self,
 
 }  // namespace
 
-caf::actor spawn_post_processor(caf::event_based_actor* parent, std::shared_ptr<Shared> shared,
-                                caf::actor coordinator) {
+PostProcessorActor spawn_post_processor(caf::local_actor* parent, std::shared_ptr<Shared> shared,
+                                        CoordinatorActor coordinator) {
   return parent->spawn(post_processor, std::move(shared), std::move(coordinator));
 }
 

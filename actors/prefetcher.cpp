@@ -6,8 +6,8 @@
 //
 //   reader ── AdvanceMsg{plan position} ──► prefetcher
 #include <algorithm>
-#include <caf/event_based_actor.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <chrono>
 #include <memory>
 #include <string>
@@ -46,8 +46,9 @@ struct PrefetcherState {
   }
 };
 
-caf::behavior prefetcher(caf::stateful_actor<PrefetcherState>* self,
-                         std::shared_ptr<Shared> shared) {
+using Self = PrefetcherActor::stateful_pointer<PrefetcherState>;
+
+PrefetcherActor::behavior_type prefetcher(Self self, std::shared_ptr<Shared> shared) {
   auto& st = self->state;
   st.shared = std::move(shared);
   // Prefetch is best effort per lane (below), but an exception out of the actor
@@ -94,10 +95,9 @@ caf::behavior prefetcher(caf::stateful_actor<PrefetcherState>* self,
 
 }  // namespace
 
-caf::actor spawn_prefetcher(caf::event_based_actor* parent, std::shared_ptr<Shared> shared) {
-  return spawn_detached<PrefetcherState>(
-      parent, "prefetcher",
-      [shared = std::move(shared)](caf::stateful_actor<PrefetcherState>* self) mutable {
+PrefetcherActor spawn_prefetcher(caf::local_actor* parent, std::shared_ptr<Shared> shared) {
+  return spawn_detached<PrefetcherActor, PrefetcherState>(
+      parent, "prefetcher", [shared = std::move(shared)](Self self) mutable {
         return prefetcher(self, std::move(shared));
       });
 }

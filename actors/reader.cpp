@@ -43,7 +43,7 @@
 #include <algorithm>
 #include <caf/after.hpp>
 #include <caf/blocking_actor.hpp>
-#include <caf/event_based_actor.hpp>
+#include <caf/local_actor.hpp>
 #include <caf/system_messages.hpp>
 #include <chrono>
 #include <map>
@@ -67,7 +67,7 @@ constexpr std::uintptr_t kDirectAlign = io::kDirectAlignment;  // offsets, lengt
 class ReadLoop {
  public:
   ReadLoop(caf::blocking_actor* self, std::shared_ptr<Shared> shared, std::size_t lane,
-           std::vector<caf::actor> workers, caf::actor prefetcher)
+           std::vector<CopyWorkerActor> workers, PrefetcherActor prefetcher)
       : self_(self),
         shared_(std::move(shared)),
         lane_(lane),
@@ -231,7 +231,7 @@ class ReadLoop {
         spare_ = pool_.acquire_for(kPollWait);
       }
     }
-    for (const caf::actor& w : workers_) {
+    for (const CopyWorkerActor& w : workers_) {
       self_->send(w, EndOfStreamMsg{});
     }
     return true;
@@ -354,8 +354,8 @@ class ReadLoop {
   std::size_t lane_;
   io::StagingPool& pool_;  // the lane's (Shared::lanes outlives the readers)
   unsigned depth_ = 1;     // reads in flight at most
-  std::vector<caf::actor> workers_;
-  caf::actor prefetcher_;
+  std::vector<CopyWorkerActor> workers_;
+  PrefetcherActor prefetcher_;
   // Declaration order matters for the destructor: the reader (drained there) goes
   // before the buffers its reads write into, and both before the files.
   std::vector<std::shared_ptr<const io::File>> files_;  // by file index: the lane's only
@@ -367,8 +367,11 @@ class ReadLoop {
   std::map<std::uint32_t, std::size_t> reads_of_;  // reads in flight, by file
 };
 
+// A blocking actor, so untyped: CAF 0.17 has no typed blocking actor. Its sends go
+// to typed handles and are checked (messages_internal.hpp).
 void reader(caf::blocking_actor* self, std::shared_ptr<Shared> shared, std::size_t lane,
-            std::vector<caf::actor> workers, caf::actor prefetcher, caf::actor coordinator) {
+            std::vector<CopyWorkerActor> workers, PrefetcherActor prefetcher,
+            CoordinatorActor coordinator) {
   bool finished = false;
   try {
     ReadLoop loop(self, shared, lane, std::move(workers), std::move(prefetcher));
@@ -385,9 +388,9 @@ void reader(caf::blocking_actor* self, std::shared_ptr<Shared> shared, std::size
 
 }  // namespace
 
-caf::actor spawn_reader(caf::event_based_actor* parent, std::shared_ptr<Shared> shared,
-                        std::size_t lane, std::vector<caf::actor> workers, caf::actor prefetcher,
-                        caf::actor coordinator) {
+caf::actor spawn_reader(caf::local_actor* parent, std::shared_ptr<Shared> shared,
+                        std::size_t lane, std::vector<CopyWorkerActor> workers,
+                        PrefetcherActor prefetcher, CoordinatorActor coordinator) {
   return spawn_blocking(parent, "reader lane " + std::to_string(lane), reader, std::move(shared),
                         lane, std::move(workers), std::move(prefetcher), std::move(coordinator));
 }

@@ -21,8 +21,9 @@
 #include <caf/actor_system_config.hpp>
 #include <caf/blocking_actor.hpp>
 #include <caf/config.hpp>
-#include <caf/event_based_actor.hpp>
+#include <caf/local_actor.hpp>
 #include <caf/stateful_actor.hpp>
+#include <caf/typed_event_based_actor.hpp>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -62,34 +63,37 @@ class LoadSchedulerThreads {
 // What a detached actor's thread runs first: the body that holds the actor's
 // arguments. Kept apart so that a spawn whose thread never starts can drop them
 // (CAF 0.17 keeps the unstarted actor itself alive: its private_thread holds a
-// reference; about 1 KB, never ferry's resources).
-template <class State>
+// reference; about 1 KB, never ferry's resources). `Handle` is the actor's typed
+// handle (caf::typed_actor), `State` its state.
+template <class Handle, class State>
 struct DetachedLaunch {
-  std::function<caf::behavior(caf::stateful_actor<State>*)> body;
+  using Self = typename Handle::template stateful_pointer<State>;
+  std::function<typename Handle::behavior_type(Self)> body;
 };
 
-template <class State>
-caf::behavior run_detached_launch(caf::stateful_actor<State>* self,
-                                  std::shared_ptr<DetachedLaunch<State>> launch) {
+template <class Handle, class State>
+typename Handle::behavior_type run_detached_launch(
+    typename DetachedLaunch<Handle, State>::Self self,
+    std::shared_ptr<DetachedLaunch<Handle, State>> launch) {
   auto body = std::move(launch->body);
   launch->body = nullptr;
   return body(self);
 }
 
-// Spawns `body` (a function of caf::stateful_actor<State>*) as a detached actor of
-// `parent`, on a thread named `name`. Throws Error(Stage::kResources) when the
+// Spawns `body` (a function of Handle::stateful_pointer<State>) as a detached actor
+// of `parent`, on a thread named `name`. Throws Error(Stage::kResources) when the
 // thread cannot be started.
-template <class State, class Body>
-caf::actor spawn_detached(caf::event_based_actor* parent, const std::string& name, Body body) {
+template <class Handle, class State, class Body>
+Handle spawn_detached(caf::local_actor* parent, const std::string& name, Body body) {
   try {
     check_thread_start(name);
   } catch (const std::system_error& e) {
     throw thread_start_failed(name, e);
   }
-  auto launch = std::make_shared<DetachedLaunch<State>>();
+  auto launch = std::make_shared<DetachedLaunch<Handle, State>>();
   launch->body = std::move(body);
   try {
-    return parent->spawn<caf::detached>(run_detached_launch<State>, launch);
+    return parent->spawn<caf::detached>(run_detached_launch<Handle, State>, launch);
   } catch (const std::system_error& e) {
     // CAF registered the actor as running and counted a detached thread before
     // std::thread failed.
@@ -100,11 +104,11 @@ caf::actor spawn_detached(caf::event_based_actor* parent, const std::string& nam
   }
 }
 
-// Spawns the blocking actor `fun(self, args...)` (CAF gives each its own thread)
-// on a thread named `name`. Throws Error(Stage::kResources) when the thread cannot
-// be started.
+// Spawns the blocking actor `fun(self, args...)` (untyped: CAF 0.17 has no typed blocking
+// actor; CAF gives each its own thread) on a thread named `name`. Throws
+// Error(Stage::kResources) when the thread cannot be started.
 template <class Fun, class... Ts>
-caf::actor spawn_blocking(caf::event_based_actor* parent, const std::string& name, Fun fun,
+caf::actor spawn_blocking(caf::local_actor* parent, const std::string& name, Fun fun,
                           Ts&&... args) {
   try {
     check_thread_start(name);
