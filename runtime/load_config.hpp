@@ -6,7 +6,8 @@
 // is io.chunk_bytes), `--set key=value`, dedicated flags (`--tp`, `--model`, ...).
 // Every layer merges key by key, so a later layer overrides only the keys it names.
 // Unknown keys are rejected from every source, naming the key's dotted path and the
-// source that introduced it; build() then checks types, enums, sizes and ranges.
+// source that introduced it; build() then reads every key through its row of the key
+// table (runtime/config_keys.hpp: type, range, doc) and checks what spans several keys.
 // All errors are ferry::Error(Stage::kConfig) whose file is the source, e.g.
 //   config: --set io.chunk_byte: unknown key 'io.chunk_byte'
 //   config: environment FERRY_IO__FOO: unknown key 'io.foo'
@@ -278,6 +279,17 @@ struct LoadConfig {
 inline constexpr std::array<std::string_view, 4> kNonConfigVariables = {
     "FERRY_LOG", "FERRY_DISABLE_URING", "FERRY_TEST_DATA", "FERRY_REQUIRE_TEST_DATA"};
 
+// The layers a key's value can come from, lowest precedence first.
+enum class ConfigLayer { kDefault, kFile, kEnvironment, kSet, kFlag };
+std::string_view to_string(ConfigLayer layer);  // "default", "file", "environment", "--set", "flag"
+
+// Where a key's effective value came from: its layer, and the source within it
+// ("c.json", "environment FERRY_IO__DIRECT", "--set io.direct", "--tp", "defaults").
+struct KeyOrigin {
+  ConfigLayer layer = ConfigLayer::kDefault;
+  std::string source = "defaults";
+};
+
 // Builds a LoadConfig layer by layer. Each apply_* merges its keys into a JSON tree
 // (later calls override earlier ones key by key) and throws at once for unknown keys
 // or malformed input; build() validates the values. Not thread-safe.
@@ -307,9 +319,14 @@ class ConfigBuilder {
   // As apply_flag with a typed value.
   void apply_flag_value(std::string_view flag, std::string_view key, const nlohmann::json& value);
 
-  // Validates the merged keys over the in-code defaults and resolves ranks and
-  // devices. Errors name the key and the source that set it.
+  // Reads the merged keys over the in-code defaults, row by row of the key table
+  // (which resolves ranks, devices and auto sizes), then checks the rules that span
+  // several keys. Errors name the key and the source that set it.
   LoadConfig build() const;
+
+  // Where `key` (a table key, "io.direct") got its value from: the layer that set it
+  // last, or kDefault.
+  KeyOrigin origin(std::string_view key) const;
 
   // What the layers applied so far ignored, one line each, for the caller to log
   // (load_config logs them with log::warn).
@@ -319,12 +336,13 @@ class ConfigBuilder {
   // One key's value and the layer that set it last.
   struct Entry {
     nlohmann::json value;
-    std::string source;               // "c.json", "--set io.direct", "environment FERRY_X", ...
+    KeyOrigin origin;                 // "c.json", "--set io.direct", "environment FERRY_X", ...
     std::optional<std::string> text;  // the raw text, for values read from text
   };
-  void apply_text(std::string_view key, std::string_view text, const std::string& source);
-  void set_key(const std::string& key, const nlohmann::json& value, const std::string& source,
+  void apply_text(std::string_view key, std::string_view text, const KeyOrigin& origin);
+  void set_key(const std::string& key, const nlohmann::json& value, const KeyOrigin& origin,
                const std::optional<std::string>& text);
+  void check_across_keys(const LoadConfig& config) const;
 
   // The merged tree, flattened: dotted key -> entry. Sections ("io") never appear,
   // only their keys ("io.direct"), so a layer overrides exactly the keys it names.
@@ -346,14 +364,22 @@ struct ConfigSources {
   std::vector<Flag> flags;                                // dedicated flags, in command-line order
 };
 
-// defaults < config file (or default_json) < environment < --set < flags. The
-// builder's warnings (ignored FERRY_ variables) go to log::warn, once each.
+// A builder with every layer of `sources` applied over `env`: defaults < config
+// file (or default_json) < environment < --set < flags. Its warnings are not logged.
+ConfigBuilder apply_sources(const ConfigSources& sources,
+                            const std::map<std::string, std::string>& env);
+
+// apply_sources, its warnings (ignored FERRY_ variables) logged with log::warn once
+// each, built.
 LoadConfig load_config(const ConfigSources& sources, const std::map<std::string, std::string>& env);
 LoadConfig load_config(const ConfigSources& sources, const char* const* envp);
 
-// The effective configuration with every key (ranks as an array, devices as
-// "host:N" / "cuda:0,2", sizes in bytes), for the load report. Applying it to an
-// empty ConfigBuilder builds an equal LoadConfig.
+// "NAME=value" entries (as environ) -> name -> value; entries without '=' are skipped.
+std::map<std::string, std::string> env_map(const char* const* envp);
+
+// The effective configuration with every key of the table (ranks as an array,
+// devices as "host:N" / "cuda:0,2", sizes in bytes), for the load report. Applying it
+// to an empty ConfigBuilder builds an equal LoadConfig.
 nlohmann::json to_json(const LoadConfig& config);
 
 // A size: a non-negative JSON number, or a string "4096", "4KiB", "4 MiB", "1.5GiB",

@@ -1286,21 +1286,6 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   if (metrics_error) {
     throw *metrics_error;
   }
-  if (c.load.layered && c.quantization.online == QuantizationConfig::Online::kNone) {
-    throw Error(Stage::kConfig, "", "",
-                "load.layered frees load-only parameters as soon as they are used, and only "
-                "quantization.online makes any: set quantization.online, or turn layered off");
-  }
-  if (c.load.layered && c.model.load_format == io::LoadFormat::kDummy) {
-    throw Error(Stage::kConfig, "", "",
-                "load.layered with model.load_format dummy: a dummy load fills every parameter "
-                "at once, there is no stream to follow layer by layer");
-  }
-  if (c.prefetch.enabled && c.io.direct) {
-    throw Error(Stage::kConfig, "", "",
-                "prefetch.enabled with io.direct: refused, because O_DIRECT reads bypass the "
-                "page cache the prefetch warms (turn one of them off)");
-  }
   if (!c.trace.path.empty() && !w.trace) {
     w.trace = std::make_shared<TraceRecorder>();
   }
@@ -1552,11 +1537,6 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   if (c.load.layered) {
     // Load-only params: allocated on their first write and freed after their last
     // hook, by their rank's copy worker.
-    if (c.io.direct_to_device == io::DirectToDevice::kOn) {
-      throw Error(Stage::kConfig, "", "",
-                  "io.direct_to_device=on with load.layered: a load-only param has no storage "
-                  "until its copy worker's first write, so no read can land in it");
-    }
     input.options.direct_to_device = io::DirectToDevice::kOff;
     input.allocate_transient = [this, &w](std::size_t rank, std::size_t param) {
       const models::ParamSpec& spec = w.model->shells().at(rank).params.at(param);

@@ -143,13 +143,9 @@ std::vector<Combination> expand(const Experiment& e, const std::string& model_di
       for (const auto& [key, value] : c.values) {
         b.apply_set(key + "=" + set_text(value));
       }
-      runtime::LoadConfig config = b.build();
-      if (config.prefetch.enabled && config.io.direct) {
-        c.skipped =
-            "prefetch with io.direct: O_DIRECT reads bypass the page cache the prefetch warms";
-      } else {
-        c.config = std::move(config);
-      }
+      // The configuration refuses what cannot run (prefetch with io.direct, ep not
+      // dividing tp), naming why.
+      c.config = b.build();
     } catch (const Error& err) {
       c.skipped = err.what();
     }

@@ -1,5 +1,5 @@
 // CLI11 glue shared by the verbs (tools/cli.hpp), and the configuration flags that
-// `ferry load` and `ferry plan` share (tools/commands.hpp).
+// `ferry load`, `ferry plan` and `ferry config --show` share (tools/commands.hpp).
 #include "tools/cli.hpp"
 
 #include <algorithm>
@@ -34,10 +34,29 @@ constexpr ConfigFlag kSharedFlags[] = {
      "load the draft (MTP) model's weights instead of the target model's"},
 };
 
+// The flags only `ferry load` has, and `ferry config --show` with it.
+constexpr ConfigFlag kLoadFlags[] = {
+    {"--devices", "devices", Kind::kText, "SPEC",
+     "one device per local rank, in order: host:N | cuda:0,1,... | null:N (keeps nothing, counts "
+     "bytes); default host:<local ranks>"},
+    {"--dump-dir", "load.dump_dir", Kind::kText, "DIR",
+     "write each local rank's parameters to DIR/rank-<r>.safetensors"},
+    {"--report", "load.report", Kind::kText, "FILE", "write the load report as JSON"},
+    {"--trace", "trace.path", Kind::kText, "FILE",
+     "write a Chrome trace of the load (open it in Perfetto or chrome://tracing)"},
+    {"--startup", "startup.mode", Kind::kText, "MODE",
+     "boot as an engine does: prepare(), a stand-in capture (--capture-seconds), commit(); "
+     "serial | overlap | auto"},
+};
+
 }  // namespace
 
 std::span<const ConfigFlag> shared_config_flags() {
   return kSharedFlags;
+}
+
+std::span<const ConfigFlag> load_config_flags() {
+  return kLoadFlags;
 }
 
 std::optional<int> parse_verb(CLI::App& app, const Args& args) {
@@ -124,12 +143,12 @@ void add_config_options(CLI::App& app, ConfigArgs& out, std::span<const ConfigFl
   }
   app.footer(
       "Precedence, lowest first: in-code defaults < config file < environment < --set < flags.\n"
-      "Every configuration key (runtime/load_config.hpp) can be set with --set KEY=VALUE or the\n"
+      "Every configuration key (`ferry config --list`) can be set with --set KEY=VALUE or the\n"
       "environment: FERRY_ and the key in upper case with __ for each dot\n"
       "(FERRY_IO__CHUNK_BYTES=8MiB sets io.chunk_bytes; FERRY_DEVICES sets devices).");
 }
 
-std::optional<runtime::LoadConfig> config_from_args(const ConfigArgs& args, const char* verb) {
+runtime::ConfigSources sources_from_args(const ConfigArgs& args) {
   runtime::ConfigSources sources = args.sources;
   for (const ConfigArgs::Given& given : args.flags) {
     if (given.option->count() > 0) {
@@ -138,9 +157,13 @@ std::optional<runtime::LoadConfig> config_from_args(const ConfigArgs& args, cons
   }
   sources.default_json = kEmbeddedDefaultConfig;
   sources.default_json_name = "embedded config/default.json";
+  return sources;
+}
+
+std::optional<runtime::LoadConfig> config_from_args(const ConfigArgs& args, const char* verb) {
   runtime::LoadConfig config;
   try {
-    config = runtime::load_config(sources, environ);
+    config = runtime::load_config(sources_from_args(args), environ);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ferry %s: error: %s\n", verb, e.what());
     return std::nullopt;

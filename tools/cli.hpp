@@ -35,7 +35,7 @@ CLI::Validator one_of(std::vector<std::string> names, const std::string& what);
 CLI::Option* add_switch(CLI::App& app, const std::string& name, bool& value,
                         const std::string& help);
 
-// The configuration options of `ferry load` and `ferry plan`: --config FILE,
+// The configuration options of `ferry load`, `ferry plan` and `ferry config`: --config FILE,
 // --set KEY=VALUE (repeatable, in order), the shared flags and `verb_flags`.
 // --config and --set land in out.sources; config_from_args adds the flags given.
 // `out` must outlive the parse and `app`.

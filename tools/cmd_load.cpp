@@ -1,7 +1,8 @@
 // `ferry load`: loads a checkpoint onto devices with ferry::Runtime, prints a short
 // report, and optionally writes the JSON report and a dump of every local rank's
 // parameters (DIR/rank-<tp rank>.safetensors; nothing is written when the load fails).
-// Its model and parallel flags are `ferry plan`'s too (tools/cli.cpp).
+// Its model and parallel flags are `ferry plan`'s too, and all its configuration flags
+// `ferry config --show`'s (tools/cli.cpp).
 //
 // `--startup MODE` (or startup.mode overlap/auto from any config source) boots the
 // way an engine does: prepare(), a stand-in graph capture of `--capture-seconds S`
@@ -47,21 +48,6 @@ extern "C" void cancel_on_sigint(int) {
   }
 }
 
-// The flags only `ferry load` has (the shared ones are in tools/cli.cpp).
-constexpr ConfigFlag kLoadFlags[] = {
-    {"--devices", "devices", ConfigFlag::Kind::kText, "SPEC",
-     "one device per local rank, in order: host:N | cuda:0,1,... | null:N (keeps nothing, counts "
-     "bytes); default host:<local ranks>"},
-    {"--dump-dir", "load.dump_dir", ConfigFlag::Kind::kText, "DIR",
-     "write each local rank's parameters to DIR/rank-<r>.safetensors"},
-    {"--report", "load.report", ConfigFlag::Kind::kText, "FILE", "write the load report as JSON"},
-    {"--trace", "trace.path", ConfigFlag::Kind::kText, "FILE",
-     "write a Chrome trace of the load (open it in Perfetto or chrome://tracing)"},
-    {"--startup", "startup.mode", ConfigFlag::Kind::kText, "MODE",
-     "boot as an engine does: prepare(), a stand-in capture (--capture-seconds), commit(); "
-     "serial | overlap | auto"},
-};
-
 // prepare(), then a stand-in capture of `capture_seconds` (cut short when Ctrl-C
 // cancels the prepared startup), then commit().
 runtime::LoadResult boot(runtime::Runtime& rt, double capture_seconds,
@@ -84,7 +70,7 @@ runtime::LoadResult boot(runtime::Runtime& rt, double capture_seconds,
 int cmd_load(const Args& args) {
   CLI::App app(kDescription, "ferry load");
   ConfigArgs config_args;
-  add_config_options(app, config_args, kLoadFlags);
+  add_config_options(app, config_args, load_config_flags());
   double capture_seconds = 0;
   CLI::Option* capture =
       app.add_option("--capture-seconds", capture_seconds,

@@ -25,8 +25,10 @@ int cmd_load(const Args& args);      // tools/cmd_load.cpp
 int cmd_plan(const Args& args);      // tools/cmd_plan.cpp
 int cmd_selftest(const Args& args);  // tools/cmd_selftest.cpp
 int cmd_bench(const Args& args);     // tools/cmd_bench.cpp
+int cmd_config(const Args& args);    // tools/cmd_config.cpp
 
-// ---- configuration flags shared by `ferry load` and `ferry plan` (tools/cli.cpp)
+// ---- configuration flags shared by `ferry load`, `ferry plan` and `ferry config`
+// (tools/cli.cpp)
 
 // A dedicated flag that sets a configuration key. Its value is read as --set reads
 // values, so the configuration checks it and names the flag in errors.
@@ -47,6 +49,10 @@ struct ConfigFlag {
 // same arguments would do: --model, --tp, --ep, --pp, --pp-rank, --ranks, --draft.
 std::span<const ConfigFlag> shared_config_flags();
 
+// The flags only `ferry load` (and `ferry config --show`, which shows what `ferry load`
+// would use) adds to those: --devices, --dump-dir, --report, --trace, --startup.
+std::span<const ConfigFlag> load_config_flags();
+
 // What the configuration options of a verb collect (tools/cli.hpp add_config_options).
 struct ConfigArgs {
   runtime::ConfigSources sources;  // --config and --set; flags are added by config_from_args
@@ -58,6 +64,10 @@ struct ConfigArgs {
   std::vector<Given> flags;        // every ConfigFlag the verb has, in table order
   std::deque<std::string> values;  // storage the options write (stable addresses)
 };
+
+// The sources `args` collected: --config (else the embedded config/default.json),
+// --set and the flags given.
+runtime::ConfigSources sources_from_args(const ConfigArgs& args);
 
 // The LoadConfig of `args` over the embedded config/default.json and the
 // environment. Returns nullopt after printing the error (or, when no model path is

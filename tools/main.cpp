@@ -34,6 +34,8 @@ constexpr Verb kVerbs[] = {
      ferry::tools::cmd_bench},
     {"selftest", "compare every device operation with the host backend, byte for byte",
      ferry::tools::cmd_selftest},
+    {"config", "list the configuration keys, or show the effective configuration and its sources",
+     ferry::tools::cmd_config},
 };
 
 // `ferry` without a known verb: its help, or a usage error (exit 2).

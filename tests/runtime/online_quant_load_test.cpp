@@ -2,7 +2,8 @@
 // loaded with online FP8 holds exactly what models/online_quant.hpp's quantizations
 // make of a plain load's weights (the MLA split and the V3.2 indexer fusion taken
 // from full precision), the load-only weights are gone from the loaded model, a
-// layered load holds the same bytes with a lower device peak, and what is refused.
+// layered load holds the same bytes with a lower device peak, and what is refused
+// (the configuration refuses load.layered with what it cannot follow).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -161,11 +162,17 @@ TEST(OnlineQuantLoad, TheMlaSplitAndTheIndexerReadFullPrecision) {
 TEST(OnlineQuantLoad, RefusalsAndTheDummyFormat) {
   TempDir dir;
   const std::string ck = synth(dir, "llama");
+  // Refused while the configuration is built (the checks that span several keys),
+  // before a load starts.
   auto fails = [&](const std::vector<std::string>& sets) {
-    Runtime rt(make_config(ck, sets));
-    LoadResult r = rt.load();
-    EXPECT_FALSE(r);
-    return r ? std::string() : r.error->message;
+    try {
+      make_config(ck, sets);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.stage(), Stage::kConfig);
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "expected a config error";
+    return std::string();
   };
   EXPECT_THAT(fails({"load.layered=true"}), HasSubstr("only quantization.online makes any"));
   EXPECT_THAT(fails({"load.layered=true", "quantization.online=auto", "model.load_format=dummy"}),

@@ -1,6 +1,7 @@
 // docs/OPERATING.md lists every configuration key with its default: the table must
-// name exactly the keys LoadConfig has, each once, with the default to_json writes,
-// and every metric family ferry registers.
+// name exactly the keys of the key table (runtime/config_keys.hpp), each once, in the
+// table's order, with the default its row writes (to_json's), and every metric family
+// ferry registers.
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
@@ -10,7 +11,9 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include "runtime/config_keys.hpp"
 #include "runtime/load_config.hpp"
 #include "runtime/metrics.hpp"
 
@@ -25,8 +28,10 @@ std::string doc() {
   return s.str();
 }
 
-// Rows "| `key` | `default` | ..." -> key -> default text.
-std::map<std::string, std::string> documented_keys(const std::string& text) {
+// Rows "| `key` | `default` | ..." -> key -> default text; `order` gets the keys in
+// the order of the rows.
+std::map<std::string, std::string> documented_keys(const std::string& text,
+                                                   std::vector<std::string>* order = nullptr) {
   std::map<std::string, std::string> out;
   std::istringstream in(text);
   std::string line;
@@ -46,6 +51,9 @@ std::map<std::string, std::string> documented_keys(const std::string& text) {
     const std::string key = line.substr(3, key_end - 3);
     EXPECT_FALSE(out.count(key)) << "documented twice: " << key;
     out[key] = line.substr(def_begin + 3, def_end - def_begin - 3);
+    if (order != nullptr && key.rfind("ferry_", 0) != 0) {
+      order->push_back(key);
+    }
   }
   return out;
 }
@@ -73,6 +81,17 @@ TEST(OperatingDoc, EveryConfigKeyIsDocumentedOnceWithItsDefault) {
       EXPECT_TRUE(code.count(key)) << "documented but not a key: " << key;
     }
   }
+}
+
+TEST(OperatingDoc, TheKeyTableFollowsTheTableOfKeysRowByRow) {
+  std::vector<std::string> order;
+  std::map<std::string, std::string> documented = documented_keys(doc(), &order);
+  std::vector<std::string> rows;
+  for (const ConfigKey& key : config_keys()) {
+    rows.emplace_back(key.name);
+    EXPECT_EQ(documented[std::string(key.name)], key.default_value().dump()) << key.name;
+  }
+  EXPECT_EQ(order, rows);  // the same keys in the same order: neither can drift
 }
 
 TEST(OperatingDoc, EveryMetricFamilyIsDocumented) {

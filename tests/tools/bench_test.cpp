@@ -73,7 +73,7 @@ TEST(BenchExperiment, TheMatrixExpandsInFileOrderAndSkipsWhatCannotRun) {
   EXPECT_FALSE(all[1].config);  // queue depth 0 is refused by the configuration
   EXPECT_THAT(all[1].skipped, HasSubstr("io.queue_depth"));
   EXPECT_FALSE(all[6].config);  // prefetch with io.direct
-  EXPECT_THAT(all[6].skipped, HasSubstr("prefetch with io.direct"));
+  EXPECT_THAT(all[6].skipped, HasSubstr("prefetch.enabled with io.direct: refused"));
   std::size_t runnable = 0;
   for (const Combination& c : all) {
     runnable += c.config ? 1 : 0;
@@ -117,7 +117,8 @@ TEST(BenchCli, ARunWritesTheTableJsonCsvAndChart) {
                                        "--experiment", exp, "--repeat", "2", "--out", out});
   ASSERT_EQ(r.status, 0) << r.err << r.out;
   EXPECT_THAT(r.out, HasSubstr("skipped: io.queue_depth=2 prefetch.enabled=true io.direct=true: "
-                               "prefetch with io.direct"));
+                               "config: --set prefetch.enabled: prefetch.enabled with io.direct: "
+                               "refused"));
   EXPECT_THAT(r.out, HasSubstr("skipped: peer sglang: no Python"));
   EXPECT_THAT(r.out, HasSubstr("peer: cat"));
   const nlohmann::json j = nlohmann::json::parse(testing::read_file(out + "/results.json"));
