@@ -12,7 +12,7 @@
 // Everything a load allocates lives in a LoadedModel::State from the start. On
 // failure that state is dropped after the pipeline has stopped every actor, which
 // frees the device memory; on success it becomes the LoadedModel.
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 
 #include <sys/resource.h>
 #include <sys/stat.h>

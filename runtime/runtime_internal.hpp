@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 
 namespace ferry::io {
 class BufferAllocator;

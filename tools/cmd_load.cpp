@@ -23,8 +23,8 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/load_config.hpp"
-#include "runtime/runtime.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 #include "tools/progress.hpp"

@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/load_config.hpp"
-#include "runtime/runtime.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/run.hpp"
 #include "testing/temp_dir.hpp"

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "ferry/metrics.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/tcp_client.hpp"
 #include "testing/temp_dir.hpp"

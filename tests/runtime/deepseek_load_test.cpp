@@ -21,7 +21,7 @@
 #include "models/model.hpp"
 #include "models/moe_reference.hpp"
 #include "models/quant_reference.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"

@@ -14,7 +14,7 @@
 
 #include "gpu/host_device.hpp"
 #include "gpu/null_device.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/error_of.hpp"

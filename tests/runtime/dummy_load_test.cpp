@@ -16,8 +16,8 @@
 
 #include "common/fp8.hpp"
 #include "models/quant.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/plan_report.hpp"
-#include "runtime/runtime.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/dtype_codec.hpp"
 #include "testing/temp_dir.hpp"

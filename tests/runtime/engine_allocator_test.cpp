@@ -14,7 +14,7 @@
 #include "gpu/host_device.hpp"
 #include "ferry/dlpack.hpp"
 #include "runtime/engine_memory.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"

@@ -40,7 +40,7 @@
 #include "models/hooks.hpp"
 #include "testing/with_hooks.hpp"
 #include "models/model.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/faulty_device.hpp"

@@ -18,7 +18,7 @@
 #include <string>
 
 #include "ferry/metrics.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 

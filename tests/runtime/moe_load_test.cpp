@@ -18,7 +18,7 @@
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
 #include "models/moe_reference.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 #include "tools/synth.hpp"

@@ -12,7 +12,7 @@
 #include "common/error.hpp"
 #include "gpu/device_wrapper.hpp"
 #include "gpu/null_device.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/error_of.hpp"

@@ -17,7 +17,7 @@
 #include "gpu/kernels_host.hpp"
 #include "models/online_quant.hpp"
 #include "models/quant.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 #include "tools/synth.hpp"

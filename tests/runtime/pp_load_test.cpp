@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 

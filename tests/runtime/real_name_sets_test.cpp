@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "io/safetensors_writer.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/load_config.hpp"
-#include "runtime/runtime.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
 

@@ -15,7 +15,7 @@
 
 #include "models/quant.hpp"
 #include "models/requant.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 #include "tools/synth.hpp"

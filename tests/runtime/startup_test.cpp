@@ -20,7 +20,7 @@
 #include "testing/with_hooks.hpp"
 #include "models/model.hpp"
 #include "runtime/engine_memory.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/faulty_device.hpp"
