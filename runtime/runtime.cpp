@@ -57,7 +57,7 @@
 #include "runtime/metrics.hpp"
 #include "runtime/metrics_server.hpp"
 #include "runtime/plan_report.hpp"
-#include "runtime/runtime_internal.hpp"
+#include "runtime/test_seams.hpp"
 #include "runtime/trace.hpp"
 
 namespace ferry::runtime {
@@ -914,7 +914,7 @@ struct LoadWork {
 
 struct FERRY_HIDDEN Runtime::Impl {
   LoadConfig config;
-  RuntimeHooks hooks;
+  RuntimeTestSeams seams;
   std::shared_ptr<Allocator> allocator;
 
   mutable std::mutex mu;  // guards everything below
@@ -1014,15 +1014,30 @@ LoadHandle::State& refuse(LoadHandle::State& state, const std::string& why) {
 
 }  // namespace
 
-Runtime::Runtime(Config config, std::shared_ptr<Allocator> allocator)
-    : Runtime(std::move(config), RuntimeHooks{}, std::move(allocator)) {}
+// Makes a Runtime with test seams (make_runtime); a friend of Runtime.
+struct RuntimeFactory {
+  static std::unique_ptr<Runtime::Impl> impl(const Config& config, RuntimeTestSeams seams,
+                                             std::shared_ptr<Allocator> allocator) {
+    auto impl = std::make_unique<Runtime::Impl>();
+    impl->config = config.load_config();
+    impl->seams = std::move(seams);
+    impl->allocator = std::move(allocator);
+    impl->start_metrics();
+    return impl;
+  }
+  static Runtime make(const Config& config, RuntimeTestSeams seams,
+                      std::shared_ptr<Allocator> allocator) {
+    return Runtime(impl(config, std::move(seams), std::move(allocator)));
+  }
+};
 
-Runtime::Runtime(Config config, RuntimeHooks hooks, std::shared_ptr<Allocator> allocator)
-    : impl_(std::make_unique<Impl>()) {
-  impl_->config = config.load_config();
-  impl_->hooks = std::move(hooks);
-  impl_->allocator = std::move(allocator);
-  impl_->start_metrics();
+Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Runtime::Runtime(Config config, std::shared_ptr<Allocator> allocator)
+    : Runtime(RuntimeFactory::impl(config, {}, std::move(allocator))) {}
+
+Runtime make_runtime(Config config, RuntimeTestSeams seams, std::shared_ptr<Allocator> allocator) {
+  return RuntimeFactory::make(config, std::move(seams), std::move(allocator));
 }
 
 void Runtime::Impl::start_metrics() {
@@ -1307,8 +1322,8 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
 
   // ---- resolve
   handle.phase.store(LoadPhase::kResolve);
-  if (hooks.in_resolve) {
-    hooks.in_resolve();
+  if (seams.in_resolve) {
+    seams.in_resolve();
   }
   // Once per process: a checkpoint of thousands of shards keeps a descriptor per
   // shard (build_checkpoint_index still checks that its files fit).
@@ -1325,10 +1340,10 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   handle.phase.store(LoadPhase::kPlan);
   // The layout and model options from the config (shared with `ferry plan`).
   w.model = make_configured_model(c, w.resolved.hf_config);
-  if (hooks.wrap_model) {
-    w.model = hooks.wrap_model(w.model);
+  if (seams.wrap_model) {
+    w.model = seams.wrap_model(w.model);
     if (!w.model) {
-      throw Error(Stage::kConfig, "", "", "RuntimeHooks::wrap_model returned no model");
+      throw Error(Stage::kConfig, "", "", "RuntimeTestSeams::wrap_model returned no model");
     }
   }
   for (const std::string& note : w.model->notes()) {
@@ -1371,8 +1386,8 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
 void Runtime::Impl::make_devices(LoadWork& w) {
   LoadedModel::State& state = *w.state;
   const auto& shells = w.model->shells();
-  if (!hooks.devices.empty()) {
-    state.devices = hooks.devices;
+  if (!seams.devices.empty()) {
+    state.devices = seams.devices;
   } else {
     gpu::HostDeviceOptions host;
     host.bandwidth_gbps = config.host.bandwidth_gbps;
@@ -1507,8 +1522,8 @@ actors::PipelineInput Runtime::Impl::pipeline_input(LoadWork& w) const {
   input.options.prefetch_block_bytes = c.prefetch.block_bytes;
   input.options.prefetch_ahead_bytes = c.prefetch.ahead_bytes;
   input.options.poison_staging = c.host.deferred_copies;
-  input.release_staging_early = hooks.release_staging_early;
-  input.staging_allocator = hooks.staging_allocator;
+  input.release_staging_early = seams.release_staging_early;
+  input.staging_allocator = seams.staging_allocator;
   if (!input.staging_allocator) {
     for (const auto& d : w.state->devices) {
       if (d->name().rfind("cuda", 0) == 0) {
@@ -1535,9 +1550,9 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
   handle.phase.store(LoadPhase::kStream);
   actors::PipelineInput input = pipeline_input(w);
   input.prepared = w.resources;  // prepare()'s, in overlap mode
-  input.faults = hooks.faults;
-  input.before_copy = hooks.before_copy;
-  input.fault_point = hooks.fault_point;
+  input.faults = seams.faults;
+  input.before_copy = seams.before_copy;
+  input.fault_point = seams.fault_point;
   input.cancel = &handle.cancel;
   input.progress = &handle.pipeline;
   if (CallbackThread* cb = handle.callbacks) {
@@ -1583,8 +1598,8 @@ void Runtime::Impl::stream(LoadWork& w, LoadHandle::State& handle) {
     input.on_prefetch_block = w.trace->prefetch_observer();
     input.on_hook = w.trace->hook_observer();
   }
-  if (!readers.empty() || hooks.wrap_reader) {
-    input.wrap_reader = [readers, wrap = hooks.wrap_reader](std::unique_ptr<io::Reader> reader) {
+  if (!readers.empty() || seams.wrap_reader) {
+    input.wrap_reader = [readers, wrap = seams.wrap_reader](std::unique_ptr<io::Reader> reader) {
       for (const io::ReadObserver& o : readers) {
         reader = std::make_unique<io::MeteredReader>(std::move(reader), o);
       }
@@ -2109,7 +2124,7 @@ LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
   // ---- admission: decided before anything is allocated
   w.mode = StartupMode::kSerial;
   if (config.startup.mode != StartupMode::kSerial) {
-    if (!hooks.skip_startup_admission) {
+    if (!seams.skip_startup_admission) {
       report.startup_refusals = overlap_refusals(w);
     }
     if (report.startup_refusals.empty()) {
@@ -2171,8 +2186,8 @@ void Runtime::Impl::verify_startup(LoadWork& w) {
   std::vector<std::string> moved;
   {
     std::lock_guard lock(w.state_mu);
-    if (hooks.before_startup_verify) {
-      hooks.before_startup_verify(w.state->ranks);
+    if (seams.before_startup_verify) {
+      seams.before_startup_verify(w.state->ranks);
     }
     moved = manifest_changes(w.state->manifest, *w.state);
   }

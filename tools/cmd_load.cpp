@@ -104,7 +104,7 @@ int cmd_load(const Args& args) {
   const bool startup = app.count("--startup") > 0 || capture->count() > 0 ||
                        config.startup.mode != runtime::StartupMode::kSerial;
 
-  runtime::Runtime rt(config);
+  runtime::Runtime rt(to_config(config));
   struct sigaction action {};
   struct sigaction previous {};
   action.sa_handler = cancel_on_sigint;

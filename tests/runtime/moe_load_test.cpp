@@ -35,14 +35,14 @@ using testing::TempDir;
 namespace moe_ref = testing::moe_ref;
 
 LoadResult load(const LoadConfig& config) {
-  Runtime rt(config);
+  Runtime rt(to_config(config));
   LoadResult r = rt.load();
   EXPECT_TRUE(r) << (r.error ? r.error->message : "");
   return r;
 }
 
 ErrorInfo load_error(const LoadConfig& config) {
-  Runtime rt(config);
+  Runtime rt(to_config(config));
   LoadResult r = rt.load();
   EXPECT_FALSE(r);
   return r.error.value_or(ErrorInfo{});

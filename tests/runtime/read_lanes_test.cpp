@@ -23,7 +23,7 @@ using testing::synth_checkpoint;
 using testing::TempDir;
 
 LoadResult load_with(const std::string& dir, std::vector<std::string> sets) {
-  Runtime rt(make_config(dir, sets));
+  Runtime rt(to_config(make_config(dir, sets)));
   return rt.load();
 }
 

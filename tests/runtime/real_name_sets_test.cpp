@@ -183,7 +183,7 @@ TEST_P(RealNameSetsTest, EveryNamePlacedOrDroppedAndEveryParamFilled) {
       label += s + " ";
     }
     SCOPED_TRACE(p.model + ": " + label);
-    runtime::Runtime rt(b.build());
+    runtime::Runtime rt(to_config(b.build()));
     runtime::LoadResult r = rt.load();
     ASSERT_TRUE(r) << r.error->message;
     const runtime::LoadReport& rep = r.model->report();
