@@ -198,7 +198,7 @@ struct ParamView {
 
 class FERRY_API LoadedModel : public std::enable_shared_from_this<LoadedModel> {
  public:
-  struct State;  // devices, allocations, params (runtime/runtime.cpp)
+  struct State;  // devices, allocations, params (runtime/load_work.hpp)
   explicit LoadedModel(std::shared_ptr<State> state);
 
   const std::vector<LoadedRank>& ranks() const;
@@ -293,7 +293,7 @@ class FERRY_API LoadHandle {
   LoadProgress progress() const;
   bool done() const;
 
-  struct State;  // internal (runtime/runtime.cpp)
+  struct State;  // internal (runtime/load_work.hpp)
 
  private:
   friend class Runtime;
