@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "common/host_device.hpp"
+#include "common/host_device_macro.hpp"
 
 namespace ferry {
 

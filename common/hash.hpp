@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "common/host_device.hpp"
+#include "common/host_device_macro.hpp"
 
 namespace ferry {
 

@@ -12,7 +12,7 @@
 #include <cstring>
 
 #include "common/fp8.hpp"
-#include "common/host_device.hpp"
+#include "common/host_device_macro.hpp"
 
 namespace ferry::gpu {
 

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/log.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/load_config.hpp"
 
 namespace ferry::runtime {
@@ -42,11 +43,13 @@ Config::Config() : impl_(std::make_unique<Impl>()) {
   impl_->built = impl_->builder.build();
 }
 
-Config::Config(const LoadConfig& config) : impl_(std::make_unique<Impl>()) {
+Config to_config(const LoadConfig& config) {
+  Config out;
   // The round trip to_json -> apply_json builds an equal LoadConfig (load_config.hpp),
   // so later layers apply over exactly this configuration.
-  impl_->builder.apply_json(runtime::to_json(config), "configuration");
-  impl_->built = config;
+  out.impl_->builder.apply_json(runtime::to_json(config), "configuration");
+  out.impl_->built = config;
+  return out;
 }
 
 Config::Config(const Config& other) : impl_(std::make_unique<Impl>(*other.impl_)) {}

@@ -199,7 +199,7 @@ struct TraceConfig {
   bool operator==(const TraceConfig&) const = default;
 };
 
-// How Runtime::prepare()/commit() start a model (runtime/runtime.hpp). load() and
+// How Runtime::prepare()/commit() start a model (runtime/api_internal.hpp). load() and
 // start() ignore it: they are always one serial pass.
 enum class StartupMode {
   kSerial,   // prepare() loads fully; commit() only verifies

@@ -19,7 +19,7 @@
 #include "common/error.hpp"
 #include "gpu/metered_device.hpp"
 #include "io/metered_reader.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 
 namespace ferry::runtime {
 

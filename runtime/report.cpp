@@ -4,7 +4,7 @@
 #include <string>
 
 #include "common/format.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 
 namespace ferry::runtime {
 nlohmann::json to_json(const LoadReport& r) {

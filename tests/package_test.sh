@@ -47,7 +47,8 @@ for want in 'ferry::runtime::Runtime::load()' 'ferry::runtime::Config::set(' 'ty
             'ferry::runtime::to_dlpack(' 'ferry::runtime::use_registry(' 'ferry::version()'; do
   grep -qF "$want" "$work/exports.txt" || fail "not exported: $want"
 done
-for hidden in 'Runtime::Impl' 'LoadHandle::State::' 'ConfigBuilder' 'actors::' 'io::' 'models::' 'gpu::'; do
+for hidden in 'Runtime::Impl' 'LoadHandle::State::' 'ConfigBuilder' 'RuntimeTestSeams' 'make_runtime' \
+              'RuntimeFactory' 'to_config' 'actors::' 'io::' 'models::' 'gpu::'; do
   if grep -F "$hidden" "$work/exports.txt" | grep -v '^ferry::runtime::LoadedModel::LoadedModel' | grep -q .; then
     fail "an internal symbol is exported: $(grep -F "$hidden" "$work/exports.txt" | head -1)"
   fi

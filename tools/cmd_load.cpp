@@ -24,8 +24,8 @@
 
 #include "common/error.hpp"
 #include "common/format.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/load_config.hpp"
-#include "runtime/runtime.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
 #include "tools/progress.hpp"
@@ -90,7 +90,7 @@ int cmd_load(const Args& args) {
   const bool startup = app.count("--startup") > 0 || capture->count() > 0 ||
                        config.startup.mode != runtime::StartupMode::kSerial;
 
-  runtime::Runtime rt(config);
+  runtime::Runtime rt(to_config(config));
   struct sigaction action {};
   struct sigaction previous {};
   action.sa_handler = cancel_on_sigint;

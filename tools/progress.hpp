@@ -8,7 +8,7 @@
 #include <cstdio>
 #include <string>
 
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 
 namespace ferry::tools {
 

@@ -29,9 +29,6 @@ struct LoadConfig;  // ferry's internal form (runtime/load_config.hpp)
 class FERRY_API Config {
  public:
   Config();  // ferry's in-code defaults
-  // ferry's own code builds one from its internal form (not for engines: the type
-  // is not installed).
-  Config(const LoadConfig& config);  // NOLINT(google-explicit-constructor)
   Config(const Config& other);
   Config& operator=(const Config& other);
   ~Config();
@@ -61,6 +58,9 @@ class FERRY_API Config {
   struct Impl;  // internal (runtime/config.cpp)
 
  private:
+  // ferry's own code makes one from its internal form (runtime/api_internal.hpp);
+  // not exported.
+  friend Config to_config(const LoadConfig& config);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -198,7 +198,7 @@ struct ParamView {
 
 class FERRY_API LoadedModel : public std::enable_shared_from_this<LoadedModel> {
  public:
-  struct State;  // devices, allocations, params (runtime/runtime.cpp)
+  struct State;  // devices, allocations, params (runtime/load_work.hpp)
   explicit LoadedModel(std::shared_ptr<State> state);
 
   const std::vector<LoadedRank>& ranks() const;
@@ -233,10 +233,6 @@ struct LoadResult {
   std::optional<ErrorInfo> error;      // set on failure
   explicit operator bool() const { return model != nullptr; }
 };
-
-// Test and experiment hooks (fault injection, injected devices, copy callbacks):
-// runtime/runtime_internal.hpp, not part of the embedding API.
-struct RuntimeHooks;
 
 // Where a load is, for an engine that watches it.
 // kSentinel: prepare() in overlap mode fills the shells with the sentinel, runs the
@@ -297,7 +293,7 @@ class FERRY_API LoadHandle {
   LoadProgress progress() const;
   bool done() const;
 
-  struct State;  // internal (runtime/runtime.cpp)
+  struct State;  // internal (runtime/load_work.hpp)
 
  private:
   friend class Runtime;
@@ -331,8 +327,6 @@ class FERRY_API Runtime {
   // `allocator`: parameters come from the engine's memory (null: from the devices).
   // The null device keeps no data and refuses one.
   explicit Runtime(Config config, std::shared_ptr<Allocator> allocator = nullptr);
-  // With test and experiment hooks (runtime/runtime_internal.hpp).
-  Runtime(Config config, RuntimeHooks hooks, std::shared_ptr<Allocator> allocator = nullptr);
   // Cancels a load still running and waits for it to stop.
   ~Runtime();
   Runtime(const Runtime&) = delete;
@@ -375,6 +369,9 @@ class FERRY_API Runtime {
                                      std::shared_ptr<prometheus::Registry> registry);
   friend FERRY_API std::vector<int> metrics_ports(const Runtime& runtime);
   struct Impl;
+  // ferry's tests make one with test seams (make_runtime, internal); not exported.
+  friend struct RuntimeFactory;
+  explicit FERRY_HIDDEN Runtime(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

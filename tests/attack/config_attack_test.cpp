@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/load_config.hpp"
-#include "runtime/runtime.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/run.hpp"
 #include "testing/temp_dir.hpp"
@@ -290,7 +290,7 @@ TEST(AttackThrottle, ACancelAtTheLowestBandwidthIsHonouredAtOnce) {
   b.apply_set("io.chunk_bytes=64MiB");
   b.apply_set("io.staging_bytes=128MiB");
   b.apply_set("io.cancel_timeout_ms=1000");
-  Runtime rt(b.build());
+  Runtime rt(to_config(b.build()));
   LoadHandle handle = rt.start();
   // Wait (bounded) until chunks are on the emulated link and the copy worker sleeps
   // on it: bytes copied, and no more for half a second (a cancel that came while the

@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "io/reader.hpp"
-#include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/process_census.hpp"
 #include "testing/temp_dir.hpp"
 #include "tools/synth.hpp"
@@ -206,13 +206,13 @@ TEST_P(AttackFileChange, AShardRewrittenInPlaceWhileItIsReadFailsTheLoad) {
       rewritten.insert(name);
     }
   });
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.wrap_reader = [&](std::unique_ptr<io::Reader> inner) -> std::unique_ptr<io::Reader> {
     return std::make_unique<GatedReader>(std::move(inner), gate, started);
   };
   std::vector<std::string> all = {"io.chunk_bytes=4096"};
   all.insert(all.end(), sets.begin(), sets.end());
-  Runtime rt(make_config(ck.dir, all), hooks);
+  Runtime rt = make_runtime(to_config(make_config(ck.dir, all)), hooks);
   LoadResult r = rt.load();
   ASSERT_TRUE(gate->done()) << "no read completed";
   ASSERT_FALSE(rewritten.empty());
@@ -251,11 +251,12 @@ TEST(AttackFileChangeRename, AShardRenamedOverWhileItIsReadStillLoadsTheOriginal
       fs::rename(tmp, path);
     }
   });
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.wrap_reader = [&](std::unique_ptr<io::Reader> inner) -> std::unique_ptr<io::Reader> {
     return std::make_unique<GatedReader>(std::move(inner), gate, started);
   };
-  Runtime rt(make_config(ck.dir, {"io.chunk_bytes=4096", "io.read_lanes=1"}), hooks);
+  Runtime rt = make_runtime(
+      to_config(make_config(ck.dir, {"io.chunk_bytes=4096", "io.read_lanes=1"})), hooks);
   LoadResult r = rt.load();
   ASSERT_TRUE(gate->done());
   ASSERT_TRUE(r) << r.error->message;
@@ -454,7 +455,7 @@ TEST_F(AttackManyShards, APlanThatReadsFewShardsKeepsFewDescriptors) {
   }
   const std::size_t before = testing::open_fds();
   std::atomic<std::size_t> most{0};
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.before_copy = [&](std::size_t, const std::string&) {
     const std::size_t now = testing::open_fds();
     std::size_t seen = most.load();
@@ -462,7 +463,8 @@ TEST_F(AttackManyShards, APlanThatReadsFewShardsKeepsFewDescriptors) {
     }
   };
   // 556 layers over 64 stages: 8 or 9 layers, 9 shards each, for rank 1.
-  Runtime rt(make_config(ck(), {"parallel.pp=64", "parallel.pp_rank=1"}), hooks);
+  Runtime rt =
+      make_runtime(to_config(make_config(ck(), {"parallel.pp=64", "parallel.pp_rank=1"})), hooks);
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   ASSERT_GT(most.load(), 0u) << "no copy ran";

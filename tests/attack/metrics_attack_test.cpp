@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "ferry/metrics.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/tcp_client.hpp"
 #include "testing/temp_dir.hpp"
@@ -61,7 +61,7 @@ constexpr std::chrono::milliseconds kScrapeBound{1000};
 class AttackMetricsSlowloris : public ::testing::Test {
  protected:
   AttackMetricsSlowloris()
-      : rt_(make_config(dir_.file("no-model"), {"metrics.listen=127.0.0.1:0"})) {}
+      : rt_(to_config(make_config(dir_.file("no-model"), {"metrics.listen=127.0.0.1:0"}))) {}
   int port() const { return metrics_ports(rt_).at(0); }
 
   TempDir dir_;

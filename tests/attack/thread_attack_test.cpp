@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "common/log.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 
@@ -240,7 +240,7 @@ ChildEnd load_with_failed_thread(const std::string& model, int fail_at, const Te
     {
       g_created.store(0);
       g_fail_at.store(fail_at);
-      runtime::Runtime rt(config);
+      runtime::Runtime rt(to_config(config));
       runtime::LoadCallbacks callbacks;
       callbacks.on_progress = [](const runtime::LoadProgress&) { return true; };
       runtime::LoadResult r = rt.start(callbacks).wait();
@@ -271,8 +271,8 @@ TEST(AttackThreads, NoThreadLocalOfFerrysHasADestructor) {
   const int all_before = g_tls_destructors.load();
   const int own_before = g_own_tls_destructors.load();
   {
-    runtime::Runtime rt(testing::make_config(
-        ck.dir, {"parallel.tp=2", "io.read_lanes=2", "prefetch.enabled=true"}));
+    runtime::Runtime rt(to_config(testing::make_config(
+        ck.dir, {"parallel.tp=2", "io.read_lanes=2", "prefetch.enabled=true"})));
     runtime::LoadCallbacks callbacks;
     callbacks.on_progress = [](const runtime::LoadProgress&) { return true; };
     runtime::LoadResult r = rt.start(callbacks).wait();

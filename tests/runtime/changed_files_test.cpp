@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/process_census.hpp"
 
 namespace ferry::runtime {
@@ -31,8 +31,8 @@ using testing::TempDir;
 
 const char* const kShard = "model-00002-of-00004.safetensors";
 
-LoadResult load(const LoadConfig& config, RuntimeHooks hooks = {}) {
-  Runtime rt(config, std::move(hooks));
+LoadResult load(const LoadConfig& config, RuntimeTestSeams hooks = {}) {
+  Runtime rt = make_runtime(to_config(config), std::move(hooks));
   return rt.load();
 }
 
@@ -61,7 +61,7 @@ std::string read_all(const std::string& path) {
 LoadResult load_changing_after_resolve(const Checkpoint& ck,
                                        const std::function<void(const std::string&)>& change,
                                        std::vector<std::string> sets = {}) {
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.wrap_model = [&](std::shared_ptr<const models::Model> m) {
     change(ck.dir + "/" + kShard);
     return m;
@@ -112,7 +112,7 @@ TEST(ChangedFiles, TheDescriptorsKeptForALoadAreClosedAfterIt) {
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
   const std::size_t before = testing::open_fds();
   std::size_t during = 0;
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.wrap_model = [&](std::shared_ptr<const models::Model> m) {
     during = testing::open_fds();
     return m;
@@ -144,7 +144,7 @@ TEST(ChangedFiles, AShardTruncatedAfterItsHeaderWasReadIsRefused) {
 TEST(ChangedFiles, AShardRenamedOverDuringTheLoadStillLoadsTheOriginal) {
   TempDir dir;
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   std::atomic<bool> replaced{false};
   hooks.before_copy = [&](std::size_t, const std::string&) {
     if (!replaced.exchange(true)) {  // the first copy: the one lane has opened every file

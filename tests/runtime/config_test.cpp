@@ -12,8 +12,8 @@
 #include <string>
 
 #include "ferry/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/load_config.hpp"
-#include "runtime/runtime.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 
@@ -40,7 +40,7 @@ TEST(PublicConfig, StartsFromTheInCodeDefaults) {
   Config c;
   EXPECT_EQ(c.load_config(), ConfigBuilder().build());
   EXPECT_EQ(c.load_config().parallel.tp, 1);
-  EXPECT_EQ(c, Config(LoadConfig(ConfigBuilder().build())));
+  EXPECT_EQ(c, to_config(ConfigBuilder().build()));
 }
 
 TEST(PublicConfig, LayersApplyInCallOrderKeyByKey) {
@@ -123,7 +123,7 @@ TEST(PublicConfig, FromTheInternalFormLaterLayersApplyOverIt) {
   builder.apply_set("parallel.tp=2");
   builder.apply_set("io.chunk_bytes=64KiB");
   const LoadConfig internal = builder.build();
-  Config c(internal);
+  Config c = to_config(internal);
   EXPECT_EQ(c.load_config(), internal);
   c.set("parallel.tp=4");
   EXPECT_EQ(c.load_config().parallel.tp, 4);

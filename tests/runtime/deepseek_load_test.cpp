@@ -21,7 +21,7 @@
 #include "models/model.hpp"
 #include "models/moe_reference.hpp"
 #include "models/quant_reference.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
@@ -78,7 +78,7 @@ std::shared_ptr<LoadedModel> load_and_check(const Checkpoint& ck, LoadSetup s) {
   // What SGLang decides about fusion, unless the setup says.
   s.layout.fuse_shared =
       s.fuse.value_or(testing::ds::sglang_fuses(testing::ds::dims_of(ck.config), s.layout));
-  Runtime rt(make_config(ck.dir, sets_of(s)));
+  Runtime rt(to_config(make_config(ck.dir, sets_of(s))));
   LoadResult r = rt.load();
   EXPECT_TRUE(r) << (r.error ? r.error->message : "");
   if (!r) {
@@ -209,7 +209,7 @@ TEST_F(DeepseekLoad, UnevenTpPadsMlaHeadsAndTheHookSplitsZeroHeads) {
   load_and_check(*v3_, s);
   // Without pad the layout is refused before anything is read.
   s.layout.pad = false;
-  Runtime rt(make_config(v3_->dir, sets_of(s)));
+  Runtime rt(to_config(make_config(v3_->dir, sets_of(s))));
   LoadResult r = rt.load();
   ASSERT_FALSE(r);
   EXPECT_THAT(r.error->message, HasSubstr("model.unaligned_tp=pad"));
@@ -332,7 +332,7 @@ TEST_P(DeepseekQuantLoad, QuantizedCheckpointLoadsAsTheReference) {
   for (const auto& [tp, ep] : layouts) {
     LoadSetup s = load_setup(tp, ep);
     s.layout.fuse_shared = testing::ds::sglang_fuses(testing::ds::dims_of(config), s.layout);
-    Runtime rt(make_config(o.out, sets_of(s)));
+    Runtime rt(to_config(make_config(o.out, sets_of(s))));
     LoadResult r = rt.load();
     ASSERT_TRUE(r) << r.error->message;
     models::ParallelLayout layout;
@@ -424,7 +424,8 @@ TEST(RealConfigsScaledFp8, LoadAsTheReference) {
     std::vector<tools::SynthTensor> tensors = tools::synth_tensor_list(source, DType::kBF16, 64);
     testing::quant::Values values(
         o.seed, testing::quant::quantize(tensors, config, tools::SynthQuant::kFp8Block, 4));
-    Runtime rt(make_config(o.out, {"parallel.tp=2", "parallel.ep=2", "parallel.ranks=1"}));
+    Runtime rt(
+        to_config(make_config(o.out, {"parallel.tp=2", "parallel.ep=2", "parallel.ranks=1"})));
     LoadResult r = rt.load();
     ASSERT_TRUE(r) << r.error->message;
     models::ParallelLayout layout;

@@ -15,9 +15,9 @@
 
 #include "common/error.hpp"
 #include "gpu/host_device.hpp"
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -34,22 +34,22 @@ TEST(DeferredCopies, TheRealPipelineLoadsTheSameBytesAndAnEarlyReleaseIsCaught) 
                                            "io.staging_bytes=128KiB"};
   std::vector<std::string> immediate = layout;
   immediate.push_back("host.deferred_copies=false");
-  Runtime reference(make_config(ck.dir, immediate));
+  Runtime reference(to_config(make_config(ck.dir, immediate)));
   LoadResult want = reference.load();
   ASSERT_TRUE(want) << want.error->message;
   const auto expected = testing::param_bytes(*want.model);
 
   std::vector<std::string> deferred = layout;
   deferred.push_back("host.deferred_copies=true");
-  Runtime rt(make_config(ck.dir, deferred));
+  Runtime rt(to_config(make_config(ck.dir, deferred)));
   LoadResult got = rt.load();
   ASSERT_TRUE(got) << got.error->message;
   EXPECT_EQ(testing::param_bytes(*got.model), expected);
 
   // The same with buffers given back before their copies ran: poison lands.
-  RuntimeHooks broken;
+  RuntimeTestSeams broken;
   broken.release_staging_early = true;
-  Runtime bad(make_config(ck.dir, deferred), broken);
+  Runtime bad = make_runtime(to_config(make_config(ck.dir, deferred)), broken);
   LoadResult damaged = bad.load();
   ASSERT_TRUE(damaged) << damaged.error->message;  // the byte counts still add up
   const auto actual = testing::param_bytes(*damaged.model);
@@ -88,7 +88,7 @@ TEST(DeferredCopies, AChunkThatFailsHalfQueuedKeepsItsBufferUntilItsCopiesRan) {
   // Several loads, each failing at another point of its first chunks: a release
   // before the copies ran is caught in every one of them, not by luck of timing.
   for (int fail_at : {4, 9, 17}) {
-    RuntimeHooks hooks;
+    RuntimeTestSeams hooks;
     hooks.devices = {gpu::make_host_device(0, options), gpu::make_host_device(1, options)};
     std::atomic<int> calls{0};
     hooks.before_copy = [&calls, fail_at](std::size_t, const std::string& param) {
@@ -96,10 +96,11 @@ TEST(DeferredCopies, AChunkThatFailsHalfQueuedKeepsItsBufferUntilItsCopiesRan) {
         throw Error(Stage::kCopy, "", param, "injected copy failure");
       }
     };
-    Runtime rt(make_config(ck.dir, {"parallel.tp=2", "io.chunk_bytes=1MiB",
-                                    "io.staging_bytes=2MiB", "io.read_lanes=1",
-                                    "host.deferred_copies=true"}),
-               std::move(hooks));
+    Runtime rt =
+        make_runtime(to_config(make_config(
+                         ck.dir, {"parallel.tp=2", "io.chunk_bytes=1MiB", "io.staging_bytes=2MiB",
+                                  "io.read_lanes=1", "host.deferred_copies=true"})),
+                     std::move(hooks));
     LoadResult r = rt.load();
     ASSERT_FALSE(r) << "fail_at " << fail_at;
     EXPECT_NE(r.error->message.find("injected copy failure"), std::string::npos)

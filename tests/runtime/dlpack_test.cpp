@@ -14,9 +14,9 @@
 
 #include "gpu/host_device.hpp"
 #include "gpu/null_device.hpp"
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/error_of.hpp"
 #include "testing/temp_dir.hpp"
 
@@ -32,11 +32,12 @@ using testing::TempDir;
 TEST(Dlpack, ParamsExportAsZeroCopyTensorsThatKeepTheModelAlive) {
   TempDir dir;
   const testing::Checkpoint ck = synth_checkpoint(dir.file("ds"), "deepseek_v3");
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.devices = {gpu::make_host_device(0), gpu::make_host_device(1)};
   std::vector<DLManagedTensor*> tensors;
   {
-    Runtime rt(make_config(ck.dir, {"parallel.tp=2", "model.dtype=f32"}), hooks);
+    Runtime rt =
+        make_runtime(to_config(make_config(ck.dir, {"parallel.tp=2", "model.dtype=f32"})), hooks);
     LoadResult r = rt.load();
     ASSERT_TRUE(r) << r.error->message;
     for (const std::string name :
@@ -84,7 +85,7 @@ TEST(Dlpack, ParamsExportAsZeroCopyTensorsThatKeepTheModelAlive) {
 TEST(Dlpack, Bf16HasItsOwnCodeAndBadRequestsNameTheParameter) {
   TempDir dir;
   const testing::Checkpoint ck = synth_checkpoint(dir.file("llama"), "llama");
-  Runtime rt(make_config(ck.dir, {"parallel.tp=1"}));
+  Runtime rt(to_config(make_config(ck.dir, {"parallel.tp=1"})));
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   DLManagedTensor* t = to_dlpack(r.model, 0, "model.norm.weight");
@@ -98,7 +99,7 @@ TEST(Dlpack, Bf16HasItsOwnCodeAndBadRequestsNameTheParameter) {
   EXPECT_THAT(error_of(Stage::kConfig, [&] { to_dlpack(nullptr, 0, "model.norm.weight"); }),
               HasSubstr("no loaded model"));
   // A null device keeps no data to export.
-  Runtime null_rt(make_config(ck.dir, {"parallel.tp=1", "devices=null"}));
+  Runtime null_rt(to_config(make_config(ck.dir, {"parallel.tp=1", "devices=null"})));
   LoadResult n = null_rt.load();
   ASSERT_TRUE(n) << n.error->message;
   EXPECT_THAT(error_of(Stage::kConfig, [&] { to_dlpack(n.model, 0, "model.norm.weight"); }),
@@ -108,11 +109,11 @@ TEST(Dlpack, Bf16HasItsOwnCodeAndBadRequestsNameTheParameter) {
 TEST(Dlpack, EveryViewExportsAndAViewKeepsTheModelAlive) {
   TempDir dir;
   const testing::Checkpoint ck = synth_checkpoint(dir.file("ds"), "deepseek_v3");
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.devices = {gpu::make_host_device(0), gpu::make_host_device(1)};
   std::vector<ParamView> views;
   {
-    Runtime rt(make_config(ck.dir, {"parallel.tp=2"}), hooks);
+    Runtime rt = make_runtime(to_config(make_config(ck.dir, {"parallel.tp=2"})), hooks);
     LoadResult r = rt.load();
     ASSERT_TRUE(r) << r.error->message;
     views = r.model->views();
@@ -153,7 +154,7 @@ TEST(Dlpack, EveryViewExportsAndAViewKeepsTheModelAlive) {
 TEST(Dlpack, Fp8AndBoolAreBytesAndCudaDevicesAreKdlCuda) {
   TempDir dir;
   const testing::Checkpoint ck = synth_checkpoint(dir.file("ll"), "llama");
-  Runtime rt(make_config(ck.dir, {}));
+  Runtime rt(to_config(make_config(ck.dir, {})));
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   const ParamView base = r.model->views().front();

@@ -16,8 +16,8 @@
 
 #include "common/fp8.hpp"
 #include "models/quant.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/plan_report.hpp"
-#include "runtime/runtime.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/dtype_codec.hpp"
 #include "testing/temp_dir.hpp"
@@ -51,7 +51,8 @@ TEST(DummyLoad, FillsEveryParamInItsRangeAndRunsTheHooksOnIt) {
   const std::string config = write_fp8_config(dir);
   // model.path is the file or the folder that holds it.
   for (const std::string& path : {config, dir.str()}) {
-    Runtime rt(make_config(path, {"model.load_format=dummy", "parallel.tp=2", "parallel.ep=2"}));
+    Runtime rt(to_config(
+        make_config(path, {"model.load_format=dummy", "parallel.tp=2", "parallel.ep=2"})));
     LoadResult r = rt.load();
     ASSERT_TRUE(r) << r.error->message;
     const LoadReport& report = r.model->report();
@@ -136,8 +137,8 @@ TEST(DummyLoad, TheSameSeedGivesTheSameBytesAndReplicatedParamsAgree) {
   TempDir dir;
   const std::string config = write_fp8_config(dir);
   auto load = [&](const std::string& seed) {
-    Runtime rt(make_config(
-        config, {"model.load_format=dummy", "parallel.tp=2", "model.dummy_seed=" + seed}));
+    Runtime rt(to_config(make_config(
+        config, {"model.load_format=dummy", "parallel.tp=2", "model.dummy_seed=" + seed})));
     LoadResult r = rt.load();
     EXPECT_TRUE(r) << r.error->message;
     return r.model;
@@ -167,7 +168,7 @@ TEST(DummyLoad, ARealConfigAtFullSizeOnANullDevice) {
   ASSERT_EQ(plan.rank_params.size(), 1u);
   EXPECT_GT(plan.rank_params[0].param_bytes, std::uint64_t{80} * 1000 * 1000 * 1000);  // ~85 GB
   EXPECT_EQ(plan.to_json().at("load_format"), "dummy");
-  Runtime rt(make_config(config, sets));
+  Runtime rt(to_config(make_config(config, sets)));
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   std::uint64_t split_bytes = 0;
@@ -183,14 +184,14 @@ TEST(DummyLoad, ARealConfigAtFullSizeOnANullDevice) {
 TEST(DummyLoad, BadInputsAndTheStartupAreRefusedClearly) {
   TempDir dir;
   // No config.json where model.path says.
-  Runtime none(make_config(dir.str(), {"model.load_format=dummy"}));
+  Runtime none(to_config(make_config(dir.str(), {"model.load_format=dummy"})));
   LoadResult r = none.load();
   ASSERT_FALSE(r);
   EXPECT_THAT(r.error->message, HasSubstr("config.json"));
   // An architecture ferry does not know.
   const std::string path = dir.file("config.json");
   std::ofstream(path) << R"({"architectures": ["VisionForAnything"]})";
-  Runtime unknown(make_config(path, {"model.load_format=dummy"}));
+  Runtime unknown(to_config(make_config(path, {"model.load_format=dummy"})));
   r = unknown.load();
   ASSERT_FALSE(r);
   EXPECT_THAT(r.error->message, HasSubstr("VisionForAnything is not supported"));
@@ -205,11 +206,12 @@ TEST(DummyLoad, BadInputsAndTheStartupAreRefusedClearly) {
   // The capture-safe startup has nothing to overlap: overlap is refused with the
   // load_format code, auto runs serially.
   const std::string config = write_fp8_config(dir);
-  Runtime overlap(make_config(config, {"model.load_format=dummy", "startup.mode=overlap"}));
+  Runtime overlap(
+      to_config(make_config(config, {"model.load_format=dummy", "startup.mode=overlap"})));
   r = overlap.prepare().wait();
   ASSERT_FALSE(r);
   EXPECT_THAT(r.error->message, HasSubstr("load_format: the dummy format reads nothing"));
-  Runtime autorun(make_config(config, {"model.load_format=dummy", "startup.mode=auto"}));
+  Runtime autorun(to_config(make_config(config, {"model.load_format=dummy", "startup.mode=auto"})));
   ASSERT_TRUE(autorun.prepare().wait());
   r = autorun.commit().wait();
   ASSERT_TRUE(r) << r.error->message;

@@ -11,12 +11,12 @@
 #include <stdexcept>
 #include <string>
 
-#include "gpu/host_device.hpp"
 #include "ferry/dlpack.hpp"
+#include "gpu/host_device.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/engine_memory.hpp"
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -37,12 +37,13 @@ class EngineAllocatorTest : public ::testing::Test {
 
 TEST_F(EngineAllocatorTest, EveryParameterLivesInTheEnginesMemoryUntilTheLastViewGoes) {
   auto engine = std::make_shared<EngineMemory>();
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.devices = {gpu::make_host_device(0), gpu::make_host_device(1)};
   DLManagedTensor* view = nullptr;
   std::vector<std::byte> expected;
   {
-    Runtime rt(make_config(ck_.dir, {"parallel.tp=2", "parallel.ep=2"}), hooks, engine);
+    Runtime rt = make_runtime(to_config(make_config(ck_.dir, {"parallel.tp=2", "parallel.ep=2"})),
+                              hooks, engine);
     LoadResult r = rt.load();
     ASSERT_TRUE(r) << r.error->message;
     std::size_t params = 0;
@@ -56,7 +57,7 @@ TEST_F(EngineAllocatorTest, EveryParameterLivesInTheEnginesMemoryUntilTheLastVie
     EXPECT_EQ(static_cast<std::size_t>(engine->calls()), params);  // one call a parameter
     EXPECT_EQ(engine->live(), params);
     // The same bytes as a load into the devices' own memory.
-    Runtime own(make_config(ck_.dir, {"parallel.tp=2", "parallel.ep=2"}));
+    Runtime own(to_config(make_config(ck_.dir, {"parallel.tp=2", "parallel.ep=2"})));
     LoadResult o = own.load();
     ASSERT_TRUE(o);
     for (const LoadedParam& p : r.model->ranks()[1].params) {
@@ -82,7 +83,7 @@ TEST_F(EngineAllocatorTest, ARefusalOrAFailedLoadGivesEverythingBack) {
     // and the five it gave are back.
     auto engine = std::make_shared<EngineMemory>();
     engine->fail_after(5);
-    Runtime rt(make_config(ck_.dir, {"parallel.tp=2"}), {}, engine);
+    Runtime rt = make_runtime(to_config(make_config(ck_.dir, {"parallel.tp=2"})), {}, engine);
     LoadResult r = rt.load();
     ASSERT_FALSE(r);
     EXPECT_EQ(r.error->stage, Stage::kCopy);
@@ -108,7 +109,7 @@ TEST_F(EngineAllocatorTest, ARefusalOrAFailedLoadGivesEverythingBack) {
       int n_ = 0;
     };
     auto engine = std::make_shared<ThrowsInt>();
-    Runtime rt(make_config(ck_.dir, {"parallel.tp=2"}), {}, engine);
+    Runtime rt = make_runtime(to_config(make_config(ck_.dir, {"parallel.tp=2"})), {}, engine);
     LoadResult r = rt.load();
     ASSERT_FALSE(r);
     EXPECT_EQ(r.error->stage, Stage::kCopy);
@@ -119,14 +120,14 @@ TEST_F(EngineAllocatorTest, ARefusalOrAFailedLoadGivesEverythingBack) {
   {
     // A copy fails mid-stream: every parameter goes back to the engine.
     auto engine = std::make_shared<EngineMemory>();
-    RuntimeHooks hooks;
+    RuntimeTestSeams hooks;
     int copies = 0;
     hooks.before_copy = [&](std::size_t, const std::string&) {
       if (++copies == 10) {
         throw std::runtime_error("injected copy failure");
       }
     };
-    Runtime rt(make_config(ck_.dir, {"parallel.tp=2"}), hooks, engine);
+    Runtime rt = make_runtime(to_config(make_config(ck_.dir, {"parallel.tp=2"})), hooks, engine);
     LoadResult r = rt.load();
     ASSERT_FALSE(r);
     EXPECT_GT(engine->calls(), 0);
@@ -136,7 +137,8 @@ TEST_F(EngineAllocatorTest, ARefusalOrAFailedLoadGivesEverythingBack) {
   {
     // A null device keeps no data: it takes no engine memory.
     auto engine = std::make_shared<EngineMemory>();
-    Runtime rt(make_config(ck_.dir, {"parallel.tp=2", "devices=null"}), {}, engine);
+    Runtime rt = make_runtime(to_config(make_config(ck_.dir, {"parallel.tp=2", "devices=null"})),
+                              {}, engine);
     LoadResult r = rt.load();
     ASSERT_FALSE(r);
     EXPECT_THAT(r.error->message, HasSubstr("a null device keeps no data"));

@@ -8,7 +8,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 
 namespace ferry::testing {
 

@@ -3,18 +3,17 @@
 // the load had reached (it was always "config"), and writing an output after the
 // load (the dump, the report, the trace, the metrics textfile) is stage "output"
 // (a dump on a full disk was "synth").
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
-
-#include <gtest/gtest.h>
 
 #include <filesystem>
 #include <stdexcept>
 #include <string>
 
 #include "common/error.hpp"
-#include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -29,20 +28,20 @@ TEST(ErrorStages, AnExceptionThatIsNotAFerryErrorIsLabelledByItsPhase) {
   TempDir dir;
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
   {
-    RuntimeHooks hooks;  // wrap_model runs in the plan phase
+    RuntimeTestSeams hooks;  // wrap_model runs in the plan phase
     hooks.wrap_model = [](std::shared_ptr<const models::Model>)
         -> std::shared_ptr<const models::Model> { throw std::runtime_error("boom"); };
-    Runtime rt(make_config(ck.dir, {}), std::move(hooks));
+    Runtime rt = make_runtime(to_config(make_config(ck.dir, {})), std::move(hooks));
     LoadResult r = rt.load();
     ASSERT_FALSE(r);
     EXPECT_EQ(r.error->stage, Stage::kPlacement) << r.error->message;
     EXPECT_EQ(r.error->message, "placement: unexpected during plan: boom");
   }
   {
-    RuntimeHooks hooks;
+    RuntimeTestSeams hooks;
     hooks.wrap_model = [](std::shared_ptr<const models::Model>)
         -> std::shared_ptr<const models::Model> { throw 42; };
-    Runtime rt(make_config(ck.dir, {}), std::move(hooks));
+    Runtime rt = make_runtime(to_config(make_config(ck.dir, {})), std::move(hooks));
     LoadResult r = rt.load();
     ASSERT_FALSE(r);
     EXPECT_EQ(r.error->stage, Stage::kPlacement) << r.error->message;
@@ -55,7 +54,7 @@ TEST(ErrorStages, AnExceptionThatIsNotAFerryErrorIsLabelledByItsPhase) {
 TEST(ErrorStages, ADumpThatHitsAFullDiskIsStageOutputNotSynth) {
   TempDir dir;
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
-  Runtime rt(make_config(ck.dir, {}));
+  Runtime rt(to_config(make_config(ck.dir, {})));
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   fs::create_directories(dir.path() / "dump");
@@ -80,7 +79,7 @@ TEST(ErrorStages, ADumpThatHitsAFullDiskIsStageOutputNotSynth) {
 TEST(ErrorStages, ADumpFolderThatCannotBeMadeIsStageOutputAndANulIsConfig) {
   TempDir dir;
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
-  Runtime rt(make_config(ck.dir, {}));
+  Runtime rt(to_config(make_config(ck.dir, {})));
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   testing::write_file(dir.file("file"), "x");

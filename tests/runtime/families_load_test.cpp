@@ -119,7 +119,7 @@ TEST(FamiliesLoad, GemmaNormsArePlusOneAfterTheLoad) {
   nlohmann::json config = config_of("GemmaForCausalLM");
   config["head_dim"] = 32;
   const std::string path = write_checkpoint(dir, "gemma", config, layer_shapes(32, false, false));
-  Runtime rt(make_config(path, {"parallel.tp=2"}));
+  Runtime rt(to_config(make_config(path, {"parallel.tp=2"})));
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   for (std::size_t rank = 0; rank < 2; ++rank) {
@@ -143,7 +143,7 @@ TEST(FamiliesLoad, Phi3FusedTensorsAreSplitByTheHeadCounts) {
   Shapes shapes = layer_shapes(16, true, false);
   shapes["lm_head.weight"] = {300, 64};
   const std::string path = write_checkpoint(dir, "phi3", config, shapes);
-  Runtime rt(make_config(path, {"parallel.tp=2"}));
+  Runtime rt(to_config(make_config(path, {"parallel.tp=2"})));
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   // Rank 1: q heads 2-3 (fused rows 32..63), kv head 1 (k rows 64 + 16.., v rows
@@ -179,7 +179,7 @@ TEST(FamiliesLoad, Gemma3KeepsTheWholeEmbeddingOnEveryRank) {
   nlohmann::json config = config_of("Gemma3ForCausalLM");
   config["head_dim"] = 32;
   const std::string path = write_checkpoint(dir, "gemma3", config, layer_shapes(32, false, true));
-  Runtime rt(make_config(path, {"parallel.tp=2"}));
+  Runtime rt(to_config(make_config(path, {"parallel.tp=2"})));
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   for (std::size_t rank = 0; rank < 2; ++rank) {

@@ -38,14 +38,14 @@
 #include "io/reader.hpp"
 #include "io/staging_pool.hpp"
 #include "models/hooks.hpp"
-#include "testing/with_hooks.hpp"
 #include "models/model.hpp"
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/faulty_device.hpp"
 #include "testing/process_census.hpp"
 #include "testing/temp_dir.hpp"
+#include "testing/with_hooks.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -169,7 +169,7 @@ struct Context {
 
   const Checkpoint& ck;
   std::vector<std::string> sets;  // config assignments of the row
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   LoadCallbacks callbacks;
   std::atomic<bool> armed{true};
   // Undoes damage to the checkpoint before the load that must succeed.
@@ -669,7 +669,7 @@ class FaultMatrix : public ::testing::TestWithParam<Row> {
     ck_ = new Checkpoint(synth_checkpoint(dir_->file("ck"), "llama"));
     // A first load, so that what a process sets up once (the io_uring probe, CAF's
     // type registry) is not counted against the first row.
-    Runtime rt(config({}));
+    Runtime rt(to_config(config({})));
     ASSERT_TRUE(rt.load());
   }
   static void TearDownTestSuite() {
@@ -707,7 +707,7 @@ TEST_P(FaultMatrix, EndsInOneCleanErrorAndLeavesNothingBehind) {
   row.arm(c);
   c.finish_arming();
   {
-    Runtime rt(config(c.sets), c.hooks);
+    Runtime rt = make_runtime(to_config(config(c.sets)), c.hooks);
     c.runtime = &rt;
     LoadResult r;
     {
@@ -780,7 +780,7 @@ TEST_F(TransientReadFaults, ShortReadsEagainAndEintrStillLoadCorrectly) {
       const std::size_t fds = testing::open_fds();
       const std::size_t threads = testing::settled_threads();
       {
-        Runtime rt(config(c.sets), c.hooks);
+        Runtime rt = make_runtime(to_config(config(c.sets)), c.hooks);
         LoadResult r = rt.load();
         ASSERT_TRUE(r) << r.error->message;
         EXPECT_GT(c.hooks.faults->faults_injected(), 10u);
@@ -818,13 +818,14 @@ TEST_F(FaultMatrixThreads, EveryThreadOfALoadHasARow) {
     Context c(*ck_);
     c.deferred_copies = true;
     c.finish_arming();
-    Runtime rt(config({"io.read_lanes=2", "io.direct_to_device=off", "prefetch.enabled=true"}),
-               c.hooks);
+    Runtime rt = make_runtime(
+        to_config(config({"io.read_lanes=2", "io.direct_to_device=off", "prefetch.enabled=true"})),
+        c.hooks);
     LoadCallbacks callbacks;
     callbacks.on_progress = [](const LoadProgress&) { return true; };
     LoadResult r = rt.start(callbacks).wait();
     ASSERT_TRUE(r) << r.error->message;
-    Runtime dummy(config({"model.load_format=dummy"}));
+    Runtime dummy(to_config(config({"model.load_format=dummy"})));
     LoadResult d = dummy.load();
     ASSERT_TRUE(d) << d.error->message;
   }
@@ -848,7 +849,7 @@ TEST_F(FaultMatrixThreads, DummyFillThreadRefused) {
   const std::size_t fds = testing::open_fds();
   const std::size_t threads = testing::settled_threads();
   {
-    Runtime rt(config({"model.load_format=dummy"}));
+    Runtime rt(to_config(config({"model.load_format=dummy"})));
     inject_thread_start_failure("dummy fill rank 1");
     LoadResult r = rt.load();
     clear_thread_start_failure();
@@ -871,7 +872,7 @@ TEST_F(FaultMatrixThreads, PrefetchWorkerRefusedIsAWarning) {
   const std::size_t fds = testing::open_fds();
   const std::size_t threads = testing::settled_threads();
   {
-    Runtime rt(config({"prefetch.enabled=true"}));
+    Runtime rt(to_config(config({"prefetch.enabled=true"})));
     std::vector<std::string> warnings;
     std::mutex mu;
     rt.set_log_sink([&](log::Level level, std::string_view message) {

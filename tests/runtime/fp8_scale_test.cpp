@@ -12,10 +12,10 @@
 #include <string>
 
 #include "gpu/null_device.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/plan_report.hpp"
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
 #include "tools/synth.hpp"
@@ -77,9 +77,9 @@ TEST_P(Fp8FullSize, OneRankAtTp8Ep8PlansReadsItsPlanAndFillsEveryParameter) {
   PlanReport plan = make_plan_report(config);
   EXPECT_EQ(plan.unmapped, 0u);
 
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.devices = {gpu::make_null_device(0)};
-  Runtime rt(config, hooks);
+  Runtime rt = make_runtime(to_config(config), hooks);
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   const LoadReport& rep = r.model->report();

@@ -19,9 +19,9 @@
 
 #include "gpu/host_device.hpp"
 #include "models/model.hpp"
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -84,10 +84,10 @@ TempDir* LoadHandleTest::dir_ = nullptr;
 Checkpoint* LoadHandleTest::ck_ = nullptr;
 
 TEST_F(LoadHandleTest, StartThenWaitIsALoadAndProgressEndsAtItsReport) {
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.devices = devices();
   {
-    Runtime rt(config(), hooks);
+    Runtime rt = make_runtime(to_config(config()), hooks);
     LoadHandle h = rt.start();
     LoadResult r = h.wait();
     ASSERT_TRUE(r) << r.error->message;
@@ -116,9 +116,9 @@ TEST_F(LoadHandleTest, StartThenWaitIsALoadAndProgressEndsAtItsReport) {
 
 TEST_F(LoadHandleTest, WaitForTimesOutWhileTheLoadStreamsAndProgressShowsIt) {
   Gate gate;
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
-  Runtime rt(config(), hooks);
+  Runtime rt = make_runtime(to_config(config()), hooks);
   LoadHandle h = rt.start();
   ASSERT_TRUE(gate.await_reached());
   EXPECT_EQ(h.wait_for(std::chrono::milliseconds(20)), std::nullopt);
@@ -141,9 +141,9 @@ TEST_F(LoadHandleTest, WaitForWithAHugeTimeoutWaitsForTheLoad) {
        {milliseconds::max(), milliseconds::max() - milliseconds(1),
         milliseconds(10'000'000'000'000'000)}) {  // 317,000 years: past steady_clock's range
     Gate gate;
-    RuntimeHooks hooks;
+    RuntimeTestSeams hooks;
     hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
-    Runtime rt(config(), hooks);
+    Runtime rt = make_runtime(to_config(config()), hooks);
     LoadHandle h = rt.start();
     ASSERT_TRUE(gate.await_reached());
     auto waited = std::async(std::launch::async, [&h, huge] { return h.wait_for(huge); });
@@ -160,9 +160,9 @@ TEST_F(LoadHandleTest, WaitForWithAHugeTimeoutWaitsForTheLoad) {
 
 TEST_F(LoadHandleTest, WaitForWithANegativeTimeoutIsADeadlinePassed) {
   Gate gate;
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
-  Runtime rt(config(), hooks);
+  Runtime rt = make_runtime(to_config(config()), hooks);
   LoadHandle h = rt.start();
   ASSERT_TRUE(gate.await_reached());
   EXPECT_EQ(h.wait_for(std::chrono::milliseconds(-5)), std::nullopt);
@@ -175,11 +175,11 @@ TEST_F(LoadHandleTest, WaitForWithANegativeTimeoutIsADeadlinePassed) {
 
 TEST_F(LoadHandleTest, TheHandleCancelsItsLoad) {
   Gate gate;
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.devices = devices();
   hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
   {
-    Runtime rt(config(), hooks);
+    Runtime rt = make_runtime(to_config(config()), hooks);
     LoadHandle h = rt.start();
     ASSERT_TRUE(gate.await_reached());
     h.cancel();
@@ -198,12 +198,12 @@ TEST_F(LoadHandleTest, ACancelRightAfterStartIsNeverLost) {
   for (int round = 0; round < 20; ++round) {
     SCOPED_TRACE(round);
     Gate gate;
-    RuntimeHooks hooks;
+    RuntimeTestSeams hooks;
     hooks.wrap_model = [&](std::shared_ptr<const models::Model> m) {
       gate.wait();
       return m;
     };
-    Runtime rt(config(), hooks);
+    Runtime rt = make_runtime(to_config(config()), hooks);
     LoadHandle h = rt.start();
     rt.cancel();
     gate.open();
@@ -212,7 +212,7 @@ TEST_F(LoadHandleTest, ACancelRightAfterStartIsNeverLost) {
     EXPECT_EQ(r.error->stage, Stage::kCancelled);
   }
   // With no load in progress a cancel does nothing, and the next load runs.
-  Runtime rt(config());
+  Runtime rt(to_config(config()));
   rt.cancel();
   EXPECT_TRUE(rt.load());
   rt.cancel();
@@ -221,9 +221,9 @@ TEST_F(LoadHandleTest, ACancelRightAfterStartIsNeverLost) {
 
 TEST_F(LoadHandleTest, OneLoadAtATime) {
   Gate gate;
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
-  Runtime rt(config(), hooks);
+  Runtime rt = make_runtime(to_config(config()), hooks);
   LoadHandle first = rt.start();
   ASSERT_TRUE(gate.await_reached());
   LoadHandle second = rt.start();
@@ -240,14 +240,15 @@ TEST_F(LoadHandleTest, OneLoadAtATime) {
 TEST_F(LoadHandleTest, DestroyingTheRuntimeCancelsARunningLoad) {
   // A slow stream (every copy sleeps), then the Runtime goes: its destructor cancels
   // the load and waits for it, and the handle kept by the engine sees the end.
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.devices = devices();
   hooks.before_copy = [](std::size_t, const std::string&) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   };
   std::optional<LoadHandle> h;
   {
-    Runtime rt(make_config(ck_->dir, {"parallel.tp=2", "io.chunk_bytes=8192"}), hooks);
+    Runtime rt = make_runtime(
+        to_config(make_config(ck_->dir, {"parallel.tp=2", "io.chunk_bytes=8192"})), hooks);
     h = rt.start();
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
   }
@@ -288,7 +289,7 @@ TEST_F(LoadHandleTest, CallbacksSeeProgressAndEveryLayerOnEveryRank) {
     const std::vector<std::string> sets =
         std::string(family) == "llama" ? std::vector<std::string>{"parallel.tp=2"}
                                        : std::vector<std::string>{"parallel.tp=2", "parallel.ep=2"};
-    Runtime rt(make_config(ck.dir, sets));
+    Runtime rt(to_config(make_config(ck.dir, sets)));
     LoadHandle h = rt.start(cb);
     LoadResult r = h.wait();
     ASSERT_TRUE(r) << r.error->message;
@@ -324,9 +325,9 @@ TEST_F(LoadHandleTest, AProgressCallbackCanCancel) {
     return true;
   };
   Gate gate;
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
-  Runtime rt(config(), hooks);
+  Runtime rt = make_runtime(to_config(config()), hooks);
   LoadHandle h = rt.start(cb);
   for (int i = 0; i < 10'000 && !asked.load(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -345,10 +346,10 @@ TEST_F(LoadHandleTest, ACallbackThatThrowsFailsTheLoadCleanly) {
       throw std::runtime_error("boom at layer 1");
     }
   };
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.devices = devices();
   {
-    Runtime rt(config(), hooks);
+    Runtime rt = make_runtime(to_config(config()), hooks);
     LoadResult r = rt.start(cb).wait();
     ASSERT_FALSE(r);
     EXPECT_EQ(r.error->stage, Stage::kCancelled);
@@ -372,14 +373,15 @@ TEST_F(LoadHandleTest, LayersAreAnnouncedWhileTheStreamRuns) {
       copied_at_first.store(handle.load()->progress().bytes_copied);
     }
   };
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.before_copy = [](std::size_t, const std::string&) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   };
   // One read lane: with several, each reads its own files at once, and the first
   // layer completes only as late as the interleaving makes it.
-  Runtime rt(make_config(ck_->dir, {"parallel.tp=2", "io.chunk_bytes=8192", "io.read_lanes=1"}),
-             hooks);
+  Runtime rt = make_runtime(
+      to_config(make_config(ck_->dir, {"parallel.tp=2", "io.chunk_bytes=8192", "io.read_lanes=1"})),
+      hooks);
   LoadHandle h = rt.start(cb);
   handle.store(&h);
   LoadResult r = h.wait();
@@ -400,13 +402,14 @@ TEST_F(LoadHandleTest, ACallbackMayCancelThroughTheRuntimeWhileItIsDestroyed) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     return true;
   };
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.before_copy = [](std::size_t, const std::string&) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   };
   std::optional<LoadHandle> h;
   {
-    Runtime rt(make_config(ck_->dir, {"parallel.tp=2", "io.chunk_bytes=8192"}), hooks);
+    Runtime rt = make_runtime(
+        to_config(make_config(ck_->dir, {"parallel.tp=2", "io.chunk_bytes=8192"})), hooks);
     rt_ptr.store(&rt);
     h = rt.start(cb);
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "common/log.hpp"
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -63,8 +63,8 @@ struct ProcessSink {
 
 // Hooks that log, tagged, from the load's thread (wrap_model) and from a copy
 // worker (before_copy: a detached actor's own thread).
-RuntimeHooks tagged_hooks(const std::string& tag) {
-  RuntimeHooks hooks;
+RuntimeTestSeams tagged_hooks(const std::string& tag) {
+  RuntimeTestSeams hooks;
   hooks.wrap_model = [tag](std::shared_ptr<const models::Model> m) {
     log::warn(tag + " load thread");
     return m;
@@ -79,8 +79,12 @@ TEST(RuntimeLogSink, TwoRuntimesLoadingAtOnceKeepTheirMessagesApart) {
   Collected process, a, b;
   ProcessSink restore(process);
   // The prefetcher's threads log a summary at info level (prefetch.enabled).
-  Runtime ra(make_config(ck.dir, {"parallel.tp=2", "prefetch.enabled=true"}), tagged_hooks("A"));
-  Runtime rb(make_config(ck.dir, {"parallel.tp=2", "prefetch.enabled=true"}), tagged_hooks("B"));
+  Runtime ra =
+      make_runtime(to_config(make_config(ck.dir, {"parallel.tp=2", "prefetch.enabled=true"})),
+                   tagged_hooks("A"));
+  Runtime rb =
+      make_runtime(to_config(make_config(ck.dir, {"parallel.tp=2", "prefetch.enabled=true"})),
+                   tagged_hooks("B"));
   ra.set_log_sink(a.sink());
   rb.set_log_sink(b.sink());
   LoadHandle ha = ra.start();
@@ -133,7 +137,7 @@ TEST(RuntimeLogSink, ThePlansWarningReachesTheRuntimesSinkOnly) {
   });
   Collected process, mine;
   ProcessSink restore(process);
-  Runtime rt(make_config(ck.dir, {"parallel.tp=2"}));
+  Runtime rt(to_config(make_config(ck.dir, {"parallel.tp=2"})));
   rt.set_log_sink(mine.sink());
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;

@@ -18,7 +18,7 @@
 #include <string>
 
 #include "ferry/metrics.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 
@@ -138,8 +138,8 @@ TEST(Metrics, TheTextfileAfterALoadMatchesItsReport) {
   TempDir dir;
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
   const std::string file = dir.file("ferry.prom");
-  Runtime rt(
-      make_config(ck.dir, {"parallel.tp=4", "parallel.ranks=1,2", "metrics.textfile=" + file}));
+  Runtime rt(to_config(
+      make_config(ck.dir, {"parallel.tp=4", "parallel.ranks=1,2", "metrics.textfile=" + file})));
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   ASSERT_TRUE(std::filesystem::exists(file));
@@ -162,7 +162,7 @@ TEST(Metrics, TheEndpointServesWhileTheRuntimeLives) {
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "qwen2");
   int port = 0;
   {
-    Runtime rt(make_config(ck.dir, {"parallel.tp=2", "metrics.listen=127.0.0.1:0"}));
+    Runtime rt(to_config(make_config(ck.dir, {"parallel.tp=2", "metrics.listen=127.0.0.1:0"})));
     const std::vector<int> ports = metrics_ports(rt);
     ASSERT_EQ(ports.size(), 1u);
     port = ports[0];
@@ -196,7 +196,7 @@ TEST(Metrics, AnEnginesOwnRegistryGetsFerrysFamilies) {
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
   auto registry = std::make_shared<prometheus::Registry>();
   prometheus::BuildCounter().Name("engine_requests_total").Help("x").Register(*registry).Add({});
-  Runtime rt(make_config(ck.dir, {"parallel.tp=2", "parallel.ranks=1"}));
+  Runtime rt(to_config(make_config(ck.dir, {"parallel.tp=2", "parallel.ranks=1"})));
   use_registry(rt, registry);
   LoadResult r = rt.load();
   ASSERT_TRUE(r);
@@ -220,7 +220,7 @@ TEST(Metrics, FailedLoadsCountByStageAndABadEndpointFailsLoadsClearly) {
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
   std::filesystem::resize_file(ck.dir + "/model-00003-of-00004.safetensors", 1000);
   const std::string file = dir.file("m.prom");
-  Runtime rt(make_config(ck.dir, {"metrics.textfile=" + file}));
+  Runtime rt(to_config(make_config(ck.dir, {"metrics.textfile=" + file})));
   ASSERT_FALSE(rt.load());
   ASSERT_FALSE(rt.load());
   const Samples s = parse(read_file(file));
@@ -229,9 +229,10 @@ TEST(Metrics, FailedLoadsCountByStageAndABadEndpointFailsLoadsClearly) {
 
   // A port already taken: the Runtime still constructs; each load says why it fails.
   Checkpoint good = synth_checkpoint(dir.file("good"), "llama");
-  Runtime first(make_config(good.dir, {"metrics.listen=127.0.0.1:0"}));
+  Runtime first(to_config(make_config(good.dir, {"metrics.listen=127.0.0.1:0"})));
   const int port = metrics_ports(first).at(0);
-  Runtime second(make_config(good.dir, {"metrics.listen=127.0.0.1:" + std::to_string(port)}));
+  Runtime second(
+      to_config(make_config(good.dir, {"metrics.listen=127.0.0.1:" + std::to_string(port)})));
   EXPECT_TRUE(metrics_ports(second).empty());
   LoadResult r = second.load();
   ASSERT_FALSE(r);

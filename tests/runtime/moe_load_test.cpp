@@ -18,7 +18,7 @@
 #include "io/safetensors.hpp"
 #include "io/safetensors_writer.hpp"
 #include "models/moe_reference.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 #include "tools/synth.hpp"
@@ -35,14 +35,14 @@ using testing::TempDir;
 namespace moe_ref = testing::moe_ref;
 
 LoadResult load(const LoadConfig& config) {
-  Runtime rt(config);
+  Runtime rt(to_config(config));
   LoadResult r = rt.load();
   EXPECT_TRUE(r) << (r.error ? r.error->message : "");
   return r;
 }
 
 ErrorInfo load_error(const LoadConfig& config) {
-  Runtime rt(config);
+  Runtime rt(to_config(config));
   LoadResult r = rt.load();
   EXPECT_FALSE(r);
   return r.error.value_or(ErrorInfo{});

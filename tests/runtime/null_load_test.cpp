@@ -12,9 +12,9 @@
 #include "common/error.hpp"
 #include "gpu/device_wrapper.hpp"
 #include "gpu/null_device.hpp"
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/error_of.hpp"
 #include "testing/run.hpp"
 #include "testing/temp_dir.hpp"
@@ -28,8 +28,8 @@ using testing::make_config;
 using testing::synth_checkpoint;
 using testing::TempDir;
 
-LoadResult load(const LoadConfig& config, const RuntimeHooks& hooks = {}) {
-  Runtime rt(config, hooks);
+LoadResult load(const LoadConfig& config, const RuntimeTestSeams& hooks = {}) {
+  Runtime rt = make_runtime(to_config(config), hooks);
   return rt.load();
 }
 
@@ -38,7 +38,7 @@ TEST(NullLoad, ReadsAndCopiesWhatAHostLoadDoes) {
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
   LoadResult host = load(make_config(ck.dir, {"parallel.tp=2"}));
   ASSERT_TRUE(host) << host.error->message;
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.devices = {gpu::make_null_device(0), gpu::make_null_device(1)};
   LoadResult null = load(make_config(ck.dir, {"parallel.tp=2", "devices=null"}), hooks);
   ASSERT_TRUE(null) << null.error->message;
@@ -108,7 +108,7 @@ class ShortDevice final : public gpu::DeviceWrapper {
 TEST(NullLoad, APiecePastItsParameterNamesTheParameter) {
   TempDir dir;
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   auto device = std::make_shared<ShortDevice>(0);
   hooks.devices = {device};
   LoadResult r = load(make_config(ck.dir, {"parallel.tp=1", "devices=null"}), hooks);

@@ -18,7 +18,7 @@
 #include "gpu/kernels_host.hpp"
 #include "models/online_quant.hpp"
 #include "models/quant.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 #include "tools/synth.hpp"
@@ -93,7 +93,7 @@ void expect_quantized_plain(const LoadedModel& online, const LoadedModel& plain,
 TEST(OnlineQuantLoad, LayeredOrNotTheQuantizationOfAPlainLoadWithALowerPeak) {
   TempDir dir;
   const std::string ck = synth(dir, "llama");
-  Runtime plain_rt(make_config(ck, {"parallel.tp=2"}));
+  Runtime plain_rt(to_config(make_config(ck, {"parallel.tp=2"})));
   LoadResult plain = plain_rt.load();
   ASSERT_TRUE(plain) << plain.error->message;
   std::vector<std::shared_ptr<LoadedModel>> loads;
@@ -101,9 +101,9 @@ TEST(OnlineQuantLoad, LayeredOrNotTheQuantizationOfAPlainLoadWithALowerPeak) {
     SCOPED_TRACE("layered " + layered);
     // Small chunks and staging, so that the reader runs only a few layers ahead of
     // the copies and hooks of a tiny model (a real one is far larger than staging).
-    Runtime rt(make_config(
+    Runtime rt(to_config(make_config(
         ck, {"parallel.tp=2", "quantization.online=fp8_channel", "load.layered=" + layered,
-             "io.chunk_bytes=4096", "io.staging_bytes=16KiB"}));
+             "io.chunk_bytes=4096", "io.staging_bytes=16KiB"})));
     testing::LayerLog log;
     LoadResult r = rt.start(log.callbacks()).wait();
     ASSERT_TRUE(r) << r.error->message;
@@ -140,11 +140,11 @@ TEST(OnlineQuantLoad, TheMlaSplitAndTheIndexerReadFullPrecision) {
       config["indexer_rope_interleave"] = true;
       std::ofstream(ck + "/config.json") << config.dump();
     }
-    Runtime plain_rt(make_config(ck, {"parallel.tp=2", "parallel.ep=2"}));
+    Runtime plain_rt(to_config(make_config(ck, {"parallel.tp=2", "parallel.ep=2"})));
     LoadResult plain = plain_rt.load();
     ASSERT_TRUE(plain) << plain.error->message;
-    Runtime rt(make_config(ck, {"parallel.tp=2", "parallel.ep=2", "quantization.online=fp8_tensor",
-                                "load.layered=true"}));
+    Runtime rt(to_config(make_config(ck, {"parallel.tp=2", "parallel.ep=2",
+                                          "quantization.online=fp8_tensor", "load.layered=true"})));
     LoadResult r = rt.load();
     ASSERT_TRUE(r) << r.error->message;
     expect_quantized_plain(*r.model, *plain.model, false);
@@ -181,16 +181,16 @@ TEST(OnlineQuantLoad, RefusalsAndTheDummyFormat) {
               HasSubstr("io.direct_to_device=on with load.layered"));
   EXPECT_THROW(make_config(ck, {"quantization.online=fp8_block"}), Error);
   // The capture-safe startup: overlap refused with both codes.
-  Runtime overlap(make_config(
-      ck, {"quantization.online=fp8_tensor", "load.layered=true", "startup.mode=overlap"}));
+  Runtime overlap(to_config(make_config(
+      ck, {"quantization.online=fp8_tensor", "load.layered=true", "startup.mode=overlap"})));
   LoadResult r = overlap.prepare().wait();
   ASSERT_FALSE(r);
   EXPECT_THAT(r.error->message, HasSubstr("quantization: quantization.online"));
   EXPECT_THAT(r.error->message, HasSubstr("layered: load.layered"));
   // A dummy load quantizes its full-precision dummy weights (auto: per channel on a
   // host device, as on an SM90 GPU).
-  Runtime dummy(
-      make_config(ck + "/config.json", {"model.load_format=dummy", "quantization.online=auto"}));
+  Runtime dummy(to_config(
+      make_config(ck + "/config.json", {"model.load_format=dummy", "quantization.online=auto"})));
   r = dummy.load();
   ASSERT_TRUE(r) << r.error->message;
   const LoadedParam* q = r.model->ranks()[0].find("model.layers.0.mlp.down_proj.weight");

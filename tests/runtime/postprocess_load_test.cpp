@@ -19,8 +19,8 @@
 #include "io/safetensors.hpp"
 #include "models/quant.hpp"
 #include "models/requant.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/plan_report.hpp"
-#include "runtime/runtime.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/dtype_codec.hpp"
 #include "testing/temp_dir.hpp"
@@ -113,10 +113,10 @@ struct Loads {
 
 Loads load_both(const std::string& ck, const std::string& target,
                 std::vector<std::string> sets = {"parallel.tp=2"}) {
-  Runtime plain_rt(make_config(ck, sets));
+  Runtime plain_rt(to_config(make_config(ck, sets)));
   Loads out{plain_rt.load(), {}};
   sets.push_back("postprocess.target=" + target);
-  Runtime rt(make_config(ck, sets));
+  Runtime rt(to_config(make_config(ck, sets)));
   out.target = rt.load();
   return out;
 }
@@ -247,7 +247,7 @@ TEST(PostprocessLoad, KvCacheScales) {
             std::vector<float>{-1.0f});
   set_scalars(mo, "k_scale", {-1.0f});
   set_scalars(mo, "v_scale", {3.0f});
-  Runtime rt(make_config(mo, {"parallel.tp=2", "postprocess.target=sm90"}));
+  Runtime rt(to_config(make_config(mo, {"parallel.tp=2", "postprocess.target=sm90"})));
   LoadResult refused = rt.load();
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error->stage, Stage::kPostProcess);
@@ -368,12 +368,12 @@ TEST(PostprocessLoad, OverlapStartupAndDummyFormatKeepTheTargetsLayout) {
   const std::vector<std::string> sets = {"parallel.tp=2", "postprocess.target=sm90"};
   std::vector<std::string> overlap_sets = sets;
   overlap_sets.push_back("startup.mode=overlap");
-  Runtime overlap(make_config(ck, overlap_sets));
+  Runtime overlap(to_config(make_config(ck, overlap_sets)));
   ASSERT_TRUE(overlap.prepare().wait());
   LoadResult committed = overlap.commit().wait();
   ASSERT_TRUE(committed) << committed.error->message;
   EXPECT_TRUE(committed.model->report().startup_refusals.empty());
-  Runtime serial(make_config(ck, sets));
+  Runtime serial(to_config(make_config(ck, sets)));
   LoadResult s = serial.load();
   ASSERT_TRUE(s) << s.error->message;
   for (std::size_t r = 0; r < 2; ++r) {
@@ -391,7 +391,7 @@ TEST(PostprocessLoad, OverlapStartupAndDummyFormatKeepTheTargetsLayout) {
   }
   std::vector<std::string> dummy_sets = sets;
   dummy_sets.push_back("model.load_format=dummy");
-  Runtime dummy(make_config(ck, dummy_sets));
+  Runtime dummy(to_config(make_config(ck, dummy_sets)));
   LoadResult d = dummy.load();
   ASSERT_TRUE(d) << d.error->message;
   EXPECT_EQ(d.model->report().postprocess_target, "sm90");
@@ -423,7 +423,7 @@ TEST(PostprocessLoad, CompressedTensorsExpertsNeedEqualW1W3InputScales) {
   set_scalars(ck, "gate_proj.input_scale", {0.5f});
   set_scalars(ck, "up_proj.input_scale", {0.25f});
   for (const std::string target : {"loader", "sm90"}) {
-    Runtime rt(make_config(ck, {"parallel.tp=2", "postprocess.target=" + target}));
+    Runtime rt(to_config(make_config(ck, {"parallel.tp=2", "postprocess.target=" + target})));
     LoadResult r = rt.load();
     ASSERT_FALSE(r) << target;
     EXPECT_EQ(r.error->stage, Stage::kPostProcess);
@@ -434,7 +434,7 @@ TEST(PostprocessLoad, CompressedTensorsExpertsNeedEqualW1W3InputScales) {
   // A w1 scale of exactly 1 is let through whatever w3's is (SGLang's slot starts at 1).
   set_scalars(ck, "experts.0.gate_proj.input_scale", {1.0f});
   set_scalars(ck, "experts.0.up_proj.input_scale", {0.75f});
-  Runtime rt(make_config(ck, {"parallel.tp=2"}));
+  Runtime rt(to_config(make_config(ck, {"parallel.tp=2"})));
   LoadResult ok = rt.load();
   ASSERT_TRUE(ok) << ok.error->message;
   // The slot holds w3's; the w1 transient is gone.
@@ -452,7 +452,7 @@ TEST(PostprocessLoad, BadValuesAreRefusedByName) {
   }
   TempDir dir;
   const std::string ck = synth(dir, "llama", tools::SynthQuant::kNvfp4, "nvfp4");
-  Runtime rt(make_config(ck, {"postprocess.target=sm90"}));
+  Runtime rt(to_config(make_config(ck, {"postprocess.target=sm90"})));
   LoadResult r = rt.load();
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error->stage, Stage::kConfig);

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 
@@ -145,7 +145,7 @@ void check_stage(const Checkpoint& ck, int tp, int pp, int s, const std::vector<
   SCOPED_TRACE(label);
   const StageRange layers = stage_range(pp, s, partition);
 
-  Runtime rt(make_config(ck.dir, sets));
+  Runtime rt(to_config(make_config(ck.dir, sets)));
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   const LoadedModel& model = *r.model;
@@ -263,7 +263,8 @@ TEST_F(PpLoadTest, StageWithoutLayersHoldsOnlyItsEdges) {
 }
 
 TEST_F(PpLoadTest, BadPartitionFailsBeforeReadingNamingTheField) {
-  Runtime rt(make_config(untied_->dir, {"parallel.pp=2", "parallel.pp_partition=[1,2]"}));
+  Runtime rt(
+      to_config(make_config(untied_->dir, {"parallel.pp=2", "parallel.pp_partition=[1,2]"})));
   LoadResult r = rt.load();
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error->stage, Stage::kConfig);

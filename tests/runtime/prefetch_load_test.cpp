@@ -8,9 +8,9 @@
 #include <string>
 #include <thread>
 
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -28,15 +28,16 @@ TEST(PrefetchLoad, AtEp8ThePrefetchStaysWithinThePlannedReads) {
   // Slow copies hold the reader back (its two staging buffers come back late), so
   // the prefetch gets ahead of it; reads straight into params would not wait for
   // them, and the default budget (8 MiB) would hold all the planned bytes.
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.before_copy = [](std::size_t, const std::string&) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   };
-  Runtime rt(make_config(ck.dir, {"parallel.tp=8", "parallel.ep=8", "parallel.ranks=0",
-                                  "prefetch.enabled=true", "prefetch.block_bytes=4KiB",
-                                  "io.chunk_bytes=64KiB", "io.direct_to_device=off",
-                                  "io.read_lanes=1", "io.staging_bytes=128KiB"}),
-             hooks);
+  Runtime rt = make_runtime(
+      to_config(make_config(
+          ck.dir, {"parallel.tp=8", "parallel.ep=8", "parallel.ranks=0", "prefetch.enabled=true",
+                   "prefetch.block_bytes=4KiB", "io.chunk_bytes=64KiB", "io.direct_to_device=off",
+                   "io.read_lanes=1", "io.staging_bytes=128KiB"})),
+      hooks);
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   const LoadReport& report = r.model->report();
@@ -46,8 +47,9 @@ TEST(PrefetchLoad, AtEp8ThePrefetchStaysWithinThePlannedReads) {
   EXPECT_LE(report.bytes_prefetched, planned);
 
   // The startup's prefetch during the capture: planned ranges too.
-  Runtime boot(make_config(ck.dir, {"parallel.tp=8", "parallel.ep=8", "parallel.ranks=0",
-                                    "prefetch.block_bytes=4KiB", "startup.mode=overlap"}));
+  Runtime boot(
+      to_config(make_config(ck.dir, {"parallel.tp=8", "parallel.ep=8", "parallel.ranks=0",
+                                     "prefetch.block_bytes=4KiB", "startup.mode=overlap"})));
   ASSERT_TRUE(boot.prepare().wait());
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the "capture"
   LoadResult ready = boot.commit().wait();

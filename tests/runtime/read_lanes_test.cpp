@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 
@@ -23,7 +23,7 @@ using testing::synth_checkpoint;
 using testing::TempDir;
 
 LoadResult load_with(const std::string& dir, std::vector<std::string> sets) {
-  Runtime rt(make_config(dir, sets));
+  Runtime rt(to_config(make_config(dir, sets)));
   return rt.load();
 }
 

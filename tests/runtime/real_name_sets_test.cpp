@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "io/safetensors_writer.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/load_config.hpp"
-#include "runtime/runtime.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
 
@@ -183,7 +183,7 @@ TEST_P(RealNameSetsTest, EveryNamePlacedOrDroppedAndEveryParamFilled) {
       label += s + " ";
     }
     SCOPED_TRACE(p.model + ": " + label);
-    runtime::Runtime rt(b.build());
+    runtime::Runtime rt(to_config(b.build()));
     runtime::LoadResult r = rt.load();
     ASSERT_TRUE(r) << r.error->message;
     const runtime::LoadReport& rep = r.model->report();

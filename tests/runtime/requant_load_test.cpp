@@ -15,7 +15,7 @@
 
 #include "models/quant.hpp"
 #include "models/requant.hpp"
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "testing/temp_dir.hpp"
 #include "tools/synth.hpp"
@@ -29,12 +29,12 @@ using testing::TempDir;
 TEST(RequantLoad, TheRewritesOfAPlainLoad) {
   TempDir dir;
   const std::string ck = testing::synth_deepseek_v3_block128(dir);
-  Runtime plain_rt(make_config(ck, {"parallel.tp=1"}));
+  Runtime plain_rt(to_config(make_config(ck, {"parallel.tp=1"})));
   LoadResult plain = plain_rt.load();
   ASSERT_TRUE(plain) << plain.error->message;
   for (const std::string kind : {"ue8m0", "tensor"}) {
     SCOPED_TRACE(kind);
-    Runtime rt(make_config(ck, {"parallel.tp=1", "quantization.requant=" + kind}));
+    Runtime rt(to_config(make_config(ck, {"parallel.tp=1", "quantization.requant=" + kind})));
     testing::LayerLog log;
     LoadResult r = rt.start(log.callbacks()).wait();
     ASSERT_TRUE(r) << r.error->message;
@@ -88,12 +88,12 @@ TEST(RequantLoad, TheRewritesOfAPlainLoad) {
   }
   // The capture-safe startup: the rewrites run on the sentinel, then again on the
   // real weights, in the same storage.
-  Runtime overlap(
-      make_config(ck, {"parallel.tp=1", "quantization.requant=ue8m0", "startup.mode=overlap"}));
+  Runtime overlap(to_config(
+      make_config(ck, {"parallel.tp=1", "quantization.requant=ue8m0", "startup.mode=overlap"})));
   ASSERT_TRUE(overlap.prepare().wait());
   LoadResult committed = overlap.commit().wait();
   ASSERT_TRUE(committed) << committed.error->message;
-  Runtime serial(make_config(ck, {"parallel.tp=1", "quantization.requant=ue8m0"}));
+  Runtime serial(to_config(make_config(ck, {"parallel.tp=1", "quantization.requant=ue8m0"})));
   LoadResult s = serial.load();
   ASSERT_TRUE(s);
   for (const LoadedParam& p : s.model->ranks()[0].params) {
@@ -110,7 +110,7 @@ TEST(RequantLoad, ABadValueIsAConfigError) {
   o.out = dir.file("plain");
   o.fsync = false;
   tools::synthesize(o);
-  Runtime rt(make_config(o.out, {"quantization.requant=tensor"}));
+  Runtime rt(to_config(make_config(o.out, {"quantization.requant=tensor"})));
   LoadResult r = rt.load();
   ASSERT_FALSE(r);
   EXPECT_THAT(r.error->message, ::testing::HasSubstr("quantization.requant converts FP8 block"));

@@ -15,12 +15,12 @@
 #include "gpu/host_device.hpp"
 #include "io/fault_injection.hpp"
 #include "models/hooks.hpp"
-#include "testing/with_hooks.hpp"
 #include "models/model.hpp"
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/temp_dir.hpp"
+#include "testing/with_hooks.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -44,8 +44,8 @@ struct Harness {
     }
     staging = std::make_shared<CountingAllocator>();
   }
-  RuntimeHooks hooks() const {
-    RuntimeHooks h;
+  RuntimeTestSeams hooks() const {
+    RuntimeTestSeams h;
     h.devices = devices;
     h.staging_allocator = staging;
     return h;
@@ -63,8 +63,8 @@ struct Harness {
   std::shared_ptr<CountingAllocator> staging;
 };
 
-ErrorInfo expect_failure(const LoadConfig& config, const RuntimeHooks& hooks) {
-  Runtime rt(config, hooks);
+ErrorInfo expect_failure(const LoadConfig& config, const RuntimeTestSeams& hooks) {
+  Runtime rt = make_runtime(to_config(config), hooks);
   LoadResult r = rt.load();
   EXPECT_FALSE(r);
   EXPECT_EQ(r.model, nullptr);
@@ -84,7 +84,7 @@ TEST_F(FailureTest, ReadErrorNamesTheFileAndTensor) {
     for (const char* lanes : {"1", "4"}) {  // one reader, or four side by side
       SCOPED_TRACE(std::string(engine) + " lanes " + lanes);
       Harness h(2);
-      RuntimeHooks hooks = h.hooks();
+      RuntimeTestSeams hooks = h.hooks();
       io::FaultPlan plan;
       plan.fail_read_number = 3;
       hooks.faults = std::make_shared<io::FaultInjector>(plan);
@@ -104,7 +104,7 @@ TEST_F(FailureTest, ReadErrorNamesTheFileAndTensor) {
 
 TEST_F(FailureTest, CopyFailureFromBeforeCopyNamesTensorAndParam) {
   Harness h(2);
-  RuntimeHooks hooks = h.hooks();
+  RuntimeTestSeams hooks = h.hooks();
   std::atomic<int> calls{0};
   hooks.before_copy = [&](std::size_t, const std::string&) {
     if (++calls == 5) {
@@ -133,7 +133,7 @@ TEST_F(FailureTest, TruncatedShardFailsAtTheHeaderStage) {
 
 TEST_F(FailureTest, ShardTruncatedDuringTheLoadFailsTheRead) {
   Harness h(2);
-  RuntimeHooks hooks = h.hooks();
+  RuntimeTestSeams hooks = h.hooks();
   const std::string first = ck_.dir + "/model-00001-of-00004.safetensors";
   std::atomic<bool> once{false};
   hooks.before_copy = [&](std::size_t, const std::string&) {
@@ -155,7 +155,7 @@ TEST_F(FailureTest, ShardTruncatedDuringTheLoadFailsTheRead) {
 
 TEST_F(FailureTest, ShardTruncatedBeforeItsFirstReadIsRefusedBeforeAByteOfItIsRead) {
   Harness h(2);
-  RuntimeHooks hooks = h.hooks();
+  RuntimeTestSeams hooks = h.hooks();
   const std::string last = ck_.dir + "/model-00004-of-00004.safetensors";
   std::atomic<bool> once{false};
   hooks.before_copy = [&](std::size_t, const std::string&) {
@@ -214,7 +214,7 @@ TEST_F(FailureTest, AParamNothingFillsIsListedBeforeReading) {
     std::erase_if(entries, [&](const ShardEntry& e) { return e.name == gone; });
   });
   Harness h(2);
-  RuntimeHooks hooks = h.hooks();
+  RuntimeTestSeams hooks = h.hooks();
   std::atomic<int> copies{0};
   hooks.before_copy = [&](std::size_t, const std::string&) { ++copies; };
   ErrorInfo e = expect_failure(make_config(ck_.dir, {"parallel.tp=2"}), hooks);
@@ -232,7 +232,7 @@ TEST_F(FailureTest, AParamNothingFillsIsListedBeforeReading) {
 // the same Runtime loads next.
 TEST_F(FailureTest, ANonStandardExceptionIsAFailedLoadNotATerminate) {
   Harness h(0);
-  RuntimeHooks hooks = h.hooks();
+  RuntimeTestSeams hooks = h.hooks();
   bool thrown = false;
   hooks.wrap_model = [&thrown](std::shared_ptr<const models::Model> m) {
     if (!thrown) {
@@ -241,7 +241,7 @@ TEST_F(FailureTest, ANonStandardExceptionIsAFailedLoadNotATerminate) {
     }
     return m;
   };
-  Runtime rt(make_config(ck_.dir, {"parallel.tp=2"}), hooks);
+  Runtime rt = make_runtime(to_config(make_config(ck_.dir, {"parallel.tp=2"})), hooks);
   LoadResult r = rt.load();
   ASSERT_FALSE(r);
   EXPECT_NE(r.error->message.find("an exception that is not a std::exception"), std::string::npos)
@@ -267,7 +267,7 @@ TEST_F(FailureTest, CancelFromBeforeCopyAtSeveralPoints) {
   for (int at : {1, 9, 40, 120}) {
     SCOPED_TRACE("cancel at copy " + std::to_string(at));
     Harness h(4);
-    RuntimeHooks hooks = h.hooks();
+    RuntimeTestSeams hooks = h.hooks();
     Runtime* rt_ptr = nullptr;
     std::atomic<int> calls{0};
     hooks.before_copy = [&](std::size_t, const std::string&) {
@@ -275,8 +275,9 @@ TEST_F(FailureTest, CancelFromBeforeCopyAtSeveralPoints) {
         rt_ptr->cancel();
       }
     };
-    Runtime rt(
-        make_config(ck_.dir, {"parallel.tp=4", "io.chunk_bytes=8192", "io.staging_bytes=24576"}),
+    Runtime rt = make_runtime(
+        to_config(make_config(ck_.dir,
+                              {"parallel.tp=4", "io.chunk_bytes=8192", "io.staging_bytes=24576"})),
         hooks);
     rt_ptr = &rt;
     LoadResult r = rt.load();
@@ -296,7 +297,8 @@ TEST_F(FailureTest, CancelFromAnotherThreadAtRandomTimes) {
     o.bandwidth_gbps = 0.05;
     Harness h(0);
     h.devices = {gpu::make_host_device(0, o), gpu::make_host_device(1, o)};
-    Runtime rt(make_config(ck_.dir, {"parallel.tp=2", "io.chunk_bytes=16384"}), h.hooks());
+    Runtime rt = make_runtime(
+        to_config(make_config(ck_.dir, {"parallel.tp=2", "io.chunk_bytes=16384"})), h.hooks());
     std::thread canceller([&] {
       std::this_thread::sleep_for(std::chrono::microseconds(delay));
       rt.cancel();
@@ -318,7 +320,7 @@ TEST_F(FailureTest, CancelFromAnotherThreadAtRandomTimes) {
 
 TEST_F(FailureTest, CancelBeforeLoadDoesNotAffectTheNextLoad) {
   Harness h(1);
-  Runtime rt(make_config(ck_.dir, {"parallel.tp=1"}), h.hooks());
+  Runtime rt = make_runtime(to_config(make_config(ck_.dir, {"parallel.tp=1"})), h.hooks());
   rt.cancel();
   LoadResult r = rt.load();
   EXPECT_TRUE(r) << (r.error ? r.error->message : "");
@@ -329,7 +331,7 @@ TEST_F(FailureTest, HooksRunAfterTheirInputsAndTheirFailuresAbort) {
   for (bool fail : {false, true}) {
     SCOPED_TRACE(fail ? "failing hook" : "checking hook");
     Harness h(2);
-    RuntimeHooks hooks = h.hooks();
+    RuntimeTestSeams hooks = h.hooks();
     std::atomic<int> ran{0};
     std::atomic<int> complete{0};
     hooks.wrap_model = [&](std::shared_ptr<const models::Model> base) {
@@ -363,7 +365,8 @@ TEST_F(FailureTest, HooksRunAfterTheirInputsAndTheirFailuresAbort) {
       }
       return std::shared_ptr<const models::Model>(ferry::testing::with_hooks(base, std::move(extra)));
     };
-    Runtime rt(make_config(ck_.dir, {"parallel.tp=2", "io.chunk_bytes=4096"}), hooks);
+    Runtime rt = make_runtime(
+        to_config(make_config(ck_.dir, {"parallel.tp=2", "io.chunk_bytes=4096"})), hooks);
     LoadResult r = rt.load();
     if (fail) {
       ASSERT_FALSE(r);

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "gpu/host_device.hpp"
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -23,8 +23,8 @@ using testing::make_config;
 using testing::synth_checkpoint;
 using testing::TempDir;
 
-LoadResult load(const LoadConfig& config, RuntimeHooks hooks = {}) {
-  Runtime rt(config, std::move(hooks));
+LoadResult load(const LoadConfig& config, RuntimeTestSeams hooks = {}) {
+  Runtime rt = make_runtime(to_config(config), std::move(hooks));
   LoadResult r = rt.load();
   EXPECT_TRUE(r) << (r.error ? r.error->message : "");
   return r;
@@ -108,7 +108,7 @@ TEST_F(LoadTest, UnevenTpPadsHeadsWithZeros) {
   ASSERT_TRUE(sub);
   EXPECT_EQ(expect_matches_reference(*sub.model, *qwen2_, 16, DType::kBF16, true), 31u * 2u);
   // By default the layout is refused, as SGLang's GPU path asserts.
-  Runtime refused(make_config(qwen2_->dir, {tp(16)}));
+  Runtime refused(to_config(make_config(qwen2_->dir, {tp(16)})));
   LoadResult no = refused.load();
   ASSERT_FALSE(no);
   EXPECT_EQ(no.error->stage, Stage::kPlacement);
@@ -316,9 +316,9 @@ TEST_F(LoadTest, ModelOutlivesTheRuntimeAndOwnsItsMemory) {
                                                        gpu::make_host_device(1)};
   std::shared_ptr<LoadedModel> model;
   {
-    RuntimeHooks hooks;
+    RuntimeTestSeams hooks;
     hooks.devices = devices;
-    Runtime rt(make_config(llama_->dir, {tp(2)}), hooks);
+    Runtime rt = make_runtime(to_config(make_config(llama_->dir, {tp(2)})), hooks);
     LoadResult r = rt.load();
     ASSERT_TRUE(r);
     model = r.model;
@@ -338,7 +338,7 @@ TEST_F(LoadTest, ModelOutlivesTheRuntimeAndOwnsItsMemory) {
 TEST_F(LoadTest, EachRanksParamsShareOneAlignedArena) {
   std::vector<std::shared_ptr<gpu::Device>> devices = {gpu::make_host_device(0),
                                                        gpu::make_host_device(1)};
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.devices = devices;
   LoadResult r = load(make_config(llama_->dir, {tp(2)}), hooks);
   ASSERT_TRUE(r);
@@ -368,7 +368,7 @@ TEST_F(LoadTest, ReadParamRejectsUnknownNamesAndRanks) {
 }
 
 TEST_F(LoadTest, TheSameRuntimeLoadsTwice) {
-  Runtime rt(make_config(llama_->dir, {tp(2)}));
+  Runtime rt(to_config(make_config(llama_->dir, {tp(2)})));
   LoadResult a = rt.load();
   LoadResult b = rt.load();
   ASSERT_TRUE(a && b);

@@ -8,10 +8,10 @@
 #include <string>
 
 #include "gpu/null_device.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/plan_report.hpp"
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
 #include "tools/synth.hpp"
@@ -38,9 +38,9 @@ TEST(SparseScale, FullSizeLlama31_8bPlansAndLoadsOnNullAtTp2) {
   EXPECT_EQ(plan.checkpoint_bytes, written.total_bytes);
   EXPECT_EQ(plan.read_bytes, written.total_bytes);  // both ranks local: everything is read
 
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.devices = {gpu::make_null_device(0), gpu::make_null_device(1)};
-  Runtime rt(config, hooks);
+  Runtime rt = make_runtime(to_config(config), hooks);
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   const LoadReport& rep = r.model->report();
@@ -62,7 +62,7 @@ TEST(SparseScale, FullSizeLlama31_8bPlansAndLoadsOnNullAtTp2) {
   LoadConfig one =
       testing::make_config(o.out, {"parallel.tp=2", "parallel.ranks=1", "devices=null"});
   PlanReport plan1 = make_plan_report(one);
-  Runtime rt1(one);
+  Runtime rt1(to_config(one));
   LoadResult r1 = rt1.load();
   ASSERT_TRUE(r1) << r1.error->message;
   EXPECT_EQ(r1.model->report().bytes_read, plan1.read_bytes + testing::synth_header_bytes(written));

@@ -9,22 +9,22 @@
 #include <chrono>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "gpu/host_device.hpp"
 #include "models/hooks.hpp"
-#include "testing/with_hooks.hpp"
 #include "models/model.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/engine_memory.hpp"
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/faulty_device.hpp"
 #include "testing/temp_dir.hpp"
+#include "testing/with_hooks.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -105,7 +105,8 @@ std::map<std::string, Checkpoint>* StartupTest::checkpoints_ =
 // ---- the sentinel shells and the boot sequence ------------------------------------
 
 TEST_F(StartupTest, PrepareHandsOverSentinelShellsThatCommitFillsInPlace) {
-  Runtime rt(config_for(ck("deepseek_v3").dir, {"parallel.tp=2", "parallel.ep=2"}, "overlap"));
+  Runtime rt(
+      to_config(config_for(ck("deepseek_v3").dir, {"parallel.tp=2", "parallel.ep=2"}, "overlap")));
   EXPECT_EQ(rt.state(), RuntimeState::kCreated);
   LoadHandle prepare = rt.prepare();
   LoadResult prepared = prepare.wait();
@@ -193,11 +194,11 @@ TEST_F(StartupTest, OverlapThenCommitIsByteIdenticalToASerialLoadForEveryFamilyA
       what += " " + s;
     }
     SCOPED_TRACE(what);
-    Runtime serial(make_config(ck(c.family).dir, c.sets));
+    Runtime serial(to_config(make_config(ck(c.family).dir, c.sets)));
     LoadResult expected = serial.load();
     ASSERT_TRUE(expected) << expected.error->message;
 
-    Runtime rt(config_for(ck(c.family).dir, c.sets, "overlap"));
+    Runtime rt(to_config(config_for(ck(c.family).dir, c.sets, "overlap")));
     LoadResult prepared = rt.prepare().wait();
     ASSERT_TRUE(prepared) << prepared.error->message;
     LoadResult ready = rt.commit().wait();
@@ -209,11 +210,11 @@ TEST_F(StartupTest, OverlapThenCommitIsByteIdenticalToASerialLoadForEveryFamilyA
 
 TEST_F(StartupTest, SerialModeLoadsInPrepareAndCommitOnlyVerifies) {
   const Checkpoint& c = ck("qwen2");
-  Runtime serial(make_config(c.dir, {"parallel.tp=2"}));
+  Runtime serial(to_config(make_config(c.dir, {"parallel.tp=2"})));
   LoadResult expected = serial.load();
   ASSERT_TRUE(expected);
 
-  Runtime rt(config_for(c.dir, {"parallel.tp=2"}, "serial"));
+  Runtime rt(to_config(config_for(c.dir, {"parallel.tp=2"}, "serial")));
   LoadResult prepared = rt.prepare().wait();
   ASSERT_TRUE(prepared) << prepared.error->message;
   // The real weights are already there: nothing waits for commit().
@@ -273,12 +274,12 @@ TEST_F(StartupTest, OverlapFailsWithEachRefusalCodeAndAutoRunsSerially) {
       what += code + " ";
     }
     SCOPED_TRACE(what);
-    RuntimeHooks hooks;
+    RuntimeTestSeams hooks;
     hooks.wrap_model = [&c](std::shared_ptr<const models::Model> base) {
       return with_flagged_hook(std::move(base), c.idempotent, c.reallocates);
     };
     {
-      Runtime rt(config_for(dir, c.sets, "overlap"), hooks);
+      Runtime rt = make_runtime(to_config(config_for(dir, c.sets, "overlap")), hooks);
       LoadResult r = rt.prepare().wait();
       ASSERT_FALSE(r);
       EXPECT_EQ(r.error->stage, Stage::kConfig);
@@ -288,7 +289,7 @@ TEST_F(StartupTest, OverlapFailsWithEachRefusalCodeAndAutoRunsSerially) {
       }
       EXPECT_EQ(rt.state(), RuntimeState::kFailed);
     }
-    Runtime rt(config_for(dir, c.sets, "auto"), hooks);
+    Runtime rt = make_runtime(to_config(config_for(dir, c.sets, "auto")), hooks);
     LoadResult r = rt.prepare().wait();
     ASSERT_TRUE(r) << r.error->message;
     EXPECT_EQ(r.model->report().startup_mode, "serial");
@@ -303,7 +304,7 @@ TEST_F(StartupTest, OverlapFailsWithEachRefusalCodeAndAutoRunsSerially) {
     ASSERT_TRUE(rt.commit().wait());
   }
   // Nothing to refuse: auto overlaps.
-  Runtime rt(config_for(dir, {}, "auto"));
+  Runtime rt(to_config(config_for(dir, {}, "auto")));
   LoadResult r = rt.prepare().wait();
   ASSERT_TRUE(r);
   EXPECT_EQ(r.model->report().startup_mode, "overlap");
@@ -331,13 +332,13 @@ TEST_F(StartupTest, TheManifestCatchesReplacedStorageAndChangedStridesOrDtypes) 
   for (const std::string mode : {"overlap", "serial"}) {
     for (std::size_t i = 0; i < cases.size(); ++i) {
       SCOPED_TRACE(mode + std::string(" ") + cases[i].what);
-      RuntimeHooks hooks;
+      RuntimeTestSeams hooks;
       std::string victim;
       hooks.before_startup_verify = [&](std::vector<LoadedRank>& ranks) {
         victim = ranks[0].params[i + 1].name;
         cases[i].edit(ranks);
       };
-      Runtime rt(config_for(dir, {}, mode), hooks);
+      Runtime rt = make_runtime(to_config(config_for(dir, {}, mode)), hooks);
       ASSERT_TRUE(rt.prepare().wait());
       LoadResult r = rt.commit().wait();
       ASSERT_FALSE(r);
@@ -379,7 +380,7 @@ class NeverArrives final : public models::Model {
 
 TEST_F(StartupTest, AParameterNothingWroteStaysSentinelAndCommitNamesIt) {
   const std::string victim = "model.layers.1.post_attention_layernorm.weight";
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.wrap_model = [&](std::shared_ptr<const models::Model> base) {
     const auto& params = base->shells()[0].params;
     std::size_t index = 0;
@@ -393,7 +394,7 @@ TEST_F(StartupTest, AParameterNothingWroteStaysSentinelAndCommitNamesIt) {
     auto dropped = std::make_shared<NeverArrives>(std::move(base), victim);
     return std::shared_ptr<const models::Model>(ferry::testing::with_hooks(dropped, {h}));
   };
-  Runtime rt(config_for(ck("llama").dir, {}, "overlap"), hooks);
+  Runtime rt = make_runtime(to_config(config_for(ck("llama").dir, {}, "overlap")), hooks);
   LoadResult prepared = rt.prepare().wait();
   ASSERT_TRUE(prepared) << prepared.error->message;
   LoadResult r = rt.commit().wait();
@@ -410,7 +411,7 @@ TEST_F(StartupTest, AParameterNothingWroteStaysSentinelAndCommitNamesIt) {
 TEST_F(StartupTest, TheManifestCatchesAHookThatReallocated) {
   // Admission refuses such a hook; skipping admission shows the manifest would
   // still catch it: the hook moves its output when it runs on the real weights.
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   hooks.skip_startup_admission = true;
   std::string output;
   auto runs = std::make_shared<std::atomic<int>>(0);
@@ -443,7 +444,7 @@ TEST_F(StartupTest, TheManifestCatchesAHookThatReallocated) {
     };
     return std::shared_ptr<const models::Model>(ferry::testing::with_hooks(dropped, {h}));
   };
-  Runtime rt(config_for(ck("llama").dir, {}, "overlap"), hooks);
+  Runtime rt = make_runtime(to_config(config_for(ck("llama").dir, {}, "overlap")), hooks);
   ASSERT_TRUE(rt.prepare().wait());
   LoadResult r = rt.commit().wait();
   ASSERT_FALSE(r);
@@ -459,7 +460,7 @@ TEST_F(StartupTest, TheManifestCatchesAHookThatReallocated) {
     h.run = [](models::HookContext& ctx) { ctx.reallocate(0); };
     return std::shared_ptr<const models::Model>(ferry::testing::with_hooks(std::move(base), {h}));
   };
-  Runtime undeclared(config_for(ck("llama").dir, {}, "overlap"), hooks);
+  Runtime undeclared = make_runtime(to_config(config_for(ck("llama").dir, {}, "overlap")), hooks);
   LoadResult u = undeclared.prepare().wait();
   ASSERT_FALSE(u);
   EXPECT_EQ(u.error->stage, Stage::kPostProcess);
@@ -469,7 +470,7 @@ TEST_F(StartupTest, TheManifestCatchesAHookThatReallocated) {
 TEST_F(StartupTest, ACheckpointFileChangedDuringTheCaptureFailsTheCommit) {
   TempDir dir;
   Checkpoint c = synth_checkpoint(dir.file("ck"), "llama", false, 3);
-  Runtime rt(config_for(c.dir, {}, "overlap"));
+  Runtime rt(to_config(config_for(c.dir, {}, "overlap")));
   ASSERT_TRUE(rt.prepare().wait());
   std::string shard;
   for (const auto& e : std::filesystem::directory_iterator(c.dir)) {
@@ -490,7 +491,7 @@ TEST_F(StartupTest, ACheckpointFileChangedDuringTheCaptureFailsTheCommit) {
 // ---- the state machine ----------------------------------------------------------
 
 TEST_F(StartupTest, CallsInTheWrongStateAreClearErrorsThatChangeNothing) {
-  Runtime rt(config_for(ck("llama").dir, {}, "overlap"));
+  Runtime rt(to_config(config_for(ck("llama").dir, {}, "overlap")));
   LoadResult early = rt.commit().wait();
   ASSERT_FALSE(early);
   EXPECT_THAT(early.error->message, HasSubstr("(call prepare() first); the runtime is created"));
@@ -509,7 +510,7 @@ TEST_F(StartupTest, CallsInTheWrongStateAreClearErrorsThatChangeNothing) {
   EXPECT_EQ(rt.state(), RuntimeState::kReady);
 
   // A failed startup leaves the failed state with the next prepare().
-  Runtime bad(config_for(ck("llama").dir, {"io.direct=true"}, "overlap"));
+  Runtime bad(to_config(config_for(ck("llama").dir, {"io.direct=true"}, "overlap")));
   ASSERT_FALSE(bad.prepare().wait());
   EXPECT_EQ(bad.state(), RuntimeState::kFailed);
   ASSERT_FALSE(bad.commit().wait());
@@ -528,14 +529,14 @@ TEST_F(StartupTest, CommitRunsWhileAGraphIsCapturedAndCreatesNothing) {
   for (const std::string lanes : {"1", "2"}) {
     SCOPED_TRACE("read lanes " + lanes);
     const std::vector<std::string> sets = {"parallel.tp=2", "parallel.ep=2", "io.read_lanes=" + lanes};
-    Runtime serial(config_for(ck("deepseek_v3").dir, sets, "serial"));
+    Runtime serial(to_config(config_for(ck("deepseek_v3").dir, sets, "serial")));
     LoadResult want = serial.load();
     ASSERT_TRUE(want) << want.error->message;
 
-    RuntimeHooks hooks;
+    RuntimeTestSeams hooks;
     hooks.devices = {gpu::make_host_device(0, {.narrow_row_bytes = 64}),
                      gpu::make_host_device(1, {.narrow_row_bytes = 64})};
-    Runtime rt(config_for(ck("deepseek_v3").dir, sets, "overlap"), hooks);
+    Runtime rt = make_runtime(to_config(config_for(ck("deepseek_v3").dir, sets, "overlap")), hooks);
     LoadResult prepared = rt.prepare().wait();
     ASSERT_TRUE(prepared) << prepared.error->message;
     LoadResult r;
@@ -577,7 +578,7 @@ TEST(StartupSyncTest, TheSentinelIsFilledAndCheckedPerDeviceNotPerParameter) {
 
   auto mu = std::make_shared<std::mutex>();
   auto ops = std::make_shared<std::map<std::string, int>>();
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   for (int i = 0; i < 2; ++i) {
     hooks.devices.push_back(std::make_shared<ferry::testing::FaultyDevice>(
         gpu::make_host_device(i), [mu, ops](std::string_view op) {
@@ -589,7 +590,7 @@ TEST(StartupSyncTest, TheSentinelIsFilledAndCheckedPerDeviceNotPerParameter) {
     std::lock_guard lock(*mu);
     return (*ops)[op];
   };
-  Runtime rt(config_for(o.out, {"parallel.tp=2"}, "overlap"), hooks);
+  Runtime rt = make_runtime(to_config(config_for(o.out, {"parallel.tp=2"}, "overlap")), hooks);
   LoadResult prepared = rt.prepare().wait();
   ASSERT_TRUE(prepared) << prepared.error->message;
   std::size_t fp8 = 0, floating = 0;
@@ -635,10 +636,11 @@ TEST(StartupSyncTest, TheSentinelIsFilledAndCheckedPerDeviceNotPerParameter) {
 class StartupCancelTest : public StartupTest {
  protected:
   // A runtime over host devices the test can inspect, with the engine's memory.
-  std::unique_ptr<Runtime> runtime(const std::string& mode, RuntimeHooks hooks = {}) {
+  std::unique_ptr<Runtime> runtime(const std::string& mode, RuntimeTestSeams hooks = {}) {
     hooks.devices = devices_;
-    return std::make_unique<Runtime>(
-        config_for(ck("mixtral").dir, {"parallel.tp=2", "parallel.ep=2"}, mode), hooks, engine_);
+    return std::unique_ptr<Runtime>(new Runtime(make_runtime(
+        to_config(config_for(ck("mixtral").dir, {"parallel.tp=2", "parallel.ep=2"}, mode)), hooks,
+        engine_)));
   }
   // Everything given back: the devices' tracker and the engine's allocator.
   bool all_back() const {
@@ -694,7 +696,7 @@ TEST_F(StartupCancelTest, DuringTheCaptureWindow) {
 }
 
 TEST_F(StartupCancelTest, DuringCommitTheStorageStaysUntilHandlesAndViewsGo) {
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   Runtime* self = nullptr;
   std::atomic<int> copies{0};
   hooks.before_copy = [&](std::size_t, const std::string&) {

@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "runtime/runtime.hpp"
-#include "runtime/runtime_internal.hpp"
+#include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -90,7 +90,8 @@ TEST(Trace, ALoadShowsReadsCopiesAndPhasesOnTheirLanes) {
   TempDir dir;
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
   const std::string path = dir.file("trace.json");
-  Runtime rt(make_config(ck.dir, {"parallel.tp=2", "io.chunk_bytes=64KiB", "trace.path=" + path}));
+  Runtime rt(to_config(
+      make_config(ck.dir, {"parallel.tp=2", "io.chunk_bytes=64KiB", "trace.path=" + path})));
   LoadResult r = rt.load();
   ASSERT_TRUE(r) << r.error->message;
   const Trace t = read_trace(path);
@@ -130,17 +131,18 @@ TEST(Trace, ThePipelinesPrefetchHasItsLanes) {
   // machine; staged reads into two buffers per lane hold the reader back with them
   // (a read straight into a param would not wait for a copy, and the default
   // budget, 8 MiB, would hold the whole checkpoint).
-  RuntimeHooks hooks;
+  RuntimeTestSeams hooks;
   std::atomic<int> copies{0};
   hooks.before_copy = [&copies](std::size_t, const std::string&) {
     ++copies;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   };
-  Runtime rt(make_config(ck.dir, {"prefetch.enabled=true", "prefetch.block_bytes=64KiB",
-                                  "io.chunk_bytes=64KiB", "io.direct_to_device=off",
-                                  "io.read_lanes=2", "io.staging_bytes=256KiB",
-                                  "trace.path=" + path}),
-             hooks);
+  Runtime rt = make_runtime(
+      to_config(
+          make_config(ck.dir, {"prefetch.enabled=true", "prefetch.block_bytes=64KiB",
+                               "io.chunk_bytes=64KiB", "io.direct_to_device=off", "io.read_lanes=2",
+                               "io.staging_bytes=256KiB", "trace.path=" + path})),
+      hooks);
   LoadResult r = rt.load();
   EXPECT_GE(copies.load(), 10);
   ASSERT_TRUE(r) << r.error->message;
@@ -153,7 +155,7 @@ TEST(Trace, HooksAndTheStartupPhasesHaveTheirOwnEvents) {
   TempDir dir;
   Checkpoint ck = synth_checkpoint(dir.file("ds"), "deepseek_v3");
   const std::string path = dir.file("trace.json");
-  Runtime rt(make_config(ck.dir, {"startup.mode=overlap", "trace.path=" + path}));
+  Runtime rt(to_config(make_config(ck.dir, {"startup.mode=overlap", "trace.path=" + path})));
   ASSERT_TRUE(rt.prepare().wait());
   EXPECT_FALSE(std::filesystem::exists(path));  // written once, by commit()
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the "capture"

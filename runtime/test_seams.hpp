@@ -1,6 +1,8 @@
-// Test and experiment hooks of the Runtime: not part of the embedding API (they
-// expose io/, gpu/ and models/ types). Tests and benchmark probes include this
-// header and pass the hooks to Runtime's second constructor.
+// The Runtime's test seams: not part of the embedding API (they expose io/, gpu/
+// and models/ types), and not in the installed headers or libferry.so's exports.
+// Tests and benchmark probes include this header and make a Runtime with them
+// through make_runtime(). Not to be confused with the models' post-load hooks
+// (models/hooks.hpp).
 #pragma once
 
 #include <cstddef>
@@ -10,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "runtime/runtime.hpp"
+#include "runtime/api_internal.hpp"
 
 namespace ferry::io {
 class BufferAllocator;
@@ -26,8 +28,8 @@ class Model;
 
 namespace ferry::runtime {
 
-// An engine never sets these; a default RuntimeHooks changes nothing.
-struct RuntimeHooks {
+// An engine never sets these; a default RuntimeTestSeams changes nothing.
+struct RuntimeTestSeams {
   std::shared_ptr<io::FaultInjector> faults;  // perturbs every system read of the reader
   // Use these devices instead of creating them from the config (one per local rank),
   // e.g. host devices whose allocation stats a test inspects after a failed load.
@@ -65,5 +67,10 @@ struct RuntimeHooks {
   // whose reads never complete.
   std::function<std::unique_ptr<io::Reader>(std::unique_ptr<io::Reader>)> wrap_reader;
 };
+
+// A Runtime with test seams (the public constructor makes one without any).
+// Returned by value: `Runtime rt = make_runtime(config, seams);`.
+Runtime make_runtime(Config config, RuntimeTestSeams seams,
+                     std::shared_ptr<Allocator> allocator = nullptr);
 
 }  // namespace ferry::runtime
