@@ -35,10 +35,10 @@
 #include "embedded_peers.hpp"
 #include "io/read_fully.hpp"
 #include "io/safetensors.hpp"
+#include "synth/synth.hpp"
 #include "tools/bench_experiment.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::tools {
 namespace {
@@ -338,12 +338,12 @@ int cmd_bench(const Args& args) {
       } else if (!e.family.empty()) {
         model = (fs::path(out) / "cache" / (e.family + "-" + e.preset)).string();
         if (!fs::exists(fs::path(model) / "config.json")) {
-          SynthOptions o;
+          synth::SynthOptions o;
           o.family = e.family;
           o.preset = e.preset;
           o.out = model;
           o.fsync = false;
-          synthesize(o);
+          synth::synthesize(o);
         }
       } else {
         throw Error(Stage::kConfig, experiment_file, "",
