@@ -3,13 +3,13 @@
 // independently of make_plan's own check.
 //
 // Input (FuzzedDataProvider), turned into:
-//  - a model: one of the families of tools/synth.hpp, its tiny config.json with
+//  - a model: one of the families of synth/synth.hpp, its tiny config.json with
 //    every size replaced by a small random one (hidden, vocab, layers, heads,
 //    experts, MLA ranks, ...; configs the family cannot express are refused by
-//    tools::synth_source, a clean error), the weights' dtype, tied embeddings,
+//    synth::synth_source, a clean error), the weights' dtype, tied embeddings,
 //    fused experts;
-//  - a header set: the family's tensors for that config (tools::synth_tensor_list),
-//    in one of the quantized layouts of tools::synth_quantize or none,
+//  - a header set: the family's tensors for that config (synth::synth_tensor_list),
+//    in one of the quantized layouts of synth::synth_quantize or none,
 //    spread over 1-3 files in a shuffled order behind random header sizes, with at
 //    times one tensor dropped, an unknown one added, a dtype or a shape changed;
 //  - a layout: tp (1-8), ep dividing tp, pp and its rank and partition, a random
@@ -52,7 +52,7 @@
 #include "io/safetensors.hpp"
 #include "models/model.hpp"
 #include "models/quant.hpp"
-#include "tools/synth.hpp"
+#include "synth/synth.hpp"
 
 namespace {
 
@@ -61,7 +61,7 @@ using nlohmann::json;
 namespace actors = ferry::actors;
 namespace io = ferry::io;
 namespace models = ferry::models;
-namespace tools = ferry::tools;
+namespace synth = ferry::synth;
 
 constexpr DType kFloatTypes[] = {DType::kBF16, DType::kF16, DType::kF32};
 
@@ -114,29 +114,29 @@ struct Checkpoint {
 // The family's tensors over 1-3 files, maybe perturbed. nullopt when the config
 // is one the synthetic lists cannot express.
 std::optional<Checkpoint> make_checkpoint(FuzzedDataProvider& in) {
-  const auto& families = tools::synth_families();
+  const auto& families = synth::synth_families();
   const std::string family =
       families[in.ConsumeIntegralInRange<std::size_t>(0, families.size() - 1)];
   const DType dtype = kFloatTypes[in.ConsumeIntegralInRange(0, 2)];
   const bool tied = in.ConsumeBool();
-  const bool fused = tools::synth_family_has_experts(family) && in.ConsumeBool();
+  const bool fused = synth::synth_family_has_experts(family) && in.ConsumeBool();
   Checkpoint c;
-  std::vector<tools::SynthTensor> tensors;
+  std::vector<synth::SynthTensor> tensors;
   try {
-    c.config = tools::synth_config(family, "tiny", dtype, tied);
+    c.config = synth::synth_config(family, "tiny", dtype, tied);
     shrink(c.config, in);
-    const tools::SynthSource source = tools::synth_source(c.config, "config.json");
-    tensors = tools::synth_tensor_list(source, dtype, 0, fused);
-    c.config = tools::synth_config(source, dtype);
-    // A quantized layout (tools::SynthQuant, kNone first) with 8 to 32 wide blocks.
-    const auto quant = static_cast<tools::SynthQuant>(in.ConsumeIntegralInRange(0, 5));
-    if (quant != tools::SynthQuant::kNone && !fused) {
+    const synth::SynthSource source = synth::synth_source(c.config, "config.json");
+    tensors = synth::synth_tensor_list(source, dtype, 0, fused);
+    c.config = synth::synth_config(source, dtype);
+    // A quantized layout (synth::SynthQuant, kNone first) with 8 to 32 wide blocks.
+    const auto quant = static_cast<synth::SynthQuant>(in.ConsumeIntegralInRange(0, 5));
+    if (quant != synth::SynthQuant::kNone && !fused) {
       const std::uint64_t block = 8 * in.ConsumeIntegralInRange<std::uint64_t>(1, 4);
-      tools::synth_quantize(tensors, quant, block);
-      if (json q = tools::synth_quant_config(quant, block); !q.is_null()) {
+      synth::synth_quantize(tensors, quant, block);
+      if (json q = synth::synth_quant_config(quant, block); !q.is_null()) {
         c.config["quantization_config"] = q;
       }
-      if (json h = tools::synth_hf_quant_config(quant); !h.is_null()) {
+      if (json h = synth::synth_hf_quant_config(quant); !h.is_null()) {
         c.config = ferry::models::with_hf_quant_config(c.config, h);
       }
     }
@@ -162,8 +162,8 @@ std::optional<Checkpoint> make_checkpoint(FuzzedDataProvider& in) {
   std::mt19937_64 rng(in.ConsumeIntegral<std::uint64_t>());
   std::shuffle(tensors.begin(), tensors.end(), rng);
   const std::uint32_t files = in.ConsumeIntegralInRange<std::uint32_t>(1, 3);
-  std::vector<std::vector<const tools::SynthTensor*>> by_file(files);
-  for (const tools::SynthTensor& t : tensors) {
+  std::vector<std::vector<const synth::SynthTensor*>> by_file(files);
+  for (const synth::SynthTensor& t : tensors) {
     by_file[rng() % files].push_back(&t);
   }
   for (std::uint32_t f = 0; f < files; ++f) {
@@ -172,7 +172,7 @@ std::optional<Checkpoint> make_checkpoint(FuzzedDataProvider& in) {
     file.path = file.name;
     file.header_bytes = 8 + in.ConsumeIntegralInRange<std::uint64_t>(2, 5000);
     std::uint64_t at = file.header_bytes;
-    for (const tools::SynthTensor* s : by_file[f]) {
+    for (const synth::SynthTensor* s : by_file[f]) {
       io::TensorInfo t;
       t.name = s->name;
       t.dtype = s->dtype;

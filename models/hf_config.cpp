@@ -80,7 +80,7 @@ std::uint64_t config_head_dim(const nlohmann::json& config, std::uint64_t hidden
   }
   if (hidden % heads != 0) {
     bad("hidden_size (" + std::to_string(hidden) + ") is not divisible by num_attention_heads (" +
-        std::to_string(heads) + ") and there is no head_dim field");
+        std::to_string(heads) + ") and there is no field 'head_dim'");
   }
   return hidden / heads;
 }

@@ -9,7 +9,6 @@
 #include <string_view>
 
 #include "common/dtype.hpp"
-#include "models/model.hpp"
 
 namespace ferry::models {
 

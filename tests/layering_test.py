@@ -12,7 +12,8 @@ Three checks, each of which fails on a broken rule:
    commands see (their -I folders) are a subset of the layers it may use. A new
    target_link_libraries that breaks the rule fails here.
 2. Every `#include "L/..."` in a layer's folder (.cpp, .hpp, .cu, headers no compile
-   command names included) names a layer that folder's compile commands see.
+   command names included) names a layer that folder's compile commands see, and,
+   where ONLY below narrows a layer to some of its headers, one of those.
 3. The build refuses what the rule refuses: for one source of every layer, an
    include of another layer it may not use fails to preprocess with that source's
    own flags, while an include of one it may use succeeds. Without this half, 1 and
@@ -34,12 +35,22 @@ RULE = {
     "io": {"io", "common", "ferry"},
     "gpu": {"gpu", "common", "ferry"},
     "models": {"models", "io", "gpu", "common", "ferry"},
+    # models/ through ONLY's headers alone (ferry_hf_config exports the folder).
+    "synth": {"synth", "models", "io", "common", "ferry"},
     "actors": {"actors", "models", "io", "gpu", "common", "ferry"},
     "runtime": {"runtime", "actors", "models", "io", "gpu", "common", "ferry"},
-    "tools": {"tools", "runtime", "actors", "models", "io", "gpu", "common", "ferry"},
+    "tools": {"tools", "synth", "runtime", "actors", "models", "io", "gpu", "common", "ferry"},
+}
+# Layers a folder may use through the headers named here only. synth/ is the loader's
+# independent oracle: it reads config.json fields with models/hf_config.hpp and must
+# never see the models' descriptors, or the loader would be tested against itself.
+# The build cannot refuse those (the target that exports hf_config.hpp exports its
+# folder), so check 2 does, and proves it would.
+ONLY = {
+    "synth": {"models": {"hf_config.hpp"}},
 }
 LAYERS = set(RULE) - {"ferry"}
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_0-9]+)/', re.M)
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_0-9]+)/([^"]*)"', re.M)
 CAF = re.compile(r'^\s*#\s*include\s+<caf/', re.M)
 
 
@@ -88,6 +99,21 @@ def preprocess(entry, text):
     return r.returncode == 0, r.stderr.strip().splitlines()[:1]
 
 
+def include_failures(layer, rel, text, visible):
+    """What is wrong with the `#include "L/..."` lines of `text`, a file of `layer`."""
+    failures = []
+    for m in INCLUDE.finditer(text):
+        target, header = m.group(1), m.group(2)
+        line = text.count("\n", 0, m.start()) + 1
+        if target in LAYERS | {"ferry"} and target not in visible:
+            failures.append(f"{rel}:{line}: includes {target}/, which {layer}/ may not "
+                            f"use (it sees {sorted(visible)})")
+        elif header not in ONLY.get(layer, {}).get(target, {header}):
+            failures.append(f"{rel}:{line}: includes {target}/{header}; {layer}/ may use "
+                            f"{target}/ only through {sorted(ONLY[layer][target])}")
+    return failures
+
+
 def main():
     source_dir, build_dir = (os.path.abspath(p) for p in sys.argv[1:3])
     with open(os.path.join(build_dir, "compile_commands.json")) as f:
@@ -133,19 +159,22 @@ def main():
                 rel = os.path.relpath(path, source_dir)
                 with open(path, errors="replace") as f:
                     text = f.read()
-                for m in INCLUDE.finditer(text):
-                    checked += 1
-                    target = m.group(1)
-                    if target in LAYERS | {"ferry"} and target not in visible[layer]:
-                        line = text.count("\n", 0, m.start()) + 1
-                        failures.append(f"{rel}:{line}: includes {target}/, which {layer}/ may not "
-                                        f"use (it sees {sorted(visible[layer])})")
+                checked += len(INCLUDE.findall(text))
+                failures += include_failures(layer, rel, text, visible[layer])
                 if CAF.search(text) and not (layer == "actors" and (
                         name.endswith(".cpp") or name.endswith("_internal.hpp"))):
                     failures.append(f"{rel}: includes CAF outside actors/*.cpp and "
                                     "actors/*_internal.hpp")
     if checked < 100:
         failures.append(f"only {checked} includes found: is SOURCE_DIR right?")
+    # ... and it catches a header outside ONLY's (which no build could refuse).
+    for layer, narrowed in sorted(ONLY.items()):
+        for other in sorted(narrowed):
+            outside = sorted(h for h in os.listdir(os.path.join(source_dir, other))
+                             if h.endswith(".hpp") and h not in narrowed[other])
+            probe = f'#include "{other}/{outside[0]}"\n'
+            if layer in visible and not include_failures(layer, "probe", probe, visible[layer]):
+                failures.append(f"an include of {other}/{outside[0]} in {layer}/ is not caught")
 
     # 3. The build refuses a forbidden include and accepts an allowed one.
     probes = 0
@@ -154,7 +183,8 @@ def main():
         src = os.path.relpath(entry["file"], source_dir)
         for other in sorted(LAYERS - {layer}):
             headers = sorted(h for h in os.listdir(os.path.join(source_dir, other))
-                             if h.endswith(".hpp"))
+                             if h.endswith(".hpp") and
+                             h in ONLY.get(layer, {}).get(other, {h}))
             if not headers:
                 continue
             ok, err = preprocess(entry, f'#include "{other}/{headers[0]}"\n')

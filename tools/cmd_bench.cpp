@@ -35,10 +35,10 @@
 #include "embedded_peers.hpp"
 #include "io/read_fully.hpp"
 #include "io/safetensors.hpp"
+#include "synth/synth.hpp"
 #include "tools/bench_experiment.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::tools {
 namespace {
@@ -343,12 +343,12 @@ void choose_checkpoint(Bench& b) {
   } else if (!b.e.family.empty()) {
     b.model = (fs::path(b.out) / "cache" / (b.e.family + "-" + b.e.preset)).string();
     if (!fs::exists(fs::path(b.model) / "config.json")) {
-      SynthOptions o;
+      synth::SynthOptions o;
       o.family = b.e.family;
       o.preset = b.e.preset;
       o.out = b.model;
       o.fsync = false;
-      synthesize(o);
+      synth::synthesize(o);
     }
   } else {
     throw Error(Stage::kConfig, b.experiment_file, "",

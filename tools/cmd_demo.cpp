@@ -11,9 +11,9 @@
 #include <optional>
 #include <string>
 
+#include "synth/synth.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::tools {
 namespace {
@@ -54,7 +54,7 @@ int cmd_demo(const Args& args) {
   if (std::optional<int> status = parse_verb(app, args)) {
     return *status;
   }
-  SynthOptions synth;
+  synth::SynthOptions synth;
   synth.family = kDemoFamily;
   synth.preset = kDemoPreset;
   synth.seed = kDemoSeed;
@@ -65,7 +65,7 @@ int cmd_demo(const Args& args) {
     std::printf("using the cached checkpoint %s\n", synth.out.c_str());
   } else {
     fs::create_directories(dir.parent_path());
-    SynthResult r = synthesize(synth);
+    synth::SynthResult r = synth::synthesize(synth);
     std::printf("synthesized %s %s (seed %llu): %zu tensors, %llu bytes in %zu shards -> %s\n",
                 synth.family.c_str(), synth.preset.c_str(),
                 static_cast<unsigned long long>(synth.seed), r.tensors,

@@ -1,4 +1,4 @@
-// `ferry synth`: argument parsing and the summary line around tools::synthesize.
+// `ferry synth`: argument parsing and the summary line around synth::synthesize.
 // Usage errors exit 2; failures while writing are ferry::Error, which main()
 // prints and turns into exit 1.
 #include <unistd.h>
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "common/format.hpp"
+#include "synth/synth.hpp"
 #include "tools/cli.hpp"
 #include "tools/commands.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::tools {
 namespace {
@@ -113,23 +113,23 @@ std::string human_bytes(std::uint64_t n) {
 
 int cmd_synth(const Args& args) {
   CLI::App app(kDescription, "ferry synth");
-  SynthOptions options;
+  synth::SynthOptions options;
   std::string dtype = "bf16";
   std::string shard_bytes;
   std::vector<std::string> dense;
   std::vector<std::string> moe;
-  for (const auto& family : synth_families()) {
-    (synth_family_has_experts(family) ? moe : dense).push_back(family);
+  for (const auto& family : synth::synth_families()) {
+    (synth::synth_family_has_experts(family) ? moe : dense).push_back(family);
   }
   CLI::Option* family = app.add_option("--family", options.family,
                                        "dense: " + join_list(dense) + "\nMoE: " + join_list(moe))
                             ->type_name("F")
-                            ->check(one_of(synth_families(), "family"));
+                            ->check(one_of(synth::synth_families(), "family"));
   CLI::Option* preset =
       app.add_option("--preset", options.preset,
                      "tiny (a few MiB) | small (tens of MiB) | medium (2-3 GiB in bf16)")
           ->type_name("P")
-          ->check(one_of(synth_presets(), "preset"));
+          ->check(one_of(synth::synth_presets(), "preset"));
   CLI::Option* from_config =
       app.add_option("--from-config", options.from_config,
                      "a real model's config.json instead of --family and --preset:\n"
@@ -197,8 +197,8 @@ int cmd_synth(const Args& args) {
                      "the written config.json says this one)")
           ->type_name("D")
           ->check(known_value(
-              [](const std::string& text) { return parse_synth_dtype(text).has_value(); }, "dtype",
-              "bf16, f16, f32"))
+              [](const std::string& text) { return synth::parse_synth_dtype(text).has_value(); },
+              "dtype", "bf16, f16, f32"))
           ->capture_default_str();
   app.add_option("--shard-bytes", shard_bytes,
                  "shard size; suffixes K, M, G (binary) allowed\n"
@@ -233,16 +233,16 @@ int cmd_synth(const Args& args) {
     return *status;
   }
   options.fsync = !no_fsync;
-  options.dtype = *parse_synth_dtype(dtype);  // checked by the validator above
+  options.dtype = *synth::parse_synth_dtype(dtype);  // checked by the validator above
   if (quant != "auto") {
-    options.quant = *parse_synth_quant(quant);  // checked by IsMember above
+    options.quant = *synth::parse_synth_quant(quant);  // checked by IsMember above
   } else {
     // A real FP8 config keeps its layout unless a dtype is asked for explicitly.
     options.quant_from_config = from_config->count() > 0 && options.sparse &&
                                 options.scale_hidden == 0 && dtype_option->count() == 0;
   }
   if (quant_block != 0) {
-    if (options.quant != SynthQuant::kFp8Block && !options.quant_from_config) {
+    if (options.quant != synth::SynthQuant::kFp8Block && !options.quant_from_config) {
       return usage_error(
           "--quant-block needs --quant fp8-block (or an FP8 --from-config --sparse)");
     }
@@ -264,7 +264,7 @@ int cmd_synth(const Args& args) {
   if (from_config->count() > 0) {
     // Read it now: a bad file is an error of its own (exit 1, naming the file and
     // field), and H is checked against its hidden_size as a usage error.
-    SynthSource source = read_synth_source(options.from_config);
+    synth::SynthSource source = synth::read_synth_source(options.from_config);
     family_name = source.family;
     if (options.scale_hidden >= source.hidden_size) {
       return usage_error("--scale-dims " + std::to_string(options.scale_hidden) +
@@ -272,7 +272,7 @@ int cmd_synth(const Args& args) {
                          " of " + options.from_config);
     }
   }
-  if (options.fused_experts && !synth_family_has_experts(family_name)) {
+  if (options.fused_experts && !synth::synth_family_has_experts(family_name)) {
     return usage_error("--fused-experts needs a family with routed experts; '" + family_name +
                        "' is dense (" + join_list(moe) + ")");
   }
@@ -289,7 +289,7 @@ int cmd_synth(const Args& args) {
     };
   }
 
-  SynthResult result = synthesize(options);
+  synth::SynthResult result = synth::synthesize(options);
   std::string model = options.family + "/" + options.preset;
   if (!options.from_config.empty()) {
     model = result.family + " from " + options.from_config;

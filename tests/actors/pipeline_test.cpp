@@ -19,8 +19,8 @@
 #include "io/safetensors_writer.hpp"
 #include "models/placement.hpp"
 #include "models/table_model.hpp"
+#include "synth/synth.hpp"
 #include "testing/temp_dir.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::actors {
 namespace {
@@ -40,7 +40,7 @@ std::string write_toy_checkpoint(const TempDir& dir) {
   }
   w.write(std::as_bytes(std::span(a)));
   std::vector<std::byte> b(32);
-  tools::synth_encode(DType::kBF16, 1, "b", 0, b);
+  synth::synth_encode(DType::kBF16, 1, "b", 0, b);
   w.write(b);
   w.finish();
   return dir.str();
@@ -173,7 +173,7 @@ TEST(Pipeline, HooksFillTheirOutputsInDependencyOrder) {
   EXPECT_EQ(read_f32(run, shell.by_name.at("a3")), a);
   std::vector<float> b = read_f32(run, shell.by_name.at("b"));
   for (std::size_t i = 0; i < b.size(); ++i) {
-    EXPECT_EQ(b[i], tools::synth_value(1, "b", i)) << i;
+    EXPECT_EQ(b[i], synth::synth_value(1, "b", i)) << i;
   }
   ASSERT_EQ(run.result.landed.size(), 1u);
   for (std::size_t p = 0; p < shell.params.size(); ++p) {

@@ -9,13 +9,12 @@
 //     at 1e-5 a cancel waited for the copies booked on the emulated link.
 // The CLI runs in a child process bounded in time (`timeout`), so a regression
 // shows as a failure (status 124), never as a stuck suite.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
 #include <unistd.h>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include <cerrno>
 #include <chrono>
@@ -31,9 +30,9 @@
 #include "runtime/api_internal.hpp"
 #include "runtime/load_config.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/run.hpp"
 #include "testing/temp_dir.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -265,23 +264,23 @@ TEST(AttackThrottle, ACancelAtTheLowestBandwidthIsHonouredAtOnce) {
   testing::TempDir dir;
   // Llama "small" (hidden 512) with 40 layers instead of 4: about 240 MB, sparse.
   {
-    tools::SynthOptions o;
+    synth::SynthOptions o;
     o.family = "llama";
     o.preset = "small";
     o.out = dir.file("small");
     o.sparse = true;
     o.fsync = false;
-    tools::synthesize(o);
+    synth::synthesize(o);
   }
   nlohmann::json config = nlohmann::json::parse(testing::read_file(dir.file("small/config.json")));
   config["num_hidden_layers"] = 40;
   testing::write_file(dir.file("config.json"), config.dump(2));
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.from_config = dir.file("config.json");
   o.out = dir.file("ck");
   o.sparse = true;
   o.fsync = false;
-  const tools::SynthResult synth = tools::synthesize(o);
+  const synth::SynthResult synth = synth::synthesize(o);
   ASSERT_GT(synth.total_bytes, std::uint64_t{200} << 20);
 
   ConfigBuilder b;

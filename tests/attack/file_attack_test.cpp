@@ -37,9 +37,9 @@
 #include "io/reader.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "runtime/test_seams.hpp"
+#include "synth/synth.hpp"
 #include "testing/process_census.hpp"
 #include "testing/temp_dir.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -323,16 +323,16 @@ int wait_child(const Child& c, std::chrono::seconds bound) {
 // streams. The load must fail naming that shard, not exit 0.
 TEST(AttackFileChangeCli, DdOverAShardDuringASlowedLoadFailsIt) {
   TempDir dir;
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.family = "llama";
   o.preset = "small";
   o.fsync = false;
   o.shard_bytes = 4u << 20;
   o.out = dir.file("ck");
-  tools::synthesize(o);
+  synth::synthesize(o);
   o.out = dir.file("other");
   o.seed = 2;
-  tools::synthesize(o);
+  synth::synthesize(o);
   age_shards(dir.file("ck"));
   const std::vector<std::string> shards = shards_of(dir.file("ck"));
   ASSERT_GE(shards.size(), 3u);
@@ -373,17 +373,18 @@ TEST(AttackFileChangeCli, DdOverAShardDuringASlowedLoadFailsIt) {
 // layer, plus the embedding, the final norm and lm_head), written sparse: headers
 // only, so thousands of shards take a second.
 std::size_t synth_many_shards(const std::string& out, const TempDir& dir, std::uint64_t layers) {
-  nlohmann::json config = tools::synth_config("llama", "tiny", DType::kBF16, /*tie_embeddings=*/false);
+  nlohmann::json config =
+      synth::synth_config("llama", "tiny", DType::kBF16, /*tie_embeddings=*/false);
   config["num_hidden_layers"] = layers;
   const std::string config_path = dir.file("many-config.json");
   testing::write_file(config_path, config.dump());
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.from_config = config_path;
   o.out = out;
   o.shard_bytes = 1;  // one tensor per shard
   o.sparse = true;
   o.fsync = false;
-  return tools::synthesize(o).shards;
+  return synth::synthesize(o).shards;
 }
 
 class AttackManyShards : public ::testing::Test {

@@ -12,6 +12,7 @@
 // The names are realistic and longer than the small-string buffer, so every name
 // a parser keeps is an allocation and the counts follow the entries.
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <atomic>
 #include <cstdint>
@@ -19,7 +20,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
-#include <malloc.h>
 #include <new>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -30,9 +30,9 @@
 #include "io/safetensors.hpp"
 #include "io/safetensors_internal.hpp"
 #include "models/model.hpp"
+#include "synth/synth.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
-#include "tools/synth.hpp"
 
 namespace {
 std::atomic<std::uint64_t> g_allocations{0};
@@ -255,12 +255,12 @@ PlanWork plan_work(int layers) {
   config["num_hidden_layers"] = layers;
   const std::string config_path = dir.file("config.json");
   std::ofstream(config_path) << config.dump();
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.from_config = config_path;
   o.sparse = true;
   o.out = dir.file("ck");
   o.fsync = false;
-  tools::synthesize(o);
+  synth::synthesize(o);
 
   PlanWork w;
   const io::ResolvedSource source = io::resolve_source(o.out);

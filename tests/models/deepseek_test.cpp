@@ -33,8 +33,8 @@
 #include "models/quant_reference.hpp"
 #include "models/reference_util.hpp"
 #include "models/table_model.hpp"
+#include "synth/synth.hpp"
 #include "testing/test_data.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -44,7 +44,7 @@ using ::testing::HasSubstr;
 constexpr std::uint64_t kSeed = 11;
 
 bool synth_has(const std::string& family) {
-  const auto& f = tools::synth_families();
+  const auto& f = synth::synth_families();
   return std::find(f.begin(), f.end(), family) != f.end();
 }
 
@@ -52,7 +52,7 @@ bool synth_has(const std::string& family) {
 // router bias is F32 in a BF16 checkpoint). Values are synth_value(kSeed, ...).
 struct Ckpt {
   nlohmann::json config;
-  std::vector<tools::SynthTensor> tensors;
+  std::vector<synth::SynthTensor> tensors;
 };
 
 // `variant` edits the tiny synthetic checkpoint of `family`:
@@ -62,14 +62,14 @@ struct Ckpt {
 //   "router_fp32": router_fp32 set, so the router's weight is F32.
 Ckpt make_ckpt(const std::string& family, const std::string& variant = "") {
   Ckpt c;
-  c.config = tools::synth_config(family, "tiny", DType::kBF16, false);
-  c.tensors = tools::synth_tensor_list(family, "tiny", DType::kBF16, false);
+  c.config = synth::synth_config(family, "tiny", DType::kBF16, false);
+  c.tensors = synth::synth_tensor_list(family, "tiny", DType::kBF16, false);
   auto ends_with = [](const std::string& s, const std::string& x) {
     return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
   };
   // A tensor like `t` (same dtype and file) with another name and shape.
-  auto like = [](const tools::SynthTensor& t, std::string name, std::vector<std::uint64_t> shape) {
-    tools::SynthTensor out = t;
+  auto like = [](const synth::SynthTensor& t, std::string name, std::vector<std::uint64_t> shape) {
+    synth::SynthTensor out = t;
     out.name = std::move(name);
     out.shape = std::move(shape);
     return out;
@@ -77,8 +77,8 @@ Ckpt make_ckpt(const std::string& family, const std::string& variant = "") {
   if (variant == "no_q_lora") {
     const ds::Dims d = ds::dims_of(c.config);
     c.config["q_lora_rank"] = nullptr;
-    std::vector<tools::SynthTensor> out;
-    for (const tools::SynthTensor& t : c.tensors) {
+    std::vector<synth::SynthTensor> out;
+    for (const synth::SynthTensor& t : c.tensors) {
       if (ends_with(t.name, "q_a_proj.weight") || ends_with(t.name, "q_a_layernorm.weight")) {
         continue;
       }
@@ -97,19 +97,19 @@ Ckpt make_ckpt(const std::string& family, const std::string& variant = "") {
     c.config["indexer_rope_interleave"] = true;
   } else if (variant == "greedy") {
     c.config["topk_method"] = "greedy";
-    std::erase_if(c.tensors, [&](const tools::SynthTensor& t) {
+    std::erase_if(c.tensors, [&](const synth::SynthTensor& t) {
       return ends_with(t.name, "e_score_correction_bias");
     });
   } else if (variant == "bias_norm") {
     c.config["attention_bias"] = true;
     c.config["use_qk_norm"] = true;
     const ds::Dims d = ds::dims_of(c.config);
-    std::vector<tools::SynthTensor> out;
+    std::vector<synth::SynthTensor> out;
     std::set<std::string> have;
-    for (const tools::SynthTensor& t : c.tensors) {
+    for (const synth::SynthTensor& t : c.tensors) {
       have.insert(t.name);
     }
-    for (const tools::SynthTensor& t : c.tensors) {
+    for (const synth::SynthTensor& t : c.tensors) {
       out.push_back(t);
       for (const char* proj : {"q_proj", "k_proj", "v_proj"}) {
         const std::string w = std::string(proj) + ".weight";
@@ -135,17 +135,16 @@ Ckpt make_ckpt(const std::string& family, const std::string& variant = "") {
 }
 
 float value(const std::string& name, std::uint64_t i) {
-  return tools::synth_value(kSeed, name, i);
+  return synth::synth_value(kSeed, name, i);
 }
 
-std::vector<float> all_values(const tools::SynthTensor& t) {
+std::vector<float> all_values(const synth::SynthTensor& t) {
   std::vector<float> v(t.elements());
   for (std::uint64_t i = 0; i < v.size(); ++i) {
     v[i] = value(t.name, i);
   }
   return v;
 }
-
 
 struct Case {
   std::string family;
@@ -240,7 +239,7 @@ TEST_P(DeepseekReference, EveryElementMatchesTheReference) {
   ParamBuffers buffers = make_buffers(*model);
   std::vector<models::Route> routes;
   std::size_t placed = 0;
-  for (const tools::SynthTensor& t : ck.tensors) {
+  for (const synth::SynthTensor& t : ck.tensors) {
     models::Route route = model->route(tensor_info(t.name, t.dtype, t.shape));
     const std::string want = ds::expected_reason(ck.config, rl, local, t.name);
     if (!want.empty()) {
@@ -437,7 +436,7 @@ std::vector<Case> cases() {
   out.push_back(attn_dp(make_case("deepseek_v3", 4, 2, "no_q_lora"), 2, true));
   out.push_back(attn_dp(make_case("deepseek_v32", 4, 2), 4));
   out.push_back(stage(deepep(attn_dp(make_case("deepseek_v3", 2, 2), 2, true)), 2, 1));
-  // Families whose synthetic checkpoints tools/synth.cpp provides.
+  // Families whose synthetic checkpoints synth/ provides.
   if (synth_has("deepseek_v2")) {
     out.push_back(make_case("deepseek_v2", 1, 1));
     out.push_back(make_case("deepseek_v2", 2, 2));
@@ -492,7 +491,7 @@ struct Fp8Case {
   int ep = 1;
   bool draft = false;
   std::vector<int> local;
-  tools::SynthQuant kind = tools::SynthQuant::kFp8Block;
+  synth::SynthQuant kind = synth::SynthQuant::kFp8Block;
   // SGLang's DeepSeek deployment layout: attention tp 2 of tp 4 with dp_lm_head, the
   // dense layers whole, DeepEP's whole shared experts (ep = tp).
   bool deployment = false;
@@ -502,8 +501,8 @@ std::string fp8_case_name(const ::testing::TestParamInfo<Fp8Case>& info) {
   const Fp8Case& c = info.param;
   std::string n = c.family + (c.variant.empty() ? "" : "_" + c.variant) + "_tp" +
                   std::to_string(c.tp) + "_ep" + std::to_string(c.ep) + (c.draft ? "_draft" : "");
-  if (c.kind != tools::SynthQuant::kFp8Block) {
-    std::string kind(tools::to_string(c.kind));
+  if (c.kind != synth::SynthQuant::kFp8Block) {
+    std::string kind(synth::to_string(c.kind));
     std::replace(kind.begin(), kind.end(), '-', '_');
     n += "_" + kind;
   }
@@ -588,7 +587,7 @@ std::vector<Fp8Case> fp8_cases() {
     out.push_back({"glm4_moe", "", 4, 2, false, {}});
   }
   // The other formats: each split once (the dequantized MLA split of every one).
-  using tools::SynthQuant;
+  using synth::SynthQuant;
   for (SynthQuant kind : {SynthQuant::kFp8Channel, SynthQuant::kFp8Tensor, SynthQuant::kModelOptFp8,
                           SynthQuant::kNvfp4}) {
     out.push_back({"deepseek_v3", "", 2, 2, false, {}, kind});
@@ -812,7 +811,7 @@ TEST(Deepseek, SupportedArchitecturesIncludeTheFamilies) {
 // and per-tensor FP8 kept in E4M3 with one F32 w_scale (block_quant_to_tensor_quant,
 // channel_quant_to_tensor_quant); NVFP4 dequantized to the model dtype (ferry's).
 TEST(Deepseek, QuantizedMlaSplitTakesSglangsFormPerFormat) {
-  using tools::SynthQuant;
+  using synth::SynthQuant;
   struct Want {
     SynthQuant kind;
     std::uint64_t block;
@@ -825,14 +824,14 @@ TEST(Deepseek, QuantizedMlaSplitTakesSglangsFormPerFormat) {
                         Want{SynthQuant::kFp8Tensor, 0, DType::kF8E4M3, true},
                         Want{SynthQuant::kModelOptFp8, 0, DType::kF8E4M3, true},
                         Want{SynthQuant::kNvfp4, 0, DType::kF32, false}}) {
-    nlohmann::json config = tools::synth_config("deepseek_v3", "tiny", DType::kF32, false);
+    nlohmann::json config = synth::synth_config("deepseek_v3", "tiny", DType::kF32, false);
     config["q_lora_rank"] = 128;
     config["kv_lora_rank"] = 128;
     config["moe_intermediate_size"] = 128;
     if (w.kind == SynthQuant::kModelOptFp8 || w.kind == SynthQuant::kNvfp4) {
-      config = models::with_hf_quant_config(config, tools::synth_hf_quant_config(w.kind));
+      config = models::with_hf_quant_config(config, synth::synth_hf_quant_config(w.kind));
     } else {
-      config["quantization_config"] = tools::synth_quant_config(w.kind, w.block);
+      config["quantization_config"] = synth::synth_quant_config(w.kind, w.block);
     }
     models::ModelOptions f32;
     f32.dtype = DType::kF32;
@@ -841,7 +840,7 @@ TEST(Deepseek, QuantizedMlaSplitTakesSglangsFormPerFormat) {
     ASSERT_EQ(sh.params[sh.by_name.at("model.layers.1.self_attn.kv_b_proj.weight")].dtype,
               w.kind == SynthQuant::kNvfp4 ? DType::kU8 : DType::kF8E4M3);
     const std::string a = "model.layers.1.self_attn.";
-    SCOPED_TRACE(std::string(tools::to_string(w.kind)) + " block " + std::to_string(w.block));
+    SCOPED_TRACE(std::string(synth::to_string(w.kind)) + " block " + std::to_string(w.block));
     EXPECT_EQ(sh.params[sh.by_name.at(a + "w_kc")].dtype, w.split);
     EXPECT_EQ(sh.params[sh.by_name.at(a + "w_vc")].dtype, w.split);
     ASSERT_EQ(sh.by_name.count(a + "w_scale"), w.w_scale ? 1u : 0u);
@@ -851,7 +850,7 @@ TEST(Deepseek, QuantizedMlaSplitTakesSglangsFormPerFormat) {
     }
   }
   // Not quantized, or excluded from the quantization: the model dtype.
-  nlohmann::json plain = tools::synth_config("deepseek_v3", "tiny", DType::kF32, false);
+  nlohmann::json plain = synth::synth_config("deepseek_v3", "tiny", DType::kF32, false);
   models::ModelOptions f32;
   f32.dtype = DType::kF32;
   auto p = models::make_model(plain, {}, f32);

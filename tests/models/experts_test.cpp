@@ -30,10 +30,10 @@
 #include "models/model.hpp"
 #include "models/moe_reference.hpp"
 #include "models/reference_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/error_of.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -173,9 +173,9 @@ struct Ckpt {
 
 Ckpt synth_ckpt(const std::string& family, bool fused) {
   Ckpt c;
-  c.config = tools::synth_config(family, "tiny", DType::kBF16, false);
-  for (const tools::SynthTensor& t :
-       tools::synth_tensor_list(family, "tiny", DType::kBF16, false, fused)) {
+  c.config = synth::synth_config(family, "tiny", DType::kBF16, false);
+  for (const synth::SynthTensor& t :
+       synth::synth_tensor_list(family, "tiny", DType::kBF16, false, fused)) {
     c.tensors.emplace_back(t.name, t.shape);
   }
   return c;
@@ -567,7 +567,7 @@ TEST(MoeEplb, TheTestMapHasTwoReplicasOnOneRank) {
   layout.local_ranks = {0};
   models::ModelOptions options;
   options.eplb = models::parse_eplb_map(eplb_json(m), "eplb.json");
-  auto model = models::make_model(tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false),
+  auto model = models::make_model(synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false),
                                   layout, options);
   models::Route r = model->route(
       tensor_info("model.layers.0.mlp.experts.0.gate_proj.weight", DType::kBF16, {64, 128}));
@@ -746,7 +746,7 @@ models::ParallelLayout ep_layout(int tp, int ep, std::vector<int> local = {}) {
 
 TEST(MoeBadInputs, EpMustDivideTp) {
   for (const char* family : {"mixtral", "qwen3_moe", "qwen2_moe"}) {
-    auto config = tools::synth_config(family, "tiny", DType::kBF16, false);
+    auto config = synth::synth_config(family, "tiny", DType::kBF16, false);
     EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(config, ep_layout(4, 3)); }),
                 AllOf(HasSubstr("parallel.ep (3)"), HasSubstr("parallel.tp (4)")));
   }
@@ -756,12 +756,12 @@ TEST(MoeBadInputs, EpMustDivideTp) {
 }
 
 TEST(MoeBadInputs, ExpertsMustSplitOverEp) {
-  auto mixtral = tools::synth_config("mixtral", "tiny", DType::kBF16, false);
+  auto mixtral = synth::synth_config("mixtral", "tiny", DType::kBF16, false);
   mixtral["num_local_experts"] = 6;
   EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(mixtral, ep_layout(4, 4)); }),
               AllOf(HasSubstr("MixtralForCausalLM"), HasSubstr("num_local_experts (6)"),
                     HasSubstr("ep 4"), HasSubstr("tp 4")));
-  auto qwen = tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
+  auto qwen = synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
   qwen["num_experts"] = 6;
   EXPECT_THAT(error_of(Stage::kPlacement, [&] { models::make_model(qwen, ep_layout(4, 4)); }),
               AllOf(HasSubstr("num_experts (6)"), HasSubstr("ep 4")));
@@ -780,7 +780,7 @@ TEST(MoeBadInputs, ExpertsMustSplitOverEp) {
 }
 
 TEST(MoeBadInputs, EplbMapMustMatchTheModel) {
-  auto config = tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
+  auto config = synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
   models::ModelOptions options;
   options.eplb = models::parse_eplb_map(eplb_json(test_eplb(4, 8)), "eplb.json");
   options.eplb->layers.erase(2);
@@ -796,7 +796,7 @@ TEST(MoeBadInputs, EplbMapMustMatchTheModel) {
 
 TEST(MoeUneven, AnIntermediateMoeTpDoesNotSplitIsPaddedPerShare) {
   // (Every element of such layouts is checked by the contract cases at tp 3 / 6.)
-  auto qwen = tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
+  auto qwen = synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
   qwen["moe_intermediate_size"] = 100;
   const std::string w13 = "model.layers.0.mlp.experts.w13_weight";
   const std::string w2 = "model.layers.0.mlp.experts.w2_weight";
@@ -840,7 +840,7 @@ TEST(MoeUneven, AnIntermediateMoeTpDoesNotSplitIsPaddedPerShare) {
 }
 
 TEST(MoeBadInputs, WrongExpertShapeNamesTensorAndParam) {
-  auto model = models::make_model(tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false),
+  auto model = models::make_model(synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false),
                                   ep_layout(2, 2));
   const std::string t = "model.layers.0.mlp.experts.3.gate_proj.weight";
   EXPECT_THAT(error_of(Stage::kPlacement,
@@ -850,7 +850,7 @@ TEST(MoeBadInputs, WrongExpertShapeNamesTensorAndParam) {
               AllOf(HasSubstr("Attempted to load weight " + t + " [65, 128]"),
                     HasSubstr("model.layers.0.mlp.experts.w13_weight"), HasSubstr("[64, 128]")));
   // A remote expert's tensor is checked all the same (rank 1 does not own expert 3).
-  auto remote = models::make_model(tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false),
+  auto remote = models::make_model(synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false),
                                    ep_layout(2, 2, {1}));
   const std::string d = "model.layers.0.mlp.experts.3.down_proj.weight";
   EXPECT_THAT(error_of(Stage::kPlacement,
@@ -863,7 +863,7 @@ TEST(MoeBadInputs, WrongExpertShapeNamesTensorAndParam) {
 
 TEST(MoeBadInputs, OtherFusedLayoutsAreRefusedNamingTheExpectedShape) {
   // Mixtral tiny: H 128, I 128, so [E, H, 2I] differs from [E, 2I, H].
-  auto model = models::make_model(tools::synth_config("mixtral", "tiny", DType::kBF16, false),
+  auto model = models::make_model(synth::synth_config("mixtral", "tiny", DType::kBF16, false),
                                   ep_layout(2, 2));
   const std::string gu = "model.layers.0.block_sparse_moe.experts.gate_up_proj";
   EXPECT_THAT(error_of(Stage::kPlacement,
@@ -871,7 +871,7 @@ TEST(MoeBadInputs, OtherFusedLayoutsAreRefusedNamingTheExpectedShape) {
                          model->route(tensor_info(gu, DType::kBF16, {8, 128, 256}));
                        }),
               AllOf(HasSubstr(gu), HasSubstr("[8, 128, 256]"), HasSubstr("[8, 256, 128]")));
-  auto qwen = models::make_model(tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false),
+  auto qwen = models::make_model(synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false),
                                  ep_layout(2, 2));
   const std::string down = "model.layers.0.mlp.experts.down_proj";
   EXPECT_THAT(error_of(Stage::kPlacement,
@@ -887,14 +887,14 @@ TEST(MoeBadInputs, NoDraftModel) {
   EXPECT_THAT(error_of(Stage::kConfig,
                        [&] {
                          models::make_model(
-                             tools::synth_config("mixtral", "tiny", DType::kBF16, false),
+                             synth::synth_config("mixtral", "tiny", DType::kBF16, false),
                              ep_layout(1, 1), options);
                        }),
               HasSubstr("model.draft"));
 }
 
 TEST(MoeRoutes, CachesAndRemoteExpertsAreDroppedUnread) {
-  auto model = models::make_model(tools::synth_config("mixtral", "tiny", DType::kBF16, false),
+  auto model = models::make_model(synth::synth_config("mixtral", "tiny", DType::kBF16, false),
                                   ep_layout(4, 4, {1}));
   models::Route r =
       model->route(tensor_info("model.layers.2.self_attn.rotary_emb.inv_freq", DType::kF32, {8}));

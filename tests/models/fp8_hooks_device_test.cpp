@@ -17,7 +17,7 @@
 #include "models/host_hook_context.hpp"
 #include "models/model.hpp"
 #include "models/quant.hpp"
-#include "tools/synth.hpp"
+#include "synth/synth.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -70,9 +70,9 @@ HookRun run_hooks_counting_reads(const models::Model& model) {
   return run;
 }
 
-nlohmann::json quantized(const std::string& family, tools::SynthQuant kind, std::uint64_t block) {
-  nlohmann::json config = tools::synth_config(family, "tiny", DType::kBF16, false);
-  config["quantization_config"] = tools::synth_quant_config(kind, block);
+nlohmann::json quantized(const std::string& family, synth::SynthQuant kind, std::uint64_t block) {
+  nlohmann::json config = synth::synth_config(family, "tiny", DType::kBF16, false);
+  config["quantization_config"] = synth::synth_quant_config(kind, block);
   return config;
 }
 
@@ -90,13 +90,13 @@ TEST(Fp8HooksOnDevice, TheCounterSeesAReadBack) {
 
 TEST(Fp8HooksOnDevice, MlaSplitAndIndexerFusionReadNothingBack) {
   struct Case {
-    tools::SynthQuant kind;
+    synth::SynthQuant kind;
     std::uint64_t block;
   };
   for (const Case c :
-       {Case{tools::SynthQuant::kFp8Block, 8}, Case{tools::SynthQuant::kFp8Channel, 0},
-        Case{tools::SynthQuant::kFp8Tensor, 0}}) {
-    SCOPED_TRACE(std::string(tools::to_string(c.kind)));
+       {Case{synth::SynthQuant::kFp8Block, 8}, Case{synth::SynthQuant::kFp8Channel, 0},
+        Case{synth::SynthQuant::kFp8Tensor, 0}}) {
+    SCOPED_TRACE(std::string(synth::to_string(c.kind)));
     // The fused indexer layout (indexer_rope_interleave: SGLang 0.5.23's
     // use_dsa_indexer_fusion), so that the fusion hook runs.
     nlohmann::json config = quantized("deepseek_v32", c.kind, c.block);
@@ -111,11 +111,11 @@ TEST(Fp8HooksOnDevice, MlaSplitAndIndexerFusionReadNothingBack) {
 
 TEST(Fp8HooksOnDevice, RequantReadsNothingBack) {
   for (auto kind : {models::QuantScheme::Requant::kUe8m0, models::QuantScheme::Requant::kTensor}) {
-    nlohmann::json config = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+    nlohmann::json config = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
     config["q_lora_rank"] = 128;
     config["kv_lora_rank"] = 128;
     config["moe_intermediate_size"] = 128;
-    config["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Block, 128);
+    config["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 128);
     models::ModelOptions options;
     options.requant = kind;
     auto model = models::make_model(config, {}, options);
@@ -135,7 +135,7 @@ TEST(Fp8HooksOnDevice, OnlineQuantizationReadsNothingBack) {
       models::ModelOptions options;
       options.online = kind;
       auto model =
-          models::make_model(tools::synth_config(family, "tiny", DType::kBF16, false), {}, options);
+          models::make_model(synth::synth_config(family, "tiny", DType::kBF16, false), {}, options);
       const HookRun run = run_hooks_counting_reads(*model);
       EXPECT_GT(run.kinds.count("online_quant_fp8"), 0u);
       EXPECT_EQ(run.reads, 0u);

@@ -48,7 +48,7 @@
 #include <vector>
 
 #include "models/sglang_rules.hpp"
-#include "tools/synth.hpp"
+#include "synth/synth.hpp"
 
 namespace ferry::testing::moe_ref {
 
@@ -93,7 +93,7 @@ class Values {
     if (it == cache_.end()) {
       std::vector<float> v(numel);
       for (std::uint64_t i = 0; i < numel; ++i) {
-        v[i] = fn_ ? fn_(name, i) : tools::synth_value(seed_, name, i);
+        v[i] = fn_ ? fn_(name, i) : synth::synth_value(seed_, name, i);
       }
       it = cache_.emplace(std::move(key), std::move(v)).first;
     }

@@ -15,9 +15,9 @@
 #include "models/model.hpp"
 #include "models/quant.hpp"
 #include "models/reference_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/dtype_codec.hpp"
 #include "testing/error_of.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -93,7 +93,7 @@ TEST(OnlineQuant, PerTensorIsInputToFloat8AndPerExpertScaledFp8Quant) {
 }
 
 TEST(OnlineQuant, TheModelLoadsFullPrecisionIntoTransientsAndQuantizesThem) {
-  const nlohmann::json llama = tools::synth_config("llama", "tiny", DType::kBF16, false);
+  const nlohmann::json llama = synth::synth_config("llama", "tiny", DType::kBF16, false);
   for (Online kind : {Online::kChannel, Online::kTensor}) {
     models::ModelOptions o;
     o.online = kind;
@@ -128,13 +128,13 @@ TEST(OnlineQuant, TheModelLoadsFullPrecisionIntoTransientsAndQuantizesThem) {
   models::ModelOptions o;
   o.online = Online::kChannel;
   auto moe =
-      models::make_model(tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false), {}, o);
+      models::make_model(synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false), {}, o);
   const auto& ms = moe->shells()[0];
   EXPECT_EQ(ms.params[ms.by_name.at("model.layers.0.mlp.experts.w13_weight_scale")].shape,
             std::vector<std::uint64_t>{8});
   // A checkpoint that is already quantized is refused.
   nlohmann::json fp8 = llama;
-  fp8["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Block, 16);
+  fp8["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 16);
   EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(fp8, {}, o); }),
               HasSubstr("already quantized (fp8 block [16, 16])"));
 }

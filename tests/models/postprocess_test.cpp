@@ -14,8 +14,8 @@
 #include "models/hooks.hpp"
 #include "models/model.hpp"
 #include "models/quant.hpp"
+#include "synth/synth.hpp"
 #include "testing/error_of.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -48,14 +48,14 @@ std::unique_ptr<models::Model> make(const nlohmann::json& config, Target target,
 
 // Llama with per-tensor FP8 scales, static input scales, in the format given.
 nlohmann::json llama_fp8_tensor(const std::string& format) {
-  nlohmann::json c = tools::synth_config("llama", "tiny", DType::kBF16, false);
+  nlohmann::json c = synth::synth_config("llama", "tiny", DType::kBF16, false);
   if (format == "fp8") {
     c["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "static"}};
   } else if (format == "compressed-tensors") {
-    c["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Tensor, 0);
+    c["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Tensor, 0);
   } else {
     c = models::with_hf_quant_config(c,
-                                     tools::synth_hf_quant_config(tools::SynthQuant::kModelOptFp8));
+                                     synth::synth_hf_quant_config(synth::SynthQuant::kModelOptFp8));
   }
   return c;
 }
@@ -94,7 +94,7 @@ TEST(Postprocess, Fp8PerTensorLinearExpandsScalesPerRow) {
     EXPECT_EQ(spec(s, "model.layers.0.self_attn.attn.k_scale"), "F32 []");
     EXPECT_EQ(spec(s, "model.layers.0.self_attn.attn.v_scale"), "F32 []");
     // Not for a family whose SGLang attention takes no KV-cache method (Qwen3).
-    nlohmann::json qwen3 = tools::synth_config("qwen3", "tiny", DType::kBF16, false);
+    nlohmann::json qwen3 = synth::synth_config("qwen3", "tiny", DType::kBF16, false);
     qwen3["quantization_config"] = c["quantization_config"];
     EXPECT_EQ(spec(make(qwen3, t)->shells()[0], "model.layers.0.self_attn.attn.k_scale"),
               "absent");
@@ -161,8 +161,8 @@ TEST(Postprocess, CompressedTensorsAndModelOptRequantizeToOneScale) {
 // .process_weights_after_loading: w13_weight_scale.max(dim=1) with each expert's w1
 // and w3 requantized to it; w13_input_scale / w2_input_scale .max(); w2 unchanged.
 TEST(Postprocess, PerTensorExpertsTakeEachExpertsLargerScale) {
-  nlohmann::json c = tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
-  c["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Tensor, 0);
+  nlohmann::json c = synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
+  c["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Tensor, 0);
   const auto loader = make(c, Target::kLoader);
   const auto m = make(c, Target::kSm90);
   const models::RankShell& l = loader->shells()[0];
@@ -188,8 +188,8 @@ TEST(Postprocess, PerTensorExpertsTakeEachExpertsLargerScale) {
 // BF16 models where N % 64 == 0 and K % 128 == 0; the experts only under DeepEP
 // (Fp8MoEMethod.is_deepgemm_moe_runner_backend_enabled).
 TEST(Postprocess, BlockFp8RepacksToUe8m0OnlyOnSm100WhereDeepGemmRuns) {
-  nlohmann::json c = tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
-  c["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Block, 128);
+  nlohmann::json c = synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
+  c["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 128);
   // Every slot whole 128 x 128 blocks: two heads of 128, one KV head.
   c["hidden_size"] = 256;
   c["num_attention_heads"] = 2;
@@ -275,11 +275,11 @@ TEST(Postprocess, ShapesDeepGemmCannotRunKeepTheirScales) {
 // The MLA split reads kv_b_proj as loaded: SGLang's post_load_weights runs before
 // process_weights_after_loading, so the repack of kv_b_proj waits for the split.
 TEST(Postprocess, DeepseekRepackWaitsForTheMlaSplit) {
-  nlohmann::json c = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+  nlohmann::json c = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
   c["q_lora_rank"] = 128;
   c["kv_lora_rank"] = 128;
   c["moe_intermediate_size"] = 128;
-  c["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Block, 128);
+  c["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 128);
   models::ParallelLayout deepep;
   deepep.moe_a2a = models::ParallelLayout::MoeA2a::kDeepep;
   const auto m = make(c, Target::kSm100, deepep);
@@ -308,9 +308,9 @@ TEST(Postprocess, DeepseekRepackWaitsForTheMlaSplit) {
 
 TEST(Postprocess, RefusalsNameTheTargetAndWhy) {
   // NVFP4: Marlin on Hopper; the swizzled scales on Blackwell are not produced.
-  nlohmann::json nvfp4 = models::with_hf_quant_config(
-      tools::synth_config("llama", "tiny", DType::kBF16, false),
-      tools::synth_hf_quant_config(tools::SynthQuant::kNvfp4));
+  nlohmann::json nvfp4 =
+      models::with_hf_quant_config(synth::synth_config("llama", "tiny", DType::kBF16, false),
+                                   synth::synth_hf_quant_config(synth::SynthQuant::kNvfp4));
   EXPECT_THAT(error_of(Stage::kConfig, [&] { make(nvfp4, Target::kSm90); }),
               HasSubstr("postprocess.target=sm90: SGLang 0.5.23 serves NVFP4 on Hopper only "
                         "through Marlin"));
@@ -318,11 +318,11 @@ TEST(Postprocess, RefusalsNameTheTargetAndWhy) {
               HasSubstr("postprocess.target=sm100: NVFP4's swizzled block scales"));
   EXPECT_NO_THROW(make(nvfp4, Target::kLoader));
   // DeepSeek-V3's experts on sm100 without DeepEP: flashinfer_trtllm.
-  nlohmann::json ds = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+  nlohmann::json ds = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
   ds["q_lora_rank"] = 128;
   ds["kv_lora_rank"] = 128;
   ds["moe_intermediate_size"] = 128;
-  ds["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Block, 128);
+  ds["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 128);
   EXPECT_THAT(error_of(Stage::kConfig, [&] { make(ds, Target::kSm100); }),
               HasSubstr("flashinfer_trtllm MoE runner on sm100"));
   EXPECT_NO_THROW(make(ds, Target::kSm90));
@@ -342,7 +342,7 @@ TEST(Postprocess, RefusalsNameTheTargetAndWhy) {
 
 // Unquantized checkpoints and the loader target: nothing changes.
 TEST(Postprocess, UnquantizedModelsAreTheSameOnEveryTarget) {
-  const nlohmann::json c = tools::synth_config("qwen3", "tiny", DType::kBF16, false);
+  const nlohmann::json c = synth::synth_config("qwen3", "tiny", DType::kBF16, false);
   const auto l = make(c, Target::kLoader);
   for (Target t : {Target::kSm90, Target::kSm100}) {
     const auto m = make(c, t);

@@ -1,11 +1,11 @@
-// Quantized variants of the tiny synthetic checkpoints (tools::SynthQuant: FP8 with
+// Quantized variants of the tiny synthetic checkpoints (synth::SynthQuant: FP8 with
 // block, channel or tensor scales, ModelOpt FP8, NVFP4), and the checks that compare
 // what a rank loaded with readings of one naive reference.
 //
 // The checkpoint: every quantized linear weight (the spec, not ferry's predicate:
 // *_proj.weight and *_proj_with_mqa.weight but eh_proj and the V3.2 indexer's
 // weights_proj, the experts, and the indexer's wq_b and wk) stored in
-// the layout of tools/synth.hpp. A family's reference (which knows nothing of
+// the layout of synth/synth.hpp. A family's reference (which knows nothing of
 // quantization) is evaluated with value functions over each checkpoint tensor's
 // logical [N, K] elements:
 //   - weight(): the stored element: the FP8 value, or the byte that packs an NVFP4
@@ -40,14 +40,14 @@
 #include "models/model.hpp"
 #include "models/quant.hpp"
 #include "models/reference_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/dtype_codec.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::testing::quant {
 
-using tools::SynthQuant;
+using synth::SynthQuant;
 constexpr std::uint64_t kBlock = 8;
-constexpr std::uint64_t kGroup = tools::kSynthNvfp4Group;
+constexpr std::uint64_t kGroup = synth::kSynthNvfp4Group;
 
 inline bool ends_with(const std::string& s, const std::string& x) {
   return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
@@ -85,28 +85,28 @@ struct Layout {
 // config.json with a ModelOpt hf_quant_config.json merged in, as the runtime does.
 inline void set_quant_config(nlohmann::json& config, SynthQuant kind,
                              std::uint64_t block = kBlock) {
-  if (nlohmann::json q = tools::synth_quant_config(kind, block); !q.is_null()) {
+  if (nlohmann::json q = synth::synth_quant_config(kind, block); !q.is_null()) {
     config["quantization_config"] = q;
   }
-  if (nlohmann::json h = tools::synth_hf_quant_config(kind); !h.is_null()) {
+  if (nlohmann::json h = synth::synth_hf_quant_config(kind); !h.is_null()) {
     config = models::with_hf_quant_config(config, h);
   }
 }
 
 // Turns a BF16 tensor list and config into `kind`'s layout (tools' synth transform;
 // the values are this header's).
-inline Layout quantize(std::vector<tools::SynthTensor>& tensors, nlohmann::json& config,
+inline Layout quantize(std::vector<synth::SynthTensor>& tensors, nlohmann::json& config,
                        SynthQuant kind = SynthQuant::kFp8Block, std::uint64_t block = kBlock) {
   Layout l;
   l.kind = kind;
   l.block = block;
   std::map<std::string, std::vector<std::uint64_t>> logical;
-  for (const tools::SynthTensor& t : tensors) {
+  for (const synth::SynthTensor& t : tensors) {
     logical[t.name] = t.shape;
   }
-  tools::synth_quantize(tensors, kind, block);
+  synth::synth_quantize(tensors, kind, block);
   set_quant_config(config, kind, block);
-  for (const tools::SynthTensor& t : tensors) {
+  for (const synth::SynthTensor& t : tensors) {
     l.ids[t.name] = static_cast<float>(l.ids.size() + 1);
     // A weight whose dtype synth changed (its scales are new names).
     auto it = logical.find(t.name);
@@ -126,12 +126,12 @@ class Values {
   float weight(const std::string& name, std::uint64_t i) {
     auto it = l_.shapes.find(name);
     if (it == l_.shapes.end()) {
-      return tools::synth_value(seed_, name, i);
+      return synth::synth_value(seed_, name, i);
     }
     if (l_.kind == SynthQuant::kNvfp4) {
       return static_cast<float>(byte_of(name, packed_index(it->second, i)));
     }
-    return e4m3(tools::synth_value(seed_, name, i));
+    return e4m3(synth::synth_value(seed_, name, i));
   }
   float own_scale(const std::string& name, std::uint64_t i) {
     auto it = l_.shapes.find(name);
@@ -149,30 +149,30 @@ class Values {
     switch (l_.kind) {
       case SynthQuant::kFp8Block: {
         const std::uint64_t b = l_.block;
-        return tools::synth_value(seed_, scale, row / b * ((k + b - 1) / b) + col / b);
+        return synth::synth_value(seed_, scale, row / b * ((k + b - 1) / b) + col / b);
       }
       case SynthQuant::kFp8Channel:
-        return tools::synth_value(seed_, scale, row);
+        return synth::synth_value(seed_, scale, row);
       case SynthQuant::kNvfp4:
-        return e4m3(tools::synth_value(seed_, scale, row * (k / kGroup) + col / kGroup));
+        return e4m3(synth::synth_value(seed_, scale, row * (k / kGroup) + col / kGroup));
       default:
-        return tools::synth_value(seed_, scale, 0);
+        return synth::synth_value(seed_, scale, 0);
     }
   }
   float scale_2(const std::string& name, std::uint64_t) {
     return l_.shapes.count(name) != 0
-               ? tools::synth_value(seed_, companion(name, "weight_scale_2"), 0)
+               ? synth::synth_value(seed_, companion(name, "weight_scale_2"), 0)
                : 0.0f;
   }
   float input_scale(const std::string& name, std::uint64_t) {
     return l_.shapes.count(name) != 0
-               ? tools::synth_value(
-                     seed_, tools::synth_value_name(l_.kind, companion(name, "input_scale")), 0)
+               ? synth::synth_value(
+                     seed_, synth::synth_value_name(l_.kind, companion(name, "input_scale")), 0)
                : 0.0f;
   }
   float tensor_id(const std::string& name, std::uint64_t) { return l_.ids.at(name); }
   // A scalar tensor's value (ModelOpt's k_scale / v_scale).
-  float scalar(const std::string& tensor) const { return tools::synth_value(seed_, tensor, 0); }
+  float scalar(const std::string& tensor) const { return synth::synth_value(seed_, tensor, 0); }
   // f32(W) * its scale, unrounded (FP8 only): what SGLang's block_quant_to_tensor_quant
   // and channel_quant_to_tensor_quant requantize from.
   float dequantized_f32(const std::string& name, std::uint64_t i) {
@@ -192,15 +192,15 @@ class Values {
     } else {
       v = weight(name, i) * own_scale(name, i);
     }
-    const std::uint32_t bits = static_cast<std::uint32_t>(tools::float_to_bf16_bits(v)) << 16;
+    const std::uint32_t bits = static_cast<std::uint32_t>(synth::float_to_bf16_bits(v)) << 16;
     float out = 0;
     std::memcpy(&out, &bits, 4);
     return out;
   }
   // A stored tensor's bytes, as ferry synth writes them.
-  std::vector<std::byte> bytes(const tools::SynthTensor& t) const {
+  std::vector<std::byte> bytes(const synth::SynthTensor& t) const {
     std::vector<std::byte> out(t.nbytes());
-    tools::synth_encode(t.dtype, seed_, t.value_name.empty() ? t.name : t.value_name, 0, out);
+    synth::synth_encode(t.dtype, seed_, t.value_name.empty() ? t.name : t.value_name, 0, out);
     return out;
   }
 
@@ -211,7 +211,7 @@ class Values {
   }
   std::uint8_t byte_of(const std::string& name, std::uint64_t index) const {
     std::byte b{};
-    tools::synth_encode(DType::kU8, seed_, name, index, std::span<std::byte>(&b, 1));
+    synth::synth_encode(DType::kU8, seed_, name, index, std::span<std::byte>(&b, 1));
     return static_cast<std::uint8_t>(b);
   }
   float e4m3(float v) {
@@ -228,10 +228,10 @@ class Values {
 // Routes every tensor of `tensors` (placed or dropped, never unmapped), runs the
 // pieces and fills into `buffers`, and returns the routes.
 inline std::vector<models::Route> load(const models::Model& model,
-                                       const std::vector<tools::SynthTensor>& tensors,
+                                       const std::vector<synth::SynthTensor>& tensors,
                                        const Values& values, ParamBuffers& buffers) {
   std::vector<models::Route> routes;
-  for (const tools::SynthTensor& t : tensors) {
+  for (const synth::SynthTensor& t : tensors) {
     models::Route route = model.route(tensor_info(t.name, t.dtype, t.shape));
     EXPECT_NE(route.kind, models::RouteKind::kUnmapped) << t.name;
     if (route.kind != models::RouteKind::kPlaced) {

@@ -24,8 +24,8 @@
 #include "models/quant_reference.hpp"
 #include "models/reference_util.hpp"
 #include "models/table_model.hpp"
+#include "synth/synth.hpp"
 #include "testing/error_of.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -39,11 +39,11 @@ struct Case {
   std::string family;  // a synth family
   int tp = 1;
   int ep = 1;
-  tools::SynthQuant kind = tools::SynthQuant::kFp8Block;
+  synth::SynthQuant kind = synth::SynthQuant::kFp8Block;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
-  std::string kind(tools::to_string(info.param.kind));
+  std::string kind(synth::to_string(info.param.kind));
   std::replace(kind.begin(), kind.end(), '-', '_');
   return info.param.family + "_tp" + std::to_string(info.param.tp) + "_ep" +
          std::to_string(info.param.ep) + "_" + kind;
@@ -57,11 +57,11 @@ class QuantContract : public ::testing::TestWithParam<Case> {};
 
 TEST_P(QuantContract, WeightsAndScalesMatchTheReference) {
   const Case& c = GetParam();
-  nlohmann::json config = tools::synth_config(c.family, "tiny", DType::kBF16, false);
-  std::vector<tools::SynthTensor> tensors =
-      tools::synth_tensor_list(c.family, "tiny", DType::kBF16, false);
+  nlohmann::json config = synth::synth_config(c.family, "tiny", DType::kBF16, false);
+  std::vector<synth::SynthTensor> tensors =
+      synth::synth_tensor_list(c.family, "tiny", DType::kBF16, false);
   std::map<std::string, std::vector<std::uint64_t>> bf16_shapes;
-  for (const tools::SynthTensor& t : tensors) {
+  for (const synth::SynthTensor& t : tensors) {
     bf16_shapes[t.name] = t.shape;
   }
   quant::Values values(kSeed, quant::quantize(tensors, config, c.kind));
@@ -73,7 +73,7 @@ TEST_P(QuantContract, WeightsAndScalesMatchTheReference) {
   const std::vector<models::Route> routes = quant::load(*model, tensors, values, buffers);
   EXPECT_TRUE(models::check_coverage(*model, routes).empty());
 
-  const bool dense = !tools::synth_family_has_experts(c.family);
+  const bool dense = !synth::synth_family_has_experts(c.family);
   std::size_t scales = 0;
   std::map<std::string, TensorMap> checkpoints;  // by reading: the same for every rank
   for (std::size_t i = 0; i < model->shells().size(); ++i) {
@@ -113,7 +113,7 @@ TEST_P(QuantContract, WeightsAndScalesMatchTheReference) {
 // layouts are chosen so that each split kind appears once per format: tp-split
 // experts, ep, and both together.)
 std::vector<Case> cases() {
-  using tools::SynthQuant;
+  using synth::SynthQuant;
   std::vector<Case> out = {{"llama", 1, 1},     {"llama", 2, 1},     {"llama", 4, 1},
                            {"qwen2", 2, 1},     {"qwen3_moe", 1, 1}, {"qwen3_moe", 4, 1},
                            {"qwen3_moe", 4, 2}, {"mixtral", 2, 2}};
@@ -137,8 +137,8 @@ INSTANTIATE_TEST_SUITE_P(Families, QuantContract, ::testing::ValuesIn(cases()), 
 // ---- bad inputs ---------------------------------------------------------------------
 
 nlohmann::json fp8_llama(std::uint64_t block = quant::kBlock) {
-  nlohmann::json c = tools::synth_config("llama", "tiny", DType::kBF16, false);
-  c["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Block, block);
+  nlohmann::json c = synth::synth_config("llama", "tiny", DType::kBF16, false);
+  c["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, block);
   return c;
 }
 
@@ -155,7 +155,7 @@ TEST(QuantScheme, ParsesFp8BlockAndItsExclusions) {
   EXPECT_TRUE(models::module_skipped(q, "lm_head"));
   EXPECT_TRUE(models::module_skipped(q, "model.layers.0.mlp.gate"));
   EXPECT_FALSE(models::module_skipped(q, "model.layers.0.mlp.gate_up_proj"));
-  EXPECT_FALSE(models::parse_quant_scheme(tools::synth_config("llama", "tiny", DType::kBF16, false))
+  EXPECT_FALSE(models::parse_quant_scheme(synth::synth_config("llama", "tiny", DType::kBF16, false))
                    .quantized());
   nlohmann::json null_config = c;
   null_config["quantization_config"] = nullptr;  // an explicit null is no quantization
@@ -185,13 +185,13 @@ TEST(QuantScheme, CompressedTensorsFp8SchemesAndRefusals) {
     c["quantization_config"] = q;
     return c;
   };
-  const nlohmann::json channel = tools::synth_quant_config(tools::SynthQuant::kFp8Channel, 0);
+  const nlohmann::json channel = synth::synth_quant_config(synth::SynthQuant::kFp8Channel, 0);
   models::QuantScheme q = models::parse_quant_scheme(with(channel));
   EXPECT_EQ(q.method, Method::kFp8Channel);
   EXPECT_FALSE(q.input_scales);
   EXPECT_EQ(q.scale_suffix, "weight_scale");
   EXPECT_EQ(models::describe(q), "fp8 per-channel (compressed-tensors)");
-  q = models::parse_quant_scheme(with(tools::synth_quant_config(tools::SynthQuant::kFp8Tensor, 0)));
+  q = models::parse_quant_scheme(with(synth::synth_quant_config(synth::SynthQuant::kFp8Tensor, 0)));
   EXPECT_EQ(q.method, Method::kFp8Tensor);
   EXPECT_TRUE(q.input_scales);
   nlohmann::json block = channel;
@@ -258,7 +258,7 @@ TEST(QuantScheme, CompressedTensorsFp8SchemesAndRefusals) {
         << j.dump();
   }
   // SGLang's FusedMoE takes per-tensor FP8 weights only with static input scales.
-  nlohmann::json moe = tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
+  nlohmann::json moe = synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
   nlohmann::json dynamic_tensor = channel;
   dynamic_tensor["config_groups"]["group_0"]["weights"]["strategy"] = "tensor";
   moe["quantization_config"] = dynamic_tensor;
@@ -286,8 +286,8 @@ TEST(QuantScheme, Fp8WithoutBlocksIsPerTensor) {
 // runtime does) and config.json's flat one.
 TEST(QuantScheme, ModelOptFp8AndNvfp4FromEitherForm) {
   using Method = models::QuantScheme::Method;
-  const nlohmann::json plain = tools::synth_config("llama", "tiny", DType::kBF16, false);
-  const nlohmann::json nvfp4 = tools::synth_hf_quant_config(tools::SynthQuant::kNvfp4);
+  const nlohmann::json plain = synth::synth_config("llama", "tiny", DType::kBF16, false);
+  const nlohmann::json nvfp4 = synth::synth_hf_quant_config(synth::SynthQuant::kNvfp4);
   models::QuantScheme q = models::parse_quant_scheme(models::with_hf_quant_config(plain, nvfp4));
   EXPECT_EQ(q.method, Method::kNvfp4);
   EXPECT_EQ(q.group_size, 16u);
@@ -296,7 +296,7 @@ TEST(QuantScheme, ModelOptFp8AndNvfp4FromEitherForm) {
   EXPECT_EQ(q.ignored, std::vector<std::string>{"lm_head"});
   EXPECT_EQ(models::describe(q), "nvfp4 group 16 (modelopt), static input scales");
   q = models::parse_quant_scheme(models::with_hf_quant_config(
-      plain, tools::synth_hf_quant_config(tools::SynthQuant::kModelOptFp8)));
+      plain, synth::synth_hf_quant_config(synth::SynthQuant::kModelOptFp8)));
   EXPECT_EQ(q.method, Method::kFp8Tensor);
   EXPECT_TRUE(q.kv_cache_scales);
   // config.json's own quantization_config wins over the file.
@@ -468,11 +468,11 @@ TEST(QuantPlacement, MissingMisshapenAndUndeclaredFp8TensorsAreNamed) {
       AllOf(HasSubstr(w), HasSubstr("config.json has no quantization_config")));
   // A missing weight_scale_inv: the scale param is left unwritten (a coverage gap,
   // which the runtime reports naming it).
-  std::vector<tools::SynthTensor> tensors =
-      tools::synth_tensor_list("llama", "tiny", DType::kBF16, false);
-  tools::synth_quantize(tensors, tools::SynthQuant::kFp8Block, quant::kBlock);
+  std::vector<synth::SynthTensor> tensors =
+      synth::synth_tensor_list("llama", "tiny", DType::kBF16, false);
+  synth::synth_quantize(tensors, synth::SynthQuant::kFp8Block, quant::kBlock);
   std::vector<models::Route> routes;
-  for (const tools::SynthTensor& t : tensors) {
+  for (const synth::SynthTensor& t : tensors) {
     if (t.name != w + "_scale_inv") {
       routes.push_back(m->route(tensor_info(t.name, t.dtype, t.shape)));
     }
@@ -485,13 +485,13 @@ TEST(QuantPlacement, MissingMisshapenAndUndeclaredFp8TensorsAreNamed) {
 // words, excluded modules left whole, ModelOpt's kv scales under both names.
 TEST(QuantPlacement, ChannelTensorAndNvfp4ScalesAreCheckedAndNamed) {
   const std::string w = "model.layers.0.mlp.down_proj.weight";
-  auto model_of = [](tools::SynthQuant kind, nlohmann::json c, models::ParallelLayout l = {}) {
+  auto model_of = [](synth::SynthQuant kind, nlohmann::json c, models::ParallelLayout l = {}) {
     quant::set_quant_config(c, kind);
     return models::make_model(c, l);
   };
-  const nlohmann::json llama = tools::synth_config("llama", "tiny", DType::kBF16, false);
+  const nlohmann::json llama = synth::synth_config("llama", "tiny", DType::kBF16, false);
   // A channel scale is [N, 1]: a 1-D [N] one is refused naming the shape.
-  auto channel = model_of(tools::SynthQuant::kFp8Channel, llama);
+  auto channel = model_of(synth::SynthQuant::kFp8Channel, llama);
   const auto& cs = channel->shells()[0];
   const std::uint64_t n = cs.params[cs.by_name.at(w)].shape[0];
   EXPECT_EQ(cs.params[cs.by_name.at("model.layers.0.mlp.down_proj.weight_scale")].shape,
@@ -503,7 +503,7 @@ TEST(QuantPlacement, ChannelTensorAndNvfp4ScalesAreCheckedAndNamed) {
                        }),
               HasSubstr("the checkpoint tensor must be [" + std::to_string(n) + ", 1]"));
   // A per-tensor scale is one value; qkv_proj holds one per shard.
-  auto tensor = model_of(tools::SynthQuant::kFp8Tensor, llama);
+  auto tensor = model_of(synth::SynthQuant::kFp8Tensor, llama);
   const auto& ts = tensor->shells()[0];
   EXPECT_EQ(ts.params[ts.by_name.at("model.layers.0.self_attn.qkv_proj.weight_scale")].shape,
             std::vector<std::uint64_t>{3});
@@ -518,19 +518,19 @@ TEST(QuantPlacement, ChannelTensorAndNvfp4ScalesAreCheckedAndNamed) {
   // NVFP4: K of every share a multiple of 16 (intermediate 200: down_proj's K).
   nlohmann::json odd = llama;
   odd["intermediate_size"] = 200;
-  EXPECT_THAT(error_of(Stage::kPlacement, [&] { model_of(tools::SynthQuant::kNvfp4, odd); }),
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { model_of(synth::SynthQuant::kNvfp4, odd); }),
               AllOf(HasSubstr("Unsupported model when in features size is not multiple of 16"),
                     HasSubstr("down_proj.weight has 200 input features")));
   models::ParallelLayout tp8;
   tp8.tp = 8;  // 256 / 8 = 32 rows of gate / up, but down_proj's K is 32: fine; o_proj's 16
-  EXPECT_NO_THROW(model_of(tools::SynthQuant::kNvfp4, llama, tp8));
+  EXPECT_NO_THROW(model_of(synth::SynthQuant::kNvfp4, llama, tp8));
   nlohmann::json narrow = llama;
   narrow["intermediate_size"] = 192;  // 192 / 8 = 24 input features of down_proj a rank
   EXPECT_THAT(
-      error_of(Stage::kPlacement, [&] { model_of(tools::SynthQuant::kNvfp4, narrow, tp8); }),
+      error_of(Stage::kPlacement, [&] { model_of(synth::SynthQuant::kNvfp4, narrow, tp8); }),
       HasSubstr("has 24 input features on tp rank 0"));
   // NVFP4 bytes: a BF16 weight is refused by dtype; the packed shape is [N, K / 2].
-  auto fp4 = model_of(tools::SynthQuant::kNvfp4, llama);
+  auto fp4 = model_of(synth::SynthQuant::kNvfp4, llama);
   const auto& fs = fp4->shells()[0];
   const models::ParamSpec& down = fs.params[fs.by_name.at(w)];
   EXPECT_EQ(down.dtype, DType::kU8);
@@ -542,7 +542,7 @@ TEST(QuantPlacement, ChannelTensorAndNvfp4ScalesAreCheckedAndNamed) {
               HasSubstr("cannot load a BF16 weight"));
   // Excluded modules keep their dtype and get no companions.
   nlohmann::json excluded = llama;
-  quant::set_quant_config(excluded, tools::SynthQuant::kNvfp4);
+  quant::set_quant_config(excluded, synth::SynthQuant::kNvfp4);
   excluded["quantization_config"]["quantization"]["exclude_modules"] = {"lm_head",
                                                                         "model.layers.1.*"};
   auto ex = models::make_model(excluded, {});
@@ -552,7 +552,7 @@ TEST(QuantPlacement, ChannelTensorAndNvfp4ScalesAreCheckedAndNamed) {
   EXPECT_EQ(es.by_name.count("model.layers.1.mlp.down_proj.input_scale"), 0u);
   EXPECT_EQ(es.params[es.by_name.at(w)].dtype, DType::kU8);
   // ModelOpt's kv scales: self_attn.k_proj.k_scale or self_attn.k_scale, one param.
-  auto kv = model_of(tools::SynthQuant::kModelOptFp8, llama);
+  auto kv = model_of(synth::SynthQuant::kModelOptFp8, llama);
   for (const char* name :
        {"model.layers.2.self_attn.k_proj.k_scale", "model.layers.2.self_attn.k_scale"}) {
     const models::Route r = kv->route(tensor_info(name, DType::kF32, {}));
@@ -563,8 +563,8 @@ TEST(QuantPlacement, ChannelTensorAndNvfp4ScalesAreCheckedAndNamed) {
   // MLA (DeepSeek): SGLang 0.5.23's DeepSeek loader (deepseek_weight_loader.py,
   // load_weights) renames self_attn.k_proj.k_scale to self_attn.attn_mqa.k_scale.
   {
-    auto mla = model_of(tools::SynthQuant::kModelOptFp8,
-                        tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false));
+    auto mla = model_of(synth::SynthQuant::kModelOptFp8,
+                        synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false));
     for (const std::string s : {"k", "v"}) {
       const std::string name = "model.layers.0.self_attn." + s + "_proj." + s + "_scale";
       const models::Route r = mla->route(tensor_info(name, DType::kF32, {}));
@@ -579,8 +579,8 @@ TEST(QuantPlacement, ChannelTensorAndNvfp4ScalesAreCheckedAndNamed) {
   // without the quant config (Qwen3Attention, Qwen3MoeAttention, Glm4MoeAttention),
   // so they have no k_scale / v_scale and the checkpoint's are skipped.
   for (const char* family : {"qwen3", "qwen3_moe"}) {
-    auto q3 = model_of(tools::SynthQuant::kModelOptFp8,
-                       tools::synth_config(family, "tiny", DType::kBF16, false));
+    auto q3 = model_of(synth::SynthQuant::kModelOptFp8,
+                       synth::synth_config(family, "tiny", DType::kBF16, false));
     const models::Route r =
         q3->route(tensor_info("model.layers.0.self_attn.k_proj.k_scale", DType::kF32, {}));
     EXPECT_EQ(r.kind, models::RouteKind::kDropped) << family;

@@ -9,7 +9,7 @@
 #include "gpu/device.hpp"
 #include "gpu/host_device.hpp"
 #include "models/host_hook_context.hpp"
-#include "tools/synth.hpp"
+#include "synth/synth.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -84,8 +84,8 @@ SynthCase tiny_case(const std::string& family, DType dtype, bool tied, bool llam
   const std::string synth_family = family == "mistral" ? "llama" : family;
   SynthCase out;
   out.dtype = dtype;
-  out.config = tools::synth_config(synth_family, "tiny", dtype, tied);
-  for (const tools::SynthTensor& t : tools::synth_tensor_list(synth_family, "tiny", dtype, tied)) {
+  out.config = synth::synth_config(synth_family, "tiny", dtype, tied);
+  for (const synth::SynthTensor& t : synth::synth_tensor_list(synth_family, "tiny", dtype, tied)) {
     out.names.push_back(t.name);
     out.shapes[t.name] = t.shape;
   }
@@ -146,7 +146,7 @@ TensorMap make_checkpoint(const std::map<std::string, std::vector<std::uint64_t>
     }
     t.values.resize(n);
     for (std::uint64_t i = 0; i < n; ++i) {
-      t.values[i] = tools::synth_value(seed, name, i);
+      t.values[i] = synth::synth_value(seed, name, i);
     }
     out.emplace(name, std::move(t));
   }

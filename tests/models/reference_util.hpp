@@ -59,7 +59,7 @@ struct HostTensor {
 };
 using TensorMap = std::map<std::string, HostTensor>;
 
-// Full checkpoint tensors of `shapes` with values tools::synth_value(seed, name, i).
+// Full checkpoint tensors of `shapes` with values synth::synth_value(seed, name, i).
 TensorMap make_checkpoint(const std::map<std::string, std::vector<std::uint64_t>>& shapes,
                           std::uint64_t seed);
 
@@ -68,7 +68,7 @@ TensorMap make_checkpoint(const std::map<std::string, std::vector<std::uint64_t>
 // read as its q, k, v rows (by the head counts) and its gate, up halves.
 TensorMap reference_params(const RefConfig& c, const TensorMap& checkpoint, int rank, int tp);
 
-// A tiny synthetic checkpoint (tools/synth.hpp's "tiny" preset) of "llama", "qwen2"
+// A tiny synthetic checkpoint (synth/synth.hpp's "tiny" preset) of "llama", "qwen2"
 // or "mistral" (Llama's tensors under a Mistral config: no head_dim, no bias keys).
 // `llama_biases` turns on attention_bias and mlp_bias and adds those tensors.
 struct SynthCase {

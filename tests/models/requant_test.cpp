@@ -22,9 +22,9 @@
 #include "models/quant.hpp"
 #include "models/quant_reference.hpp"
 #include "models/reference_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/dtype_codec.hpp"
 #include "testing/error_of.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -33,7 +33,7 @@ using ::testing::HasSubstr;
 using Requant = models::QuantScheme::Requant;
 
 float bf16(float v) {
-  const std::uint32_t bits = static_cast<std::uint32_t>(tools::float_to_bf16_bits(v)) << 16;
+  const std::uint32_t bits = static_cast<std::uint32_t>(synth::float_to_bf16_bits(v)) << 16;
   float out = 0;
   std::memcpy(&out, &bits, 4);
   return out;
@@ -152,14 +152,14 @@ TEST(Requant, TensorMatchesTheNaiveReference) {
 // it).
 TEST(Requant, ModelHooksRewriteEveryFp8ParamAfterTheMlaSplit) {
   for (Requant kind : {Requant::kUe8m0, Requant::kTensor}) {
-    nlohmann::json config = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+    nlohmann::json config = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
     config["q_lora_rank"] = 128;
     config["kv_lora_rank"] = 128;
     config["moe_intermediate_size"] = 128;
-    std::vector<tools::SynthTensor> tensors =
-        tools::synth_tensor_list(tools::synth_source(config, "config.json"), DType::kBF16);
-    config["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Block, 128);
-    tools::synth_quantize(tensors, tools::SynthQuant::kFp8Block, 128);
+    std::vector<synth::SynthTensor> tensors =
+        synth::synth_tensor_list(synth::synth_source(config, "config.json"), DType::kBF16);
+    config["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 128);
+    synth::synth_quantize(tensors, synth::SynthQuant::kFp8Block, 128);
     models::ModelOptions options;
     options.requant = kind;
     std::unique_ptr<models::Model> model = models::make_model(config, {}, options);
@@ -264,13 +264,13 @@ TEST(Requant, ModelHooksRewriteEveryFp8ParamAfterTheMlaSplit) {
 TEST(Requant, IsRefusedWhereItCannotApply) {
   models::ModelOptions o;
   o.requant = Requant::kUe8m0;
-  nlohmann::json c = tools::synth_config("llama", "tiny", DType::kBF16, false);
+  nlohmann::json c = synth::synth_config("llama", "tiny", DType::kBF16, false);
   EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); }),
               HasSubstr("this checkpoint's quantization is none"));
-  c["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Channel, 0);
+  c["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Channel, 0);
   EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); }),
               HasSubstr("converts FP8 block scales"));
-  c["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Block, 16);
+  c["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 16);
   EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(c, {}, o); }),
               HasSubstr("needs 128 x 128 blocks"));
   o.requant = Requant::kTensor;  // any block size
@@ -279,8 +279,8 @@ TEST(Requant, IsRefusedWhereItCannotApply) {
   EXPECT_EQ(shell.params[shell.by_name.at("model.layers.0.mlp.down_proj.weight_scale")].shape,
             std::vector<std::uint64_t>{1});
   // A fused-experts param gets one scale an expert.
-  nlohmann::json moe = tools::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
-  moe["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Block, 16);
+  nlohmann::json moe = synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
+  moe["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 16);
   auto mm = models::make_model(moe, {}, o);
   const auto& ms = mm->shells()[0];
   EXPECT_EQ(ms.params[ms.by_name.at("model.layers.0.mlp.experts.w13_weight_scale")].shape,

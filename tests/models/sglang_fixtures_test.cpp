@@ -27,13 +27,13 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "models/deepseek.hpp"
 #include "models/coverage.hpp"
+#include "models/deepseek.hpp"
 #include "models/model.hpp"
 #include "models/reference_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/error_of.hpp"
 #include "testing/test_data.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -342,8 +342,8 @@ TEST(SglangFixtures, DeepseekV3DeploymentLayoutsAtTp8) {
 TEST(SglangFixtures, DeepseekV3AtFullSizeUnderTheDeploymentLayout) {
   FERRY_NEED_TEST_DATA();
   const nlohmann::json config = config_of("deepseek-v3");
-  const tools::SynthSource source = tools::synth_source(config, "deepseek-v3/config.json");
-  const std::vector<tools::SynthTensor> tensors = tools::synth_tensor_list(source, DType::kBF16);
+  const synth::SynthSource source = synth::synth_source(config, "deepseek-v3/config.json");
+  const std::vector<synth::SynthTensor> tensors = synth::synth_tensor_list(source, DType::kBF16);
   ASSERT_EQ(tensors.size(), 46183u);
   models::ParallelLayout layout;
   layout.tp = 8;
@@ -356,7 +356,7 @@ TEST(SglangFixtures, DeepseekV3AtFullSizeUnderTheDeploymentLayout) {
   auto m = models::make_model(config, layout);
   std::vector<models::Route> routes;
   std::map<std::string, std::size_t> dropped;
-  for (const tools::SynthTensor& t : tensors) {
+  for (const synth::SynthTensor& t : tensors) {
     models::Route r = m->route(tensor_info(t.name, t.dtype, t.shape));
     ASSERT_NE(r.kind, models::RouteKind::kUnmapped) << t.name;
     if (r.kind == models::RouteKind::kDropped) {

@@ -1,4 +1,4 @@
-// End-to-end loads of DeepSeek-V3 (and DeepSeek-V2 / GLM-4 MoE when tools/synth.cpp
+// End-to-end loads of DeepSeek-V3 (and DeepSeek-V2 / GLM-4 MoE when synth/
 // writes them) through ferry::Runtime on host devices: tp x ep, pipeline stages,
 // rank subsets, the MTP draft model and shared-expert folding. Every element of
 // every param of every local rank is read back and compared with the naive
@@ -23,9 +23,9 @@
 #include "models/quant_reference.hpp"
 #include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -38,7 +38,7 @@ using testing::synth_checkpoint;
 using testing::TempDir;
 
 bool synth_has(const std::string& family) {
-  const auto& f = tools::synth_families();
+  const auto& f = synth::synth_families();
   return std::find(f.begin(), f.end(), family) != f.end();
 }
 
@@ -289,7 +289,7 @@ TEST(DeepseekLoadFamilies, DeepseekV2AndGlm4MoeWhenSynthesized) {
     }
   }
   if (!any) {
-    GTEST_SKIP() << "tools/synth.cpp writes neither deepseek_v2 nor glm4_moe yet";
+    GTEST_SKIP() << "synth/ writes neither deepseek_v2 nor glm4_moe yet";
   }
 }
 
@@ -302,16 +302,16 @@ TEST(DeepseekLoadFamilies, DeepseekV2AndGlm4MoeWhenSynthesized) {
 // dequantizes wk into wk_weights_proj.
 struct QuantLoadCase {
   std::string family;
-  tools::SynthQuant kind = tools::SynthQuant::kFp8Block;
+  synth::SynthQuant kind = synth::SynthQuant::kFp8Block;
 };
 
 class DeepseekQuantLoad : public ::testing::TestWithParam<QuantLoadCase> {};
 
 TEST_P(DeepseekQuantLoad, QuantizedCheckpointLoadsAsTheReference) {
-  const tools::SynthQuant kind = GetParam().kind;
+  const synth::SynthQuant kind = GetParam().kind;
   const std::string family = GetParam().family;
   TempDir dir;
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.family = family;
   o.preset = "tiny";
   o.out = dir.file("fp8");
@@ -319,14 +319,14 @@ TEST_P(DeepseekQuantLoad, QuantizedCheckpointLoadsAsTheReference) {
   o.quant = kind;
   o.quant_block = testing::quant::kBlock;
   o.fsync = false;
-  tools::synthesize(o);
+  synth::synthesize(o);
   // The same layout, derived here from the BF16 tensor list.
-  nlohmann::json config = tools::synth_config(family, "tiny", DType::kBF16, false);
-  std::vector<tools::SynthTensor> tensors =
-      tools::synth_tensor_list(family, "tiny", DType::kBF16, false);
+  nlohmann::json config = synth::synth_config(family, "tiny", DType::kBF16, false);
+  std::vector<synth::SynthTensor> tensors =
+      synth::synth_tensor_list(family, "tiny", DType::kBF16, false);
   testing::quant::Values values(o.seed, testing::quant::quantize(tensors, config, kind));
   std::vector<std::pair<int, int>> layouts{{2, 2}};
-  if (kind == tools::SynthQuant::kFp8Block && family == "deepseek_v3") {
+  if (kind == synth::SynthQuant::kFp8Block && family == "deepseek_v3") {
     layouts = {{1, 1}, {2, 2}, {4, 1}};
   }
   for (const auto& [tp, ep] : layouts) {
@@ -376,19 +376,19 @@ TEST_P(DeepseekQuantLoad, QuantizedCheckpointLoadsAsTheReference) {
 }
 
 std::string format_name(const ::testing::TestParamInfo<QuantLoadCase>& param) {
-  std::string n = param.param.family + "_" + std::string(tools::to_string(param.param.kind));
+  std::string n = param.param.family + "_" + std::string(synth::to_string(param.param.kind));
   std::replace(n.begin(), n.end(), '-', '_');
   return n;
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Formats, DeepseekQuantLoad,
-    ::testing::Values(QuantLoadCase{"deepseek_v3", tools::SynthQuant::kFp8Block},
-                      QuantLoadCase{"deepseek_v3", tools::SynthQuant::kFp8Channel},
-                      QuantLoadCase{"deepseek_v3", tools::SynthQuant::kFp8Tensor},
-                      QuantLoadCase{"deepseek_v3", tools::SynthQuant::kModelOptFp8},
-                      QuantLoadCase{"deepseek_v3", tools::SynthQuant::kNvfp4},
-                      QuantLoadCase{"deepseek_v32", tools::SynthQuant::kFp8Block}),
+    ::testing::Values(QuantLoadCase{"deepseek_v3", synth::SynthQuant::kFp8Block},
+                      QuantLoadCase{"deepseek_v3", synth::SynthQuant::kFp8Channel},
+                      QuantLoadCase{"deepseek_v3", synth::SynthQuant::kFp8Tensor},
+                      QuantLoadCase{"deepseek_v3", synth::SynthQuant::kModelOptFp8},
+                      QuantLoadCase{"deepseek_v3", synth::SynthQuant::kNvfp4},
+                      QuantLoadCase{"deepseek_v32", synth::SynthQuant::kFp8Block}),
     format_name);
 
 // The real FP8 configs scaled down (two layers, every width scaled to hidden 64, 4 x 4
@@ -410,20 +410,20 @@ TEST(RealConfigsScaledFp8, LoadAsTheReference) {
     }
     const std::string path = dir.file("config.json");
     std::ofstream(path) << real.dump();
-    tools::SynthOptions o;
+    synth::SynthOptions o;
     o.from_config = path;
     o.scale_hidden = 64;
-    o.quant = tools::SynthQuant::kFp8Block;
+    o.quant = synth::SynthQuant::kFp8Block;
     o.quant_block = 4;
     o.seed = 9;
     o.out = dir.file("ck");
     o.fsync = false;
-    tools::synthesize(o);
-    const tools::SynthSource source = tools::synth_source(real, path);
-    nlohmann::json config = tools::synth_config(source, DType::kBF16, 64);
-    std::vector<tools::SynthTensor> tensors = tools::synth_tensor_list(source, DType::kBF16, 64);
+    synth::synthesize(o);
+    const synth::SynthSource source = synth::synth_source(real, path);
+    nlohmann::json config = synth::synth_config(source, DType::kBF16, 64);
+    std::vector<synth::SynthTensor> tensors = synth::synth_tensor_list(source, DType::kBF16, 64);
     testing::quant::Values values(
-        o.seed, testing::quant::quantize(tensors, config, tools::SynthQuant::kFp8Block, 4));
+        o.seed, testing::quant::quantize(tensors, config, synth::SynthQuant::kFp8Block, 4));
     Runtime rt(
         to_config(make_config(o.out, {"parallel.tp=2", "parallel.ep=2", "parallel.ranks=1"})));
     LoadResult r = rt.load();

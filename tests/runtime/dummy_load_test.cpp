@@ -19,10 +19,10 @@
 #include "runtime/api_internal.hpp"
 #include "runtime/plan_report.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/dtype_codec.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -34,8 +34,8 @@ using testing::TempDir;
 
 // A tiny FP8 DeepSeek-V3's config.json (no weights beside it).
 std::string write_fp8_config(TempDir& dir) {
-  nlohmann::json config = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
-  config["quantization_config"] = tools::synth_quant_config(tools::SynthQuant::kFp8Block, 16);
+  nlohmann::json config = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+  config["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 16);
   const std::string path = dir.file("config.json");
   std::ofstream(path) << config.dump(2);
   return path;

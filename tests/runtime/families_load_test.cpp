@@ -18,8 +18,8 @@
 #include "gpu/kernels_host.hpp"
 #include "io/safetensors_writer.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/temp_dir.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -46,7 +46,7 @@ std::string write_checkpoint(TempDir& dir, const std::string& name, const nlohma
       n *= d;
     }
     std::vector<std::byte> bytes(n * 2);
-    tools::synth_encode(DType::kBF16, 1, tensor, 0, bytes);
+    synth::synth_encode(DType::kBF16, 1, tensor, 0, bytes);
     w.write(bytes);
   }
   w.finish();
@@ -56,7 +56,7 @@ std::string write_checkpoint(TempDir& dir, const std::string& name, const nlohma
 // Element i of checkpoint tensor `name`, as its BF16 value.
 float ck(const std::string& name, std::uint64_t i) {
   std::byte b[2];
-  tools::synth_encode(DType::kBF16, 1, name, i, b);
+  synth::synth_encode(DType::kBF16, 1, name, i, b);
   float f = 0;
   gpu::host::cast(reinterpret_cast<std::byte*>(&f), DType::kF32, b, DType::kBF16, 1);
   return f;

@@ -16,9 +16,9 @@
 #include "runtime/plan_report.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "runtime/test_seams.hpp"
+#include "synth/synth.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -39,13 +39,13 @@ TEST_P(Fp8FullSize, OneRankAtTp8Ep8PlansReadsItsPlanAndFillsEveryParameter) {
   FERRY_NEED_TEST_DATA();
   const Fp8Model& m = GetParam();
   testing::TempDir dir;
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.from_config = ::ferry::testing::test_data_path("models/" + m.config + "/config.json");
   o.quant_from_config = true;  // the config's own FP8 layout (as `ferry synth` without --dtype)
   o.sparse = true;
   o.out = dir.file(m.config);
   o.fsync = false;
-  tools::SynthResult written = tools::synthesize(o);
+  synth::SynthResult written = synth::synthesize(o);
   ASSERT_EQ(written.tensors, m.tensors);
   {
     std::ifstream in(o.out + "/config.json");
@@ -138,13 +138,13 @@ TEST(Fp8FullSize, DeepseekV32IndexersPlanWithNothingUnmapped) {
   config["index_head_dim"] = 128;
   const std::string path = dir.file("v32.json");
   std::ofstream(path) << config.dump();
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.from_config = path;
   o.quant_from_config = true;
   o.sparse = true;
   o.out = dir.file("v32");
   o.fsync = false;
-  const tools::SynthResult written = tools::synthesize(o);
+  const synth::SynthResult written = synth::synthesize(o);
   // DeepSeek-V3's 91991, and per layer (61 and the MTP one) wq_b, wk and their
   // scales, k_norm's weight and bias, weights_proj.
   EXPECT_EQ(written.tensors, 91991u + 62 * 7);

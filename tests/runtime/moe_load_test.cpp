@@ -20,8 +20,8 @@
 #include "models/moe_reference.hpp"
 #include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/temp_dir.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -112,8 +112,8 @@ moe_ref::Options ref_options(int tp_size, int ep_size) {
 std::map<std::string, std::vector<std::uint64_t>> tiny_shapes(const std::string& family,
                                                               bool fused) {
   std::map<std::string, std::vector<std::uint64_t>> out;
-  for (const tools::SynthTensor& t :
-       tools::synth_tensor_list(family, "tiny", DType::kBF16, false, fused)) {
+  for (const synth::SynthTensor& t :
+       synth::synth_tensor_list(family, "tiny", DType::kBF16, false, fused)) {
     out[t.name] = t.shape;
   }
   return out;
@@ -300,8 +300,8 @@ void write_fused_copy(const Checkpoint& ck, const std::string& out, bool transpo
   };
   std::vector<Entry> entries;
   std::set<std::uint64_t> fused_layers;
-  for (const tools::SynthTensor& t :
-       tools::synth_tensor_list(ck.family, "tiny", DType::kBF16, false)) {
+  for (const synth::SynthTensor& t :
+       synth::synth_tensor_list(ck.family, "tiny", DType::kBF16, false)) {
     const auto at = t.name.find(c.moe + "experts.");
     if (at == std::string::npos) {
       entries.push_back({t.name, t.shape, ck.values(t.name)});
@@ -378,14 +378,14 @@ TEST_F(MoeLoadTest, FusedExpertTensorsLoadLikePerExpertOnes) {
 
 TEST_F(MoeLoadTest, SynthesizedFusedExpertsMatchTheReference) {
   TempDir dir;
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.family = "qwen3_moe";
   o.preset = "tiny";
   o.out = dir.file("ck");
   o.seed = 11;
   o.fsync = false;
   o.fused_experts = true;
-  tools::synthesize(o);
+  synth::synthesize(o);
   const nlohmann::json config =
       nlohmann::json::parse(testing::read_file(dir.file("ck") + "/config.json"));
   moe_ref::Values values(11);

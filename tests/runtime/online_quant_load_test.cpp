@@ -20,8 +20,8 @@
 #include "models/quant.hpp"
 #include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/temp_dir.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -31,12 +31,12 @@ using testing::make_config;
 using testing::TempDir;
 
 std::string synth(TempDir& dir, const std::string& family) {
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.family = family;
   o.preset = "tiny";
   o.out = dir.file(family);
   o.fsync = false;
-  tools::synthesize(o);
+  synth::synthesize(o);
   return o.out;
 }
 

@@ -22,9 +22,9 @@
 #include "runtime/api_internal.hpp"
 #include "runtime/plan_report.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/dtype_codec.hpp"
 #include "testing/temp_dir.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -32,15 +32,15 @@ namespace {
 using testing::make_config;
 using testing::TempDir;
 
-std::string synth(TempDir& dir, const std::string& family, tools::SynthQuant quant,
+std::string synth(TempDir& dir, const std::string& family, synth::SynthQuant quant,
                   const std::string& name) {
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.family = family;
   o.preset = "tiny";
   o.quant = quant;
   o.out = dir.file(name);
   o.fsync = false;
-  tools::synthesize(o);
+  synth::synthesize(o);
   return o.out;
 }
 
@@ -97,7 +97,9 @@ std::vector<float> floats(const std::vector<std::byte>& b) {
   return out;
 }
 
-float f16(float v) { return testing::half_to_float(tools::float_to_f16_bits(v)); }
+float f16(float v) {
+  return testing::half_to_float(synth::float_to_f16_bits(v));
+}
 
 // per_tensor_dequantize (an F16 tensor times the F32 scale, rounded once to F16),
 // then scaled_fp8_quant with the static scale s (x * (1 / s), clamped, E4M3).
@@ -199,7 +201,7 @@ void check_dense(const Loads& l, const std::string& ck, const std::string& forma
 
 TEST(PostprocessLoad, Fp8PerTensorExpandsEachShardsScaleOverItsRows) {
   TempDir dir;
-  const std::string ck = synth(dir, "llama", tools::SynthQuant::kFp8Tensor, "fp8");
+  const std::string ck = synth(dir, "llama", synth::SynthQuant::kFp8Tensor, "fp8");
   as_fp8_format(ck);
   for (const std::string target : {"sm90", "sm100"}) {
     SCOPED_TRACE(target);
@@ -215,9 +217,9 @@ TEST(PostprocessLoad, Fp8PerTensorExpandsEachShardsScaleOverItsRows) {
 
 TEST(PostprocessLoad, CompressedTensorsAndModelOptRequantizeToTheLargestScale) {
   TempDir dir;
-  const std::string ct = synth(dir, "qwen3", tools::SynthQuant::kFp8Tensor, "ct");
+  const std::string ct = synth(dir, "qwen3", synth::SynthQuant::kFp8Tensor, "ct");
   check_dense(load_both(ct, "sm90"), ct, "compressed-tensors");
-  const std::string mo = synth(dir, "llama", tools::SynthQuant::kModelOptFp8, "modelopt");
+  const std::string mo = synth(dir, "llama", synth::SynthQuant::kModelOptFp8, "modelopt");
   // Valid FP8 KV-cache scales (synth's may be negative; see KvCacheScales below).
   set_scalars(mo, "k_scale", {0.5f});
   set_scalars(mo, "v_scale", {0.25f});
@@ -229,7 +231,7 @@ TEST(PostprocessLoad, CompressedTensorsAndModelOptRequantizeToTheLargestScale) {
 // refused, as SGLang asserts. fp8 checkpoints get 1.0 on every attention.
 TEST(PostprocessLoad, KvCacheScales) {
   TempDir dir;
-  const std::string mo = synth(dir, "llama", tools::SynthQuant::kModelOptFp8, "modelopt");
+  const std::string mo = synth(dir, "llama", synth::SynthQuant::kModelOptFp8, "modelopt");
   // Layer 0: k 2, v -1 (one kv_scale); layer 1: both -1 (not calibrated).
   set_scalars(mo, "k_scale", {2.0f, -1.0f});
   set_scalars(mo, "v_scale", {-1.0f, -1.0f});
@@ -255,7 +257,7 @@ TEST(PostprocessLoad, KvCacheScales) {
               ::testing::ContainsRegex("tensor 'model\\.layers\\.[0-9]+\\.self_attn\\.attn\\.k_scale'"));
   EXPECT_THAT(refused.error->message, ::testing::HasSubstr("asserts k_scale > 0"));
   // fp8: Fp8KVCacheMethod on every attention, nothing loads them: 1.0.
-  const std::string fp8 = synth(dir, "llama", tools::SynthQuant::kFp8Tensor, "fp8");
+  const std::string fp8 = synth(dir, "llama", synth::SynthQuant::kFp8Tensor, "fp8");
   as_fp8_format(fp8);
   const Loads f = load_both(fp8, "sm100");
   ASSERT_TRUE(f.target) << f.target.error->message;
@@ -268,7 +270,7 @@ TEST(PostprocessLoad, KvCacheScales) {
 // scales, which w13_weight_scale [E] holds; the input scales' max; w2 as loaded.
 TEST(PostprocessLoad, PerTensorExpertsRequantizeW1AndW3ToOneScale) {
   TempDir dir;
-  const std::string ck = synth(dir, "qwen3_moe", tools::SynthQuant::kFp8Tensor, "moe");
+  const std::string ck = synth(dir, "qwen3_moe", synth::SynthQuant::kFp8Tensor, "moe");
   equal_w1_w3_input_scales(ck);
   const Loads l = load_both(ck, "sm90", {"parallel.tp=2", "parallel.ep=2"});
   ASSERT_TRUE(l.plain) << l.plain.error->message;
@@ -363,7 +365,7 @@ TEST(PostprocessLoad, BlockFp8OnSm100IsTheUe8m0RepackOfAPlainLoad) {
 // in the same storage; the dummy format allocates what a real load does.
 TEST(PostprocessLoad, OverlapStartupAndDummyFormatKeepTheTargetsLayout) {
   TempDir dir;
-  const std::string ck = synth(dir, "qwen3_moe", tools::SynthQuant::kFp8Tensor, "moe");
+  const std::string ck = synth(dir, "qwen3_moe", synth::SynthQuant::kFp8Tensor, "moe");
   equal_w1_w3_input_scales(ck);
   const std::vector<std::string> sets = {"parallel.tp=2", "postprocess.target=sm90"};
   std::vector<std::string> overlap_sets = sets;
@@ -418,7 +420,7 @@ TEST(PostprocessLoad, OverlapStartupAndDummyFormatKeepTheTargetsLayout) {
 // input scales must be equal (within 1e-5, unless w1's is 1), on every target.
 TEST(PostprocessLoad, CompressedTensorsExpertsNeedEqualW1W3InputScales) {
   TempDir dir;
-  const std::string ck = synth(dir, "qwen3_moe", tools::SynthQuant::kFp8Tensor, "moe");
+  const std::string ck = synth(dir, "qwen3_moe", synth::SynthQuant::kFp8Tensor, "moe");
   // synth gives w1 and w3 one value (synth_value_name); make them differ.
   set_scalars(ck, "gate_proj.input_scale", {0.5f});
   set_scalars(ck, "up_proj.input_scale", {0.25f});
@@ -451,7 +453,7 @@ TEST(PostprocessLoad, BadValuesAreRefusedByName) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("expected loader, sm90, sm100 or auto"));
   }
   TempDir dir;
-  const std::string ck = synth(dir, "llama", tools::SynthQuant::kNvfp4, "nvfp4");
+  const std::string ck = synth(dir, "llama", synth::SynthQuant::kNvfp4, "nvfp4");
   Runtime rt(to_config(make_config(ck, {"postprocess.target=sm90"})));
   LoadResult r = rt.load();
   ASSERT_FALSE(r);

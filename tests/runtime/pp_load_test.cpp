@@ -26,7 +26,7 @@ using testing::RefTensor;
 using testing::synth_checkpoint;
 using testing::TempDir;
 
-constexpr std::uint64_t kLayers = 4;  // tools/synth.hpp tiny llama
+constexpr std::uint64_t kLayers = 4;  // synth/synth.hpp tiny llama
 
 struct StageRange {
   std::uint64_t begin = 0;

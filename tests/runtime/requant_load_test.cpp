@@ -17,8 +17,8 @@
 #include "models/requant.hpp"
 #include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/temp_dir.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -104,12 +104,12 @@ TEST(RequantLoad, TheRewritesOfAPlainLoad) {
 TEST(RequantLoad, ABadValueIsAConfigError) {
   EXPECT_THROW(make_config("/x", {"quantization.requant=e8m0"}), Error);
   TempDir dir;
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.family = "llama";
   o.preset = "tiny";
   o.out = dir.file("plain");
   o.fsync = false;
-  tools::synthesize(o);
+  synth::synthesize(o);
   Runtime rt(to_config(make_config(o.out, {"quantization.requant=tensor"})));
   LoadResult r = rt.load();
   ASSERT_FALSE(r);

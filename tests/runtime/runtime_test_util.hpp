@@ -29,9 +29,9 @@
 #include "io/staging_pool.hpp"
 #include "runtime/api_internal.hpp"
 #include "runtime/load_config.hpp"
+#include "synth/synth.hpp"
 #include "testing/dtype_codec.hpp"
 #include "testing/temp_dir.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::testing {
 
@@ -47,7 +47,7 @@ struct Checkpoint {
 
   // Element i of tensor `name` as synthesized.
   float value(const std::string& name, std::uint64_t i) const {
-    return tools::synth_value(seed, name, i);
+    return synth::synth_value(seed, name, i);
   }
   std::vector<float> values(const std::string& name) const {
     std::uint64_t n = 1;
@@ -88,26 +88,26 @@ struct Checkpoint {
 // starts on a 128-row block (q_lora_rank, kv_lora_rank and the experts' width 128),
 // written under `dir`; returns the checkpoint folder.
 inline std::string synth_deepseek_v3_block128(TempDir& dir) {
-  nlohmann::json config = tools::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+  nlohmann::json config = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
   config["q_lora_rank"] = 128;
   config["kv_lora_rank"] = 128;
   config["moe_intermediate_size"] = 128;
   const std::string path = dir.file("config.json");
   std::ofstream(path) << config.dump();
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.from_config = path;
-  o.quant = tools::SynthQuant::kFp8Block;
+  o.quant = synth::SynthQuant::kFp8Block;
   o.quant_block = 128;
   o.out = dir.file("ck");
   o.fsync = false;
-  tools::synthesize(o);
+  synth::synthesize(o);
   return o.out;
 }
 
 inline Checkpoint synth_checkpoint(const std::string& dir, const std::string& family,
                                    bool tied = false, std::uint64_t seed = 1,
                                    std::uint64_t shard_bytes = 0) {
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.family = family;
   o.preset = "tiny";
   o.out = dir;
@@ -115,7 +115,7 @@ inline Checkpoint synth_checkpoint(const std::string& dir, const std::string& fa
   o.tie_embeddings = tied;
   o.fsync = false;
   o.shard_bytes = shard_bytes;
-  tools::synthesize(o);
+  synth::synthesize(o);
   Checkpoint c;
   c.dir = dir;
   c.family = family;
@@ -123,7 +123,7 @@ inline Checkpoint synth_checkpoint(const std::string& dir, const std::string& fa
   c.tied = tied;
   std::ifstream in(dir + "/config.json");
   c.config = nlohmann::json::parse(in);
-  for (const tools::SynthTensor& t : tools::synth_tensor_list(family, "tiny", DType::kBF16, tied)) {
+  for (const synth::SynthTensor& t : synth::synth_tensor_list(family, "tiny", DType::kBF16, tied)) {
     c.shapes[t.name] = t.shape;
   }
   return c;
@@ -336,7 +336,7 @@ class LayerLog {
 
 // The bytes of every safetensors header `r` wrote (length prefix included): what a
 // load reads beyond its plan.
-inline std::uint64_t synth_header_bytes(const tools::SynthResult& r) {
+inline std::uint64_t synth_header_bytes(const synth::SynthResult& r) {
   std::uint64_t n = 0;
   for (const std::string& path : r.files) {
     if (path.size() > 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0) {

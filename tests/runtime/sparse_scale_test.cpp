@@ -12,9 +12,9 @@
 #include "runtime/plan_report.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "runtime/test_seams.hpp"
+#include "synth/synth.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -22,12 +22,12 @@ namespace {
 TEST(SparseScale, FullSizeLlama31_8bPlansAndLoadsOnNullAtTp2) {
   FERRY_NEED_TEST_DATA();
   testing::TempDir dir;
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.from_config = ::ferry::testing::test_data_path("models/llama-3.1-8b/config.json");
   o.sparse = true;
   o.out = dir.file("llama-3.1-8b");
   o.fsync = false;
-  tools::SynthResult written = tools::synthesize(o);
+  synth::SynthResult written = synth::synthesize(o);
   ASSERT_EQ(written.tensors, 291u);
   ASSERT_EQ(written.total_bytes, 16'060'522'496u);  // 16.06 GB of BF16, as the real checkpoint
 

@@ -566,15 +566,15 @@ TEST_F(StartupTest, CommitRunsWhileAGraphIsCapturedAndCreatesNothing) {
 // 4 KiB copy_d2h and a synchronize per floating-point parameter in commit().)
 TEST(StartupSyncTest, TheSentinelIsFilledAndCheckedPerDeviceNotPerParameter) {
   TempDir dir;
-  tools::SynthOptions o;
+  synth::SynthOptions o;
   o.family = "llama";
   o.preset = "tiny";
   o.out = dir.file("fp8");
   o.seed = 5;
   o.fsync = false;
-  o.quant = tools::SynthQuant::kFp8Block;
+  o.quant = synth::SynthQuant::kFp8Block;
   o.quant_block = 16;
-  tools::synthesize(o);
+  synth::synthesize(o);
 
   auto mu = std::make_shared<std::mutex>();
   auto ops = std::make_shared<std::map<std::string, int>>();

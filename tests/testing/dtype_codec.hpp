@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
-#include "tools/synth.hpp"
+#include "synth/synth.hpp"
 
 namespace ferry::testing {
 
@@ -94,7 +94,7 @@ inline void encode_one(float v, DType dtype, std::byte* out) {
     std::memcpy(out, &v, 4);
   } else if (dtype == DType::kBF16 || dtype == DType::kF16) {
     std::uint16_t bits =
-        dtype == DType::kBF16 ? tools::float_to_bf16_bits(v) : tools::float_to_f16_bits(v);
+        dtype == DType::kBF16 ? synth::float_to_bf16_bits(v) : synth::float_to_f16_bits(v);
     std::memcpy(out, &bits, 2);
   } else {
     throw std::runtime_error("encode: unsupported dtype");

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "synth/synth.hpp"
 #include "testing/run.hpp"
 #include "testing/temp_dir.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::tools {
 namespace {
@@ -43,12 +43,12 @@ class CliTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    SynthOptions o;
+    synth::SynthOptions o;
     o.family = "llama";
     o.preset = "tiny";
     o.out = dir_->file("llama");
     o.fsync = false;
-    synthesize(o);
+    synth::synthesize(o);
   }
   static void TearDownTestSuite() { delete dir_; }
   static std::string model() { return dir_->file("llama"); }

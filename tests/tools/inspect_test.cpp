@@ -1,15 +1,15 @@
 // `ferry inspect` end to end through the binary: the stable JSON interface, the
 // human form, exit codes, errors with the path as given, and `ferry demo`.
-#include <filesystem>
-#include <string>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "synth/synth.hpp"
 #include "testing/run.hpp"
 #include "testing/temp_dir.hpp"
-#include "tools/synth.hpp"
 
 namespace ferry::tools {
 namespace {
@@ -20,12 +20,12 @@ using ferry::testing::TempDir;
 namespace fs = std::filesystem;
 
 std::string synth_tiny(const TempDir& dir, const std::string& family = "llama") {
-  SynthOptions o;
+  synth::SynthOptions o;
   o.family = family;
   o.preset = "tiny";
   o.out = dir.file(family);
   o.fsync = false;
-  synthesize(o);
+  synth::synthesize(o);
   return o.out;
 }
 
@@ -37,7 +37,7 @@ TEST(InspectCliTest, JsonIsOneDocumentMatchingTheFiles) {
   auto doc = nlohmann::json::parse(r.out);  // throws if stdout is not exactly one document
   ASSERT_TRUE(doc.contains("files") && doc.contains("skipped") && doc.contains("warnings") &&
               doc.contains("tensors") && doc.contains("total_bytes"));
-  auto expected = synth_tensor_list("llama", "tiny", DType::kBF16, false);
+  auto expected = synth::synth_tensor_list("llama", "tiny", DType::kBF16, false);
   ASSERT_EQ(doc["tensors"].size(), expected.size());
   std::uint64_t sum = 0;
   std::size_t tensor_count = 0;
@@ -56,7 +56,7 @@ TEST(InspectCliTest, JsonIsOneDocumentMatchingTheFiles) {
     auto off = t["offset"].get<std::uint64_t>();
     ASSERT_GE(bytes.size(), off + 2);
     std::byte want[2];
-    synth_encode(DType::kBF16, 1, t["name"].get<std::string>(), 0, want);
+    synth::synth_encode(DType::kBF16, 1, t["name"].get<std::string>(), 0, want);
     EXPECT_EQ(std::memcmp(bytes.data() + off, want, 2), 0) << t["name"];
   }
   EXPECT_EQ(doc["total_bytes"].get<std::uint64_t>(), sum);

@@ -15,13 +15,13 @@
 #include <vector>
 
 #include "common/fp8.hpp"
+#include "synth/synth.hpp"
 #include "testing/error_of.hpp"
 #include "testing/run.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
-#include "tools/synth.hpp"
 
-namespace ferry::tools {
+namespace ferry::synth {
 namespace {
 
 using ferry::testing::run;
@@ -212,4 +212,4 @@ TEST(SynthQuant, BadQuantArgumentsAreRefused) {
 }
 
 }  // namespace
-}  // namespace ferry::tools
+}  // namespace ferry::synth

@@ -19,12 +19,12 @@
 #include "common/error.hpp"
 #include "io/discover.hpp"
 #include "io/safetensors.hpp"
+#include "synth/cli_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
-#include "tools/commands.hpp"
-#include "tools/synth.hpp"
 
-namespace ferry::tools {
+namespace ferry::synth {
 namespace {
 
 namespace fs = std::filesystem;
@@ -734,22 +734,6 @@ TEST(SynthFamilies, UnknownFamilyListsEveryKnownOne) {
 
 // ---- command line -------------------------------------------------------------------
 
-int run_cli(const std::vector<std::string>& args, std::string* out, std::string* err) {
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  int rc = 0;
-  try {
-    rc = cmd_synth(args);
-  } catch (...) {
-    ::testing::internal::GetCapturedStdout();
-    ::testing::internal::GetCapturedStderr();
-    throw;
-  }
-  *out = ::testing::internal::GetCapturedStdout();
-  *err = ::testing::internal::GetCapturedStderr();
-  return rc;
-}
-
 TEST(SynthFamilies, CommandLineFusedExperts) {
   TempDir dir;
   std::string out;
@@ -784,4 +768,4 @@ TEST(SynthFamilies, CommandLineFusedExperts) {
 }
 
 }  // namespace
-}  // namespace ferry::tools
+}  // namespace ferry::synth

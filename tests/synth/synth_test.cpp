@@ -3,7 +3,7 @@
 // writes (read back byte by byte), atomic replacement, and the command line. The
 // families added later (mistral, qwen2_moe, deepseek_v2, glm4_moe) and fused experts
 // have their own file, synth_families_test.cpp.
-#include "tools/synth.hpp"
+#include "synth/synth.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -25,11 +25,11 @@
 
 #include "common/error.hpp"
 #include "io/safetensors.hpp"
+#include "synth/cli_util.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
-#include "tools/commands.hpp"
 
-namespace ferry::tools {
+namespace ferry::synth {
 namespace {
 
 namespace fs = std::filesystem;
@@ -916,30 +916,6 @@ with safe_open(os.path.join(root, "f32", shard), framework="numpy") as f:
 
 // ---- command line ----------------------------------------------------------------
 
-int run_cli(const std::vector<std::string>& args, std::string* out = nullptr,
-            std::string* err = nullptr) {
-  ::testing::internal::CaptureStdout();
-  ::testing::internal::CaptureStderr();
-  int rc = 0;
-  try {
-    rc = cmd_synth(args);
-  } catch (...) {
-    // Stop capturing before the error reaches the test.
-    ::testing::internal::GetCapturedStdout();
-    ::testing::internal::GetCapturedStderr();
-    throw;
-  }
-  std::string o = ::testing::internal::GetCapturedStdout();
-  std::string e = ::testing::internal::GetCapturedStderr();
-  if (out != nullptr) {
-    *out = o;
-  }
-  if (err != nullptr) {
-    *err = e;
-  }
-  return rc;
-}
-
 TEST(SynthCli, HelpAndUsageErrorsExitTwo) {
   std::string out;
   std::string err;
@@ -1010,4 +986,4 @@ TEST(SynthCli, TheBinaryExitsTwoOnUsageErrors) {
 }
 
 }  // namespace
-}  // namespace ferry::tools
+}  // namespace ferry::synth

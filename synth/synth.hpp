@@ -4,6 +4,10 @@
 // down), sharded like save_pretrained does, with values that are a pure function of
 // (seed, tensor name, element index) so any reader can recompute any element it
 // loaded, or, for full-size checkpoints that cost no disk, sparse files of zeros.
+//
+// The synth/ layer: the loader's independent oracle. Its families (synth/family.hpp,
+// one file each in synth/families/) are written from the Hugging Face models, never
+// derived from models/'s descriptors; it shares only models/hf_config's field reads.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +23,7 @@
 #include "common/dtype.hpp"
 #include "common/hash.hpp"
 
-namespace ferry::tools {
+namespace ferry::synth {
 
 // ---- values ----------------------------------------------------------------
 
@@ -42,9 +46,10 @@ void synth_encode(DType dtype, std::uint64_t seed, std::string_view name, std::u
 
 // ---- what a checkpoint holds -------------------------------------------------
 
-// In this order, which is stable (new families are appended): "llama", "qwen2",
-// "mixtral", "qwen3_moe", "deepseek_v3", "mistral", "qwen2_moe", "deepseek_v2",
-// "glm4_moe". Each writes its Hugging Face architecture's names and config fields:
+// In the order of synth/families/registry.cpp, which is stable (new families are
+// appended): "llama", "qwen2", "mixtral", "qwen3_moe", "deepseek_v3", "mistral",
+// "qwen2_moe", "deepseek_v2", "glm4_moe", "deepseek_v32", "qwen3", "gemma", "gemma2",
+// "gemma3", "phi3". Each writes its Hugging Face architecture's names and config fields:
 //   llama        LlamaForCausalLM
 //   qwen2        Qwen2ForCausalLM (q/k/v biases)
 //   mixtral      MixtralForCausalLM (block_sparse_moe.experts.<e>.w1/w2/w3)
@@ -117,8 +122,10 @@ std::vector<SynthTensor> synth_tensor_list(std::string_view family, std::string_
 
 // ---- quantized checkpoints ----------------------------------------------------------
 
-// What the quantized linear layers' weights (those models::quantized_linear_tensor
-// names) are stored as, each followed by its companions in the same file:
+// What the quantized linear layers' weights (SGLang's: *_proj.weight but eh_proj and
+// the indexer's weights_proj, Mixtral's experts' w1/w2/w3, the indexer's wq_b and wk;
+// synth's own rule, not models/'s) are stored as, each followed by its companions in
+// the same file:
 //   kFp8Block     quant_method fp8, weight_block_size [b, b] (DeepSeek-V3, Qwen3 FP8):
 //                 F8_E4M3, <w>_scale_inv F32 [ceil(N / b), ceil(K / b)]
 //   kFp8Channel   compressed-tensors, strategy channel, dynamic per-token inputs:
@@ -330,4 +337,4 @@ struct SynthResult {
 // ftruncate to the full size. Errors are ferry::Error(Stage::kSynth).
 SynthResult synthesize(const SynthOptions& options);
 
-}  // namespace ferry::tools
+}  // namespace ferry::synth

@@ -23,13 +23,13 @@
 
 #include "common/error.hpp"
 #include "io/safetensors.hpp"
+#include "synth/synth.hpp"
 #include "testing/error_of.hpp"
 #include "testing/run.hpp"
 #include "testing/temp_dir.hpp"
 #include "testing/test_data.hpp"
-#include "tools/synth.hpp"
 
-namespace ferry::tools {
+namespace ferry::synth {
 namespace {
 
 namespace fs = std::filesystem;
@@ -814,4 +814,4 @@ TEST(SynthFromConfigCli, BadConfigFilesExitOneNamingFileAndField) {
 }
 
 }  // namespace
-}  // namespace ferry::tools
+}  // namespace ferry::synth
