@@ -679,7 +679,7 @@ void Runtime::Impl::report_stream(LoadWork& w, double stream_seconds, Clock::tim
                           : 0;
   // One chunk (plus an alignment block) per read in flight, per lane, O_DIRECT only.
   owned["bounce"] = config.io.direct ? std::uint64_t{report.read_lanes} * config.io.queue_depth *
-                                           (config.io.chunk_bytes + 4096)
+                                           (config.io.chunk_bytes + io::kDirectAlignment)
                                      : 0;
   report.host_bytes_owned = 0;
   for (const auto& [part, bytes] : owned) {
