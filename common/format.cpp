@@ -7,7 +7,7 @@
 
 namespace ferry {
 
-std::string human_bytes(std::uint64_t n) {
+std::string human_bytes(std::uint64_t n, int digits) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(n);
   int u = 0;
@@ -16,7 +16,7 @@ std::string human_bytes(std::uint64_t n) {
     ++u;
   }
   char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  std::snprintf(buf, sizeof buf, "%.*f %s", u == 0 ? 0 : digits, v, units[u]);
   return buf;
 }
 

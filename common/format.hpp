@@ -7,8 +7,8 @@
 
 namespace ferry {
 
-// "512 B", "1.5 MiB", "2.0 GiB": binary units, one decimal above bytes.
-std::string human_bytes(std::uint64_t n);
+// "512 B", "1.5 MiB", "2.0 GiB": binary units, `digits` decimals above bytes.
+std::string human_bytes(std::uint64_t n, int digits = 1);
 
 // `v` with `digits` digits after the point: fixed(1.23456, 2) == "1.23".
 std::string fixed(double v, int digits);

@@ -96,41 +96,37 @@ std::optional<std::uint64_t> parse_size(std::string_view text) {
   return *n * scale;
 }
 
-std::string human_bytes(std::uint64_t n) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(n);
-  int u = 0;
-  while (v >= 1024.0 && u < 4) {
-    v /= 1024.0;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
-  return buf;
-}
-
-}  // namespace
-
-int cmd_synth(const Args& args) {
-  CLI::App app(kDescription, "ferry synth");
-  synth::SynthOptions options;
+// The flags whose values are not SynthOptions fields as given, and the options
+// the checks after parsing ask about.
+struct SynthFlags {
   std::string dtype = "bf16";
   std::string shard_bytes;
+  std::string quant = "auto";
+  std::uint64_t quant_block = 0;
+  bool no_fsync = false;
   std::vector<std::string> dense;
   std::vector<std::string> moe;
+  CLI::Option* family = nullptr;
+  CLI::Option* preset = nullptr;
+  CLI::Option* from_config = nullptr;
+  CLI::Option* dtype_option = nullptr;
+};
+
+// What to write: a family and preset, or a real config (scaled); where; the seed.
+void add_model_options(CLI::App& app, synth::SynthOptions& options, SynthFlags& f) {
   for (const auto& family : synth::synth_families()) {
-    (synth::synth_family_has_experts(family) ? moe : dense).push_back(family);
+    (synth::synth_family_has_experts(family) ? f.moe : f.dense).push_back(family);
   }
-  CLI::Option* family = app.add_option("--family", options.family,
-                                       "dense: " + join_list(dense) + "\nMoE: " + join_list(moe))
+  f.family = app.add_option("--family", options.family,
+                                       "dense: " + join_list(f.dense) + "\nMoE: " + join_list(f.moe))
                             ->type_name("F")
                             ->check(one_of(synth::synth_families(), "family"));
-  CLI::Option* preset =
+  f.preset =
       app.add_option("--preset", options.preset,
                      "tiny (a few MiB) | small (tens of MiB) | medium (2-3 GiB in bf16)")
           ->type_name("P")
           ->check(one_of(synth::synth_presets(), "preset"));
-  CLI::Option* from_config =
+  f.from_config =
       app.add_option("--from-config", options.from_config,
                      "a real model's config.json instead of --family and --preset:\n"
                      "architectures[0] gives the family (LlamaForCausalLM, Qwen2ForCausalLM,\n"
@@ -140,15 +136,15 @@ int cmd_synth(const Args& args) {
                      "cannot write (Qwen-MoE mlp_only_layers, DeepSeek moe_layer_freq\n"
                      "> 1, ...) are errors")
           ->type_name("FILE")
-          ->excludes(family)
-          ->excludes(preset);
+          ->excludes(f.family)
+          ->excludes(f.preset);
   app.add_option("--scale-dims", options.scale_hidden,
                  "with --from-config: the same tensors (layers, experts, heads, vocab)\n"
                  "with hidden_size H and every other width scaled by H / hidden_size,\n"
                  "rounded up to a multiple of 8 (DeepSeek-V3 at 64: about 220 MB);\n"
                  "H is a multiple of 8 below hidden_size")
       ->type_name("H")
-      ->needs(from_config)
+      ->needs(f.from_config)
       ->check(CLI::Validator(
           [](std::string& text) -> std::string {
             std::optional<std::uint64_t> h = parse_uint(text);
@@ -165,8 +161,11 @@ int cmd_synth(const Args& args) {
       ->type_name("N")
       ->check(whole_number())
       ->capture_default_str();
-  std::string quant = "auto";
-  app.add_option("--quant", quant,
+}
+
+// How it is written: quantization, dtype, shards, the switches.
+void add_layout_options(CLI::App& app, synth::SynthOptions& options, SynthFlags& f) {
+  app.add_option("--quant", f.quant,
                  "the quantized linear weights (<w> is a weight's name less 'weight'):\n"
                  "  fp8-block     F8_E4M3, F32 <w>weight_scale_inv [ceil(N/b), ceil(K/b)]\n"
                  "                (quantization_config quant_method fp8)\n"
@@ -186,13 +185,12 @@ int cmd_synth(const Args& args) {
       ->check(CLI::IsMember(
           {"none", "fp8-block", "fp8-channel", "fp8-tensor", "modelopt-fp8", "nvfp4", "auto"}))
       ->capture_default_str();
-  std::uint64_t quant_block = 0;
-  app.add_option("--quant-block", quant_block,
+  app.add_option("--quant-block", f.quant_block,
                  "b of fp8-block (default 128, or the config's weight_block_size)")
       ->type_name("N")
       ->check(CLI::PositiveNumber);
-  CLI::Option* dtype_option =
-      app.add_option("--dtype", dtype,
+  f.dtype_option =
+      app.add_option("--dtype", f.dtype,
                      "bf16 | f16 | f32 (with --from-config too, whatever its torch_dtype;\n"
                      "the written config.json says this one)")
           ->type_name("D")
@@ -200,7 +198,7 @@ int cmd_synth(const Args& args) {
               [](const std::string& text) { return synth::parse_synth_dtype(text).has_value(); },
               "dtype", "bf16, f16, f32"))
           ->capture_default_str();
-  app.add_option("--shard-bytes", shard_bytes,
+  app.add_option("--shard-bytes", f.shard_bytes,
                  "shard size; suffixes K, M, G (binary) allowed\n"
                  "(default: tiny 512K, small 16M, medium 512M, --from-config 5G)")
       ->type_name("N")
@@ -215,7 +213,7 @@ int cmd_synth(const Args& args) {
   add_switch(app, "--tie-embeddings", options.tie_embeddings,
              "no lm_head.weight; config says tie_word_embeddings\n"
              "(with --from-config, the config's tie_word_embeddings decides)")
-      ->excludes(from_config);
+      ->excludes(f.from_config);
   add_switch(app, "--fused-experts", options.fused_experts,
              "MoE families: each layer's routed experts as two 3-D tensors,\n"
              "experts.gate_up_proj [E, 2I, H] (gate rows, then up rows) and\n"
@@ -227,41 +225,42 @@ int cmd_synth(const Args& args) {
              "against it do not apply");
   add_switch(app, "--force", options.force,
              "replace DIR if it holds a checkpoint (*.safetensors, *.json only)");
-  bool no_fsync = false;
-  add_switch(app, "--no-fsync", no_fsync, "skip fsync before the rename (faster, not crash-safe)");
-  if (std::optional<int> status = parse_verb(app, args)) {
-    return *status;
-  }
-  options.fsync = !no_fsync;
-  options.dtype = *synth::parse_synth_dtype(dtype);  // checked by the validator above
-  if (quant != "auto") {
-    options.quant = *synth::parse_synth_quant(quant);  // checked by IsMember above
+  add_switch(app, "--no-fsync", f.no_fsync, "skip fsync before the rename (faster, not crash-safe)");
+}
+
+// The checks that span flags, after parsing: an exit status (2, a usage error) or
+// nullopt with `options` complete.
+std::optional<int> finish_options(synth::SynthOptions& options, const SynthFlags& f) {
+  options.fsync = !f.no_fsync;
+  options.dtype = *synth::parse_synth_dtype(f.dtype);  // checked by the validator above
+  if (f.quant != "auto") {
+    options.quant = *synth::parse_synth_quant(f.quant);  // checked by IsMember above
   } else {
     // A real FP8 config keeps its layout unless a dtype is asked for explicitly.
-    options.quant_from_config = from_config->count() > 0 && options.sparse &&
-                                options.scale_hidden == 0 && dtype_option->count() == 0;
+    options.quant_from_config = f.from_config->count() > 0 && options.sparse &&
+                                options.scale_hidden == 0 && f.dtype_option->count() == 0;
   }
-  if (quant_block != 0) {
+  if (f.quant_block != 0) {
     if (options.quant != synth::SynthQuant::kFp8Block && !options.quant_from_config) {
       return usage_error(
           "--quant-block needs --quant fp8-block (or an FP8 --from-config --sparse)");
     }
-    options.quant_block = quant_block;
+    options.quant_block = f.quant_block;
   }
-  if (!shard_bytes.empty()) {
-    options.shard_bytes = *parse_size(shard_bytes);  // checked by the validator above
+  if (!f.shard_bytes.empty()) {
+    options.shard_bytes = *parse_size(f.shard_bytes);  // checked by the validator above
   }
-  const bool by_preset = family->count() > 0 || preset->count() > 0;
-  if (!by_preset && from_config->count() == 0) {
+  const bool by_preset = f.family->count() > 0 || f.preset->count() > 0;
+  if (!by_preset && f.from_config->count() == 0) {
     return usage_error("no model given: pass --family F --preset P, or --from-config FILE");
   }
-  if (by_preset && (family->count() == 0 || preset->count() == 0)) {
-    return usage_error(std::string(family->count() == 0 ? "--preset" : "--family") + " needs " +
-                       (family->count() == 0 ? "--family" : "--preset") +
+  if (by_preset && (f.family->count() == 0 || f.preset->count() == 0)) {
+    return usage_error(std::string(f.family->count() == 0 ? "--preset" : "--family") + " needs " +
+                       (f.family->count() == 0 ? "--family" : "--preset") +
                        " (or give --from-config FILE instead of both)");
   }
   std::string family_name = options.family;
-  if (from_config->count() > 0) {
+  if (f.from_config->count() > 0) {
     // Read it now: a bad file is an error of its own (exit 1, naming the file and
     // field), and H is checked against its hidden_size as a usage error.
     synth::SynthSource source = synth::read_synth_source(options.from_config);
@@ -274,22 +273,12 @@ int cmd_synth(const Args& args) {
   }
   if (options.fused_experts && !synth::synth_family_has_experts(family_name)) {
     return usage_error("--fused-experts needs a family with routed experts; '" + family_name +
-                       "' is dense (" + join_list(moe) + ")");
+                       "' is dense (" + join_list(f.moe) + ")");
   }
+  return std::nullopt;
+}
 
-  // A large preset takes seconds; say how far it got when someone is watching.
-  if (::isatty(STDERR_FILENO) != 0) {
-    options.progress = [](std::uint64_t done, std::uint64_t total) {
-      std::fprintf(stderr, "\rferry synth: %s of %s", human_bytes(done).c_str(),
-                   human_bytes(total).c_str());
-      if (done == total) {
-        std::fputc('\n', stderr);
-      }
-      std::fflush(stderr);
-    };
-  }
-
-  synth::SynthResult result = synth::synthesize(options);
+void print_summary(const synth::SynthOptions& options, const synth::SynthResult& result) {
   std::string model = options.family + "/" + options.preset;
   if (!options.from_config.empty()) {
     model = result.family + " from " + options.from_config;
@@ -303,7 +292,36 @@ int cmd_synth(const Args& args) {
       model.c_str(), options.fused_experts ? " fused-experts" : "", options.sparse ? " sparse" : "",
       static_cast<unsigned long long>(options.seed), options.out.c_str(), result.files.size(),
       result.shards, result.tensors, static_cast<unsigned long long>(result.total_bytes),
-      human_bytes(result.total_bytes).c_str(), options.sparse ? " (all zeros, in holes)" : "");
+      human_bytes(result.total_bytes, 2).c_str(), options.sparse ? " (all zeros, in holes)" : "");
+}
+
+}  // namespace
+
+int cmd_synth(const Args& args) {
+  CLI::App app(kDescription, "ferry synth");
+  synth::SynthOptions options;
+  SynthFlags flags;
+  add_model_options(app, options, flags);
+  add_layout_options(app, options, flags);
+  if (std::optional<int> status = parse_verb(app, args)) {
+    return *status;
+  }
+  if (std::optional<int> status = finish_options(options, flags)) {
+    return *status;
+  }
+  // A large preset takes seconds; say how far it got when someone is watching.
+  if (::isatty(STDERR_FILENO) != 0) {
+    options.progress = [](std::uint64_t done, std::uint64_t total) {
+      std::fprintf(stderr, "\rferry synth: %s of %s", human_bytes(done, 2).c_str(),
+                   human_bytes(total, 2).c_str());
+      if (done == total) {
+        std::fputc('\n', stderr);
+      }
+      std::fflush(stderr);
+    };
+  }
+
+  print_summary(options, synth::synthesize(options));
   return 0;
 }
 
