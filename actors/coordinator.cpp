@@ -128,7 +128,7 @@ CoordinatorActor::behavior_type coordinator(Self self, std::shared_ptr<Shared> s
       self->monitor(st.workers.back());
     }
     self->send(st.post_processor, WorkersMsg{st.workers});
-    if (st.shared->input().options.prefetch) {
+    if (st.shared->input().options.prefetch.enabled) {
       st.prefetcher = spawn_prefetcher(self, st.shared);
       self->monitor(st.prefetcher);
     }

@@ -70,11 +70,11 @@ std::vector<unsigned long long> lane_rank_bytes(const Plan& plan,
 void make_lanes(const PipelineInput& input, PreparedResources& out) {
   const PipelineOptions& o = input.options;
   const Plan& plan = *input.plan;
-  const std::size_t budget = o.staging_bytes != 0
-                                 ? o.staging_bytes
+  const std::size_t budget = o.io.staging_bytes != 0
+                                 ? o.io.staging_bytes
                                  : kStagingPerRank * std::max<std::size_t>(1, plan.local_ranks);
   const std::size_t buffer_bytes =
-      (o.chunk_bytes + io::kDirectAlignment - 1) / io::kDirectAlignment * io::kDirectAlignment;
+      (o.io.chunk_bytes + io::kDirectAlignment - 1) / io::kDirectAlignment * io::kDirectAlignment;
   const std::size_t buffers = buffer_bytes == 0 ? 0 : budget / buffer_bytes;
   if (buffers == 0) {
     throw Error(Stage::kConfig, "", "",
@@ -83,7 +83,7 @@ void make_lanes(const PipelineInput& input, PreparedResources& out) {
                     std::to_string(io::kDirectAlignment) +
                     "): raise io.staging_bytes or lower io.chunk_bytes");
   }
-  if (o.direct_to_device == io::DirectToDevice::kOn &&
+  if (o.io.direct_to_device == io::DirectToDevice::kOn &&
       std::none_of(input.ranks.begin(), input.ranks.end(),
                    [](const RankTarget& t) { return t.device->host_addressable(); })) {
     std::string names;
@@ -96,7 +96,7 @@ void make_lanes(const PipelineInput& input, PreparedResources& out) {
                 "devices cannot); use auto or off");
   }
   const std::size_t cores = std::max(1u, std::thread::hardware_concurrency());
-  std::size_t lanes = o.read_lanes;
+  std::size_t lanes = o.io.read_lanes;
   if (lanes == 0) {
     const std::size_t files =
         o.lanes_follow_files ? std::max<std::size_t>(1, files_read(plan)) : cores;
@@ -115,8 +115,8 @@ void make_lanes(const PipelineInput& input, PreparedResources& out) {
   // worth more than the saved copy (docs/PERFORMANCE.md, read width: 6.1 against
   // 5.0 GB/s on 2 cores), so auto takes them with two lanes or more, or one core.
   out.single_copy =
-      o.direct_to_device == io::DirectToDevice::kOn ||
-      (o.direct_to_device == io::DirectToDevice::kAuto && (spans.size() >= 2 || cores == 1));
+      o.io.direct_to_device == io::DirectToDevice::kOn ||
+      (o.io.direct_to_device == io::DirectToDevice::kAuto && (spans.size() >= 2 || cores == 1));
   const std::vector<int> nodes = io::numa_nodes();
   const auto base =
       input.staging_allocator ? input.staging_allocator : io::aligned_host_allocator();
@@ -135,7 +135,7 @@ void make_lanes(const PipelineInput& input, PreparedResources& out) {
     }
     PreparedResources::Lane& lane = out.lanes.emplace_back();
     lane.spans = spans[l];
-    lane.pool = std::make_shared<io::StagingPool>(per_lane, o.chunk_bytes, allocator);
+    lane.pool = std::make_shared<io::StagingPool>(per_lane, o.io.chunk_bytes, allocator);
     lane.pool->poison_on_return(o.poison_staging);
   }
 }

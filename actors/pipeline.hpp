@@ -26,6 +26,7 @@
 #include "actors/plan.hpp"
 #include "common/error.hpp"
 #include "gpu/device.hpp"
+#include "io/io_config.hpp"
 #include "io/prefetch.hpp"
 #include "io/reader.hpp"
 #include "io/safetensors.hpp"
@@ -36,35 +37,30 @@
 namespace ferry::actors {
 
 struct PipelineOptions {
-  io::Engine engine = io::Engine::kUring;
-  // Reader threads, each with its own ring, staging and share of the spans
-  // (lane_spans); 0 = min(cores, files the plan reads, 4). Fewer run when the
-  // staging budget holds fewer buffers or the plan has fewer spans.
-  unsigned read_lanes = 1;
-  // read_lanes 0 (auto): at most this many lanes, and at most one per weight file
-  // read where lanes_follow_files (runtime::io_auto decides both by the devices).
+  // The configuration's io and prefetch sections as built (runtime/load_config.hpp,
+  // io/io_config.hpp). The pipeline reads: io.engine, io.read_lanes (reader
+  // threads, each with its own ring, staging and share of the spans; 0 = auto,
+  // below), io.queue_depth (reads in flight per lane), io.cancel_timeout_ms
+  // (teardown's bound on reads it asked the kernel to cancel), io.chunk_bytes,
+  // io.staging_bytes (host staging split evenly across the lanes in chunk_bytes
+  // buffers, at least one per lane: the pipeline never holds more; 0 = 8 MiB per
+  // local rank), io.direct (O_DIRECT), io.direct_to_device and the prefetch section.
+  //
+  // io.direct_to_device: a read whose bytes are one contiguous run of exactly one
+  // local rank's param, on a device whose memory is host memory
+  // (gpu::Device::host_addressable), and under io.direct aligned
+  // (io::kDirectAlignment) at both ends and in memory, lands in the param with no
+  // staging (single-copy). kAuto: where possible when two lanes or more run (or the
+  // machine has one core: one lane's copy worker on a second core beats the saved
+  // copy); kOn: wherever possible, and a load with no local device that can take
+  // such reads fails (naming them); kOff: never.
+  ferry::io::IoConfig io;
+  ferry::io::PrefetchConfig prefetch;
+  // What the runtime derives from the devices (runtime::io_auto): with read_lanes 0,
+  // at most max_auto_lanes lanes, and at most one per weight file read where
+  // lanes_follow_files.
   unsigned max_auto_lanes = 4;
   bool lanes_follow_files = true;
-  unsigned queue_depth = 16;  // reads in flight per lane
-  // Teardown's bound on reads it asked the kernel to cancel (io::Reader::cancel).
-  std::chrono::milliseconds cancel_timeout{5000};
-  std::size_t chunk_bytes = std::size_t{4} << 20;
-  // Host staging memory, split evenly across the lanes in chunk_bytes buffers (at
-  // least one per lane): the pipeline never holds more. 0 = 8 MiB per local rank.
-  std::size_t staging_bytes = std::size_t{32} << 20;
-  // A read whose bytes are one contiguous run of exactly one local rank's param,
-  // on a device whose memory is host memory (gpu::Device::host_addressable), and
-  // under `direct` 4096-aligned at both ends and in memory, lands in the param with
-  // no staging (single-copy). kAuto: where possible when two lanes or more run (or
-  // the machine has one core: one lane's copy worker on a second core beats the
-  // saved copy); kOn: wherever possible, and a load with no local device that can
-  // take such reads fails (naming them); kOff: never.
-  io::DirectToDevice direct_to_device = io::DirectToDevice::kAuto;
-  bool direct = false;  // open the weight files with O_DIRECT
-  bool prefetch = false;
-  unsigned prefetch_threads = 4;
-  std::size_t prefetch_block_bytes = std::size_t{16} << 20;
-  std::uint64_t prefetch_ahead_bytes = std::uint64_t{1} << 30;
   // Poison staging buffers as they return (io::StagingPool::poison_on_return), with
   // host devices that defer their copies (host.deferred_copies).
   bool poison_staging = false;

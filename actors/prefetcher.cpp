@@ -65,11 +65,11 @@ PrefetcherActor::behavior_type prefetcher(Self self, std::shared_ptr<Shared> sha
     // Only the lane's planned ranges, never whole files (what the ranks do not read
     // is not warmed either); the threads and the lead are shared among the lanes.
     io::PrefetchOptions options;
-    options.threads = std::max<unsigned>(1, o.prefetch_threads / static_cast<unsigned>(lanes));
-    options.block_bytes = o.prefetch_block_bytes;
-    options.ahead_bytes = o.prefetch_ahead_bytes == 0
+    options.threads = std::max<unsigned>(1, o.prefetch.threads / static_cast<unsigned>(lanes));
+    options.block_bytes = o.prefetch.block_bytes;
+    options.ahead_bytes = o.prefetch.ahead_bytes == 0
                               ? 0
-                              : std::max<std::uint64_t>(1, o.prefetch_ahead_bytes / lanes);
+                              : std::max<std::uint64_t>(1, o.prefetch.ahead_bytes / lanes);
     options.on_block_read = st.shared->input().on_prefetch_block;
     try {
       auto p = std::make_unique<io::Prefetcher>(

@@ -87,7 +87,7 @@ class ReadLoop {
     if (reader_) {
       // Reads still in flight when the load stopped early are cancelled and waited
       // for, bounded by io.cancel_timeout_ms (io::Reader::cancel never throws).
-      const auto bound = shared_->input().options.cancel_timeout;
+      const auto bound = std::chrono::milliseconds(shared_->input().options.io.cancel_timeout_ms);
       if (reader_->outstanding() > 0 && !reader_->cancel(bound)) {
         log::write_built(
             log::Level::kError,
@@ -133,7 +133,7 @@ class ReadLoop {
   const io::File* file_for(std::uint32_t index) {
     std::shared_ptr<const io::File>& file = files_[index];
     if (!file) {
-      file = open_file(shared_->index().files[index], shared_->input().options.direct);
+      file = open_file(shared_->index().files[index], shared_->input().options.io.direct);
     }
     return file.get();
   }
@@ -163,13 +163,13 @@ class ReadLoop {
     const PipelineOptions& o = input.options;
     const auto spans = shared_->lanes[lane_].spans;
     files_.resize(shared_->index().files.size());
-    depth_ = std::max(1u, o.queue_depth);
+    depth_ = std::max(1u, o.io.queue_depth);
     io::ReaderOptions ro;
-    ro.engine = o.engine;
+    ro.engine = o.io.engine;
     ro.queue_depth = depth_;
-    ro.chunk_bytes = o.chunk_bytes;
+    ro.chunk_bytes = o.io.chunk_bytes;
     ro.faults = input.faults;
-    ro.cancel_timeout = o.cancel_timeout;
+    ro.cancel_timeout = std::chrono::milliseconds(o.io.cancel_timeout_ms);
     reader_ = io::make_reader(ro);
     if (input.wrap_reader) {
       reader_ = input.wrap_reader(std::move(reader_));
@@ -304,7 +304,7 @@ class ReadLoop {
       return nullptr;
     }
     std::byte* dst = target.params[run->param] + run->dst_offset;
-    if (o.direct && (w.offset % kDirectAlign != 0 || w.nbytes % kDirectAlign != 0 ||
+    if (o.io.direct && (w.offset % kDirectAlign != 0 || w.nbytes % kDirectAlign != 0 ||
                      reinterpret_cast<std::uintptr_t>(dst) % kDirectAlign != 0)) {
       return nullptr;
     }

@@ -481,22 +481,15 @@ actors::PipelineInput Runtime::Impl::pipeline_input(LoadWork& w) const {
       target.params.push_back(p.data);
     }
   }
-  input.options.engine = c.io.engine;
-  input.options.read_lanes = c.io.read_lanes;
-  input.options.queue_depth = c.io.queue_depth;
-  input.options.cancel_timeout = std::chrono::milliseconds(c.io.cancel_timeout_ms);
-  input.options.chunk_bytes = c.io.chunk_bytes;
+  input.options.io = c.io;
+  input.options.prefetch = c.prefetch;
   // Auto staging and lanes follow the devices' link (io_auto).
   const IoAuto io = io_auto(c.devices.kind, shells.size());
-  input.options.staging_bytes = c.io.staging_bytes != 0 ? c.io.staging_bytes : io.staging_bytes;
+  if (c.io.staging_bytes == 0) {
+    input.options.io.staging_bytes = io.staging_bytes;
+  }
   input.options.max_auto_lanes = io.max_lanes;
   input.options.lanes_follow_files = io.lanes_follow_files;
-  input.options.direct_to_device = c.io.direct_to_device;
-  input.options.direct = c.io.direct;
-  input.options.prefetch = c.prefetch.enabled;
-  input.options.prefetch_threads = c.prefetch.threads;
-  input.options.prefetch_block_bytes = c.prefetch.block_bytes;
-  input.options.prefetch_ahead_bytes = c.prefetch.ahead_bytes;
   input.options.poison_staging = c.host.deferred_copies;
   input.release_staging_early = seams.release_staging_early;
   input.staging_allocator = seams.staging_allocator;
@@ -535,7 +528,7 @@ actors::PipelineInput Runtime::Impl::stream_input(LoadWork& w, LoadHandle::State
   if (c.load.layered) {
     // Load-only params: allocated on their first write and freed after their last
     // hook, by their rank's copy worker.
-    input.options.direct_to_device = io::DirectToDevice::kOff;
+    input.options.io.direct_to_device = io::DirectToDevice::kOff;
     input.allocate_transient = [this, &w](std::size_t rank, std::size_t param) {
       const models::ParamSpec& spec = w.model->shells().at(rank).params.at(param);
       std::lock_guard lock(w.state_mu);

@@ -120,8 +120,10 @@ void run_toy(ToyRun& run, const std::string& dir, const models::Model& model,
     run.storage.push_back(run.device->allocate(p.nbytes));
     in.ranks[0].params.push_back(run.storage.back().data());
   }
-  in.options.chunk_bytes = 4096;
-  in.options.staging_bytes = 2 * 4096;
+  in.options.io.chunk_bytes = 4096;
+  in.options.io.staging_bytes = 2 * 4096;
+  in.options.io.read_lanes = 1;
+  in.options.io.queue_depth = 16;
   in.cancel = cancel;
   in.wrap_reader = std::move(wrap);
   if (tweak) {
@@ -263,11 +265,11 @@ TEST(Pipeline, NoReadIsIssuedAfterTheLoadStops) {
   in.ranks.resize(1);
   in.ranks[0].device = device;
   in.ranks[0].params.push_back(param.data());
-  in.options.chunk_bytes = 4096;
-  in.options.staging_bytes = 16 * 4096;
-  in.options.queue_depth = 16;
-  in.options.read_lanes = 1;
-  in.options.direct_to_device = io::DirectToDevice::kOff;
+  in.options.io.chunk_bytes = 4096;
+  in.options.io.staging_bytes = 16 * 4096;
+  in.options.io.queue_depth = 16;
+  in.options.io.read_lanes = 1;
+  in.options.io.direct_to_device = io::DirectToDevice::kOff;
   in.cancel = &cancel;
   in.wrap_reader = [&](std::unique_ptr<io::Reader> inner) {
     return std::make_unique<CancelAtFirstSubmit>(std::move(inner), cancel, submits);
@@ -288,8 +290,8 @@ TEST(Pipeline, AutoLanesFollowTheFilesOnlyWhereAsked) {
   for (bool follow : {true, false}) {
     ToyRun run;
     run_toy(run, ck, *toy->model, nullptr, {}, [follow](PipelineOptions& o) {
-      o.read_lanes = 0;
-      o.staging_bytes = 8 * 4096;
+      o.io.read_lanes = 0;
+      o.io.staging_bytes = 8 * 4096;
       o.max_auto_lanes = 8;
       o.lanes_follow_files = follow;
     });
