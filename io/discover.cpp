@@ -18,7 +18,9 @@
 #include <system_error>
 #include <utility>
 
+#include "common/enum_name.hpp"
 #include "common/error.hpp"
+#include "common/format.hpp"
 #include "common/json_depth.hpp"
 #include "common/log.hpp"
 #include "common/small_file.hpp"
@@ -159,17 +161,6 @@ bool ends_with(std::string_view text, std::string_view suffix) {
   return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
 }
 
-std::string join(const std::vector<std::string>& parts, std::string_view sep) {
-  std::string out;
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    if (i > 0) {
-      out += sep;
-    }
-    out += parts[i];
-  }
-  return out;
-}
-
 std::string count_files(std::size_t n) {
   return std::to_string(n) + (n == 1 ? " file" : " files");
 }
@@ -308,19 +299,10 @@ std::optional<GlmMtp> glm_mtp_rule(const std::string& folder, const std::string&
 }  // namespace
 
 std::string_view to_string(LoadFormat format) {
-  switch (format) {
-    case LoadFormat::kAuto:
-      return "auto";
-    case LoadFormat::kSafetensors:
-      return "safetensors";
-    case LoadFormat::kMistral:
-      return "mistral";
-    case LoadFormat::kPt:
-      return "pt";
-    case LoadFormat::kDummy:
-      return "dummy";
-  }
-  return "unknown";
+  static constexpr std::array<std::string_view, 5> kNames{
+      "auto", "safetensors", "mistral", "pt", "dummy"};
+  static_assert(kNames.size() == static_cast<std::size_t>(LoadFormat::kDummy) + 1);
+  return enum_name(format, kNames, "unknown");
 }
 
 std::optional<LoadFormat> parse_load_format(std::string_view text) {
@@ -470,13 +452,13 @@ std::vector<const Entry*> find_candidates(Discovery& d, const std::vector<Entry>
     d.out.decisions.push_back("load format " + format_name + ": " + p + " matched no weight file");
   }
   if (candidates.empty()) {
-    std::string rule = "no weight files found (tried " + join(tried, ", ") + ")";
+    std::string rule = "no weight files found (tried " + join_list(tried, ", ") + ")";
     if (!d.out.skipped.empty()) {
       std::vector<std::string> parts;
       for (const SkippedFile& s : d.out.skipped) {
         parts.push_back(s.name + " (" + s.reason + ")");
       }
-      rule += "; skipped " + join(parts, ", ");
+      rule += "; skipped " + join_list(parts, ", ");
     }
     throw Error(Stage::kDiscovery, d.folder, "", rule);
   }
@@ -544,7 +526,7 @@ std::set<std::string> read_index_shards(Discovery& d, const fs::path& index_path
   if (!missing.empty()) {
     throw Error(Stage::kDiscovery, index_path.string(), "",
                 std::to_string(missing.size()) + " of " + std::to_string(shards.size()) +
-                    " shard files named by the index are missing: " + join(missing, ", "));
+                    " shard files named by the index are missing: " + join_list(missing, ", "));
   }
   return shards;
 }
@@ -623,7 +605,7 @@ void choose_without_index(Discovery& d, const std::vector<const Entry*>& candida
     // silently drop tensors.
     throw Error(Stage::kDiscovery, d.folder, "",
                 std::to_string(dangling.size()) + " files matching " + d.out.pattern +
-                    " cannot be opened: " + join(dangling, ", "));
+                    " cannot be opened: " + join_list(dangling, ", "));
   }
 }
 

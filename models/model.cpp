@@ -1,8 +1,11 @@
 #include "models/model.hpp"
 
 #include <algorithm>
+#include <array>
 
+#include "common/enum_name.hpp"
 #include "common/error.hpp"
+#include "common/format.hpp"
 #include "models/family.hpp"
 #include "models/hf_config.hpp"
 #include "models/online_quant.hpp"
@@ -79,14 +82,7 @@ void refuse_options(const FamilyDescriptor& d, const ParallelLayout& layout,
 }  // namespace
 
 std::string format_shape(const Shape& shape) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) {
-      out += ", ";
-    }
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
+  return format_dims(shape);
 }
 
 std::uint64_t Piece::dst_bytes() const {
@@ -101,15 +97,9 @@ std::uint64_t Piece::src_end() const {
 }
 
 std::string_view to_string(RouteKind kind) {
-  switch (kind) {
-    case RouteKind::kPlaced:
-      return "placed";
-    case RouteKind::kDropped:
-      return "dropped";
-    case RouteKind::kUnmapped:
-      return "unmapped";
-  }
-  return "?";
+  static constexpr std::array<std::string_view, 3> kNames{"placed", "dropped", "unmapped"};
+  static_assert(kNames.size() == static_cast<std::size_t>(RouteKind::kUnmapped) + 1);
+  return enum_name(kind, kNames);
 }
 
 std::vector<std::string> Model::notes() const {

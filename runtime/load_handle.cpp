@@ -2,11 +2,13 @@
 // its LoadCallbacks, the phase and state names, and how a failure that is not a
 // ferry::Error is labelled.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <exception>
 #include <string>
 #include <utility>
 
+#include "common/enum_name.hpp"
 #include "common/log.hpp"
 #include "common/thread_start.hpp"
 #include "runtime/load_work.hpp"
@@ -165,27 +167,10 @@ Error unexpected_error(LoadPhase phase, const std::string& what) {
 }
 
 std::string_view to_string(LoadPhase phase) {
-  switch (phase) {
-    case LoadPhase::kStarting:
-      return "starting";
-    case LoadPhase::kResolve:
-      return "resolve";
-    case LoadPhase::kPlan:
-      return "plan";
-    case LoadPhase::kAllocate:
-      return "allocate";
-    case LoadPhase::kSentinel:
-      return "sentinel";
-    case LoadPhase::kStream:
-      return "stream";
-    case LoadPhase::kVerify:
-      return "verify";
-    case LoadPhase::kDone:
-      return "done";
-    case LoadPhase::kFailed:
-      return "failed";
-  }
-  return "?";
+  static constexpr std::array<std::string_view, 9> kNames{
+      "starting", "resolve", "plan", "allocate", "sentinel", "stream", "verify", "done", "failed"};
+  static_assert(kNames.size() == static_cast<std::size_t>(LoadPhase::kFailed) + 1);
+  return enum_name(phase, kNames);
 }
 
 LoadResult LoadHandle::wait() const {
@@ -225,23 +210,10 @@ LoadProgress LoadHandle::progress() const {
 }
 
 std::string_view to_string(RuntimeState state) {
-  switch (state) {
-    case RuntimeState::kCreated:
-      return "created";
-    case RuntimeState::kLoading:
-      return "loading";
-    case RuntimeState::kPreparing:
-      return "preparing";
-    case RuntimeState::kPrepared:
-      return "prepared";
-    case RuntimeState::kCommitting:
-      return "committing";
-    case RuntimeState::kReady:
-      return "ready";
-    case RuntimeState::kFailed:
-      return "failed";
-  }
-  return "?";
+  static constexpr std::array<std::string_view, 7> kNames{
+      "created", "loading", "preparing", "prepared", "committing", "ready", "failed"};
+  static_assert(kNames.size() == static_cast<std::size_t>(RuntimeState::kFailed) + 1);
+  return enum_name(state, kNames);
 }
 
 }  // namespace ferry::runtime

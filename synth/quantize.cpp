@@ -3,6 +3,7 @@
 #include <array>
 #include <utility>
 
+#include "common/enum_name.hpp"
 #include "common/error.hpp"
 #include "synth/family.hpp"
 #include "synth/synth.hpp"
@@ -60,21 +61,10 @@ std::optional<SynthQuant> parse_synth_quant(std::string_view text) {
 }
 
 std::string_view to_string(SynthQuant quant) {
-  switch (quant) {
-    case SynthQuant::kNone:
-      return "none";
-    case SynthQuant::kFp8Block:
-      return "fp8-block";
-    case SynthQuant::kFp8Channel:
-      return "fp8-channel";
-    case SynthQuant::kFp8Tensor:
-      return "fp8-tensor";
-    case SynthQuant::kModelOptFp8:
-      return "modelopt-fp8";
-    case SynthQuant::kNvfp4:
-      return "nvfp4";
-  }
-  return "?";
+  static constexpr std::array<std::string_view, 6> kNames{
+      "none", "fp8-block", "fp8-channel", "fp8-tensor", "modelopt-fp8", "nvfp4"};
+  static_assert(kNames.size() == static_cast<std::size_t>(SynthQuant::kNvfp4) + 1);
+  return enum_name(quant, kNames);
 }
 
 std::string synth_value_name(SynthQuant quant, std::string_view name) {
