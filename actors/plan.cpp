@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/error.hpp"
+#include "common/format.hpp"
 #include "io/file.hpp"
 #include "models/coverage.hpp"
 
@@ -37,17 +38,6 @@ std::vector<std::pair<std::uint64_t, std::uint64_t>> read_ranges(const models::R
     } else {
       out.push_back(e);
     }
-  }
-  return out;
-}
-
-std::string list_names(const std::vector<std::string>& names) {
-  std::string out;
-  for (std::size_t i = 0; i < names.size() && i < kMaxNamesListed; ++i) {
-    out += (i ? ", " : "") + names[i];
-  }
-  if (names.size() > kMaxNamesListed) {
-    out += " and " + std::to_string(names.size() - kMaxNamesListed) + " more";
   }
   return out;
 }
@@ -321,7 +311,7 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
     throw Error(Stage::kMapping, folder, "",
                 std::to_string(names.size()) +
                     " parameter(s) that neither the checkpoint nor a post-load hook fills: " +
-                    list_names(names));
+                    join_first(names, kMaxNamesListed));
   }
   plan.fills = model.fill_pieces();
 

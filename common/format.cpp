@@ -28,6 +28,25 @@ std::string join_list(const std::vector<std::string>& items, const char* separat
   return out;
 }
 
+std::string join_first(const std::vector<std::string>& items, std::size_t limit) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size() && i < limit; ++i) {
+    out += (i ? ", " : "") + items[i];
+  }
+  if (items.size() > limit) {
+    out += " and " + std::to_string(items.size() - limit) + " more";
+  }
+  return out;
+}
+
+std::string format_dims(const std::vector<std::uint64_t>& dims) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(dims[i]);
+  }
+  return out + "]";
+}
+
 std::string fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);

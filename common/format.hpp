@@ -1,6 +1,7 @@
 // Human-readable numbers for CLI output and reports.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -23,5 +24,11 @@ void write_file_replacing(const std::string& path, const std::string& text,
 
 // "a, b, c": the items in order, separated by `separator`.
 std::string join_list(const std::vector<std::string>& items, const char* separator = ", ");
+
+// "a, b, c and 7 more": the first `limit` items, then how many were left out.
+std::string join_first(const std::vector<std::string>& items, std::size_t limit);
+
+// "[4096, 128]": a shape's dimensions.
+std::string format_dims(const std::vector<std::uint64_t>& dims);
 
 }  // namespace ferry

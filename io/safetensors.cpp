@@ -16,6 +16,7 @@
 #include <unordered_set>
 
 #include "common/error.hpp"
+#include "common/format.hpp"
 #include "common/json_depth.hpp"
 #include "io/read_fully.hpp"
 #include "io/safetensors_internal.hpp"
@@ -186,17 +187,6 @@ bool mul_overflows(std::uint64_t a, std::uint64_t b, std::uint64_t* out) {
   return __builtin_mul_overflow(a, b, out);
 }
 
-std::string shape_text(const std::vector<std::uint64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) {
-      s += ", ";
-    }
-    s += std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 // One tensor entry as the three parsers read it: 48 bytes and no allocation of its
 // own, its name and shape held in its Entries' arena and dimension pool. A header
 // of a million entries is read into a few large buffers instead of millions of
@@ -293,7 +283,7 @@ void parse_entry(Entries& out, const std::string& name, const json& v, const std
   if (e.end - e.begin != nbytes) {
     header_error(file, name,
                  "data_offsets span " + std::to_string(e.end - e.begin) + " bytes but " +
-                     std::string(dtype_name(e.dtype)) + " x " + shape_text(out.shape(e)) +
+                     std::string(dtype_name(e.dtype)) + " x " + format_dims(out.shape(e)) +
                      " needs " + std::to_string(nbytes));
   }
   e.nbytes = nbytes;

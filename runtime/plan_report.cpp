@@ -103,14 +103,6 @@ nlohmann::json read_hf_config(const std::string& folder, std::uint64_t max_bytes
   return config;
 }
 
-std::string join(const std::vector<std::string>& items, const char* sep) {
-  std::string out;
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    out += (i ? sep : "") + items[i];
-  }
-  return out;
-}
-
 std::string pad(std::string s, std::size_t width) {
   if (s.size() < width) {
     s.append(width - s.size(), ' ');
@@ -134,9 +126,9 @@ std::string describe_targets(const std::vector<PlanTarget>& targets) {
   std::vector<std::string> parts;
   parts.reserve(by_param.size());
   for (const auto& [param, ranks] : by_param) {
-    parts.push_back(param + " @ tp " + join(ranks, ","));
+    parts.push_back(param + " @ tp " + join_list(ranks, ","));
   }
-  return join(parts, "; ");
+  return join_list(parts, "; ");
 }
 
 }  // namespace
@@ -326,7 +318,7 @@ std::string PlanReport::summary() const {
     ranks.push_back(std::to_string(r));
   }
   std::string s = family + ": tp " + std::to_string(layout.tp) + " (local ranks " +
-                  join(ranks, ",") + "), ep " + std::to_string(layout.ep) + ", pp stage " +
+                  join_list(ranks, ",") + "), ep " + std::to_string(layout.ep) + ", pp stage " +
                   std::to_string(layout.pp_rank) + " of " + std::to_string(layout.pp) + ", " +
                   std::to_string(files) + " file(s), " + std::to_string(tensors.size()) +
                   " tensor(s), postprocess.target " + postprocess_target + "\n";
@@ -356,7 +348,7 @@ std::string PlanReport::summary() const {
   s += "checkpoint " + human_bytes(checkpoint_bytes) + ", read " + human_bytes(read_bytes) +
        ", skipped " + human_bytes(skipped);
   if (!by_reason.empty()) {
-    s += " (" + join(by_reason, ", ") + ")";
+    s += " (" + join_list(by_reason, ", ") + ")";
   }
   s += "\n";
   for (const std::string& w : warnings) {

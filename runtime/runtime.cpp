@@ -32,6 +32,7 @@
 
 #include "actors/pipeline.hpp"
 #include "actors/plan.hpp"
+#include "common/format.hpp"
 #include "common/hash.hpp"
 #include "common/log.hpp"
 #include "common/thread_start.hpp"
@@ -64,17 +65,6 @@ std::uint64_t peak_rss_bytes() {
     return 0;
   }
   return static_cast<std::uint64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
-}
-
-std::string join_names(const std::vector<std::string>& names, std::size_t limit) {
-  std::string out;
-  for (std::size_t i = 0; i < names.size() && i < limit; ++i) {
-    out += (i ? ", " : "") + names[i];
-  }
-  if (names.size() > limit) {
-    out += " and " + std::to_string(names.size() - limit) + " more";
-  }
-  return out;
 }
 
 namespace {
@@ -459,7 +449,7 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
     std::string warning = std::to_string(w.plan.unmapped) +
                           " checkpoint tensor(s) map to no parameter of " + w.model->family() +
                           " and were not read (load.strict makes this an error): " +
-                          join_names(w.plan.unmapped_names, 20);
+                          join_first(w.plan.unmapped_names, 20);
     log::warn(warning);
     report.warnings.push_back(warning);
   }
@@ -586,7 +576,7 @@ void verify_landed(const LoadWork& w, const actors::PipelineResult& streamed) {
   if (!short_params.empty()) {
     throw Error(Stage::kVerify, w.resolved.source.folder, "",
                 std::to_string(short_params.size()) +
-                    " parameter(s) not completely written: " + join_names(short_params, 20));
+                    " parameter(s) not completely written: " + join_first(short_params, 20));
   }
 }
 
