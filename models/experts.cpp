@@ -91,18 +91,6 @@ std::string proj_tensor(const MoeLayerSpec& spec, std::uint64_t expert, Proj pro
   throw Error(Stage::kConfig, file, "", "model.eplb_map: " + what);
 }
 
-// A JSON integer >= 0, whichever way it was made (parsed text gives unsigned
-// numbers, code that builds a map from ints gives signed ones).
-std::optional<std::uint64_t> non_negative(const nlohmann::json& v) {
-  if (v.is_number_unsigned()) {
-    return v.get<std::uint64_t>();
-  }
-  if (v.is_number_integer() && v.get<std::int64_t>() >= 0) {
-    return static_cast<std::uint64_t>(v.get<std::int64_t>());
-  }
-  return std::nullopt;
-}
-
 std::uint64_t parse_layer_key(const std::string& key, const std::string& file) {
   if (key.empty() || key.size() > 9 || key.find_first_not_of("0123456789") != std::string::npos) {
     eplb_error(file, "layer key \"" + key + "\" is not a layer index");
@@ -122,7 +110,7 @@ ModelOptions::Eplb parse_eplb_map(const nlohmann::json& j, const std::string& fi
     }
   }
   auto p = j.find("num_physical_experts");
-  const std::optional<std::uint64_t> physical = p == j.end() ? std::nullopt : non_negative(*p);
+  const std::optional<std::uint64_t> physical = p == j.end() ? std::nullopt : json_non_negative(*p);
   if (!physical || *physical == 0) {
     eplb_error(file, "num_physical_experts must be a positive integer" +
                          (p == j.end() ? std::string(" (missing)") : " (got " + p->dump() + ")"));
@@ -152,7 +140,7 @@ ModelOptions::Eplb parse_eplb_map(const nlohmann::json& j, const std::string& fi
       }
       std::vector<std::uint64_t>& mine = slots.emplace_back();
       for (const nlohmann::json& id : ids) {
-        const std::optional<std::uint64_t> value = non_negative(id);
+        const std::optional<std::uint64_t> value = json_non_negative(id);
         if (!value || *value >= out.num_physical_experts) {
           eplb_error(file, at + " holds " + id.dump() + ", not a physical id below " +
                                "num_physical_experts " + std::to_string(out.num_physical_experts));

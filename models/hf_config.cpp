@@ -156,4 +156,14 @@ DType resolve_dtype(const nlohmann::json& config, const std::optional<DType>& re
   return gemma ? DType::kBF16 : DType::kF16;
 }
 
+std::optional<std::uint64_t> json_non_negative(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) {
+    return v.get<std::uint64_t>();
+  }
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0) {
+    return static_cast<std::uint64_t>(v.get<std::int64_t>());
+  }
+  return std::nullopt;
+}
+
 }  // namespace ferry::models

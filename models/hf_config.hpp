@@ -36,6 +36,10 @@ std::uint64_t config_head_dim(const nlohmann::json& config, std::uint64_t hidden
 // A boolean, `fallback` when absent or null.
 bool config_bool(const nlohmann::json& config, std::string_view key, bool fallback);
 
+// A JSON integer >= 0, whichever way it was made (parsed text gives unsigned numbers,
+// code that builds a document from ints gives signed ones); nullopt for anything else.
+std::optional<std::uint64_t> json_non_negative(const nlohmann::json& v);
+
 // The decoder fields the grouped-query families (dense and MoE) read alike.
 struct GqaDecoderDims {
   std::uint64_t hidden = 0;

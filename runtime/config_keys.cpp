@@ -16,6 +16,7 @@
 
 #include "common/error.hpp"
 #include "io/file.hpp"
+#include "models/hf_config.hpp"
 #include "models/postprocess.hpp"
 
 namespace ferry::runtime {
@@ -38,18 +39,9 @@ std::string_view trim_space(std::string_view s) {
   return s;
 }
 
-// Whether stored signed (built in code) or unsigned (parsed).
-std::optional<std::uint64_t> as_non_negative(const nlohmann::json& v) {
-  if (v.is_number_unsigned()) {
-    return v.get<std::uint64_t>();
-  }
-  if (v.is_number_integer() && v.get<std::int64_t>() >= 0) {
-    return static_cast<std::uint64_t>(v.get<std::int64_t>());
-  }
-  return std::nullopt;
-}
-
 namespace {
+
+using models::json_non_negative;
 
 constexpr std::int64_t kMaxParallel = 4096;  // tp, ep, pp: far beyond any deployment
 constexpr std::uint64_t kMaxChunkBytes = std::uint64_t{1} << 30;     // a read returns < 2 GiB
@@ -347,7 +339,7 @@ ConfigKey pp_partition_key() {
             }
             const nlohmann::json& v = in->value;
             const bool ok = v.is_array() && std::all_of(v.begin(), v.end(), [](const auto& x) {
-                              auto n = as_non_negative(x);
+                              auto n = json_non_negative(x);
                               return n && *n <= (1u << 20);
                             });
             if (!ok) {
@@ -355,7 +347,7 @@ ConfigKey pp_partition_key() {
             }
             c.parallel.pp_partition.clear();
             for (const auto& x : v) {
-              c.parallel.pp_partition.push_back(static_cast<int>(*as_non_negative(x)));
+              c.parallel.pp_partition.push_back(static_cast<int>(*json_non_negative(x)));
             }
           },
           [](const LoadConfig& c) { return nlohmann::json(c.parallel.pp_partition); }};
@@ -373,7 +365,7 @@ ConfigKey ranks_key() {
           return;
         }
         const nlohmann::json& v = in->value;
-        if (auto one = as_non_negative(v)) {
+        if (auto one = json_non_negative(v)) {
           c.parallel.ranks = parse_ranks(std::to_string(*one), tp);
           return;
         }
@@ -383,10 +375,10 @@ ConfigKey ranks_key() {
         }
         // [] means all ranks, as "" does.
         if (v.is_array() &&
-            std::all_of(v.begin(), v.end(), [](const auto& x) { return as_non_negative(x); })) {
+            std::all_of(v.begin(), v.end(), [](const auto& x) { return json_non_negative(x); })) {
           std::string text;
           for (const auto& x : v) {
-            text += (text.empty() ? "" : ",") + std::to_string(*as_non_negative(x));
+            text += (text.empty() ? "" : ",") + std::to_string(*json_non_negative(x));
           }
           c.parallel.ranks = parse_ranks(text, tp);
           return;
