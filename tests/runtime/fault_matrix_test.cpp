@@ -61,32 +61,7 @@ constexpr std::chrono::milliseconds kThreadsSettle{3000};
 const std::string kShard2 = "model-00002-of-00004.safetensors";
 
 // Staging memory that counts its live buffers and can refuse the n-th one.
-class StagingCounter final : public io::BufferAllocator {
- public:
-  void* allocate(std::size_t bytes, std::size_t alignment) override {
-    if (++calls_ == fail_at.load()) {
-      return nullptr;
-    }
-    void* p = inner_->allocate(bytes, alignment);
-    if (p != nullptr) {
-      live_.fetch_add(1);
-    }
-    return p;
-  }
-  void deallocate(void* p, std::size_t bytes) noexcept override {
-    live_.fetch_sub(1);
-    inner_->deallocate(p, bytes);
-  }
-  std::string name() const override { return "counting"; }
-  int live() const { return live_.load(); }
-
-  std::atomic<int> fail_at{0};  // 1-based; 0 = never
-
- private:
-  std::shared_ptr<io::BufferAllocator> inner_ = io::aligned_host_allocator();
-  std::atomic<int> calls_{0};
-  std::atomic<int> live_{0};
-};
+using StagingCounter = testing::CountingAllocator;
 
 // Forwards to a model and calls `on_hooks` whenever hooks() is asked for (from
 // whichever thread asks).

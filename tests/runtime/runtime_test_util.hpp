@@ -427,9 +427,14 @@ inline std::string shard_of(const std::string& dir, const std::string& name) {
 
 // ---- staging memory that counts -------------------------------------------------
 
+// Staging memory that counts its live buffers (and all it gave), and can refuse the
+// n-th allocation (fail_at).
 class CountingAllocator final : public io::BufferAllocator {
  public:
   void* allocate(std::size_t bytes, std::size_t alignment) override {
+    if (++calls_ == fail_at.load()) {
+      return nullptr;
+    }
     void* p = inner_->allocate(bytes, alignment);
     if (p != nullptr) {
       live_.fetch_add(1);
@@ -446,8 +451,11 @@ class CountingAllocator final : public io::BufferAllocator {
   int live() const { return live_.load(); }
   int total() const { return total_.load(); }
 
+  std::atomic<int> fail_at{0};  // 1-based; 0 = never
+
  private:
   std::shared_ptr<io::BufferAllocator> inner_ = io::aligned_host_allocator();
+  std::atomic<int> calls_{0};
   std::atomic<int> live_{0};
   std::atomic<int> total_{0};
 };
