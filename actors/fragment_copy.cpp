@@ -1,8 +1,10 @@
 #include "actors/fragment_copy.hpp"
 
 #include <algorithm>
+#include <array>
 #include <string>
 
+#include "common/enum_name.hpp"
 #include "common/error.hpp"
 
 namespace ferry::actors {
@@ -81,17 +83,10 @@ CopyStep copy_step(const Shape& s, std::size_t narrow_row_bytes) {
 }  // namespace
 
 std::string_view to_string(CopyPath path) {
-  switch (path) {
-    case CopyPath::kContiguous:
-      return "contiguous";
-    case CopyPath::kPitched:
-      return "pitched";
-    case CopyPath::kGather:
-      return "gather";
-    case CopyPath::kCast:
-      break;
-  }
-  return "cast";
+  static constexpr std::array<std::string_view, 4> kNames{
+      "contiguous", "pitched", "gather", "cast"};
+  static_assert(kNames.size() == static_cast<std::size_t>(CopyPath::kCast) + 1);
+  return enum_name(path, kNames, "cast");
 }
 
 CopyPath copy_path(const Fragment& f, std::size_t narrow_row_bytes) {

@@ -1,9 +1,11 @@
 #include "models/postprocess.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <set>
 
+#include "common/enum_name.hpp"
 #include "common/error.hpp"
 #include "gpu/device.hpp"
 #include "models/quant.hpp"
@@ -122,15 +124,9 @@ void add_kv_scale_hooks(const RankShell& shell, std::size_t r, const QuantScheme
 }  // namespace
 
 std::string_view to_string(QuantScheme::Target target) {
-  switch (target) {
-    case Target::kSm90:
-      return "sm90";
-    case Target::kSm100:
-      return "sm100";
-    case Target::kLoader:
-      break;
-  }
-  return "loader";
+  static constexpr std::array<std::string_view, 3> kNames{"loader", "sm90", "sm100"};
+  static_assert(kNames.size() == static_cast<std::size_t>(Target::kSm100) + 1);
+  return enum_name(target, kNames, "loader");
 }
 
 std::optional<QuantScheme::Target> parse_target(std::string_view text) {

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "common/enum_name.hpp"
 #include "common/error.hpp"
 #include "common/fp8.hpp"
 #include "models/hf_config.hpp"
@@ -399,17 +400,10 @@ bool indexer_linear(std::string_view name) {
 }
 
 std::string_view format_name(Format f) {
-  switch (f) {
-    case Format::kFp8:
-      return "fp8";
-    case Format::kCompressedTensors:
-      return "compressed-tensors";
-    case Format::kModelOpt:
-      return "modelopt";
-    case Format::kNone:
-      break;
-  }
-  return "none";
+  static constexpr std::array<std::string_view, 4> kNames{
+      "none", "fp8", "compressed-tensors", "modelopt"};
+  static_assert(kNames.size() == static_cast<std::size_t>(Format::kModelOpt) + 1);
+  return enum_name(f, kNames, "none");
 }
 
 // The E2M1 value of a 4-bit code (sign in bit 3).
