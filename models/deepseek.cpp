@@ -485,13 +485,7 @@ std::unique_ptr<TableModel> make_deepseek_model(const FamilyInput& in, const Dee
     // **get_embedding_tp_kwargs()), use_attn_tp_group=is_dp_attention_enabled();
     // GLM-4 MoE's Glm4MoeModel likewise), and lm_head with dp_lm_head
     // (ParallelLMHead(use_attn_tp_group=enable_dp_lm_head)).
-    StageEdges edges;
-    edges.hidden = c.hidden;
-    edges.vocab = c.vocab;
-    edges.tie_embeddings = c.tie_embeddings;
-    edges.embed_group = embedding_group(in);
-    edges.head_group = lm_head_group(in);
-    edges.head_on_every_stage = in.descriptor.takes(kLmHeadOnEveryStage);
+    StageEdges edges = stage_edges(in, c.hidden, c.vocab, c.tie_embeddings);
     add_stage_edges(*m, edges, layout);
   } else {
     const std::string t = layer_prefix(mtp);

@@ -92,14 +92,8 @@ std::unique_ptr<TableModel> make_dense_model(const FamilyInput& in, const DenseC
     add_layer(*m, in, c, layer);
   }
   add_layer_drops(*m, c.layers, stage);
-  StageEdges edges;
-  edges.hidden = c.hidden;
-  edges.vocab = c.vocab;
-  edges.tie_embeddings = c.tie_embeddings;
+  StageEdges edges = stage_edges(in, c.hidden, c.vocab, c.tie_embeddings);
   edges.replicated_embedding = c.replicated_embedding;
-  edges.embed_group = embedding_group(in);
-  edges.head_group = lm_head_group(in);
-  edges.head_on_every_stage = in.descriptor.takes(kLmHeadOnEveryStage);
   add_stage_edges(*m, edges, layout);
   add_rope_cache_drops(*m);
   // A bias the model has no param for (an mlp_bias checkpoint's MLP biases, or

@@ -33,6 +33,18 @@ int lm_head_group(const FamilyInput& in) {
   return in.layout.dp_lm_head ? in.layout.attn_tp() : 0;
 }
 
+StageEdges stage_edges(const FamilyInput& in, std::uint64_t hidden, std::uint64_t vocab,
+                       bool tie_embeddings) {
+  StageEdges edges;
+  edges.hidden = hidden;
+  edges.vocab = vocab;
+  edges.tie_embeddings = tie_embeddings;
+  edges.embed_group = embedding_group(in);
+  edges.head_group = lm_head_group(in);
+  edges.head_on_every_stage = in.descriptor.takes(kLmHeadOnEveryStage);
+  return edges;
+}
+
 void set_family_quantization(TableModel& m, const FamilyInput& in, QuantScheme quant) {
   if (in.descriptor.takes(kNoKvCacheScales)) {
     quant.kv_cache_params = false;

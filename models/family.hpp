@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "models/model.hpp"
+#include "models/stages.hpp"
 
 namespace ferry::models {
 
@@ -116,6 +117,12 @@ struct FamilyDescriptor {
 int attention_group(const FamilyInput& in);
 int embedding_group(const FamilyInput& in);
 int lm_head_group(const FamilyInput& in);
+
+// The pipeline edges of a decoder of `hidden` x `vocab` as the family builds them
+// under `in`: embedding and lm_head groups as above, lm_head on every stage where the
+// descriptor says so (kLmHeadOnEveryStage).
+StageEdges stage_edges(const FamilyInput& in, std::uint64_t hidden, std::uint64_t vocab,
+                       bool tie_embeddings);
 
 // Sets the model's quantization (TableModel::set_quantization) as the family takes
 // it: without KV-cache scales, and their tensors dropped, for kNoKvCacheScales.

@@ -138,13 +138,7 @@ std::unique_ptr<TableModel> make_moe_model(const FamilyInput& in, const MoeConfi
     b.layer(layer);
   }
   add_layer_drops(*m, c.layers, stage);
-  StageEdges edges;
-  edges.hidden = c.hidden;
-  edges.vocab = c.vocab;
-  edges.tie_embeddings = c.tie_embeddings;
-  edges.embed_group = embedding_group(in);
-  edges.head_group = lm_head_group(in);
-  edges.head_on_every_stage = in.descriptor.takes(kLmHeadOnEveryStage);
+  StageEdges edges = stage_edges(in, c.hidden, c.vocab, c.tie_embeddings);
   add_stage_edges(*m, edges, layout);
   add_rope_cache_drops(*m);
   m->finish();
