@@ -305,38 +305,37 @@ Fp8Spans TrackedStreamChecks::dequantize_fp8(const std::byte* dst, DType dst_dty
                                              const std::byte* src, const std::byte* scale,
                                              const Fp8Scales& scales, std::size_t rows,
                                              std::size_t cols, std::size_t batches) const {
-  const Fp8Spans spans =
+  const Fp8Spans s =
       check_dequantize_fp8(device_, dst, dst_dtype, src, scale, scales, rows, cols, batches);
-  if (spans.dst != 0) {
-    allocations_.check(device_, "dequantize_fp8", "destination", dst, spans.dst);
-    allocations_.check(device_, "dequantize_fp8", "source", src, spans.src);
-    allocations_.check(device_, "dequantize_fp8", "scales", scale, spans.scale);
-  }
-  return spans;
+  return check_fp8(
+      "dequantize_fp8", s,
+      {{"destination", dst, s.dst}, {"source", src, s.src}, {"scales", scale, s.scale}});
 }
 
 Fp8Spans TrackedStreamChecks::quantize_fp8(const std::byte* dst, const std::byte* scale,
                                            const std::byte* src, DType src_dtype,
                                            const Fp8Scales& scales, std::size_t rows,
                                            std::size_t cols, std::size_t batches) const {
-  const Fp8Spans spans =
+  const Fp8Spans s =
       check_quantize_fp8(device_, dst, scale, src, src_dtype, scales, rows, cols, batches);
-  if (spans.dst != 0) {
-    allocations_.check(device_, "quantize_fp8", "destination", dst, spans.dst);
-    allocations_.check(device_, "quantize_fp8", "scales", scale, spans.scale);
-    allocations_.check(device_, "quantize_fp8", "source", src, spans.src);
-  }
-  return spans;
+  return check_fp8(
+      "quantize_fp8", s,
+      {{"destination", dst, s.dst}, {"scales", scale, s.scale}, {"source", src, s.src}});
 }
 
 Fp8Spans TrackedStreamChecks::pack_ue8m0(const std::byte* dst, const std::byte* scale,
                                          std::size_t rows, std::size_t block_rows,
                                          std::size_t scale_cols, std::size_t batches) const {
-  const Fp8Spans spans =
-      check_pack_ue8m0(device_, dst, scale, rows, block_rows, scale_cols, batches);
+  const Fp8Spans s = check_pack_ue8m0(device_, dst, scale, rows, block_rows, scale_cols, batches);
+  return check_fp8("pack_ue8m0", s, {{"destination", dst, s.dst}, {"scales", scale, s.scale}});
+}
+
+Fp8Spans TrackedStreamChecks::check_fp8(std::string_view op, const Fp8Spans& spans,
+                                        std::initializer_list<Operand> operands) const {
   if (spans.dst != 0) {
-    allocations_.check(device_, "pack_ue8m0", "destination", dst, spans.dst);
-    allocations_.check(device_, "pack_ue8m0", "scales", scale, spans.scale);
+    for (const Operand& o : operands) {
+      allocations_.check(device_, op, o.role, o.data, o.bytes);
+    }
   }
   return spans;
 }

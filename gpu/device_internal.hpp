@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <initializer_list>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -201,6 +202,15 @@ class TrackedStreamChecks {
   // Checks both spans against the live allocations; returns the destination's.
   std::size_t check_spans(std::string_view op, const std::byte* dst, const std::byte* src,
                           const Spans& spans) const;
+  // An FP8 operation's operands (role, start, bytes) checked in order, unless
+  // spans.dst == 0 (nothing to do); returns `spans`.
+  struct Operand {
+    std::string_view role;
+    const std::byte* data;
+    std::size_t bytes;
+  };
+  Fp8Spans check_fp8(std::string_view op, const Fp8Spans& spans,
+                     std::initializer_list<Operand> operands) const;
 
   const std::string& device_;
   const AllocationMap& allocations_;
