@@ -31,6 +31,7 @@
 #include "runtime/load_config.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "synth/synth.hpp"
+#include "testing/error_of.hpp"
 #include "testing/run.hpp"
 #include "testing/temp_dir.hpp"
 
@@ -59,14 +60,7 @@ Timed run_ferry(std::vector<std::string> args, int limit_s = 60) {
 
 // Runs `fn`, expects a config-stage ferry::Error and returns its message.
 std::string config_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.stage(), Stage::kConfig) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a config error";
-  return "";
+  return testing::error_of(Stage::kConfig, fn);
 }
 
 LoadConfig from_sets(const std::vector<std::string>& sets) {

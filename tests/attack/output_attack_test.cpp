@@ -39,6 +39,8 @@
 namespace ferry {
 namespace {
 
+using ferry::testing::names_in;
+
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -65,15 +67,6 @@ mode_t lmode(const std::string& path) {
     return 0;
   }
   return st.st_mode;
-}
-
-std::vector<std::string> names_in(const fs::path& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    out.push_back(e.path().filename().string());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 class AttackOutputPaths : public ::testing::Test {

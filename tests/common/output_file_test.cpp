@@ -30,20 +30,12 @@
 namespace ferry {
 namespace {
 
+using ferry::testing::names_in;
+
 namespace fs = std::filesystem;
 using testing::read_file;
 using testing::TempDir;
 using testing::write_file;
-
-// The names in `dir`, sorted: a leftover temporary shows up here.
-std::vector<std::string> names_in(const fs::path& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    out.push_back(e.path().filename().string());
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 // The rule of the Error `f` throws; fails the test when it throws none.
 template <typename F>

@@ -13,6 +13,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "testing/error_of.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -23,14 +24,7 @@ using Env = std::map<std::string, std::string>;
 
 // Runs `fn`, expects a config-stage ferry::Error and returns its message.
 std::string config_error(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.stage(), Stage::kConfig) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a config error";
-  return "";
+  return testing::error_of(Stage::kConfig, fn);
 }
 
 LoadConfig from_json_text(std::string_view text) {

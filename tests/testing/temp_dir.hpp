@@ -1,12 +1,14 @@
 // Test helpers: a temporary folder removed at scope exit, and small file writers.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <stdlib.h>
 
@@ -59,6 +61,16 @@ inline std::string safetensors_bytes(std::string_view header, std::string_view d
   }
   out += header;
   out += data;
+  return out;
+}
+
+// The names in `dir`, sorted: a leftover temporary shows up here.
+inline std::vector<std::string> names_in(const std::filesystem::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
   return out;
 }
 
