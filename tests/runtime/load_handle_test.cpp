@@ -68,6 +68,11 @@ class LoadHandleTest : public ::testing::Test {
     delete dir_;
   }
   static LoadConfig config() { return make_config(ck_->dir, {"parallel.tp=2"}); }
+  // A runtime whose copies wait at `gate` (RuntimeTestSeams::before_copy).
+  static Runtime gated_runtime(Gate& gate, RuntimeTestSeams hooks = {}) {
+    hooks.before_copy = [&gate](std::size_t, const std::string&) { gate.wait(); };
+    return make_runtime(to_config(config()), hooks);
+  }
   // Host devices whose allocations a test checks after everything is released.
   static std::vector<std::shared_ptr<gpu::Device>> devices() {
     return {gpu::make_host_device(0), gpu::make_host_device(1)};
@@ -116,9 +121,7 @@ TEST_F(LoadHandleTest, StartThenWaitIsALoadAndProgressEndsAtItsReport) {
 
 TEST_F(LoadHandleTest, WaitForTimesOutWhileTheLoadStreamsAndProgressShowsIt) {
   Gate gate;
-  RuntimeTestSeams hooks;
-  hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
-  Runtime rt = make_runtime(to_config(config()), hooks);
+  Runtime rt = gated_runtime(gate);
   LoadHandle h = rt.start();
   ASSERT_TRUE(gate.await_reached());
   EXPECT_EQ(h.wait_for(std::chrono::milliseconds(20)), std::nullopt);
@@ -141,9 +144,7 @@ TEST_F(LoadHandleTest, WaitForWithAHugeTimeoutWaitsForTheLoad) {
        {milliseconds::max(), milliseconds::max() - milliseconds(1),
         milliseconds(10'000'000'000'000'000)}) {  // 317,000 years: past steady_clock's range
     Gate gate;
-    RuntimeTestSeams hooks;
-    hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
-    Runtime rt = make_runtime(to_config(config()), hooks);
+    Runtime rt = gated_runtime(gate);
     LoadHandle h = rt.start();
     ASSERT_TRUE(gate.await_reached());
     auto waited = std::async(std::launch::async, [&h, huge] { return h.wait_for(huge); });
@@ -160,9 +161,7 @@ TEST_F(LoadHandleTest, WaitForWithAHugeTimeoutWaitsForTheLoad) {
 
 TEST_F(LoadHandleTest, WaitForWithANegativeTimeoutIsADeadlinePassed) {
   Gate gate;
-  RuntimeTestSeams hooks;
-  hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
-  Runtime rt = make_runtime(to_config(config()), hooks);
+  Runtime rt = gated_runtime(gate);
   LoadHandle h = rt.start();
   ASSERT_TRUE(gate.await_reached());
   EXPECT_EQ(h.wait_for(std::chrono::milliseconds(-5)), std::nullopt);
@@ -177,9 +176,8 @@ TEST_F(LoadHandleTest, TheHandleCancelsItsLoad) {
   Gate gate;
   RuntimeTestSeams hooks;
   hooks.devices = devices();
-  hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
   {
-    Runtime rt = make_runtime(to_config(config()), hooks);
+    Runtime rt = gated_runtime(gate, hooks);
     LoadHandle h = rt.start();
     ASSERT_TRUE(gate.await_reached());
     h.cancel();
@@ -221,9 +219,7 @@ TEST_F(LoadHandleTest, ACancelRightAfterStartIsNeverLost) {
 
 TEST_F(LoadHandleTest, OneLoadAtATime) {
   Gate gate;
-  RuntimeTestSeams hooks;
-  hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
-  Runtime rt = make_runtime(to_config(config()), hooks);
+  Runtime rt = gated_runtime(gate);
   LoadHandle first = rt.start();
   ASSERT_TRUE(gate.await_reached());
   LoadHandle second = rt.start();
@@ -325,9 +321,7 @@ TEST_F(LoadHandleTest, AProgressCallbackCanCancel) {
     return true;
   };
   Gate gate;
-  RuntimeTestSeams hooks;
-  hooks.before_copy = [&](std::size_t, const std::string&) { gate.wait(); };
-  Runtime rt = make_runtime(to_config(config()), hooks);
+  Runtime rt = gated_runtime(gate);
   LoadHandle h = rt.start(cb);
   for (int i = 0; i < 10'000 && !asked.load(); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
