@@ -59,10 +59,14 @@ def contiguous(p):
     return list(p.strides) == expected
 
 
-class FerryModule(unittest.TestCase):
+class TinyCheckpointCase(unittest.TestCase):
+    """A tiny llama checkpoint of the class's own, in a folder named by PREFIX."""
+
+    PREFIX = "ferry-py-"
+
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="ferry-py-")
+        cls.tmp = tempfile.mkdtemp(prefix=cls.PREFIX)
         cls.ck = os.path.join(cls.tmp, "ck")
         subprocess.run([FERRY_CLI, "synth", "--family", "llama", "--preset", "tiny", "--out", cls.ck],
                        check=True, stdout=subprocess.DEVNULL)
@@ -71,6 +75,8 @@ class FerryModule(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp)
 
+
+class FerryModule(TinyCheckpointCase):
     def config(self, **extra):
         c = ferry.Config()
         c.set("model.path", self.ck).set("parallel.tp=2")
@@ -194,19 +200,10 @@ class FerryModule(unittest.TestCase):
         np.testing.assert_array_equal(a, want)
 
 
-class AttackCase(unittest.TestCase):
+class AttackCase(TinyCheckpointCase):
     """A tiny checkpoint of its own for each attack class."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="ferry-py-attack-")
-        cls.ck = os.path.join(cls.tmp, "ck")
-        subprocess.run([FERRY_CLI, "synth", "--family", "llama", "--preset", "tiny", "--out", cls.ck],
-                       check=True, stdout=subprocess.DEVNULL)
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp)
+    PREFIX = "ferry-py-attack-"
 
     def runtime(self):
         return ferry.Runtime({"model.path": self.ck, "parallel.tp": 2})
