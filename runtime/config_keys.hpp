@@ -64,6 +64,5 @@ const ConfigKey* find_config_key(std::string_view name);
 // Helpers the rows and the builder share.
 std::string json_quoted(std::string_view text);      // "\"text\"", escaped as JSON
 std::string_view trim_space(std::string_view text);  // without surrounding whitespace
-std::optional<std::uint64_t> as_non_negative(const nlohmann::json& value);  // an integer >= 0
 
 }  // namespace ferry::runtime

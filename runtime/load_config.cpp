@@ -23,6 +23,7 @@
 #include "common/log.hpp"
 #include "common/small_file.hpp"
 #include "io/file.hpp"
+#include "models/hf_config.hpp"
 #include "runtime/config_keys.hpp"
 
 namespace ferry::runtime {
@@ -689,7 +690,7 @@ std::string metrics_bind_address(const std::string& text) {
 std::uint64_t parse_size(const nlohmann::json& value) {
   const std::string expected =
       "expected a size: a number of bytes, or a number with B, KiB, MiB, GiB, KB, MB or GB, got ";
-  if (auto bytes = as_non_negative(value)) {
+  if (auto bytes = models::json_non_negative(value)) {
     return *bytes;
   }
   if (value.is_number() && value.get<double>() < 0) {

@@ -50,8 +50,6 @@ inline ErrorInfo to_info(const Error& e) {
 
 // The whole process's peak resident set (runtime.cpp).
 std::uint64_t peak_rss_bytes();
-// "a, b, c and 7 more" (runtime.cpp).
-std::string join_names(const std::vector<std::string>& names, std::size_t limit);
 
 struct FERRY_HIDDEN LoadedModel::State {
   std::vector<std::shared_ptr<gpu::Device>> devices;        // per local rank

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/format.hpp"
 #include "common/log.hpp"
 #include "gpu/kernels_host.hpp"
 #include "io/prefetch.hpp"
@@ -279,13 +280,13 @@ std::vector<StartupRefusal> Runtime::Impl::overlap_refusals(const LoadWork& w) c
     out.push_back({"hook_not_idempotent",
                    "post-load hook(s) that cannot run again on the real weights after the "
                    "sentinel: " +
-                       join_names(not_idempotent, 8)});
+                       join_first(not_idempotent, 8)});
   }
   if (!reallocating.empty()) {
     out.push_back({"hook_reallocates",
                    "post-load hook(s) that replace their outputs' storage, which captured graphs "
                    "would lose: " +
-                       join_names(reallocating, 8)});
+                       join_first(reallocating, 8)});
   }
   return out;
 }
@@ -403,12 +404,12 @@ void Runtime::Impl::verify_startup(LoadWork& w) {
   std::string message;
   if (!moved.empty()) {
     message += std::to_string(moved.size()) +
-               " storage manifest entr(ies) changed since prepare(): " + join_names(moved, 8);
+               " storage manifest entr(ies) changed since prepare(): " + join_first(moved, 8);
   }
   if (!sentinel.empty()) {
     message += std::string(message.empty() ? "" : "; ") + std::to_string(sentinel.size()) +
                " floating-point parameter(s) still hold only the sentinel (nothing wrote them): " +
-               join_names(sentinel, 8);
+               join_first(sentinel, 8);
   }
   throw Error(Stage::kVerify, w.resolved.source.folder, "", message);
 }

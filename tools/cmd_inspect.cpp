@@ -24,14 +24,6 @@ constexpr const char kDescription[] =
     "Lists and validates a checkpoint's weight files and tensors: which files are weights\n"
     "and why, and every tensor's dtype, shape and byte range.";
 
-std::string shape_text(const std::vector<std::uint64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    s += (i ? ", " : "") + std::to_string(shape[i]);
-  }
-  return s + "]";
-}
-
 }  // namespace
 
 Inspection inspect_path(const std::string& path, const InspectOptions& options) {
@@ -111,7 +103,7 @@ void print_inspection(const Inspection& in, std::FILE* out) {
   std::fprintf(out, "tensors (%zu):\n", in.index.tensors.size());
   for (const auto& t : in.index.tensors) {
     std::fprintf(out, "  %-56s %-7s %-18s %s @%llu +%llu\n", t.name.c_str(),
-                 std::string(dtype_name(t.dtype)).c_str(), shape_text(t.shape).c_str(),
+                 std::string(dtype_name(t.dtype)).c_str(), format_dims(t.shape).c_str(),
                  t.file.c_str(), static_cast<unsigned long long>(t.offset),
                  static_cast<unsigned long long>(t.nbytes));
   }
