@@ -1,11 +1,25 @@
 """Shared setup of the benchmark scripts: the checkpoint they read, and how a child
 process is timed."""
+import argparse
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+
+def bench_args(build="build/release", runs=5, model=True):
+    """The options the benchmarks share: --build (the tree holding `ferry`), --model (a
+    checkpoint instead of the synthesized one) where `model`, and --runs (default
+    `runs`) unless None; the caller adds its own and parses."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=build)
+    if model:
+        ap.add_argument("--model")
+    if runs is not None:
+        ap.add_argument("--runs", type=int, default=runs)
+    return ap
 
 
 def medium_checkpoint(build, model=None):

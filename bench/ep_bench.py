@@ -13,13 +13,14 @@ unless --model is given), from the page cache, interleaving inside every round:
 Reports bytes read (from the load report), the bytes `ferry plan` says the rank
 needs, whole-load and stream seconds (medians), and the ratios.
 """
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from bench_common import bench_args
 
 
 def checkpoint(build, model):
@@ -34,10 +35,7 @@ def checkpoint(build, model):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build/bench")
-    ap.add_argument("--model")
-    ap.add_argument("--runs", type=int, default=5)
+    ap = bench_args(build="build/bench")
     args = ap.parse_args()
     ferry = os.path.join(args.build, "ferry")
     model, files = checkpoint(args.build, args.model)

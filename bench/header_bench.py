@@ -16,14 +16,13 @@ Per round, each reader runs once as its own process, in rotating order:
 Reports the median, min and max wall seconds of the whole process, peak RSS, and
 the ratio python seconds / ferry seconds per round (above 1: ferry is faster).
 """
-import argparse
 import json
 import os
 import statistics
 import struct
 import sys
 
-from bench_common import cell, run_measured
+from bench_common import bench_args, cell, run_measured
 
 PYTHON_OPEN = "import sys; from safetensors import safe_open; safe_open(sys.argv[1], 'np').keys()"
 
@@ -61,9 +60,7 @@ def header_file(folder, n):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build/release")
-    ap.add_argument("--runs", type=int, default=5)
+    ap = bench_args(model=False)
     ap.add_argument("--sizes", default="1000,16000,100000,1000000")
     args = ap.parse_args()
     ferry = os.path.join(args.build, "ferry")

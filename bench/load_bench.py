@@ -22,7 +22,6 @@ Peak RSS is measured from outside each process (wait4's ru_maxrss); "beyond the
 params" subtracts the bytes of the loaded parameters, which host devices keep in
 RAM. Reports medians, and ratios measured in the same run.
 """
-import argparse
 import json
 import os
 import statistics
@@ -30,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_common import medium_checkpoint, run_measured
+from bench_common import bench_args, medium_checkpoint, run_measured
 
 # ferry's defaults (runtime/load_config.hpp), which the comparison rows use too.
 QUEUE_DEPTH = 4
@@ -39,10 +38,7 @@ BUFFERS = 8
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build/release")
-    ap.add_argument("--model")
-    ap.add_argument("--runs", type=int, default=5)
+    ap = bench_args()
     args = ap.parse_args()
     ferry = os.path.join(args.build, "ferry")
     bench = os.path.join(args.build, "ferry_read_bench")

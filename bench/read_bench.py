@@ -17,14 +17,13 @@ that the noisy shared disk hits all of them alike:
 Prints medians (GB/s, 1e9 bytes/s) and the ratio of the best ferry configuration
 to the raw baseline measured in the same run.
 """
-import argparse
 import os
 import statistics
 import subprocess
 import sys
 import time
 
-from bench_common import medium_checkpoint
+from bench_common import bench_args, medium_checkpoint
 
 MiB = 1 << 20
 
@@ -46,9 +45,7 @@ def timed(cmd_list, nbytes):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build/release")
-    ap.add_argument("--model")
+    ap = bench_args(runs=None)
     ap.add_argument("--hot-runs", type=int, default=5)
     ap.add_argument("--cold-runs", type=int, default=3)
     ap.add_argument("--out")

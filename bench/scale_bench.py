@@ -20,7 +20,6 @@ Rows, each a whole process, rounds in rotating order, medians (min-max):
   its index (`safe_open(f, 'np').keys()` per shard, json.load of the index): the
   target for ferry's resolve + plan.
 """
-import argparse
 import json
 import os
 import statistics
@@ -28,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-from bench_common import cell, run_measured
+from bench_common import bench_args, cell, run_measured
 
 PYTHON_OPEN_ALL = """
 import json, os, sys
@@ -51,9 +50,7 @@ def synth(ferry, out, config, *extra):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build/release")
-    ap.add_argument("--runs", type=int, default=3)
+    ap = bench_args(runs=3, model=False)
     ap.add_argument("--config", default="../shared/data/models/deepseek-v3/config.json")
     args = ap.parse_args()
     ferry = os.path.join(args.build, "ferry")

@@ -22,7 +22,6 @@ Only the prefetch overlaps the capture, so the ideals are:
   blocks; measured here in Python with os.pread, which releases the GIL).
 Reports medians (min-max) and the overlap / serial ratio of medians.
 """
-import argparse
 import json
 import os
 import statistics
@@ -30,7 +29,7 @@ import tempfile
 import threading
 import time
 
-from bench_common import cell, medium_checkpoint, run_measured
+from bench_common import bench_args, cell, medium_checkpoint, run_measured
 
 PREFETCH_THREADS = 4
 PREFETCH_BLOCK = 16 << 20
@@ -87,10 +86,7 @@ def prefetch_seconds(files):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build/release")
-    ap.add_argument("--model")
-    ap.add_argument("--runs", type=int, default=3)
+    ap = bench_args(runs=3)
     ap.add_argument("--captures", default="0.5,2,5")
     args = ap.parse_args()
     ferry = os.path.join(args.build, "ferry")

@@ -38,7 +38,6 @@ report), compared with file bytes / `cat` (or `dd`) seconds of the same round;
 whole-process seconds and their ratio to the SGLang path; how much of ferry's
 time is the allocate phase (committing host-device memory page by page).
 """
-import argparse
 import json
 import os
 import statistics
@@ -47,17 +46,14 @@ import sys
 import tempfile
 import time
 
-from bench_common import cell, medium_checkpoint, run_measured
+from bench_common import bench_args, cell, medium_checkpoint, run_measured
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TP1 = "parallel.tp=1"  # the embedded default is tp 2
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default="build/release")
-    ap.add_argument("--model")
-    ap.add_argument("--runs", type=int, default=5)
+    ap = bench_args()
     ap.add_argument("--cold-runs", type=int, default=3)
     ap.add_argument("--python", default=os.environ.get("FERRY_BENCH_PYTHON", ".venv-bench/bin/python"))
     ap.add_argument("--memory", choices=["warm", "idle"], default="warm")
