@@ -21,6 +21,7 @@
 #include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "synth/synth.hpp"
+#include "testing/synth_tiny.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -28,17 +29,8 @@ namespace {
 
 using ::testing::HasSubstr;
 using testing::make_config;
+using testing::synth_tiny;
 using testing::TempDir;
-
-std::string synth(TempDir& dir, const std::string& family) {
-  synth::SynthOptions o;
-  o.family = family;
-  o.preset = "tiny";
-  o.out = dir.file(family);
-  o.fsync = false;
-  synth::synthesize(o);
-  return o.out;
-}
 
 std::vector<float> as_f32(const std::vector<std::byte>& bytes, DType dtype) {
   std::vector<float> out(bytes.size() / dtype_size(dtype));
@@ -92,7 +84,7 @@ void expect_quantized_plain(const LoadedModel& online, const LoadedModel& plain,
 
 TEST(OnlineQuantLoad, LayeredOrNotTheQuantizationOfAPlainLoadWithALowerPeak) {
   TempDir dir;
-  const std::string ck = synth(dir, "llama");
+  const std::string ck = synth_tiny(dir, "llama");
   Runtime plain_rt(to_config(make_config(ck, {"parallel.tp=2"})));
   LoadResult plain = plain_rt.load();
   ASSERT_TRUE(plain) << plain.error->message;
@@ -131,7 +123,7 @@ TEST(OnlineQuantLoad, TheMlaSplitAndTheIndexerReadFullPrecision) {
   TempDir dir;
   for (const std::string family : {"deepseek_v3", "deepseek_v32"}) {
     SCOPED_TRACE(family);
-    const std::string ck = synth(dir, family);
+    const std::string ck = synth_tiny(dir, family);
     if (family == "deepseek_v32") {
       // The fused indexer layout (SGLang 0.5.23's use_dsa_indexer_fusion), whose hook
       // reads wk before any quantization.
@@ -161,7 +153,7 @@ TEST(OnlineQuantLoad, TheMlaSplitAndTheIndexerReadFullPrecision) {
 
 TEST(OnlineQuantLoad, RefusalsAndTheDummyFormat) {
   TempDir dir;
-  const std::string ck = synth(dir, "llama");
+  const std::string ck = synth_tiny(dir, "llama");
   // Refused while the configuration is built (the checks that span several keys),
   // before a load starts.
   auto fails = [&](const std::vector<std::string>& sets) {

@@ -24,25 +24,15 @@
 #include "runtime/runtime_test_util.hpp"
 #include "synth/synth.hpp"
 #include "testing/dtype_codec.hpp"
+#include "testing/synth_tiny.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
 namespace {
 
 using testing::make_config;
+using testing::synth_tiny;
 using testing::TempDir;
-
-std::string synth(TempDir& dir, const std::string& family, synth::SynthQuant quant,
-                  const std::string& name) {
-  synth::SynthOptions o;
-  o.family = family;
-  o.preset = "tiny";
-  o.quant = quant;
-  o.out = dir.file(name);
-  o.fsync = false;
-  synth::synthesize(o);
-  return o.out;
-}
 
 // The checkpoint's quantization_config replaced by quant_method fp8 with static
 // per-tensor activation scales (the tensors are the same as compressed-tensors').
@@ -201,7 +191,7 @@ void check_dense(const Loads& l, const std::string& ck, const std::string& forma
 
 TEST(PostprocessLoad, Fp8PerTensorExpandsEachShardsScaleOverItsRows) {
   TempDir dir;
-  const std::string ck = synth(dir, "llama", synth::SynthQuant::kFp8Tensor, "fp8");
+  const std::string ck = synth_tiny(dir, "llama", synth::SynthQuant::kFp8Tensor, "fp8");
   as_fp8_format(ck);
   for (const std::string target : {"sm90", "sm100"}) {
     SCOPED_TRACE(target);
@@ -217,9 +207,9 @@ TEST(PostprocessLoad, Fp8PerTensorExpandsEachShardsScaleOverItsRows) {
 
 TEST(PostprocessLoad, CompressedTensorsAndModelOptRequantizeToTheLargestScale) {
   TempDir dir;
-  const std::string ct = synth(dir, "qwen3", synth::SynthQuant::kFp8Tensor, "ct");
+  const std::string ct = synth_tiny(dir, "qwen3", synth::SynthQuant::kFp8Tensor, "ct");
   check_dense(load_both(ct, "sm90"), ct, "compressed-tensors");
-  const std::string mo = synth(dir, "llama", synth::SynthQuant::kModelOptFp8, "modelopt");
+  const std::string mo = synth_tiny(dir, "llama", synth::SynthQuant::kModelOptFp8, "modelopt");
   // Valid FP8 KV-cache scales (synth's may be negative; see KvCacheScales below).
   set_scalars(mo, "k_scale", {0.5f});
   set_scalars(mo, "v_scale", {0.25f});
@@ -231,7 +221,7 @@ TEST(PostprocessLoad, CompressedTensorsAndModelOptRequantizeToTheLargestScale) {
 // refused, as SGLang asserts. fp8 checkpoints get 1.0 on every attention.
 TEST(PostprocessLoad, KvCacheScales) {
   TempDir dir;
-  const std::string mo = synth(dir, "llama", synth::SynthQuant::kModelOptFp8, "modelopt");
+  const std::string mo = synth_tiny(dir, "llama", synth::SynthQuant::kModelOptFp8, "modelopt");
   // Layer 0: k 2, v -1 (one kv_scale); layer 1: both -1 (not calibrated).
   set_scalars(mo, "k_scale", {2.0f, -1.0f});
   set_scalars(mo, "v_scale", {-1.0f, -1.0f});
@@ -257,7 +247,7 @@ TEST(PostprocessLoad, KvCacheScales) {
               ::testing::ContainsRegex("tensor 'model\\.layers\\.[0-9]+\\.self_attn\\.attn\\.k_scale'"));
   EXPECT_THAT(refused.error->message, ::testing::HasSubstr("asserts k_scale > 0"));
   // fp8: Fp8KVCacheMethod on every attention, nothing loads them: 1.0.
-  const std::string fp8 = synth(dir, "llama", synth::SynthQuant::kFp8Tensor, "fp8");
+  const std::string fp8 = synth_tiny(dir, "llama", synth::SynthQuant::kFp8Tensor, "fp8");
   as_fp8_format(fp8);
   const Loads f = load_both(fp8, "sm100");
   ASSERT_TRUE(f.target) << f.target.error->message;
@@ -270,7 +260,7 @@ TEST(PostprocessLoad, KvCacheScales) {
 // scales, which w13_weight_scale [E] holds; the input scales' max; w2 as loaded.
 TEST(PostprocessLoad, PerTensorExpertsRequantizeW1AndW3ToOneScale) {
   TempDir dir;
-  const std::string ck = synth(dir, "qwen3_moe", synth::SynthQuant::kFp8Tensor, "moe");
+  const std::string ck = synth_tiny(dir, "qwen3_moe", synth::SynthQuant::kFp8Tensor, "moe");
   equal_w1_w3_input_scales(ck);
   const Loads l = load_both(ck, "sm90", {"parallel.tp=2", "parallel.ep=2"});
   ASSERT_TRUE(l.plain) << l.plain.error->message;
@@ -365,7 +355,7 @@ TEST(PostprocessLoad, BlockFp8OnSm100IsTheUe8m0RepackOfAPlainLoad) {
 // in the same storage; the dummy format allocates what a real load does.
 TEST(PostprocessLoad, OverlapStartupAndDummyFormatKeepTheTargetsLayout) {
   TempDir dir;
-  const std::string ck = synth(dir, "qwen3_moe", synth::SynthQuant::kFp8Tensor, "moe");
+  const std::string ck = synth_tiny(dir, "qwen3_moe", synth::SynthQuant::kFp8Tensor, "moe");
   equal_w1_w3_input_scales(ck);
   const std::vector<std::string> sets = {"parallel.tp=2", "postprocess.target=sm90"};
   std::vector<std::string> overlap_sets = sets;
@@ -420,7 +410,7 @@ TEST(PostprocessLoad, OverlapStartupAndDummyFormatKeepTheTargetsLayout) {
 // input scales must be equal (within 1e-5, unless w1's is 1), on every target.
 TEST(PostprocessLoad, CompressedTensorsExpertsNeedEqualW1W3InputScales) {
   TempDir dir;
-  const std::string ck = synth(dir, "qwen3_moe", synth::SynthQuant::kFp8Tensor, "moe");
+  const std::string ck = synth_tiny(dir, "qwen3_moe", synth::SynthQuant::kFp8Tensor, "moe");
   // synth gives w1 and w3 one value (synth_value_name); make them differ.
   set_scalars(ck, "gate_proj.input_scale", {0.5f});
   set_scalars(ck, "up_proj.input_scale", {0.25f});
@@ -453,7 +443,7 @@ TEST(PostprocessLoad, BadValuesAreRefusedByName) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("expected loader, sm90, sm100 or auto"));
   }
   TempDir dir;
-  const std::string ck = synth(dir, "llama", synth::SynthQuant::kNvfp4, "nvfp4");
+  const std::string ck = synth_tiny(dir, "llama", synth::SynthQuant::kNvfp4, "nvfp4");
   Runtime rt(to_config(make_config(ck, {"postprocess.target=sm90"})));
   LoadResult r = rt.load();
   ASSERT_FALSE(r);

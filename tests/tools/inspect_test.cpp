@@ -9,6 +9,7 @@
 
 #include "synth/synth.hpp"
 #include "testing/run.hpp"
+#include "testing/synth_tiny.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::tools {
@@ -16,18 +17,9 @@ namespace {
 
 using ::testing::HasSubstr;
 using ferry::testing::run;
+using ferry::testing::synth_tiny;
 using ferry::testing::TempDir;
 namespace fs = std::filesystem;
-
-std::string synth_tiny(const TempDir& dir, const std::string& family = "llama") {
-  synth::SynthOptions o;
-  o.family = family;
-  o.preset = "tiny";
-  o.out = dir.file(family);
-  o.fsync = false;
-  synth::synthesize(o);
-  return o.out;
-}
 
 TEST(InspectCliTest, JsonIsOneDocumentMatchingTheFiles) {
   TempDir dir;
