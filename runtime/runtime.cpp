@@ -95,11 +95,13 @@ bool running(RuntimeState s) {
          s == RuntimeState::kCommitting;
 }
 
-// A handle whose load failed before it started (a call in the wrong state).
-LoadHandle::State& refuse(LoadHandle::State& state, const std::string& why) {
+// The state of a handle whose load failed before it started (a call in the wrong
+// state).
+std::shared_ptr<LoadHandle::State> refused(const std::string& why) {
+  auto state = std::make_shared<LoadHandle::State>();
   LoadResult r;
   r.error = to_info(Error(Stage::kConfig, "", "", why));
-  state.finish(std::move(r));
+  state->finish(std::move(r));
   return state;
 }
 }  // namespace
@@ -211,13 +213,12 @@ void Runtime::cancel() {
 LoadHandle Runtime::Impl::launch(RuntimeState running_state, RuntimeState success,
                                  LoadCallbacks callbacks, Body body,
                                  std::shared_ptr<LoadWork> keep) {
-  auto handle = std::make_shared<LoadHandle::State>();
   if (running(status)) {
-    refuse(*handle,
-           "a load is already running on this Runtime; wait for it (or cancel it) before "
-           "starting another");
-    return LoadHandle(handle);
+    return LoadHandle(refused(
+        "a load is already running on this Runtime; wait for it (or cancel it) before "
+        "starting another"));
   }
+  auto handle = std::make_shared<LoadHandle::State>();
   if (worker.joinable()) {
     worker.join();  // the previous load has ended (it set the state): its thread is ending
   }
@@ -256,9 +257,8 @@ void Runtime::set_log_sink(log::Sink sink) {
 LoadHandle Runtime::start(LoadCallbacks callbacks) {
   std::lock_guard lock(impl_->mu);
   if (impl_->status == RuntimeState::kPrepared) {
-    auto handle = std::make_shared<LoadHandle::State>();
-    refuse(*handle, "a prepared model waits for commit() (or cancel()); start() refused");
-    return LoadHandle(handle);
+    return LoadHandle(
+        refused("a prepared model waits for commit() (or cancel()); start() refused"));
   }
   return impl_->launch(
       RuntimeState::kLoading, RuntimeState::kReady, std::move(callbacks),
@@ -268,9 +268,8 @@ LoadHandle Runtime::start(LoadCallbacks callbacks) {
 LoadHandle Runtime::prepare(LoadCallbacks callbacks) {
   std::lock_guard lock(impl_->mu);
   if (impl_->status == RuntimeState::kPrepared) {
-    auto handle = std::make_shared<LoadHandle::State>();
-    refuse(*handle, "a prepared model waits for commit() (or cancel()); prepare() refused");
-    return LoadHandle(handle);
+    return LoadHandle(
+        refused("a prepared model waits for commit() (or cancel()); prepare() refused"));
   }
   auto work = std::make_shared<LoadWork>();
   return impl_->launch(
@@ -282,10 +281,9 @@ LoadHandle Runtime::prepare(LoadCallbacks callbacks) {
 LoadHandle Runtime::commit(LoadCallbacks callbacks) {
   std::lock_guard lock(impl_->mu);
   if (impl_->status != RuntimeState::kPrepared && !running(impl_->status)) {
-    auto handle = std::make_shared<LoadHandle::State>();
-    refuse(*handle, "commit() needs a prepared model (call prepare() first); the runtime is " +
-                        std::string(to_string(impl_->status)));
-    return LoadHandle(handle);
+    return LoadHandle(
+        refused("commit() needs a prepared model (call prepare() first); the runtime is " +
+                std::string(to_string(impl_->status))));
   }
   std::shared_ptr<LoadWork> work = running(impl_->status) ? nullptr : std::move(impl_->prepared);
   return impl_->launch(
