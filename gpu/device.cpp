@@ -192,27 +192,16 @@ std::size_t TrackedStreamChecks::copy_h2d_2d(const std::byte* dst, std::size_t d
 }
 
 std::size_t TrackedStreamChecks::fill(const std::byte* dst, std::size_t count, DType dtype) const {
-  const std::size_t bytes = check_fill(device_, dtype, count);
-  if (bytes != 0) {
-    allocations_.check(device_, "fill", "destination", dst, bytes);
-  }
-  return bytes;
+  return check_destination("fill", dst, check_fill(device_, dtype, count));
 }
 
 std::size_t TrackedStreamChecks::fill_random(const std::byte* dst, std::size_t count,
                                              DType dtype) const {
-  const std::size_t bytes = check_fill_random(device_, dtype, count);
-  if (bytes != 0) {
-    allocations_.check(device_, "fill_random", "destination", dst, bytes);
-  }
-  return bytes;
+  return check_destination("fill_random", dst, check_fill_random(device_, dtype, count));
 }
 
 std::size_t TrackedStreamChecks::zero(const std::byte* dst, std::size_t bytes) const {
-  if (bytes != 0) {
-    allocations_.check(device_, "zero", "destination", dst, bytes);
-  }
-  return bytes;
+  return check_destination("zero", dst, bytes);
 }
 
 std::size_t TrackedStreamChecks::cast(const std::byte* dst, DType dst_dtype, const std::byte* src,
@@ -230,15 +219,17 @@ std::size_t TrackedStreamChecks::zero_2d(const std::byte* dst, std::size_t dst_p
                                          std::size_t width_bytes, std::size_t rows) const {
   const std::size_t span =
       pitched_span(device_, "zero_2d", "destination", dst_pitch, width_bytes, rows);
-  if (span != 0) {
-    allocations_.check(device_, "zero_2d", "destination", dst, span);
-  }
-  return span;
+  return check_destination("zero_2d", dst, span);
 }
 
 std::size_t TrackedStreamChecks::set_bytes(const std::byte* dst, std::size_t bytes) const {
+  return check_destination("set_bytes", dst, bytes);
+}
+
+std::size_t TrackedStreamChecks::check_destination(std::string_view op, const std::byte* dst,
+                                                   std::size_t bytes) const {
   if (bytes != 0) {
-    allocations_.check(device_, "set_bytes", "destination", dst, bytes);
+    allocations_.check(device_, op, "destination", dst, bytes);
   }
   return bytes;
 }

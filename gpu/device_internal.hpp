@@ -199,6 +199,9 @@ class TrackedStreamChecks {
                       std::size_t block_rows, std::size_t scale_cols, std::size_t batches) const;
 
  private:
+  // Checks `bytes` at dst against the live allocations unless 0; returns `bytes`.
+  std::size_t check_destination(std::string_view op, const std::byte* dst,
+                                std::size_t bytes) const;
   // Checks both spans against the live allocations; returns the destination's.
   std::size_t check_spans(std::string_view op, const std::byte* dst, const std::byte* src,
                           const Spans& spans) const;
