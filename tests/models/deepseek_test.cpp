@@ -202,14 +202,7 @@ class DeepseekReference : public ::testing::TestWithParam<Case> {};
 TEST_P(DeepseekReference, EveryElementMatchesTheReference) {
   const Case& c = GetParam();
   const Ckpt ck = make_ckpt(c.family, c.variant);
-  models::ParallelLayout layout;
-  layout.tp = c.tp;
-  layout.ep = c.ep;
-  layout.pp = c.pp;
-  layout.pp_rank = c.pp_rank;
-  layout.local_ranks = c.local;
-  layout.attn_dp = c.attn_dp;
-  layout.dp_lm_head = c.dp_lm_head;
+  models::ParallelLayout layout = testing::case_layout(c);
   layout.moe_dense_tp = c.moe_dense_tp1 ? 1 : 0;
   layout.moe_a2a =
       c.deepep ? models::ParallelLayout::MoeA2a::kDeepep : models::ParallelLayout::MoeA2a::kNone;

@@ -296,14 +296,7 @@ std::optional<std::uint64_t> expert_of(const std::string& name) {
 
 // Runs the contract on `ck` under `c`; returns the number of params compared.
 std::size_t run_contract(const Case& c, const Ckpt& ck) {
-  models::ParallelLayout layout;
-  layout.tp = c.tp;
-  layout.ep = c.ep;
-  layout.pp = c.pp;
-  layout.pp_rank = c.pp_rank;
-  layout.local_ranks = c.local;
-  layout.attn_dp = c.attn_dp;
-  layout.dp_lm_head = c.dp_lm_head;
+  models::ParallelLayout layout = testing::case_layout(c);
   models::ModelOptions options;
   options.switch_w13 = c.switch_w13;
   options.pad_moe_intermediate_to = c.pad;

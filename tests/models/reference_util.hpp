@@ -127,4 +127,19 @@ void apply_piece(const models::Piece& piece, std::span<const std::byte> window,
 // that wrote one fails the test), rewritten params get the hook's bytes.
 void run_hooks(const models::Model& model, ParamBuffers& buffers);
 
+// The parallel layout a contract case names: any case with tp, ep, pp, pp_rank,
+// local (the local ranks), attn_dp and dp_lm_head.
+template <class Case>
+models::ParallelLayout case_layout(const Case& c) {
+  models::ParallelLayout layout;
+  layout.tp = c.tp;
+  layout.ep = c.ep;
+  layout.pp = c.pp;
+  layout.pp_rank = c.pp_rank;
+  layout.local_ranks = c.local;
+  layout.attn_dp = c.attn_dp;
+  layout.dp_lm_head = c.dp_lm_head;
+  return layout;
+}
+
 }  // namespace ferry::testing
