@@ -356,9 +356,10 @@ void ConfigBuilder::apply_env(const std::map<std::string, std::string>& env) {
     }
     const KeyOrigin origin{ConfigLayer::kEnvironment, "environment " + name};
     const std::string& source = origin.source;
+    const std::string& variable = name;  // clang 14 captures no structured binding
     const bool sectionless_key = std::any_of(
         config_keys().begin(), config_keys().end(),
-        [&](const ConfigKey& key) { return key.section().empty() && key.env_name() == name; });
+        [&](const ConfigKey& key) { return key.section().empty() && key.env_name() == variable; });
     if (name.find("__") == std::string::npos && !sectionless_key) {
       // Not a configuration variable: wrappers set their own FERRY_ names.
       warnings_.push_back(source + ": " + ignored_variable_reason(name) + "; ignored");
