@@ -2,8 +2,11 @@
 
 #include <atomic>
 #include <cerrno>
+#include <exception>
 #include <mutex>
 #include <optional>
+
+#include "common/log.hpp"
 
 namespace ferry {
 namespace {
@@ -58,6 +61,41 @@ void join_all(std::vector<std::thread>& threads) noexcept {
   for (std::thread& t : threads) {
     if (t.joinable()) {
       t.join();
+    }
+  }
+}
+
+void run_each(std::string_view name, std::size_t count,
+              const std::function<void(std::size_t)>& fn) {
+  std::vector<std::exception_ptr> errors(count);
+  auto run = [&](std::size_t i) {
+    try {
+      fn(i);
+    } catch (...) {
+      errors[i] = std::current_exception();
+    }
+  };
+  if (count == 1) {
+    run(0);
+  } else {
+    std::vector<std::thread> threads;
+    try {
+      for (std::size_t i = 0; i < count; ++i) {
+        threads.push_back(start_thread(std::string(name) + " " + std::to_string(i),
+                                       [&run, i, sink = log::thread_sink()] {
+                                         const log::ScopedSink scope(sink);
+                                         run(i);
+                                       }));
+      }
+    } catch (...) {
+      join_all(threads);
+      throw;
+    }
+    join_all(threads);
+  }
+  for (const std::exception_ptr& e : errors) {
+    if (e) {
+      std::rethrow_exception(e);
     }
   }
 }

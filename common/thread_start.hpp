@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -50,6 +51,14 @@ std::thread start_thread(std::string_view name, F&& fn) {
 
 // Joins every joinable thread of `threads` (the ones started before a start failed).
 void join_all(std::vector<std::thread>& threads) noexcept;
+
+// Runs fn(i) for every i in [0, count): on the calling thread when count is 1, else
+// on a thread each, named "NAME i", that carries the caller's log sink. Every call
+// runs to its end; then the exception of the lowest i that threw, if any, is
+// rethrown. When the system refuses a thread, the ones started are joined and the
+// start's Error is thrown.
+void run_each(std::string_view name, std::size_t count,
+              const std::function<void(std::size_t)>& fn);
 
 // -- test seam -------------------------------------------------------------------
 

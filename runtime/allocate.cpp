@@ -212,38 +212,11 @@ std::vector<std::vector<gpu::DeviceAllocation>> allocate_ranks(
     }
     return out;
   }
-  std::vector<std::exception_ptr> errors(shells.size());
-  auto set_up = [&](std::size_t r) {
-    try {
-      devices[r]->bind();
-      out[r] = allocate_rank(*devices[r], shells[r].params, layered);
-    } catch (...) {
-      errors[r] = std::current_exception();
-    }
-  };
-  if (shells.size() == 1) {
-    set_up(0);
-  } else {
-    std::vector<std::thread> threads;
-    try {
-      for (std::size_t r = 0; r < shells.size(); ++r) {
-        threads.push_back(start_thread("allocation rank " + std::to_string(r),
-                                       [&set_up, r, sink = log::thread_sink()] {
-                                         const log::ScopedSink scope(sink);
-                                         set_up(r);
-                                       }));
-      }
-    } catch (...) {
-      join_all(threads);  // what they allocated goes with `out`
-      throw;
-    }
-    join_all(threads);
-  }
-  for (const std::exception_ptr& e : errors) {
-    if (e) {
-      std::rethrow_exception(e);
-    }
-  }
+  // What a failing rank allocated goes with `out`.
+  run_each("allocation rank", shells.size(), [&](std::size_t r) {
+    devices[r]->bind();
+    out[r] = allocate_rank(*devices[r], shells[r].params, layered);
+  });
   return out;
 }
 

@@ -761,57 +761,30 @@ void Runtime::Impl::fill_dummy(LoadWork& w, LoadHandle::State& handle) {
   }
   // A rank a thread, as the allocation: each fill is one kernel on its device.
   std::vector<std::uint64_t> filled(shells.size(), 0);
-  std::vector<std::exception_ptr> errors(shells.size());
-  auto fill_rank = [&](std::size_t r) {
-    try {
-      gpu::Device& device = *state.devices[r];
-      device.bind();
-      auto stream = device.create_stream();
-      for (std::size_t i = 0; i < shells[r].params.size(); ++i) {
-        const models::ParamSpec& spec = shells[r].params[i];
-        const LoadedParam& p = state.ranks[r].params[i];
-        if (hook_output[r][i] || spec.nbytes == 0 || handle.cancel.load()) {
-          continue;
-        }
-        const models::DummyRange range = models::dummy_range(spec);
-        if (range.random) {
-          // Each param's own seed (the config's and its name): replicated params agree
-          // across ranks, and the values do not depend on the order params are filled.
-          const std::uint64_t seed = splitmix64(config.model.dummy_seed ^ fnv1a64(spec.name));
-          stream->fill_random(p.data, spec.nbytes / dtype_size(spec.dtype), spec.dtype, range.low,
-                              range.high, seed);
-        } else {
-          stream->zero(p.data, spec.nbytes);
-        }
-        filled[r] += spec.nbytes;
+  run_each("dummy fill rank", shells.size(), [&](std::size_t r) {
+    gpu::Device& device = *state.devices[r];
+    device.bind();
+    auto stream = device.create_stream();
+    for (std::size_t i = 0; i < shells[r].params.size(); ++i) {
+      const models::ParamSpec& spec = shells[r].params[i];
+      const LoadedParam& p = state.ranks[r].params[i];
+      if (hook_output[r][i] || spec.nbytes == 0 || handle.cancel.load()) {
+        continue;
       }
-      stream->synchronize();
-    } catch (...) {
-      errors[r] = std::current_exception();
+      const models::DummyRange range = models::dummy_range(spec);
+      if (range.random) {
+        // Each param's own seed (the config's and its name): replicated params agree
+        // across ranks, and the values do not depend on the order params are filled.
+        const std::uint64_t seed = splitmix64(config.model.dummy_seed ^ fnv1a64(spec.name));
+        stream->fill_random(p.data, spec.nbytes / dtype_size(spec.dtype), spec.dtype, range.low,
+                            range.high, seed);
+      } else {
+        stream->zero(p.data, spec.nbytes);
+      }
+      filled[r] += spec.nbytes;
     }
-  };
-  std::vector<std::thread> threads;
-  try {
-    for (std::size_t r = 1; r < shells.size(); ++r) {
-      threads.push_back(start_thread("dummy fill rank " + std::to_string(r),
-                                     [&fill_rank, r, sink = log::thread_sink()] {
-                                       const log::ScopedSink scope(sink);
-                                       fill_rank(r);
-                                     }));
-    }
-  } catch (...) {
-    join_all(threads);
-    throw;
-  }
-  if (!shells.empty()) {
-    fill_rank(0);
-  }
-  join_all(threads);
-  for (const std::exception_ptr& e : errors) {
-    if (e) {
-      std::rethrow_exception(e);
-    }
-  }
+    stream->synchronize();
+  });
   handle.check_cancel();
   const Clock::time_point t_filled = Clock::now();
   run_hooks_once(w, handle, "the dummy weights");

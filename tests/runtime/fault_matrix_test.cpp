@@ -819,7 +819,7 @@ TEST_F(FaultMatrixThreads, EveryThreadOfALoadHasARow) {
   }
 }
 
-// A dummy load fills each rank on a thread of its own (rank 0 on the load's).
+// A dummy load of several ranks fills each on a thread of its own.
 TEST_F(FaultMatrixThreads, DummyFillThreadRefused) {
   const std::size_t fds = testing::open_fds();
   const std::size_t threads = testing::settled_threads();
