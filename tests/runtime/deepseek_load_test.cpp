@@ -97,15 +97,7 @@ std::shared_ptr<LoadedModel> load_and_check(const Checkpoint& ck, LoadSetup s) {
     EXPECT_EQ(rank.tp_rank, local[i]);
     const testing::ds::Params want =
         testing::ds::reference(ck.config, s.layout, rank.tp_rank, value);
-    std::vector<std::string> names;
-    for (const LoadedParam& p : rank.params) {
-      names.push_back(p.name);
-    }
-    std::vector<std::string> want_names;
-    for (const auto& [name, p] : want) {
-      want_names.push_back(name);
-    }
-    EXPECT_EQ(names, want_names) << "tp rank " << rank.tp_rank;
+    testing::expect_param_names(rank, want);
     for (const LoadedParam& p : rank.params) {
       auto it = want.find(p.name);
       if (it == want.end()) {

@@ -7,7 +7,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -64,39 +63,8 @@ std::size_t expect_matches(const LoadedModel& model, const nlohmann::json& confi
                            moe_ref::Values& values, const moe_ref::Options& o, DType dtype) {
   std::size_t compared = 0;
   for (std::size_t r = 0; r < model.ranks().size(); ++r) {
-    const LoadedRank& rank = model.ranks()[r];
-    std::map<std::string, moe_ref::Tensor> want =
-        moe_ref::reference_rank(config, values, o, rank.tp_rank);
-    std::vector<std::string> names;
-    for (const LoadedParam& p : rank.params) {
-      names.push_back(p.name);
-    }
-    std::vector<std::string> want_names;
-    for (const auto& [name, t] : want) {
-      want_names.push_back(name);
-    }
-    EXPECT_EQ(names, want_names) << "tp rank " << rank.tp_rank;
-    for (const auto& [name, t] : want) {
-      const LoadedParam* p = rank.find(name);
-      if (p == nullptr) {
-        continue;
-      }
-      EXPECT_EQ(p->shape, t.shape) << name;
-      EXPECT_EQ(p->dtype, dtype) << name;
-      const std::vector<std::byte> got = model.read_param(r, name);
-      const std::vector<std::byte> bytes = testing::encode(t.values, dtype);
-      if (got != bytes) {
-        const std::size_t es = dtype_size(dtype);
-        std::size_t i = 0;
-        while ((i + 1) * es <= std::min(got.size(), bytes.size()) &&
-               std::memcmp(got.data() + i * es, bytes.data() + i * es, es) == 0) {
-          ++i;
-        }
-        ADD_FAILURE() << "tp rank " << rank.tp_rank << " param " << name
-                      << ": first differing element " << i << " of " << bytes.size() / es;
-      }
-      ++compared;
-    }
+    compared += testing::expect_rank_matches(
+        model, r, moe_ref::reference_rank(config, values, o, model.ranks()[r].tp_rank), dtype);
   }
   return compared;
 }

@@ -7,7 +7,6 @@
 // stage keeps — nothing of another stage's layers is read.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -155,34 +154,8 @@ void check_stage(const Checkpoint& ck, int tp, int pp, int s, const std::vector<
     const LoadedRank& rank = model.ranks()[i];
     EXPECT_EQ(rank.tp_rank, static_cast<int>(i));
     EXPECT_EQ(rank.pp_rank, s);
-    std::map<std::string, RefTensor> ref = stage_reference(ck, tp, rank.tp_rank, pp, s, layers);
-    std::vector<std::string> names;
-    for (const LoadedParam& p : rank.params) {
-      names.push_back(p.name);
-    }
-    std::vector<std::string> want_names;
-    for (const auto& [name, t] : ref) {
-      want_names.push_back(name);
-    }
-    EXPECT_EQ(names, want_names) << "tp rank " << rank.tp_rank;
-    for (const auto& [name, t] : ref) {
-      const LoadedParam* p = rank.find(name);
-      if (p == nullptr) {
-        continue;
-      }
-      EXPECT_EQ(p->shape, t.shape) << name;
-      ASSERT_EQ(p->dtype, DType::kBF16) << name;
-      std::vector<std::byte> got = model.read_param(i, name);
-      std::vector<std::byte> want = testing::encode(t.values, DType::kBF16);
-      ASSERT_EQ(got.size(), want.size()) << name;
-      for (std::size_t e = 0; e < want.size() / 2; ++e) {
-        if (std::memcmp(got.data() + 2 * e, want.data() + 2 * e, 2) != 0) {
-          ADD_FAILURE() << "tp rank " << rank.tp_rank << " param " << name << ": element " << e
-                        << " of " << want.size() / 2 << " differs";
-          break;
-        }
-      }
-    }
+    testing::expect_rank_matches(
+        model, i, stage_reference(ck, tp, rank.tp_rank, pp, s, layers), DType::kBF16);
   }
 
   // Bytes: with every tp rank local, each kept tensor is read whole and nothing

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -256,44 +257,64 @@ inline std::map<std::string, RefTensor> reference_rank(const Checkpoint& ck, int
   return out;
 }
 
-// Checks every element of every param of every local rank against the reference,
-// and that the param set is exactly the reference's. Returns the number of params.
+// A rank's param names, in order, against those of `want` (a map by name).
+template <class RefMap>
+void expect_param_names(const runtime::LoadedRank& rank, const RefMap& want) {
+  std::vector<std::string> names;
+  for (const runtime::LoadedParam& p : rank.params) {
+    names.push_back(p.name);
+  }
+  std::vector<std::string> want_names;
+  for (const auto& [name, t] : want) {
+    want_names.push_back(name);
+  }
+  EXPECT_EQ(names, want_names) << "tp rank " << rank.tp_rank;
+}
+
+// Checks local rank `r` of `model` against `want` (name -> a tensor with `shape` and
+// row-major float `values`): the same params by name, and each one's shape, its
+// dtype (`dtype`) and its bytes (`values` encoded as `dtype`). Returns the number of
+// params compared.
+template <class RefMap>
+std::size_t expect_rank_matches(const runtime::LoadedModel& model, std::size_t r,
+                                const RefMap& want, DType dtype) {
+  const runtime::LoadedRank& rank = model.ranks()[r];
+  expect_param_names(rank, want);
+  std::size_t checked = 0;
+  for (const auto& [name, t] : want) {
+    const runtime::LoadedParam* p = rank.find(name);
+    if (p == nullptr) {
+      continue;
+    }
+    EXPECT_EQ(p->shape, t.shape) << name;
+    EXPECT_EQ(p->dtype, dtype) << name;
+    const std::vector<std::byte> got = model.read_param(r, name);
+    const std::vector<std::byte> bytes = encode(t.values, dtype);
+    if (got != bytes) {
+      const std::size_t es = dtype_size(dtype);
+      std::size_t i = 0;
+      while ((i + 1) * es <= std::min(got.size(), bytes.size()) &&
+             std::memcmp(got.data() + i * es, bytes.data() + i * es, es) == 0) {
+        ++i;
+      }
+      ADD_FAILURE() << "tp rank " << rank.tp_rank << " param " << name
+                    << ": first differing element " << i << " of " << bytes.size() / es << " ("
+                    << got.size() << " bytes loaded, " << bytes.size() << " expected)";
+    }
+    ++checked;
+  }
+  return checked;
+}
+
+// Checks every param of every local rank against the dense reference at `tp`
+// (reference_rank). Returns the number of params compared.
 inline std::size_t expect_matches_reference(const runtime::LoadedModel& model, const Checkpoint& ck,
                                             int tp, DType dtype, bool pad = false) {
   std::size_t checked = 0;
   for (std::size_t r = 0; r < model.ranks().size(); ++r) {
-    const runtime::LoadedRank& rank = model.ranks()[r];
-    std::map<std::string, RefTensor> ref = reference_rank(ck, tp, rank.tp_rank, pad);
-    std::vector<std::string> names;
-    for (const runtime::LoadedParam& p : rank.params) {
-      names.push_back(p.name);
-    }
-    std::vector<std::string> ref_names;
-    for (const auto& [name, t] : ref) {
-      ref_names.push_back(name);
-    }
-    EXPECT_EQ(names, ref_names) << "tp rank " << rank.tp_rank;
-    for (const auto& [name, t] : ref) {
-      const runtime::LoadedParam* p = rank.find(name);
-      if (p == nullptr) {
-        continue;
-      }
-      EXPECT_EQ(p->shape, t.shape) << name;
-      EXPECT_EQ(p->dtype, dtype) << name;
-      std::vector<std::byte> got = model.read_param(r, name);
-      std::vector<std::byte> want = encode(t.values, dtype);
-      if (got != want) {
-        std::size_t es = dtype_size(dtype);
-        std::size_t i = 0;
-        while (i * es < got.size() && i * es < want.size() &&
-               std::memcmp(got.data() + i * es, want.data() + i * es, es) == 0) {
-          ++i;
-        }
-        ADD_FAILURE() << "tp rank " << rank.tp_rank << " (tp " << tp << ") param " << name
-                      << ": first differing element " << i << " of " << want.size() / es;
-      }
-      ++checked;
-    }
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    checked += expect_rank_matches(
+        model, r, reference_rank(ck, tp, model.ranks()[r].tp_rank, pad), dtype);
   }
   return checked;
 }
