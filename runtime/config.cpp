@@ -23,14 +23,15 @@ struct FERRY_HIDDEN Config::Impl {
 namespace {
 
 // Applies `change` to a copy of the layers and builds it; the Config changes only
-// when both succeed. Warnings the layer raised (ignored FERRY_ variables) are
+// when both succeed. The load rules wait for the load (ConfigBuilder::Rules), so
+// that the keys they tie may be set in any order. Warnings the layer raised (ignored FERRY_ variables) are
 // logged once, as the CLI logs them.
 template <typename F>
 void apply(std::unique_ptr<Config::Impl>& impl, F&& change) {
   auto next = std::make_unique<Config::Impl>(*impl);
   const std::size_t warned = next->builder.warnings().size();
   change(next->builder);
-  next->built = next->builder.build();
+  next->built = next->builder.build(ConfigBuilder::Rules::kAllButLoad);
   for (std::size_t i = warned; i < next->builder.warnings().size(); ++i) {
     log::warn(next->builder.warnings()[i]);
   }
@@ -40,7 +41,7 @@ void apply(std::unique_ptr<Config::Impl>& impl, F&& change) {
 }  // namespace
 
 Config::Config() : impl_(std::make_unique<Impl>()) {
-  impl_->built = impl_->builder.build();
+  impl_->built = impl_->builder.build(ConfigBuilder::Rules::kAllButLoad);
 }
 
 Config to_config(const LoadConfig& config) {

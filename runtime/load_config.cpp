@@ -446,7 +446,7 @@ std::string keyed(std::string_view key, const std::string& rule) {
 
 }  // namespace
 
-LoadConfig ConfigBuilder::build() const {
+LoadConfig ConfigBuilder::build(Rules rules) const {
   LoadConfig c;
   for (const ConfigKey& key : config_keys()) {
     const std::string name(key.name);
@@ -476,13 +476,13 @@ LoadConfig ConfigBuilder::build() const {
       fail(source, keyed(name, err.rule()));
     }
   }
-  check_across_keys(c);
+  check_across_keys(c, rules);
   return c;
 }
 
 // The rules that span several keys; each names the key it is charged to and that
 // key's source.
-void ConfigBuilder::check_across_keys(const LoadConfig& c) const {
+void ConfigBuilder::check_across_keys(const LoadConfig& c, Rules rules) const {
   auto refuse = [&](std::string_view key, const std::string& rule) {
     fail(origin(key).source, keyed(key, rule));
   };
@@ -533,26 +533,36 @@ void ConfigBuilder::check_across_keys(const LoadConfig& c) const {
     refuse("load.dump_dir", "devices " + to_string(c.devices) +
                                 " keep no parameter data, so there is nothing to dump");
   }
+  if (rules == Rules::kAll) {
+    if (std::optional<BrokenRule> broken = broken_load_rule(c)) {
+      refuse(broken->key, broken->rule);
+    }
+  }
+}
+
+std::optional<BrokenRule> broken_load_rule(const LoadConfig& c) {
   if (c.load.layered && c.quantization.online == QuantizationConfig::Online::kNone) {
-    refuse("load.layered",
-           "load.layered frees load-only parameters as soon as they are used, and only "
-           "quantization.online makes any: set quantization.online, or turn layered off");
+    return BrokenRule{
+        "load.layered",
+        "load.layered frees load-only parameters as soon as they are used, and only "
+        "quantization.online makes any: set quantization.online, or turn layered off"};
   }
   if (c.load.layered && c.model.load_format == io::LoadFormat::kDummy) {
-    refuse("load.layered",
-           "load.layered with model.load_format dummy: a dummy load fills every parameter "
-           "at once, there is no stream to follow layer by layer");
+    return BrokenRule{"load.layered",
+                      "load.layered with model.load_format dummy: a dummy load fills every "
+                      "parameter at once, there is no stream to follow layer by layer"};
   }
   if (c.load.layered && c.io.direct_to_device == io::DirectToDevice::kOn) {
-    refuse("io.direct_to_device",
-           "io.direct_to_device=on with load.layered: a load-only param has no storage "
-           "until its copy worker's first write, so no read can land in it");
+    return BrokenRule{"io.direct_to_device",
+                      "io.direct_to_device=on with load.layered: a load-only param has no "
+                      "storage until its copy worker's first write, so no read can land in it"};
   }
   if (c.prefetch.enabled && c.io.direct) {
-    refuse("prefetch.enabled",
-           "prefetch.enabled with io.direct: refused, because O_DIRECT reads bypass the "
-           "page cache the prefetch warms (turn one of them off)");
+    return BrokenRule{"prefetch.enabled",
+                      "prefetch.enabled with io.direct: refused, because O_DIRECT reads bypass "
+                      "the page cache the prefetch warms (turn one of them off)"};
   }
+  return std::nullopt;
 }
 
 // ---- load_config ---------------------------------------------------------------

@@ -280,10 +280,16 @@ class ConfigBuilder {
   // As apply_flag with a typed value.
   void apply_flag_value(std::string_view flag, std::string_view key, const nlohmann::json& value);
 
+  // Which of the rules that span several keys build() checks: all of them (the CLI,
+  // a whole configuration), or all but the load rules (broken_load_rule), for a
+  // Config set call by call, which may pass through a state that breaks one on its
+  // way (load.layered set before quantization.online); a load checks those when it
+  // starts.
+  enum class Rules { kAll, kAllButLoad };
   // Reads the merged keys over the in-code defaults, row by row of the key table
   // (which resolves ranks, devices and auto sizes), then checks the rules that span
   // several keys. Errors name the key and the source that set it.
-  LoadConfig build() const;
+  LoadConfig build(Rules rules = Rules::kAll) const;
 
   // Where `key` (a table key, "io.direct") got its value from: the layer that set it
   // last, or kDefault.
@@ -303,13 +309,24 @@ class ConfigBuilder {
   void apply_text(std::string_view key, std::string_view text, const KeyOrigin& origin);
   void set_key(const std::string& key, const nlohmann::json& value, const KeyOrigin& origin,
                const std::optional<std::string>& text);
-  void check_across_keys(const LoadConfig& config) const;
+  void check_across_keys(const LoadConfig& config, Rules rules) const;
 
   // The merged tree, flattened: dotted key -> entry. Sections ("io") never appear,
   // only their keys ("io.direct"), so a layer overrides exactly the keys it names.
   std::map<std::string, Entry> entries_;
   std::vector<std::string> warnings_;
 };
+
+// A rule between keys that a load needs to hold, broken: the key it is charged to
+// and what the rule says.
+struct BrokenRule {
+  std::string_view key;
+  std::string rule;
+};
+// The first load rule `config` breaks (load.layered with what it cannot follow,
+// prefetch with O_DIRECT), or nullopt. build() checks them with the rest; a load
+// checks them again when it starts, for a configuration set call by call.
+std::optional<BrokenRule> broken_load_rule(const LoadConfig& config);
 
 // Where a LoadConfig comes from, as the CLI collected it.
 struct ConfigSources {

@@ -389,6 +389,10 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   if (metrics_error) {
     throw *metrics_error;
   }
+  // A Config set call by call leaves these to the load (ConfigBuilder::Rules).
+  if (std::optional<BrokenRule> broken = broken_load_rule(c)) {
+    throw Error(Stage::kConfig, "", "", broken->rule);
+  }
   if (!c.trace.path.empty() && !w.trace) {
     w.trace = std::make_shared<TraceRecorder>();
   }

@@ -11,6 +11,11 @@
 // Every call validates at once: an unknown key, a bad value or a file that does not
 // parse throws ferry::Error (Stage::kConfig) naming the key and the layer that set
 // it ("--set", the file, "environment FERRY_X"), and leaves the Config as it was.
+// So do the rules between keys of the parallel layout and the sizes (parallel.ep
+// divides parallel.tp, ...): set parallel.tp before the keys that depend on it. The
+// rules a load needs (load.layered with quantization.online, the dummy format or
+// io.direct_to_device=on; prefetch.enabled with io.direct) wait for the load, which
+// refuses a configuration that breaks one: those keys may come in any order.
 // A Config is a value: copies are independent (a move copies too, so nothing is
 // ever left empty). Not thread-safe; a const Config may
 // be read from any thread.

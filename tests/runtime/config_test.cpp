@@ -146,5 +146,50 @@ TEST(PublicConfig, ARuntimeFromAConfigLoadsAndItsReportJsonIsTheReport) {
   EXPECT_EQ(report.json(2), to_json(report).dump(2));
 }
 
+// The load rules (broken_load_rule) tie keys an engine may set in either order:
+// a Config set call by call passes through a state that breaks one, and only the
+// load refuses it, with the words the CLI's configuration refuses it with.
+TEST(PublicConfig, TheLoadRulesWaitForTheLoadSoTheirKeysComeInAnyOrder) {
+  TempDir dir;
+  testing::Checkpoint ck = testing::synth_checkpoint(dir.file("ck"), "llama");
+  Config c;
+  c.set("model.path", ck.dir).set("parallel.tp=2").set("load.layered=true");
+  {
+    Runtime rt(c);
+    LoadResult r = rt.load();
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error->stage, Stage::kConfig);
+    EXPECT_THAT(r.error->message, HasSubstr("only quantization.online makes any"));
+  }
+  c.set("quantization.online=fp8_channel");
+  {
+    Runtime rt(c);
+    LoadResult r = rt.load();
+    ASSERT_TRUE(r) << r.error->message;
+  }
+  // The other order builds the same; turning both off goes in either order too.
+  Config d;
+  d.set("model.path", ck.dir).set("parallel.tp=2").set("quantization.online=fp8_channel");
+  d.set("load.layered=true");
+  EXPECT_EQ(d.load_config(), c.load_config());
+  c.set("quantization.online=none").set("load.layered=false");
+  d.set("load.layered=false").set("quantization.online=none");
+  EXPECT_EQ(c.load_config(), d.load_config());
+  EXPECT_FALSE(c.load_config().load.layered);
+  // The CLI's builder, given the whole configuration at once, refuses it there.
+  ConfigBuilder b;
+  b.apply_set("load.layered=true");
+  EXPECT_THAT(config_error([&] { b.build(); }).what(),
+              HasSubstr("--set load.layered: load.layered frees load-only parameters"));
+  // So does a load whose configuration came in the internal form.
+  b.apply_set("prefetch.enabled=true");
+  b.apply_set("io.direct=true");
+  const LoadConfig internal = b.build(ConfigBuilder::Rules::kAllButLoad);
+  Runtime rt(to_config(internal));
+  LoadResult r = rt.load();
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.error->message, HasSubstr("only quantization.online makes any"));
+}
+
 }  // namespace
 }  // namespace ferry::runtime

@@ -20,6 +20,7 @@
 #include "models/quant.hpp"
 #include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "testing/error_of.hpp"
 #include "synth/synth.hpp"
 #include "testing/synth_tiny.hpp"
 #include "testing/temp_dir.hpp"
@@ -154,17 +155,18 @@ TEST(OnlineQuantLoad, TheMlaSplitAndTheIndexerReadFullPrecision) {
 TEST(OnlineQuantLoad, RefusalsAndTheDummyFormat) {
   TempDir dir;
   const std::string ck = synth_tiny(dir, "llama");
-  // Refused while the configuration is built (the checks that span several keys),
-  // before a load starts.
+  // Refused by the configuration built whole (the checks that span several keys),
+  // and, for a configuration set call by call, by the load, with the same words.
   auto fails = [&](const std::vector<std::string>& sets) {
-    try {
-      make_config(ck, sets);
-    } catch (const Error& e) {
-      EXPECT_EQ(e.stage(), Stage::kConfig);
-      return std::string(e.what());
+    const std::string message = testing::error_of(Stage::kConfig, [&] { make_config(ck, sets); });
+    Runtime rt(to_config(make_config(ck, sets, ConfigBuilder::Rules::kAllButLoad)));
+    LoadResult r = rt.load();
+    EXPECT_FALSE(r);
+    if (!r) {
+      EXPECT_EQ(r.error->stage, Stage::kConfig);
+      EXPECT_NE(message.find(r.error->rule), std::string::npos) << r.error->message;
     }
-    ADD_FAILURE() << "expected a config error";
-    return std::string();
+    return message;
   };
   EXPECT_THAT(fails({"load.layered=true"}), HasSubstr("only quantization.online makes any"));
   EXPECT_THAT(fails({"load.layered=true", "quantization.online=auto", "model.load_format=dummy"}),

@@ -371,8 +371,9 @@ inline std::uint64_t synth_header_bytes(const synth::SynthResult& r) {
 }
 
 // A LoadConfig from `--set`-style assignments over the in-code defaults.
-inline runtime::LoadConfig make_config(const std::string& model_dir,
-                                       const std::vector<std::string>& sets) {
+inline runtime::LoadConfig make_config(
+    const std::string& model_dir, const std::vector<std::string>& sets,
+    runtime::ConfigBuilder::Rules rules = runtime::ConfigBuilder::Rules::kAll) {
   runtime::ConfigBuilder b;
   b.apply_set("model.path=" + model_dir);
 #ifdef FERRY_TEST_DEFERRED_COPIES
@@ -383,7 +384,7 @@ inline runtime::LoadConfig make_config(const std::string& model_dir,
   for (const std::string& s : sets) {
     b.apply_set(s);
   }
-  return b.build();
+  return b.build(rules);
 }
 
 // ---- checkpoint surgery ------------------------------------------------------
