@@ -12,6 +12,7 @@
 #include <string>
 
 #include "common/error.hpp"
+#include "testing/error_of.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -20,14 +21,7 @@ using ::testing::HasSubstr;
 using Env = std::map<std::string, std::string>;
 
 std::string config_error(const ConfigBuilder& b) {
-  try {
-    b.build();
-  } catch (const Error& e) {
-    EXPECT_EQ(e.stage(), Stage::kConfig) << e.what();
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a config error";
-  return "";
+  return testing::error_of(Stage::kConfig, [&] { b.build(); });
 }
 
 TEST(ConfigKeys, RowsAreNamedOnceWithADocAndAType) {
@@ -64,6 +58,8 @@ TEST(ConfigKeys, ToJsonIsTheTable) {
   }
 }
 
+// At its default; load_config_test's EveryReportedKeyCanBeSetFromEverySource sets
+// every key to a value other than its default from every source.
 TEST(ConfigKeys, EveryKeyRoundTripsThroughBuildFromEverySource) {
   const LoadConfig expected = ConfigBuilder().build();
   for (const ConfigKey& key : config_keys()) {

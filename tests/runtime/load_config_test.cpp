@@ -774,7 +774,8 @@ TEST(LoadConfigTest, ToJsonRoundTrip) {
 TEST(LoadConfigTest, EveryReportedKeyCanBeSetFromEverySource) {
   for (const LoadConfig& expected : {every_field_changed(), the_fields_it_could_not()}) {
     nlohmann::json j = to_json(expected);
-    // Each key alone, on top of the rest from a file, via --set and via the environment.
+    // Each key alone, on top of the rest from a file, via --set, the environment and a
+    // flag.
     for (const auto& [section, value] : j.items()) {
       std::vector<std::pair<std::string, nlohmann::json>> keys;
       if (value.is_object()) {
@@ -805,6 +806,10 @@ TEST(LoadConfigTest, EveryReportedKeyCanBeSetFromEverySource) {
         by_env.apply_json(rest, "rest");
         by_env.apply_env(Env{{env_name, v.dump()}});
         EXPECT_EQ(by_env.build(), expected) << env_name;
+        ConfigBuilder by_flag;
+        by_flag.apply_json(rest, "rest");
+        by_flag.apply_flag("--flag", key, v.dump());
+        EXPECT_EQ(by_flag.build(), expected) << key;
       }
     }
   }
