@@ -635,7 +635,8 @@ void TableModel::pack_target(const std::string& tensor, Target& t, const QuantWo
   }
   if (t.src_shape.back() % per_byte != 0) {
     throw Error(Stage::kPlacement, "", tensor,
-                std::string("an ") + w.traits.name + " weight packs " + std::to_string(per_byte) +
+                std::string("an ") + w.traits.name + " weight packs " +
+                    (per_byte == 2 ? std::string("two") : std::to_string(per_byte)) +
                     " values a byte, but the tensor has " + std::to_string(t.src_shape.back()) +
                     " columns");
   }

@@ -57,12 +57,25 @@ const SynthFamily& family_of_config(const nlohmann::json& config, const std::str
                  " (architectures[0]) has no synthetic family (supported: " + known + ")");
 }
 
+// What `read` reads of a config.json through models/hf_config, whose errors
+// (Stage::kConfig) become Stage::kSynth ones naming `file`.
+template <class F>
+auto read_config(const std::string& file, F&& read) -> decltype(read()) {
+  try {
+    return read();
+  } catch (const Error& e) {
+    if (e.stage() != Stage::kConfig) {
+      throw;
+    }
+    fail(file, e.rule());
+  }
+}
+
 // The sizes of the model `config` describes, refusing what the family's tensor list
-// cannot express (see SynthSource). models/hf_config's errors (Stage::kConfig) become
-// Stage::kSynth ones naming `file`.
+// cannot express (see SynthSource).
 Dims dims_from_config(const SynthFamily& family, const nlohmann::json& config,
                       const std::string& file) {
-  try {
+  return read_config(file, [&] {
     Dims d;
     d.hidden = models::config_positive(config, "hidden_size");
     d.layers = models::config_positive(config, "num_hidden_layers");
@@ -72,12 +85,7 @@ Dims dims_from_config(const SynthFamily& family, const nlohmann::json& config,
     models::config_bool(config, "tie_word_embeddings", false);  // checked here, read later
     family.config_dims(config, d);
     return d;
-  } catch (const Error& e) {
-    if (e.stage() != Stage::kConfig) {
-      throw;
-    }
-    fail(file, e.rule());
-  }
+  });
 }
 
 std::uint64_t scale_hidden_checked(const Dims& d, std::uint64_t scale_hidden,
@@ -269,7 +277,9 @@ std::uint64_t synth_scaled_width(std::uint64_t width, std::uint64_t hidden,
 std::vector<SynthTensor> synth_tensor_list(const SynthSource& source, DType dtype,
                                            std::uint64_t scale_hidden, bool fused_experts) {
   const SynthFamily& family = find_synth_family(source.family);
-  bool tied = models::config_bool(source.config, "tie_word_embeddings", false);
+  const bool tied = read_config(source.file, [&] {
+    return models::config_bool(source.config, "tie_word_embeddings", false);
+  });
   return build_tensor_list(family, source_dims(family, source, scale_hidden), dtype, tied,
                            fused_experts);
 }

@@ -676,7 +676,12 @@ TEST(SynthFromConfigErrors, UnsupportedValuesNameTheField) {
   c["num_attention_heads"] = 3;
   c["num_key_value_heads"] = 3;
   EXPECT_THAT(error_of([&] { synth_source(c, "q.json"); }),
-              AllOf(HasSubstr("q.json"), HasSubstr("'head_dim'")));
+              AllOf(HasSubstr("q.json"), HasSubstr("there is no head_dim field")));
+  // A source edited after synth_source checked it: its file is still named.
+  SynthSource edited = synth_source(synth_config("llama", "tiny", DType::kBF16, false), "e.json");
+  edited.config["tie_word_embeddings"] = "yes";
+  EXPECT_THAT(error_of([&] { synth_tensor_list(edited, DType::kBF16); }),
+              AllOf(HasSubstr("e.json"), HasSubstr("'tie_word_embeddings'")));
 }
 
 TEST(SynthFromConfigErrors, ScaleDimsMustBeAMultipleOfEightBelowHidden) {
