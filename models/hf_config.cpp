@@ -46,16 +46,11 @@ std::optional<std::uint64_t> config_optional_positive(const nlohmann::json& conf
   if (v == nullptr) {
     return std::nullopt;
   }
-  std::uint64_t n = 0;
-  if (v->is_number_unsigned()) {
-    n = v->get<std::uint64_t>();
-  } else if (v->is_number_integer() && v->get<std::int64_t>() > 0) {
-    n = static_cast<std::uint64_t>(v->get<std::int64_t>());
-  }
-  if (n == 0) {
+  const std::optional<std::uint64_t> n = json_non_negative(*v);
+  if (!n || *n == 0) {
     bad("field '" + std::string(key) + "' must be a positive integer (got " + v->dump() + ")");
   }
-  return n;
+  return *n;
 }
 
 std::uint64_t config_count(const nlohmann::json& config, std::string_view key,
@@ -64,11 +59,8 @@ std::uint64_t config_count(const nlohmann::json& config, std::string_view key,
   if (it == config.end() || it->is_null()) {
     return fallback;
   }
-  if (it->is_number_unsigned()) {
-    return it->get<std::uint64_t>();
-  }
-  if (it->is_number_integer() && it->get<std::int64_t>() >= 0) {
-    return static_cast<std::uint64_t>(it->get<std::int64_t>());
+  if (const std::optional<std::uint64_t> n = json_non_negative(*it)) {
+    return *n;
   }
   bad("field '" + std::string(key) + "' must be a non-negative integer (got " + it->dump() + ")");
 }
@@ -80,7 +72,7 @@ std::uint64_t config_head_dim(const nlohmann::json& config, std::uint64_t hidden
   }
   if (hidden % heads != 0) {
     bad("hidden_size (" + std::to_string(hidden) + ") is not divisible by num_attention_heads (" +
-        std::to_string(heads) + ") and there is no field 'head_dim'");
+        std::to_string(heads) + ") and there is no head_dim field");
   }
   return hidden / heads;
 }
