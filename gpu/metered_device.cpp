@@ -16,7 +16,9 @@ class MeteredStream final : public StreamWrapper {
  public:
   MeteredStream(std::unique_ptr<Stream> inner, std::shared_ptr<const CopyObserver> observer,
                 std::string device)
-      : StreamWrapper(std::move(inner)), observer_(std::move(observer)), device_(std::move(device)) {}
+      : StreamWrapper(std::move(inner)),
+        observer_(std::move(observer)),
+        device_(std::move(device)) {}
 
   void copy_h2d(std::byte* dst, const std::byte* src_host, std::size_t bytes) override {
     const Clock::time_point t = Clock::now();

@@ -320,7 +320,8 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
                     " tensor(s) listed by the index are in no shard: " + list(missing));
   }
   if (!unlisted.empty()) {
-    std::string rule = std::to_string(unlisted.size()) + " tensor(s) in the shards are not listed by " +
+    std::string rule = std::to_string(unlisted.size()) +
+                       " tensor(s) in the shards are not listed by " +
                        *source.index_file + ": " + list(unlisted);
     if (options.strict) {
       throw Error(Stage::kIndex, *source.index_file, unlisted.size() == 1 ? unlisted[0] : "",

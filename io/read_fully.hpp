@@ -1,10 +1,11 @@
 // One loop for reading a range of an open file (O_DIRECT's alignment has its one
-// spelling next to File: io/file.hpp's kDirectAlignment). Every place outside the reader engines that reads a byte range of a
-// file (a header, a prefetch block, a benchmark peer's tensor) calls read_fully, so
-// a short read, an interrupted read and a file that ends early mean the same thing
-// everywhere. The engines (reader_pread.cpp, reader_uring.cpp) keep their own
-// loops: they count every system call, inject faults per call and share one
-// short-read rule between pread and io_uring (reader_internal.hpp's advance()).
+// spelling next to File: io/file.hpp's kDirectAlignment). Every place outside the
+// reader engines that reads a byte range of a file (a header, a prefetch block, a
+// benchmark peer's tensor) calls read_fully, so a short read, an interrupted read
+// and a file that ends early mean the same thing everywhere. The engines
+// (reader_pread.cpp, reader_uring.cpp) keep their own loops: they count every system
+// call, inject faults per call and share one short-read rule between pread and
+// io_uring (reader_internal.hpp's advance()).
 #pragma once
 
 #include <cstddef>

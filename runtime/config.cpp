@@ -24,8 +24,8 @@ namespace {
 
 // Applies `change` to a copy of the layers and builds it; the Config changes only
 // when both succeed. The load rules wait for the load (ConfigBuilder::Rules), so
-// that the keys they tie may be set in any order. Warnings the layer raised (ignored FERRY_ variables) are
-// logged once, as the CLI logs them.
+// that the keys they tie may be set in any order. Warnings the layer raised
+// (ignored FERRY_ variables) are logged once, as the CLI logs them.
 template <typename F>
 void apply(std::unique_ptr<Config::Impl>& impl, F&& change) {
   auto next = std::make_unique<Config::Impl>(*impl);

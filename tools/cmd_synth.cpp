@@ -117,10 +117,10 @@ void add_model_options(CLI::App& app, synth::SynthOptions& options, SynthFlags& 
   for (const auto& family : synth::synth_families()) {
     (synth::synth_family_has_experts(family) ? f.moe : f.dense).push_back(family);
   }
-  f.family = app.add_option("--family", options.family,
-                                       "dense: " + join_list(f.dense) + "\nMoE: " + join_list(f.moe))
-                            ->type_name("F")
-                            ->check(one_of(synth::synth_families(), "family"));
+  const std::string families = "dense: " + join_list(f.dense) + "\nMoE: " + join_list(f.moe);
+  f.family = app.add_option("--family", options.family, families)
+                 ->type_name("F")
+                 ->check(one_of(synth::synth_families(), "family"));
   f.preset =
       app.add_option("--preset", options.preset,
                      "tiny (a few MiB) | small (tens of MiB) | medium (2-3 GiB in bf16)")
@@ -225,7 +225,8 @@ void add_layout_options(CLI::App& app, synth::SynthOptions& options, SynthFlags&
              "against it do not apply");
   add_switch(app, "--force", options.force,
              "replace DIR if it holds a checkpoint (*.safetensors, *.json only)");
-  add_switch(app, "--no-fsync", f.no_fsync, "skip fsync before the rename (faster, not crash-safe)");
+  add_switch(app, "--no-fsync", f.no_fsync,
+             "skip fsync before the rename (faster, not crash-safe)");
 }
 
 // The checks that span flags, after parsing: an exit status (2, a usage error) or
