@@ -448,7 +448,15 @@ std::string keyed(std::string_view key, const std::string& rule) {
 
 LoadConfig ConfigBuilder::build(Rules rules) const {
   LoadConfig c;
+  std::string_view section;
   for (const ConfigKey& key : config_keys()) {
+    if (section == "parallel" && key.section() != section) {
+      // The rows below place the local ranks (devices, auto sizes): the layout's own
+      // rules come first, so that an error names its cause (an ep that does not
+      // divide tp, not a device count that does not match).
+      check_parallel_rules(c);
+    }
+    section = key.section();
     const std::string name(key.name);
     const auto it = entries_.find(name);
     const Entry* e = it == entries_.end() ? nullptr : &it->second;
@@ -476,16 +484,20 @@ LoadConfig ConfigBuilder::build(Rules rules) const {
       fail(source, keyed(name, err.rule()));
     }
   }
+  if (section == "parallel") {
+    check_parallel_rules(c);
+  }
   check_across_keys(c, rules);
   return c;
 }
 
 // The rules that span several keys; each names the key it is charged to and that
 // key's source.
-void ConfigBuilder::check_across_keys(const LoadConfig& c, Rules rules) const {
-  auto refuse = [&](std::string_view key, const std::string& rule) {
-    fail(origin(key).source, keyed(key, rule));
-  };
+void ConfigBuilder::refuse(std::string_view key, const std::string& rule) const {
+  fail(origin(key).source, keyed(key, rule));
+}
+
+void ConfigBuilder::check_parallel_rules(const LoadConfig& c) const {
   const ParallelConfig& p = c.parallel;
   if (p.tp % p.ep != 0) {
     refuse("parallel.ep", "expected a divisor of parallel.tp " + std::to_string(p.tp) + ", got " +
@@ -514,6 +526,9 @@ void ConfigBuilder::check_across_keys(const LoadConfig& c, Rules rules) const {
                                "tp_size); set parallel.ep " +
                                    std::to_string(p.tp));
   }
+}
+
+void ConfigBuilder::check_across_keys(const LoadConfig& c, Rules rules) const {
   constexpr std::uint64_t kAlign = io::kDirectAlignment;
   if (c.io.staging_bytes != 0) {
     const std::uint64_t buffer = (c.io.chunk_bytes + kAlign - 1) / kAlign * kAlign;

@@ -309,6 +309,10 @@ class ConfigBuilder {
   void apply_text(std::string_view key, std::string_view text, const KeyOrigin& origin);
   void set_key(const std::string& key, const nlohmann::json& value, const KeyOrigin& origin,
                const std::optional<std::string>& text);
+  [[noreturn]] void refuse(std::string_view key, const std::string& rule) const;
+  // The rules between the parallel.* keys, checked as soon as those rows are read.
+  void check_parallel_rules(const LoadConfig& config) const;
+  // The rules that span several sections, once every row is read.
   void check_across_keys(const LoadConfig& config, Rules rules) const;
 
   // The merged tree, flattened: dotted key -> entry. Sections ("io") never appear,

@@ -93,6 +93,19 @@ TEST(ConfigKeys, EveryKeyRoundTripsThroughBuildFromEverySource) {
   }
 }
 
+// The parallel layout's rules run before the rows that place its ranks, so the
+// first error names the cause: an ep that does not divide tp, not the device count
+// (four local ranks) that follows from it.
+TEST(ConfigKeys, TheParallelRulesComeBeforeTheDevices) {
+  ConfigBuilder b;
+  b.apply_set("parallel.tp=4");
+  b.apply_set("parallel.ep=3");
+  b.apply_set("devices=cuda:0");
+  EXPECT_THAT(config_error(b), HasSubstr("parallel.ep: expected a divisor of parallel.tp 4, got 3"));
+  b.apply_set("parallel.ep=2");
+  EXPECT_THAT(config_error(b), HasSubstr("gives 1 device for 4 local ranks"));
+}
+
 TEST(ConfigKeys, EnvironmentNames) {
   EXPECT_EQ(find_config_key("io.chunk_bytes")->env_name(), "FERRY_IO__CHUNK_BYTES");
   EXPECT_EQ(find_config_key("devices")->env_name(), "FERRY_DEVICES");
