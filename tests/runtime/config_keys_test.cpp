@@ -7,11 +7,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <string>
 
 #include "common/error.hpp"
+#include "io/discover.hpp"
+#include "models/postprocess.hpp"
 #include "testing/error_of.hpp"
 
 namespace ferry::runtime {
@@ -104,6 +107,43 @@ TEST(ConfigKeys, TheParallelRulesComeBeforeTheDevices) {
   EXPECT_THAT(config_error(b), HasSubstr("parallel.ep: expected a divisor of parallel.tp 4, got 3"));
   b.apply_set("parallel.ep=2");
   EXPECT_THAT(config_error(b), HasSubstr("gives 1 device for 4 local ranks"));
+}
+
+// Every value of an enum with `count` values, set through `key` under the name
+// `name_of` gives it, builds as that value (`read` takes it from the LoadConfig) and
+// is written back under the same name; the key's type lists `extra` more choices.
+template <class E, class NameOf, class Read>
+void expect_choices_are_names(std::string_view key, int count, NameOf name_of, Read read,
+                              int extra) {
+  const ConfigKey* row = find_config_key(key);
+  ASSERT_NE(row, nullptr) << key;
+  for (int i = 0; i < count; ++i) {
+    const auto v = static_cast<E>(i);
+    const std::string name(name_of(v));
+    ConfigBuilder b;
+    b.apply_set(std::string(key) + "=" + name);
+    const LoadConfig c = b.build();
+    EXPECT_EQ(read(c), v) << name;
+    EXPECT_EQ(row->write(c), name);
+  }
+  const std::string type = row->type();
+  EXPECT_EQ(std::count(type.begin(), type.end(), '|') + 1, count + extra) << type;
+}
+
+// model.load_format and postprocess.target spell their choices in the key table;
+// io/ and models/ spell the same enums for the loader and the report. Every value
+// of each enum is a choice of the key under the same name, and the key has no other
+// (postprocess.target adds "auto").
+TEST(ConfigKeys, ChoiceNamesAreTheLayersNames) {
+  expect_choices_are_names<io::LoadFormat>(
+      "model.load_format", static_cast<int>(io::LoadFormat::kDummy) + 1,
+      [](io::LoadFormat v) { return io::to_string(v); },
+      [](const LoadConfig& c) { return c.model.load_format; }, 0);
+  using Target = models::QuantScheme::Target;
+  expect_choices_are_names<Target>(
+      "postprocess.target", static_cast<int>(Target::kSm100) + 1,
+      [](Target v) { return models::to_string(v); },
+      [](const LoadConfig& c) { return c.postprocess.target; }, 1);
 }
 
 TEST(ConfigKeys, EnvironmentNames) {
