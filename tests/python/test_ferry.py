@@ -102,6 +102,21 @@ class FerryModule(TinyCheckpointCase):
         self.assertIn("io.no_such_key", str(e.exception))
         self.assertIsInstance(e.exception, RuntimeError)
 
+    def test_a_dict_config_ties_layered_and_online_in_either_order(self):
+        # The load checks the rules that tie keys a load needs, so a dict may give
+        # them in any order; load.layered alone is refused by the load.
+        base = {"model.path": self.ck, "parallel.tp": 2}
+        for keys in (("load.layered", "quantization.online"),
+                     ("quantization.online", "load.layered")):
+            with self.subTest(order=keys):
+                values = {"load.layered": True, "quantization.online": "fp8_channel"}
+                model = ferry.Runtime(dict(base, **{k: values[k] for k in keys})).load()
+                self.assertTrue(any(p.dtype == "F8_E4M3" for p in model.params()))
+        with self.assertRaises(ferry.Error) as e:
+            ferry.Runtime(dict(base, **{"load.layered": True})).load()
+        self.assertEqual(e.exception.stage, "config")
+        self.assertIn("only quantization.online makes any", e.exception.rule)
+
     def test_f32_and_f16_through_numpy_without_a_copy(self):
         for dtype in ("f32", "f16"):
             with self.subTest(dtype=dtype):
