@@ -491,8 +491,8 @@ LoadConfig ConfigBuilder::build(Rules rules) const {
   return c;
 }
 
-// The rules that span several keys; each names the key it is charged to and that
-// key's source.
+// A rule that spans several keys, broken: the error names the key it is charged to
+// and that key's source.
 void ConfigBuilder::refuse(std::string_view key, const std::string& rule) const {
   fail(origin(key).source, keyed(key, rule));
 }
