@@ -55,6 +55,17 @@ void max_into(gpu::Stream& stream, std::byte* dst, const std::byte* src, std::ui
 
 std::size_t max_scratch(std::uint64_t count) { return count * kF32 + kF32 + 1; }
 
+// torch's max() of F32 values: NaN if any is.
+float torch_max(const std::vector<float>& values) {
+  float out = values.front();
+  for (float v : values) {
+    if (std::isnan(v) || (!std::isnan(out) && v > out)) {
+      out = v;
+    }
+  }
+  return out;
+}
+
 // BaseKVCacheMethod.process_weights_after_loading for a loaded pair: both valid,
 // kept; neither, 1.0; only k_scale (a single kv_scale loaded as it), the larger in
 // both. A valid v_scale beside an invalid k_scale is refused, as SGLang asserts.
@@ -138,7 +149,30 @@ std::optional<QuantScheme::Target> parse_target(std::string_view text) {
   return std::nullopt;
 }
 
+bool nvfp4_served(const QuantScheme& q, const Shape& weight) {
+  return q.target == Target::kSm100 && q.method == Method::kNvfp4 && weight.size() == 2;
+}
+
+Shape nvfp4_swizzled_shape(const Shape& weight, std::uint64_t group_size) {
+  const std::uint64_t group = std::max<std::uint64_t>(1, group_size);
+  const std::uint64_t cols = (weight[1] + group - 1) / group;
+  return Shape{(weight[0] + 127) / 128 * 128, (cols + 3) / 4 * 4};
+}
+
+std::string nvfp4_padding(const Shape& weight) {
+  if (weight.size() != 2 || (weight[0] % 32 == 0 && weight[1] % 32 == 0)) {
+    return "";
+  }
+  return "its local shape is " + format_shape(weight) +
+         " and SGLang 0.5.23's pad_nvfp4_weight pads N and K to multiples of 32 for the FP4 "
+         "GEMM, a padded weight ferry does not produce";
+}
+
 ScaleForm scale_form(const QuantScheme& q, const Shape& weight, std::uint64_t shards) {
+  if (nvfp4_served(q, weight)) {
+    const Shape scale = block_scale_shape(weight, 1, std::max<std::uint64_t>(1, q.group_size));
+    return nvfp4_swizzled_shape(weight, q.group_size) == scale ? ScaleForm::kSwizzled : ScaleForm::kAsLoaded;
+  }
   if (q.target == Target::kLoader || q.method != Method::kFp8Tensor || weight.size() < 2) {
     return ScaleForm::kAsLoaded;
   }
@@ -175,6 +209,7 @@ Shape served_scale_shape(ScaleForm form, const Shape& weight) {
     case ScaleForm::kMaxExperts:
       return Shape{weight[0]};
     case ScaleForm::kAsLoaded:
+    case ScaleForm::kSwizzled:  // the block scales' shape (nvfp4_swizzled_shape)
       break;
   }
   return weight;  // not asked for
@@ -233,15 +268,18 @@ void check_target(const QuantScheme& q, const std::string& architecture, bool ha
         "quantization.requant converts scales by hand; the target already gives the scales "
         "SGLang's kernels read there (use one or the other)");
   }
-  if (q.method == Method::kNvfp4) {
-    refuse(q.target == Target::kSm90
-               ? "SGLang 0.5.23 serves NVFP4 on Hopper only through Marlin's repack "
-                 "(ModelOptFp4LinearMethod: fp4_gemm_backend marlin), which ferry does not "
-                 "produce; use postprocess.target=loader"
-               : "NVFP4's swizzled block scales and FlashInfer's layouts "
-                 "(ModelOptFp4LinearMethod / ModelOptNvFp4FusedMoEMethod."
-                 "process_weights_after_loading) are not produced by ferry yet; use "
-                 "postprocess.target=loader");
+  if (q.method == Method::kNvfp4 && q.target == Target::kSm90) {
+    refuse(
+        "SGLang 0.5.23 serves NVFP4 on Hopper only through Marlin's repack "
+        "(ModelOptFp4LinearMethod: fp4_gemm_backend marlin), which ferry does not "
+        "produce; use postprocess.target=loader");
+  }
+  if (q.method == Method::kNvfp4 && has_experts) {
+    refuse(
+        "the layouts of NVFP4 fused experts (ModelOptNvFp4FusedMoEMethod."
+        "process_weights_after_loading) follow SGLang 0.5.23's MoE runner, flashinfer_trtllm's "
+        "weight shuffles by default on sm100, which ferry does not produce; use "
+        "postprocess.target=loader");
   }
   // SGLang 0.5.23 arg_groups/overrides.py _deepseek_moe_quant_resolution: on sm100,
   // without an all-to-all backend, the DeepSeek family's MoE runner becomes
@@ -334,6 +372,13 @@ class RankPostprocess {
   void add(std::vector<PostLoadHook>& out) const {
     for (std::size_t w = 0; w < shell_.params.size(); ++w) {
       const ParamSpec& weight = shell_.params[w];
+      if (weight.dtype == DType::kU8 && !weight.transient && q_.method == Method::kNvfp4 &&
+          q_.target == Target::kSm100 && weight.shape.size() == 2 &&
+          quantized_linear_param(weight.name)) {
+        add_nvfp4_scales(w, out);
+        add_nvfp4_alpha(w, out);
+        continue;
+      }
       if (weight.dtype != DType::kF8E4M3 || weight.transient ||
           !quantized_linear_param(weight.name)) {
         continue;
@@ -352,10 +397,12 @@ class RankPostprocess {
     auto it = shell_.by_name.find(name);
     return it == shell_.by_name.end() ? std::nullopt : std::optional<std::size_t>(it->second);
   }
-  std::size_t need(const std::string& name, const Shape& shape, const std::string& of) const {
+  std::size_t need(const std::string& name, const Shape& shape, const std::string& of,
+                   DType dtype = DType::kF32) const {
     auto p = find(name);
-    if (!p || shell_.params[*p].shape != shape || shell_.params[*p].dtype != DType::kF32) {
-      bad(name, "the model declares no F32 " + format_shape(shape) + " parameter for " + of);
+    if (!p || shell_.params[*p].shape != shape || shell_.params[*p].dtype != dtype) {
+      bad(name, "the model declares no " + std::string(dtype_name(dtype)) + " " +
+                    format_shape(shape) + " parameter for " + of);
     }
     return *p;
   }
@@ -468,6 +515,104 @@ class RankPostprocess {
       } else {
         broadcast_rows(stream, od, slots, rows);
       }
+    };
+    out.push_back(std::move(hook));
+  }
+
+  // NVFP4 on kSm100: the E4M3 block scales [M, C] zero-padded to [M', C'] and
+  // swizzled (SGLang 0.5.23's swizzle_blockscale), over weight_scale from its loaded
+  // twin, or into weight_scale_interleaved beside it. Seen as 4-byte groups of
+  // columns, the padded scales are [M'/128][4][32][C'/4] and the swizzled ones
+  // [M'/128][C'/4][32][4]: two batched transposes.
+  void add_nvfp4_scales(std::size_t w, std::vector<PostLoadHook>& out) const {
+    const ParamSpec& weight = shell_.params[w];
+    const std::string served = companion_name(weight.name, "weight_scale");
+    const std::optional<std::size_t> twin = find(loaded_tensor_scale_name(weight.name));
+    const std::optional<std::size_t> src = twin ? twin : find(served);
+    if (!src || shell_.params[*src].dtype != DType::kF8E4M3 ||
+        shell_.params[*src].shape.size() != 2 ||
+        shell_.params[*src].shape[0] != weight.shape[0]) {
+      bad(served, "the model declares no E4M3 [" + std::to_string(weight.shape[0]) +
+                      ", K / 16] block scales for " + weight.name);
+    }
+    const std::uint64_t m = shell_.params[*src].shape[0];
+    const std::uint64_t c = shell_.params[*src].shape[1];
+    const std::uint64_t mp = (m + 127) / 128 * 128;
+    const std::uint64_t cp = (c + 3) / 4 * 4;
+    const std::string dst_name =
+        twin ? served : companion_name(weight.name, "weight_scale_interleaved");
+    const std::size_t dst = need(dst_name, Shape{mp, cp}, weight.name, DType::kF8E4M3);
+    PostLoadHook hook;
+    hook.name = "postprocess_sm100:" + dst_name + rank_note_;
+    hook.local_rank = r_;
+    hook.inputs = {*src};
+    hook.outputs = {dst};
+    after(hook, {w, *src});
+    hook.scratch_bytes = 2 * mp * cp;
+    const std::size_t from = *src;
+    hook.run = [=](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      std::byte* padded = ctx.scratch(2 * mp * cp);
+      std::byte* by_group = padded + mp * cp;
+      if (mp != m || cp != c) {
+        stream.zero(padded, mp * cp);
+      }
+      stream.copy_d2d_2d(padded, cp, ctx.param_data(from), c, c, m);
+      // Each 128-row block [4 * 32 rows][C'/4 groups] to [C'/4][4 * 32].
+      stream.transpose(by_group, 128 * cp, padded, 128 * cp, 4, 128, cp / 4, mp / 128);
+      // Each group's 128 rows [4][32] to [32][4].
+      stream.transpose(ctx.param_data(dst), 512, by_group, 512, 4, 4, 32, mp * cp / 512);
+    };
+    out.push_back(std::move(hook));
+  }
+
+  // NVFP4 on kSm100: alpha = input_scale.max() * weight_scale_2.max() and
+  // input_scale_inv = 1 / input_scale.max(), F32 [] each, from the [S] scales as
+  // loaded (read back to the host: a few scalars).
+  void add_nvfp4_alpha(std::size_t w, std::vector<PostLoadHook>& out) const {
+    const ParamSpec& weight = shell_.params[w];
+    const std::string s2_name = companion_name(weight.name, "weight_scale_2");
+    const std::optional<std::size_t> s2 = find(s2_name);
+    if (!s2 || shell_.params[*s2].dtype != DType::kF32 || shell_.params[*s2].nbytes == 0) {
+      bad(s2_name, "the model declares no F32 weight_scale_2 for " + weight.name);
+    }
+    const std::optional<std::size_t> in = find(companion_name(weight.name, "input_scale"));
+    if (in && (shell_.params[*in].dtype != DType::kF32 || shell_.params[*in].nbytes == 0)) {
+      bad(shell_.params[*in].name, "an NVFP4 input_scale must be F32 [S]");
+    }
+    const std::size_t alpha = need(companion_name(weight.name, "alpha"), Shape{}, weight.name);
+    const std::size_t inv =
+        need(companion_name(weight.name, "input_scale_inv"), Shape{}, weight.name);
+    const std::uint64_t n2 = shell_.params[*s2].nbytes / kF32;
+    const std::uint64_t ni = in ? shell_.params[*in].nbytes / kF32 : 0;
+    PostLoadHook hook;
+    hook.name = "postprocess_sm100:" + companion_name(weight.name, "alpha") + rank_note_;
+    hook.local_rank = r_;
+    hook.inputs = {*s2};
+    if (in) {
+      hook.inputs.push_back(*in);
+    }
+    hook.outputs = {alpha, inv};
+    after(hook, {*s2});
+    const std::size_t s2_param = *s2;
+    const std::optional<std::size_t> in_param = in;
+    hook.run = [=](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      // SGLang's create_weights fills an input_scale nothing loads with 1.0.
+      std::vector<float> input(std::max<std::uint64_t>(ni, 1), 1.0f);
+      std::vector<float> second(n2);
+      stream.copy_d2h(reinterpret_cast<std::byte*>(second.data()), ctx.param_data(s2_param),
+                      n2 * kF32);
+      if (in_param) {
+        stream.copy_d2h(reinterpret_cast<std::byte*>(input.data()), ctx.param_data(*in_param),
+                        ni * kF32);
+      }
+      stream.synchronize();
+      const float is = torch_max(input);
+      float values[2] = {is * torch_max(second), 1.0f / is};
+      stream.copy_h2d(ctx.param_data(alpha), reinterpret_cast<const std::byte*>(&values[0]), kF32);
+      stream.copy_h2d(ctx.param_data(inv), reinterpret_cast<const std::byte*>(&values[1]), kF32);
+      stream.synchronize();  // the host values die with this call
     };
     out.push_back(std::move(hook));
   }

@@ -45,9 +45,29 @@
 // transient "<w>weight_scale_loaded" / "<w>input_scale_loaded" of the loaded shape
 // that the hook reads; the model keeps the served shape under SGLang's name.
 //
+// NVFP4 (ModelOptFp4LinearMethod), dense, on kSm100: SGLang 0.5.23's default FP4
+// GEMM backend there is flashinfer_cutedsl (fp4_utils.initialize_fp4_gemm_config),
+// W4A4 unless SGLANG_FLASHINFER_CUTEDSL_NVFP4_W4A16 is set, so
+// process_weights_after_loading leaves:
+//   alpha F32 [] = f32(input_scale.max() * weight_scale_2.max());
+//   input_scale_inv F32 [] = 1 / input_scale.max();
+//   the weight [N, K/2] U8 as loaded (pad_nvfp4_weight pads N and K to multiples
+//     of 32; ferry refuses a weight that would need it, at kPlacement);
+//   the E4M3 block scales [M, C] (M = N, C = K/16) zero-padded to [M', C'] (M' =
+//     M rounded up to 128, C' = C to 4) and swizzled: viewed as [M'/128, 4, 32,
+//     C'/4, 4] and permuted (0, 3, 2, 1, 4) (swizzle_blockscale). Where [M', C'] is
+//     [M, C], alias_or_bind_derived_param writes them over weight_scale (the
+//     checkpoint's scales load into the transient twin "<w>weight_scale_loaded",
+//     ScaleForm::kSwizzled); else weight_scale stays as loaded and a new
+//     weight_scale_interleaved [M', C'] holds them.
+//   input_scale and weight_scale_2 [S] as loaded.
+// The swizzle runs on the device as two batched transposes of 4-byte groups.
+//
 // Refused (make_model, Stage::kConfig, naming the reason): NVFP4 on kSm90 (SGLang
-// serves it through Marlin's repack) and on kSm100 (the swizzled scales and
-// FlashInfer's layouts are not produced by ferry yet); on kSm100 the fused experts
+// serves it through Marlin's repack, which ferry does not produce) and NVFP4 fused
+// experts on kSm100 (ModelOptNvFp4FusedMoEMethod's layouts follow the MoE runner:
+// flashinfer_trtllm's shuffles for DeepSeek and Qwen3-MoE, not produced); on kSm100
+// the fused experts
 // of SGLang's DeepSeek family without DeepEP (its default MoE runner there is
 // flashinfer_trtllm, whose weight shuffles ferry does not produce); and any target
 // but kLoader together with quantization.requant.
@@ -85,10 +105,20 @@ enum class ScaleForm {
   kMaxScalar,    // requantized to the max; []
   kMaxRows,      // requantized to the max; [N, 1] all holding it
   kMaxExperts,   // experts: each expert's w1 / w3 requantized to its max; [E]
+  kSwizzled,     // NVFP4 on kSm100: swizzled over weight_scale, same shape
 };
 ScaleForm scale_form(const QuantScheme& scheme, const Shape& weight, std::uint64_t shards);
 // The served shape of that scale.
 Shape served_scale_shape(ScaleForm form, const Shape& weight);
+// NVFP4 on kSm100 (`weight` the logical [N, K]): whether process_weights_after_loading
+// runs the dense FP4 path on it (alpha, input_scale_inv, swizzled scales), and the
+// shape of its swizzled scales, [N rounded up to 128, K / group rounded up to 4].
+bool nvfp4_served(const QuantScheme& scheme, const Shape& weight);
+Shape nvfp4_swizzled_shape(const Shape& weight, std::uint64_t group_size);
+// Where pad_nvfp4_weight would pad the weight (N or K not a multiple of 32): the
+// reason, naming the dims; empty where it would not.
+std::string nvfp4_padding(const Shape& weight);
+
 // Whether a static input scale of this weight becomes its max ([]): every target
 // but kLoader.
 bool input_scale_max(const QuantScheme& scheme);

@@ -826,7 +826,9 @@ QuantizedInputs quantized_inputs(const QuantScheme& scheme, const RankShell& she
 
 DummyRange dummy_range(const ParamSpec& p) {
   constexpr double kWeight = 1e-3;  // SGLang's initialize_dummy_weights bound
-  const bool fp8_scale = ends_with(p.name, "weight_scale") || ends_with(p.name, "weight_scale_inv");
+  const bool fp8_scale = ends_with(p.name, "weight_scale") ||
+                         ends_with(p.name, "weight_scale_inv") ||
+                         ends_with(p.name, "weight_scale_loaded");
   switch (p.dtype) {
     case DType::kU8:
       return {0, 255, true};

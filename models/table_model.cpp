@@ -334,6 +334,7 @@ struct TableModel::WeightScales {
   std::uint64_t shards = 1;
   bool stacked = false;  // fused experts: leading expert dims
   bool ue8m0 = false;    // quantization.requant=ue8m0 converts it
+  bool nvfp4 = false;    // postprocess.target=sm100's dense NVFP4 path (nvfp4_served)
   ScaleForm form = ScaleForm::kAsLoaded;
   bool input_max = false;
   std::string scale;        // the weight scale's param
@@ -475,6 +476,23 @@ TableModel::WeightScales TableModel::weight_scales(ParamDecl& d, ShapeRule weigh
   // loads into a transient twin of its loaded shape, which a hook reads.
   s.ue8m0 = !d.transient && converts_ue8m0(q, first_shape);
   s.form = d.transient ? ScaleForm::kAsLoaded : scale_form(q, first_shape, s.shards);
+  s.nvfp4 = !d.transient && nvfp4_served(q, first_shape);
+  if (s.nvfp4) {
+    for (int rank : layout_.local_ranks) {
+      const Shape shape = s.weight(rank);
+      const std::string padding = nvfp4_padding(shape);
+      const std::string where = " on tp rank " + std::to_string(rank);
+      if (!padding.empty()) {
+        throw Error(Stage::kPlacement, "", d.name, "postprocess.target=sm100: " + padding + where);
+      }
+      if (scale_form(q, shape, s.shards) != s.form) {
+        throw Error(Stage::kPlacement, "", d.name,
+                    "postprocess.target=sm100: the swizzled NVFP4 scales would replace "
+                    "weight_scale on some local ranks and not on others (" +
+                        format_shape(shape) + where + ")");
+      }
+    }
+  }
   s.input_max = !d.transient && input_scale_max(q);
   s.scale = s.form != ScaleForm::kAsLoaded ? loaded_tensor_scale_name(d.name)
                                            : loaded_scale_name(q, d.name, s.ue8m0);
@@ -547,13 +565,17 @@ void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) cons
   const ShapeRule& weight = s.weight;
   const ShapeRule per_shard_shape = s.scale_shape(s.shards);
   switch (w.traits.grain) {
-    case ScaleGrain::kBlock:
-      w.companions.push_back({s.scale,
-                              [weight, bn = w.bn, bk = w.bk](int rank) {
-                                return block_scale_shape(weight(rank), bn, bk);
-                              },
-                              w.traits.scale_dtype, s.ue8m0});
+    case ScaleGrain::kBlock: {
+      ShapeRule blocks = [weight, bn = w.bn, bk = w.bk](int rank) {
+        return block_scale_shape(weight(rank), bn, bk);
+      };
+      const bool swizzled = s.form == ScaleForm::kSwizzled;
+      w.companions.push_back({s.scale, blocks, w.traits.scale_dtype, s.ue8m0 || swizzled});
+      if (swizzled) {
+        w.companions.push_back({weight_scale_name(q, d.name), blocks, w.traits.scale_dtype});
+      }
       break;
+    }
     case ScaleGrain::kChannel:
       w.companions.push_back({s.scale, replace_last_dim(weight, 1, 1), w.traits.scale_dtype});
       break;
@@ -576,6 +598,22 @@ void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) cons
         {companion_name(d.name, "weight_scale_2"), per_shard_shape, DType::kF32});
   }
   add_requant_outputs(s, w);
+  if (s.nvfp4) {
+    // ModelOptFp4LinearMethod.process_weights_after_loading on sm100
+    // (models/postprocess.hpp).
+    if (s.form != ScaleForm::kSwizzled) {
+      w.companions.push_back(
+          {companion_name(d.name, "weight_scale_interleaved"),
+           [weight, group = q.group_size](int rank) {
+             return nvfp4_swizzled_shape(weight(rank), group);
+           },
+           w.traits.scale_dtype});
+    }
+    for (const char* scalar : {"alpha", "input_scale_inv"}) {
+      w.companions.push_back(
+          {companion_name(d.name, scalar), [](int) { return Shape{}; }, DType::kF32});
+    }
+  }
   if (q.input_scales) {
     w.companions.push_back({s.input_param, s.merged_input ? s.scale_shape(1) : per_shard_shape,
                             DType::kF32, s.input_max});

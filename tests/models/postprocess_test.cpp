@@ -306,17 +306,89 @@ TEST(Postprocess, DeepseekRepackWaitsForTheMlaSplit) {
   EXPECT_TRUE(ordered);
 }
 
+nlohmann::json nvfp4_config(const std::string& family) {
+  return models::with_hf_quant_config(synth::synth_config(family, "tiny", DType::kBF16, false),
+                                      synth::synth_hf_quant_config(synth::SynthQuant::kNvfp4));
+}
+
+// ModelOptFp4LinearMethod.process_weights_after_loading (modelopt_quant.py) with
+// sm100's default FP4 GEMM backend, flashinfer_cutedsl in W4A4
+// (fp4_utils.initialize_fp4_gemm_config): alpha and input_scale_inv scalars; the
+// block scales swizzled (swizzle_blockscale's padding to 128 rows and 4 columns)
+// over weight_scale where alias_or_bind_derived_param can broadcast them into it,
+// else into a new weight_scale_interleaved; the weight, input_scale and
+// weight_scale_2 as loaded. Llama tiny at tp 2: qkv_proj [96, 128] (scales [96, 8],
+// swizzled [128, 8]), o_proj [128, 64] (scales [128, 4]), gate_up_proj [256, 128],
+// down_proj [128, 128].
+TEST(Postprocess, Nvfp4OnSm100SwizzlesTheBlockScalesAndAddsAlpha) {
+  const nlohmann::json c = nvfp4_config("llama");
+  models::ParallelLayout tp2;
+  tp2.tp = 2;
+  const auto loader = make(c, Target::kLoader, tp2);
+  const auto m = make(c, Target::kSm100, tp2);
+  const models::RankShell& l = loader->shells()[0];
+  const models::RankShell& s = m->shells()[0];
+  const std::string qkv = "model.layers.0.self_attn.qkv_proj.";
+  const std::string o = "model.layers.0.self_attn.o_proj.";
+  const std::string down = "model.layers.0.mlp.down_proj.";
+  EXPECT_EQ(spec(l, qkv + "weight"), "U8 [96, 64]");
+  EXPECT_EQ(spec(l, qkv + "weight_scale"), "F8_E4M3 [96, 8]");
+  EXPECT_EQ(spec(l, qkv + "alpha"), "absent");
+  EXPECT_EQ(spec(s, qkv + "weight"), "U8 [96, 64]");
+  EXPECT_EQ(spec(s, qkv + "weight_scale"), "F8_E4M3 [96, 8]");  // as loaded
+  EXPECT_EQ(spec(s, qkv + "weight_scale_interleaved"), "F8_E4M3 [128, 8]");
+  EXPECT_EQ(spec(s, qkv + "weight_scale_loaded"), "absent");
+  EXPECT_EQ(spec(s, qkv + "input_scale"), "F32 [3]");
+  EXPECT_EQ(spec(s, qkv + "weight_scale_2"), "F32 [3]");
+  EXPECT_EQ(spec(s, qkv + "alpha"), "F32 []");
+  EXPECT_EQ(spec(s, qkv + "input_scale_inv"), "F32 []");
+  EXPECT_EQ(spec(s, o + "weight_scale"), "F8_E4M3 [128, 4]");  // swizzled in place
+  EXPECT_EQ(spec(s, o + "weight_scale_loaded"), "F8_E4M3 [128, 4] transient");
+  EXPECT_EQ(spec(s, o + "weight_scale_interleaved"), "absent");
+  EXPECT_EQ(spec(s, down + "weight_scale"), "F8_E4M3 [128, 8]");
+  EXPECT_EQ(spec(s, down + "weight_scale_loaded"), "F8_E4M3 [128, 8] transient");
+  // Every loader param is kept; per linear: two scalars, and a twin or an
+  // interleaved copy. One swizzle hook and one alpha hook per linear.
+  std::size_t linears = 0;
+  for (const models::ParamSpec& p : l.params) {
+    EXPECT_NE(find(s, p.name), nullptr) << p.name;
+    linears += p.dtype == DType::kU8 ? 1 : 0;
+  }
+  EXPECT_EQ(linears, 4u * 4);  // four layers of qkv, o, gate_up, down
+  EXPECT_EQ(s.params.size(), l.params.size() + 3 * linears);
+  std::size_t swizzles = 0;
+  std::size_t alphas = 0;
+  for (const models::PostLoadHook& h : m->hooks()) {
+    if (h.local_rank != 0) {
+      continue;
+    }
+    swizzles += h.name.find("weight_scale") != std::string::npos ? 1 : 0;
+    alphas += h.name.find(".alpha") != std::string::npos ? 1 : 0;
+    EXPECT_TRUE(h.idempotent) << h.name;
+    EXPECT_FALSE(h.reallocates) << h.name;
+  }
+  EXPECT_EQ(swizzles, linears);
+  EXPECT_EQ(alphas, linears);
+  // Nothing changes on the loader target.
+  EXPECT_EQ(loader->hooks().size(), 0u);
+}
+
 TEST(Postprocess, RefusalsNameTheTargetAndWhy) {
-  // NVFP4: Marlin on Hopper; the swizzled scales on Blackwell are not produced.
-  nlohmann::json nvfp4 =
-      models::with_hf_quant_config(synth::synth_config("llama", "tiny", DType::kBF16, false),
-                                   synth::synth_hf_quant_config(synth::SynthQuant::kNvfp4));
+  // NVFP4: Marlin on Hopper; fused experts on Blackwell; a weight SGLang pads.
+  const nlohmann::json nvfp4 = nvfp4_config("llama");
   EXPECT_THAT(error_of(Stage::kConfig, [&] { make(nvfp4, Target::kSm90); }),
               HasSubstr("postprocess.target=sm90: SGLang 0.5.23 serves NVFP4 on Hopper only "
                         "through Marlin"));
-  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(nvfp4, Target::kSm100); }),
-              HasSubstr("postprocess.target=sm100: NVFP4's swizzled block scales"));
+  EXPECT_NO_THROW(make(nvfp4, Target::kSm100));
   EXPECT_NO_THROW(make(nvfp4, Target::kLoader));
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(nvfp4_config("qwen3_moe"), Target::kSm100); }),
+              HasSubstr("postprocess.target=sm100: the layouts of NVFP4 fused experts"));
+  nlohmann::json narrow = nvfp4;
+  narrow["intermediate_size"] = 48;  // down_proj's K: 48, not a multiple of 32
+  EXPECT_NO_THROW(make(narrow, Target::kLoader));
+  const std::string padded = error_of(Stage::kPlacement, [&] { make(narrow, Target::kSm100); });
+  EXPECT_THAT(padded, HasSubstr("mlp.down_proj.weight"));
+  EXPECT_THAT(padded, HasSubstr("pad_nvfp4_weight pads N and K to multiples of 32"));
   // DeepSeek-V3's experts on sm100 without DeepEP: flashinfer_trtllm.
   nlohmann::json ds = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
   ds["q_lora_rank"] = 128;

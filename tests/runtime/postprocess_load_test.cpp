@@ -434,6 +434,114 @@ TEST(PostprocessLoad, CompressedTensorsExpertsNeedEqualW1W3InputScales) {
   EXPECT_EQ(ok.model->ranks()[0].find("model.layers.0.mlp.experts.w13_input_scale_w1"), nullptr);
 }
 
+// SGLang 0.5.23's swizzle_blockscale (quantization/utils.py) of E4M3 scales [m, c]:
+// zero-padded to [m', c'] (128 rows, 4 columns), viewed as [m'/128, 4, 32, c'/4, 4]
+// and permuted (0, 3, 2, 1, 4); each output byte from its index.
+std::vector<std::byte> swizzle_blockscale(const std::vector<std::byte>& scale, std::uint64_t m,
+                                          std::uint64_t c) {
+  const std::uint64_t mp = (m + 127) / 128 * 128;
+  const std::uint64_t cp = (c + 3) / 4 * 4;
+  std::vector<std::byte> out(mp * cp);
+  std::size_t i = 0;
+  for (std::uint64_t b = 0; b < mp / 128; ++b) {
+    for (std::uint64_t k4 = 0; k4 < cp / 4; ++k4) {
+      for (std::uint64_t r32 = 0; r32 < 32; ++r32) {
+        for (std::uint64_t r4 = 0; r4 < 4; ++r4) {
+          for (std::uint64_t c4 = 0; c4 < 4; ++c4) {
+            const std::uint64_t row = b * 128 + r4 * 32 + r32;
+            const std::uint64_t col = k4 * 4 + c4;
+            out[i++] = row < m && col < c ? scale[row * c + col] : std::byte{0};
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// NVFP4 on sm100 (ModelOptFp4LinearMethod.process_weights_after_loading, W4A4):
+// the scales swizzled over weight_scale or into weight_scale_interleaved, alpha =
+// input_scale.max() * weight_scale_2.max(), input_scale_inv = 1 / input_scale.max(),
+// everything else as a plain load has it. Also the capture-safe startup (the hooks
+// run again on the real weights) and the dummy format.
+TEST(PostprocessLoad, Nvfp4OnSm100IsTheSwizzleOfAPlainLoad) {
+  TempDir dir;
+  const std::string ck = synth_tiny(dir, "llama", synth::SynthQuant::kNvfp4, "nvfp4");
+  // Distinct scalars, so that a max or a product of the wrong ones shows.
+  set_scalars(ck, "input_scale", {0.5f, 0.75f, 0.25f, 1.5f, 0.125f});
+  set_scalars(ck, "weight_scale_2", {0.0015f, 0.003f, 0.002f, 0.0005f});  // none 1e-3, the
+  // capture-safe startup's sentinel
+  const Loads l = load_both(ck, "sm100");
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  std::size_t in_place = 0;
+  std::size_t beside = 0;
+  for (std::size_t r = 0; r < 2; ++r) {
+    const LoadedRank& got = l.target.model->ranks()[r];
+    for (const LoadedParam& p : l.plain.model->ranks()[r].params) {
+      ASSERT_NE(got.find(p.name), nullptr) << p.name;
+      const std::vector<std::byte> plain = l.plain.model->read_param(r, p.name);
+      if (p.dtype != DType::kU8) {
+        if (!p.name.ends_with("weight_scale")) {
+          EXPECT_EQ(l.target.model->read_param(r, p.name), plain) << p.name;
+        }
+        continue;
+      }
+      const std::string base = p.name.substr(0, p.name.size() - 6);
+      EXPECT_EQ(l.target.model->read_param(r, p.name), plain) << p.name;  // the weight
+      const LoadedParam* scale = l.plain.model->ranks()[r].find(base + "weight_scale");
+      ASSERT_NE(scale, nullptr);
+      const std::vector<std::byte> want = swizzle_blockscale(
+          l.plain.model->read_param(r, scale->name), scale->shape[0], scale->shape[1]);
+      if (got.find(base + "weight_scale_interleaved") != nullptr) {
+        ++beside;
+        EXPECT_EQ(l.target.model->read_param(r, base + "weight_scale_interleaved"), want);
+        EXPECT_EQ(l.target.model->read_param(r, scale->name),
+                  l.plain.model->read_param(r, scale->name));
+      } else {
+        ++in_place;
+        EXPECT_EQ(l.target.model->read_param(r, scale->name), want) << scale->name;
+      }
+      const std::vector<float> in = floats(l.plain.model->read_param(r, base + "input_scale"));
+      const std::vector<float> s2 = floats(l.plain.model->read_param(r, base + "weight_scale_2"));
+      const float is = *std::max_element(in.begin(), in.end());
+      const float ws = *std::max_element(s2.begin(), s2.end());
+      EXPECT_EQ(floats(l.target.model->read_param(r, base + "alpha")), std::vector<float>{is * ws})
+          << base;
+      EXPECT_EQ(floats(l.target.model->read_param(r, base + "input_scale_inv")),
+                std::vector<float>{1.0f / is})
+          << base;
+    }
+    EXPECT_EQ(got.find("model.layers.0.self_attn.o_proj.weight_scale_loaded"), nullptr);
+  }
+  EXPECT_EQ(beside, 4u * 2);  // qkv_proj of four layers, two ranks
+  EXPECT_EQ(in_place, 12u * 2);
+  // The capture-safe startup: the same bytes; the dummy format: the same params.
+  const std::vector<std::string> sets = {"parallel.tp=2", "postprocess.target=sm100"};
+  std::vector<std::string> overlap_sets = sets;
+  overlap_sets.push_back("startup.mode=overlap");
+  Runtime overlap(to_config(make_config(ck, overlap_sets)));
+  ASSERT_TRUE(overlap.prepare().wait());
+  LoadResult committed = overlap.commit().wait();
+  ASSERT_TRUE(committed) << committed.error->message;
+  std::vector<std::string> dummy_sets = sets;
+  dummy_sets.push_back("model.load_format=dummy");
+  Runtime dummy(to_config(make_config(ck, dummy_sets)));
+  LoadResult d = dummy.load();
+  ASSERT_TRUE(d) << d.error->message;
+  for (std::size_t r = 0; r < 2; ++r) {
+    const std::vector<LoadedParam>& want = l.target.model->ranks()[r].params;
+    ASSERT_EQ(d.model->ranks()[r].params.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(committed.model->read_param(r, want[i].name),
+                l.target.model->read_param(r, want[i].name))
+          << want[i].name;
+      EXPECT_EQ(d.model->ranks()[r].params[i].name, want[i].name);
+      EXPECT_EQ(d.model->ranks()[r].params[i].shape, want[i].shape) << want[i].name;
+    }
+  }
+}
+
 TEST(PostprocessLoad, BadValuesAreRefusedByName) {
   try {
     make_config("/x", {"postprocess.target=sm89"});
