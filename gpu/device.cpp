@@ -292,6 +292,12 @@ std::size_t TrackedStreamChecks::transpose(const std::byte* dst, std::size_t dst
   return check_spans("transpose", dst, src, spans);
 }
 
+std::size_t TrackedStreamChecks::marlin_fp4(std::string_view op, const std::byte* dst,
+                                            const std::byte* src, std::size_t n,
+                                            std::size_t inner) const {
+  return check_spans(op, dst, src, check_marlin_fp4(device_, op, dst, src, n, inner));
+}
+
 Fp8Spans TrackedStreamChecks::dequantize_fp8(const std::byte* dst, DType dst_dtype,
                                              const std::byte* src, const std::byte* scale,
                                              const Fp8Scales& scales, std::size_t rows,
@@ -411,6 +417,23 @@ Spans check_transpose(const std::string& device, const std::byte* dst, std::size
     fail_overlap(device, "transpose", dst, src, spans);
   }
   return spans;
+}
+
+Spans check_marlin_fp4(const std::string& device, std::string_view op, const std::byte* dst,
+                       const std::byte* src, std::size_t n, std::size_t inner) {
+  const bool weight = op == "repack_marlin_fp4";
+  if (n % 64 != 0 || (weight && inner % 16 != 0)) {
+    fail(device, std::string(op) + ": n " + std::to_string(n) + (weight ? ", k " : ", groups ") +
+                     std::to_string(inner) + ": Marlin's tiles need n % 64 == 0" +
+                     (weight ? " and k % 16 == 0" : ""));
+  }
+  // The weight: n rows of k / 2 bytes either way; the scales: n x groups bytes.
+  const std::size_t bytes = checked_mul(device, op, n, weight ? inner / 2 : inner);
+  const Spans spans{bytes, bytes};
+  if (bytes != 0 && overlapping(dst, spans.dst, src, spans.src)) {
+    fail_overlap(device, op, dst, src, spans);
+  }
+  return bytes == 0 ? Spans{} : spans;
 }
 
 namespace {

@@ -288,6 +288,17 @@ class Stream {
   virtual void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows,
                           std::size_t block_rows, std::size_t scale_cols, std::size_t batches) = 0;
 
+  // Marlin's NVFP4 layouts (gpu/marlin.hpp), device to device, no overlap: the
+  // packed E2M1 weight [n, k / 2] bytes at `src` as gptq_marlin_repack leaves it,
+  // [k / 16, 2n] 32-bit words at `dst` (n % 64 == 0, k % 16 == 0); the E4M3 block
+  // scales [n, groups] at `src` as marlin_permute_scales and
+  // nvfp4_marlin_process_scales leave them, [groups, n] bytes at `dst` (n % 64 ==
+  // 0). Other sizes throw.
+  virtual void repack_marlin_fp4(std::byte* dst, const std::byte* src, std::size_t n,
+                                 std::size_t k) = 0;
+  virtual void marlin_fp4_scales(std::byte* dst, const std::byte* src, std::size_t n,
+                                 std::size_t groups) = 0;
+
   // An event that completes when everything queued so far has finished.
   virtual std::unique_ptr<Event> record() = 0;
 

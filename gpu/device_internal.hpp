@@ -150,6 +150,12 @@ Fp8Spans check_pack_ue8m0(const std::string& device, const std::byte* dst, const
                           std::size_t rows, std::size_t block_rows, std::size_t scale_cols,
                           std::size_t batches);
 
+// Checks a repack_marlin_fp4() (`op` "repack_marlin_fp4", `inner` k) or
+// marlin_fp4_scales() (`op` "marlin_fp4_scales", `inner` groups) call: n % 64 == 0,
+// k % 16 == 0, no overlap; returns its spans (equal: the layouts move bytes).
+Spans check_marlin_fp4(const std::string& device, std::string_view op, const std::byte* dst,
+                       const std::byte* src, std::size_t n, std::size_t inner);
+
 // A stream's checks on the backends that track their allocations (host, null): the
 // arguments, then every device range against `allocations` and every host pointer,
 // with the same words on both. Each returns the bytes the operation writes on the
@@ -197,6 +203,8 @@ class TrackedStreamChecks {
                         std::size_t cols, std::size_t batches) const;
   Fp8Spans pack_ue8m0(const std::byte* dst, const std::byte* scale, std::size_t rows,
                       std::size_t block_rows, std::size_t scale_cols, std::size_t batches) const;
+  std::size_t marlin_fp4(std::string_view op, const std::byte* dst, const std::byte* src,
+                         std::size_t n, std::size_t inner) const;
 
  private:
   // Checks `bytes` at dst against the live allocations unless 0; returns `bytes`.

@@ -73,6 +73,14 @@ void StreamWrapper::pack_ue8m0(std::byte* dst, const std::byte* scale, std::size
                                std::size_t batches) {
   inner_->pack_ue8m0(dst, scale, rows, block_rows, scale_cols, batches);
 }
+void StreamWrapper::repack_marlin_fp4(std::byte* dst, const std::byte* src, std::size_t n,
+                                      std::size_t k) {
+  inner_->repack_marlin_fp4(dst, src, n, k);
+}
+void StreamWrapper::marlin_fp4_scales(std::byte* dst, const std::byte* src, std::size_t n,
+                                      std::size_t groups) {
+  inner_->marlin_fp4_scales(dst, src, n, groups);
+}
 std::unique_ptr<Event> StreamWrapper::record() { return inner_->record(); }
 void StreamWrapper::synchronize() { inner_->synchronize(); }
 void StreamWrapper::abandon_emulated_waits() { inner_->abandon_emulated_waits(); }

@@ -49,6 +49,10 @@ class StreamWrapper : public Stream {
                     std::size_t batches) override;
   void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows, std::size_t block_rows,
                   std::size_t scale_cols, std::size_t batches) override;
+  void repack_marlin_fp4(std::byte* dst, const std::byte* src, std::size_t n,
+                         std::size_t k) override;
+  void marlin_fp4_scales(std::byte* dst, const std::byte* src, std::size_t n,
+                         std::size_t groups) override;
   std::unique_ptr<Event> record() override;
   void synchronize() override;
   void abandon_emulated_waits() override;

@@ -516,6 +516,20 @@ class HostStream final : public Stream {
     }
   }
 
+  void repack_marlin_fp4(std::byte* dst, const std::byte* src, std::size_t n,
+                         std::size_t k) override {
+    if (checks().marlin_fp4("repack_marlin_fp4", dst, src, n, k) != 0) {
+      run([=] { host::repack_marlin_fp4(dst, src, n, k); });
+    }
+  }
+
+  void marlin_fp4_scales(std::byte* dst, const std::byte* src, std::size_t n,
+                         std::size_t groups) override {
+    if (checks().marlin_fp4("marlin_fp4_scales", dst, src, n, groups) != 0) {
+      run([=] { host::marlin_fp4_scales(dst, src, n, groups); });
+    }
+  }
+
   std::unique_ptr<Event> record() override {
     if (deferred_) {
       return std::make_unique<DeferredEvent>(state_, deferred_, deferred_->queued());

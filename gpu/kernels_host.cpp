@@ -18,6 +18,7 @@
 #include "common/fp8.hpp"
 #include "common/thread_start.hpp"
 #include "gpu/fill_random.hpp"
+#include "gpu/marlin.hpp"
 
 namespace ferry::gpu::host {
 namespace {
@@ -447,6 +448,21 @@ void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows, std::s
               fp8::ue8m0_word(s + 4 * b * per_matrix, r, w, block_rows, scale_cols));
       }
     }
+  }
+}
+
+void repack_marlin_fp4(std::byte* dst, const std::byte* src, std::size_t n, std::size_t k) {
+  const auto* s = reinterpret_cast<const unsigned char*>(src);
+  const std::size_t words = n * k / 8;
+  for (std::size_t w = 0; w < words; ++w) {
+    store(dst + 4 * w, marlin::repack_word(s, n, k, w));
+  }
+}
+
+void marlin_fp4_scales(std::byte* dst, const std::byte* src, std::size_t n, std::size_t groups) {
+  const auto* s = reinterpret_cast<const unsigned char*>(src);
+  for (std::size_t f = 0; f < n * groups; ++f) {
+    dst[f] = static_cast<std::byte>(marlin::scale_byte(s, n, groups, f));
   }
 }
 

@@ -84,6 +84,10 @@ void quantize_fp8(std::byte* dst, std::byte* scale, const std::byte* src, DType 
 void pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_t rows, std::size_t block_rows,
                 std::size_t scale_cols, std::size_t batches);
 
+// Marlin's NVFP4 layouts (gpu/marlin.hpp), word by word and byte by byte.
+void repack_marlin_fp4(std::byte* dst, const std::byte* src, std::size_t n, std::size_t k);
+void marlin_fp4_scales(std::byte* dst, const std::byte* src, std::size_t n, std::size_t groups);
+
 // A host-to-"device" copy written the way a DMA engine writes device memory:
 // around the CPU caches. From 64 KiB up it uses non-temporal stores, so the
 // destination (gigabytes, not read again during a load) costs no read-for-ownership

@@ -146,6 +146,14 @@ class NullStream final : public Stream {
                   std::size_t scale_cols, std::size_t batches) override {
     state_->written(checks().pack_ue8m0(dst, scale, rows, block_rows, scale_cols, batches).dst);
   }
+  void repack_marlin_fp4(std::byte* dst, const std::byte* src, std::size_t n,
+                         std::size_t k) override {
+    state_->written(checks().marlin_fp4("repack_marlin_fp4", dst, src, n, k));
+  }
+  void marlin_fp4_scales(std::byte* dst, const std::byte* src, std::size_t n,
+                         std::size_t groups) override {
+    state_->written(checks().marlin_fp4("marlin_fp4_scales", dst, src, n, groups));
+  }
   std::unique_ptr<Event> record() override { return std::make_unique<NullEvent>(state_); }
   void synchronize() override {}
 

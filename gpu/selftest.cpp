@@ -540,6 +540,28 @@ void add_fp8_scenarios(std::vector<Scenario>& out) {
            }});
     }
   }
+  for (std::size_t misalign : {std::size_t{0}, std::size_t{1}}) {
+    // Llama-3.1-8B's qkv_proj at tp 8 in NVFP4 (768 x 4096, 256 scale groups), one tile.
+    struct Marlin {
+      std::size_t n, k;
+    };
+    for (Marlin m : {Marlin{768, 4096}, Marlin{64, 16}}) {
+      const std::string suffix = std::to_string(m.n) + " x " + std::to_string(m.k) +
+                                 (misalign ? " unaligned" : "");
+      const std::size_t weight_bytes = m.n * m.k / 2;
+      const std::size_t dst_at = kGuard + weight_bytes + kGuard + misalign;
+      out.push_back({"repack_marlin_fp4 " + suffix, dst_at + weight_bytes + kGuard,
+                     [=](Device&, Stream& s, std::byte* base) {
+                       s.repack_marlin_fp4(base + dst_at, base + kGuard + misalign, m.n, m.k);
+                     }});
+      const std::size_t groups = m.k / 16;
+      const std::size_t scales_at = kGuard + m.n * groups + kGuard + misalign;
+      out.push_back({"marlin_fp4_scales " + suffix, scales_at + m.n * groups + kGuard,
+                     [=](Device&, Stream& s, std::byte* base) {
+                       s.marlin_fp4_scales(base + scales_at, base + kGuard, m.n, groups);
+                     }});
+    }
+  }
 }
 
 bool same_live(const AllocationStats& a, const AllocationStats& b) {

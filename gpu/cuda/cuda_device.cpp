@@ -418,6 +418,27 @@ class CudaStream final : public Stream {
           std::to_string(batches) + " x " + std::to_string(rows) + " rows");
   }
 
+  void repack_marlin_fp4(std::byte* dst, const std::byte* src, std::size_t n,
+                         std::size_t k) override {
+    if (detail::check_marlin_fp4(state_->name, "repack_marlin_fp4", dst, src, n, k).dst == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    check(launch_repack_marlin_fp4(dst, src, n, k, stream_), "repack_marlin_fp4 kernel launch",
+          state_->name, std::to_string(n) + " x " + std::to_string(k));
+  }
+
+  void marlin_fp4_scales(std::byte* dst, const std::byte* src, std::size_t n,
+                         std::size_t groups) override {
+    if (detail::check_marlin_fp4(state_->name, "marlin_fp4_scales", dst, src, n, groups).dst ==
+        0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    check(launch_marlin_fp4_scales(dst, src, n, groups, stream_), "marlin_fp4_scales kernel launch",
+          state_->name, std::to_string(n) + " x " + std::to_string(groups));
+  }
+
   std::unique_ptr<Event> record() override { return std::make_unique<CudaEvent>(state_, stream_); }
 
   // Through a pooled blocking-sync event: cudaStreamSynchronize spins a core unless

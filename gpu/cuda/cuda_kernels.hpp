@@ -75,4 +75,11 @@ cudaError_t launch_pack_ue8m0(std::byte* dst, const std::byte* scale, std::size_
                               std::size_t block_rows, std::size_t scale_cols, std::size_t batches,
                               cudaStream_t stream);
 
+// Stream::repack_marlin_fp4 and marlin_fp4_scales (gpu/marlin.hpp), their arguments
+// checked by the caller: a thread an output word or byte, grid-stride.
+cudaError_t launch_repack_marlin_fp4(std::byte* dst, const std::byte* src, std::size_t n,
+                                     std::size_t k, cudaStream_t stream);
+cudaError_t launch_marlin_fp4_scales(std::byte* dst, const std::byte* src, std::size_t n,
+                                     std::size_t groups, cudaStream_t stream);
+
 }  // namespace ferry::gpu::cuda

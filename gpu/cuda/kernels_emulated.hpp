@@ -51,4 +51,9 @@ void quantize_fp8_emulated(std::byte* dst, std::byte* scale, const std::byte* sr
 void pack_ue8m0_emulated(std::byte* dst, const std::byte* scale, std::size_t rows,
                          std::size_t block_rows, std::size_t scale_cols, std::size_t batches);
 
+void repack_marlin_fp4_emulated(std::byte* dst, const std::byte* src, std::size_t n,
+                                std::size_t k);
+void marlin_fp4_scales_emulated(std::byte* dst, const std::byte* src, std::size_t n,
+                                std::size_t groups);
+
 }  // namespace ferry::gpu::cuda

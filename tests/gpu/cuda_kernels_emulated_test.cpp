@@ -252,6 +252,17 @@ TEST(CudaKernelEmulationTest, Fp8KernelsMatchTheHostTwins) {
     cuda::pack_ue8m0_emulated(got.data() + shift, scales.data() + shift, 9, 4, 5, 2);
     ASSERT_EQ(got, want) << "pack_ue8m0 shift " << shift;
   }
+  for (std::size_t shift : {0, 1}) {
+    const std::vector<std::byte> src = noise(192 * 64 + shift, 10);
+    std::vector<std::byte> want(192 * 64 + shift, std::byte{0x55});
+    std::vector<std::byte> got = want;
+    host::repack_marlin_fp4(want.data() + shift, src.data() + shift, 192, 128);
+    cuda::repack_marlin_fp4_emulated(got.data() + shift, src.data() + shift, 192, 128);
+    ASSERT_EQ(got, want) << "repack_marlin_fp4 shift " << shift;
+    host::marlin_fp4_scales(want.data() + shift, src.data() + shift, 192, 8);
+    cuda::marlin_fp4_scales_emulated(got.data() + shift, src.data() + shift, 192, 8);
+    ASSERT_EQ(got, want) << "marlin_fp4_scales shift " << shift;
+  }
 }
 
 // The sentinel check's per-byte rule against the host twin: every element size,

@@ -82,6 +82,12 @@ class LoggingStream final : public Stream {
                   std::size_t) override {
     log_->add("pack_ue8m0", d);
   }
+  void repack_marlin_fp4(std::byte* d, const std::byte*, std::size_t, std::size_t) override {
+    log_->add("repack_marlin_fp4", d);
+  }
+  void marlin_fp4_scales(std::byte* d, const std::byte*, std::size_t, std::size_t) override {
+    log_->add("marlin_fp4_scales", d);
+  }
   std::unique_ptr<Event> record() override {
     log_->add("record");
     return std::make_unique<LoggingEvent>();
@@ -185,6 +191,8 @@ TEST(DeviceWrapper, ForwardsEveryStreamCall) {
   s.dequantize_fp8(d, DType::kBF16, src, src, scales, 1, 1, 1);
   s.quantize_fp8(d, d, src, DType::kBF16, scales, Fp8ScaleRule::kAmax, 1, 1, 1);
   s.pack_ue8m0(d, src, 1, 1, 1, 1);
+  s.repack_marlin_fp4(d, src, 64, 16);
+  s.marlin_fp4_scales(d, src, 64, 1);
   EXPECT_NE(s.record(), nullptr);
   s.synchronize();
   s.abandon_emulated_waits();
@@ -192,8 +200,9 @@ TEST(DeviceWrapper, ForwardsEveryStreamCall) {
               ElementsAre("copy_h2d", "copy_h2d_2d", "copy_d2h", "fill", "fill_random", "zero",
                           "cast", "zero_2d", "set_bytes", "match_pattern", "cast_2d",
                           "copy_d2d_2d", "transpose", "dequantize_fp8", "quantize_fp8",
-                          "pack_ue8m0", "record", "synchronize", "abandon_emulated_waits"));
-  for (std::size_t i = 0; i < 16; ++i) {
+                          "pack_ue8m0", "repack_marlin_fp4", "marlin_fp4_scales", "record",
+                          "synchronize", "abandon_emulated_waits"));
+  for (std::size_t i = 0; i < 18; ++i) {
     EXPECT_EQ(log->firsts[i], static_cast<const void*>(d)) << log->calls[i];
   }
 }

@@ -523,6 +523,15 @@ TEST(HostDeviceTest, Fp8OperationsCheckTheirArguments) {
     expect_error([&] { stream->pack_ue8m0(p, p + 512, 8, 0, 5, 1); }, "host:0",
                  "block_rows must be at least 1");
     expect_error([&] { stream->pack_ue8m0(p, p + 8, 8, 4, 5, 1); }, "host:0", "overlap");
+    expect_error([&] { stream->repack_marlin_fp4(p, p + 512, 32, 16); }, "host:0",
+                 "repack_marlin_fp4: n 32, k 16: Marlin's tiles need n % 64 == 0 and k % 16 == 0");
+    expect_error([&] { stream->repack_marlin_fp4(p, p + 512, 64, 8); }, "host:0",
+                 "k % 16 == 0");
+    expect_error([&] { stream->repack_marlin_fp4(p, p + 256, 64, 16); }, "host:0", "overlap");
+    expect_error([&] { stream->marlin_fp4_scales(p, p + 512, 96, 1); }, "host:0",
+                 "marlin_fp4_scales: n 96, groups 1");
+    expect_error([&] { stream->marlin_fp4_scales(p + 1000, p, 64, 1); }, "host:0",
+                 "marlin_fp4_scales: destination");
     // Empty: nothing to do, nothing checked beyond the layout.
     stream->dequantize_fp8(nullptr, DType::kBF16, nullptr, nullptr, row, 0, 4, 1);
     stream->quantize_fp8(nullptr, nullptr, nullptr, DType::kBF16, row, Fp8ScaleRule::kAmax, 3, 0,

@@ -951,6 +951,123 @@ TEST(KernelsHostTest, PackUe8m0MatchesTheNaiveReference) {
   }
 }
 
+// ---- Marlin's NVFP4 layouts against SGLang 0.5.23's own code, transcribed ----
+
+// gptq_marlin_repack_kernel (kernels/jit/csrc/gemm/marlin/gptq_marlin_repack.cuh,
+// num_bits 4, no perm) run thread by thread over b_q_weight = weight.view(int32).T:
+// a 16 x 64 tile's two rows of words in "shared memory", each of the 4 x 32 threads
+// gathering its eight nibbles and writing one word.
+std::vector<std::uint32_t> sglang_marlin_repack(const std::vector<std::uint8_t>& weight,
+                                                std::size_t n, std::size_t k) {
+  auto b_q = [&](std::size_t kw, std::size_t col) {  // weight.view(int32).T[kw][col]
+    std::uint32_t v = 0;
+    std::memcpy(&v, weight.data() + col * (k / 2) + kw * 4, 4);
+    return v;
+  };
+  const std::size_t n_tiles = n / 64;
+  std::vector<std::uint32_t> out(n * k / 8);
+  const int tc_offsets[4] = {0, 1, 8, 9};
+  const int pack_idx[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+  for (std::size_t k_tile = 0; k_tile < k / 16; ++k_tile) {
+    for (std::size_t n_tile = 0; n_tile < n_tiles; ++n_tile) {
+      std::uint32_t sh[2 * 64];
+      for (std::size_t k_id = 0; k_id < 2; ++k_id) {
+        for (std::size_t c = 0; c < 64; ++c) {
+          sh[k_id * 64 + c] = b_q(k_tile * 2 + k_id, n_tile * 64 + c);
+        }
+      }
+      for (int warp_id = 0; warp_id < 4; ++warp_id) {
+        for (int th_id = 0; th_id < 32; ++th_id) {
+          const int tc_col = th_id / 4;
+          const int tc_row = (th_id % 4) * 2;
+          const int cur_n = warp_id * 16 + tc_col;
+          std::uint32_t vals[8];
+          for (int i = 0; i < 4; ++i) {
+            const int cur_elem = tc_row + tc_offsets[i];
+            const int cur_int = cur_elem / 8;
+            const int cur_pos = cur_elem % 8;
+            vals[i] = (sh[cur_n + 64 * cur_int] >> (cur_pos * 4)) & 0xF;
+            vals[4 + i] = (sh[cur_n + 8 + 64 * cur_int] >> (cur_pos * 4)) & 0xF;
+          }
+          std::uint32_t res = 0;
+          for (int i = 0; i < 8; ++i) {
+            res |= vals[pack_idx[i]] << (i * 4);
+          }
+          out[(k_tile * n_tiles + n_tile) * 128 + th_id * 4 + warp_id] = res;
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// marlin_permute_scales (marlin_utils.py, group 16 < k: scale_perm) after
+// weight_scale.T, then nvfp4_marlin_process_scales (marlin_utils_fp4.py): to f16,
+// view(-1, 4)[:, [0, 2, 1, 3]], (x * 2^7).view(int16) << 1, the odd (high) bytes.
+std::vector<std::uint8_t> sglang_marlin_scales(const std::vector<std::uint8_t>& scales,
+                                               std::size_t n, std::size_t groups) {
+  std::vector<int> scale_perm;
+  for (int i = 0; i < 8; ++i) {
+    for (int j = 0; j < 8; ++j) {
+      scale_perm.push_back(i + 8 * j);
+    }
+  }
+  std::vector<std::uint8_t> t(n * groups);  // weight_scale.T
+  for (std::size_t g = 0; g < groups; ++g) {
+    for (std::size_t c = 0; c < n; ++c) {
+      t[g * n + c] = scales[c * groups + g];
+    }
+  }
+  std::vector<std::uint8_t> p(t.size());
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    p[i] = t[i - i % 64 + static_cast<std::size_t>(scale_perm[i % 64])];
+  }
+  const std::size_t swap[4] = {0, 2, 1, 3};
+  std::vector<std::uint8_t> out(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const float x = testing::e4m3_value(p[i - i % 4 + swap[i % 4]]) * 128.0f;
+    const auto bits = static_cast<std::uint16_t>(synth::float_to_f16_bits(x) << 1);
+    out[i] = static_cast<std::uint8_t>(bits >> 8);
+  }
+  return out;
+}
+
+TEST(KernelsHostTest, MarlinRepackIsSglangsKernelThreadByThread) {
+  std::mt19937 rng(17);
+  struct Case {
+    std::size_t n, k;
+  };
+  for (Case c : {Case{64, 16}, Case{128, 64}, Case{192, 128}, Case{768, 256}}) {
+    std::vector<std::uint8_t> weight(c.n * c.k / 2);
+    for (std::uint8_t& b : weight) {
+      b = static_cast<std::uint8_t>(rng());
+    }
+    std::vector<std::uint32_t> got(c.n * c.k / 8 + 1, 0xDEADBEEFu);
+    repack_marlin_fp4(reinterpret_cast<std::byte*>(got.data()),
+                      reinterpret_cast<const std::byte*>(weight.data()), c.n, c.k);
+    ASSERT_EQ(got.back(), 0xDEADBEEFu);
+    got.pop_back();
+    EXPECT_EQ(got, sglang_marlin_repack(weight, c.n, c.k)) << c.n << " x " << c.k;
+  }
+}
+
+TEST(KernelsHostTest, MarlinScalesAreSglangsPermutationAndCode) {
+  // Every E4M3 code (NaN and negatives included) in every position.
+  for (std::size_t groups : {1, 4, 7}) {
+    const std::size_t n = 128;
+    std::vector<std::uint8_t> scales(n * groups);
+    for (std::size_t i = 0; i < scales.size(); ++i) {
+      scales[i] = static_cast<std::uint8_t>((i * 37 + groups) % 256);
+    }
+    std::vector<std::uint8_t> got(scales.size() + 1, 0xAB);
+    marlin_fp4_scales(reinterpret_cast<std::byte*>(got.data()),
+                      reinterpret_cast<const std::byte*>(scales.data()), n, groups);
+    ASSERT_EQ(got.back(), 0xAB);
+    got.pop_back();
+    EXPECT_EQ(got, sglang_marlin_scales(scales, n, groups)) << groups << " groups";
+  }
+}
+
 }  // namespace
 }  // namespace ferry::gpu::host
 

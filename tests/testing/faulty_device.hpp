@@ -106,6 +106,16 @@ class FaultyStream final : public gpu::StreamWrapper {
     check("pack_ue8m0");
     StreamWrapper::pack_ue8m0(dst, scale, rows, block_rows, scale_cols, batches);
   }
+  void repack_marlin_fp4(std::byte* dst, const std::byte* src, std::size_t n,
+                         std::size_t k) override {
+    check("repack_marlin_fp4");
+    StreamWrapper::repack_marlin_fp4(dst, src, n, k);
+  }
+  void marlin_fp4_scales(std::byte* dst, const std::byte* src, std::size_t n,
+                         std::size_t groups) override {
+    check("marlin_fp4_scales");
+    StreamWrapper::marlin_fp4_scales(dst, src, n, groups);
+  }
   std::unique_ptr<gpu::Event> record() override {
     check("record");
     return StreamWrapper::record();
