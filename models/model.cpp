@@ -209,6 +209,7 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
   q.ue8m0_dense = q.target == QuantScheme::Target::kSm100 && dtype == DType::kBF16;
   q.ue8m0_experts =
       q.ue8m0_dense && normalized.moe_a2a == ParallelLayout::MoeA2a::kDeepep;
+  q.params_dtype = dtype;
   check_target(q, architecture, hf_config.contains("n_routed_experts") ||
                                     hf_config.contains("num_experts") ||
                                     hf_config.contains("num_local_experts"),

@@ -314,6 +314,9 @@ struct QuantScheme {
   Target target = Target::kLoader;
   bool ue8m0_dense = false;
   bool ue8m0_experts = false;
+  // The model dtype (SGLang's params_dtype): what Marlin's NVFP4 scales on kSm90 are
+  // computed in. Set by make_model.
+  DType params_dtype = DType::kBF16;
 
   bool quantized() const { return method != Method::kNone; }
   bool operator==(const QuantScheme&) const = default;

@@ -159,6 +159,32 @@ Shape nvfp4_swizzled_shape(const Shape& weight, std::uint64_t group_size) {
   return Shape{(weight[0] + 127) / 128 * 128, (cols + 3) / 4 * 4};
 }
 
+bool nvfp4_marlin(const QuantScheme& q, const Shape& weight) {
+  return q.target == Target::kSm90 && q.method == Method::kNvfp4 && weight.size() == 2;
+}
+
+Shape marlin_padded_shape(const Shape& weight) {
+  auto up = [](std::uint64_t x, std::uint64_t m) { return (x + m - 1) / m * m; };
+  const Shape a{up(weight[0], 64), up(weight[1], 128)};
+  const Shape b{up(weight[0], 128), up(weight[1], 64)};
+  auto key = [](const Shape& s) { return std::make_pair(s[0] * s[1], s[0] + s[1]); };
+  return key(b) < key(a) ? b : a;
+}
+
+Shape marlin_weight_shape(const Shape& weight) {
+  const Shape p = marlin_padded_shape(weight);
+  return Shape{p[1] / 16, 2 * p[0]};
+}
+
+Shape marlin_scale_shape(const Shape& weight, std::uint64_t group_size) {
+  const Shape p = marlin_padded_shape(weight);
+  return Shape{p[1] / std::max<std::uint64_t>(1, group_size), p[0]};
+}
+
+std::string loaded_weight_name(std::string_view weight) {
+  return companion_name(weight, "weight_loaded");
+}
+
 std::string nvfp4_padding(const Shape& weight) {
   if (weight.size() != 2 || (weight[0] % 32 == 0 && weight[1] % 32 == 0)) {
     return "";
@@ -169,6 +195,9 @@ std::string nvfp4_padding(const Shape& weight) {
 }
 
 ScaleForm scale_form(const QuantScheme& q, const Shape& weight, std::uint64_t shards) {
+  if (nvfp4_marlin(q, weight)) {
+    return ScaleForm::kMarlin;
+  }
   if (nvfp4_served(q, weight)) {
     const Shape scale = block_scale_shape(weight, 1, std::max<std::uint64_t>(1, q.group_size));
     return nvfp4_swizzled_shape(weight, q.group_size) == scale ? ScaleForm::kSwizzled : ScaleForm::kAsLoaded;
@@ -210,6 +239,7 @@ Shape served_scale_shape(ScaleForm form, const Shape& weight) {
       return Shape{weight[0]};
     case ScaleForm::kAsLoaded:
     case ScaleForm::kSwizzled:  // the block scales' shape (nvfp4_swizzled_shape)
+    case ScaleForm::kMarlin:    // marlin_scale_shape
       break;
   }
   return weight;  // not asked for
@@ -268,18 +298,25 @@ void check_target(const QuantScheme& q, const std::string& architecture, bool ha
         "quantization.requant converts scales by hand; the target already gives the scales "
         "SGLang's kernels read there (use one or the other)");
   }
-  if (q.method == Method::kNvfp4 && q.target == Target::kSm90) {
-    refuse(
-        "SGLang 0.5.23 serves NVFP4 on Hopper only through Marlin's repack "
-        "(ModelOptFp4LinearMethod: fp4_gemm_backend marlin), which ferry does not "
-        "produce; use postprocess.target=loader");
-  }
   if (q.method == Method::kNvfp4 && has_experts) {
-    refuse(
-        "the layouts of NVFP4 fused experts (ModelOptNvFp4FusedMoEMethod."
-        "process_weights_after_loading) follow SGLang 0.5.23's MoE runner, flashinfer_trtllm's "
-        "weight shuffles by default on sm100, which ferry does not produce; use "
-        "postprocess.target=loader");
+    refuse(std::string("the layouts of NVFP4 fused experts (ModelOptNvFp4FusedMoEMethod."
+                       "process_weights_after_loading) follow SGLang 0.5.23's MoE runner: ") +
+           (q.target == Target::kSm90
+                ? "Marlin's MoE repack on sm90 (prepare_moe_nvfp4_layer_for_marlin)"
+                : "flashinfer_trtllm's weight shuffles by default on sm100") +
+           ", which ferry does not produce; use postprocess.target=loader");
+  }
+  if (q.method == Method::kNvfp4 && q.target == Target::kSm90) {
+    if (q.group_size != 16) {
+      refuse("SGLang 0.5.23 serves NVFP4 on Hopper through Marlin, which requires group_size "
+             "16 (prepare_nvfp4_layer_for_marlin); this checkpoint's is " +
+             std::to_string(q.group_size));
+    }
+    if (q.params_dtype != DType::kBF16 && q.params_dtype != DType::kF16) {
+      refuse("SGLang 0.5.23 serves NVFP4 on Hopper through Marlin, which requires an FP16 or "
+             "BF16 model (prepare_nvfp4_layer_for_marlin); this one is " +
+             std::string(dtype_name(q.params_dtype)));
+    }
   }
   // SGLang 0.5.23 arg_groups/overrides.py _deepseek_moe_quant_resolution: on sm100,
   // without an all-to-all backend, the DeepSeek family's MoE runner becomes
@@ -376,7 +413,13 @@ class RankPostprocess {
           q_.target == Target::kSm100 && weight.shape.size() == 2 &&
           quantized_linear_param(weight.name)) {
         add_nvfp4_scales(w, out);
-        add_nvfp4_alpha(w, out);
+        add_nvfp4_alpha(w, out, false);
+        continue;
+      }
+      if (q_.method == Method::kNvfp4 && q_.target == Target::kSm90 && !weight.transient &&
+          quantized_linear_param(weight.name) && find(loaded_weight_name(weight.name))) {
+        add_marlin(w, out);
+        add_nvfp4_alpha(w, out, true);
         continue;
       }
       if (weight.dtype != DType::kF8E4M3 || weight.transient ||
@@ -566,10 +609,75 @@ class RankPostprocess {
     out.push_back(std::move(hook));
   }
 
-  // NVFP4 on kSm100: alpha = input_scale.max() * weight_scale_2.max() and
-  // input_scale_inv = 1 / input_scale.max(), F32 [] each, from the [S] scales as
-  // loaded (read back to the host: a few scalars).
-  void add_nvfp4_alpha(std::size_t w, std::vector<PostLoadHook>& out) const {
+  // NVFP4 on kSm90: Marlin's weight and scales from their loaded twins, each padded
+  // with zeros in scratch first where the Marlin shape is larger.
+  void add_marlin(std::size_t w, std::vector<PostLoadHook>& out) const {
+    const ParamSpec& weight = shell_.params[w];
+    const std::size_t loaded = *find(loaded_weight_name(weight.name));
+    const Shape& ls = shell_.params[loaded].shape;
+    if (shell_.params[loaded].dtype != DType::kU8 || ls.size() != 2) {
+      bad(shell_.params[loaded].name, "expected the U8 [N, K / 2] NVFP4 weight as loaded");
+    }
+    const std::uint64_t n = ls[0];
+    const std::uint64_t k = ls[1] * 2;
+    const Shape padded = marlin_padded_shape(Shape{n, k});
+    const std::uint64_t np = padded[0];
+    const std::uint64_t kp = padded[1];
+    const std::uint64_t groups = kp / 16;
+    need(weight.name, marlin_weight_shape(Shape{n, k}), weight.name, DType::kI32);
+    const std::string scale_name = companion_name(weight.name, "weight_scale");
+    const std::size_t twin = need(loaded_tensor_scale_name(weight.name), Shape{n, k / 16},
+                                  weight.name, DType::kF8E4M3);
+    const std::size_t scale =
+        need(scale_name, Shape{groups, np}, weight.name, DType::kF8E4M3);
+    const bool pad = np != n || kp != k;
+    PostLoadHook repack;
+    repack.name = "postprocess_sm90:" + weight.name + rank_note_;
+    repack.local_rank = r_;
+    repack.inputs = {loaded};
+    repack.outputs = {w};
+    after(repack, {loaded});
+    repack.scratch_bytes = pad ? np * kp / 2 : 0;
+    repack.run = [=](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      const std::byte* src = ctx.param_data(loaded);
+      if (pad) {
+        std::byte* p = ctx.scratch(np * kp / 2);
+        stream.zero(p, np * kp / 2);
+        stream.copy_d2d_2d(p, kp / 2, src, k / 2, k / 2, n);
+        src = p;
+      }
+      stream.repack_marlin_fp4(ctx.param_data(w), src, np, kp);
+    };
+    out.push_back(std::move(repack));
+    PostLoadHook scales;
+    scales.name = "postprocess_sm90:" + scale_name + rank_note_;
+    scales.local_rank = r_;
+    scales.inputs = {twin};
+    scales.outputs = {scale};
+    after(scales, {twin});
+    scales.scratch_bytes = pad ? np * groups : 0;
+    scales.run = [=](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      const std::byte* src = ctx.param_data(twin);
+      if (pad) {
+        std::byte* p = ctx.scratch(np * groups);
+        stream.zero(p, np * groups);
+        stream.copy_d2d_2d(p, groups, src, k / 16, k / 16, n);
+        src = p;
+      }
+      stream.marlin_fp4_scales(ctx.param_data(scale), src, np, groups);
+    };
+    out.push_back(std::move(scales));
+  }
+
+  // NVFP4: alpha = input_scale.max() * weight_scale_2.max() and input_scale_inv =
+  // 1 / input_scale.max(), F32 [] each, from the [S] scales as loaded (read back to
+  // the host: a few scalars). `marlin` (kSm90): also input_global_scale F32 [] =
+  // input_scale.max() and weight_global_scale [1] = weight_scale_2.max() rounded to
+  // the model dtype, times 2^119 (BF16) or 2^7 (F16) in it
+  // (nvfp4_marlin_process_global_scale): the rounding is the device's cast.
+  void add_nvfp4_alpha(std::size_t w, std::vector<PostLoadHook>& out, bool marlin) const {
     const ParamSpec& weight = shell_.params[w];
     const std::string s2_name = companion_name(weight.name, "weight_scale_2");
     const std::optional<std::size_t> s2 = find(s2_name);
@@ -585,14 +693,28 @@ class RankPostprocess {
         need(companion_name(weight.name, "input_scale_inv"), Shape{}, weight.name);
     const std::uint64_t n2 = shell_.params[*s2].nbytes / kF32;
     const std::uint64_t ni = in ? shell_.params[*in].nbytes / kF32 : 0;
+    const DType dtype = q_.params_dtype;
+    std::size_t input_global = 0;
+    std::size_t weight_global = 0;
+    if (marlin) {
+      input_global = need(companion_name(weight.name, "input_global_scale"), Shape{}, weight.name);
+      weight_global =
+          need(companion_name(weight.name, "weight_global_scale"), Shape{1}, weight.name, dtype);
+    }
     PostLoadHook hook;
-    hook.name = "postprocess_sm100:" + companion_name(weight.name, "alpha") + rank_note_;
+    hook.name = "postprocess_" + std::string(to_string(q_.target)) + ":" +
+                companion_name(weight.name, "alpha") + rank_note_;
     hook.local_rank = r_;
     hook.inputs = {*s2};
     if (in) {
       hook.inputs.push_back(*in);
     }
     hook.outputs = {alpha, inv};
+    if (marlin) {
+      hook.outputs.push_back(input_global);
+      hook.outputs.push_back(weight_global);
+      hook.scratch_bytes = kF32;
+    }
     after(hook, {*s2});
     const std::size_t s2_param = *s2;
     const std::optional<std::size_t> in_param = in;
@@ -612,6 +734,23 @@ class RankPostprocess {
       float values[2] = {is * torch_max(second), 1.0f / is};
       stream.copy_h2d(ctx.param_data(alpha), reinterpret_cast<const std::byte*>(&values[0]), kF32);
       stream.copy_h2d(ctx.param_data(inv), reinterpret_cast<const std::byte*>(&values[1]), kF32);
+      if (marlin) {
+        stream.copy_h2d(ctx.param_data(input_global), reinterpret_cast<const std::byte*>(&is),
+                        kF32);
+        // weight_scale_2.max() rounded to the model dtype, widened back, scaled by a
+        // power of two (exact, or infinite), rounded again.
+        float global = torch_max(second);
+        std::byte* f32 = ctx.scratch(kF32);
+        std::byte* out_global = ctx.param_data(weight_global);
+        stream.copy_h2d(f32, reinterpret_cast<const std::byte*>(&global), kF32);
+        stream.cast(out_global, dtype, f32, DType::kF32, 1);
+        stream.cast(f32, DType::kF32, out_global, dtype, 1);
+        stream.copy_d2h(reinterpret_cast<std::byte*>(&global), f32, kF32);
+        stream.synchronize();
+        global = std::ldexp(global, dtype == DType::kBF16 ? 119 : 7);
+        stream.copy_h2d(f32, reinterpret_cast<const std::byte*>(&global), kF32);
+        stream.cast(out_global, dtype, f32, DType::kF32, 1);
+      }
       stream.synchronize();  // the host values die with this call
     };
     out.push_back(std::move(hook));

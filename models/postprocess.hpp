@@ -63,10 +63,28 @@
 //   input_scale and weight_scale_2 [S] as loaded.
 // The swizzle runs on the device as two batched transposes of 4-byte groups.
 //
-// Refused (make_model, Stage::kConfig, naming the reason): NVFP4 on kSm90 (SGLang
-// serves it through Marlin's repack, which ferry does not produce) and NVFP4 fused
-// experts on kSm100 (ModelOptNvFp4FusedMoEMethod's layouts follow the MoE runner:
-// flashinfer_trtllm's shuffles for DeepSeek and Qwen3-MoE, not produced); on kSm100
+// NVFP4, dense, on kSm90: the default FP4 GEMM backend below sm100 is marlin, so
+// process_weights_after_loading leaves what prepare_nvfp4_layer_for_marlin
+// (marlin_utils_fp4.py) makes, with N and K padded to (N', K') =
+// marlin_padded_shape (zeros):
+//   weight I32 [K'/16, 2N']: gptq_marlin_repack of the padded weight
+//     (Stream::repack_marlin_fp4, gpu/marlin.hpp);
+//   weight_scale E4M3 [K'/16, N']: the padded scales transposed, permuted and coded
+//     (marlin_permute_scales, nvfp4_marlin_process_scales: Stream::marlin_fp4_scales);
+//   weight_global_scale [1] in the model dtype: weight_scale_2.max() in it, times
+//     2^(2^(e-1) - 2 - 7) (e: its exponent bits; nvfp4_marlin_process_global_scale);
+//   input_global_scale F32 [] = input_scale.max(); alpha and input_scale_inv as on
+//     kSm100; input_scale and weight_scale_2 [S] as loaded.
+// The checkpoint's weight and scales load into the transient twins
+// "<w>weight_loaded" and "<w>weight_scale_loaded" (ScaleForm::kMarlin): for the load,
+// the device holds both forms of every NVFP4 weight (the twins are freed with it).
+//
+// Refused (make_model, Stage::kConfig, naming the reason): NVFP4 fused experts on
+// either target (ModelOptNvFp4FusedMoEMethod's layouts follow the MoE runner: Marlin's
+// MoE repack on sm90, flashinfer_trtllm's shuffles for DeepSeek and Qwen3-MoE on
+// sm100; neither is produced); on kSm90 NVFP4 with group_size other than 16 or an
+// F32 model (SGLang's Marlin refuses both) and NVFP4 linears with a bias
+// (marlin_permute_bias, not produced: Stage::kPlacement); on kSm100
 // the fused experts
 // of SGLang's DeepSeek family without DeepEP (its default MoE runner there is
 // flashinfer_trtllm, whose weight shuffles ferry does not produce); and any target
@@ -106,6 +124,7 @@ enum class ScaleForm {
   kMaxRows,      // requantized to the max; [N, 1] all holding it
   kMaxExperts,   // experts: each expert's w1 / w3 requantized to its max; [E]
   kSwizzled,     // NVFP4 on kSm100: swizzled over weight_scale, same shape
+  kMarlin,       // NVFP4 on kSm90: Marlin's [K'/16, N'] (nvfp4_marlin_shape)
 };
 ScaleForm scale_form(const QuantScheme& scheme, const Shape& weight, std::uint64_t shards);
 // The served shape of that scale.
@@ -115,6 +134,17 @@ Shape served_scale_shape(ScaleForm form, const Shape& weight);
 // shape of its swizzled scales, [N rounded up to 128, K / group rounded up to 4].
 bool nvfp4_served(const QuantScheme& scheme, const Shape& weight);
 Shape nvfp4_swizzled_shape(const Shape& weight, std::uint64_t group_size);
+// NVFP4 on kSm90 (`weight` the logical [N, K]): whether the Marlin path runs on it,
+// and the padded [N', K'] it works on: the smaller (by N' * K', then N' + K') of (N
+// to 64, K to 128) and (N to 128, K to 64), as prepare_nvfp4_layer_for_marlin picks.
+bool nvfp4_marlin(const QuantScheme& scheme, const Shape& weight);
+Shape marlin_padded_shape(const Shape& weight);
+// Its served weight (I32 [K'/16, 2N']) and scales (E4M3 [K'/16, N']).
+Shape marlin_weight_shape(const Shape& weight);
+Shape marlin_scale_shape(const Shape& weight, std::uint64_t group_size);
+// "<w>weight_loaded": the transient the checkpoint's weight loads into.
+std::string loaded_weight_name(std::string_view weight);
+
 // Where pad_nvfp4_weight would pad the weight (N or K not a multiple of 32): the
 // reason, naming the dims; empty where it would not.
 std::string nvfp4_padding(const Shape& weight);

@@ -335,6 +335,7 @@ struct TableModel::WeightScales {
   bool stacked = false;  // fused experts: leading expert dims
   bool ue8m0 = false;    // quantization.requant=ue8m0 converts it
   bool nvfp4 = false;    // postprocess.target=sm100's dense NVFP4 path (nvfp4_served)
+  bool marlin = false;   // postprocess.target=sm90's dense NVFP4 path (nvfp4_marlin)
   ScaleForm form = ScaleForm::kAsLoaded;
   bool input_max = false;
   std::string scale;        // the weight scale's param
@@ -477,6 +478,7 @@ TableModel::WeightScales TableModel::weight_scales(ParamDecl& d, ShapeRule weigh
   s.ue8m0 = !d.transient && converts_ue8m0(q, first_shape);
   s.form = d.transient ? ScaleForm::kAsLoaded : scale_form(q, first_shape, s.shards);
   s.nvfp4 = !d.transient && nvfp4_served(q, first_shape);
+  s.marlin = !d.transient && nvfp4_marlin(q, first_shape);
   if (s.nvfp4) {
     for (int rank : layout_.local_ranks) {
       const Shape shape = s.weight(rank);
@@ -570,9 +572,16 @@ void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) cons
         return block_scale_shape(weight(rank), bn, bk);
       };
       const bool swizzled = s.form == ScaleForm::kSwizzled;
-      w.companions.push_back({s.scale, blocks, w.traits.scale_dtype, s.ue8m0 || swizzled});
+      w.companions.push_back(
+          {s.scale, blocks, w.traits.scale_dtype, s.ue8m0 || swizzled || s.marlin});
       if (swizzled) {
         w.companions.push_back({weight_scale_name(q, d.name), blocks, w.traits.scale_dtype});
+      } else if (s.marlin) {
+        w.companions.push_back({weight_scale_name(q, d.name),
+                                [weight, group = q.group_size](int rank) {
+                                  return marlin_scale_shape(weight(rank), group);
+                                },
+                                w.traits.scale_dtype});
       }
       break;
     }
@@ -609,7 +618,17 @@ void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) cons
            },
            w.traits.scale_dtype});
     }
-    for (const char* scalar : {"alpha", "input_scale_inv"}) {
+  }
+  if (s.nvfp4 || s.marlin) {
+    // alpha and input_scale_inv on both targets; Marlin's global scales on sm90
+    // (prepare_nvfp4_layer_for_marlin).
+    std::vector<std::string> scalars = {"alpha", "input_scale_inv"};
+    if (s.marlin) {
+      scalars.push_back("input_global_scale");
+      w.companions.push_back({companion_name(d.name, "weight_global_scale"),
+                              [](int) { return Shape{1}; }, q.params_dtype});
+    }
+    for (const std::string& scalar : scalars) {
       w.companions.push_back(
           {companion_name(d.name, scalar), [](int) { return Shape{}; }, DType::kF32});
     }
@@ -852,6 +871,7 @@ void TableModel::apply_quant() {
   // Block-scaled shares must be whole blocks: NVFP4's scales are [1, group] blocks.
   QuantWork w{quant_, traits, traits.group_blocks ? 1 : quant_.block_n,
               traits.group_blocks ? quant_.group_size : quant_.block_k, {}, {}};
+  std::map<std::string, std::string> marlin_twins;  // weight -> its loaded twin
   for (ParamDecl& d : param_decls_) {
     auto qit = quantized.find(d.name);
     if (qit == quantized.end()) {
@@ -875,7 +895,24 @@ void TableModel::apply_quant() {
     if (w.traits.values_per_byte > 1) {
       d.shape = replace_last_dim(s.weight, w.traits.values_per_byte);
     }
+    if (s.marlin) {
+      // postprocess.target=sm90: the checkpoint's weight loads into a transient twin;
+      // the param is Marlin's repack of it (models/postprocess.hpp).
+      const std::string bias = companion_name(d.name, "bias");
+      if (std::any_of(param_decls_.begin(), param_decls_.end(),
+                      [&](const ParamDecl& p) { return p.name == bias; })) {
+        throw Error(Stage::kPlacement, "", d.name,
+                    "postprocess.target=sm90: SGLang 0.5.23 permutes an NVFP4 linear's bias for "
+                    "Marlin (marlin_permute_bias), which ferry does not produce; use "
+                    "postprocess.target=loader");
+      }
+      w.companions.push_back({loaded_weight_name(d.name), d.shape, d.dtype, true});
+      marlin_twins.emplace(d.name, loaded_weight_name(d.name));
+      d.shape = [weight = s.weight](int rank) { return marlin_weight_shape(weight(rank)); };
+      d.dtype = DType::kI32;
+    }
   }
+  retarget(targets_, fill_decls_, marlin_twins);
   add_kv_cache_scales(w);
   for (ParamDecl& c : w.companions) {
     param_decls_.push_back(std::move(c));

@@ -42,4 +42,10 @@ if [ ! -x "$PY" ]; then
   echo "no interpreter at $PY: run scripts/sglang-parity.sh --setup or set FERRY_PARITY_PYTHON" >&2
   exit 2
 fi
+# NVFP4's postprocess.target layouts, which SGLang's own code only makes on a GPU:
+# its steps replayed in numpy (tests/parity/nvfp4_targets.py); then the matrix.
+case " $* " in
+  *" --help "* | *" -h "*) ;;
+  *) (cd tests/parity && "$OLDPWD/$PY" nvfp4_targets.py --ferry "$OLDPWD/build/release/ferry") ;;
+esac
 exec "$PY" tests/parity/run_parity.py "$@"

@@ -373,16 +373,88 @@ TEST(Postprocess, Nvfp4OnSm100SwizzlesTheBlockScalesAndAddsAlpha) {
   EXPECT_EQ(loader->hooks().size(), 0u);
 }
 
+// ModelOptFp4LinearMethod.process_weights_after_loading's marlin branch (the default
+// FP4 GEMM backend below sm100) and prepare_nvfp4_layer_for_marlin
+// (marlin_utils_fp4.py): the weight I32 [K'/16, 2N'] (gptq_marlin_repack), the scales
+// E4M3 [K'/16, N'], weight_global_scale [1] in the model dtype, input_global_scale,
+// alpha and input_scale_inv F32 []; the checkpoint's weight and scales load into
+// transient twins. (N', K'): the smaller of (N to 64, K to 128) and (N to 128, K to
+// 64): qkv_proj [96, 128] at tp 2 pads to [128, 128]; o_proj [128, 64] stays.
+TEST(Postprocess, Nvfp4OnSm90IsMarlinsLayout) {
+  EXPECT_EQ(models::marlin_padded_shape({96, 128}), (models::Shape{128, 128}));
+  EXPECT_EQ(models::marlin_padded_shape({128, 64}), (models::Shape{128, 64}));
+  EXPECT_EQ(models::marlin_padded_shape({64, 64}), (models::Shape{64, 128}));  // tie: the first
+  EXPECT_EQ(models::marlin_padded_shape({7168, 2048}), (models::Shape{7168, 2048}));
+  const nlohmann::json c = nvfp4_config("llama");
+  models::ParallelLayout tp2;
+  tp2.tp = 2;
+  const auto loader = make(c, Target::kLoader, tp2);
+  const auto m = make(c, Target::kSm90, tp2);
+  const models::RankShell& l = loader->shells()[0];
+  const models::RankShell& s = m->shells()[0];
+  const std::string qkv = "model.layers.0.self_attn.qkv_proj.";
+  const std::string o = "model.layers.0.self_attn.o_proj.";
+  EXPECT_EQ(spec(s, qkv + "weight"), "I32 [8, 256]");
+  EXPECT_EQ(spec(s, qkv + "weight_loaded"), "U8 [96, 64] transient");
+  EXPECT_EQ(spec(s, qkv + "weight_scale"), "F8_E4M3 [8, 128]");
+  EXPECT_EQ(spec(s, qkv + "weight_scale_loaded"), "F8_E4M3 [96, 8] transient");
+  EXPECT_EQ(spec(s, qkv + "weight_global_scale"), "BF16 [1]");
+  EXPECT_EQ(spec(s, qkv + "input_global_scale"), "F32 []");
+  EXPECT_EQ(spec(s, qkv + "alpha"), "F32 []");
+  EXPECT_EQ(spec(s, qkv + "input_scale_inv"), "F32 []");
+  EXPECT_EQ(spec(s, qkv + "input_scale"), "F32 [3]");
+  EXPECT_EQ(spec(s, qkv + "weight_scale_2"), "F32 [3]");
+  EXPECT_EQ(spec(s, qkv + "weight_scale_interleaved"), "absent");
+  EXPECT_EQ(spec(s, o + "weight"), "I32 [4, 256]");
+  EXPECT_EQ(spec(s, o + "weight_scale"), "F8_E4M3 [4, 128]");
+  // Every loader param kept; six more per linear (two twins, four scalars); three
+  // hooks per linear (the weight, the scales, the scalars).
+  std::size_t linears = 0;
+  for (const models::ParamSpec& p : l.params) {
+    EXPECT_NE(find(s, p.name), nullptr) << p.name;
+    linears += p.dtype == DType::kU8 ? 1 : 0;
+  }
+  EXPECT_EQ(s.params.size(), l.params.size() + 6 * linears);
+  std::size_t hooks = 0;
+  for (const models::PostLoadHook& h : m->hooks()) {
+    hooks += h.local_rank == 0 ? 1 : 0;
+    EXPECT_TRUE(h.idempotent) << h.name;
+  }
+  EXPECT_EQ(hooks, 3 * linears);
+  // F16 models get their global scale in F16.
+  nlohmann::json f16 = c;
+  f16["torch_dtype"] = "float16";
+  EXPECT_EQ(spec(make(f16, Target::kSm90)->shells()[0], qkv + "weight_global_scale"), "F16 [1]");
+}
+
 TEST(Postprocess, RefusalsNameTheTargetAndWhy) {
-  // NVFP4: Marlin on Hopper; fused experts on Blackwell; a weight SGLang pads.
+  // NVFP4: fused experts on either target; on Hopper what SGLang's Marlin refuses and
+  // a bias; on Blackwell a weight SGLang pads.
   const nlohmann::json nvfp4 = nvfp4_config("llama");
-  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(nvfp4, Target::kSm90); }),
-              HasSubstr("postprocess.target=sm90: SGLang 0.5.23 serves NVFP4 on Hopper only "
-                        "through Marlin"));
+  EXPECT_NO_THROW(make(nvfp4, Target::kSm90));
   EXPECT_NO_THROW(make(nvfp4, Target::kSm100));
   EXPECT_NO_THROW(make(nvfp4, Target::kLoader));
   EXPECT_THAT(error_of(Stage::kConfig, [&] { make(nvfp4_config("qwen3_moe"), Target::kSm100); }),
               HasSubstr("postprocess.target=sm100: the layouts of NVFP4 fused experts"));
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(nvfp4_config("qwen3_moe"), Target::kSm90); }),
+              HasSubstr("Marlin's MoE repack on sm90"));
+  models::ModelOptions f32;  // model.dtype=float32 (auto makes a float32 config BF16)
+  f32.target = Target::kSm90;
+  f32.dtype = DType::kF32;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(nvfp4, {}, f32); }),
+              HasSubstr("requires an FP16 or BF16 model (prepare_nvfp4_layer_for_marlin); this "
+                        "one is F32"));
+  nlohmann::json hf_quant = synth::synth_hf_quant_config(synth::SynthQuant::kNvfp4);
+  hf_quant["quantization"]["group_size"] = 32;
+  const nlohmann::json group32 = models::with_hf_quant_config(
+      synth::synth_config("llama", "tiny", DType::kBF16, false), hf_quant);
+  EXPECT_NO_THROW(make(group32, Target::kLoader));
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(group32, Target::kSm90); }),
+              HasSubstr("requires group_size 16 (prepare_nvfp4_layer_for_marlin); this "
+                        "checkpoint's is 32"));
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(nvfp4_config("qwen2"), Target::kSm90); }),
+              HasSubstr("marlin_permute_bias"));
+  EXPECT_NO_THROW(make(nvfp4_config("qwen2"), Target::kSm100));
   nlohmann::json narrow = nvfp4;
   narrow["intermediate_size"] = 48;  // down_proj's K: 48, not a multiple of 32
   EXPECT_NO_THROW(make(narrow, Target::kLoader));

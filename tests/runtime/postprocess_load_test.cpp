@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "gpu/kernels_host.hpp"
 #include "io/safetensors.hpp"
+#include "models/postprocess.hpp"
 #include "models/quant.hpp"
 #include "models/requant.hpp"
 #include "runtime/api_internal.hpp"
@@ -434,6 +436,36 @@ TEST(PostprocessLoad, CompressedTensorsExpertsNeedEqualW1W3InputScales) {
   EXPECT_EQ(ok.model->ranks()[0].find("model.layers.0.mlp.experts.w13_input_scale_w1"), nullptr);
 }
 
+// The capture-safe startup (the hooks run again on the real weights) leaves the bytes
+// of `want` (a serial load at tp 2 with `target`); the dummy format, its params.
+void overlap_and_dummy_match(const std::string& ck, const std::string& target,
+                             const LoadResult& want) {
+  const std::vector<std::string> sets = {"parallel.tp=2", "postprocess.target=" + target};
+  std::vector<std::string> overlap_sets = sets;
+  overlap_sets.push_back("startup.mode=overlap");
+  Runtime overlap(to_config(make_config(ck, overlap_sets)));
+  ASSERT_TRUE(overlap.prepare().wait());
+  LoadResult committed = overlap.commit().wait();
+  ASSERT_TRUE(committed) << committed.error->message;
+  std::vector<std::string> dummy_sets = sets;
+  dummy_sets.push_back("model.load_format=dummy");
+  Runtime dummy(to_config(make_config(ck, dummy_sets)));
+  LoadResult d = dummy.load();
+  ASSERT_TRUE(d) << d.error->message;
+  for (std::size_t r = 0; r < 2; ++r) {
+    const std::vector<LoadedParam>& params = want.model->ranks()[r].params;
+    ASSERT_EQ(d.model->ranks()[r].params.size(), params.size());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(committed.model->read_param(r, params[i].name),
+                want.model->read_param(r, params[i].name))
+          << params[i].name;
+      EXPECT_EQ(d.model->ranks()[r].params[i].name, params[i].name);
+      EXPECT_EQ(d.model->ranks()[r].params[i].dtype, params[i].dtype) << params[i].name;
+      EXPECT_EQ(d.model->ranks()[r].params[i].shape, params[i].shape) << params[i].name;
+    }
+  }
+}
+
 // SGLang 0.5.23's swizzle_blockscale (quantization/utils.py) of E4M3 scales [m, c]:
 // zero-padded to [m', c'] (128 rows, 4 columns), viewed as [m'/128, 4, 32, c'/4, 4]
 // and permuted (0, 3, 2, 1, 4); each output byte from its index.
@@ -516,30 +548,83 @@ TEST(PostprocessLoad, Nvfp4OnSm100IsTheSwizzleOfAPlainLoad) {
   }
   EXPECT_EQ(beside, 4u * 2);  // qkv_proj of four layers, two ranks
   EXPECT_EQ(in_place, 12u * 2);
-  // The capture-safe startup: the same bytes; the dummy format: the same params.
-  const std::vector<std::string> sets = {"parallel.tp=2", "postprocess.target=sm100"};
-  std::vector<std::string> overlap_sets = sets;
-  overlap_sets.push_back("startup.mode=overlap");
-  Runtime overlap(to_config(make_config(ck, overlap_sets)));
-  ASSERT_TRUE(overlap.prepare().wait());
-  LoadResult committed = overlap.commit().wait();
-  ASSERT_TRUE(committed) << committed.error->message;
-  std::vector<std::string> dummy_sets = sets;
-  dummy_sets.push_back("model.load_format=dummy");
-  Runtime dummy(to_config(make_config(ck, dummy_sets)));
-  LoadResult d = dummy.load();
-  ASSERT_TRUE(d) << d.error->message;
+  overlap_and_dummy_match(ck, "sm100", l.target);
+}
+
+// NVFP4 on sm90 (the marlin branch of ModelOptFp4LinearMethod.
+// process_weights_after_loading, prepare_nvfp4_layer_for_marlin): the plain load's
+// weight and scales zero-padded to Marlin's shape and put through the host twins of
+// the device layouts (which tests/gpu/kernels_host_test checks against SGLang's
+// repack kernel and scale code), the global scales and alpha from the plain scalars.
+TEST(PostprocessLoad, Nvfp4OnSm90IsMarlinsLayoutOfAPlainLoad) {
+  TempDir dir;
+  const std::string ck = synth_tiny(dir, "llama", synth::SynthQuant::kNvfp4, "nvfp4");
+  set_scalars(ck, "input_scale", {0.5f, 0.75f, 0.25f, 1.5f, 0.125f});
+  set_scalars(ck, "weight_scale_2", {0.0015f, 0.003f, 0.002f, 0.0005f});
+  const Loads l = load_both(ck, "sm90");
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  std::size_t padded = 0;
+  std::size_t checked = 0;
   for (std::size_t r = 0; r < 2; ++r) {
-    const std::vector<LoadedParam>& want = l.target.model->ranks()[r].params;
-    ASSERT_EQ(d.model->ranks()[r].params.size(), want.size());
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      EXPECT_EQ(committed.model->read_param(r, want[i].name),
-                l.target.model->read_param(r, want[i].name))
-          << want[i].name;
-      EXPECT_EQ(d.model->ranks()[r].params[i].name, want[i].name);
-      EXPECT_EQ(d.model->ranks()[r].params[i].shape, want[i].shape) << want[i].name;
+    for (const LoadedParam& p : l.plain.model->ranks()[r].params) {
+      if (p.dtype != DType::kU8) {
+        continue;
+      }
+      ++checked;
+      const std::string base = p.name.substr(0, p.name.size() - 6);
+      const std::uint64_t n = p.shape[0];
+      const std::uint64_t k = p.shape[1] * 2;
+      const models::Shape np_kp = models::marlin_padded_shape({n, k});
+      const std::uint64_t np = np_kp[0];
+      const std::uint64_t kp = np_kp[1];
+      padded += np != n || kp != k ? 1 : 0;
+      // The weight and the scales, padded with zeros, through the host layouts.
+      const std::vector<std::byte> w = l.plain.model->read_param(r, p.name);
+      const std::vector<std::byte> s = l.plain.model->read_param(r, base + "weight_scale");
+      std::vector<std::byte> wp(np * kp / 2);
+      std::vector<std::byte> sp(np * kp / 16);
+      for (std::uint64_t row = 0; row < n; ++row) {
+        std::copy_n(w.begin() + row * k / 2, k / 2, wp.begin() + row * kp / 2);
+        std::copy_n(s.begin() + row * k / 16, k / 16, sp.begin() + row * kp / 16);
+      }
+      std::vector<std::byte> want_w(wp.size());
+      std::vector<std::byte> want_s(sp.size());
+      gpu::host::repack_marlin_fp4(want_w.data(), wp.data(), np, kp);
+      gpu::host::marlin_fp4_scales(want_s.data(), sp.data(), np, kp / 16);
+      const LoadedParam* got_w = l.target.model->ranks()[r].find(p.name);
+      ASSERT_NE(got_w, nullptr);
+      EXPECT_EQ(got_w->dtype, DType::kI32);
+      EXPECT_EQ(got_w->shape, (models::Shape{kp / 16, 2 * np}));
+      EXPECT_EQ(l.target.model->read_param(r, p.name), want_w) << p.name;
+      EXPECT_EQ(l.target.model->read_param(r, base + "weight_scale"), want_s) << base;
+      // The scalars.
+      const std::vector<float> in = floats(l.plain.model->read_param(r, base + "input_scale"));
+      const std::vector<float> s2 = floats(l.plain.model->read_param(r, base + "weight_scale_2"));
+      const float is = *std::max_element(in.begin(), in.end());
+      const float ws = *std::max_element(s2.begin(), s2.end());
+      auto scalar = [&](const std::string& name) {
+        return floats(l.target.model->read_param(r, base + name));
+      };
+      EXPECT_EQ(scalar("alpha"), std::vector<float>{is * ws});
+      EXPECT_EQ(scalar("input_scale_inv"), std::vector<float>{1.0f / is});
+      EXPECT_EQ(scalar("input_global_scale"), std::vector<float>{is});
+      // bf16(bf16(ws) * 2^119): nvfp4_marlin_process_global_scale in BF16.
+      const std::uint32_t ws_bf16 = std::uint32_t{synth::float_to_bf16_bits(ws)} << 16;
+      float rounded = 0;
+      std::memcpy(&rounded, &ws_bf16, 4);
+      const float global = std::ldexp(rounded, 119);
+      std::vector<std::byte> want_global(2);
+      testing::encode_one(global, DType::kBF16, want_global.data());
+      EXPECT_EQ(l.target.model->read_param(r, base + "weight_global_scale"), want_global) << base;
     }
+    // The loaded twins are freed with the load.
+    EXPECT_EQ(l.target.model->ranks()[r].find("model.layers.0.mlp.down_proj.weight_loaded"),
+              nullptr);
   }
+  EXPECT_EQ(checked, 16u * 2);
+  EXPECT_EQ(padded, 4u * 2);  // qkv_proj [96, 128] on both ranks
+  overlap_and_dummy_match(ck, "sm90", l.target);
 }
 
 TEST(PostprocessLoad, BadValuesAreRefusedByName) {
@@ -551,12 +636,12 @@ TEST(PostprocessLoad, BadValuesAreRefusedByName) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("expected loader, sm90, sm100 or auto"));
   }
   TempDir dir;
-  const std::string ck = synth_tiny(dir, "llama", synth::SynthQuant::kNvfp4, "nvfp4");
+  const std::string ck = synth_tiny(dir, "qwen3_moe", synth::SynthQuant::kNvfp4, "nvfp4");
   Runtime rt(to_config(make_config(ck, {"postprocess.target=sm90"})));
   LoadResult r = rt.load();
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error->stage, Stage::kConfig);
-  EXPECT_THAT(r.error->message, ::testing::HasSubstr("Marlin"));
+  EXPECT_THAT(r.error->message, ::testing::HasSubstr("Marlin's MoE repack on sm90"));
 }
 
 }  // namespace
