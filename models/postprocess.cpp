@@ -55,6 +55,27 @@ void max_into(gpu::Stream& stream, std::byte* dst, const std::byte* src, std::ui
 
 std::size_t max_scratch(std::uint64_t count) { return count * kF32 + kF32 + 1; }
 
+// nvfp4_marlin_process_global_scale(x.to(params dtype)) of each of `values`, into
+// `out` (params dtype): rounded to it by the device's cast, widened back, scaled
+// by 2^119 (BF16) or 2^7 (F16) (exact, or infinite), rounded again. `f32` is
+// scratch of values.size() F32.
+void write_global_scales(gpu::Stream& stream, std::vector<float>& values, std::byte* out,
+                         std::byte* f32, DType dtype) {
+  const std::size_t count = values.size();
+  auto* host = reinterpret_cast<std::byte*>(values.data());
+  stream.copy_h2d(f32, host, count * kF32);
+  stream.cast(out, dtype, f32, DType::kF32, count);
+  stream.cast(f32, DType::kF32, out, dtype, count);
+  stream.copy_d2h(host, f32, count * kF32);
+  stream.synchronize();
+  for (float& v : values) {
+    v = std::ldexp(v, dtype == DType::kBF16 ? 119 : 7);
+  }
+  stream.copy_h2d(f32, host, count * kF32);
+  stream.cast(out, dtype, f32, DType::kF32, count);
+  stream.synchronize();  // the host values die with the caller
+}
+
 // torch's max() of F32 values: NaN if any is.
 float torch_max(const std::vector<float>& values) {
   float out = values.front();
@@ -160,10 +181,14 @@ Shape nvfp4_swizzled_shape(const Shape& weight, std::uint64_t group_size) {
 }
 
 bool nvfp4_marlin(const QuantScheme& q, const Shape& weight) {
-  return q.target == Target::kSm90 && q.method == Method::kNvfp4 && weight.size() == 2;
+  return q.target == Target::kSm90 && q.method == Method::kNvfp4 &&
+         (weight.size() == 2 || weight.size() == 3);
 }
 
 Shape marlin_padded_shape(const Shape& weight) {
+  if (weight.size() == 3) {
+    return Shape{weight[1], weight[2]};  // experts: not padded (gated)
+  }
   auto up = [](std::uint64_t x, std::uint64_t m) { return (x + m - 1) / m * m; };
   const Shape a{up(weight[0], 64), up(weight[1], 128)};
   const Shape b{up(weight[0], 128), up(weight[1], 64)};
@@ -173,12 +198,33 @@ Shape marlin_padded_shape(const Shape& weight) {
 
 Shape marlin_weight_shape(const Shape& weight) {
   const Shape p = marlin_padded_shape(weight);
-  return Shape{p[1] / 16, 2 * p[0]};
+  Shape out{p[1] / 16, 2 * p[0]};
+  if (weight.size() == 3) {
+    out.insert(out.begin(), weight[0]);
+  }
+  return out;
 }
 
 Shape marlin_scale_shape(const Shape& weight, std::uint64_t group_size) {
   const Shape p = marlin_padded_shape(weight);
-  return Shape{p[1] / std::max<std::uint64_t>(1, group_size), p[0]};
+  Shape out{p[1] / std::max<std::uint64_t>(1, group_size), p[0]};
+  if (weight.size() == 3) {
+    out.insert(out.begin(), weight[0]);
+  }
+  return out;
+}
+
+std::string marlin_experts_unaligned(const Shape& weight) {
+  if (weight.size() != 3 || (weight[1] % 64 == 0 && weight[2] % 16 == 0)) {
+    return "";
+  }
+  return "its experts are " + format_shape(weight) +
+         " and gptq_marlin_repack needs N % 64 == 0 and K % 16 == 0 (SGLang 0.5.23 pads only "
+         "ungated experts' intermediate size)";
+}
+
+std::string loaded_scale_2_name(std::string_view weight) {
+  return companion_name(weight, "weight_scale_2_loaded");
 }
 
 std::string loaded_weight_name(std::string_view weight) {
@@ -298,13 +344,12 @@ void check_target(const QuantScheme& q, const std::string& architecture, bool ha
         "quantization.requant converts scales by hand; the target already gives the scales "
         "SGLang's kernels read there (use one or the other)");
   }
-  if (q.method == Method::kNvfp4 && has_experts) {
-    refuse(std::string("the layouts of NVFP4 fused experts (ModelOptNvFp4FusedMoEMethod."
-                       "process_weights_after_loading) follow SGLang 0.5.23's MoE runner: ") +
-           (q.target == Target::kSm90
-                ? "Marlin's MoE repack on sm90 (prepare_moe_nvfp4_layer_for_marlin)"
-                : "flashinfer_trtllm's weight shuffles by default on sm100") +
-           ", which ferry does not produce; use postprocess.target=loader");
+  if (q.method == Method::kNvfp4 && has_experts && q.target == Target::kSm100) {
+    refuse(
+        "the layouts of NVFP4 fused experts (ModelOptNvFp4FusedMoEMethod."
+        "process_weights_after_loading) follow SGLang 0.5.23's MoE runner, flashinfer_trtllm's "
+        "weight shuffles by default on sm100, which ferry does not produce; use "
+        "postprocess.target=loader");
   }
   if (q.method == Method::kNvfp4 && q.target == Target::kSm90) {
     if (q.group_size != 16) {
@@ -419,7 +464,9 @@ class RankPostprocess {
       if (q_.method == Method::kNvfp4 && q_.target == Target::kSm90 && !weight.transient &&
           quantized_linear_param(weight.name) && find(loaded_weight_name(weight.name))) {
         add_marlin(w, out);
-        add_nvfp4_alpha(w, out, true);
+        if (weight.shape.size() == 2) {  // dense (the experts' scalars are their own)
+          add_nvfp4_alpha(w, out, true);
+        }
         continue;
       }
       if (weight.dtype != DType::kF8E4M3 || weight.transient ||
@@ -615,6 +662,10 @@ class RankPostprocess {
     const ParamSpec& weight = shell_.params[w];
     const std::size_t loaded = *find(loaded_weight_name(weight.name));
     const Shape& ls = shell_.params[loaded].shape;
+    if (ls.size() == 3) {
+      add_marlin_experts(w, loaded, out);
+      return;
+    }
     if (shell_.params[loaded].dtype != DType::kU8 || ls.size() != 2) {
       bad(shell_.params[loaded].name, "expected the U8 [N, K / 2] NVFP4 weight as loaded");
     }
@@ -669,6 +720,88 @@ class RankPostprocess {
       stream.marlin_fp4_scales(ctx.param_data(scale), src, np, groups);
     };
     out.push_back(std::move(scales));
+  }
+
+  // NVFP4 fused experts on kSm90 (the Marlin branch of ModelOptNvFp4FusedMoEMethod.
+  // process_weights_after_loading, prepare_moe_nvfp4_layer_for_marlin): each
+  // expert's weight and scales as a dense linear's, unpadded; weight_scale_2 [E] in
+  // the model dtype from w1's column of [E, 2] (or the [E] as loaded), processed as
+  // the dense global scale.
+  void add_marlin_experts(std::size_t w, std::size_t loaded,
+                          std::vector<PostLoadHook>& out) const {
+    const ParamSpec& weight = shell_.params[w];
+    const Shape& ls = shell_.params[loaded].shape;
+    const std::uint64_t experts = ls[0];
+    const std::uint64_t n = ls[1];
+    const std::uint64_t k = ls[2] * 2;
+    const std::uint64_t groups = k / 16;
+    if (shell_.params[loaded].dtype != DType::kU8 || n % 64 != 0 || k % 16 != 0) {
+      bad(shell_.params[loaded].name, "expected U8 [E, N, K / 2] experts, N % 64 = K % 16 = 0");
+    }
+    need(weight.name, Shape{experts, k / 16, 2 * n}, weight.name, DType::kI32);
+    const std::string scale_name = companion_name(weight.name, "weight_scale");
+    const std::size_t twin = need(loaded_tensor_scale_name(weight.name),
+                                  Shape{experts, n, groups}, weight.name, DType::kF8E4M3);
+    const std::size_t scale =
+        need(scale_name, Shape{experts, groups, n}, weight.name, DType::kF8E4M3);
+    const std::optional<std::size_t> s2_loaded = find(loaded_scale_2_name(weight.name));
+    if (!s2_loaded || shell_.params[*s2_loaded].dtype != DType::kF32 ||
+        shell_.params[*s2_loaded].shape.empty() || shell_.params[*s2_loaded].shape[0] != experts) {
+      bad(loaded_scale_2_name(weight.name), "expected F32 [E] or [E, 2] for " + weight.name);
+    }
+    const std::uint64_t columns = shell_.params[*s2_loaded].nbytes / kF32 / experts;
+    const DType dtype = q_.params_dtype;
+    const std::size_t s2 =
+        need(companion_name(weight.name, "weight_scale_2"), Shape{experts}, weight.name, dtype);
+    const std::uint64_t bytes = n * k / 2;
+    PostLoadHook repack;
+    repack.name = "postprocess_sm90:" + weight.name + rank_note_;
+    repack.local_rank = r_;
+    repack.inputs = {loaded};
+    repack.outputs = {w};
+    after(repack, {loaded});
+    repack.run = [=](HookContext& ctx) {
+      for (std::uint64_t e = 0; e < experts; ++e) {
+        ctx.stream().repack_marlin_fp4(ctx.param_data(w) + e * bytes,
+                                       ctx.param_data(loaded) + e * bytes, n, k);
+      }
+    };
+    out.push_back(std::move(repack));
+    PostLoadHook scales;
+    scales.name = "postprocess_sm90:" + scale_name + rank_note_;
+    scales.local_rank = r_;
+    scales.inputs = {twin};
+    scales.outputs = {scale};
+    after(scales, {twin});
+    scales.run = [=](HookContext& ctx) {
+      for (std::uint64_t e = 0; e < experts; ++e) {
+        ctx.stream().marlin_fp4_scales(ctx.param_data(scale) + e * n * groups,
+                                       ctx.param_data(twin) + e * n * groups, n, groups);
+      }
+    };
+    out.push_back(std::move(scales));
+    PostLoadHook global;
+    global.name = "postprocess_sm90:" + companion_name(weight.name, "weight_scale_2") + rank_note_;
+    global.local_rank = r_;
+    global.inputs = {*s2_loaded};
+    global.outputs = {s2};
+    after(global, {*s2_loaded});
+    global.scratch_bytes = experts * kF32;
+    const std::size_t from = *s2_loaded;
+    global.run = [=](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      std::vector<float> loaded_values(experts * columns);
+      stream.copy_d2h(reinterpret_cast<std::byte*>(loaded_values.data()), ctx.param_data(from),
+                      loaded_values.size() * kF32);
+      stream.synchronize();
+      std::vector<float> values(experts);
+      for (std::uint64_t e = 0; e < experts; ++e) {
+        values[e] = loaded_values[e * columns];  // w1's where w1 and w3 each have one
+      }
+      write_global_scales(stream, values, ctx.param_data(s2), ctx.scratch(experts * kF32),
+                          dtype);
+    };
+    out.push_back(std::move(global));
   }
 
   // NVFP4: alpha = input_scale.max() * weight_scale_2.max() and input_scale_inv =
@@ -737,19 +870,9 @@ class RankPostprocess {
       if (marlin) {
         stream.copy_h2d(ctx.param_data(input_global), reinterpret_cast<const std::byte*>(&is),
                         kF32);
-        // weight_scale_2.max() rounded to the model dtype, widened back, scaled by a
-        // power of two (exact, or infinite), rounded again.
-        float global = torch_max(second);
-        std::byte* f32 = ctx.scratch(kF32);
-        std::byte* out_global = ctx.param_data(weight_global);
-        stream.copy_h2d(f32, reinterpret_cast<const std::byte*>(&global), kF32);
-        stream.cast(out_global, dtype, f32, DType::kF32, 1);
-        stream.cast(f32, DType::kF32, out_global, dtype, 1);
-        stream.copy_d2h(reinterpret_cast<std::byte*>(&global), f32, kF32);
-        stream.synchronize();
-        global = std::ldexp(global, dtype == DType::kBF16 ? 119 : 7);
-        stream.copy_h2d(f32, reinterpret_cast<const std::byte*>(&global), kF32);
-        stream.cast(out_global, dtype, f32, DType::kF32, 1);
+        std::vector<float> global{torch_max(second)};
+        write_global_scales(stream, global, ctx.param_data(weight_global), ctx.scratch(kF32),
+                            dtype);
       }
       stream.synchronize();  // the host values die with this call
     };

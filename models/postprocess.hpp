@@ -78,11 +78,19 @@
 // The checkpoint's weight and scales load into the transient twins
 // "<w>weight_loaded" and "<w>weight_scale_loaded" (ScaleForm::kMarlin): for the load,
 // the device holds both forms of every NVFP4 weight (the twins are freed with it).
+// NVFP4 fused experts [E, N, K] on kSm90 (the Marlin branch of
+// ModelOptNvFp4FusedMoEMethod.process_weights_after_loading, SGLang's default MoE
+// runner below sm100, prepare_moe_nvfp4_layer_for_marlin): each expert as a dense
+// weight, unpadded (gated experts: N % 64 and K % 16 must be 0, else Stage::kPlacement):
+// weight I32 [E, K/16, 2N], weight_scale E4M3 [E, K/16, N], weight_scale_2 [E] in
+// the model dtype (w13: w1's column of the loaded [E, 2], which loads into the twin
+// "<w>weight_scale_2_loaded"), processed as the dense global scale; input scales
+// as loaded.
 //
 // Refused (make_model, Stage::kConfig, naming the reason): NVFP4 fused experts on
-// either target (ModelOptNvFp4FusedMoEMethod's layouts follow the MoE runner: Marlin's
-// MoE repack on sm90, flashinfer_trtllm's shuffles for DeepSeek and Qwen3-MoE on
-// sm100; neither is produced); on kSm90 NVFP4 with group_size other than 16 or an
+// kSm100 (ModelOptNvFp4FusedMoEMethod's layouts follow the MoE runner:
+// flashinfer_trtllm's shuffles for DeepSeek and Qwen3-MoE, not produced); on kSm90
+// NVFP4 with group_size other than 16 or an
 // F32 model (SGLang's Marlin refuses both) and NVFP4 linears with a bias
 // (marlin_permute_bias, not produced: Stage::kPlacement); on kSm100
 // the fused experts
@@ -142,8 +150,13 @@ Shape marlin_padded_shape(const Shape& weight);
 // Its served weight (I32 [K'/16, 2N']) and scales (E4M3 [K'/16, N']).
 Shape marlin_weight_shape(const Shape& weight);
 Shape marlin_scale_shape(const Shape& weight, std::uint64_t group_size);
-// "<w>weight_loaded": the transient the checkpoint's weight loads into.
+// "<w>weight_loaded": the transient the checkpoint's weight loads into;
+// "<w>weight_scale_2_loaded": fused experts' second scales as loaded.
 std::string loaded_weight_name(std::string_view weight);
+std::string loaded_scale_2_name(std::string_view weight);
+// Fused experts `weight` ([E, N, K]) gptq_marlin_repack cannot take (N % 64 or K %
+// 16 not 0): the reason; empty where it can.
+std::string marlin_experts_unaligned(const Shape& weight);
 
 // Where pad_nvfp4_weight would pad the weight (N or K not a multiple of 32): the
 // reason, naming the dims; empty where it would not.

@@ -339,6 +339,7 @@ struct TableModel::WeightScales {
   ScaleForm form = ScaleForm::kAsLoaded;
   bool input_max = false;
   std::string scale;        // the weight scale's param
+  std::string scale2;       // NVFP4's second scale's param (a twin for Marlin's experts)
   std::string input_param;  // the input scale's param
   // The experts' w13_input_scale: one element an expert (merged_input), or each
   // element of the expert's row holding the scalar loaded last (row_input).
@@ -479,6 +480,16 @@ TableModel::WeightScales TableModel::weight_scales(ParamDecl& d, ShapeRule weigh
   s.form = d.transient ? ScaleForm::kAsLoaded : scale_form(q, first_shape, s.shards);
   s.nvfp4 = !d.transient && nvfp4_served(q, first_shape);
   s.marlin = !d.transient && nvfp4_marlin(q, first_shape);
+  s.scale2 = s.marlin && s.stacked ? loaded_scale_2_name(d.name)
+                                   : companion_name(d.name, "weight_scale_2");
+  if (s.marlin && s.stacked) {
+    for (int rank : layout_.local_ranks) {
+      if (const std::string why = marlin_experts_unaligned(s.weight(rank)); !why.empty()) {
+        throw Error(Stage::kPlacement, "", d.name,
+                    "postprocess.target=sm90: " + why + " (tp rank " + std::to_string(rank) + ")");
+      }
+    }
+  }
   if (s.nvfp4) {
     for (int rank : layout_.local_ranks) {
       const Shape shape = s.weight(rank);
@@ -603,8 +614,12 @@ void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) cons
       break;
   }
   if (w.traits.second_scale) {
-    w.companions.push_back(
-        {companion_name(d.name, "weight_scale_2"), per_shard_shape, DType::kF32});
+    const bool marlin_experts = s.marlin && s.stacked;
+    w.companions.push_back({s.scale2, per_shard_shape, DType::kF32, marlin_experts});
+    if (marlin_experts) {
+      w.companions.push_back({companion_name(d.name, "weight_scale_2"), s.scale_shape(1),
+                              q.params_dtype});
+    }
   }
   add_requant_outputs(s, w);
   if (s.nvfp4) {
@@ -619,7 +634,7 @@ void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) cons
            w.traits.scale_dtype});
     }
   }
-  if (s.nvfp4 || s.marlin) {
+  if (s.nvfp4 || (s.marlin && !s.stacked)) {
     // alpha and input_scale_inv on both targets; Marlin's global scales on sm90
     // (prepare_nvfp4_layer_for_marlin).
     std::vector<std::string> scalars = {"alpha", "input_scale_inv"};
@@ -748,7 +763,7 @@ bool TableModel::add_scale_targets(const WeightScales& s, QuantWork& w) {
     w.added.emplace_back(weight_scale_name(q, tensor), scale_target(s, *t, w));
     if (w.traits.second_scale) {
       w.added.emplace_back(companion_name(tensor, "weight_scale_2"),
-                           Target{companion_name(d.name, "weight_scale_2"), Shape{},
+                           Target{s.scale2, Shape{},
                                   s.per_shard_rule(logical), t->empty_reason});
     }
     if (q.input_scales) {

@@ -421,6 +421,25 @@ TEST(Postprocess, Nvfp4OnSm90IsMarlinsLayout) {
     EXPECT_TRUE(h.idempotent) << h.name;
   }
   EXPECT_EQ(hooks, 3 * linears);
+  // Fused experts (ModelOptNvFp4FusedMoEMethod's Marlin branch, then
+  // prepare_moe_nvfp4_layer_for_marlin): Qwen3-MoE tiny at tp 2, w13 [8, 64, 128],
+  // w2 [8, 128, 32]; input scales as loaded.
+  const auto moe = make(nvfp4_config("qwen3_moe"), Target::kSm90, tp2);
+  const models::RankShell& e = moe->shells()[0];
+  const std::string experts = "model.layers.0.mlp.experts.";
+  EXPECT_EQ(spec(e, experts + "w13_weight"), "I32 [8, 8, 128]");
+  EXPECT_EQ(spec(e, experts + "w13_weight_loaded"), "U8 [8, 64, 64] transient");
+  EXPECT_EQ(spec(e, experts + "w13_weight_scale"), "F8_E4M3 [8, 8, 64]");
+  EXPECT_EQ(spec(e, experts + "w13_weight_scale_loaded"), "F8_E4M3 [8, 64, 8] transient");
+  EXPECT_EQ(spec(e, experts + "w13_weight_scale_2"), "BF16 [8]");
+  EXPECT_EQ(spec(e, experts + "w13_weight_scale_2_loaded"), "F32 [8, 2] transient");
+  EXPECT_EQ(spec(e, experts + "w13_input_scale"), "F32 [8, 2]");
+  EXPECT_EQ(spec(e, experts + "w2_weight"), "I32 [8, 2, 256]");
+  EXPECT_EQ(spec(e, experts + "w2_weight_scale"), "F8_E4M3 [8, 2, 128]");
+  EXPECT_EQ(spec(e, experts + "w2_weight_scale_2"), "BF16 [8]");
+  EXPECT_EQ(spec(e, experts + "w2_weight_scale_2_loaded"), "F32 [8] transient");
+  EXPECT_EQ(spec(e, experts + "w2_input_scale"), "F32 [8]");
+  EXPECT_EQ(spec(e, experts + "w13_alpha"), "absent");
   // F16 models get their global scale in F16.
   nlohmann::json f16 = c;
   f16["torch_dtype"] = "float16";
@@ -428,16 +447,14 @@ TEST(Postprocess, Nvfp4OnSm90IsMarlinsLayout) {
 }
 
 TEST(Postprocess, RefusalsNameTheTargetAndWhy) {
-  // NVFP4: fused experts on either target; on Hopper what SGLang's Marlin refuses and
-  // a bias; on Blackwell a weight SGLang pads.
+  // NVFP4: fused experts on Blackwell; on Hopper what SGLang's Marlin refuses, a bias
+  // and experts it cannot tile; on Blackwell a weight SGLang pads.
   const nlohmann::json nvfp4 = nvfp4_config("llama");
   EXPECT_NO_THROW(make(nvfp4, Target::kSm90));
   EXPECT_NO_THROW(make(nvfp4, Target::kSm100));
   EXPECT_NO_THROW(make(nvfp4, Target::kLoader));
   EXPECT_THAT(error_of(Stage::kConfig, [&] { make(nvfp4_config("qwen3_moe"), Target::kSm100); }),
               HasSubstr("postprocess.target=sm100: the layouts of NVFP4 fused experts"));
-  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(nvfp4_config("qwen3_moe"), Target::kSm90); }),
-              HasSubstr("Marlin's MoE repack on sm90"));
   models::ModelOptions f32;  // model.dtype=float32 (auto makes a float32 config BF16)
   f32.target = Target::kSm90;
   f32.dtype = DType::kF32;
@@ -455,6 +472,11 @@ TEST(Postprocess, RefusalsNameTheTargetAndWhy) {
   EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(nvfp4_config("qwen2"), Target::kSm90); }),
               HasSubstr("marlin_permute_bias"));
   EXPECT_NO_THROW(make(nvfp4_config("qwen2"), Target::kSm100));
+  nlohmann::json narrow_experts = nvfp4_config("qwen3_moe");
+  narrow_experts["moe_intermediate_size"] = 48;  // w13's N at tp 1: 96
+  EXPECT_NO_THROW(make(narrow_experts, Target::kLoader));
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(narrow_experts, Target::kSm90); }),
+              HasSubstr("gptq_marlin_repack needs N % 64 == 0 and K % 16 == 0"));
   nlohmann::json narrow = nvfp4;
   narrow["intermediate_size"] = 48;  // down_proj's K: 48, not a multiple of 32
   EXPECT_NO_THROW(make(narrow, Target::kLoader));

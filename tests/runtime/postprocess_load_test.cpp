@@ -627,6 +627,61 @@ TEST(PostprocessLoad, Nvfp4OnSm90IsMarlinsLayoutOfAPlainLoad) {
   overlap_and_dummy_match(ck, "sm90", l.target);
 }
 
+// NVFP4 fused experts on sm90 (ModelOptNvFp4FusedMoEMethod's Marlin branch,
+// prepare_moe_nvfp4_layer_for_marlin): each expert's weight and scales through the
+// host layouts, unpadded; weight_scale_2 [E] in BF16 from w1's column (w13) or as
+// loaded (w2), times 2^119; the input scales as loaded.
+TEST(PostprocessLoad, Nvfp4ExpertsOnSm90AreMarlinsLayoutExpertByExpert) {
+  TempDir dir;
+  const std::string ck = synth_tiny(dir, "qwen3_moe", synth::SynthQuant::kNvfp4, "moe");
+  // w1 and w3 second scales that differ, so that taking w3's would show.
+  set_scalars(ck, "gate_proj.weight_scale_2", {0.0015f, 0.003f, 0.002f});
+  set_scalars(ck, "up_proj.weight_scale_2", {0.0025f});
+  const Loads l = load_both(ck, "sm90");
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  std::size_t checked = 0;
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (const LoadedParam& p : l.plain.model->ranks()[r].params) {
+      if (p.dtype != DType::kU8 || p.shape.size() != 3) {
+        continue;
+      }
+      ++checked;
+      const std::string base = p.name.substr(0, p.name.size() - 6);
+      const std::uint64_t experts = p.shape[0];
+      const std::uint64_t n = p.shape[1];
+      const std::uint64_t k = p.shape[2] * 2;
+      const std::vector<std::byte> w = l.plain.model->read_param(r, p.name);
+      const std::vector<std::byte> s = l.plain.model->read_param(r, base + "weight_scale");
+      std::vector<std::byte> want_w(w.size());
+      std::vector<std::byte> want_s(s.size());
+      for (std::uint64_t e = 0; e < experts; ++e) {
+        gpu::host::repack_marlin_fp4(want_w.data() + e * n * k / 2, w.data() + e * n * k / 2, n,
+                                     k);
+        gpu::host::marlin_fp4_scales(want_s.data() + e * n * k / 16, s.data() + e * n * k / 16, n,
+                                     k / 16);
+      }
+      EXPECT_EQ(l.target.model->read_param(r, p.name), want_w) << p.name;
+      EXPECT_EQ(l.target.model->read_param(r, base + "weight_scale"), want_s) << base;
+      const std::vector<float> s2 = floats(l.plain.model->read_param(r, base + "weight_scale_2"));
+      const std::uint64_t columns = s2.size() / experts;
+      std::vector<std::byte> want_global(experts * 2);
+      for (std::uint64_t e = 0; e < experts; ++e) {
+        const std::uint32_t bf16 = std::uint32_t{synth::float_to_bf16_bits(s2[e * columns])} << 16;
+        float rounded = 0;
+        std::memcpy(&rounded, &bf16, 4);
+        testing::encode_one(std::ldexp(rounded, 119), DType::kBF16, want_global.data() + 2 * e);
+      }
+      EXPECT_EQ(l.target.model->read_param(r, base + "weight_scale_2"), want_global) << base;
+      EXPECT_EQ(l.target.model->read_param(r, base + "input_scale"),
+                l.plain.model->read_param(r, base + "input_scale"))
+          << base;
+    }
+  }
+  EXPECT_EQ(checked, 2u * 4 * 2);  // w13 and w2, four layers, two ranks
+  overlap_and_dummy_match(ck, "sm90", l.target);
+}
+
 TEST(PostprocessLoad, BadValuesAreRefusedByName) {
   try {
     make_config("/x", {"postprocess.target=sm89"});
@@ -637,11 +692,11 @@ TEST(PostprocessLoad, BadValuesAreRefusedByName) {
   }
   TempDir dir;
   const std::string ck = synth_tiny(dir, "qwen3_moe", synth::SynthQuant::kNvfp4, "nvfp4");
-  Runtime rt(to_config(make_config(ck, {"postprocess.target=sm90"})));
+  Runtime rt(to_config(make_config(ck, {"postprocess.target=sm100"})));
   LoadResult r = rt.load();
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error->stage, Stage::kConfig);
-  EXPECT_THAT(r.error->message, ::testing::HasSubstr("Marlin's MoE repack on sm90"));
+  EXPECT_THAT(r.error->message, ::testing::HasSubstr("flashinfer_trtllm's weight shuffles"));
 }
 
 }  // namespace
