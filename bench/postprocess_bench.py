@@ -9,7 +9,7 @@ Checkpoints are written once under BUILD/bench-cache with `ferry synth`:
   its real shapes, 128 x 128 block scales; data are holes);
 - medium: `synth --family F --preset medium --quant Q`: DeepSeek-V3 with FP8
   128 x 128 blocks, Llama and Qwen3-MoE with compressed-tensors per-tensor FP8 and
-  static input scales.
+  static input scales, and with NVFP4.
 
 Rows:
 - full size, rank 0 of tp 8 / ep 8 with parallel.moe_a2a=deepep: `ferry plan --json`
@@ -21,8 +21,9 @@ Rows:
   one untimed load, medians (min-max) of the report's seconds and its postprocess
   phase (the hooks run as their layers complete, overlapping the stream; the phase
   is what is left after the last copy): loader against the target (DeepSeek-V3:
-  sm100 with DeepEP, every weight's UE8M0 repack; the others: sm90, every shard
-  requantized to the largest scale).
+  sm100 with DeepEP, every weight's UE8M0 repack; the FP8 others: sm90, every shard
+  requantized to the largest scale; NVFP4: sm90's Marlin repack, and for Llama
+  sm100's swizzled scales).
 """
 import argparse
 import json
@@ -107,18 +108,20 @@ def main():
             print()
 
         mediums = [
-            ("deepseek_v3", "fp8-block", "sm100", ["--set", "parallel.moe_a2a=deepep"]),
-            ("llama", "fp8-tensor", "sm90", []),
-            ("qwen3_moe", "fp8-tensor", "sm90", []),
+            ("deepseek_v3", "fp8-block", ("sm100",), ["--set", "parallel.moe_a2a=deepep"]),
+            ("llama", "fp8-tensor", ("sm90",), []),
+            ("qwen3_moe", "fp8-tensor", ("sm90",), []),
+            ("llama", "nvfp4", ("sm90", "sm100"), []),
+            ("qwen3_moe", "nvfp4", ("sm90",), []),
         ]
-        for family, quant, target, extra in mediums:
+        for family, quant, targets, extra in mediums:
             model = synth(ferry, os.path.join(cache, f"{family}-medium-{quant}"), "--family",
                           family, "--preset", "medium", "--quant", quant)
             warm(model)
             size = sum(os.path.getsize(os.path.join(model, n)) for n in os.listdir(model)
                        if n.endswith(".safetensors"))
             flags = ["--tp", "1", "--devices", "host:1", *extra]
-            res = rounds(["loader", target], args.runs, lambda t: load(model, flags, t))
+            res = rounds(["loader", *targets], args.runs, lambda t: load(model, flags, t))
             print(f"medium {family}, {quant}, {size / 1e9:.2f} GB, tp 1, host:1, hot, "
                   f"{args.runs} rounds{' (deepep)' if extra else ''}")
             print("| target | load seconds | postprocess phase seconds |")
@@ -126,9 +129,10 @@ def main():
             for name, values in res.items():
                 print(f"| {name} | {cell([v[0] for v in values])} | "
                       f"{cell([v[1] for v in values], fmt='{:.3f}')} |")
-            ratio = statistics.median(v[0] for v in res[target]) / statistics.median(
-                v[0] for v in res["loader"])
-            print(f"{target} / loader, load seconds: {ratio:.2f}")
+            for target in targets:
+                ratio = statistics.median(v[0] for v in res[target]) / statistics.median(
+                    v[0] for v in res["loader"])
+                print(f"{target} / loader, load seconds: {ratio:.2f}")
             print()
 
 if __name__ == "__main__":

@@ -223,6 +223,10 @@ std::string marlin_experts_unaligned(const Shape& weight) {
          "ungated experts' intermediate size)";
 }
 
+std::string loaded_bias_name(std::string_view weight) {
+  return companion_name(weight, "bias_loaded");
+}
+
 std::string loaded_scale_2_name(std::string_view weight) {
   return companion_name(weight, "weight_scale_2_loaded");
 }
@@ -298,8 +302,11 @@ bool input_scale_max(const QuantScheme& q) {
 }
 
 bool kv_scales_served(const QuantScheme& q) {
+  // ModelOptFp4Config reads a missing kv_cache_quant_algo as "auto", so every
+  // attention gets a ModelOptFp8KVCacheMethod; ModelOptFp8Config reads it as None.
+  const bool modelopt_fp4 = q.format == Format::kModelOpt && q.method == Method::kNvfp4;
   return q.target != Target::kLoader && q.kv_cache_params &&
-         (q.format == Format::kFp8 || q.kv_cache_scales);
+         (q.format == Format::kFp8 || q.kv_cache_scales || modelopt_fp4);
 }
 
 bool kv_scales_loaded(const QuantScheme& q, std::string_view attn) {
@@ -720,6 +727,42 @@ class RankPostprocess {
       stream.marlin_fp4_scales(ctx.param_data(scale), src, np, groups);
     };
     out.push_back(std::move(scales));
+    if (auto bias = find(loaded_bias_name(weight.name))) {
+      add_marlin_bias(*bias, companion_name(weight.name, "bias"), n, np, out);
+    }
+  }
+
+  // marlin_permute_bias of the zero-padded bias: in each run of 32 elements, the
+  // pairs at 2 * (4a + i) go to 2 * (4i + a) (scale_perm_single): a 4 x 4 transpose
+  // of two-element units.
+  void add_marlin_bias(std::size_t loaded, const std::string& name, std::uint64_t n,
+                       std::uint64_t np, std::vector<PostLoadHook>& out) const {
+    const DType dtype = shell_.params[loaded].dtype;
+    const std::size_t es = dtype_size(dtype);
+    if (shell_.params[loaded].shape != Shape{n}) {
+      bad(shell_.params[loaded].name, "expected the bias as loaded, [" + std::to_string(n) + "]");
+    }
+    const std::size_t bias = need(name, Shape{np}, name, dtype);
+    PostLoadHook hook;
+    hook.name = "postprocess_sm90:" + name + rank_note_;
+    hook.local_rank = r_;
+    hook.inputs = {loaded};
+    hook.outputs = {bias};
+    after(hook, {loaded});
+    const bool pad = np != n;
+    hook.scratch_bytes = pad ? np * es : 0;
+    hook.run = [=](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      const std::byte* src = ctx.param_data(loaded);
+      if (pad) {
+        std::byte* p = ctx.scratch(np * es);
+        stream.zero(p, np * es);
+        stream.copy_d2d_2d(p, n * es, src, n * es, n * es, 1);
+        src = p;
+      }
+      stream.transpose(ctx.param_data(bias), 32 * es, src, 32 * es, 2 * es, 4, 4, np / 32);
+    };
+    out.push_back(std::move(hook));
   }
 
   // NVFP4 fused experts on kSm90 (the Marlin branch of ModelOptNvFp4FusedMoEMethod.

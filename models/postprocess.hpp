@@ -36,7 +36,7 @@
 // SGLang gives a KV-cache method holds k_scale and v_scale, F32 []; both > 0: kept;
 // both <= 0 (or not in the checkpoint, SGLang's -1.0): 1.0 each; one > 0: the larger
 // in both (one kv_scale loaded as k_scale). fp8 checkpoints have them on every
-// attention (Fp8KVCacheMethod), ModelOpt ones with an FP8 KV cache too; MLA on
+// attention (Fp8KVCacheMethod), ModelOpt ones with an FP8 KV cache or NVFP4 too; MLA on
 // attn_mqa (loaded) and attn_mha (1.0).
 //
 // Every per-tensor FP8 weight SGLang keeps is its transposed view (weight.t()):
@@ -74,7 +74,9 @@
 //   weight_global_scale [1] in the model dtype: weight_scale_2.max() in it, times
 //     2^(2^(e-1) - 2 - 7) (e: its exponent bits; nvfp4_marlin_process_global_scale);
 //   input_global_scale F32 [] = input_scale.max(); alpha and input_scale_inv as on
-//     kSm100; input_scale and weight_scale_2 [S] as loaded.
+//     kSm100; input_scale and weight_scale_2 [S] as loaded;
+//   a bias [N'] zero-padded and permuted by marlin_permute_bias (in each run of 32,
+//     the 4 x 4 pairs of elements transposed), from its twin "<w>bias_loaded".
 // The checkpoint's weight and scales load into the transient twins
 // "<w>weight_loaded" and "<w>weight_scale_loaded" (ScaleForm::kMarlin): for the load,
 // the device holds both forms of every NVFP4 weight (the twins are freed with it).
@@ -88,13 +90,10 @@
 // as loaded.
 //
 // Refused (make_model, Stage::kConfig, naming the reason): NVFP4 fused experts on
-// kSm100 (ModelOptNvFp4FusedMoEMethod's layouts follow the MoE runner:
-// flashinfer_trtllm's shuffles for DeepSeek and Qwen3-MoE, not produced); on kSm90
-// NVFP4 with group_size other than 16 or an
-// F32 model (SGLang's Marlin refuses both) and NVFP4 linears with a bias
-// (marlin_permute_bias, not produced: Stage::kPlacement); on kSm100
-// the fused experts
-// of SGLang's DeepSeek family without DeepEP (its default MoE runner there is
+// kSm100 (ModelOptNvFp4FusedMoEMethod's layouts follow the MoE runner, whose auto
+// there is flashinfer_trtllm: its shuffles are not produced); on kSm90 NVFP4 with
+// group_size other than 16 or an F32 model (SGLang's Marlin refuses both); on
+// kSm100 the fused experts of SGLang's DeepSeek family without DeepEP (its default MoE runner there is
 // flashinfer_trtllm, whose weight shuffles ferry does not produce); and any target
 // but kLoader together with quantization.requant.
 //
@@ -154,6 +153,8 @@ Shape marlin_scale_shape(const Shape& weight, std::uint64_t group_size);
 // "<w>weight_scale_2_loaded": fused experts' second scales as loaded.
 std::string loaded_weight_name(std::string_view weight);
 std::string loaded_scale_2_name(std::string_view weight);
+// "<w>bias_loaded": a Marlin linear's bias as loaded.
+std::string loaded_bias_name(std::string_view weight);
 // Fused experts `weight` ([E, N, K]) gptq_marlin_repack cannot take (N % 64 or K %
 // 16 not 0): the reason; empty where it can.
 std::string marlin_experts_unaligned(const Shape& weight);
@@ -167,9 +168,10 @@ std::string nvfp4_padding(const Shape& weight);
 bool input_scale_max(const QuantScheme& scheme);
 
 // Whether every attention holds BaseKVCacheMethod's k_scale / v_scale (F32 []) under
-// the target: fp8 checkpoints (Fp8KVCacheMethod on each RadixAttention) and ModelOpt
-// ones with an FP8 KV cache, on every target but kLoader; MLA has them on attn_mqa
-// and attn_mha.
+// the target: fp8 checkpoints (Fp8KVCacheMethod on each RadixAttention), ModelOpt
+// ones with an FP8 KV cache, and ModelOpt NVFP4 ones with none (ModelOptFp4Config's
+// from_config reads a missing kv_cache_quant_algo as "auto"), on every target but
+// kLoader; MLA has them on attn_mqa and attn_mha.
 bool kv_scales_served(const QuantScheme& scheme);
 // Whether the checkpoint feeds the k_scale / v_scale of attention module `attn`
 // ("attn", "attn_mqa", "attn_mha"): ModelOpt's FP8 KV cache, for attn and attn_mqa.

@@ -773,7 +773,13 @@ gpu::Fp8Scales fp8_scales(const QuantScheme& scheme) {
 
 QuantizedInputs quantized_inputs(const QuantScheme& scheme, const RankShell& shell,
                                  std::size_t weight) {
-  const ParamSpec& w = shell.params.at(weight);
+  ParamSpec w = shell.params.at(weight);
+  // postprocess.target=sm90's NVFP4 weights load into "<w>weight_loaded"
+  // (models/postprocess.hpp): its scales are the weight's.
+  constexpr std::string_view kLoaded = "_loaded";
+  if (ends_with(w.name, "weight_loaded")) {
+    w.name.resize(w.name.size() - kLoaded.size());
+  }
   auto find = [&](const std::string& name, DType dtype, const Shape& shape) {
     auto it = shell.by_name.find(name);
     if (it == shell.by_name.end()) {

@@ -913,13 +913,17 @@ void TableModel::apply_quant() {
     if (s.marlin) {
       // postprocess.target=sm90: the checkpoint's weight loads into a transient twin;
       // the param is Marlin's repack of it (models/postprocess.hpp).
+      // A bias (Qwen2's qkv_proj) loads into its twin too; the param is padded to N'
+      // and permuted (marlin_permute_bias).
       const std::string bias = companion_name(d.name, "bias");
-      if (std::any_of(param_decls_.begin(), param_decls_.end(),
-                      [&](const ParamDecl& p) { return p.name == bias; })) {
-        throw Error(Stage::kPlacement, "", d.name,
-                    "postprocess.target=sm90: SGLang 0.5.23 permutes an NVFP4 linear's bias for "
-                    "Marlin (marlin_permute_bias), which ferry does not produce; use "
-                    "postprocess.target=loader");
+      auto b = std::find_if(param_decls_.begin(), param_decls_.end(),
+                            [&](const ParamDecl& p) { return p.name == bias; });
+      if (b != param_decls_.end()) {
+        w.companions.push_back({loaded_bias_name(d.name), b->shape, b->dtype, true});
+        marlin_twins.emplace(bias, loaded_bias_name(d.name));
+        b->shape = [weight = s.weight](int rank) {
+          return Shape{marlin_padded_shape(weight(rank))[0]};
+        };
       }
       w.companions.push_back({loaded_weight_name(d.name), d.shape, d.dtype, true});
       marlin_twins.emplace(d.name, loaded_weight_name(d.name));

@@ -347,28 +347,37 @@ TEST(Postprocess, Nvfp4OnSm100SwizzlesTheBlockScalesAndAddsAlpha) {
   EXPECT_EQ(spec(s, o + "weight_scale_interleaved"), "absent");
   EXPECT_EQ(spec(s, down + "weight_scale"), "F8_E4M3 [128, 8]");
   EXPECT_EQ(spec(s, down + "weight_scale_loaded"), "F8_E4M3 [128, 8] transient");
+  // ModelOptFp4Config.from_config reads the missing kv_cache_quant_algo as "auto":
+  // every attention gets a ModelOptFp8KVCacheMethod, k_scale / v_scale 1.0.
+  EXPECT_EQ(spec(l, "model.layers.0.self_attn.attn.k_scale"), "absent");
+  EXPECT_EQ(spec(s, "model.layers.0.self_attn.attn.k_scale"), "F32 []");
+  EXPECT_EQ(spec(s, "model.layers.0.self_attn.attn.v_scale"), "F32 []");
   // Every loader param is kept; per linear: two scalars, and a twin or an
-  // interleaved copy. One swizzle hook and one alpha hook per linear.
+  // interleaved copy; per layer the KV scales. One swizzle hook and one alpha hook
+  // per linear, one KV-scale hook per layer.
   std::size_t linears = 0;
   for (const models::ParamSpec& p : l.params) {
     EXPECT_NE(find(s, p.name), nullptr) << p.name;
     linears += p.dtype == DType::kU8 ? 1 : 0;
   }
   EXPECT_EQ(linears, 4u * 4);  // four layers of qkv, o, gate_up, down
-  EXPECT_EQ(s.params.size(), l.params.size() + 3 * linears);
+  EXPECT_EQ(s.params.size(), l.params.size() + 3 * linears + 2 * 4);
   std::size_t swizzles = 0;
   std::size_t alphas = 0;
+  std::size_t kv = 0;
   for (const models::PostLoadHook& h : m->hooks()) {
     if (h.local_rank != 0) {
       continue;
     }
     swizzles += h.name.find("weight_scale") != std::string::npos ? 1 : 0;
     alphas += h.name.find(".alpha") != std::string::npos ? 1 : 0;
+    kv += h.name.find(".kv_scales") != std::string::npos ? 1 : 0;
     EXPECT_TRUE(h.idempotent) << h.name;
     EXPECT_FALSE(h.reallocates) << h.name;
   }
   EXPECT_EQ(swizzles, linears);
   EXPECT_EQ(alphas, linears);
+  EXPECT_EQ(kv, 4u);
   // Nothing changes on the loader target.
   EXPECT_EQ(loader->hooks().size(), 0u);
 }
@@ -407,20 +416,21 @@ TEST(Postprocess, Nvfp4OnSm90IsMarlinsLayout) {
   EXPECT_EQ(spec(s, qkv + "weight_scale_interleaved"), "absent");
   EXPECT_EQ(spec(s, o + "weight"), "I32 [4, 256]");
   EXPECT_EQ(spec(s, o + "weight_scale"), "F8_E4M3 [4, 128]");
-  // Every loader param kept; six more per linear (two twins, four scalars); three
-  // hooks per linear (the weight, the scales, the scalars).
+  // Every loader param kept; six more per linear (two twins, four scalars) and the
+  // KV scales (as on sm100); three hooks per linear (the weight, the scales, the
+  // scalars), one per layer for the KV scales.
   std::size_t linears = 0;
   for (const models::ParamSpec& p : l.params) {
     EXPECT_NE(find(s, p.name), nullptr) << p.name;
     linears += p.dtype == DType::kU8 ? 1 : 0;
   }
-  EXPECT_EQ(s.params.size(), l.params.size() + 6 * linears);
+  EXPECT_EQ(s.params.size(), l.params.size() + 6 * linears + 2 * 4);
   std::size_t hooks = 0;
   for (const models::PostLoadHook& h : m->hooks()) {
     hooks += h.local_rank == 0 ? 1 : 0;
     EXPECT_TRUE(h.idempotent) << h.name;
   }
-  EXPECT_EQ(hooks, 3 * linears);
+  EXPECT_EQ(hooks, 3 * linears + 4);
   // Fused experts (ModelOptNvFp4FusedMoEMethod's Marlin branch, then
   // prepare_moe_nvfp4_layer_for_marlin): Qwen3-MoE tiny at tp 2, w13 [8, 64, 128],
   // w2 [8, 128, 32]; input scales as loaded.
@@ -440,6 +450,18 @@ TEST(Postprocess, Nvfp4OnSm90IsMarlinsLayout) {
   EXPECT_EQ(spec(e, experts + "w2_weight_scale_2_loaded"), "F32 [8] transient");
   EXPECT_EQ(spec(e, experts + "w2_input_scale"), "F32 [8]");
   EXPECT_EQ(spec(e, experts + "w13_alpha"), "absent");
+  // A bias (Qwen2's qkv_proj at tp 2: [96], padded to 128) loads into its twin and
+  // is served padded (marlin_permute_bias), by one more hook.
+  const auto qwen2 = make(nvfp4_config("qwen2"), Target::kSm90, tp2);
+  const models::RankShell& q2 = qwen2->shells()[0];
+  EXPECT_EQ(spec(q2, qkv + "bias"), "BF16 [128]");
+  EXPECT_EQ(spec(q2, qkv + "bias_loaded"), "BF16 [96] transient");
+  EXPECT_EQ(spec(q2, o + "bias"), "absent");
+  std::size_t bias_hooks = 0;
+  for (const models::PostLoadHook& h : qwen2->hooks()) {
+    bias_hooks += h.name.find("qkv_proj.bias") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_EQ(bias_hooks, 4u * 2);  // four layers, two local ranks
   // F16 models get their global scale in F16.
   nlohmann::json f16 = c;
   f16["torch_dtype"] = "float16";
@@ -469,8 +491,6 @@ TEST(Postprocess, RefusalsNameTheTargetAndWhy) {
   EXPECT_THAT(error_of(Stage::kConfig, [&] { make(group32, Target::kSm90); }),
               HasSubstr("requires group_size 16 (prepare_nvfp4_layer_for_marlin); this "
                         "checkpoint's is 32"));
-  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(nvfp4_config("qwen2"), Target::kSm90); }),
-              HasSubstr("marlin_permute_bias"));
   EXPECT_NO_THROW(make(nvfp4_config("qwen2"), Target::kSm100));
   nlohmann::json narrow_experts = nvfp4_config("qwen3_moe");
   narrow_experts["moe_intermediate_size"] = 48;  // w13's N at tp 1: 96

@@ -72,6 +72,7 @@ def gptq_marlin_repack(weight, n, k):
 
 
 SCALE_PERM = [i + 8 * j for i in range(8) for j in range(8)]
+SCALE_PERM_SINGLE = [2 * i + j for i in range(4) for j in [0, 1, 8, 9, 16, 17, 24, 25]]
 
 
 def marlin_scales(scales_padded, n):
@@ -149,6 +150,12 @@ def check_rank(plain, sm90, sm100):
         g = round_bf16(round_bf16(ws2) * np.float32(2.0 ** 119))
         if tensor(sm90, base + "weight_global_scale")[0] != np.array(g).view(np.uint32) >> 16:
             diffs.append(f"sm90 {base}weight_global_scale")
+        if base + "bias" in plain:  # marlin_permute_bias of the padded bias
+            bias = np.zeros(np_, dtype=np.uint16)
+            bias[:n] = tensor(plain, base + "bias")
+            if not np.array_equal(tensor(sm90, base + "bias"),
+                                  bias.reshape(-1, 32)[:, SCALE_PERM_SINGLE].reshape(-1)):
+                diffs.append(f"sm90 {base}bias")
         for target, f, extra in (("sm100", sm100, {}), ("sm90", sm90, {"input_global_scale": is2})):
             for scalar, value in ({**want, **extra} if f is not None else {}).items():
                 if tensor(f, base + scalar).reshape(()) != value:
@@ -162,7 +169,7 @@ def main():
     args = parser.parse_args()
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for family in ("llama", "qwen3", "qwen3_moe"):
+        for family in ("llama", "qwen2", "qwen3", "qwen3_moe"):
             ck = os.path.join(tmp, family)
             subprocess.run([args.ferry, "synth", "--family", family, "--preset", "tiny",
                             "--quant", "nvfp4", "--out", ck], check=True, capture_output=True)

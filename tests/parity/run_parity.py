@@ -124,6 +124,12 @@ def matrix():
         for fam in ["llama", "qwen3_moe", "deepseek_v3"]:
             cases.append(case(f"{fam}/{quant}-tp2", 4,
                               tiny(fam, "--quant", quant, *block), dict(tp=2)))
+    # DeepSeek's tiny experts at tp 2 (w13 32 rows) are narrower than a Marlin tile;
+    # at tp 1 (64) they are not.
+    cases.append(case("deepseek_v3/nvfp4-tp1", 4, tiny("deepseek_v3", "--quant", "nvfp4"),
+                      dict(tp=1)))
+    # Qwen2's qkv_proj bias: Marlin permutes it on sm90 (marlin_permute_bias).
+    cases.append(case("qwen2/nvfp4-tp2", 4, tiny("qwen2", "--quant", "nvfp4"), dict(tp=2)))
     # quant_method fp8 with per-tensor scales and static activations: the same
     # tensors as compressed-tensors' per-tensor ones, another method in SGLang
     # (Fp8LinearMethod / Fp8MoEMethod).
@@ -284,6 +290,13 @@ def run_case(args, c):
         out = os.path.join(case_dir, f"sglang-pp{p}-tp{r}")
         sglang_errors[(p, r)] = sglang_rank(args, c, ckpt, p, r, out)
         rank = dict(pp=p, tp=r)
+        meta_path = os.path.join(out, "meta.json")
+        if ferry_errors[p] and not sglang_errors[(p, r)] and os.path.exists(meta_path):
+            # SGLang ran, but the stage compared may have failed: both refuse then.
+            with open(meta_path) as handle:
+                failed = json.load(handle)["stages"].get(stage, {}).get("error")
+            if failed:
+                sglang_errors[(p, r)] = f"SGLang {stage} stage failed: {failed}"
         if ferry_errors[p] or sglang_errors[(p, r)]:
             rank["error"] = ferry_errors[p] or sglang_errors[(p, r)]
             result["ranks"].append(rank)

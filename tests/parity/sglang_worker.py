@@ -180,6 +180,109 @@ def emulate_cuda_postprocess(target, emulations):
     )
 
 
+def cpu_gptq_marlin_repack(b_q_weight, perm, size_k, size_n, num_bits):
+    """gptq_marlin_repack (kernels/jit/csrc/gemm/marlin/gptq_marlin_repack.cuh) for
+    num_bits 4 without perm, in torch on the CPU: the kernel's thread indexing,
+    every thread of every tile at once. Word th * 4 + warp of tile (kt, nt) packs,
+    in the order pack_idx, the nibbles of rows tc_row + tc_offsets of columns cur_n
+    and cur_n + 8."""
+    import torch
+
+    assert num_bits == 4 and perm.numel() == 0
+    # The op's own checks (gptq_marlin_repack: RuntimeCheck on the tiles).
+    if size_k % 16 != 0:
+        raise RuntimeError(f"size_k = {size_k} is not divisible by tile_k_size = 16")
+    if size_n % 64 != 0:
+        raise RuntimeError(f"size_n = {size_n} is not divisible by tile_n_size = 64")
+    assert b_q_weight.shape == (size_k // 8, size_n) and b_q_weight.dtype == torch.int32
+    words = torch.arange(size_k * size_n // 8, dtype=torch.int64)
+    tile, in_tile = words // 128, words % 128
+    th_id, warp_id = in_tile // 4, in_tile % 4
+    n_tiles = size_n // 64
+    cur_n = (tile % n_tiles) * 64 + warp_id * 16 + th_id // 4
+    tc_row = (tile // n_tiles) * 16 + (th_id % 4) * 2
+    tc_offsets = [0, 1, 8, 9]
+    vals = []
+    for i in range(8):
+        k = tc_row + tc_offsets[i % 4]
+        n = cur_n + (i // 4) * 8
+        word = b_q_weight.to(torch.int64)[k // 8, n] & 0xFFFFFFFF
+        vals.append((word >> (4 * (k % 8))) & 15)
+    res = torch.zeros_like(words)
+    for i, v in enumerate([0, 2, 4, 6, 1, 3, 5, 7]):
+        res |= vals[v] << (4 * i)
+    res = torch.where(res >= 2**31, res - 2**32, res)
+    return res.to(torch.int32).reshape(size_k // 16, size_n * 2)
+
+
+def emulate_nvfp4_postprocess(target, emulations):
+    """ModelOpt NVFP4's process_weights_after_loading as on the target: the FP4 GEMM
+    backend initialize_fp4_gemm_config picks there (marlin below sm100,
+    flashinfer_cutedsl on sm100); on sm90 the fused experts' MoE runner auto
+    resolving to Marlin (create_moe_runner sees CUDA 9.0), gptq_marlin_repack on the
+    CPU (cpu_gptq_marlin_repack) and a stand-in Marlin workspace (not a parameter);
+    on sm100 the dense path sees a Blackwell platform, and its .cuda() of the
+    swizzled scales is the identity."""
+    import torch
+    from sglang.srt.layers.quantization import fp4_utils, marlin_utils_fp4, modelopt_quant
+
+    backend = "marlin" if target == "sm90" else "flashinfer_cutedsl"
+    fp4_utils.FP4_GEMM_RUNNER_BACKEND = fp4_utils.Fp4GemmRunnerBackend(backend)
+    emulations.append(f"FP4 GEMM backend {backend} (initialize_fp4_gemm_config on {target})")
+    if target == "sm90":
+        marlin_utils_fp4.gptq_marlin_repack = cpu_gptq_marlin_repack
+        marlin_utils_fp4.marlin_make_workspace = (
+            lambda device, *a, **k: torch.zeros(1, dtype=torch.int32))
+        method = modelopt_quant.ModelOptNvFp4FusedMoEMethod
+        original = method.create_moe_runner
+
+        def create_on_hopper(self, *args, **kwargs):
+            saved = (modelopt_quant.is_cuda, modelopt_quant.get_device_capability)
+            modelopt_quant.is_cuda = lambda: True
+            modelopt_quant.get_device_capability = lambda *a, **k: (9, 0)
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                modelopt_quant.is_cuda, modelopt_quant.get_device_capability = saved
+
+        method.create_moe_runner = create_on_hopper
+        emulations.append(
+            "gptq_marlin_repack run on the CPU from its kernel's indexing; Marlin's "
+            "workspace a stand-in; ModelOptNvFp4FusedMoEMethod.create_moe_runner sees "
+            "CUDA 9.0 (auto -> marlin)")
+        return
+    linear = modelopt_quant.ModelOptFp4LinearMethod
+    process = linear.process_weights_after_loading
+
+    def process_on_blackwell(self, layer):
+        saved = (modelopt_quant.get_platform, torch.Tensor.cuda)
+        platform = saved[0]()
+        modelopt_quant.get_platform = lambda: _Blackwell(platform)
+        torch.Tensor.cuda = lambda self, *a, **k: self
+        try:
+            return process(self, layer)
+        finally:
+            modelopt_quant.get_platform, torch.Tensor.cuda = saved
+
+    linear.process_weights_after_loading = process_on_blackwell
+    emulations.append(
+        "ModelOptFp4LinearMethod.process_weights_after_loading sees a Blackwell "
+        "(sm100) platform; its .cuda() of the swizzled scales is the identity")
+
+
+class _Blackwell:
+    """The platform as sm100 answers it; anything else from the real one."""
+
+    def __init__(self, real):
+        self._real = real
+
+    is_blackwell = True
+    is_sm100 = True
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
 def emulate_hopper(emulations):
     """Answers SGLang's CUDA-only placement decisions as an H100 (sm90) does,
     scoped to the decisions themselves: the modules keep _is_cuda False
@@ -332,6 +435,8 @@ def held_tensors(model):
                 continue
             if isinstance(value, torch.nn.Parameter):
                 continue
+            if name == "workspace":  # Marlin's kernel scratch (zeros), not a weight
+                continue
             out[prefix + name] = value
     return out
 
@@ -455,6 +560,7 @@ def main():
     emulate_hopper(emulations)
     if args.target != "loader":
         emulate_cuda_postprocess(args.target, emulations)
+        emulate_nvfp4_postprocess(args.target, emulations)
 
     from sglang.srt.configs.device_config import DeviceConfig  # noqa: F401
     from sglang.srt.configs.load_config import LoadConfig

@@ -545,6 +545,9 @@ TEST(PostprocessLoad, Nvfp4OnSm100IsTheSwizzleOfAPlainLoad) {
           << base;
     }
     EXPECT_EQ(got.find("model.layers.0.self_attn.o_proj.weight_scale_loaded"), nullptr);
+    // ModelOptFp4Config's "auto" KV cache: k_scale / v_scale on every attention, 1.0.
+    EXPECT_EQ(floats(l.target.model->read_param(r, "model.layers.3.self_attn.attn.v_scale")),
+              std::vector<float>{1.0f});
   }
   EXPECT_EQ(beside, 4u * 2);  // qkv_proj of four layers, two ranks
   EXPECT_EQ(in_place, 12u * 2);
@@ -680,6 +683,65 @@ TEST(PostprocessLoad, Nvfp4ExpertsOnSm90AreMarlinsLayoutExpertByExpert) {
   }
   EXPECT_EQ(checked, 2u * 4 * 2);  // w13 and w2, four layers, two ranks
   overlap_and_dummy_match(ck, "sm90", l.target);
+}
+
+// A biased NVFP4 linear on sm90 (Qwen2's qkv_proj): the bias zero-padded to N' and
+// permuted as marlin_permute_bias does (marlin_utils.py: each run of 32 through
+// scale_perm_single), the weight repacked as without one.
+TEST(PostprocessLoad, Nvfp4BiasOnSm90IsMarlinPermuted) {
+  TempDir dir;
+  const std::string ck = synth_tiny(dir, "qwen2", synth::SynthQuant::kNvfp4, "qwen2");
+  const Loads l = load_both(ck, "sm90");
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  std::vector<std::size_t> perm_single;
+  for (std::size_t i = 0; i < 4; ++i) {
+    for (std::size_t j : {0, 1, 8, 9, 16, 17, 24, 25}) {
+      perm_single.push_back(2 * i + j);
+    }
+  }
+  std::size_t checked = 0;
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (const LoadedParam& p : l.plain.model->ranks()[r].params) {
+      if (!p.name.ends_with("qkv_proj.bias")) {
+        continue;
+      }
+      ++checked;
+      const std::vector<std::byte> plain = l.plain.model->read_param(r, p.name);
+      const LoadedParam* got = l.target.model->ranks()[r].find(p.name);
+      ASSERT_NE(got, nullptr);
+      const std::size_t np = got->shape.at(0);
+      ASSERT_EQ(np % 32, 0u);
+      ASSERT_GE(np, p.shape[0]);
+      std::vector<std::byte> padded(np * 2);
+      std::copy(plain.begin(), plain.end(), padded.begin());
+      std::vector<std::byte> want(np * 2);
+      for (std::size_t e = 0; e < np; ++e) {
+        const std::size_t from = e - e % 32 + perm_single[e % 32];
+        want[2 * e] = padded[2 * from];
+        want[2 * e + 1] = padded[2 * from + 1];
+      }
+      EXPECT_EQ(l.target.model->read_param(r, p.name), want) << p.name;
+    }
+  }
+  EXPECT_EQ(checked, 4u * 2);
+}
+
+// DeepSeek on sm90 with NVFP4: the MLA split reads kv_b_proj as loaded (SGLang's
+// post_load_weights runs before process_weights_after_loading repacks it), so w_kc
+// and w_vc are a plain load's, and kv_b_proj itself is Marlin's.
+TEST(PostprocessLoad, Nvfp4MlaSplitReadsKvBProjAsLoadedOnSm90) {
+  TempDir dir;
+  const std::string ck = synth_tiny(dir, "deepseek_v3", synth::SynthQuant::kNvfp4, "ds");
+  const Loads l = load_both(ck, "sm90", {"parallel.tp=1"});
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  for (const std::string name : {"model.layers.0.self_attn.w_kc", "model.layers.1.self_attn.w_vc"}) {
+    EXPECT_EQ(l.target.model->read_param(0, name), l.plain.model->read_param(0, name)) << name;
+  }
+  const LoadedParam* kv_b = l.target.model->ranks()[0].find("model.layers.0.self_attn.kv_b_proj.weight");
+  ASSERT_NE(kv_b, nullptr);
+  EXPECT_EQ(kv_b->dtype, DType::kI32);
 }
 
 TEST(PostprocessLoad, BadValuesAreRefusedByName) {
