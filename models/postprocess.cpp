@@ -76,6 +76,19 @@ void write_global_scales(gpu::Stream& stream, std::vector<float>& values, std::b
   stream.synchronize();  // the host values die with the caller
 }
 
+// `rows` rows of `width` bytes at `src`, zero-padded to `prows` rows of `pwidth` in
+// the hook's scratch (returned); `src` itself where nothing pads.
+const std::byte* pad_rows(HookContext& ctx, const std::byte* src, std::uint64_t rows,
+                          std::uint64_t width, std::uint64_t prows, std::uint64_t pwidth) {
+  if (rows == prows && width == pwidth) {
+    return src;
+  }
+  std::byte* p = ctx.scratch(prows * pwidth);
+  ctx.stream().zero(p, prows * pwidth);
+  ctx.stream().copy_d2d_2d(p, pwidth, src, width, width, rows);
+  return p;
+}
+
 // torch's max() of F32 values: NaN if any is.
 float torch_max(const std::vector<float>& values) {
   float out = values.front();
@@ -196,22 +209,24 @@ Shape marlin_padded_shape(const Shape& weight) {
   return key(b) < key(a) ? b : a;
 }
 
-Shape marlin_weight_shape(const Shape& weight) {
+namespace {
+
+// [K' / per_row, N' * cols_per_n] of the padded [N', K'], after the experts' dim.
+Shape marlin_shape(const Shape& weight, std::uint64_t per_row, std::uint64_t cols_per_n) {
   const Shape p = marlin_padded_shape(weight);
-  Shape out{p[1] / 16, 2 * p[0]};
+  Shape out{p[1] / std::max<std::uint64_t>(1, per_row), p[0] * cols_per_n};
   if (weight.size() == 3) {
     out.insert(out.begin(), weight[0]);
   }
   return out;
 }
 
+}  // namespace
+
+Shape marlin_weight_shape(const Shape& weight) { return marlin_shape(weight, 16, 2); }
+
 Shape marlin_scale_shape(const Shape& weight, std::uint64_t group_size) {
-  const Shape p = marlin_padded_shape(weight);
-  Shape out{p[1] / std::max<std::uint64_t>(1, group_size), p[0]};
-  if (weight.size() == 3) {
-    out.insert(out.begin(), weight[0]);
-  }
-  return out;
+  return marlin_shape(weight, group_size, 1);
 }
 
 std::string marlin_experts_unaligned(const Shape& weight) {
@@ -503,6 +518,18 @@ class RankPostprocess {
     }
     return *p;
   }
+  // A hook of this rank writing `output` from `input`, named after `what`, after the
+  // hooks that read `input` as loaded.
+  PostLoadHook hook_for(const std::string& what, std::size_t input, std::size_t output) const {
+    PostLoadHook hook;
+    hook.name = "postprocess_" + std::string(to_string(q_.target)) + ":" + what + rank_note_;
+    hook.local_rank = r_;
+    hook.inputs = {input};
+    hook.outputs = {output};
+    after(hook, {input});
+    return hook;
+  }
+
   // After every hook that reads one of `params` as loaded.
   void after(PostLoadHook& hook, std::initializer_list<std::size_t> params) const {
     for (const PostLoadHook& h : existing_) {
@@ -689,42 +716,18 @@ class RankPostprocess {
     const std::size_t scale =
         need(scale_name, Shape{groups, np}, weight.name, DType::kF8E4M3);
     const bool pad = np != n || kp != k;
-    PostLoadHook repack;
-    repack.name = "postprocess_sm90:" + weight.name + rank_note_;
-    repack.local_rank = r_;
-    repack.inputs = {loaded};
-    repack.outputs = {w};
-    after(repack, {loaded});
+    PostLoadHook repack = hook_for(weight.name, loaded, w);
     repack.scratch_bytes = pad ? np * kp / 2 : 0;
     repack.run = [=](HookContext& ctx) {
-      gpu::Stream& stream = ctx.stream();
-      const std::byte* src = ctx.param_data(loaded);
-      if (pad) {
-        std::byte* p = ctx.scratch(np * kp / 2);
-        stream.zero(p, np * kp / 2);
-        stream.copy_d2d_2d(p, kp / 2, src, k / 2, k / 2, n);
-        src = p;
-      }
-      stream.repack_marlin_fp4(ctx.param_data(w), src, np, kp);
+      const std::byte* src = pad_rows(ctx, ctx.param_data(loaded), n, k / 2, np, kp / 2);
+      ctx.stream().repack_marlin_fp4(ctx.param_data(w), src, np, kp);
     };
     out.push_back(std::move(repack));
-    PostLoadHook scales;
-    scales.name = "postprocess_sm90:" + scale_name + rank_note_;
-    scales.local_rank = r_;
-    scales.inputs = {twin};
-    scales.outputs = {scale};
-    after(scales, {twin});
+    PostLoadHook scales = hook_for(scale_name, twin, scale);
     scales.scratch_bytes = pad ? np * groups : 0;
     scales.run = [=](HookContext& ctx) {
-      gpu::Stream& stream = ctx.stream();
-      const std::byte* src = ctx.param_data(twin);
-      if (pad) {
-        std::byte* p = ctx.scratch(np * groups);
-        stream.zero(p, np * groups);
-        stream.copy_d2d_2d(p, groups, src, k / 16, k / 16, n);
-        src = p;
-      }
-      stream.marlin_fp4_scales(ctx.param_data(scale), src, np, groups);
+      const std::byte* src = pad_rows(ctx, ctx.param_data(twin), n, k / 16, np, groups);
+      ctx.stream().marlin_fp4_scales(ctx.param_data(scale), src, np, groups);
     };
     out.push_back(std::move(scales));
     if (auto bias = find(loaded_bias_name(weight.name))) {
@@ -743,24 +746,11 @@ class RankPostprocess {
       bad(shell_.params[loaded].name, "expected the bias as loaded, [" + std::to_string(n) + "]");
     }
     const std::size_t bias = need(name, Shape{np}, name, dtype);
-    PostLoadHook hook;
-    hook.name = "postprocess_sm90:" + name + rank_note_;
-    hook.local_rank = r_;
-    hook.inputs = {loaded};
-    hook.outputs = {bias};
-    after(hook, {loaded});
-    const bool pad = np != n;
-    hook.scratch_bytes = pad ? np * es : 0;
+    PostLoadHook hook = hook_for(name, loaded, bias);
+    hook.scratch_bytes = np != n ? np * es : 0;
     hook.run = [=](HookContext& ctx) {
-      gpu::Stream& stream = ctx.stream();
-      const std::byte* src = ctx.param_data(loaded);
-      if (pad) {
-        std::byte* p = ctx.scratch(np * es);
-        stream.zero(p, np * es);
-        stream.copy_d2d_2d(p, n * es, src, n * es, n * es, 1);
-        src = p;
-      }
-      stream.transpose(ctx.param_data(bias), 32 * es, src, 32 * es, 2 * es, 4, 4, np / 32);
+      const std::byte* src = pad_rows(ctx, ctx.param_data(loaded), 1, n * es, 1, np * es);
+      ctx.stream().transpose(ctx.param_data(bias), 32 * es, src, 32 * es, 2 * es, 4, 4, np / 32);
     };
     out.push_back(std::move(hook));
   }
@@ -797,12 +787,7 @@ class RankPostprocess {
     const std::size_t s2 =
         need(companion_name(weight.name, "weight_scale_2"), Shape{experts}, weight.name, dtype);
     const std::uint64_t bytes = n * k / 2;
-    PostLoadHook repack;
-    repack.name = "postprocess_sm90:" + weight.name + rank_note_;
-    repack.local_rank = r_;
-    repack.inputs = {loaded};
-    repack.outputs = {w};
-    after(repack, {loaded});
+    PostLoadHook repack = hook_for(weight.name, loaded, w);
     repack.run = [=](HookContext& ctx) {
       for (std::uint64_t e = 0; e < experts; ++e) {
         ctx.stream().repack_marlin_fp4(ctx.param_data(w) + e * bytes,
@@ -810,12 +795,7 @@ class RankPostprocess {
       }
     };
     out.push_back(std::move(repack));
-    PostLoadHook scales;
-    scales.name = "postprocess_sm90:" + scale_name + rank_note_;
-    scales.local_rank = r_;
-    scales.inputs = {twin};
-    scales.outputs = {scale};
-    after(scales, {twin});
+    PostLoadHook scales = hook_for(scale_name, twin, scale);
     scales.run = [=](HookContext& ctx) {
       for (std::uint64_t e = 0; e < experts; ++e) {
         ctx.stream().marlin_fp4_scales(ctx.param_data(scale) + e * n * groups,
@@ -823,12 +803,8 @@ class RankPostprocess {
       }
     };
     out.push_back(std::move(scales));
-    PostLoadHook global;
-    global.name = "postprocess_sm90:" + companion_name(weight.name, "weight_scale_2") + rank_note_;
-    global.local_rank = r_;
-    global.inputs = {*s2_loaded};
-    global.outputs = {s2};
-    after(global, {*s2_loaded});
+    PostLoadHook global =
+        hook_for(companion_name(weight.name, "weight_scale_2"), *s2_loaded, s2);
     global.scratch_bytes = experts * kF32;
     const std::size_t from = *s2_loaded;
     global.run = [=](HookContext& ctx) {

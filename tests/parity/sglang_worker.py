@@ -234,18 +234,7 @@ def emulate_nvfp4_postprocess(target, emulations):
         marlin_utils_fp4.marlin_make_workspace = (
             lambda device, *a, **k: torch.zeros(1, dtype=torch.int32))
         method = modelopt_quant.ModelOptNvFp4FusedMoEMethod
-        original = method.create_moe_runner
-
-        def create_on_hopper(self, *args, **kwargs):
-            saved = (modelopt_quant.is_cuda, modelopt_quant.get_device_capability)
-            modelopt_quant.is_cuda = lambda: True
-            modelopt_quant.get_device_capability = lambda *a, **k: (9, 0)
-            try:
-                return original(self, *args, **kwargs)
-            finally:
-                modelopt_quant.is_cuda, modelopt_quant.get_device_capability = saved
-
-        method.create_moe_runner = create_on_hopper
+        method.create_moe_runner = on_hopper(modelopt_quant, method.create_moe_runner)
         emulations.append(
             "gptq_marlin_repack run on the CPU from its kernel's indexing; Marlin's "
             "workspace a stand-in; ModelOptNvFp4FusedMoEMethod.create_moe_runner sees "
@@ -389,24 +378,29 @@ def emulate_cuda_tensor_requant(loader_module, emulations):
     )
 
 
+def on_hopper(module, fn):
+    """`fn` with `module`'s is_cuda() true and get_device_capability() (9, 0) while
+    it runs."""
+
+    def wrapped(*args, **kwargs):
+        saved = (module.is_cuda, module.get_device_capability)
+        module.is_cuda = lambda: True
+        module.get_device_capability = lambda *a, **k: (9, 0)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            module.is_cuda, module.get_device_capability = saved
+
+    return wrapped
+
+
 def emulate_nvfp4_moe_on_hopper(emulations):
     """ModelOpt NVFP4 MoE on Hopper takes SGLang's Marlin fallback; off CUDA its
     constructor refuses the platform. Scoped to that constructor."""
     from sglang.srt.layers.quantization import modelopt_quant
 
     method = modelopt_quant.ModelOptNvFp4FusedMoEMethod
-    original = method.__init__
-
-    def init_on_hopper(self, *args, **kwargs):
-        saved = (modelopt_quant.is_cuda, modelopt_quant.get_device_capability)
-        modelopt_quant.is_cuda = lambda: True
-        modelopt_quant.get_device_capability = lambda *a, **k: (9, 0)
-        try:
-            original(self, *args, **kwargs)
-        finally:
-            modelopt_quant.is_cuda, modelopt_quant.get_device_capability = saved
-
-    method.__init__ = init_on_hopper
+    method.__init__ = on_hopper(modelopt_quant, method.__init__)
     emulations.append(
         "ModelOptNvFp4FusedMoEMethod.__init__ sees CUDA 9.0 (Marlin fallback)"
     )
