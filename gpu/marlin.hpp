@@ -44,7 +44,10 @@ FERRY_HOST_DEVICE inline std::uint32_t repack_word(const unsigned char* src, std
 
 // nvfp4_marlin_process_scales of one E4M3 scale: the bits of f16(x * 2^7) (exact for
 // every E4M3 value), shifted left once, high byte: the sign is dropped, then five
-// exponent bits and the top three mantissa bits. NaN (f16 0x7E00) gives 0xFC.
+// exponent bits and the top three mantissa bits. NaN gives 0xFC, the code of f16
+// 0x7E00, the NaN torch's CPU casts give; on a GPU torch's casts may give another
+// NaN pattern (0x7FFF: 0xFF), so a NaN scale, which only a broken checkpoint has,
+// is the one value whose code is not pinned to SGLang's on every device.
 FERRY_HOST_DEVICE inline unsigned char scale_code(unsigned char e4m3) {
   const unsigned exponent = (e4m3 >> 3) & 0xFu;
   unsigned mantissa = e4m3 & 7u;

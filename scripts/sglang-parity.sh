@@ -42,10 +42,23 @@ if [ ! -x "$PY" ]; then
   echo "no interpreter at $PY: run scripts/sglang-parity.sh --setup or set FERRY_PARITY_PYTHON" >&2
   exit 2
 fi
-# NVFP4's postprocess.target layouts, which SGLang's own code only makes on a GPU:
-# its steps replayed in numpy (tests/parity/nvfp4_targets.py); then the matrix.
-case " $* " in
-  *" --help "* | *" -h "*) ;;
-  *) (cd tests/parity && "$OLDPWD/$PY" nvfp4_targets.py --ferry "$OLDPWD/build/release/ferry") ;;
-esac
+# NVFP4's postprocess.target layouts replayed in numpy without SGLang
+# (tests/parity/nvfp4_targets.py), on the same ferry binary; then the matrix. Not
+# for --help or --list.
+FERRY=build/release/ferry
+replay=1
+prev=
+for arg in "$@"; do
+  case "$arg" in
+    --help | -h | --list) replay=0 ;;
+    --ferry=*) FERRY="${arg#--ferry=}" ;;
+  esac
+  [ "$prev" = "--ferry" ] && FERRY="$arg"
+  prev="$arg"
+done
+if [ "$replay" = 1 ]; then
+  case "$PY" in /*) py="$PY" ;; *) py="$PWD/$PY" ;; esac
+  case "$FERRY" in /*) ferry="$FERRY" ;; *) ferry="$PWD/$FERRY" ;; esac
+  (cd tests/parity && "$py" nvfp4_targets.py --ferry "$ferry")
+fi
 exec "$PY" tests/parity/run_parity.py "$@"

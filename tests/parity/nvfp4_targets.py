@@ -34,6 +34,15 @@ def round_bf16(x):  # float32 to the nearest bfloat16 (even on ties), as float32
     return u.astype(np.uint32).view(np.float32)
 
 
+def marlin_global_scale(ws2, dtype):
+    """nvfp4_marlin_process_global_scale(x.to(dtype)): the bits of the result."""
+    if dtype == "F16":
+        v = np.float16(np.float32(np.float16(ws2)) * np.float32(2.0 ** 7))
+        return np.array(v).view(np.uint16)
+    g = round_bf16(round_bf16(ws2) * np.float32(2.0 ** 119))
+    return np.array(g).view(np.uint32) >> 16
+
+
 def swizzle_blockscale(scale):
     rows, cols = scale.shape
     rp, cp = (rows + 127) // 128 * 128, (cols + 3) // 4 * 4
@@ -85,7 +94,7 @@ def marlin_scales(scales_padded, n):
 def tensor(f, name):
     t = f[name]
     dt = {"F32": np.float32, "U8": np.uint8, "F8_E4M3": np.uint8, "BF16": np.uint16,
-          "I32": np.int32}[t.dtype]
+          "F16": np.uint16, "I32": np.int32}[t.dtype]
     return np.frombuffer(t.data, dtype=dt).reshape(t.shape)
 
 
@@ -105,8 +114,8 @@ def check_experts(plain, sm90, name):
             diffs.append(f"sm90 {base}weight_scale[{e}]")
     s2 = tensor(plain, base + "weight_scale_2")
     s2 = s2[:, 0] if s2.ndim == 2 else s2
-    g = round_bf16(round_bf16(s2) * np.float32(2.0 ** 119))
-    if not np.array_equal(tensor(sm90, base + "weight_scale_2"), g.view(np.uint32) >> 16):
+    want = [marlin_global_scale(v, sm90[base + "weight_scale_2"].dtype) for v in s2]
+    if not np.array_equal(tensor(sm90, base + "weight_scale_2"), np.array(want).reshape(-1)):
         diffs.append(f"sm90 {base}weight_scale_2")
     if not np.array_equal(tensor(sm90, base + "input_scale"), tensor(plain, base + "input_scale")):
         diffs.append(f"sm90 {base}input_scale")
@@ -147,8 +156,8 @@ def check_rank(plain, sm90, sm100):
             diffs.append(f"sm90 {name}")
         if not np.array_equal(tensor(sm90, base + "weight_scale"), marlin_scales(sp, np_)):
             diffs.append(f"sm90 {base}weight_scale")
-        g = round_bf16(round_bf16(ws2) * np.float32(2.0 ** 119))
-        if tensor(sm90, base + "weight_global_scale")[0] != np.array(g).view(np.uint32) >> 16:
+        dtype = sm90[base + "weight_global_scale"].dtype
+        if tensor(sm90, base + "weight_global_scale")[0] != marlin_global_scale(ws2, dtype):
             diffs.append(f"sm90 {base}weight_global_scale")
         if base + "bias" in plain:  # marlin_permute_bias of the padded bias
             bias = np.zeros(np_, dtype=np.uint16)
@@ -169,19 +178,24 @@ def main():
     args = parser.parse_args()
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for family in ("llama", "qwen2", "qwen3", "qwen3_moe"):
+        # (family, model.dtype): F16 takes the other global-scale exponent.
+        for family, dtype in (("llama", "auto"), ("llama", "f16"), ("qwen2", "auto"),
+                              ("qwen3", "auto"), ("qwen3_moe", "auto"), ("qwen3_moe", "f16")):
             ck = os.path.join(tmp, family)
-            subprocess.run([args.ferry, "synth", "--family", family, "--preset", "tiny",
-                            "--quant", "nvfp4", "--out", ck], check=True, capture_output=True)
+            if not os.path.exists(ck):
+                subprocess.run([args.ferry, "synth", "--family", family, "--preset", "tiny",
+                                "--quant", "nvfp4", "--out", ck], check=True,
+                               capture_output=True)
             for tp in (1, 2):
                 dumps = {}
                 # NVFP4 experts on sm100 are refused (the trtllm runner's shuffles).
                 targets = ("loader", "sm90") if family == "qwen3_moe" else ("loader", "sm90", "sm100")
                 for target in targets:
-                    out = os.path.join(tmp, f"{family}-{tp}-{target}")
+                    out = os.path.join(tmp, f"{family}-{dtype}-{tp}-{target}")
                     subprocess.run([args.ferry, "load", "--model", ck, "--set",
                                     f"parallel.tp={tp}", "--set", f"postprocess.target={target}",
-                                    "--dump-dir", out], check=True, capture_output=True)
+                                    "--set", f"model.dtype={dtype}", "--dump-dir", out],
+                                   check=True, capture_output=True)
                     dumps[target] = out
                 for r in range(tp):
                     files = [read_safetensors(os.path.join(dumps[t], f"rank-{r}.safetensors"))
@@ -189,7 +203,7 @@ def main():
                     count, diffs = check_rank(*files)
                     status = "PASS" if count and not diffs else "DIFF " + ", ".join(diffs[:4])
                     failed += status != "PASS"
-                    print(f"{family}/nvfp4-tp{tp} rank {r}: {count} linears: {status}")
+                    print(f"{family}/nvfp4-{dtype}-tp{tp} rank {r}: {count} linears: {status}")
     return 1 if failed else 0
 
 

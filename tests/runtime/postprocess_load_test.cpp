@@ -620,6 +620,12 @@ TEST(PostprocessLoad, Nvfp4OnSm90IsMarlinsLayoutOfAPlainLoad) {
       std::vector<std::byte> want_global(2);
       testing::encode_one(global, DType::kBF16, want_global.data());
       EXPECT_EQ(l.target.model->read_param(r, base + "weight_global_scale"), want_global) << base;
+      // What Marlin does not touch stays as loaded.
+      for (const std::string kept : {"input_scale", "weight_scale_2"}) {
+        EXPECT_EQ(l.target.model->read_param(r, base + kept),
+                  l.plain.model->read_param(r, base + kept))
+            << base << kept;
+      }
     }
     // The loaded twins are freed with the load.
     EXPECT_EQ(l.target.model->ranks()[r].find("model.layers.0.mlp.down_proj.weight_loaded"),
@@ -683,6 +689,40 @@ TEST(PostprocessLoad, Nvfp4ExpertsOnSm90AreMarlinsLayoutExpertByExpert) {
   }
   EXPECT_EQ(checked, 2u * 4 * 2);  // w13 and w2, four layers, two ranks
   overlap_and_dummy_match(ck, "sm90", l.target);
+}
+
+// nvfp4_marlin_process_global_scale in an F16 model: weight_scale_2.max() rounded
+// to F16, times 2^(2^4 - 2 - 7) = 2^7, in F16. A scale that is subnormal in F16 shows
+// the order: rounded before the scaling, it keeps only its subnormal bits.
+TEST(PostprocessLoad, Nvfp4GlobalScaleInF16) {
+  TempDir dir;
+  const std::string ck = synth_tiny(dir, "llama", synth::SynthQuant::kNvfp4, "nvfp4");
+  const float subnormal = 3.0e-6f;  // F16's normals start at 6.1e-5
+  set_scalars(ck, "weight_scale_2", {subnormal, 0.003f});
+  const Loads l = load_both(ck, "sm90", {"parallel.tp=2", "model.dtype=f16"});
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  std::size_t checked = 0;
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (const LoadedParam& p : l.plain.model->ranks()[r].params) {
+      if (p.dtype != DType::kU8) {
+        continue;
+      }
+      ++checked;
+      const std::string base = p.name.substr(0, p.name.size() - 6);
+      const std::vector<float> s2 = floats(l.plain.model->read_param(r, base + "weight_scale_2"));
+      const float ws = *std::max_element(s2.begin(), s2.end());
+      const float want = std::ldexp(f16(ws), 7);
+      std::vector<std::byte> want_bytes(2);
+      testing::encode_one(want, DType::kF16, want_bytes.data());
+      EXPECT_EQ(l.target.model->read_param(r, base + "weight_global_scale"), want_bytes) << base;
+    }
+  }
+  EXPECT_EQ(checked, 16u * 2);
+  // The first weight's scale is the subnormal one: rounding first loses bits that
+  // scaling first would keep.
+  const float first = std::ldexp(f16(subnormal), 7);
+  EXPECT_NE(first, f16(subnormal * 128.0f));
 }
 
 // A biased NVFP4 linear on sm90 (Qwen2's qkv_proj): the bias zero-padded to N' and
