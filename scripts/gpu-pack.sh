@@ -56,7 +56,10 @@ strip --strip-unneeded "$pack/bin/"*
 # here would be loaded next to torch's on the GPU machine, the clash the static
 # runtime avoids.
 for bin in "$pack/bin/"*; do
-  if env -u LD_LIBRARY_PATH ldd "$bin" | grep -q 'libcudart\.so'; then
+  # Matched on the whole output: with pipefail, grep -q quitting first would kill ldd
+  # with SIGPIPE and make the match read as no match.
+  libs=$(env -u LD_LIBRARY_PATH ldd "$bin")
+  if grep -q 'libcudart\.so' <<<"$libs"; then
     echo "gpu-pack: $bin loads libcudart.so; the CUDA runtime must be linked statically" >&2
     exit 1
   fi

@@ -65,7 +65,8 @@ for f in bin/ferry bin/ferry_gpu_tests ck-llama/config.json ck-deepseek/config.j
 done
 for bin in ferry ferry_gpu_tests; do
   # shellcheck disable=SC2016  # $ORIGIN is the loader's
-  readelf -d "$d/pack/bin/$bin" | grep -q 'RUNPATH.*\[\$ORIGIN/\.\./lib\]' ||
+  dynamic=$(readelf -d "$d/pack/bin/$bin")  # whole: `readelf | grep -q` races under pipefail
+  grep -q 'RUNPATH.*\[\$ORIGIN/\.\./lib\]' <<<"$dynamic" ||
     fail "bin/$bin has no RUNPATH \$ORIGIN/../lib: $(readelf -d "$d/pack/bin/$bin" | grep -i path)"
   resolved=$(env -u LD_LIBRARY_PATH ldd "$d/pack/bin/$bin")
   if grep -q 'libcudart\.so' <<<"$resolved"; then

@@ -49,7 +49,8 @@ for want in 'ferry::runtime::Runtime::load()' 'ferry::runtime::Config::set(' 'ty
 done
 for hidden in 'Runtime::Impl' 'LoadHandle::State::' 'ConfigBuilder' 'RuntimeTestSeams' 'make_runtime' \
               'RuntimeFactory' 'to_config' 'actors::' 'io::' 'models::' 'gpu::'; do
-  if grep -F "$hidden" "$work/exports.txt" | grep -v '^ferry::runtime::LoadedModel::LoadedModel' | grep -q .; then
+  exported=$(grep -F "$hidden" "$work/exports.txt" | grep -v '^ferry::runtime::LoadedModel::LoadedModel' || true)
+  if [ -n "$exported" ]; then
     fail "an internal symbol is exported: $(grep -F "$hidden" "$work/exports.txt" | head -1)"
   fi
 done
@@ -106,7 +107,10 @@ for project in "$src/examples/engine_boot" "$src/tests/package/consumer"; do
   cmake --build "$work/$name" >>"$work/$name.log" 2>&1 || { cat "$work/$name.log"; fail "build $name"; }
   grep -q "$prefix" "$work/$name/CMakeCache.txt" || fail "$name did not find the prefix's ferry"
 done
-ldd "$work/engine_boot/engine_boot" | grep -q "$libdir/libferry.so" || fail "engine_boot is not linked to the prefix's libferry.so"
+# ldd's output whole, then matched: under pipefail, `ldd | grep -q` fails whenever grep
+# quits at the match before ldd has written the rest (SIGPIPE).
+linked=$(ldd "$work/engine_boot/engine_boot")
+grep -q "$libdir/libferry.so" <<<"$linked" || fail "engine_boot is not linked to the prefix's libferry.so"
 "$work/engine_boot/engine_boot" "$work/ck" --mode overlap parallel.tp=2 || fail "engine_boot (overlap)"
 "$work/engine_boot/engine_boot" "$work/ck" --mode serial || fail "engine_boot (serial)"
 "$work/consumer/metrics_consumer" "$work/ck" || fail "metrics_consumer"
