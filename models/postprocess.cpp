@@ -676,12 +676,10 @@ class RankPostprocess {
     const std::size_t from = *src;
     hook.run = [=](HookContext& ctx) {
       gpu::Stream& stream = ctx.stream();
-      std::byte* padded = ctx.scratch(2 * mp * cp);
-      std::byte* by_group = padded + mp * cp;
-      if (mp != m || cp != c) {
-        stream.zero(padded, mp * cp);
-      }
-      stream.copy_d2d_2d(padded, cp, ctx.param_data(from), c, c, m);
+      // The padded scales (scratch's first half, or the twin itself where nothing
+      // pads), then the groups in its second half.
+      const std::byte* padded = pad_rows(ctx, ctx.param_data(from), m, c, mp, cp);
+      std::byte* by_group = ctx.scratch(2 * mp * cp) + mp * cp;
       // Each 128-row block [4 * 32 rows][C'/4 groups] to [C'/4][4 * 32].
       stream.transpose(by_group, 128 * cp, padded, 128 * cp, 4, 128, cp / 4, mp / 128);
       // Each group's 128 rows [4][32] to [32][4].
