@@ -31,13 +31,7 @@ PostLoadHook make_indexer_fuse_hook(const Model& model, std::size_t local_rank,
   };
   // Quantized while loading (quantization.online): the full precision it was loaded
   // in; served in Marlin's layout (postprocess.target=sm90): the weight as loaded.
-  std::string wk_name = indexer_prefix + "wk.weight";
-  for (const char* twin : {"wk.weight_unquantized", "wk.weight_loaded"}) {
-    if (shell.by_name.count(indexer_prefix + twin) != 0) {
-      wk_name = indexer_prefix + twin;
-    }
-  }
-  const std::size_t wk = find(wk_name);
+  const std::size_t wk = find(as_loaded_name(shell, indexer_prefix + "wk.weight"));
   const std::size_t proj = find(indexer_prefix + "weights_proj.weight");
   const std::size_t fused = find(indexer_prefix + "wk_weights_proj.weight");
   const ParamSpec& out = shell.params[fused];

@@ -225,12 +225,7 @@ PostLoadHook make_mla_split_hook(const Model& model, std::size_t local_rank,
   // quantization.
   // Served in Marlin's layout (postprocess.target=sm90), it is split from the weight
   // as loaded, as post_load_weights runs before process_weights_after_loading.
-  std::string kv_b_name = attn_prefix + "kv_b_proj.weight";
-  for (const char* twin : {"kv_b_proj.weight_unquantized", "kv_b_proj.weight_loaded"}) {
-    if (shell.by_name.count(attn_prefix + twin) != 0) {
-      kv_b_name = attn_prefix + twin;
-    }
-  }
+  const std::string kv_b_name = as_loaded_name(shell, attn_prefix + "kv_b_proj.weight");
   auto kv_b_it = shell.by_name.find(kv_b_name);
   const bool quantized = quant.quantized() && kv_b_it != shell.by_name.end() &&
                          (shell.params[kv_b_it->second].dtype == DType::kF8E4M3 ||

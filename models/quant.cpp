@@ -771,6 +771,16 @@ gpu::Fp8Scales fp8_scales(const QuantScheme& scheme) {
               "internal: " + describe(scheme) + " has no FP8 scales for the device");
 }
 
+std::string as_loaded_name(const RankShell& shell, const std::string& weight) {
+  for (const char* twin : {"weight_unquantized", "weight_loaded"}) {
+    std::string name = companion_name(weight, twin);
+    if (shell.by_name.count(name) != 0) {
+      return name;
+    }
+  }
+  return weight;
+}
+
 QuantizedInputs quantized_inputs(const QuantScheme& scheme, const RankShell& shell,
                                  std::size_t weight) {
   ParamSpec w = shell.params.at(weight);

@@ -200,6 +200,11 @@ struct QuantizedInputs {
   std::size_t scale = 0;
   std::optional<std::size_t> scale_2;
 };
+// The param a hook reading `weight` as the checkpoint has it reads: its twin where
+// the load keeps one, "<w>weight_unquantized" (quantization.online) or
+// "<w>weight_loaded" (postprocess.target=sm90's Marlin), else `weight` itself.
+std::string as_loaded_name(const RankShell& shell, const std::string& weight);
+
 QuantizedInputs quantized_inputs(const QuantScheme& scheme, const RankShell& shell,
                                  std::size_t weight);
 
