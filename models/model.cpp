@@ -210,10 +210,15 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
   q.ue8m0_experts =
       q.ue8m0_dense && normalized.moe_a2a == ParallelLayout::MoeA2a::kDeepep;
   q.params_dtype = dtype;
-  check_target(q, architecture, hf_config.contains("n_routed_experts") ||
-                                    hf_config.contains("num_experts") ||
-                                    hf_config.contains("num_local_experts"),
-               normalized);
+  const bool has_experts = hf_config.contains("n_routed_experts") ||
+                           hf_config.contains("num_experts") ||
+                           hf_config.contains("num_local_experts");
+  q.trtllm_experts = trtllm_runner(q, architecture, has_experts, normalized);
+  check_target(q, architecture, has_experts, normalized);
+  // flashinfer_trtllm's FP8 experts: FusedMoE._weight_loader_impl loads w1 as w3 and
+  // w3 as w1 for an Fp8MoEMethod, scales included (up rows first).
+  with_quant.switch_w13 =
+      options.switch_w13 || (q.trtllm_experts && q.method == QuantScheme::Method::kFp8Block);
   refuse_options(*family, normalized, with_quant);
   for (const std::string& field : family->required_fields) {
     config_positive(hf_config, field);

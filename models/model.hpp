@@ -314,6 +314,11 @@ struct QuantScheme {
   Target target = Target::kLoader;
   bool ue8m0_dense = false;
   bool ue8m0_experts = false;
+  // kSm100 only: SGLang's global MoE runner is flashinfer_trtllm (its
+  // _deepseek_moe_quant_resolution picks it for the DeepSeek family without an
+  // all-to-all backend). Elsewhere the runner stays auto, and the quant methods that
+  // read the global runner lay their experts out for the other kernels.
+  bool trtllm_experts = false;
   // The model dtype (SGLang's params_dtype): what Marlin's NVFP4 scales on kSm90 are
   // computed in. Set by make_model.
   DType params_dtype = DType::kBF16;

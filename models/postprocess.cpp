@@ -100,6 +100,50 @@ float torch_max(const std::vector<float>& values) {
   return out;
 }
 
+// swizzle_blockscale's layout of E4M3 scales [mp][cp] (mp % 128 == 0, cp % 4 == 0):
+// seen as 4-byte groups of columns, each 128-row block [4][32][cp/4] becomes
+// [cp/4][32][4]: two batched transposes through `tmp` (mp * cp bytes).
+void swizzle_128x4(gpu::Stream& stream, std::byte* dst, const std::byte* src, std::byte* tmp,
+                   std::uint64_t mp, std::uint64_t cp) {
+  // Each 128-row block [4 * 32 rows][cp/4 groups] to [cp/4][4 * 32].
+  stream.transpose(tmp, 128 * cp, src, 128 * cp, 4, 128, cp / 4, mp / 128);
+  // Each group's 128 rows [4][32] to [32][4].
+  stream.transpose(dst, 512, tmp, 512, 4, 4, 32, mp * cp / 512);
+}
+
+// FlashInfer's shuffle_matrix_a with epilogue_tile_m 128 (get_shuffle_matrix_a_row_indices,
+// blocks of 32 rows, srcToDstBlk32RowMap): in each block, row 4a + b moves to row
+// 8b + a. Rows of `row_bytes` as words of `es` bytes (W a row): each block's [8][4 W]
+// transposed to [4 W][8], then each [W][8] to [8][W], through `tmp` (rows * row_bytes).
+void shuffle_rows_32(gpu::Stream& stream, std::byte* dst, const std::byte* src, std::byte* tmp,
+                     std::uint64_t rows, std::uint64_t row_bytes) {
+  std::size_t es = 8;
+  while (row_bytes % es != 0) {
+    es /= 2;
+  }
+  const std::uint64_t words = row_bytes / es;
+  stream.transpose(tmp, 32 * row_bytes, src, 32 * row_bytes, es, 8, 4 * words, rows / 32);
+  stream.transpose(dst, 8 * row_bytes, tmp, 8 * row_bytes, es, words, 8, rows / 8);
+}
+
+// FlashInfer's reorder_rows_for_gated_act_gemm of w13 as flashinfer_trtllm loads it
+// (up rows first, load_up_proj_weight_first) from ferry's [gate | up] rows: row 2j
+// is up's row j, row 2j + 1 gate's. Two pitched copies into `dst`.
+void interleave_up_gate(gpu::Stream& stream, std::byte* dst, const std::byte* src,
+                        std::uint64_t rows, std::uint64_t row_bytes) {
+  const std::uint64_t half = rows / 2;
+  stream.copy_d2d_2d(dst, 2 * row_bytes, src + half * row_bytes, row_bytes, row_bytes, half);
+  stream.copy_d2d_2d(dst + row_bytes, 2 * row_bytes, src, row_bytes, row_bytes, half);
+}
+
+// F32 values of a param, read back to the host.
+std::vector<float> read_floats(gpu::Stream& stream, const std::byte* src, std::uint64_t count) {
+  std::vector<float> out(count);
+  stream.copy_d2h(reinterpret_cast<std::byte*>(out.data()), src, count * kF32);
+  stream.synchronize();
+  return out;
+}
+
 // BaseKVCacheMethod.process_weights_after_loading for a loaded pair: both valid,
 // kept; neither, 1.0; only k_scale (a single kv_scale loaded as it), the larger in
 // both. A valid v_scale beside an invalid k_scale is refused, as SGLang asserts.
@@ -184,13 +228,45 @@ std::optional<QuantScheme::Target> parse_target(std::string_view text) {
 }
 
 bool nvfp4_served(const QuantScheme& q, const Shape& weight) {
-  return q.target == Target::kSm100 && q.method == Method::kNvfp4 && weight.size() == 2;
+  return q.target == Target::kSm100 && q.method == Method::kNvfp4 &&
+         (weight.size() == 2 || weight.size() == 3);
 }
 
 Shape nvfp4_swizzled_shape(const Shape& weight, std::uint64_t group_size) {
   const std::uint64_t group = std::max<std::uint64_t>(1, group_size);
-  const std::uint64_t cols = (weight[1] + group - 1) / group;
-  return Shape{(weight[0] + 127) / 128 * 128, (cols + 3) / 4 * 4};
+  const std::uint64_t cols = (weight.back() + group - 1) / group;
+  Shape out{(weight[weight.size() - 2] + 127) / 128 * 128, (cols + 3) / 4 * 4};
+  if (weight.size() == 3) {
+    out.insert(out.begin(), weight[0]);
+  }
+  return out;
+}
+
+std::string experts_param(std::string_view weight, std::string_view name) {
+  const std::size_t dot = weight.rfind('.');
+  return std::string(weight.substr(0, dot == std::string_view::npos ? 0 : dot + 1)) +
+         std::string(name);
+}
+
+std::vector<std::pair<std::string, bool>> nvfp4_expert_scalars(const QuantScheme& q,
+                                                               std::string_view weight,
+                                                               bool experts) {
+  if (!experts || !nvfp4_served(q, Shape{1, 1, 1})) {
+    return {};
+  }
+  const bool trtllm = q.trtllm_experts;
+  if (weight.ends_with("w13_weight")) {
+    std::vector<std::pair<std::string, bool>> out = {
+        {experts_param(weight, "g1_alphas"), false},
+        {experts_param(weight, "g1_alphas_up"), false},
+        {companion_name(weight, "input_scale_quant"), trtllm}};
+    if (trtllm) {
+      out.emplace_back(experts_param(weight, "g1_scale_c"), false);
+    }
+    return out;
+  }
+  return {{experts_param(weight, "g2_alphas"), false},
+          {companion_name(weight, "input_scale_quant"), trtllm}};
 }
 
 bool nvfp4_marlin(const QuantScheme& q, const Shape& weight) {
@@ -238,6 +314,40 @@ std::string marlin_experts_unaligned(const Shape& weight) {
          "ungated experts' intermediate size)";
 }
 
+std::string sm100_experts_unaligned(const QuantScheme& q, std::string_view param,
+                                   const Shape& weight) {
+  if (q.target != Target::kSm100 || weight.size() != 3 ||
+      (q.method != Method::kNvfp4 && !(q.trtllm_experts && q.method == Method::kFp8Block))) {
+    return "";
+  }
+  const bool w13 = param.ends_with("w13_weight");
+  const std::uint64_t inter = w13 ? weight[1] / 2 : weight[2];
+  const std::uint64_t hidden = w13 ? weight[2] : weight[1];
+  const std::string dims = "its experts are " + format_shape(weight) +
+                           " (intermediate size per partition " + std::to_string(inter) +
+                           ", hidden size " + std::to_string(hidden) + ")";
+  if (!q.trtllm_experts) {
+    // The CUTLASS branch of ModelOptNvFp4FusedMoEMethod.process_weights_after_loading:
+    // swizzle_blockscale pads w13's rows to 128, which a gated layer asserts against.
+    return !w13 || inter % 64 == 0
+               ? ""
+               : dims + ", and SGLang 0.5.23 cannot pad a gated layer's w13 block scales to "
+                        "128 rows (ModelOptNvFp4FusedMoEMethod.process_weights_after_loading)";
+  }
+  const std::uint64_t align = q.method == Method::kNvfp4 ? 64 : 128;
+  if (inter % align != 0) {
+    return dims + ", and for flashinfer_trtllm SGLang 0.5.23 pads the intermediate size to a " +
+           "multiple of " + std::to_string(align) +
+           " and shards the padded size (create_weights, narrow_padded_param_and_loaded_weight), "
+           "a layout ferry does not produce";
+  }
+  if (q.method == Method::kNvfp4 && hidden % 128 != 0) {
+    return dims + ", and flashinfer_trtllm's shuffles need the hidden size to be a multiple of "
+                  "128 (get_shuffle_matrix_sf_a_row_indices)";
+  }
+  return "";
+}
+
 std::string loaded_bias_name(std::string_view weight) {
   return companion_name(weight, "bias_loaded");
 }
@@ -264,6 +374,9 @@ ScaleForm scale_form(const QuantScheme& q, const Shape& weight, std::uint64_t sh
     return ScaleForm::kMarlin;
   }
   if (nvfp4_served(q, weight)) {
+    if (weight.size() == 3 && q.trtllm_experts) {
+      return ScaleForm::kAsLoaded;  // shuffled in place (add_trtllm_experts)
+    }
     const Shape scale = block_scale_shape(weight, 1, std::max<std::uint64_t>(1, q.group_size));
     return nvfp4_swizzled_shape(weight, q.group_size) == scale ? ScaleForm::kSwizzled : ScaleForm::kAsLoaded;
   }
@@ -366,12 +479,14 @@ void check_target(const QuantScheme& q, const std::string& architecture, bool ha
         "quantization.requant converts scales by hand; the target already gives the scales "
         "SGLang's kernels read there (use one or the other)");
   }
-  if (q.method == Method::kNvfp4 && has_experts && q.target == Target::kSm100) {
+  if (q.method == Method::kNvfp4 && has_experts && q.target == Target::kSm100 &&
+      !q.trtllm_experts && layout.ep > 1) {
     refuse(
-        "the layouts of NVFP4 fused experts (ModelOptNvFp4FusedMoEMethod."
-        "process_weights_after_loading) follow SGLang 0.5.23's MoE runner, flashinfer_trtllm's "
-        "weight shuffles by default on sm100, which ferry does not produce; use "
-        "postprocess.target=loader");
+        "SGLang 0.5.23 cannot serve NVFP4 fused experts under expert parallelism with its "
+        "default MoE runner there: ModelOptNvFp4FusedMoEMethod.process_weights_after_loading "
+        "multiplies the global experts' input scales by the local experts' weight_scale_2 "
+        "(_compute_gemm1_alphas), which fails for ep " +
+        std::to_string(layout.ep) + "; use postprocess.target=loader");
   }
   if (q.method == Method::kNvfp4 && q.target == Target::kSm90) {
     if (q.group_size != 16) {
@@ -385,6 +500,22 @@ void check_target(const QuantScheme& q, const std::string& architecture, bool ha
              std::string(dtype_name(q.params_dtype)));
     }
   }
+  // The flashinfer_trtllm runner: ferry lays out block FP8 experts (swapped
+  // halves) and NVFP4 experts (shuffled) for it; not yet per-tensor FP8, ModelOpt
+  // FP8 or unquantized experts.
+  const bool served = q.method == Method::kFp8Block || q.method == Method::kNvfp4;
+  if (q.trtllm_experts && !served) {
+    refuse("SGLang 0.5.23 runs " + architecture +
+           "'s experts with the flashinfer_trtllm MoE runner on sm100 by default "
+           "(_deepseek_moe_quant_resolution); ferry produces its layouts for block FP8 and "
+           "NVFP4 experts, not for these (" +
+           describe(q) +
+           "); use postprocess.target=loader, or parallel.moe_a2a=deepep");
+  }
+}
+
+bool trtllm_runner(const QuantScheme& q, const std::string& architecture, bool has_experts,
+                   const ParallelLayout& layout) {
   // SGLang 0.5.23 arg_groups/overrides.py _deepseek_moe_quant_resolution: on sm100,
   // without an all-to-all backend, the DeepSeek family's MoE runner becomes
   // flashinfer_trtllm for fp8, ModelOpt and unquantized checkpoints.
@@ -392,13 +523,8 @@ void check_target(const QuantScheme& q, const std::string& architecture, bool ha
                                                         "DeepseekV32ForCausalLM"};
   const bool trtllm_quant = q.format == Format::kFp8 || q.format == Format::kModelOpt ||
                             q.format == Format::kNone;
-  if (q.target == Target::kSm100 && has_experts && kDeepseekFamily.count(architecture) != 0 &&
-      layout.moe_a2a == ParallelLayout::MoeA2a::kNone && trtllm_quant) {
-    refuse("SGLang 0.5.23 runs " + architecture +
-           "'s experts with the flashinfer_trtllm MoE runner on sm100 by default "
-           "(_deepseek_moe_quant_resolution), whose weight shuffles ferry does not produce; "
-           "use postprocess.target=loader, or parallel.moe_a2a=deepep (DeepGEMM)");
-  }
+  return q.target == Target::kSm100 && has_experts && kDeepseekFamily.count(architecture) != 0 &&
+         layout.moe_a2a == ParallelLayout::MoeA2a::kNone && trtllm_quant;
 }
 
 std::string input_scale_w1_name(std::string_view weight) {
@@ -476,11 +602,19 @@ class RankPostprocess {
   void add(std::vector<PostLoadHook>& out) const {
     for (std::size_t w = 0; w < shell_.params.size(); ++w) {
       const ParamSpec& weight = shell_.params[w];
-      if (weight.dtype == DType::kU8 && !weight.transient && q_.method == Method::kNvfp4 &&
-          q_.target == Target::kSm100 && weight.shape.size() == 2 &&
+      if (weight.dtype == DType::kU8 && !weight.transient && nvfp4_served(q_, weight.shape) &&
           quantized_linear_param(weight.name)) {
-        add_nvfp4_scales(w, out);
-        add_nvfp4_alpha(w, out, false);
+        if (weight.shape.size() == 2) {
+          add_nvfp4_scales(w, out);
+          add_nvfp4_alpha(w, out, false);
+          continue;
+        }
+        if (q_.trtllm_experts) {
+          add_trtllm_experts(w, out);
+        } else {
+          add_nvfp4_scales(w, out);
+        }
+        add_nvfp4_expert_scalars(w, out);
         continue;
       }
       if (q_.method == Method::kNvfp4 && q_.target == Target::kSm90 && !weight.transient &&
@@ -645,45 +779,206 @@ class RankPostprocess {
 
   // NVFP4 on kSm100: the E4M3 block scales [M, C] zero-padded to [M', C'] and
   // swizzled (SGLang 0.5.23's swizzle_blockscale), over weight_scale from its loaded
-  // twin, or into weight_scale_interleaved beside it. Seen as 4-byte groups of
-  // columns, the padded scales are [M'/128][4][32][C'/4] and the swizzled ones
-  // [M'/128][C'/4][32][4]: two batched transposes.
+  // twin, or into weight_scale_interleaved (fused experts: <layer>.w13_blockscale_swizzled,
+  // each expert's [M, C] as one matrix) beside it.
   void add_nvfp4_scales(std::size_t w, std::vector<PostLoadHook>& out) const {
     const ParamSpec& weight = shell_.params[w];
+    const bool experts = weight.shape.size() == 3;
+    const std::uint64_t batches = experts ? weight.shape[0] : 1;
+    const std::uint64_t rows = weight.shape[weight.shape.size() - 2];
     const std::string served = companion_name(weight.name, "weight_scale");
     const std::optional<std::size_t> twin = find(loaded_tensor_scale_name(weight.name));
     const std::optional<std::size_t> src = twin ? twin : find(served);
-    if (!src || shell_.params[*src].dtype != DType::kF8E4M3 ||
-        shell_.params[*src].shape.size() != 2 ||
-        shell_.params[*src].shape[0] != weight.shape[0]) {
-      bad(served, "the model declares no E4M3 [" + std::to_string(weight.shape[0]) +
-                      ", K / 16] block scales for " + weight.name);
+    const Shape* ss = src ? &shell_.params[*src].shape : nullptr;
+    if (!src || shell_.params[*src].dtype != DType::kF8E4M3 || ss->size() != weight.shape.size() ||
+        (*ss)[ss->size() - 2] != rows || (experts && (*ss)[0] != batches)) {
+      bad(served, "the model declares no E4M3 [" + std::string(experts ? "E, " : "") +
+                      std::to_string(rows) + ", K / 16] block scales for " + weight.name);
     }
-    const std::uint64_t m = shell_.params[*src].shape[0];
-    const std::uint64_t c = shell_.params[*src].shape[1];
+    const std::uint64_t m = rows;
+    const std::uint64_t c = ss->back();
     const std::uint64_t mp = (m + 127) / 128 * 128;
     const std::uint64_t cp = (c + 3) / 4 * 4;
     const std::string dst_name =
-        twin ? served : companion_name(weight.name, "weight_scale_interleaved");
-    const std::size_t dst = need(dst_name, Shape{mp, cp}, weight.name, DType::kF8E4M3);
+        twin ? served
+             : companion_name(weight.name, experts ? "blockscale_swizzled" : "weight_scale_interleaved");
+    Shape dst_shape{mp, cp};
+    if (experts) {
+      dst_shape.insert(dst_shape.begin(), batches);
+    }
+    const std::size_t dst = need(dst_name, dst_shape, weight.name, DType::kF8E4M3);
     PostLoadHook hook;
     hook.name = "postprocess_sm100:" + dst_name + rank_note_;
     hook.local_rank = r_;
     hook.inputs = {*src};
     hook.outputs = {dst};
     after(hook, {w, *src});
-    hook.scratch_bytes = 2 * mp * cp;
+    // Where nothing pads, the experts are one matrix of E * M rows.
+    const bool padded = m != mp || c != cp;
+    const std::uint64_t count = padded ? batches : 1;
+    const std::uint64_t matrix_rows = padded ? mp : mp * batches;
+    hook.scratch_bytes = 2 * matrix_rows * cp;
     const std::size_t from = *src;
     hook.run = [=](HookContext& ctx) {
       gpu::Stream& stream = ctx.stream();
-      // The padded scales (scratch's first half, or the twin itself where nothing
-      // pads), then the groups in its second half.
-      const std::byte* padded = pad_rows(ctx, ctx.param_data(from), m, c, mp, cp);
-      std::byte* by_group = ctx.scratch(2 * mp * cp) + mp * cp;
-      // Each 128-row block [4 * 32 rows][C'/4 groups] to [C'/4][4 * 32].
-      stream.transpose(by_group, 128 * cp, padded, 128 * cp, 4, 128, cp / 4, mp / 128);
-      // Each group's 128 rows [4][32] to [32][4].
-      stream.transpose(ctx.param_data(dst), 512, by_group, 512, 4, 4, 32, mp * cp / 512);
+      for (std::uint64_t b = 0; b < count; ++b) {
+        // The padded scales (scratch's first half, or the twin itself where nothing
+        // pads), then the groups in its second half.
+        const std::byte* in = pad_rows(ctx, ctx.param_data(from) + b * m * c, m, c, mp, cp);
+        std::byte* tmp = ctx.scratch(2 * matrix_rows * cp) + matrix_rows * cp;
+        swizzle_128x4(stream, ctx.param_data(dst) + b * mp * cp, in, tmp, matrix_rows, cp);
+      }
+    };
+    out.push_back(std::move(hook));
+  }
+
+  // NVFP4 fused experts on kSm100 under flashinfer_trtllm
+  // (align_fp4_moe_weights_for_flashinfer_trtllm, prepare_static_weights_for_trtllm_fp4_moe):
+  // each expert's weight rows, and its block scales' rows, in place: w13 as loaded up
+  // rows first and reordered for the gated activation (interleave_up_gate), then
+  // both w13 and w2 shuffled (shuffle_rows_32); the scales then swizzled as
+  // nvfp4_block_scale_interleave does (swizzle_128x4, nothing padded:
+  // sm100_experts_unaligned refused that).
+  void add_trtllm_experts(std::size_t w, std::vector<PostLoadHook>& out) const {
+    const ParamSpec& weight = shell_.params[w];
+    const bool w13 = weight.name.ends_with("w13_weight");
+    const std::uint64_t experts = weight.shape[0];
+    const std::uint64_t n = weight.shape[1];
+    const std::uint64_t k = weight.shape[2] * 2;
+    const std::string scale_name = companion_name(weight.name, "weight_scale");
+    const std::size_t scale =
+        need(scale_name, Shape{experts, n, k / 16}, weight.name, DType::kF8E4M3);
+    if (n % 128 != 0 || (k / 16) % 4 != 0) {
+      bad(weight.name, "internal: flashinfer_trtllm experts of " + format_shape(weight.shape));
+    }
+    for (const bool scales : {false, true}) {
+      const std::size_t param = scales ? scale : w;
+      const std::uint64_t row_bytes = scales ? k / 16 : k / 2;
+      const std::uint64_t bytes = n * row_bytes;
+      PostLoadHook hook;
+      hook.name = "postprocess_sm100:" + (scales ? scale_name : weight.name) + " (flashinfer_trtllm)" +
+                  rank_note_;
+      hook.local_rank = r_;
+      hook.rewrites = {param};
+      after(hook, {param});
+      hook.scratch_bytes = 2 * bytes;
+      hook.run = [=](HookContext& ctx) {
+        gpu::Stream& stream = ctx.stream();
+        std::byte* a = ctx.scratch(2 * bytes);
+        std::byte* b = a + bytes;
+        for (std::uint64_t e = 0; e < experts; ++e) {
+          std::byte* m = ctx.param_data(param) + e * bytes;
+          // Rows to shuffle: the expert's own (w2), or w13's interleaved into a.
+          const std::byte* rows = m;
+          if (w13) {
+            interleave_up_gate(stream, a, m, n, row_bytes);
+            rows = a;
+          }
+          // Shuffled into the expert (weights) or into b (scales, swizzled from
+          // there into the expert), through whichever buffer is free.
+          std::byte* shuffled = scales ? b : m;
+          std::byte* tmp = !w13 ? a : (scales ? m : b);
+          shuffle_rows_32(stream, shuffled, rows, tmp, n, row_bytes);
+          if (scales) {
+            swizzle_128x4(stream, m, b, a, n, row_bytes);
+          }
+        }
+      };
+      out.push_back(std::move(hook));
+    }
+  }
+
+  // NVFP4 fused experts on kSm100: the F32 scalars ModelOptNvFp4FusedMoEMethod.
+  // process_weights_after_loading adds (nvfp4_expert_scalars), from weight_scale_2
+  // and the input scales as loaded (read back to the host: a few per expert).
+  // flashinfer_trtllm takes one input scale for all experts (its max); the default
+  // runner each expert's (w13's: the larger of w1's and w3's, max(dim=-1)):
+  //   g1_alphas[e] = in13[e] * s2[e][0], g1_alphas_up[e] = in13[e] * s2[e][1],
+  //   w13_input_scale_quant = 1 / in13, g2_alphas[e] = in2[e] * w2 s2[e],
+  //   w2_input_scale_quant = 1 / in2, g1_scale_c[e] = (1 / in2) * g1_alphas_up[e]
+  //   (_compute_gemm1_alphas, _compute_g1_scale_c).
+  void add_nvfp4_expert_scalars(std::size_t w, std::vector<PostLoadHook>& out) const {
+    const ParamSpec& weight = shell_.params[w];
+    const bool w13 = weight.name.ends_with("w13_weight");
+    const bool trtllm = q_.trtllm_experts;
+    const std::uint64_t experts = weight.shape[0];
+    const std::size_t s2 = need(companion_name(weight.name, "weight_scale_2"),
+                                w13 ? Shape{experts, 2} : Shape{experts}, weight.name);
+    // The input scales: w13's or w2's own, and (trtllm's g1_scale_c) w2's.
+    std::vector<std::optional<std::size_t>> inputs{find(companion_name(weight.name, "input_scale"))};
+    if (trtllm && w13) {
+      inputs.push_back(find(experts_param(weight.name, "w2_input_scale")));
+    }
+    std::vector<std::uint64_t> counts;
+    for (const std::optional<std::size_t>& in : inputs) {
+      const std::uint64_t count = in ? shell_.params[*in].nbytes / kF32 : 0;
+      const std::uint64_t per_expert = w13 && counts.empty() ? 2 : 1;
+      if (in && (shell_.params[*in].dtype != DType::kF32 ||
+                 (!trtllm && count != experts * per_expert) || count == 0)) {
+        bad(shell_.params[*in].name,
+            "expected F32 input scales, " + std::to_string(per_expert) + " for each of the " +
+                std::to_string(experts) + " experts" +
+                (trtllm ? "" : " (SGLang's default runner multiplies them by the local ones)"));
+      }
+      counts.push_back(count);
+    }
+    std::vector<std::size_t> outputs;
+    std::vector<std::uint64_t> written;  // elements of each output
+    for (const auto& [name, scalar] : nvfp4_expert_scalars(q_, weight.name, true)) {
+      outputs.push_back(need(name, scalar ? Shape{} : Shape{experts}, weight.name));
+      written.push_back(scalar ? 1 : experts);
+    }
+    PostLoadHook hook;
+    hook.name = "postprocess_sm100:" + experts_param(weight.name, w13 ? "g1_alphas" : "g2_alphas") +
+                rank_note_;
+    hook.local_rank = r_;
+    hook.inputs = {s2};
+    for (const std::optional<std::size_t>& in : inputs) {
+      if (in) {
+        hook.inputs.push_back(*in);
+      }
+    }
+    hook.outputs = outputs;
+    after(hook, {s2});
+    hook.run = [=](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      const std::vector<float> second =
+          read_floats(stream, ctx.param_data(s2), experts * (w13 ? 2 : 1));
+      // Each expert's input scale (SGLang's create_weights fills a missing one with 1.0).
+      std::vector<std::vector<float>> scale(inputs.size());
+      for (std::size_t i = 0; i < inputs.size(); ++i) {
+        const std::vector<float> loaded =
+            inputs[i] ? read_floats(stream, ctx.param_data(*inputs[i]), counts[i])
+                      : std::vector<float>(experts * (w13 && i == 0 ? 2 : 1), 1.0f);
+        const std::size_t per = w13 && i == 0 ? 2 : 1;
+        for (std::size_t e = 0; e < loaded.size() / per; ++e) {
+          scale[i].push_back(
+              torch_max(std::vector<float>(loaded.begin() + e * per, loaded.begin() + (e + 1) * per)));
+        }
+        if (trtllm) {
+          scale[i].assign(experts, torch_max(scale[i]));
+        }
+      }
+      std::vector<std::vector<float>> values(outputs.size());
+      for (std::uint64_t e = 0; e < experts; ++e) {
+        const float in = scale[0][e];
+        if (w13) {
+          values[0].push_back(in * second[2 * e]);
+          values[1].push_back(in * second[2 * e + 1]);
+          values[2].push_back(1.0f / in);
+          if (trtllm) {
+            values[3].push_back((1.0f / scale[1][e]) * values[1].back());
+          }
+        } else {
+          values[0].push_back(in * second[e]);
+          values[1].push_back(1.0f / in);
+        }
+      }
+      for (std::size_t o = 0; o < outputs.size(); ++o) {
+        stream.copy_h2d(ctx.param_data(outputs[o]),
+                        reinterpret_cast<const std::byte*>(values[o].data()), written[o] * kF32);
+      }
+      stream.synchronize();  // the host values die with this call
     };
     out.push_back(std::move(hook));
   }

@@ -89,13 +89,48 @@
 // "<w>weight_scale_2_loaded"), processed as the dense global scale; input scales
 // as loaded.
 //
-// Refused (make_model, Stage::kConfig, naming the reason): NVFP4 fused experts on
-// kSm100 (ModelOptNvFp4FusedMoEMethod's layouts follow the MoE runner, whose auto
-// there is flashinfer_trtllm: its shuffles are not produced); on kSm90 NVFP4 with
-// group_size other than 16 or an F32 model (SGLang's Marlin refuses both); on
-// kSm100 the fused experts of SGLang's DeepSeek family without DeepEP (its default MoE runner there is
-// flashinfer_trtllm, whose weight shuffles ferry does not produce); and any target
-// but kLoader together with quantization.requant.
+// NVFP4 fused experts [E, N, K] on kSm100. SGLang 0.5.23's MoE runner there is
+// flashinfer_trtllm for the DeepSeek family without an all-to-all backend
+// (QuantScheme::trtllm_experts: _deepseek_moe_quant_resolution sets the global
+// runner); for every other model the global runner stays auto, and
+// ModelOptNvFp4FusedMoEMethod, which reads it, takes its CUTLASS branch:
+//   default (CUTLASS branch): each expert's block scales swizzled as a dense
+//     weight's, over w13_weight_scale / w2_weight_scale from the twin where the
+//     padded shape is the loaded one, else into <layer>.w13_blockscale_swizzled /
+//     w2_blockscale_swizzled [E, M', C'] beside them; per expert, F32 [E]:
+//     g1_alphas = x[e] * w13_weight_scale_2[e][0], g1_alphas_up = x[e] * [e][1]
+//     (x[e] = w13_input_scale.max(dim=-1)[e]), w13_input_scale_quant = 1 / x[e],
+//     g2_alphas = w2_input_scale[e] * w2_weight_scale_2[e], w2_input_scale_quant =
+//     1 / w2_input_scale[e] (_compute_gemm1_alphas). A gated w13 whose rows would pad
+//     (I % 64 != 0) is refused (SGLang asserts), as is ep > 1 (the global [E] input
+//     scales times the local [E / ep] second scales fail to broadcast: Stage::kConfig).
+//   flashinfer_trtllm (align_fp4_moe_weights_for_flashinfer_trtllm): the weights and
+//     block scales keep their shapes; SGLang loads w13 up rows first
+//     (load_up_proj_weight_first), reorders them for the gated activation
+//     (reorder_rows_for_gated_act_gemm: up row j to 2j, gate row j to 2j + 1) and
+//     shuffles every expert's rows (shuffle_matrix_a, epilogue_tile_m 128: in each
+//     block of 32 rows, row 4a + b to 8b + a), the scales' rows alike, then swizzles
+//     the scales (nvfp4_block_scale_interleave: swizzle_blockscale's layout). ferry
+//     loads as the loader target does and rewrites weight and scales in place, expert
+//     by expert through device scratch (two pitched copies and four transposes), so
+//     the device holds no second copy of the experts. One input scale for all experts
+//     (the max over all of them): g1_alphas, g1_alphas_up, g2_alphas as above with it,
+//     w13_input_scale_quant and w2_input_scale_quant F32 [], and g1_scale_c [E] =
+//     w2_input_scale_quant * g1_alphas_up (_compute_g1_scale_c). SGLang pads an
+//     intermediate size per partition that is not a multiple of 64 (and shards the
+//     padded size): refused, as is a hidden size not a multiple of 128 (Stage::kPlacement).
+//   input scales and weight_scale_2 stay as loaded on both.
+// Block FP8 fused experts of the DeepSeek family under flashinfer_trtllm (Fp8MoEMethod):
+// FusedMoE._weight_loader_impl loads w1 as w3 and w3 as w1, so w13 holds the up rows
+// first, its block scales alike (ModelOptions::switch_w13 made so by make_model);
+// process_weights_after_loading_block_quant leaves them (DeepGEMM does not run them,
+// no UE8M0). An intermediate size per partition SGLang pads to 128 is refused.
+//
+// Refused (make_model, Stage::kConfig, naming the reason): on kSm90 NVFP4 with
+// group_size other than 16 or an F32 model (SGLang's Marlin refuses both); on kSm100
+// the DeepSeek family's experts under flashinfer_trtllm that are neither block FP8
+// nor NVFP4 (per-tensor or ModelOpt FP8, unquantized: their layouts are not produced);
+// and any target but kLoader together with quantization.requant.
 //
 // The hooks rewrite weights in place and write outputs declared at their final
 // size: nothing is reallocated, and each depends only on the loaded weights and the
@@ -141,6 +176,14 @@ Shape served_scale_shape(ScaleForm form, const Shape& weight);
 // shape of its swizzled scales, [N rounded up to 128, K / group rounded up to 4].
 bool nvfp4_served(const QuantScheme& scheme, const Shape& weight);
 Shape nvfp4_swizzled_shape(const Shape& weight, std::uint64_t group_size);
+// NVFP4 fused experts on kSm100: the F32 params process_weights_after_loading adds
+// for `weight` (experts.w13_weight or experts.w2_weight), each with whether it is a
+// scalar [] (else [E]); none for a dense weight (`experts` false).
+std::vector<std::pair<std::string, bool>> nvfp4_expert_scalars(const QuantScheme& scheme,
+                                                               std::string_view weight,
+                                                               bool experts);
+// "<layer>.<name>" for a fused experts' weight "<layer>.w13_weight".
+std::string experts_param(std::string_view weight, std::string_view name);
 // NVFP4 on kSm90 (`weight` the logical [N, K]): whether the Marlin path runs on it,
 // and the padded [N', K'] it works on: the smaller (by N' * K', then N' + K') of (N
 // to 64, K to 128) and (N to 128, K to 64), as prepare_nvfp4_layer_for_marlin picks.
@@ -158,6 +201,12 @@ std::string loaded_bias_name(std::string_view weight);
 // Fused experts `weight` ([E, N, K]) gptq_marlin_repack cannot take (N % 64 or K %
 // 16 not 0): the reason; empty where it can.
 std::string marlin_experts_unaligned(const Shape& weight);
+
+// Fused experts `param` ([E, N, K], logical) on kSm100 that SGLang 0.5.23 pads or
+// refuses there (NVFP4 experts, and block FP8 ones for flashinfer_trtllm): the
+// reason, naming the sizes; empty where they are served as they are.
+std::string sm100_experts_unaligned(const QuantScheme& scheme, std::string_view param,
+                                   const Shape& weight);
 
 // Where pad_nvfp4_weight would pad the weight (N or K not a multiple of 32): the
 // reason, naming the dims; empty where it would not.
@@ -209,5 +258,11 @@ std::vector<PostLoadHook> make_input_scale_checks(const Model& model);
 // Error(Stage::kConfig).
 void check_target(const QuantScheme& scheme, const std::string& architecture, bool has_experts,
                   const ParallelLayout& layout);
+// Whether SGLang 0.5.23's global MoE runner is flashinfer_trtllm for this model
+// (QuantScheme::trtllm_experts): on kSm100, for the DeepSeek family's experts
+// without an all-to-all backend, with fp8, ModelOpt or no quantization
+// (overrides.py _deepseek_moe_quant_resolution).
+bool trtllm_runner(const QuantScheme& scheme, const std::string& architecture, bool has_experts,
+                   const ParallelLayout& layout);
 
 }  // namespace ferry::models

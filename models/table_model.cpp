@@ -482,12 +482,14 @@ TableModel::WeightScales TableModel::weight_scales(ParamDecl& d, ShapeRule weigh
   s.marlin = !d.transient && nvfp4_marlin(q, first_shape);
   s.scale2 = s.marlin && s.stacked ? loaded_scale_2_name(d.name)
                                    : companion_name(d.name, "weight_scale_2");
-  if (s.marlin && s.stacked) {
-    for (int rank : layout_.local_ranks) {
-      if (const std::string why = marlin_experts_unaligned(s.weight(rank)); !why.empty()) {
-        throw Error(Stage::kPlacement, "", d.name,
-                    "postprocess.target=sm90: " + why + " (tp rank " + std::to_string(rank) + ")");
-      }
+  for (int rank : layout_.local_ranks) {
+    const std::string why = !s.stacked || d.transient ? ""
+                            : s.marlin ? marlin_experts_unaligned(s.weight(rank))
+                                       : sm100_experts_unaligned(q, d.name, s.weight(rank));
+    if (!why.empty()) {
+      throw Error(Stage::kPlacement, "", d.name,
+                  "postprocess.target=" + std::string(to_string(q.target)) + ": " + why +
+                      " (tp rank " + std::to_string(rank) + ")");
     }
   }
   if (s.nvfp4) {
@@ -623,18 +625,23 @@ void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) cons
   }
   add_requant_outputs(s, w);
   if (s.nvfp4) {
-    // ModelOptFp4LinearMethod.process_weights_after_loading on sm100
-    // (models/postprocess.hpp).
-    if (s.form != ScaleForm::kSwizzled) {
+    // ModelOptFp4LinearMethod / ModelOptNvFp4FusedMoEMethod.process_weights_after_loading
+    // on sm100 (models/postprocess.hpp).
+    if (s.form != ScaleForm::kSwizzled && !(s.stacked && q.trtllm_experts)) {
       w.companions.push_back(
-          {companion_name(d.name, "weight_scale_interleaved"),
+          {companion_name(d.name, s.stacked ? "blockscale_swizzled" : "weight_scale_interleaved"),
            [weight, group = q.group_size](int rank) {
              return nvfp4_swizzled_shape(weight(rank), group);
            },
            w.traits.scale_dtype});
     }
+    for (const auto& [name, scalar] : nvfp4_expert_scalars(q, d.name, s.stacked)) {
+      w.companions.push_back(
+          {name, [weight, scalar](int rank) { return scalar ? Shape{} : Shape{weight(rank)[0]}; },
+           DType::kF32});
+    }
   }
-  if (s.nvfp4 || (s.marlin && !s.stacked)) {
+  if ((s.nvfp4 || s.marlin) && !s.stacked) {
     // alpha and input_scale_inv on both targets; Marlin's global scales on sm90
     // (prepare_nvfp4_layer_for_marlin).
     std::vector<std::string> scalars = {"alpha", "input_scale_inv"};

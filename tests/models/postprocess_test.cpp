@@ -382,6 +382,131 @@ TEST(Postprocess, Nvfp4OnSm100SwizzlesTheBlockScalesAndAddsAlpha) {
   EXPECT_EQ(loader->hooks().size(), 0u);
 }
 
+// NVFP4 fused experts on sm100 outside the DeepSeek family: SGLang 0.5.23 leaves the
+// global MoE runner at auto there, so ModelOptNvFp4FusedMoEMethod reads
+// enable_flashinfer_trtllm_moe as false and its process_weights_after_loading takes
+// the CUTLASS branch: swizzle_blockscale of each expert's block scales, over
+// w13_weight_scale / w2_weight_scale where alias_or_bind_derived_param can (else
+// into w13_blockscale_swizzled), and per expert g1_alphas, g1_alphas_up, g2_alphas
+// and the input scales' reciprocals (_compute_gemm1_alphas). Qwen3-MoE tiny at tp 1:
+// w13 [8, 128, 128] (scales [8, 128, 8]), w2 [8, 128, 64] (scales [8, 128, 4]).
+TEST(Postprocess, Nvfp4ExpertsOnSm100SwizzleEachExpertsScales) {
+  const nlohmann::json c = nvfp4_config("qwen3_moe");
+  const auto loader = make(c, Target::kLoader);
+  const auto m = make(c, Target::kSm100);
+  const models::RankShell& l = loader->shells()[0];
+  const models::RankShell& s = m->shells()[0];
+  const std::string e = "model.layers.0.mlp.experts.";
+  EXPECT_EQ(spec(s, e + "w13_weight"), "U8 [8, 128, 64]");
+  EXPECT_EQ(spec(s, e + "w13_weight_scale"), "F8_E4M3 [8, 128, 8]");
+  EXPECT_EQ(spec(s, e + "w13_weight_scale_loaded"), "F8_E4M3 [8, 128, 8] transient");
+  EXPECT_EQ(spec(s, e + "w13_blockscale_swizzled"), "absent");  // an alias of the scale
+  EXPECT_EQ(spec(s, e + "w2_weight_scale"), "F8_E4M3 [8, 128, 4]");
+  EXPECT_EQ(spec(s, e + "w2_weight_scale_loaded"), "F8_E4M3 [8, 128, 4] transient");
+  EXPECT_EQ(spec(s, e + "w13_weight_scale_2"), "F32 [8, 2]");
+  EXPECT_EQ(spec(s, e + "w13_input_scale"), "F32 [8, 2]");
+  EXPECT_EQ(spec(s, e + "w2_input_scale"), "F32 [8]");
+  for (const std::string name : {"g1_alphas", "g1_alphas_up", "g2_alphas",
+                                 "w13_input_scale_quant", "w2_input_scale_quant"}) {
+    EXPECT_EQ(spec(s, e + name), "F32 [8]") << name;
+    EXPECT_EQ(spec(l, e + name), "absent") << name;
+  }
+  EXPECT_EQ(spec(s, e + "g1_scale_c"), "absent");  // flashinfer_trtllm's only
+  // Scales whose padded shape differs stay as loaded, the swizzled ones beside
+  // them: hidden 96 makes w2's rows 96 (padded to 128) and w13's K / 16 6 (to 8).
+  nlohmann::json narrow = c;
+  narrow["hidden_size"] = 96;
+  const auto narrow_model = make(narrow, Target::kSm100);
+  const models::RankShell& n = narrow_model->shells()[0];
+  EXPECT_EQ(spec(n, e + "w13_weight_scale"), "F8_E4M3 [8, 128, 6]");
+  EXPECT_EQ(spec(n, e + "w13_blockscale_swizzled"), "F8_E4M3 [8, 128, 8]");
+  EXPECT_EQ(spec(n, e + "w2_weight_scale"), "F8_E4M3 [8, 96, 4]");
+  EXPECT_EQ(spec(n, e + "w2_blockscale_swizzled"), "F8_E4M3 [8, 128, 4]");
+  EXPECT_EQ(spec(n, e + "w2_weight_scale_loaded"), "absent");
+  // A gated w13 whose rows would pad: SGLang asserts (tp 2 halves I to 32).
+  models::ParallelLayout tp2;
+  tp2.tp = 2;
+  EXPECT_NO_THROW(make(c, Target::kLoader, tp2));
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(c, Target::kSm100, tp2); }),
+              HasSubstr("cannot pad a gated layer's w13 block scales to 128 rows"));
+  // Expert parallelism: _compute_gemm1_alphas multiplies [E] by [E / ep].
+  models::ParallelLayout ep2;
+  ep2.tp = 2;
+  ep2.ep = 2;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(c, Target::kSm100, ep2); }),
+              HasSubstr("which fails for ep 2"));
+}
+
+// The DeepSeek family on sm100 without an all-to-all backend: SGLang 0.5.23's
+// _deepseek_moe_quant_resolution makes the MoE runner flashinfer_trtllm.
+// NVFP4 (ModelOptNvFp4FusedMoEMethod, align_fp4_moe_weights_for_flashinfer_trtllm):
+// the experts' weights and block scales keep their shapes and dtypes (shuffled in
+// place, hooks that rewrite them); one input scale for all experts, so
+// w13_input_scale_quant and w2_input_scale_quant are F32 []; g1_scale_c [E].
+// Block FP8 (Fp8MoEMethod): nothing is added; FusedMoE loads w3 first (tested
+// through the pipeline). Others are refused, as are intermediate sizes SGLang pads.
+TEST(Postprocess, DeepseekExpertsOnSm100AreFlashinferTrtllms) {
+  nlohmann::json ds = nvfp4_config("deepseek_v3");
+  ds["moe_intermediate_size"] = 64;
+  ds["qk_rope_head_dim"] = 32;  // fused_qkv_a_proj's 128 rows: pad_nvfp4_weight leaves them
+  const auto loader = make(ds, Target::kLoader);
+  const auto m = make(ds, Target::kSm100);
+  const models::RankShell& l = loader->shells()[0];
+  const models::RankShell& s = m->shells()[0];
+  const std::string e = "model.layers.1.mlp.experts.";
+  for (const std::string name : {"w13_weight", "w13_weight_scale", "w2_weight", "w2_weight_scale",
+                                 "w13_weight_scale_2", "w13_input_scale", "w2_input_scale"}) {
+    EXPECT_EQ(spec(s, e + name), spec(l, e + name)) << name;
+  }
+  EXPECT_EQ(spec(s, e + "w13_weight"), "U8 [8, 128, 64]");
+  EXPECT_EQ(spec(s, e + "w13_weight_scale_loaded"), "absent");
+  EXPECT_EQ(spec(s, e + "w13_blockscale_swizzled"), "absent");
+  for (const std::string name : {"g1_alphas", "g1_alphas_up", "g2_alphas", "g1_scale_c"}) {
+    EXPECT_EQ(spec(s, e + name), "F32 [8]") << name;
+  }
+  EXPECT_EQ(spec(s, e + "w13_input_scale_quant"), "F32 []");
+  EXPECT_EQ(spec(s, e + "w2_input_scale_quant"), "F32 []");
+  std::size_t rewrites = 0;
+  for (const models::PostLoadHook& h : m->hooks()) {
+    if (h.name.find("flashinfer_trtllm") != std::string::npos) {
+      ++rewrites;
+      EXPECT_TRUE(h.outputs.empty()) << h.name;
+      EXPECT_EQ(h.rewrites.size(), 1u) << h.name;
+    }
+  }
+  EXPECT_EQ(rewrites, 4u);  // w13, w2 and their scales, in tiny's one MoE layer
+  // Under DeepEP the runner is not flashinfer_trtllm.
+  models::ParallelLayout deepep;
+  deepep.moe_a2a = models::ParallelLayout::MoeA2a::kDeepep;
+  EXPECT_EQ(spec(make(ds, Target::kSm100, deepep)->shells()[0], e + "w13_input_scale_quant"),
+            "F32 [8]");
+  // flashinfer_trtllm pads an intermediate size that is not a multiple of 64.
+  nlohmann::json narrow = ds;
+  narrow["moe_intermediate_size"] = 32;
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(narrow, Target::kSm100); }),
+              HasSubstr("pads the intermediate size to a multiple of 64"));
+  // Block FP8: the same shapes as the loader's, nothing added; 128 the alignment.
+  nlohmann::json fp8 = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+  fp8["q_lora_rank"] = 128;
+  fp8["kv_lora_rank"] = 128;
+  fp8["moe_intermediate_size"] = 128;
+  fp8["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 128);
+  const models::RankShell& fl = make(fp8, Target::kLoader)->shells()[0];
+  const models::RankShell& fs = make(fp8, Target::kSm100)->shells()[0];
+  for (const std::string name : {"w13_weight", "w13_weight_scale_inv", "w2_weight_scale_inv"}) {
+    EXPECT_EQ(spec(fs, e + name), spec(fl, e + name)) << name;
+  }
+  EXPECT_EQ(spec(fs, e + "w13_weight_scale_inv"), "F32 [9, 2, 1]");
+  fp8["moe_intermediate_size"] = 64;
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(fp8, Target::kSm100); }),
+              HasSubstr("pads the intermediate size to a multiple of 128"));
+  // Unquantized and per-tensor FP8 experts: not produced, refused by name.
+  nlohmann::json bf16 = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(bf16, Target::kSm100); }),
+              HasSubstr("ferry produces its layouts for block FP8 and NVFP4 experts"));
+  EXPECT_NO_THROW(make(bf16, Target::kSm100, deepep));
+}
+
 // ModelOptFp4LinearMethod.process_weights_after_loading's marlin branch (the default
 // FP4 GEMM backend below sm100) and prepare_nvfp4_layer_for_marlin
 // (marlin_utils_fp4.py): the weight I32 [K'/16, 2N'] (gptq_marlin_repack), the scales
@@ -469,14 +594,13 @@ TEST(Postprocess, Nvfp4OnSm90IsMarlinsLayout) {
 }
 
 TEST(Postprocess, RefusalsNameTheTargetAndWhy) {
-  // NVFP4: fused experts on Blackwell; on Hopper what SGLang's Marlin refuses, a bias
-  // and experts it cannot tile; on Blackwell a weight SGLang pads.
+  // NVFP4: on Hopper what SGLang's Marlin refuses, a bias and experts it cannot
+  // tile; on Blackwell a weight SGLang pads (fused experts: the tests above).
   const nlohmann::json nvfp4 = nvfp4_config("llama");
   EXPECT_NO_THROW(make(nvfp4, Target::kSm90));
   EXPECT_NO_THROW(make(nvfp4, Target::kSm100));
   EXPECT_NO_THROW(make(nvfp4, Target::kLoader));
-  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(nvfp4_config("qwen3_moe"), Target::kSm100); }),
-              HasSubstr("postprocess.target=sm100: the layouts of NVFP4 fused experts"));
+  EXPECT_NO_THROW(make(nvfp4_config("qwen3_moe"), Target::kSm100));
   models::ModelOptions f32;  // model.dtype=float32 (auto makes a float32 config BF16)
   f32.target = Target::kSm90;
   f32.dtype = DType::kF32;
@@ -503,14 +627,16 @@ TEST(Postprocess, RefusalsNameTheTargetAndWhy) {
   const std::string padded = error_of(Stage::kPlacement, [&] { make(narrow, Target::kSm100); });
   EXPECT_THAT(padded, HasSubstr("mlp.down_proj.weight"));
   EXPECT_THAT(padded, HasSubstr("pad_nvfp4_weight pads N and K to multiples of 32"));
-  // DeepSeek-V3's experts on sm100 without DeepEP: flashinfer_trtllm.
+  // DeepSeek-V3's experts on sm100 without DeepEP: flashinfer_trtllm, which ferry
+  // does not lay out for per-tensor FP8 experts.
   nlohmann::json ds = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
   ds["q_lora_rank"] = 128;
   ds["kv_lora_rank"] = 128;
   ds["moe_intermediate_size"] = 128;
-  ds["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 128);
+  ds["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "static"}};
   EXPECT_THAT(error_of(Stage::kConfig, [&] { make(ds, Target::kSm100); }),
               HasSubstr("flashinfer_trtllm MoE runner on sm100"));
+  ds["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 128);
   EXPECT_NO_THROW(make(ds, Target::kSm90));
   // With quantization.requant.
   models::ModelOptions o;

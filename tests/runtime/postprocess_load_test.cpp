@@ -554,6 +554,258 @@ TEST(PostprocessLoad, Nvfp4OnSm100IsTheSwizzleOfAPlainLoad) {
   overlap_and_dummy_match(ck, "sm100", l.target);
 }
 
+// `family`'s small preset with `quant` in dir/<name> (sizes flashinfer_trtllm and
+// the sm100 expert paths take at tp 2: intermediate 128, hidden 256).
+// DeepSeek: qk_rope_head_dim 32, so that fused_qkv_a_proj_with_mqa (128 + 64 + 32
+// rows) is one pad_nvfp4_weight leaves.
+std::string synth_small(const TempDir& dir, const std::string& family, synth::SynthQuant quant,
+                        const std::string& name) {
+  synth::SynthOptions o;
+  nlohmann::json config = synth::synth_config(family, "small", DType::kBF16, false);
+  if (family == "deepseek_v3") {
+    config["qk_rope_head_dim"] = 32;
+  }
+  o.from_config = dir.file(name + "-config.json");
+  std::ofstream(o.from_config) << config.dump();
+  o.quant = quant;
+  o.quant_block = 128;
+  o.out = dir.file(name);
+  o.fsync = false;
+  synth::synthesize(o);
+  return o.out;
+}
+
+// The E4M3 block scales [E][m][c] of a plain load, each expert swizzled.
+std::vector<std::byte> swizzle_experts(const std::vector<std::byte>& scale, std::uint64_t experts,
+                                       std::uint64_t m, std::uint64_t c) {
+  std::vector<std::byte> out;
+  for (std::uint64_t e = 0; e < experts; ++e) {
+    const std::vector<std::byte> one(scale.begin() + e * m * c, scale.begin() + (e + 1) * m * c);
+    const std::vector<std::byte> swizzled = swizzle_blockscale(one, m, c);
+    out.insert(out.end(), swizzled.begin(), swizzled.end());
+  }
+  return out;
+}
+
+// NVFP4 fused experts on sm100 outside the DeepSeek family (the CUTLASS branch of
+// ModelOptNvFp4FusedMoEMethod.process_weights_after_loading, the global MoE runner
+// being auto): each expert's block scales swizzled over the scale; per expert
+// g1_alphas = max(w13_input_scale[e]) * w13_weight_scale_2[e][0], g1_alphas_up with
+// [e][1], g2_alphas = w2_input_scale[e] * w2_weight_scale_2[e], and the input
+// scales' reciprocals; the weights and everything else as a plain load has them.
+TEST(PostprocessLoad, Nvfp4ExpertsOnSm100SwizzleEachExpert) {
+  TempDir dir;
+  const std::string ck = synth_small(dir, "qwen3_moe", synth::SynthQuant::kNvfp4, "moe");
+  set_scalars(ck, "gate_proj.weight_scale_2", {0.0015f, 0.003f, 0.002f});
+  set_scalars(ck, "up_proj.weight_scale_2", {0.0025f, 0.0005f});
+  set_scalars(ck, "gate_proj.input_scale", {0.5f, 0.75f});
+  set_scalars(ck, "up_proj.input_scale", {0.25f, 1.5f, 0.125f});
+  set_scalars(ck, "down_proj.input_scale", {2.0f, 0.375f});
+  const Loads l = load_both(ck, "sm100");
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  std::size_t checked = 0;
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (const LoadedParam& p : l.plain.model->ranks()[r].params) {
+      const std::vector<std::byte> plain = l.plain.model->read_param(r, p.name);
+      if (p.dtype != DType::kU8 || p.shape.size() != 3) {
+        // (The dense layers' scales: Nvfp4OnSm100IsTheSwizzleOfAPlainLoad.)
+        if (!p.name.ends_with("weight_scale")) {
+          EXPECT_EQ(l.target.model->read_param(r, p.name), plain) << p.name;
+        }
+        continue;
+      }
+      ++checked;
+      EXPECT_EQ(l.target.model->read_param(r, p.name), plain) << p.name;
+      const std::string base = p.name.substr(0, p.name.size() - 6);
+      const std::string layer = p.name.substr(0, p.name.rfind('.') + 1);
+      const bool w13 = p.name.ends_with("w13_weight");
+      const std::uint64_t experts = p.shape[0];
+      const std::uint64_t c = p.shape[2] * 2 / 16;
+      EXPECT_EQ(l.target.model->read_param(r, base + "weight_scale"),
+                swizzle_experts(l.plain.model->read_param(r, base + "weight_scale"), experts,
+                                p.shape[1], c))
+          << base;
+      const std::vector<float> in = floats(l.plain.model->read_param(r, base + "input_scale"));
+      const std::vector<float> s2 = floats(l.plain.model->read_param(r, base + "weight_scale_2"));
+      std::vector<float> alphas;
+      std::vector<float> alphas_up;
+      std::vector<float> quant;
+      for (std::uint64_t e = 0; e < experts; ++e) {
+        const float x = w13 ? std::max(in[2 * e], in[2 * e + 1]) : in[e];
+        alphas.push_back(x * s2[w13 ? 2 * e : e]);
+        alphas_up.push_back(w13 ? x * s2[2 * e + 1] : 0.0f);
+        quant.push_back(1.0f / x);
+      }
+      EXPECT_EQ(floats(l.target.model->read_param(r, base + "input_scale_quant")), quant) << base;
+      if (w13) {
+        EXPECT_EQ(floats(l.target.model->read_param(r, layer + "g1_alphas")), alphas) << layer;
+        EXPECT_EQ(floats(l.target.model->read_param(r, layer + "g1_alphas_up")), alphas_up);
+        EXPECT_NE(alphas, alphas_up);  // w1's and w3's second scales differ
+      } else {
+        EXPECT_EQ(floats(l.target.model->read_param(r, layer + "g2_alphas")), alphas) << layer;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 2u * 4 * 2);  // w13 and w2, four layers, two ranks
+  overlap_and_dummy_match(ck, "sm100", l.target);
+}
+
+// FlashInfer 0.7.2's row order for flashinfer_trtllm, as SGLang 0.5.23's
+// prepare_static_weights_for_trtllm_fp4_moe gathers it: out row n is row
+// perm[n] of the expert as SGLang loads it. get_reorder_rows_for_gated_act_gemm_row_indices
+// (gated w13: 0, M/2, 1, M/2 + 1, ...), then get_shuffle_matrix_a_row_indices with
+// epilogue_tile_m 128 (blocks of 32 rows, srcToDstBlk32RowMap: row_indices[new] = old).
+std::vector<std::uint64_t> trtllm_rows(std::uint64_t rows, bool gated) {
+  static const std::uint64_t kBlk32[32] = {0, 8,  16, 24, 1, 9,  17, 25, 2, 10, 18,
+                                           26, 3, 11, 19, 27, 4, 12, 20, 28, 5, 13,
+                                           21, 29, 6, 14, 22, 30, 7, 15, 23, 31};
+  std::vector<std::uint64_t> permute0(rows);
+  for (std::uint64_t i = 0; i < rows; ++i) {
+    permute0[i] = !gated ? i : (i % 2 == 0 ? i / 2 : rows / 2 + i / 2);
+  }
+  std::vector<std::uint64_t> permute1(rows);
+  for (std::uint64_t old = 0; old < rows; ++old) {
+    permute1[old / 32 * 32 + kBlk32[old % 32]] = old;
+  }
+  std::vector<std::uint64_t> out(rows);
+  for (std::uint64_t n = 0; n < rows; ++n) {
+    out[n] = permute0[permute1[n]];
+  }
+  return out;
+}
+
+// Experts [E][rows][row_bytes] of a plain load (w13: gate rows, then up) as
+// flashinfer_trtllm serves them: loaded up first (load_up_proj_weight_first), rows
+// gathered by trtllm_rows, and (scales) each expert swizzled.
+std::vector<std::byte> trtllm_experts(const std::vector<std::byte>& plain, std::uint64_t experts,
+                                      std::uint64_t rows, std::uint64_t row_bytes, bool w13,
+                                      bool scales) {
+  const std::vector<std::uint64_t> perm = trtllm_rows(rows, w13);
+  std::vector<std::byte> out;
+  for (std::uint64_t e = 0; e < experts; ++e) {
+    const std::byte* expert = plain.data() + e * rows * row_bytes;
+    std::vector<std::byte> shuffled(rows * row_bytes);
+    for (std::uint64_t n = 0; n < rows; ++n) {
+      std::uint64_t src = perm[n];
+      if (w13) {
+        src = (src + rows / 2) % rows;  // SGLang's row src holds ferry's row src +- rows / 2
+      }
+      std::memcpy(shuffled.data() + n * row_bytes, expert + src * row_bytes, row_bytes);
+    }
+    if (scales) {
+      shuffled = swizzle_blockscale(shuffled, rows, row_bytes);
+    }
+    out.insert(out.end(), shuffled.begin(), shuffled.end());
+  }
+  return out;
+}
+
+// DeepSeek-V3 NVFP4 on sm100 without an all-to-all backend: flashinfer_trtllm
+// (align_fp4_moe_weights_for_flashinfer_trtllm): the experts' weights and block
+// scales as trtllm_experts makes them from a plain load; one input scale for all
+// experts (the max): g1_alphas[e] = max(w13_input_scale) * w13_weight_scale_2[e][0],
+// g1_alphas_up with [e][1], g2_alphas from w2's, the reciprocals F32 [], g1_scale_c =
+// w2_input_scale_quant * g1_alphas_up.
+TEST(PostprocessLoad, Nvfp4DeepseekExpertsOnSm100AreFlashinferTrtllms) {
+  TempDir dir;
+  const std::string ck = synth_small(dir, "deepseek_v3", synth::SynthQuant::kNvfp4, "ds");
+  set_scalars(ck, "gate_proj.weight_scale_2", {0.0015f, 0.003f, 0.002f});
+  set_scalars(ck, "up_proj.weight_scale_2", {0.0025f, 0.0005f});
+  set_scalars(ck, "gate_proj.input_scale", {0.5f, 0.75f});
+  set_scalars(ck, "up_proj.input_scale", {0.25f, 1.5f, 0.125f});
+  set_scalars(ck, "down_proj.input_scale", {2.0f, 0.375f});
+  const Loads l = load_both(ck, "sm100");
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  std::size_t checked = 0;
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (const LoadedParam& p : l.plain.model->ranks()[r].params) {
+      if (p.dtype != DType::kU8 || p.shape.size() != 3) {
+        continue;
+      }
+      ++checked;
+      const std::string base = p.name.substr(0, p.name.size() - 6);
+      const std::string layer = p.name.substr(0, p.name.rfind('.') + 1);
+      const bool w13 = p.name.ends_with("w13_weight");
+      const std::uint64_t experts = p.shape[0];
+      const std::uint64_t n = p.shape[1];
+      const std::uint64_t k = p.shape[2] * 2;
+      const std::vector<std::byte> plain = l.plain.model->read_param(r, p.name);
+      const std::vector<std::byte> want = trtllm_experts(plain, experts, n, k / 2, w13, false);
+      EXPECT_NE(want, plain) << p.name;  // the layout moves bytes
+      EXPECT_EQ(l.target.model->read_param(r, p.name), want) << p.name;
+      EXPECT_EQ(l.target.model->read_param(r, base + "weight_scale"),
+                trtllm_experts(l.plain.model->read_param(r, base + "weight_scale"), experts, n,
+                               k / 16, w13, true))
+          << base;
+      if (!w13) {
+        continue;
+      }
+      const std::vector<float> in13 = floats(l.plain.model->read_param(r, base + "input_scale"));
+      const std::vector<float> in2 =
+          floats(l.plain.model->read_param(r, layer + "w2_input_scale"));
+      const std::vector<float> s2 = floats(l.plain.model->read_param(r, base + "weight_scale_2"));
+      const std::vector<float> w2s2 =
+          floats(l.plain.model->read_param(r, layer + "w2_weight_scale_2"));
+      const float m13 = *std::max_element(in13.begin(), in13.end());
+      const float m2 = *std::max_element(in2.begin(), in2.end());
+      std::vector<float> g1;
+      std::vector<float> g1_up;
+      std::vector<float> g2;
+      std::vector<float> c;
+      for (std::uint64_t e = 0; e < experts; ++e) {
+        g1.push_back(m13 * s2[2 * e]);
+        g1_up.push_back(m13 * s2[2 * e + 1]);
+        g2.push_back(m2 * w2s2[e]);
+        c.push_back((1.0f / m2) * g1_up.back());
+      }
+      EXPECT_EQ(floats(l.target.model->read_param(r, layer + "g1_alphas")), g1) << layer;
+      EXPECT_EQ(floats(l.target.model->read_param(r, layer + "g1_alphas_up")), g1_up);
+      EXPECT_EQ(floats(l.target.model->read_param(r, layer + "g2_alphas")), g2);
+      EXPECT_EQ(floats(l.target.model->read_param(r, layer + "g1_scale_c")), c);
+      EXPECT_EQ(floats(l.target.model->read_param(r, base + "input_scale_quant")),
+                std::vector<float>{1.0f / m13});
+      EXPECT_EQ(floats(l.target.model->read_param(r, layer + "w2_input_scale_quant")),
+                std::vector<float>{1.0f / m2});
+    }
+  }
+  EXPECT_GT(checked, 0u);
+  overlap_and_dummy_match(ck, "sm100", l.target);
+}
+
+// Block FP8 DeepSeek-V3 on sm100 without an all-to-all backend: flashinfer_trtllm's
+// Fp8MoEMethod experts are loaded w3 first (FusedMoE._weight_loader_impl swaps the
+// shard ids), weight and block scales alike; process_weights_after_loading_block_quant
+// leaves them (no DeepGEMM requant there). Everything else as on sm100 with DeepEP.
+TEST(PostprocessLoad, BlockFp8DeepseekExpertsOnSm100LoadUpFirst) {
+  TempDir dir;
+  const std::string ck = synth_small(dir, "deepseek_v3", synth::SynthQuant::kFp8Block, "ds");
+  const Loads l = load_both(ck, "sm100", {"parallel.tp=1"});
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  std::size_t checked = 0;
+  for (const LoadedParam& p : l.plain.model->ranks()[0].params) {
+    if (p.shape.size() != 3 || p.name.find("experts.w13_weight") == std::string::npos) {
+      continue;
+    }
+    ++checked;
+    const std::vector<std::byte> plain = l.plain.model->read_param(0, p.name);
+    const std::uint64_t expert = plain.size() / p.shape[0];
+    std::vector<std::byte> want(plain.size());
+    for (std::uint64_t e = 0; e < p.shape[0]; ++e) {  // the two halves of each expert swapped
+      const std::byte* from = plain.data() + e * expert;
+      std::memcpy(want.data() + e * expert, from + expert / 2, expert / 2);
+      std::memcpy(want.data() + e * expert + expert / 2, from, expert / 2);
+    }
+    EXPECT_EQ(l.target.model->read_param(0, p.name), want) << p.name;
+    const std::string w2 = p.name.substr(0, p.name.find("w13_")) + "w2_" +
+                           p.name.substr(p.name.find("w13_") + 4);
+    EXPECT_EQ(l.target.model->read_param(0, w2), l.plain.model->read_param(0, w2)) << w2;
+  }
+  EXPECT_EQ(checked, 2u * 3);  // weight and scales of three MoE layers
+}
+
 // NVFP4 on sm90 (the marlin branch of ModelOptFp4LinearMethod.
 // process_weights_after_loading, prepare_nvfp4_layer_for_marlin): the plain load's
 // weight and scales zero-padded to Marlin's shape and put through the host twins of
@@ -794,11 +1046,12 @@ TEST(PostprocessLoad, BadValuesAreRefusedByName) {
   }
   TempDir dir;
   const std::string ck = synth_tiny(dir, "qwen3_moe", synth::SynthQuant::kNvfp4, "nvfp4");
-  Runtime rt(to_config(make_config(ck, {"postprocess.target=sm100"})));
+  Runtime rt(to_config(make_config(ck, {"postprocess.target=sm100", "parallel.tp=2"})));
   LoadResult r = rt.load();
   ASSERT_FALSE(r);
-  EXPECT_EQ(r.error->stage, Stage::kConfig);
-  EXPECT_THAT(r.error->message, ::testing::HasSubstr("flashinfer_trtllm's weight shuffles"));
+  EXPECT_EQ(r.error->stage, Stage::kPlacement);
+  EXPECT_THAT(r.error->message,
+              ::testing::HasSubstr("cannot pad a gated layer's w13 block scales to 128 rows"));
 }
 
 }  // namespace
