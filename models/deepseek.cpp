@@ -360,9 +360,13 @@ bool deepseek_indexer_layer(const DeepseekConfig& c, std::uint64_t layer, bool m
 }
 
 FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const ParallelLayout& layout,
-                                           bool enforce) {
+                                           bool enforce, bool trtllm) {
   if (c.experts == 0 || c.shared_experts == 0) {
     return {false, c.architecture + " as configured has no shared experts"};
+  }
+  if (trtllm) {
+    return {false, "SGLang 0.5.23 disables shared-expert fusion under the flashinfer_trtllm MoE "
+                   "runner (_moe_runner_fusion_disable), its default for these experts on sm100"};
   }
   if (enforce && c.fusion != SharedExpertFusion::kSingleShared) {
     // --enforce-shared-experts-fusion: DeepseekV2ForCausalLM's
@@ -441,7 +445,8 @@ std::unique_ptr<TableModel> make_deepseek_model(const FamilyInput& in, const Dee
   // Shared-expert fusion: SGLang's decision, or the operator's where it agrees.
   ModelOptions o = options;
   const FusionDecision fusion =
-      sglang_shared_expert_fusion(c, layout, options.fuse_shared_experts.value_or(false));
+      sglang_shared_expert_fusion(c, layout, options.fuse_shared_experts.value_or(false),
+                                  options.quant.trtllm_experts);
   if (!options.fuse_shared_experts) {
     o.fuse_shared_experts = fusion.fuse;
   } else if (*options.fuse_shared_experts && !fusion.fuse) {

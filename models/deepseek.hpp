@@ -157,13 +157,16 @@ bool deepseek_indexer_layer(const DeepseekConfig& c, std::uint64_t layer, bool m
 // (shared_experts_fusion_disable_reason returns None first), except under DeepEP,
 // whose per-rank shared slots ferry does not build (refused). GLM-4 MoE ignores it.
 // SGLang's other cases need keys ferry has no (Quark's 384 experts, AMD's EP, SBO /
-// TBO, which disable it): not expressible, so never chosen.
+// TBO, which disable it): not expressible, so never chosen. `trtllm`
+// (QuantScheme::trtllm_experts): the flashinfer_trtllm MoE runner, under which
+// SGLang sets disable_shared_experts_fusion (overrides.py _moe_runner_fusion_disable),
+// which wins over the enforce flag (resolve_shared_experts_config): never fused.
 struct FusionDecision {
   bool fuse = false;
   std::string why_not;
 };
 FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const ParallelLayout& layout,
-                                           bool enforce = false);
+                                           bool enforce = false, bool trtllm = false);
 
 // The model for `c` under `in` (layout normalized) with params of in.dtype (the
 // gate's correction bias is F32 regardless). Sizes tp does not divide are refused,

@@ -314,11 +314,16 @@ struct QuantScheme {
   Target target = Target::kLoader;
   bool ue8m0_dense = false;
   bool ue8m0_experts = false;
-  // kSm100 only: SGLang's global MoE runner is flashinfer_trtllm (its
-  // _deepseek_moe_quant_resolution picks it for the DeepSeek family without an
-  // all-to-all backend). Elsewhere the runner stays auto, and the quant methods that
-  // read the global runner lay their experts out for the other kernels.
+  // kSm100 only: SGLang's global MoE runner is flashinfer_trtllm (its server
+  // argument overrides pick it for the DeepSeek family, Qwen3-MoE and GLM-4 MoE
+  // without an all-to-all backend: trtllm_runner, models/postprocess.hpp). Elsewhere
+  // the runner stays auto, and the quant methods that read the global runner lay
+  // their experts out for the other kernels.
   bool trtllm_experts = false;
+  // config.json's quantization_config.quant_method ("fp8", "modelopt_fp4", ...);
+  // empty for a ModelOpt hf_quant_config.json (SGLang's server arguments see no
+  // quantization there when their overrides pick the MoE runner).
+  std::string config_method;
   // The model dtype (SGLang's params_dtype): what Marlin's NVFP4 scales on kSm90 are
   // computed in. Set by make_model.
   DType params_dtype = DType::kBF16;

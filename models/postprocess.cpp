@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <map>
 #include <set>
 
 #include "common/enum_name.hpp"
@@ -507,24 +508,34 @@ void check_target(const QuantScheme& q, const std::string& architecture, bool ha
   if (q.trtllm_experts && !served) {
     refuse("SGLang 0.5.23 runs " + architecture +
            "'s experts with the flashinfer_trtllm MoE runner on sm100 by default "
-           "(_deepseek_moe_quant_resolution); ferry produces its layouts for block FP8 and "
-           "NVFP4 experts, not for these (" +
-           describe(q) +
-           "); use postprocess.target=loader, or parallel.moe_a2a=deepep");
+           "(_deepseek_moe_quant_resolution, model_overrides); ferry produces its layouts for "
+           "block FP8 and NVFP4 experts, not for these (" +
+           describe(q) + "); use postprocess.target=loader, or parallel.moe_a2a=deepep");
   }
 }
 
 bool trtllm_runner(const QuantScheme& q, const std::string& architecture, bool has_experts,
                    const ParallelLayout& layout) {
-  // SGLang 0.5.23 arg_groups/overrides.py _deepseek_moe_quant_resolution: on sm100,
-  // without an all-to-all backend, the DeepSeek family's MoE runner becomes
-  // flashinfer_trtllm for fp8, ModelOpt and unquantized checkpoints.
-  static const std::set<std::string> kDeepseekFamily = {"DeepseekV3ForCausalLM",
-                                                        "DeepseekV32ForCausalLM"};
-  const bool trtllm_quant = q.format == Format::kFp8 || q.format == Format::kModelOpt ||
-                            q.format == Format::kNone;
-  return q.target == Target::kSm100 && has_experts && kDeepseekFamily.count(architecture) != 0 &&
-         layout.moe_a2a == ParallelLayout::MoeA2a::kNone && trtllm_quant;
+  if (q.target != Target::kSm100 || !has_experts ||
+      layout.moe_a2a != ParallelLayout::MoeA2a::kNone) {
+    return false;
+  }
+  // SGLang 0.5.23 sets moe_runner_backend=flashinfer_trtllm on sm100, without an
+  // all-to-all backend, for these architectures when the server's quantization, as
+  // its overrides see it (config.json's quant_method, none for a ModelOpt
+  // hf_quant_config.json or an unquantized checkpoint), is one of:
+  //   arg_groups/overrides.py _deepseek_moe_quant_resolution: the DeepSeek family,
+  //     fp8, modelopt_fp8, modelopt_fp4, none;
+  //   arg_groups/model_overrides/qwen3_moe.py: Qwen3-MoE, fp8, modelopt_fp4, none;
+  //   arg_groups/model_overrides/glm4_moe.py: GLM-4 MoE, modelopt_fp4, none.
+  // (modelopt_mixed, also listed, is a format ferry does not load.)
+  static const std::map<std::string, std::set<std::string>> kRunner = {
+      {"DeepseekV3ForCausalLM", {"fp8", "modelopt_fp8", "modelopt_fp4", ""}},
+      {"DeepseekV32ForCausalLM", {"fp8", "modelopt_fp8", "modelopt_fp4", ""}},
+      {"Qwen3MoeForCausalLM", {"fp8", "modelopt_fp4", ""}},
+      {"Glm4MoeForCausalLM", {"modelopt_fp4", ""}}};
+  auto it = kRunner.find(architecture);
+  return it != kRunner.end() && it->second.count(q.config_method) != 0;
 }
 
 std::string input_scale_w1_name(std::string_view weight) {

@@ -90,10 +90,11 @@
 // as loaded.
 //
 // NVFP4 fused experts [E, N, K] on kSm100. SGLang 0.5.23's MoE runner there is
-// flashinfer_trtllm for the DeepSeek family without an all-to-all backend
-// (QuantScheme::trtllm_experts: _deepseek_moe_quant_resolution sets the global
-// runner); for every other model the global runner stays auto, and
-// ModelOptNvFp4FusedMoEMethod, which reads it, takes its CUTLASS branch:
+// flashinfer_trtllm for the DeepSeek family, Qwen3-MoE and GLM-4 MoE without an
+// all-to-all backend (QuantScheme::trtllm_experts, trtllm_runner below: the server
+// argument overrides set the global runner); for every other model the global
+// runner stays auto, and ModelOptNvFp4FusedMoEMethod, which reads it, takes its
+// CUTLASS branch:
 //   default (CUTLASS branch): each expert's block scales swizzled as a dense
 //     weight's, over w13_weight_scale / w2_weight_scale from the twin where the
 //     padded shape is the loaded one, else into <layer>.w13_blockscale_swizzled /
@@ -120,7 +121,7 @@
 //     intermediate size per partition that is not a multiple of 64 (and shards the
 //     padded size): refused, as is a hidden size not a multiple of 128 (Stage::kPlacement).
 //   input scales and weight_scale_2 stay as loaded on both.
-// Block FP8 fused experts of the DeepSeek family under flashinfer_trtllm (Fp8MoEMethod):
+// Block FP8 fused experts under flashinfer_trtllm (Fp8MoEMethod; DeepSeek, Qwen3-MoE):
 // FusedMoE._weight_loader_impl loads w1 as w3 and w3 as w1, so w13 holds the up rows
 // first, its block scales alike (ModelOptions::switch_w13 made so by make_model);
 // process_weights_after_loading_block_quant leaves them (DeepGEMM does not run them,
@@ -128,8 +129,8 @@
 //
 // Refused (make_model, Stage::kConfig, naming the reason): on kSm90 NVFP4 with
 // group_size other than 16 or an F32 model (SGLang's Marlin refuses both); on kSm100
-// the DeepSeek family's experts under flashinfer_trtllm that are neither block FP8
-// nor NVFP4 (per-tensor or ModelOpt FP8, unquantized: their layouts are not produced);
+// experts under flashinfer_trtllm that are neither block FP8 nor NVFP4 (per-tensor
+// or ModelOpt FP8, unquantized: their layouts are not produced);
 // and any target but kLoader together with quantization.requant.
 //
 // The hooks rewrite weights in place and write outputs declared at their final
@@ -259,9 +260,12 @@ std::vector<PostLoadHook> make_input_scale_checks(const Model& model);
 void check_target(const QuantScheme& scheme, const std::string& architecture, bool has_experts,
                   const ParallelLayout& layout);
 // Whether SGLang 0.5.23's global MoE runner is flashinfer_trtllm for this model
-// (QuantScheme::trtllm_experts): on kSm100, for the DeepSeek family's experts
-// without an all-to-all backend, with fp8, ModelOpt or no quantization
-// (overrides.py _deepseek_moe_quant_resolution).
+// (QuantScheme::trtllm_experts): on kSm100 without an all-to-all backend, for the
+// DeepSeek family (quantization fp8, modelopt_fp8, modelopt_fp4 or none:
+// overrides.py _deepseek_moe_quant_resolution), Qwen3-MoE (fp8, modelopt_fp4, none:
+// model_overrides/qwen3_moe.py) and GLM-4 MoE (modelopt_fp4, none:
+// model_overrides/glm4_moe.py); the quantization as those overrides see it is
+// QuantScheme::config_method (none for a ModelOpt hf_quant_config.json).
 bool trtllm_runner(const QuantScheme& scheme, const std::string& architecture, bool has_experts,
                    const ParallelLayout& layout);
 

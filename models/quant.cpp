@@ -435,14 +435,16 @@ QuantScheme parse_quant_scheme(const nlohmann::json& hf_config) {
     bad_field("quant_method must name the quantization method");
   }
   const std::string method = m->get<std::string>();
-  if (method == "fp8") {
-    return parse_fp8(q);
-  }
-  if (method == "compressed-tensors") {
-    return parse_compressed_tensors(q);
+  if (method == "fp8" || method == "compressed-tensors") {
+    QuantScheme s = method == "fp8" ? parse_fp8(q) : parse_compressed_tensors(q);
+    s.config_method = method;
+    return s;
   }
   if (method == "modelopt" || method == "modelopt_fp8" || method == "modelopt_fp4") {
-    return parse_modelopt(q, method);
+    QuantScheme s = parse_modelopt(q, method);
+    // hf_quant_config.json's nested form: config.json names no method.
+    s.config_method = q.contains("quantization") ? "" : method;
+    return s;
   }
   constexpr std::array<std::string_view, 10> kKnown{
       "gptq", "awq",   "awq_marlin", "gptq_marlin", "bitsandbytes",

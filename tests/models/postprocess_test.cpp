@@ -382,27 +382,27 @@ TEST(Postprocess, Nvfp4OnSm100SwizzlesTheBlockScalesAndAddsAlpha) {
   EXPECT_EQ(loader->hooks().size(), 0u);
 }
 
-// NVFP4 fused experts on sm100 outside the DeepSeek family: SGLang 0.5.23 leaves the
-// global MoE runner at auto there, so ModelOptNvFp4FusedMoEMethod reads
+// NVFP4 fused experts on sm100 where SGLang 0.5.23 leaves the global MoE runner at
+// auto (Mixtral, Qwen2-MoE, DeepSeek-V2): ModelOptNvFp4FusedMoEMethod reads
 // enable_flashinfer_trtllm_moe as false and its process_weights_after_loading takes
 // the CUTLASS branch: swizzle_blockscale of each expert's block scales, over
 // w13_weight_scale / w2_weight_scale where alias_or_bind_derived_param can (else
 // into w13_blockscale_swizzled), and per expert g1_alphas, g1_alphas_up, g2_alphas
-// and the input scales' reciprocals (_compute_gemm1_alphas). Qwen3-MoE tiny at tp 1:
-// w13 [8, 128, 128] (scales [8, 128, 8]), w2 [8, 128, 64] (scales [8, 128, 4]).
+// and the input scales' reciprocals (_compute_gemm1_alphas). Mixtral tiny at tp 1:
+// w13 [8, 256, 128] (scales [8, 256, 8]), w2 [8, 128, 128] (scales [8, 128, 8]).
 TEST(Postprocess, Nvfp4ExpertsOnSm100SwizzleEachExpertsScales) {
-  const nlohmann::json c = nvfp4_config("qwen3_moe");
+  const nlohmann::json c = nvfp4_config("mixtral");
   const auto loader = make(c, Target::kLoader);
   const auto m = make(c, Target::kSm100);
   const models::RankShell& l = loader->shells()[0];
   const models::RankShell& s = m->shells()[0];
-  const std::string e = "model.layers.0.mlp.experts.";
-  EXPECT_EQ(spec(s, e + "w13_weight"), "U8 [8, 128, 64]");
-  EXPECT_EQ(spec(s, e + "w13_weight_scale"), "F8_E4M3 [8, 128, 8]");
-  EXPECT_EQ(spec(s, e + "w13_weight_scale_loaded"), "F8_E4M3 [8, 128, 8] transient");
+  const std::string e = "model.layers.0.block_sparse_moe.experts.";
+  EXPECT_EQ(spec(s, e + "w13_weight"), "U8 [8, 256, 64]");
+  EXPECT_EQ(spec(s, e + "w13_weight_scale"), "F8_E4M3 [8, 256, 8]");
+  EXPECT_EQ(spec(s, e + "w13_weight_scale_loaded"), "F8_E4M3 [8, 256, 8] transient");
   EXPECT_EQ(spec(s, e + "w13_blockscale_swizzled"), "absent");  // an alias of the scale
-  EXPECT_EQ(spec(s, e + "w2_weight_scale"), "F8_E4M3 [8, 128, 4]");
-  EXPECT_EQ(spec(s, e + "w2_weight_scale_loaded"), "F8_E4M3 [8, 128, 4] transient");
+  EXPECT_EQ(spec(s, e + "w2_weight_scale"), "F8_E4M3 [8, 128, 8]");
+  EXPECT_EQ(spec(s, e + "w2_weight_scale_loaded"), "F8_E4M3 [8, 128, 8] transient");
   EXPECT_EQ(spec(s, e + "w13_weight_scale_2"), "F32 [8, 2]");
   EXPECT_EQ(spec(s, e + "w13_input_scale"), "F32 [8, 2]");
   EXPECT_EQ(spec(s, e + "w2_input_scale"), "F32 [8]");
@@ -413,21 +413,21 @@ TEST(Postprocess, Nvfp4ExpertsOnSm100SwizzleEachExpertsScales) {
   }
   EXPECT_EQ(spec(s, e + "g1_scale_c"), "absent");  // flashinfer_trtllm's only
   // Scales whose padded shape differs stay as loaded, the swizzled ones beside
-  // them: hidden 96 makes w2's rows 96 (padded to 128) and w13's K / 16 6 (to 8).
+  // them: hidden 192 makes w2's rows 192 (padded to 256); w13's K / 16 is 12.
   nlohmann::json narrow = c;
-  narrow["hidden_size"] = 96;
+  narrow["hidden_size"] = 192;
   const auto narrow_model = make(narrow, Target::kSm100);
   const models::RankShell& n = narrow_model->shells()[0];
-  EXPECT_EQ(spec(n, e + "w13_weight_scale"), "F8_E4M3 [8, 128, 6]");
-  EXPECT_EQ(spec(n, e + "w13_blockscale_swizzled"), "F8_E4M3 [8, 128, 8]");
-  EXPECT_EQ(spec(n, e + "w2_weight_scale"), "F8_E4M3 [8, 96, 4]");
-  EXPECT_EQ(spec(n, e + "w2_blockscale_swizzled"), "F8_E4M3 [8, 128, 4]");
+  EXPECT_EQ(spec(n, e + "w13_weight_scale"), "F8_E4M3 [8, 256, 12]");
+  EXPECT_EQ(spec(n, e + "w13_blockscale_swizzled"), "absent");
+  EXPECT_EQ(spec(n, e + "w2_weight_scale"), "F8_E4M3 [8, 192, 8]");
+  EXPECT_EQ(spec(n, e + "w2_blockscale_swizzled"), "F8_E4M3 [8, 256, 8]");
   EXPECT_EQ(spec(n, e + "w2_weight_scale_loaded"), "absent");
-  // A gated w13 whose rows would pad: SGLang asserts (tp 2 halves I to 32).
-  models::ParallelLayout tp2;
-  tp2.tp = 2;
-  EXPECT_NO_THROW(make(c, Target::kLoader, tp2));
-  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(c, Target::kSm100, tp2); }),
+  // A gated w13 whose rows would pad: SGLang asserts (tp 4 quarters I to 32).
+  models::ParallelLayout tp4;
+  tp4.tp = 4;
+  EXPECT_NO_THROW(make(c, Target::kLoader, tp4));
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(c, Target::kSm100, tp4); }),
               HasSubstr("cannot pad a gated layer's w13 block scales to 128 rows"));
   // Expert parallelism: _compute_gemm1_alphas multiplies [E] by [E / ep].
   models::ParallelLayout ep2;
@@ -435,6 +435,12 @@ TEST(Postprocess, Nvfp4ExpertsOnSm100SwizzleEachExpertsScales) {
   ep2.ep = 2;
   EXPECT_THAT(error_of(Stage::kConfig, [&] { make(c, Target::kSm100, ep2); }),
               HasSubstr("which fails for ep 2"));
+  // Qwen3-MoE's runner is flashinfer_trtllm (model_overrides/qwen3_moe.py), so its
+  // scales stay as loaded and are shuffled in place.
+  const auto qwen = make(nvfp4_config("qwen3_moe"), Target::kSm100);
+  EXPECT_EQ(spec(qwen->shells()[0], "model.layers.0.mlp.experts.w13_weight_scale_loaded"),
+            "absent");
+  EXPECT_EQ(spec(qwen->shells()[0], "model.layers.0.mlp.experts.g1_scale_c"), "F32 [8]");
 }
 
 // The DeepSeek family on sm100 without an all-to-all backend: SGLang 0.5.23's
@@ -491,13 +497,16 @@ TEST(Postprocess, DeepseekExpertsOnSm100AreFlashinferTrtllms) {
   fp8["kv_lora_rank"] = 128;
   fp8["moe_intermediate_size"] = 128;
   fp8["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 128);
-  const models::RankShell& fl = make(fp8, Target::kLoader)->shells()[0];
-  const models::RankShell& fs = make(fp8, Target::kSm100)->shells()[0];
+  const auto fp8_loader = make(fp8, Target::kLoader);
+  const auto fp8_sm100 = make(fp8, Target::kSm100);
+  const models::RankShell& fl = fp8_loader->shells()[0];
+  const models::RankShell& fs = fp8_sm100->shells()[0];
   for (const std::string name : {"w13_weight", "w13_weight_scale_inv", "w2_weight_scale_inv"}) {
     EXPECT_EQ(spec(fs, e + name), spec(fl, e + name)) << name;
   }
-  EXPECT_EQ(spec(fs, e + "w13_weight_scale_inv"), "F32 [9, 2, 1]");
+  EXPECT_EQ(spec(fs, e + "w13_weight_scale_inv"), "F32 [8, 2, 1]");
   fp8["moe_intermediate_size"] = 64;
+  fp8["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 32);
   EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(fp8, Target::kSm100); }),
               HasSubstr("pads the intermediate size to a multiple of 128"));
   // Unquantized and per-tensor FP8 experts: not produced, refused by name.
@@ -505,6 +514,71 @@ TEST(Postprocess, DeepseekExpertsOnSm100AreFlashinferTrtllms) {
   EXPECT_THAT(error_of(Stage::kConfig, [&] { make(bf16, Target::kSm100); }),
               HasSubstr("ferry produces its layouts for block FP8 and NVFP4 experts"));
   EXPECT_NO_THROW(make(bf16, Target::kSm100, deepep));
+}
+
+// Which models SGLang 0.5.23 serves with flashinfer_trtllm on sm100 (no all-to-all
+// backend): the DeepSeek family (overrides.py _deepseek_moe_quant_resolution),
+// Qwen3-MoE and GLM-4 MoE (model_overrides/qwen3_moe.py, glm4_moe.py), by the
+// quantization the overrides see: config.json's quant_method, none for a ModelOpt
+// hf_quant_config.json. Under it SGLang disables shared-expert fusion.
+TEST(Postprocess, Sm100MoeRunnerFollowsSGLangsOverrides) {
+  auto trtllm = [](const nlohmann::json& c, models::ParallelLayout layout = {}) {
+    models::ModelOptions o;
+    o.target = Target::kSm100;
+    const auto m = models::make_model(c, layout, o);
+    return m->shells()[0].by_name.count("model.layers.1.mlp.experts.g1_scale_c") != 0;
+  };
+  // GLM-4 MoE NVFP4 (hf_quant_config.json): flashinfer_trtllm; Mixtral: auto.
+  EXPECT_TRUE(trtllm(nvfp4_config("glm4_moe")));
+  EXPECT_TRUE(trtllm(nvfp4_config("qwen3_moe")));
+  EXPECT_FALSE(trtllm(nvfp4_config("qwen2_moe")));
+  // config.json's own quant_method: "modelopt_fp4" takes it, "modelopt" does not.
+  nlohmann::json flat = synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
+  flat["quantization_config"] = {{"quant_method", "modelopt_fp4"}, {"quant_algo", "NVFP4"},
+                                 {"group_size", 16}};
+  EXPECT_TRUE(trtllm(flat));
+  flat["quantization_config"]["quant_method"] = "modelopt";
+  EXPECT_FALSE(trtllm(flat));
+  // Block FP8 Qwen3-MoE: w13 loaded up rows first; its block scales alike.
+  nlohmann::json fp8 = synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
+  fp8["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 32);
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(fp8, Target::kSm100); }),
+              HasSubstr("pads the intermediate size to a multiple of 128"));
+  fp8["moe_intermediate_size"] = 128;
+  EXPECT_NO_THROW(make(fp8, Target::kSm100));
+  // Refused under it: ModelOpt FP8 (hf_quant_config.json), unquantized experts.
+  const nlohmann::json modelopt_fp8 = models::with_hf_quant_config(
+      synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false),
+      synth::synth_hf_quant_config(synth::SynthQuant::kModelOptFp8));
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(modelopt_fp8, Target::kSm100); }),
+              HasSubstr("Qwen3MoeForCausalLM's experts with the flashinfer_trtllm MoE runner"));
+  for (const std::string family : {"qwen3_moe", "glm4_moe", "deepseek_v3"}) {
+    const nlohmann::json bf16 = synth::synth_config(family, "tiny", DType::kBF16, false);
+    EXPECT_NO_THROW(make(bf16, Target::kSm90)) << family;
+    EXPECT_THAT(error_of(Stage::kConfig, [&] { make(bf16, Target::kSm100); }),
+                HasSubstr("ferry produces its layouts for block FP8 and NVFP4 experts"))
+        << family;
+  }
+  EXPECT_NO_THROW(make(synth::synth_config("mixtral", "tiny", DType::kBF16, false),
+                       Target::kSm100));
+  // DeepSeek-V3-shaped (256 routed experts, one shared): fused on sm90, not under
+  // flashinfer_trtllm; model.fuse_shared_experts=true is refused there.
+  nlohmann::json v3 = nvfp4_config("deepseek_v3");
+  v3["n_routed_experts"] = 256;
+  v3["moe_intermediate_size"] = 64;
+  v3["qk_rope_head_dim"] = 32;
+  models::ParallelLayout tp2;
+  tp2.tp = 2;
+  EXPECT_EQ(spec(make(v3, Target::kSm90)->shells()[0], "model.layers.1.mlp.experts.w13_input_scale"),
+            "F32 [257, 2]");
+  const auto unfused = make(v3, Target::kSm100);
+  EXPECT_EQ(spec(unfused->shells()[0], "model.layers.1.mlp.experts.w13_weight"),
+            "U8 [256, 128, 64]");
+  models::ModelOptions fuse;
+  fuse.target = Target::kSm100;
+  fuse.fuse_shared_experts = true;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { models::make_model(v3, {}, fuse); }),
+              HasSubstr("disables shared-expert fusion under the flashinfer_trtllm MoE runner"));
 }
 
 // ModelOptFp4LinearMethod.process_weights_after_loading's marlin branch (the default

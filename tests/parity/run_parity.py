@@ -38,15 +38,16 @@ IGNORE = [r"(.*\.)?rotary_emb[a-z_]*\.(original_inv_freq|inv_freq|cos_sin_cache)
 
 
 def case(cid, tier, synth, layout=None, dtype="auto", ferry_set=(), server_args=(),
-         config=None):
+         config=None, sizes=None):
     """One case. `config` is merged into the synthesized config.json (both sides
-    read it); `server_args` are SGLang ServerArgs fields (NAME=JSON) and
-    `ferry_set` the matching ferry keys."""
+    read it); `sizes` into the preset's config before the tensors are written
+    (ferry synth --from-config); `server_args` are SGLang ServerArgs fields
+    (NAME=JSON) and `ferry_set` the matching ferry keys."""
     layout = {**dict(tp=1, ep=1, pp=1, attn_dp=1, dp_lm_head=False, draft=False),
               **(layout or {})}
     return dict(id=cid, tier=tier, synth=synth, layout=layout, dtype=dtype,
                 ferry_set=list(ferry_set), server_args=list(server_args),
-                config=config or {})
+                config=config or {}, sizes=sizes or {})
 
 
 def tiny(family, *extra):
@@ -128,6 +129,15 @@ def matrix():
     # at tp 1 (64) they are not.
     cases.append(case("deepseek_v3/nvfp4-tp1", 4, tiny("deepseek_v3", "--quant", "nvfp4"),
                       dict(tp=1)))
+    # NVFP4 experts on sm100 under flashinfer_trtllm at sizes it does not pad:
+    # Qwen3-MoE's at tp 1 (intermediate 64), DeepSeek-V3's small at tp 2
+    # (intermediate 64 a rank, hidden 256; qk_rope_head_dim 32 so that
+    # fused_qkv_a_proj_with_mqa's 224 rows are ones pad_nvfp4_weight leaves).
+    cases.append(case("qwen3_moe/nvfp4-tp1", 4, tiny("qwen3_moe", "--quant", "nvfp4"),
+                      dict(tp=1)))
+    cases.append(case("deepseek_v3/small-nvfp4-tp2", 4,
+                      ["--family", "deepseek_v3", "--preset", "small", "--quant", "nvfp4"],
+                      dict(tp=2), sizes={"qk_rope_head_dim": 32}))
     # Qwen2's qkv_proj bias: Marlin permutes it on sm90 (marlin_permute_bias).
     cases.append(case("qwen2/nvfp4-tp2", 4, tiny("qwen2", "--quant", "nvfp4"), dict(tp=2)))
     # quant_method fp8 with per-tensor scales and static activations: the same
@@ -143,7 +153,7 @@ def matrix():
 
 # The cases a --target run compares (SGLang's process_weights_after_loading):
 # the quantized ones.
-TARGET_CASES = r"/(fp8-|modelopt-|nvfp4)"
+TARGET_CASES = r"/(small-)?(fp8-|modelopt-|nvfp4)"
 
 
 
@@ -189,14 +199,32 @@ def positive_kv_scales(path):
                     handle.write(struct.pack("<f", abs(value)))
 
 
-def checkpoint(args, synth, config):
+def checkpoint(args, synth, config, sizes=None):
     positive = bool(args.target)
-    key = hashlib.sha1(json.dumps([synth, config] + (["positive_kv"] if positive else []))
+    key = hashlib.sha1(json.dumps([synth, config] + ([sizes] if sizes else []) +
+                                  (["positive_kv"] if positive else []))
                        .encode()).hexdigest()[:12]
     path = os.path.join(args.work, "ckpt", key)
     if not os.path.exists(os.path.join(path, "config.json")):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         log = path + ".log"
+        if sizes:
+            # The preset's config with `sizes` merged, written from that config.
+            base = path + "-sizes"
+            family = synth[synth.index("--family"):synth.index("--family") + 2]
+            preset = synth[synth.index("--preset"):synth.index("--preset") + 2]
+            if run([args.ferry, "synth", *family, *preset, "--out", base, "--force",
+                    "--no-fsync"], log, 600) != 0:
+                raise RuntimeError(f"ferry synth failed: {tail(log)}")
+            with open(os.path.join(base, "config.json")) as handle:
+                sized = {**json.load(handle), **sizes}
+            with open(base + ".json", "w") as handle:
+                json.dump(sized, handle, indent=2)
+            shutil.rmtree(base)
+            rest = [a for i, a in enumerate(synth)
+                    if i not in (synth.index("--family"), synth.index("--family") + 1,
+                                 synth.index("--preset"), synth.index("--preset") + 1)]
+            synth = ["--from-config", base + ".json", *rest]
         rc = run([args.ferry, "synth", *synth, "--out", path, "--force", "--no-fsync"],
                  log, 600)
         if rc != 0:
@@ -274,7 +302,7 @@ def run_case(args, c):
     shutil.rmtree(case_dir, ignore_errors=True)
     os.makedirs(case_dir)
     try:
-        ckpt = checkpoint(args, c["synth"], c["config"])
+        ckpt = checkpoint(args, c["synth"], c["config"], c["sizes"])
     except Exception as error:
         result.update(status="ERROR", summary=str(error))
         return result

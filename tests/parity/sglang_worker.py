@@ -240,6 +240,7 @@ def emulate_nvfp4_postprocess(target, emulations):
             "workspace a stand-in; ModelOptNvFp4FusedMoEMethod.create_moe_runner sees "
             "CUDA 9.0 (auto -> marlin)")
         return
+    emulate_nvfp4_experts_on_blackwell(modelopt_quant, emulations)
     linear = modelopt_quant.ModelOptFp4LinearMethod
     process = linear.process_weights_after_loading
 
@@ -257,6 +258,85 @@ def emulate_nvfp4_postprocess(target, emulations):
     emulations.append(
         "ModelOptFp4LinearMethod.process_weights_after_loading sees a Blackwell "
         "(sm100) platform; its .cuda() of the swizzled scales is the identity")
+
+
+def on_blackwell(modules, fn):
+    """`fn` with each of `modules`' get_platform() answering as sm100 while it runs."""
+    modules = modules if isinstance(modules, list) else [modules]
+
+    def wrapped(*args, **kwargs):
+        saved = [m.get_platform for m in modules]
+        for m, real in zip(modules, saved):
+            m.get_platform = lambda real=real: _Blackwell(real())
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            for m, real in zip(modules, saved):
+                m.get_platform = real
+
+    return wrapped
+
+
+def server_arg_modules():
+    """SGLang's server-argument resolution modules (sglang.srt.arg_groups: the
+    overrides, the hooks, every model's override declarations) that ask the
+    platform."""
+    import importlib
+    import pkgutil
+
+    from sglang.srt import arg_groups
+
+    out = []
+    for info in pkgutil.walk_packages(arg_groups.__path__, arg_groups.__name__ + "."):
+        try:
+            module = importlib.import_module(info.name)
+        except Exception:  # a hook for hardware this venv lacks; it asks nothing here
+            continue
+        if hasattr(module, "get_platform"):
+            out.append(module)
+    return out
+
+
+def block_scale_interleave_host(unswizzled):
+    """FlashInfer 0.7.2's nvfp4_block_scale_interleave (a CUDA or JIT-built op) on
+    the CPU, from its host path (data/csrc/nv_internal/tensorrt_llm/thop/fp4Op.cpp,
+    blockScaleInterleaveHost with computeSFIndex's SWIZZLED_128x4 index): every
+    element (r, c) of the [rows, cols] scales (rows padded to 128, cols to 4, with
+    zeros) goes to offset c % 4 + (c / 4) * 512 + (r % 32) * 16 + (r % 128 / 32) * 4
+    + (r / 128) * 128 * cols_padded of its expert's flat output."""
+    import torch
+
+    experts = unswizzled.shape[0] if unswizzled.dim() == 3 else 1
+    rows, cols = unswizzled.shape[-2], unswizzled.shape[-1]
+    rows_p, cols_p = (rows + 127) // 128 * 128, (cols + 3) // 4 * 4
+    src = unswizzled.reshape(experts, rows, cols)
+    out = torch.zeros(experts * rows_p * cols_p, dtype=unswizzled.dtype)
+    r = torch.arange(rows).view(-1, 1)
+    c = torch.arange(cols).view(1, -1)
+    index = (c % 4 + (c // 4) * 512 + (r % 32) * 16 + (r % 128 // 32) * 4
+             + (r // 128) * 128 * cols_p)
+    for e in range(experts):
+        out[e * rows_p * cols_p + index.reshape(-1)] = src[e].reshape(-1)
+    return out
+
+
+def emulate_nvfp4_experts_on_blackwell(modelopt_quant, emulations):
+    """ModelOpt NVFP4 fused experts on sm100: the method's constructor sees a
+    Blackwell platform (off it, it refuses); flashinfer_trtllm's weight preparation
+    runs FlashInfer 0.7.2's own row permutations (pure torch) and its
+    nvfp4_block_scale_interleave on the CPU (block_scale_interleave_host)."""
+    method = modelopt_quant.ModelOptNvFp4FusedMoEMethod
+    method.__init__ = on_blackwell(modelopt_quant, method.__init__)
+    emulations.append("ModelOptNvFp4FusedMoEMethod.__init__ sees a Blackwell platform")
+    try:
+        import flashinfer
+    except Exception as error:  # only the flashinfer_trtllm cases need it
+        emulations.append(f"flashinfer not importable: {error}")
+        return
+    flashinfer.nvfp4_block_scale_interleave = block_scale_interleave_host
+    emulations.append(
+        "flashinfer.nvfp4_block_scale_interleave run on the CPU from its host path's "
+        "index (blockScaleInterleaveHost)")
 
 
 class _Blackwell:
@@ -533,7 +613,15 @@ def main():
             speculative_algorithm="EAGLE",
             speculative_draft_model_path=args.model,
         )
-    server_args = ServerArgs(**server_kwargs)
+    if args.target == "sm100":
+        # The server's defaults as resolved on sm100 (the DeepSeek family's MoE
+        # runner: _deepseek_moe_quant_resolution), not the CPU's.
+        server_args = ServerArgs(**server_kwargs)
+        on_blackwell(server_arg_modules(), server_args.resolve_once)()
+        emulations.append("ServerArgs.resolve_once's hooks and overrides see a Blackwell "
+                          "platform")
+    else:
+        server_args = ServerArgs(**server_kwargs)
 
     from sglang.srt.runtime_context import SpawnRanks, publish
 
@@ -545,6 +633,13 @@ def main():
             ranks=SpawnRanks(world_rank=world_rank, dp_rank=dp_rank, gpu_id=0))
     meta["groups"] = install_groups()
     emulations.append("stand-in process groups (rank and size only)")
+    # What the scheduler does right after publishing (managers/scheduler.py): the
+    # MoE runtime flags from the resolved arguments (the global MoE runner that the
+    # quant methods read while they build and process their layers).
+    from sglang.srt.layers.moe import get_moe_runner_backend, initialize_moe_config
+
+    initialize_moe_config()
+    meta["moe_runner_backend"] = str(get_moe_runner_backend())
     # What the server's bootstrap does right after building the groups
     # (distributed/bootstrap.py, _init_parallel_groups): the attention-DP flags
     # that layers read while they are built (get_embedding_tp_kwargs).

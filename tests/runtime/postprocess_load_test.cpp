@@ -587,20 +587,19 @@ std::vector<std::byte> swizzle_experts(const std::vector<std::byte>& scale, std:
   return out;
 }
 
-// NVFP4 fused experts on sm100 outside the DeepSeek family (the CUTLASS branch of
-// ModelOptNvFp4FusedMoEMethod.process_weights_after_loading, the global MoE runner
-// being auto): each expert's block scales swizzled over the scale; per expert
+// NVFP4 fused experts on sm100 where the global MoE runner stays auto (Mixtral; the
+// CUTLASS branch of ModelOptNvFp4FusedMoEMethod.process_weights_after_loading): each expert's block scales swizzled over the scale; per expert
 // g1_alphas = max(w13_input_scale[e]) * w13_weight_scale_2[e][0], g1_alphas_up with
 // [e][1], g2_alphas = w2_input_scale[e] * w2_weight_scale_2[e], and the input
 // scales' reciprocals; the weights and everything else as a plain load has them.
 TEST(PostprocessLoad, Nvfp4ExpertsOnSm100SwizzleEachExpert) {
   TempDir dir;
-  const std::string ck = synth_small(dir, "qwen3_moe", synth::SynthQuant::kNvfp4, "moe");
-  set_scalars(ck, "gate_proj.weight_scale_2", {0.0015f, 0.003f, 0.002f});
-  set_scalars(ck, "up_proj.weight_scale_2", {0.0025f, 0.0005f});
-  set_scalars(ck, "gate_proj.input_scale", {0.5f, 0.75f});
-  set_scalars(ck, "up_proj.input_scale", {0.25f, 1.5f, 0.125f});
-  set_scalars(ck, "down_proj.input_scale", {2.0f, 0.375f});
+  const std::string ck = synth_small(dir, "mixtral", synth::SynthQuant::kNvfp4, "moe");
+  set_scalars(ck, "w1.weight_scale_2", {0.0015f, 0.003f, 0.002f});
+  set_scalars(ck, "w3.weight_scale_2", {0.0025f, 0.0005f});
+  set_scalars(ck, "w1.input_scale", {0.5f, 0.75f});
+  set_scalars(ck, "w3.input_scale", {0.25f, 1.5f, 0.125f});
+  set_scalars(ck, "w2.input_scale", {2.0f, 0.375f});
   const Loads l = load_both(ck, "sm100");
   ASSERT_TRUE(l.plain) << l.plain.error->message;
   ASSERT_TRUE(l.target) << l.target.error->message;
@@ -1045,8 +1044,8 @@ TEST(PostprocessLoad, BadValuesAreRefusedByName) {
     EXPECT_THAT(e.what(), ::testing::HasSubstr("expected loader, sm90, sm100 or auto"));
   }
   TempDir dir;
-  const std::string ck = synth_tiny(dir, "qwen3_moe", synth::SynthQuant::kNvfp4, "nvfp4");
-  Runtime rt(to_config(make_config(ck, {"postprocess.target=sm100", "parallel.tp=2"})));
+  const std::string ck = synth_tiny(dir, "mixtral", synth::SynthQuant::kNvfp4, "nvfp4");
+  Runtime rt(to_config(make_config(ck, {"postprocess.target=sm100", "parallel.tp=4"})));
   LoadResult r = rt.load();
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error->stage, Stage::kPlacement);
