@@ -587,20 +587,29 @@ std::vector<std::byte> swizzle_experts(const std::vector<std::byte>& scale, std:
   return out;
 }
 
+// Distinct experts' scalars (w1's and w3's second scales differ, so that taking the
+// wrong column shows; input scales of w1, w3 and w2 differ), under the family's
+// names of the three projections, then a plain and an sm100 load at tp 2.
+Loads load_sm100_distinct_experts(const std::string& ck, const std::string& w1,
+                                  const std::string& w3, const std::string& w2) {
+  set_scalars(ck, w1 + ".weight_scale_2", {0.0015f, 0.003f, 0.002f});
+  set_scalars(ck, w3 + ".weight_scale_2", {0.0025f, 0.0005f});
+  set_scalars(ck, w1 + ".input_scale", {0.5f, 0.75f});
+  set_scalars(ck, w3 + ".input_scale", {0.25f, 1.5f, 0.125f});
+  set_scalars(ck, w2 + ".input_scale", {2.0f, 0.375f});
+  return load_both(ck, "sm100");
+}
+
 // NVFP4 fused experts on sm100 where the global MoE runner stays auto (Mixtral; the
-// CUTLASS branch of ModelOptNvFp4FusedMoEMethod.process_weights_after_loading): each expert's block scales swizzled over the scale; per expert
+// CUTLASS branch of ModelOptNvFp4FusedMoEMethod.process_weights_after_loading):
+// each expert's block scales swizzled over the scale; per expert
 // g1_alphas = max(w13_input_scale[e]) * w13_weight_scale_2[e][0], g1_alphas_up with
 // [e][1], g2_alphas = w2_input_scale[e] * w2_weight_scale_2[e], and the input
 // scales' reciprocals; the weights and everything else as a plain load has them.
 TEST(PostprocessLoad, Nvfp4ExpertsOnSm100SwizzleEachExpert) {
   TempDir dir;
   const std::string ck = synth_small(dir, "mixtral", synth::SynthQuant::kNvfp4, "moe");
-  set_scalars(ck, "w1.weight_scale_2", {0.0015f, 0.003f, 0.002f});
-  set_scalars(ck, "w3.weight_scale_2", {0.0025f, 0.0005f});
-  set_scalars(ck, "w1.input_scale", {0.5f, 0.75f});
-  set_scalars(ck, "w3.input_scale", {0.25f, 1.5f, 0.125f});
-  set_scalars(ck, "w2.input_scale", {2.0f, 0.375f});
-  const Loads l = load_both(ck, "sm100");
+  const Loads l = load_sm100_distinct_experts(ck, "w1", "w3", "w2");
   ASSERT_TRUE(l.plain) << l.plain.error->message;
   ASSERT_TRUE(l.target) << l.target.error->message;
   std::size_t checked = 0;
@@ -709,12 +718,7 @@ std::vector<std::byte> trtllm_experts(const std::vector<std::byte>& plain, std::
 TEST(PostprocessLoad, Nvfp4DeepseekExpertsOnSm100AreFlashinferTrtllms) {
   TempDir dir;
   const std::string ck = synth_small(dir, "deepseek_v3", synth::SynthQuant::kNvfp4, "ds");
-  set_scalars(ck, "gate_proj.weight_scale_2", {0.0015f, 0.003f, 0.002f});
-  set_scalars(ck, "up_proj.weight_scale_2", {0.0025f, 0.0005f});
-  set_scalars(ck, "gate_proj.input_scale", {0.5f, 0.75f});
-  set_scalars(ck, "up_proj.input_scale", {0.25f, 1.5f, 0.125f});
-  set_scalars(ck, "down_proj.input_scale", {2.0f, 0.375f});
-  const Loads l = load_both(ck, "sm100");
+  const Loads l = load_sm100_distinct_experts(ck, "gate_proj", "up_proj", "down_proj");
   ASSERT_TRUE(l.plain) << l.plain.error->message;
   ASSERT_TRUE(l.target) << l.target.error->message;
   std::size_t checked = 0;
