@@ -22,8 +22,10 @@ Rows:
   phase (the hooks run as their layers complete, overlapping the stream; the phase
   is what is left after the last copy): loader against the target (DeepSeek-V3:
   sm100 with DeepEP, every weight's UE8M0 repack; the FP8 others: sm90, every shard
-  requantized to the largest scale; NVFP4: sm90's Marlin repack, and for Llama
-  sm100's swizzled scales).
+  requantized to the largest scale; NVFP4: sm90's Marlin repack, and sm100's
+  swizzled scales and experts (flashinfer_trtllm's shuffles for Qwen3-MoE, the
+  default runner's swizzle for Mixtral); block FP8 DeepSeek-V3 on sm100 without
+  DeepEP: its experts loaded up rows first for flashinfer_trtllm).
 """
 import argparse
 import json
@@ -112,7 +114,12 @@ def main():
             ("llama", "fp8-tensor", ("sm90",), []),
             ("qwen3_moe", "fp8-tensor", ("sm90",), []),
             ("llama", "nvfp4", ("sm90", "sm100"), []),
-            ("qwen3_moe", "nvfp4", ("sm90",), []),
+            ("qwen3_moe", "nvfp4", ("sm90", "sm100"), []),
+            # sm100's experts: flashinfer_trtllm's shuffles (Qwen3-MoE above), the
+            # CUTLASS branch's swizzle (Mixtral), block FP8 loaded up rows first
+            # (DeepSeek-V3 without DeepEP).
+            ("mixtral", "nvfp4", ("sm100",), []),
+            ("deepseek_v3", "fp8-block", ("sm100",), []),
         ]
         for family, quant, targets, extra in mediums:
             model = synth(ferry, os.path.join(cache, f"{family}-medium-{quant}"), "--family",
