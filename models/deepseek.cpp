@@ -98,8 +98,8 @@ class Builder {
   // group of `group` ranks (all tp ranks, or 1: whole on every rank).
   void gated_mlp(const std::string& param_prefix, const std::string& tensor_prefix,
                  std::uint64_t inter, const char* what, int group) {
-    add_gated_mlp(m_, param_prefix, tensor_prefix, c_.hidden, inter, group,
-                  options_.unaligned_tp, what, in_.descriptor.sources("gate_up_proj"));
+    add_gated_mlp(m_, param_prefix, tensor_prefix, c_.hidden, inter, group, options_.unaligned_tp,
+                  what, in_.descriptor.sources("gate_up_proj"));
   }
 
   void mla(const std::string& pa, const std::string& ta) {
@@ -134,10 +134,10 @@ class Builder {
       column_heads(pa + "q_proj.weight", ta + "q_proj.weight", qk_head, c_.hidden,
                    "num_attention_heads * (qk_nope_head_dim + qk_rope_head_dim)");
       add_replicated(m_, pa + "kv_a_proj_with_mqa.weight", ta + "kv_a_proj_with_mqa.weight",
-                       Shape{kv_a_rows, c_.hidden});
+                     Shape{kv_a_rows, c_.hidden});
     }
     add_replicated(m_, pa + "kv_a_layernorm.weight", ta + "kv_a_layernorm.weight",
-                     Shape{c_.kv_lora_rank});
+                   Shape{c_.kv_lora_rank});
     // Whole heads per rank, each owning dn + dv consecutive rows (models/mla_hook.hpp);
     // padded heads are zero rows, which the hook splits into zero w_kc / w_vc heads.
     column_heads(pa + "kv_b_proj.weight", ta + "kv_b_proj.weight", c_.qk_nope + c_.v_head,
@@ -148,8 +148,8 @@ class Builder {
         padded_heads(c_.heads, attn_tp_, options_.unaligned_tp, "num_attention_heads") * c_.v_head;
     m_.add_param(pa + "o_proj.weight",
                  Shape{c_.hidden, o_padded / static_cast<std::uint64_t>(attn_tp_)});
-    add_row_parallel(m_, ta + "o_proj.weight", pa + "o_proj.weight", c_.hidden, o_in, o_padded, attn_tp_,
-                     "num_attention_heads * v_head_dim");
+    add_row_parallel(m_, ta + "o_proj.weight", pa + "o_proj.weight", c_.hidden, o_in, o_padded,
+                     attn_tp_, "num_attention_heads * v_head_dim");
     // Filled by the post-load hook only.
     // Their dtype follows kv_b_proj's format (mla_split_form, models/mla_hook.hpp).
     const MlaDims dims = mla_dims(c_, attn_tp_, options_.unaligned_tp);
@@ -227,7 +227,7 @@ class Builder {
       // The router's correction bias stays float32 whatever the model dtype (the
       // checkpoints store it so, and SGLang declares it so).
       add_replicated(m_, pm + "gate.e_score_correction_bias", tm + "gate.e_score_correction_bias",
-                       Shape{c_.experts}, DType::kF32);
+                     Shape{c_.experts}, DType::kF32);
     }
     MoeLayerSpec spec = routed_experts(in_.descriptor, n.index, c_.experts, c_.hidden,
                                        c_.moe_intermediate, pm + "experts.", tm + "experts.");
@@ -365,8 +365,9 @@ FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const Parall
     return {false, c.architecture + " as configured has no shared experts"};
   }
   if (trtllm) {
-    return {false, "SGLang 0.5.23 disables shared-expert fusion under the flashinfer_trtllm MoE "
-                   "runner (_moe_runner_fusion_disable), its default for these experts on sm100"};
+    return {false,
+            "SGLang 0.5.23 disables shared-expert fusion under the flashinfer_trtllm MoE "
+            "runner (_moe_runner_fusion_disable), its default for these experts on sm100"};
   }
   if (enforce && c.fusion != SharedExpertFusion::kSingleShared) {
     // --enforce-shared-experts-fusion: DeepseekV2ForCausalLM's
@@ -374,14 +375,16 @@ FusionDecision sglang_shared_expert_fusion(const DeepseekConfig& c, const Parall
     // architecture, the expert count or ep (SGLang 0.5.23, deepseek_v2.py); the
     // loader then asserts a single shared expert.
     if (c.shared_experts != 1) {
-      return {false, "SGLang fuses exactly one shared expert (its loader asserts "
-                     "num_fused_shared_experts == 1); this " +
-                         c.architecture + " config has " + std::to_string(c.shared_experts)};
+      return {false,
+              "SGLang fuses exactly one shared expert (its loader asserts "
+              "num_fused_shared_experts == 1); this " +
+                  c.architecture + " config has " + std::to_string(c.shared_experts)};
     }
     if (layout.moe_a2a == ParallelLayout::MoeA2a::kDeepep) {
-      return {false, "under DeepEP (parallel.moe_a2a=deepep) SGLang's enforced fusion gives each "
-                     "rank its own shared-expert slot after all routed experts, a layout ferry "
-                     "does not build"};
+      return {false,
+              "under DeepEP (parallel.moe_a2a=deepep) SGLang's enforced fusion gives each "
+              "rank its own shared-expert slot after all routed experts, a layout ferry "
+              "does not build"};
     }
     return {true, ""};
   }
@@ -444,9 +447,8 @@ std::unique_ptr<TableModel> make_deepseek_model(const FamilyInput& in, const Dee
   }
   // Shared-expert fusion: SGLang's decision, or the operator's where it agrees.
   ModelOptions o = options;
-  const FusionDecision fusion =
-      sglang_shared_expert_fusion(c, layout, options.fuse_shared_experts.value_or(false),
-                                  options.quant.trtllm_experts);
+  const FusionDecision fusion = sglang_shared_expert_fusion(
+      c, layout, options.fuse_shared_experts.value_or(false), options.quant.trtllm_experts);
   if (!options.fuse_shared_experts) {
     o.fuse_shared_experts = fusion.fuse;
   } else if (*options.fuse_shared_experts && !fusion.fuse) {

@@ -260,6 +260,24 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
         i_padded, spec.intermediate, g->moe_tp, std::to_string(i_padded),
         "moe-tp ranks (tp rank % (tp / ep))"));
   }
+  // flashinfer_trtllm (QuantScheme::trtllm_experts, the methods it serves): SGLang
+  // 0.5.23 pads a rank's share of I to 64 (NVFP4: ModelOptNvFp4FusedMoEMethod.
+  // create_weights) or 128 (FusedMoE) and shards the padded size
+  // (narrow_padded_param_and_loaded_weight): moe-tp rank r holds rows [r * share,
+  // +share) of I, the rest zero, as under uneven moe-tp.
+  const QuantScheme& q = options.quant;
+  if (q.trtllm_experts &&
+      (q.method == QuantScheme::Method::kNvfp4 || q.method == QuantScheme::Method::kFp8Block)) {
+    const std::uint64_t share =
+        round_up(g->i_local, q.method == QuantScheme::Method::kNvfp4 ? 64 : 128);
+    if (share != g->i_local) {
+      m.add_note("flashinfer_trtllm: each moe-tp rank's share of the experts' " +
+                 spec.intermediate_field + " " + std::to_string(spec.intermediate) +
+                 " is padded from " + std::to_string(g->i_local) + " to " + std::to_string(share) +
+                 " rows and shards the padded size, as SGLang does");
+      g->i_local = share;
+    }
+  }
   g->i_pad = round_up(g->i_local, options.pad_moe_intermediate_to);
 
   // Logical -> physical: the identity without EPLB, else this layer's map.
@@ -380,9 +398,8 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
 }
 
 MoeLayerSpec routed_experts(const FamilyDescriptor& descriptor, std::uint64_t layer,
-                            std::uint64_t experts, std::uint64_t hidden,
-                            std::uint64_t intermediate, std::string param_prefix,
-                            std::string checkpoint_prefix) {
+                            std::uint64_t experts, std::uint64_t hidden, std::uint64_t intermediate,
+                            std::string param_prefix, std::string checkpoint_prefix) {
   MoeLayerSpec spec;
   spec.layer = layer;
   spec.num_experts = experts;

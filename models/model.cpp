@@ -51,9 +51,9 @@ void refuse_options(const FamilyDescriptor& d, const ParallelLayout& layout,
   // family's placement under them.
   auto refuse_layout = [&](const std::string& key, bool set, const std::string& who) {
     if (set) {
-      throw Error(Stage::kConfig, "", "",
-                  key + ": ferry places it for " + who + " only; " + d.architecture +
-                      " does not take it");
+      throw Error(
+          Stage::kConfig, "", "",
+          key + ": ferry places it for " + who + " only; " + d.architecture + " does not take it");
     }
   };
   // Attention data parallelism: the families SGLang 0.5.23 builds a layout for (the
@@ -207,8 +207,7 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
   // experts only under DeepEP (Fp8MoEMethod.is_deepgemm_moe_runner_backend_enabled).
   q.target = options.target;
   q.ue8m0_dense = q.target == QuantScheme::Target::kSm100 && dtype == DType::kBF16;
-  q.ue8m0_experts =
-      q.ue8m0_dense && normalized.moe_a2a == ParallelLayout::MoeA2a::kDeepep;
+  q.ue8m0_experts = q.ue8m0_dense && normalized.moe_a2a == ParallelLayout::MoeA2a::kDeepep;
   q.params_dtype = dtype;
   const bool has_experts = hf_config.contains("n_routed_experts") ||
                            hf_config.contains("num_experts") ||

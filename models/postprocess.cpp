@@ -24,7 +24,8 @@ constexpr std::size_t kF32 = sizeof(float);
 
 // Rows [first, first + count) of an F32 [N, 1] scale all take the value at `src`:
 // one copy, then doublings of what is written (no fill from a device value exists).
-void broadcast_rows(gpu::Stream& stream, std::byte* dst, const std::byte* src, std::uint64_t count) {
+void broadcast_rows(gpu::Stream& stream, std::byte* dst, const std::byte* src,
+                    std::uint64_t count) {
   if (count == 0) {
     return;
   }
@@ -51,7 +52,9 @@ void max_into(gpu::Stream& stream, std::byte* dst, const std::byte* src, std::ui
   stream.copy_d2d_2d(dst, kF32, slots, kF32, kF32, 1);
 }
 
-std::size_t max_scratch(std::uint64_t count) { return count * kF32 + kF32 + 1; }
+std::size_t max_scratch(std::uint64_t count) {
+  return count * kF32 + kF32 + 1;
+}
 
 // nvfp4_marlin_process_global_scale(x.to(params dtype)) of each of `values`, into
 // `out` (params dtype): rounded to it by the device's cast, widened back, scaled
@@ -210,7 +213,6 @@ void add_kv_scale_hooks(const RankShell& shell, std::size_t r, const QuantScheme
 
 }  // namespace
 
-
 std::string input_scale_w1_name(std::string_view weight) {
   return companion_name(weight, "input_scale_w1");
 }
@@ -247,10 +249,8 @@ std::vector<PostLoadHook> make_input_scale_checks(const Model& model) {
         gpu::Stream& stream = ctx.stream();
         std::vector<float> a(experts);
         std::vector<float> b(experts);
-        stream.copy_d2h(reinterpret_cast<std::byte*>(a.data()), ctx.param_data(w1),
-                        experts * kF32);
-        stream.copy_d2h(reinterpret_cast<std::byte*>(b.data()), ctx.param_data(w3),
-                        experts * kF32);
+        stream.copy_d2h(reinterpret_cast<std::byte*>(a.data()), ctx.param_data(w1), experts * kF32);
+        stream.copy_d2h(reinterpret_cast<std::byte*>(b.data()), ctx.param_data(w3), experts * kF32);
         stream.synchronize();
         for (std::uint64_t e = 0; e < experts; ++e) {
           if (a[e] != 1.0f && std::fabs(a[e] - b[e]) > 1e-5f) {
@@ -393,8 +393,7 @@ class RankPostprocess {
       }
     }
     PostLoadHook hook;
-    hook.name = "postprocess_" + std::string(to_string(q_.target)) + ":" + weight.name +
-                rank_note_;
+    hook.name = "postprocess_" + std::string(to_string(q_.target)) + ":" + weight.name + rank_note_;
     hook.local_rank = r_;
     hook.inputs = {twin};
     hook.outputs = {output};
@@ -433,21 +432,19 @@ class RankPostprocess {
           const std::byte* s = loaded + e * 2 * kF32;
           stream.copy_d2d_2d(slots, 2 * kF32, s, 2 * kF32, 2 * kF32, 1);
           stream.dequantize_fp8(values, DType::kF16, m, s, one, half, cols, 2);
-          stream.quantize_fp8(m, slots, values, DType::kF16, all, gpu::Fp8ScaleRule::kStatic,
-                              rows, cols, 1);
+          stream.quantize_fp8(m, slots, values, DType::kF16, all, gpu::Fp8ScaleRule::kStatic, rows,
+                              cols, 1);
           stream.copy_d2d_2d(od + e * kF32, kF32, slots, kF32, kF32, 1);
         }
         return;
       }
       // Dense: every shard requantized to the largest of the S scales, the slots
       // (a copy of them) holding it after the first shard's quantize.
-      stream.copy_d2d_2d(slots, slot_count * kF32, loaded, slot_count * kF32,
-                         slot_count * kF32, 1);
+      stream.copy_d2d_2d(slots, slot_count * kF32, loaded, slot_count * kF32, slot_count * kF32, 1);
       std::uint64_t row = 0;
       for (std::size_t i = 0; i < widths.size(); ++i) {
         std::byte* m = wd + row * cols;
-        stream.dequantize_fp8(values, DType::kF16, m, loaded + i * kF32, one, widths[i], cols,
-                              1);
+        stream.dequantize_fp8(values, DType::kF16, m, loaded + i * kF32, one, widths[i], cols, 1);
         stream.quantize_fp8(m, slots, values, DType::kF16, all, gpu::Fp8ScaleRule::kStatic,
                             widths[i], cols, 1);
         row += widths[i];
@@ -485,7 +482,8 @@ class RankPostprocess {
     const std::uint64_t cp = (c + 3) / 4 * 4;
     const std::string dst_name =
         twin ? served
-             : companion_name(weight.name, experts ? "blockscale_swizzled" : "weight_scale_interleaved");
+             : companion_name(weight.name,
+                              experts ? "blockscale_swizzled" : "weight_scale_interleaved");
     Shape dst_shape{mp, cp};
     if (experts) {
       dst_shape.insert(dst_shape.begin(), batches);
@@ -540,8 +538,8 @@ class RankPostprocess {
       const std::uint64_t row_bytes = scales ? k / 16 : k / 2;
       const std::uint64_t bytes = n * row_bytes;
       PostLoadHook hook;
-      hook.name = "postprocess_sm100:" + (scales ? scale_name : weight.name) + " (flashinfer_trtllm)" +
-                  rank_note_;
+      hook.name = "postprocess_sm100:" + (scales ? scale_name : weight.name) +
+                  " (flashinfer_trtllm)" + rank_note_;
       hook.local_rank = r_;
       hook.rewrites = {param};
       after(hook, {param});
@@ -589,7 +587,8 @@ class RankPostprocess {
     const std::size_t s2 = need(companion_name(weight.name, "weight_scale_2"),
                                 w13 ? Shape{experts, 2} : Shape{experts}, weight.name);
     // The input scales: w13's or w2's own, and (trtllm's g1_scale_c) w2's.
-    std::vector<std::optional<std::size_t>> inputs{find(companion_name(weight.name, "input_scale"))};
+    std::vector<std::optional<std::size_t>> inputs{
+        find(companion_name(weight.name, "input_scale"))};
     if (trtllm && w13) {
       inputs.push_back(find(experts_param(weight.name, "w2_input_scale")));
     }
@@ -636,8 +635,8 @@ class RankPostprocess {
                       : std::vector<float>(experts * (w13 && i == 0 ? 2 : 1), 1.0f);
         const std::size_t per = w13 && i == 0 ? 2 : 1;
         for (std::size_t e = 0; e < loaded.size() / per; ++e) {
-          scale[i].push_back(
-              torch_max(std::vector<float>(loaded.begin() + e * per, loaded.begin() + (e + 1) * per)));
+          scale[i].push_back(torch_max(
+              std::vector<float>(loaded.begin() + e * per, loaded.begin() + (e + 1) * per)));
         }
         if (trtllm) {
           scale[i].assign(experts, torch_max(scale[i]));
@@ -688,10 +687,9 @@ class RankPostprocess {
     const std::uint64_t groups = kp / 16;
     need(weight.name, marlin_weight_shape(Shape{n, k}), weight.name, DType::kI32);
     const std::string scale_name = companion_name(weight.name, "weight_scale");
-    const std::size_t twin = need(loaded_tensor_scale_name(weight.name), Shape{n, k / 16},
-                                  weight.name, DType::kF8E4M3);
-    const std::size_t scale =
-        need(scale_name, Shape{groups, np}, weight.name, DType::kF8E4M3);
+    const std::size_t twin =
+        need(loaded_tensor_scale_name(weight.name), Shape{n, k / 16}, weight.name, DType::kF8E4M3);
+    const std::size_t scale = need(scale_name, Shape{groups, np}, weight.name, DType::kF8E4M3);
     const bool pad = np != n || kp != k;
     PostLoadHook repack = hook_for(weight.name, loaded, w);
     repack.scratch_bytes = pad ? np * kp / 2 : 0;
@@ -737,8 +735,7 @@ class RankPostprocess {
   // expert's weight and scales as a dense linear's, unpadded; weight_scale_2 [E] in
   // the model dtype from w1's column of [E, 2] (or the [E] as loaded), processed as
   // the dense global scale.
-  void add_marlin_experts(std::size_t w, std::size_t loaded,
-                          std::vector<PostLoadHook>& out) const {
+  void add_marlin_experts(std::size_t w, std::size_t loaded, std::vector<PostLoadHook>& out) const {
     const ParamSpec& weight = shell_.params[w];
     const Shape& ls = shell_.params[loaded].shape;
     const std::uint64_t experts = ls[0];
@@ -750,8 +747,8 @@ class RankPostprocess {
     }
     need(weight.name, Shape{experts, k / 16, 2 * n}, weight.name, DType::kI32);
     const std::string scale_name = companion_name(weight.name, "weight_scale");
-    const std::size_t twin = need(loaded_tensor_scale_name(weight.name),
-                                  Shape{experts, n, groups}, weight.name, DType::kF8E4M3);
+    const std::size_t twin = need(loaded_tensor_scale_name(weight.name), Shape{experts, n, groups},
+                                  weight.name, DType::kF8E4M3);
     const std::size_t scale =
         need(scale_name, Shape{experts, groups, n}, weight.name, DType::kF8E4M3);
     const std::optional<std::size_t> s2_loaded = find(loaded_scale_2_name(weight.name));
@@ -780,8 +777,7 @@ class RankPostprocess {
       }
     };
     out.push_back(std::move(scales));
-    PostLoadHook global =
-        hook_for(companion_name(weight.name, "weight_scale_2"), *s2_loaded, s2);
+    PostLoadHook global = hook_for(companion_name(weight.name, "weight_scale_2"), *s2_loaded, s2);
     global.scratch_bytes = experts * kF32;
     const std::size_t from = *s2_loaded;
     global.run = [=](HookContext& ctx) {
@@ -794,8 +790,7 @@ class RankPostprocess {
       for (std::uint64_t e = 0; e < experts; ++e) {
         values[e] = loaded_values[e * columns];  // w1's where w1 and w3 each have one
       }
-      write_global_scales(stream, values, ctx.param_data(s2), ctx.scratch(experts * kF32),
-                          dtype);
+      write_global_scales(stream, values, ctx.param_data(s2), ctx.scratch(experts * kF32), dtype);
     };
     out.push_back(std::move(global));
   }

@@ -400,8 +400,8 @@ bool indexer_linear(std::string_view name) {
 }
 
 std::string_view format_name(Format f) {
-  static constexpr std::array<std::string_view, 4> kNames{
-      "none", "fp8", "compressed-tensors", "modelopt"};
+  static constexpr std::array<std::string_view, 4> kNames{"none", "fp8", "compressed-tensors",
+                                                          "modelopt"};
   static_assert(kNames.size() == static_cast<std::size_t>(Format::kModelOpt) + 1);
   return enum_name(f, kNames, "none");
 }
@@ -733,6 +733,44 @@ Block scale_block(const Block& weight_block, std::uint64_t block_n, std::uint64_
   return out;
 }
 
+namespace {
+
+// `rule`'s blocks, each through `f`.
+ZeroRule each_block(ZeroRule rule, std::function<Block(const Block&)> f) {
+  return [rule = std::move(rule), f = std::move(f)](int rank) {
+    std::vector<Block> out;
+    for (const Block& b : rule(rank)) {
+      out.push_back(f(b));
+    }
+    return out;
+  };
+}
+
+}  // namespace
+
+ZeroRule packed_fill(ZeroRule zero, std::uint64_t values_per_byte) {
+  return each_block(std::move(zero), [values_per_byte](const Block& b) {
+    Block out = b;
+    if (b.axis == 2 && values_per_byte > 1) {
+      out.dst_start = b.dst_start / values_per_byte;
+      out.length = b.length / values_per_byte;
+    }
+    return out;
+  });
+}
+
+ZeroRule scale_fill(ZeroRule zero, std::uint64_t block_n, std::uint64_t block_k) {
+  return each_block(std::move(zero), [block_n, block_k](const Block& b) {
+    const std::uint64_t size = b.axis == 2 ? block_k : block_n;
+    const std::uint64_t begin = (b.dst_start + size - 1) / size;
+    const std::uint64_t end = (b.dst_start + b.length) / size;
+    Block out = b;
+    out.dst_start = begin;
+    out.length = end > begin ? end - begin : 0;
+    return out;
+  });
+}
+
 float QuantizedMatrix::at(std::uint64_t row, std::uint64_t col) const {
   switch (scheme->method) {
     case Method::kFp8Block: {
@@ -816,9 +854,8 @@ QuantizedInputs quantized_inputs(const QuantScheme& scheme, const RankShell& she
   QuantizedInputs out;
   // A per-tensor scale postprocess.target serves in another shape loads into a twin.
   const std::string twin = loaded_tensor_scale_name(w.name);
-  const std::string scale = shell.by_name.count(twin) != 0
-                                ? twin
-                                : loaded_scale_name(scheme, w.name, w.shape);
+  const std::string scale =
+      shell.by_name.count(twin) != 0 ? twin : loaded_scale_name(scheme, w.name, w.shape);
   switch (scheme.method) {
     case Method::kFp8Block:
       out.scale =

@@ -33,11 +33,12 @@
 // FP8 methods' w13_input_scale is [E], one element that w1 and then w3 write
 // (FusedMoE._load_single_value), so ferry reads w3's and drops w1's unread
 // ("overwritten_scale"; compressed-tensors reads w1's into a transient
-// w13_input_scale_w1 to refuse unequal ones, models/postprocess.hpp); NVFP4's w13_input_scale stays [E, 2], both elements of an
-// expert's row holding w3's (the same loader writes a scalar to the whole row). A ModelOpt FP8 KV cache gives each attention module
-// F32 scalars self_attn.attn.k_scale / v_scale, read from self_attn.k_proj.k_scale
-// (or self_attn.k_scale) as SGLang's maybe_remap_kv_scale_name renames them; MLA's
-// are self_attn.attn_mqa.k_scale / v_scale (SGLang 0.5.23's DeepSeek loader).
+// w13_input_scale_w1 to refuse unequal ones, models/postprocess.hpp); NVFP4's w13_input_scale stays
+// [E, 2], both elements of an expert's row holding w3's (the same loader writes a scalar to the
+// whole row). A ModelOpt FP8 KV cache gives each attention module F32 scalars
+// self_attn.attn.k_scale / v_scale, read from self_attn.k_proj.k_scale (or self_attn.k_scale) as
+// SGLang's maybe_remap_kv_scale_name renames them; MLA's are self_attn.attn_mqa.k_scale / v_scale
+// (SGLang 0.5.23's DeepSeek loader).
 //
 // Which params are quantized: SGLang's quantized linear layers, i.e. params named
 // *_proj.weight (qkv_proj, o_proj, gate_up_proj, down_proj, q_a_proj, q_b_proj,
@@ -54,6 +55,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -164,6 +166,16 @@ void check_block_aligned(const Block& block, const Shape& src_inner, const Shape
 // The scale block of a checked weight block: the same fixed indices and axis,
 // starts divided by the block size, length rounded up to whole blocks.
 Block scale_block(const Block& weight_block, std::uint64_t block_n, std::uint64_t block_k);
+// The zero fill of fused experts' padded rows (axis 1) or columns (axis 2, the last)
+// of [E, N, K] (a Block::Kind::kZero without fixed indices), as it lands on the
+// weight stored `values_per_byte` to a byte along K (NVFP4: 2; the fill's columns
+// even), and on its [bn, bk]-block scales: the blocks wholly inside the padding
+// (one that holds real rows keeps its loaded scale, as SGLang's padded load does);
+// length 0 where there are none.
+// (Per tp rank, as TableModel's fill rules are.)
+using ZeroRule = std::function<std::vector<Block>(int tp_rank)>;
+ZeroRule packed_fill(ZeroRule zero, std::uint64_t values_per_byte);
+ZeroRule scale_fill(ZeroRule zero, std::uint64_t block_n, std::uint64_t block_k);
 
 // ---- reading quantized weights on the host ------------------------------------------
 

@@ -1,7 +1,5 @@
 #include "models/table_model.hpp"
 
-#include "models/postprocess.hpp"
-
 #include <algorithm>
 #include <set>
 
@@ -36,14 +34,11 @@ void retarget(Targets& targets, Fills& fills, const std::map<std::string, std::s
   throw Error(Stage::kPlacement, "", what, "internal: " + rule);
 }
 
-// A zero-dimensional scalar and a one-element 1-D tensor hold the same bytes: a 0-d
-// checkpoint scalar loads into a [1] param and a [1] tensor into a 0-d param (as
-// SGLang 0.5.23's PerTensorScaleParameter._load_into_shard_id takes a [1] scale as
-// its one element; layers/parameter.py). Shapes are compared
-// and pieces computed with [] read as [1].
-Shape as_1d(const Shape& shape) {
-  return shape.empty() ? Shape{1} : shape;
-}
+// A 0-d scalar and a one-element 1-D tensor hold the same bytes: a 0-d checkpoint
+// scalar loads into a [1] param and a [1] tensor into a 0-d param (as SGLang 0.5.23's
+// PerTensorScaleParameter._load_into_shard_id takes a [1] scale as its one element;
+// layers/parameter.py). Shapes are compared and pieces computed with [] as [1].
+Shape as_1d(const Shape& shape) { return shape.empty() ? Shape{1} : shape; }
 
 bool is_float(DType dtype) {
   return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32;
@@ -152,7 +147,8 @@ void TableModel::add_param(const std::string& name, ShapeRule shape, std::option
   if (finished_) {
     internal(name, "add_param after finish");
   }
-  param_decls_.push_back({name, std::move(shape), dtype.value_or(dtype_), false, std::move(strides)});
+  param_decls_.push_back(
+      {name, std::move(shape), dtype.value_or(dtype_), false, std::move(strides)});
 }
 
 void TableModel::add_param(const std::string& name, Shape shape, std::optional<DType> dtype,
@@ -254,8 +250,7 @@ std::string param_module(const std::string& param) {
 
 // The dims after `fixed` leading indices.
 Shape inner_dims(const Shape& shape, std::size_t fixed) {
-  return fixed >= shape.size() ? Shape{}
-                               : Shape(shape.begin() + static_cast<long>(fixed), shape.end());
+  return fixed >= shape.size() ? Shape{} : Shape(shape.begin() + long(fixed), shape.end());
 }
 
 }  // namespace
@@ -364,10 +359,11 @@ struct TableModel::WeightScales {
   // expert's one element (the experts' w13_input_scale).
   BlockRule per_shard_rule(BlockRule logical, bool merged = false) const {
     const bool one = stacked && (shards == 1 || merged);
-    return [logical = std::move(logical), starts = starts, one](int rank) {
+    // (An expert's scalars load even where the rank holds none of its rows.)
+    return [logical = std::move(logical), starts = starts, one, all = stacked](int rank) {
       std::vector<Block> out;
       for (const Block& b : logical(rank)) {
-        if (b.length != 0) {
+        if (b.length != 0 || all) {
           Block s = shard_scale_block(b, starts);
           if (one) {
             // [E]: the expert index becomes the start of a 1-D block.
@@ -395,13 +391,12 @@ std::map<std::string, TableModel::ShapeRule> TableModel::quantized_weights() con
       quantized.emplace(d.name, d.shape);
     }
   }
-  for (const Fill& f : fill_decls_) {
-    if (quantized.count(f.param) != 0) {
+  for (const Fill& f : fill_decls_) {  // (flashinfer_trtllm's padded experts: apply_quant)
+    if (quantized.count(f.param) != 0 && !q.trtllm_experts) {
       throw Error(Stage::kPlacement, "", f.param,
                   "zero padding (model.unaligned_tp=pad, model.pad_moe_intermediate_to) of a "
-                  "quantized parameter (" +
-                      describe(q) +
-                      ") is not supported: the padded share would not be whole scale blocks");
+                  "quantized parameter (" + describe(q) + ") is not supported: the padded "
+                  "share would not be whole scale blocks");
     }
   }
   if (q.format == QuantScheme::Format::kCompressedTensors &&
@@ -442,17 +437,16 @@ TableModel::WeightScales TableModel::weight_scales(ParamDecl& d, ShapeRule weigh
   for (auto& [tensor, targets] : targets_) {
     for (Target& t : targets) {
       if (t.param != d.name || !ends_with(tensor, "weight")) {
-        // Experts stored fused on disk (experts.gate_up_proj): no quantized layout
-        // of them is known, so they get no scale target; a quantized one would
-        // leave the scale param incomplete (a coverage error), a BF16 one is
-        // refused by dtype.
+        // Experts stored fused on disk (experts.gate_up_proj): no quantized layout of
+        // them is known, so no scale target (a quantized one leaves the scale param
+        // incomplete, a coverage error; a BF16 one is refused by dtype).
         continue;
       }
       s.feeds.emplace_back(tensor, &t);
       for (int rank : layout_.local_ranks) {
         const Shape dst = s.weight(rank);
         for (const Block& b : t.copy(rank)) {
-          if (b.length == 0) {
+          if (b.length == 0 && dst.size() < 3) {  // (experts: their shards' starts)
             continue;
           }
           if (b.axis == 0) {
@@ -484,7 +478,7 @@ TableModel::WeightScales TableModel::weight_scales(ParamDecl& d, ShapeRule weigh
                                    : companion_name(d.name, "weight_scale_2");
   for (int rank : layout_.local_ranks) {
     const std::string why = !s.stacked || d.transient ? ""
-                            : s.marlin ? marlin_experts_unaligned(s.weight(rank))
+                            : s.marlin                ? marlin_experts_unaligned(s.weight(rank))
                                        : sm100_experts_unaligned(q, d.name, s.weight(rank));
     if (!why.empty()) {
       throw Error(Stage::kPlacement, "", d.name,
@@ -555,7 +549,8 @@ void TableModel::add_requant_outputs(const WeightScales& s, QuantWork& w) const 
                               shape.back() = ((shape.back() + bk - 1) / bk + 3) / 4;
                               return shape;
                             },
-                            DType::kI32, false, [](const Shape& shape) {
+                            DType::kI32, false,
+                            [](const Shape& shape) {
                               const std::uint64_t rows = shape[shape.size() - 2];
                               return shape.size() == 3
                                          ? std::vector<std::uint64_t>{shape[2] * rows, 1, rows}
@@ -605,11 +600,10 @@ void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) cons
       w.companions.push_back(
           {s.scale, per_shard_shape, w.traits.scale_dtype, s.form != ScaleForm::kAsLoaded});
       if (s.form != ScaleForm::kAsLoaded) {
-        w.companions.push_back({weight_scale_name(q, d.name),
-                                [weight, form = s.form](int rank) {
-                                  return served_scale_shape(form, weight(rank));
-                                },
-                                DType::kF32});
+        w.companions.push_back(
+            {weight_scale_name(q, d.name),
+             [weight, form = s.form](int rank) { return served_scale_shape(form, weight(rank)); },
+             DType::kF32});
       }
       break;
     case ScaleGrain::kNone:
@@ -619,8 +613,8 @@ void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) cons
     const bool marlin_experts = s.marlin && s.stacked;
     w.companions.push_back({s.scale2, per_shard_shape, DType::kF32, marlin_experts});
     if (marlin_experts) {
-      w.companions.push_back({companion_name(d.name, "weight_scale_2"), s.scale_shape(1),
-                              q.params_dtype});
+      w.companions.push_back(
+          {companion_name(d.name, "weight_scale_2"), s.scale_shape(1), q.params_dtype});
     }
   }
   add_requant_outputs(s, w);
@@ -770,8 +764,7 @@ bool TableModel::add_scale_targets(const WeightScales& s, QuantWork& w) {
     w.added.emplace_back(weight_scale_name(q, tensor), scale_target(s, *t, w));
     if (w.traits.second_scale) {
       w.added.emplace_back(companion_name(tensor, "weight_scale_2"),
-                           Target{s.scale2, Shape{},
-                                  s.per_shard_rule(logical), t->empty_reason});
+                           Target{s.scale2, Shape{}, s.per_shard_rule(logical), t->empty_reason});
     }
     if (q.input_scales) {
       const std::string input = companion_name(tensor, "input_scale");
@@ -781,9 +774,9 @@ bool TableModel::add_scale_targets(const WeightScales& s, QuantWork& w) {
           // SGLang's compressed-tensors FusedMoE refuses w1 / w3 input scales that
           // differ (FusedMoE.weight_loader): w1's load into a transient that
           // make_input_scale_checks compares with the slot (w3's).
-          w.added.emplace_back(input, Target{input_scale_w1_name(d.name), Shape{},
-                                             s.per_shard_rule(logical, s.merged_input),
-                                             t->empty_reason});
+          w.added.emplace_back(input,
+                               Target{input_scale_w1_name(d.name), Shape{},
+                                      s.per_shard_rule(logical, s.merged_input), t->empty_reason});
           w1_inputs = true;
         } else {
           // SGLang writes w1's, then w3's over it, so the element holds w3's; w1's
@@ -807,9 +800,9 @@ bool TableModel::add_scale_targets(const WeightScales& s, QuantWork& w) {
                                            },
                                            t->empty_reason});
       } else {
-        w.added.emplace_back(input, Target{s.input_param, Shape{},
-                                           s.per_shard_rule(logical, s.merged_input),
-                                           t->empty_reason});
+        w.added.emplace_back(
+            input, Target{s.input_param, Shape{}, s.per_shard_rule(logical, s.merged_input),
+                          t->empty_reason});
       }
     }
     pack_target(tensor, *t, w);
@@ -857,11 +850,9 @@ void TableModel::add_kv_cache_scales(QuantWork& w) const {
       }
     }
   }
-  // postprocess.target: every attention SGLang gives a KV-cache quant method (fp8:
-  // Fp8Config.get_quant_method for each RadixAttention; ModelOpt with
-  // kv_cache_quant_algo) holds BaseKVCacheMethod's k_scale / v_scale (F32 []), MLA
-  // both attn_mqa and attn_mha; those no checkpoint tensor feeds get 1.0 from a hook
-  // (process_weights_after_loading; models/postprocess.hpp).
+  // postprocess.target: every attention SGLang gives a KV-cache quant method holds
+  // BaseKVCacheMethod's k_scale / v_scale (F32 []; MLA on attn_mqa and attn_mha);
+  // those no checkpoint tensor feeds get 1.0 from a hook (models/postprocess.hpp).
   if (kv_scales_served(q)) {
     std::set<std::string> declared;
     for (const ParamDecl& c : w.companions) {
@@ -875,7 +866,7 @@ void TableModel::add_kv_cache_scales(QuantWork& w) const {
       constexpr std::string_view kAttn = "self_attn.";
       const std::string pa = d.name.substr(0, d.name.find(kAttn) + kAttn.size());
       for (const std::string& attn : mla ? std::vector<std::string>{"attn_mqa.", "attn_mha."}
-                                        : std::vector<std::string>{"attn."}) {
+                                         : std::vector<std::string>{"attn."}) {
         for (const std::string s : {"k", "v"}) {
           const std::string param = pa + attn + s + "_scale";
           if (declared.insert(param).second) {
@@ -891,8 +882,12 @@ void TableModel::apply_quant() {
   const std::map<std::string, ShapeRule> quantized = quantized_weights();
   const QuantTraits& traits = quant_traits(quant_.method);
   // Block-scaled shares must be whole blocks: NVFP4's scales are [1, group] blocks.
-  QuantWork w{quant_, traits, traits.group_blocks ? 1 : quant_.block_n,
-              traits.group_blocks ? quant_.group_size : quant_.block_k, {}, {}};
+  QuantWork w{quant_,
+              traits,
+              traits.group_blocks ? 1 : quant_.block_n,
+              traits.group_blocks ? quant_.group_size : quant_.block_k,
+              {},
+              {}};
   std::map<std::string, std::string> marlin_twins;  // weight -> its loaded twin
   for (ParamDecl& d : param_decls_) {
     auto qit = quantized.find(d.name);
@@ -902,9 +897,14 @@ void TableModel::apply_quant() {
     const std::size_t companions_before = w.companions.size();
     const WeightScales s = weight_scales(d, qit->second, w);
     add_weight_companions(s, w);
+    for (std::size_t i = 0, n = fill_decls_.size(); i < n; ++i) {
+      if (fill_decls_[i].param == d.name) {  // flashinfer_trtllm's padded experts
+        fill_decls_.push_back({s.scale, scale_fill(fill_decls_[i].zero, w.bn, w.bk)});
+        fill_decls_[i].zero = packed_fill(fill_decls_[i].zero, w.traits.values_per_byte);
+      }
+    }
     if (add_scale_targets(s, w)) {
-      w.companions.push_back(
-          {input_scale_w1_name(d.name), s.scale_shape(1), DType::kF32, true});
+      w.companions.push_back({input_scale_w1_name(d.name), s.scale_shape(1), DType::kF32, true});
     }
     // The scales of a transient weight (read by a hook, then freed) go with it.
     if (d.transient) {

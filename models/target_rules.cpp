@@ -108,7 +108,9 @@ Shape marlin_shape(const Shape& weight, std::uint64_t per_row, std::uint64_t col
 
 }  // namespace
 
-Shape marlin_weight_shape(const Shape& weight) { return marlin_shape(weight, 16, 2); }
+Shape marlin_weight_shape(const Shape& weight) {
+  return marlin_shape(weight, 16, 2);
+}
 
 Shape marlin_scale_shape(const Shape& weight, std::uint64_t group_size) {
   return marlin_shape(weight, group_size, 1);
@@ -124,7 +126,7 @@ std::string marlin_experts_unaligned(const Shape& weight) {
 }
 
 std::string sm100_experts_unaligned(const QuantScheme& q, std::string_view param,
-                                   const Shape& weight) {
+                                    const Shape& weight) {
   if (q.target != Target::kSm100 || weight.size() != 3 ||
       (q.method != Method::kNvfp4 && !(q.trtllm_experts && q.method == Method::kFp8Block))) {
     return "";
@@ -140,8 +142,9 @@ std::string sm100_experts_unaligned(const QuantScheme& q, std::string_view param
     // swizzle_blockscale pads w13's rows to 128, which a gated layer asserts against.
     return !w13 || inter % 64 == 0
                ? ""
-               : dims + ", and SGLang 0.5.23 cannot pad a gated layer's w13 block scales to "
-                        "128 rows (ModelOptNvFp4FusedMoEMethod.process_weights_after_loading)";
+               : dims +
+                     ", and SGLang 0.5.23 cannot pad a gated layer's w13 block scales to "
+                     "128 rows (ModelOptNvFp4FusedMoEMethod.process_weights_after_loading)";
   }
   const std::uint64_t align = q.method == Method::kNvfp4 ? 64 : 128;
   if (inter % align != 0) {
@@ -151,8 +154,9 @@ std::string sm100_experts_unaligned(const QuantScheme& q, std::string_view param
            "a layout ferry does not produce";
   }
   if (q.method == Method::kNvfp4 && hidden % 128 != 0) {
-    return dims + ", and flashinfer_trtllm's shuffles need the hidden size to be a multiple of "
-                  "128 (get_shuffle_matrix_sf_a_row_indices)";
+    return dims +
+           ", and flashinfer_trtllm's shuffles need the hidden size to be a multiple of "
+           "128 (get_shuffle_matrix_sf_a_row_indices)";
   }
   return "";
 }
@@ -187,7 +191,8 @@ ScaleForm scale_form(const QuantScheme& q, const Shape& weight, std::uint64_t sh
       return ScaleForm::kAsLoaded;  // shuffled in place (add_trtllm_experts)
     }
     const Shape scale = block_scale_shape(weight, 1, std::max<std::uint64_t>(1, q.group_size));
-    return nvfp4_swizzled_shape(weight, q.group_size) == scale ? ScaleForm::kSwizzled : ScaleForm::kAsLoaded;
+    return nvfp4_swizzled_shape(weight, q.group_size) == scale ? ScaleForm::kSwizzled
+                                                               : ScaleForm::kAsLoaded;
   }
   if (q.target == Target::kLoader || q.method != Method::kFp8Tensor || weight.size() < 2) {
     return ScaleForm::kAsLoaded;
@@ -299,14 +304,16 @@ void check_target(const QuantScheme& q, const std::string& architecture, bool ha
   }
   if (q.method == Method::kNvfp4 && q.target == Target::kSm90) {
     if (q.group_size != 16) {
-      refuse("SGLang 0.5.23 serves NVFP4 on Hopper through Marlin, which requires group_size "
-             "16 (prepare_nvfp4_layer_for_marlin); this checkpoint's is " +
-             std::to_string(q.group_size));
+      refuse(
+          "SGLang 0.5.23 serves NVFP4 on Hopper through Marlin, which requires group_size "
+          "16 (prepare_nvfp4_layer_for_marlin); this checkpoint's is " +
+          std::to_string(q.group_size));
     }
     if (q.params_dtype != DType::kBF16 && q.params_dtype != DType::kF16) {
-      refuse("SGLang 0.5.23 serves NVFP4 on Hopper through Marlin, which requires an FP16 or "
-             "BF16 model (prepare_nvfp4_layer_for_marlin); this one is " +
-             std::string(dtype_name(q.params_dtype)));
+      refuse(
+          "SGLang 0.5.23 serves NVFP4 on Hopper through Marlin, which requires an FP16 or "
+          "BF16 model (prepare_nvfp4_layer_for_marlin); this one is " +
+          std::string(dtype_name(q.params_dtype)));
     }
   }
   // The flashinfer_trtllm runner: ferry lays out block FP8 experts (swapped

@@ -20,8 +20,8 @@
 namespace ferry::testing {
 namespace {
 
-using ::testing::HasSubstr;
 using models::QuantScheme;
+using ::testing::HasSubstr;
 using Target = QuantScheme::Target;
 
 const models::ParamSpec* find(const models::RankShell& shell, const std::string& name) {
@@ -96,8 +96,7 @@ TEST(Postprocess, Fp8PerTensorLinearExpandsScalesPerRow) {
     // Not for a family whose SGLang attention takes no KV-cache method (Qwen3).
     nlohmann::json qwen3 = synth::synth_config("qwen3", "tiny", DType::kBF16, false);
     qwen3["quantization_config"] = c["quantization_config"];
-    EXPECT_EQ(spec(make(qwen3, t)->shells()[0], "model.layers.0.self_attn.attn.k_scale"),
-              "absent");
+    EXPECT_EQ(spec(make(qwen3, t)->shells()[0], "model.layers.0.self_attn.attn.k_scale"), "absent");
     // Every param the loader has, the twins and the KV scales.
     std::size_t twins = 0;
     std::size_t kv = 0;
@@ -260,8 +259,8 @@ TEST(Postprocess, ShapesDeepGemmCannotRunKeepTheirScales) {
   q.target = Target::kSm100;
   q.ue8m0_dense = true;
   EXPECT_TRUE(models::converts_ue8m0(q, {512, 256}));
-  EXPECT_FALSE(models::converts_ue8m0(q, {96, 256}));    // N % 64
-  EXPECT_FALSE(models::converts_ue8m0(q, {512, 192}));   // K % 128
+  EXPECT_FALSE(models::converts_ue8m0(q, {96, 256}));      // N % 64
+  EXPECT_FALSE(models::converts_ue8m0(q, {512, 192}));     // K % 128
   EXPECT_FALSE(models::converts_ue8m0(q, {4, 512, 256}));  // experts without DeepEP
   q.ue8m0_experts = true;
   EXPECT_TRUE(models::converts_ue8m0(q, {4, 512, 256}));
@@ -406,8 +405,8 @@ TEST(Postprocess, Nvfp4ExpertsOnSm100SwizzleEachExpertsScales) {
   EXPECT_EQ(spec(s, e + "w13_weight_scale_2"), "F32 [8, 2]");
   EXPECT_EQ(spec(s, e + "w13_input_scale"), "F32 [8, 2]");
   EXPECT_EQ(spec(s, e + "w2_input_scale"), "F32 [8]");
-  for (const std::string name : {"g1_alphas", "g1_alphas_up", "g2_alphas",
-                                 "w13_input_scale_quant", "w2_input_scale_quant"}) {
+  for (const std::string name : {"g1_alphas", "g1_alphas_up", "g2_alphas", "w13_input_scale_quant",
+                                 "w2_input_scale_quant"}) {
     EXPECT_EQ(spec(s, e + name), "F32 [8]") << name;
     EXPECT_EQ(spec(l, e + name), "absent") << name;
   }
@@ -486,11 +485,17 @@ TEST(Postprocess, DeepseekExpertsOnSm100AreFlashinferTrtllms) {
   deepep.moe_a2a = models::ParallelLayout::MoeA2a::kDeepep;
   EXPECT_EQ(spec(make(ds, Target::kSm100, deepep)->shells()[0], e + "w13_input_scale_quant"),
             "F32 [8]");
-  // flashinfer_trtllm pads an intermediate size that is not a multiple of 64.
+  // flashinfer_trtllm pads an intermediate size a rank that is not a multiple of 64
+  // (create_weights) and shards the padded size: 32 becomes 64, the rest zeros
+  // (tests/runtime: the bytes of padded shares).
   nlohmann::json narrow = ds;
   narrow["moe_intermediate_size"] = 32;
-  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(narrow, Target::kSm100); }),
-              HasSubstr("pads the intermediate size to a multiple of 64"));
+  const auto padded = make(narrow, Target::kSm100);
+  EXPECT_EQ(spec(padded->shells()[0], e + "w13_weight"), "U8 [8, 128, 64]");
+  EXPECT_EQ(spec(padded->shells()[0], e + "w2_weight_scale"), "F8_E4M3 [8, 128, 4]");
+  EXPECT_THAT(padded->notes(), ::testing::Contains(HasSubstr("padded from 32 to 64 rows")));
+  EXPECT_EQ(spec(make(narrow, Target::kSm90)->shells()[0], e + "w13_weight_loaded"),
+            "U8 [8, 64, 64] transient");  // Marlin's runner: not padded
   // Block FP8: the same shapes as the loader's, nothing added; 128 the alignment.
   nlohmann::json fp8 = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
   fp8["q_lora_rank"] = 128;
@@ -505,10 +510,10 @@ TEST(Postprocess, DeepseekExpertsOnSm100AreFlashinferTrtllms) {
     EXPECT_EQ(spec(fs, e + name), spec(fl, e + name)) << name;
   }
   EXPECT_EQ(spec(fs, e + "w13_weight_scale_inv"), "F32 [8, 2, 1]");
-  fp8["moe_intermediate_size"] = 64;
+  fp8["moe_intermediate_size"] = 64;  // padded to 128 (FusedMoE), blocks of 32
   fp8["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 32);
-  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(fp8, Target::kSm100); }),
-              HasSubstr("pads the intermediate size to a multiple of 128"));
+  EXPECT_EQ(spec(make(fp8, Target::kSm100)->shells()[0], e + "w13_weight_scale_inv"),
+            "F32 [8, 8, 4]");
   // Unquantized and per-tensor FP8 experts: not produced, refused by name.
   nlohmann::json bf16 = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
   EXPECT_THAT(error_of(Stage::kConfig, [&] { make(bf16, Target::kSm100); }),
@@ -534,22 +539,27 @@ TEST(Postprocess, Sm100MoeRunnerFollowsSGLangsOverrides) {
   EXPECT_FALSE(trtllm(nvfp4_config("qwen2_moe")));
   // config.json's own quant_method: "modelopt_fp4" takes it, "modelopt" does not.
   nlohmann::json flat = synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
-  flat["quantization_config"] = {{"quant_method", "modelopt_fp4"}, {"quant_algo", "NVFP4"},
-                                 {"group_size", 16}};
+  flat["quantization_config"] = {
+      {"quant_method", "modelopt_fp4"}, {"quant_algo", "NVFP4"}, {"group_size", 16}};
   EXPECT_TRUE(trtllm(flat));
   flat["quantization_config"]["quant_method"] = "modelopt";
   EXPECT_FALSE(trtllm(flat));
   // Block FP8 Qwen3-MoE: w13 loaded up rows first; its block scales alike.
   nlohmann::json fp8 = synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
   fp8["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 32);
-  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(fp8, Target::kSm100); }),
-              HasSubstr("pads the intermediate size to a multiple of 128"));
-  fp8["moe_intermediate_size"] = 128;
-  EXPECT_NO_THROW(make(fp8, Target::kSm100));
+  EXPECT_EQ(spec(make(fp8, Target::kSm100)->shells()[0], "model.layers.0.mlp.experts.w13_weight"),
+            "F8_E4M3 [8, 256, 128]");  // intermediate 64 padded to 128
+  EXPECT_EQ(spec(make(fp8, Target::kSm90)->shells()[0], "model.layers.0.mlp.experts.w13_weight"),
+            "F8_E4M3 [8, 128, 128]");
+  // A hidden size flashinfer_trtllm's NVFP4 shuffles cannot take is refused.
+  nlohmann::json hidden = nvfp4_config("qwen3_moe");
+  hidden["hidden_size"] = 192;
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(hidden, Target::kSm100); }),
+              HasSubstr("need the hidden size to be a multiple of 128"));
   // Refused under it: ModelOpt FP8 (hf_quant_config.json), unquantized experts.
-  const nlohmann::json modelopt_fp8 = models::with_hf_quant_config(
-      synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false),
-      synth::synth_hf_quant_config(synth::SynthQuant::kModelOptFp8));
+  const nlohmann::json modelopt_fp8 =
+      models::with_hf_quant_config(synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false),
+                                   synth::synth_hf_quant_config(synth::SynthQuant::kModelOptFp8));
   EXPECT_THAT(error_of(Stage::kConfig, [&] { make(modelopt_fp8, Target::kSm100); }),
               HasSubstr("Qwen3MoeForCausalLM's experts with the flashinfer_trtllm MoE runner"));
   for (const std::string family : {"qwen3_moe", "glm4_moe", "deepseek_v3"}) {
@@ -559,8 +569,8 @@ TEST(Postprocess, Sm100MoeRunnerFollowsSGLangsOverrides) {
                 HasSubstr("ferry produces its layouts for block FP8 and NVFP4 experts"))
         << family;
   }
-  EXPECT_NO_THROW(make(synth::synth_config("mixtral", "tiny", DType::kBF16, false),
-                       Target::kSm100));
+  EXPECT_NO_THROW(
+      make(synth::synth_config("mixtral", "tiny", DType::kBF16, false), Target::kSm100));
   // DeepSeek-V3-shaped (256 routed experts, one shared): fused on sm90, not under
   // flashinfer_trtllm; model.fuse_shared_experts=true is refused there.
   nlohmann::json v3 = nvfp4_config("deepseek_v3");
@@ -569,8 +579,9 @@ TEST(Postprocess, Sm100MoeRunnerFollowsSGLangsOverrides) {
   v3["qk_rope_head_dim"] = 32;
   models::ParallelLayout tp2;
   tp2.tp = 2;
-  EXPECT_EQ(spec(make(v3, Target::kSm90)->shells()[0], "model.layers.1.mlp.experts.w13_input_scale"),
-            "F32 [257, 2]");
+  EXPECT_EQ(
+      spec(make(v3, Target::kSm90)->shells()[0], "model.layers.1.mlp.experts.w13_input_scale"),
+      "F32 [257, 2]");
   const auto unfused = make(v3, Target::kSm100);
   EXPECT_EQ(spec(unfused->shells()[0], "model.layers.1.mlp.experts.w13_weight"),
             "U8 [256, 128, 64]");

@@ -202,8 +202,9 @@ TEST(PostprocessLoad, Fp8PerTensorExpandsEachShardsScaleOverItsRows) {
     EXPECT_EQ(l.target.model->report().postprocess_target, target);
     EXPECT_EQ(l.plain.model->report().postprocess_target, "loader");
     // The twins are freed with the load.
-    EXPECT_EQ(l.target.model->ranks()[0].find("model.layers.0.self_attn.qkv_proj.weight_scale_loaded"),
-              nullptr);
+    EXPECT_EQ(
+        l.target.model->ranks()[0].find("model.layers.0.self_attn.qkv_proj.weight_scale_loaded"),
+        nullptr);
   }
 }
 
@@ -245,8 +246,9 @@ TEST(PostprocessLoad, KvCacheScales) {
   LoadResult refused = rt.load();
   ASSERT_FALSE(refused);
   EXPECT_EQ(refused.error->stage, Stage::kPostProcess);
-  EXPECT_THAT(refused.error->message,
-              ::testing::ContainsRegex("tensor 'model\\.layers\\.[0-9]+\\.self_attn\\.attn\\.k_scale'"));
+  EXPECT_THAT(
+      refused.error->message,
+      ::testing::ContainsRegex("tensor 'model\\.layers\\.[0-9]+\\.self_attn\\.attn\\.k_scale'"));
   EXPECT_THAT(refused.error->message, ::testing::HasSubstr("asserts k_scale > 0"));
   // fp8: Fp8KVCacheMethod on every attention, nothing loads them: 1.0.
   const std::string fp8 = synth_tiny(dir, "llama", synth::SynthQuant::kFp8Tensor, "fp8");
@@ -278,7 +280,8 @@ TEST(PostprocessLoad, PerTensorExpertsRequantizeW1AndW3ToOneScale) {
       const std::vector<std::byte> w = l.plain.model->read_param(r, p.name);
       const std::vector<float> s = floats(l.plain.model->read_param(r, e + "w13_weight_scale"));
       const std::vector<std::byte> got_w = l.target.model->read_param(r, p.name);
-      const std::vector<float> got_s = floats(l.target.model->read_param(r, e + "w13_weight_scale"));
+      const std::vector<float> got_s =
+          floats(l.target.model->read_param(r, e + "w13_weight_scale"));
       const std::uint64_t experts = p.shape[0];
       const std::uint64_t half = p.shape[1] / 2;
       const std::uint64_t cols = p.shape[2];
@@ -432,7 +435,8 @@ TEST(PostprocessLoad, CompressedTensorsExpertsNeedEqualW1W3InputScales) {
   LoadResult ok = rt.load();
   ASSERT_TRUE(ok) << ok.error->message;
   // The slot holds w3's; the w1 transient is gone.
-  EXPECT_EQ(floats(ok.model->read_param(0, "model.layers.0.mlp.experts.w13_input_scale"))[0], 0.75f);
+  EXPECT_EQ(floats(ok.model->read_param(0, "model.layers.0.mlp.experts.w13_input_scale"))[0],
+            0.75f);
   EXPECT_EQ(ok.model->ranks()[0].find("model.layers.0.mlp.experts.w13_input_scale_w1"), nullptr);
 }
 
@@ -665,9 +669,9 @@ TEST(PostprocessLoad, Nvfp4ExpertsOnSm100SwizzleEachExpert) {
 // (gated w13: 0, M/2, 1, M/2 + 1, ...), then get_shuffle_matrix_a_row_indices with
 // epilogue_tile_m 128 (blocks of 32 rows, srcToDstBlk32RowMap: row_indices[new] = old).
 std::vector<std::uint64_t> trtllm_rows(std::uint64_t rows, bool gated) {
-  static const std::uint64_t kBlk32[32] = {0, 8,  16, 24, 1, 9,  17, 25, 2, 10, 18,
-                                           26, 3, 11, 19, 27, 4, 12, 20, 28, 5, 13,
-                                           21, 29, 6, 14, 22, 30, 7, 15, 23, 31};
+  static const std::uint64_t kBlk32[32] = {0,  8,  16, 24, 1,  9,  17, 25, 2,  10, 18,
+                                           26, 3,  11, 19, 27, 4,  12, 20, 28, 5,  13,
+                                           21, 29, 6,  14, 22, 30, 7,  15, 23, 31};
   std::vector<std::uint64_t> permute0(rows);
   for (std::uint64_t i = 0; i < rows; ++i) {
     permute0[i] = !gated ? i : (i % 2 == 0 ? i / 2 : rows / 2 + i / 2);
@@ -746,8 +750,7 @@ TEST(PostprocessLoad, Nvfp4DeepseekExpertsOnSm100AreFlashinferTrtllms) {
         continue;
       }
       const std::vector<float> in13 = floats(l.plain.model->read_param(r, base + "input_scale"));
-      const std::vector<float> in2 =
-          floats(l.plain.model->read_param(r, layer + "w2_input_scale"));
+      const std::vector<float> in2 = floats(l.plain.model->read_param(r, layer + "w2_input_scale"));
       const std::vector<float> s2 = floats(l.plain.model->read_param(r, base + "weight_scale_2"));
       const std::vector<float> w2s2 =
           floats(l.plain.model->read_param(r, layer + "w2_weight_scale_2"));
@@ -777,6 +780,37 @@ TEST(PostprocessLoad, Nvfp4DeepseekExpertsOnSm100AreFlashinferTrtllms) {
   overlap_and_dummy_match(ck, "sm100", l.target);
 }
 
+// flashinfer_trtllm's padded shares (create_weights, narrow_padded_param_and_loaded_weight):
+// DeepSeek-V3 small's intermediate 128 at tp 4 is 32 a rank, padded to 64, and SGLang
+// shards the padded size: tp rank r holds rows [64 r, +64) of it, so ranks 0 and 1
+// hold what tp 2's ranks hold and ranks 2 and 3 zeros (weights and block scales).
+TEST(PostprocessLoad, Nvfp4TrtllmExpertsShardThePaddedIntermediate) {
+  TempDir dir;
+  const std::string ck = synth_small(dir, "deepseek_v3", synth::SynthQuant::kNvfp4, "ds");
+  Runtime tp2_rt(to_config(make_config(ck, {"parallel.tp=2", "postprocess.target=sm100"})));
+  Runtime tp4_rt(to_config(make_config(ck, {"parallel.tp=4", "postprocess.target=sm100"})));
+  const LoadResult tp2 = tp2_rt.load();
+  const LoadResult tp4 = tp4_rt.load();
+  ASSERT_TRUE(tp2) << tp2.error->message;
+  ASSERT_TRUE(tp4) << tp4.error->message;
+  std::size_t checked = 0;
+  for (const LoadedParam& p : tp2.model->ranks()[0].params) {
+    if (p.name.find("mlp.experts.w") == std::string::npos || p.shape.size() != 3) {
+      continue;  // the experts' weights and block scales (3-D)
+    }
+    ++checked;
+    for (std::size_t r = 0; r < 4; ++r) {
+      const std::vector<std::byte> got = tp4.model->read_param(r, p.name);
+      if (r < 2) {
+        EXPECT_EQ(got, tp2.model->read_param(r, p.name)) << p.name << " rank " << r;
+      } else {
+        EXPECT_EQ(got, std::vector<std::byte>(got.size())) << p.name << " rank " << r;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 4u * 3);  // w13, w2 and their scales, three MoE layers
+}
+
 // Block FP8 DeepSeek-V3 on sm100 without an all-to-all backend: flashinfer_trtllm's
 // Fp8MoEMethod experts are loaded w3 first (FusedMoE._weight_loader_impl swaps the
 // shard ids), weight and block scales alike; process_weights_after_loading_block_quant
@@ -802,8 +836,8 @@ TEST(PostprocessLoad, BlockFp8DeepseekExpertsOnSm100LoadUpFirst) {
       std::memcpy(want.data() + e * expert + expert / 2, from, expert / 2);
     }
     EXPECT_EQ(l.target.model->read_param(0, p.name), want) << p.name;
-    const std::string w2 = p.name.substr(0, p.name.find("w13_")) + "w2_" +
-                           p.name.substr(p.name.find("w13_") + 4);
+    const std::string w2 =
+        p.name.substr(0, p.name.find("w13_")) + "w2_" + p.name.substr(p.name.find("w13_") + 4);
     EXPECT_EQ(l.target.model->read_param(0, w2), l.plain.model->read_param(0, w2)) << w2;
   }
   EXPECT_EQ(checked, 2u * 3);  // weight and scales of three MoE layers
@@ -920,8 +954,7 @@ TEST(PostprocessLoad, Nvfp4ExpertsOnSm90AreMarlinsLayoutExpertByExpert) {
       std::vector<std::byte> want_w(w.size());
       std::vector<std::byte> want_s(s.size());
       for (std::uint64_t e = 0; e < experts; ++e) {
-        gpu::host::repack_marlin_fp4(want_w.data() + e * n * k / 2, w.data() + e * n * k / 2, n,
-                                     k);
+        gpu::host::repack_marlin_fp4(want_w.data() + e * n * k / 2, w.data() + e * n * k / 2, n, k);
         gpu::host::marlin_fp4_scales(want_s.data() + e * n * k / 16, s.data() + e * n * k / 16, n,
                                      k / 16);
       }
@@ -1031,10 +1064,12 @@ TEST(PostprocessLoad, Nvfp4MlaSplitReadsKvBProjAsLoadedOnSm90) {
   const Loads l = load_both(ck, "sm90", {"parallel.tp=1"});
   ASSERT_TRUE(l.plain) << l.plain.error->message;
   ASSERT_TRUE(l.target) << l.target.error->message;
-  for (const std::string name : {"model.layers.0.self_attn.w_kc", "model.layers.1.self_attn.w_vc"}) {
+  for (const std::string name :
+       {"model.layers.0.self_attn.w_kc", "model.layers.1.self_attn.w_vc"}) {
     EXPECT_EQ(l.target.model->read_param(0, name), l.plain.model->read_param(0, name)) << name;
   }
-  const LoadedParam* kv_b = l.target.model->ranks()[0].find("model.layers.0.self_attn.kv_b_proj.weight");
+  const LoadedParam* kv_b =
+      l.target.model->ranks()[0].find("model.layers.0.self_attn.kv_b_proj.weight");
   ASSERT_NE(kv_b, nullptr);
   EXPECT_EQ(kv_b->dtype, DType::kI32);
 }

@@ -134,7 +134,8 @@ TEST(LoadCli, StartupBootsThroughPrepareACaptureAndCommit) {
 
 // postprocess.target on the command line: a tiny FP8 per-tensor Llama and a
 // block-FP8 DeepSeek-V3 load on sm90, the report and the dump say and hold the
-// target's layout; DeepSeek-V3's experts on sm100 are refused naming the MoE runner.
+// target's layout; on sm100 DeepSeek-V3's experts follow flashinfer_trtllm, and the
+// unquantized ones are refused naming that MoE runner.
 TEST(LoadCli, PostprocessTargetOnTheCommandLine) {
   TempDir dir;
   struct Case {
@@ -174,8 +175,20 @@ TEST(LoadCli, PostprocessTargetOnTheCommandLine) {
     }
     EXPECT_TRUE(found) << c.served_param;
   }
-  testing::RunResult refused = run({FERRY_BINARY, "load", "--model", dir.file("deepseek_v3"),
-                                    "--tp", "1", "--set", "postprocess.target=sm100"});
+  // On sm100 the block-FP8 DeepSeek-V3's experts are flashinfer_trtllm's (w13 up rows
+  // first, the intermediate size padded to 128); the unquantized one's are refused.
+  testing::RunResult served = run({FERRY_BINARY, "load", "--model", dir.file("deepseek_v3"),
+                                   "--tp", "1", "--set", "postprocess.target=sm100"});
+  EXPECT_EQ(served.status, 0) << served.err;
+  EXPECT_NE((served.out + served.err).find("flashinfer_trtllm"), std::string::npos)  // a note
+      << served.out << served.err;
+  const std::string bf16 = dir.file("deepseek_v3-bf16");
+  ASSERT_EQ(run({FERRY_BINARY, "synth", "--family", "deepseek_v3", "--preset", "tiny", "--out",
+                 bf16})
+                .status,
+            0);
+  testing::RunResult refused =
+      run({FERRY_BINARY, "load", "--model", bf16, "--tp", "1", "--set", "postprocess.target=sm100"});
   EXPECT_NE(refused.status, 0);
   EXPECT_NE(refused.err.find("flashinfer_trtllm"), std::string::npos) << refused.err;
   testing::RunResult bad =
