@@ -14,7 +14,10 @@
 // are zero-filled (fill pieces, one per half and one for w2, over every slot).
 // Uneven moe-tp (I % moe_tp != 0): I is padded first (padded_intermediate in
 // placement.hpp), I_local is a share of the padded I, and the share's rows past
-// the real I are zero-filled like the tail.
+// the real I are zero-filled like the tail. flashinfer_trtllm's experts
+// (QuantScheme::trtllm_experts, NVFP4 or block FP8): I_local is I / moe_tp rounded
+// up to 64 (NVFP4) or 128, and rank r's share starts at r * I_local, so the last
+// ranks hold fewer real rows or none (SGLang's narrow_padded_param_and_loaded_weight).
 // Physical expert slots (P = E without EPLB, else the map's num_physical_experts)
 // are split evenly and contiguously over ep ranks: ep rank e holds slots
 // [e * P/ep, (e+1) * P/ep) as local slots 0 .. P/ep - 1, then (fuse_shared_experts

@@ -117,15 +117,16 @@
 //     the device holds no second copy of the experts. One input scale for all experts
 //     (the max over all of them): g1_alphas, g1_alphas_up, g2_alphas as above with it,
 //     w13_input_scale_quant and w2_input_scale_quant F32 [], and g1_scale_c [E] =
-//     w2_input_scale_quant * g1_alphas_up (_compute_g1_scale_c). SGLang pads an
-//     intermediate size per partition that is not a multiple of 64 (and shards the
-//     padded size): refused, as is a hidden size not a multiple of 128 (Stage::kPlacement).
+//     w2_input_scale_quant * g1_alphas_up (_compute_g1_scale_c). A rank's share of
+//     the intermediate size is padded to 64 with zeros and the padded size sharded
+//     (create_weights, narrow_padded_param_and_loaded_weight; models/experts.hpp); a
+//     hidden size not a multiple of 128 is refused (Stage::kPlacement).
 //   input scales and weight_scale_2 stay as loaded on both.
 // Block FP8 fused experts under flashinfer_trtllm (Fp8MoEMethod; DeepSeek, Qwen3-MoE):
 // FusedMoE._weight_loader_impl loads w1 as w3 and w3 as w1, so w13 holds the up rows
 // first, its block scales alike (ModelOptions::switch_w13 made so by make_model);
 // process_weights_after_loading_block_quant leaves them (DeepGEMM does not run them,
-// no UE8M0). An intermediate size per partition SGLang pads to 128 is refused.
+// no UE8M0). A rank's share of the intermediate size is padded to 128 as above.
 //
 // Refused (make_model, Stage::kConfig, naming the reason): on kSm90 NVFP4 with
 // group_size other than 16 or an F32 model (SGLang's Marlin refuses both); on kSm100

@@ -146,13 +146,8 @@ std::string sm100_experts_unaligned(const QuantScheme& q, std::string_view param
                      ", and SGLang 0.5.23 cannot pad a gated layer's w13 block scales to "
                      "128 rows (ModelOptNvFp4FusedMoEMethod.process_weights_after_loading)";
   }
-  const std::uint64_t align = q.method == Method::kNvfp4 ? 64 : 128;
-  if (inter % align != 0) {
-    return dims + ", and for flashinfer_trtllm SGLang 0.5.23 pads the intermediate size to a " +
-           "multiple of " + std::to_string(align) +
-           " and shards the padded size (create_weights, narrow_padded_param_and_loaded_weight), "
-           "a layout ferry does not produce";
-  }
+  // (The intermediate size a rank is already padded as flashinfer_trtllm pads it:
+  // add_moe_experts.)
   if (q.method == Method::kNvfp4 && hidden % 128 != 0) {
     return dims +
            ", and flashinfer_trtllm's shuffles need the hidden size to be a multiple of "
