@@ -629,10 +629,10 @@ void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) cons
            },
            w.traits.scale_dtype});
     }
-    for (const auto& [name, scalar] : nvfp4_expert_scalars(q, d.name, s.stacked)) {
-      w.companions.push_back(
-          {name, [weight, scalar](int rank) { return scalar ? Shape{} : Shape{weight(rank)[0]}; },
-           DType::kF32});
+    for (const auto& out : nvfp4_expert_scalars(q, d.name, s.stacked)) {
+      w.companions.push_back({out.first, [weight, scalar = out.second](int rank) {
+                                return scalar ? Shape{} : Shape{weight(rank)[0]};
+                              }, DType::kF32});
     }
   }
   if ((s.nvfp4 || s.marlin) && !s.stacked) {
