@@ -335,6 +335,30 @@ std::vector<std::uint64_t> contiguous_strides(const Shape& shape) {
   return strides;
 }
 
+bool dense_permutation(const Shape& shape, const std::vector<std::uint64_t>& strides) {
+  if (strides.size() != shape.size()) {
+    return false;
+  }
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> dims;  // (stride, size)
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) {
+      return true;  // no elements: nothing is addressed
+    }
+    if (shape[i] != 1) {
+      dims.emplace_back(strides[i], shape[i]);
+    }
+  }
+  std::sort(dims.begin(), dims.end());
+  std::uint64_t expect = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != expect) {
+      return false;
+    }
+    expect *= size;
+  }
+  return true;
+}
+
 std::uint64_t element_count(const Shape& shape) {
   return product(shape, 0, shape.size(), "element count");
 }

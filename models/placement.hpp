@@ -177,6 +177,10 @@ PaddedShard vocab_parallel(std::uint64_t vocab, int rank, int tp);
 // Contiguous row-major strides in elements.
 std::vector<std::uint64_t> contiguous_strides(const Shape& shape);
 std::uint64_t element_count(const Shape& shape);
+// True when `strides` address every element of `shape` exactly once within
+// element_count(shape) slots: sorted by stride, each dim's stride is the product of
+// the sizes of the dims below it (dims of size 1 may have any stride).
+bool dense_permutation(const Shape& shape, const std::vector<std::uint64_t>& strides);
 
 // The one piece that performs `block` from a tensor of `src_shape`/`src_dtype` into
 // a param of `dst_shape`/`dst_dtype`. The shapes after the fixed indices must agree
