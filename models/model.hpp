@@ -91,6 +91,12 @@ struct ParamSpec {
   // weights). The runtime frees it once every hook reading it has run (load.layered:
   // allocated on its first write, freed right after; else at the end of the load).
   bool transient = false;
+  // Set where a post-load hook re-lays the param out in place into `shape` (the same
+  // bytes; flashinfer_trtllm's block layout of BF16 experts): the shape its
+  // checkpoint pieces and fills address. Empty: `shape` itself.
+  Shape loaded_shape;
+
+  const Shape& placed_shape() const { return loaded_shape.empty() ? shape : loaded_shape; }
 };
 
 // The params of one local rank. Every local rank of a dense family has the same

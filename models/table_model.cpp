@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "common/error.hpp"
 #include "models/hf_config.hpp"
@@ -38,7 +39,9 @@ void retarget(Targets& targets, Fills& fills, const std::map<std::string, std::s
 // scalar loads into a [1] param and a [1] tensor into a 0-d param (as SGLang 0.5.23's
 // PerTensorScaleParameter._load_into_shard_id takes a [1] scale as its one element;
 // layers/parameter.py). Shapes are compared and pieces computed with [] as [1].
-Shape as_1d(const Shape& shape) { return shape.empty() ? Shape{1} : shape; }
+Shape as_1d(const Shape& shape) {
+  return shape.empty() ? Shape{1} : shape;
+}
 
 bool is_float(DType dtype) {
   return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32;
@@ -52,33 +55,6 @@ bool quantized_dtype(DType dtype) {
 // What the copy workers can do: a plain copy, or a cast between float types.
 bool castable(DType from, DType to) {
   return from == to || (is_float(from) && is_float(to));
-}
-
-// True when `strides` address every element of `shape` exactly once within
-// element_count(shape) slots: sorted by stride, each dim's stride is the product of
-// the sizes of the dims below it (dims of size 1 may have any stride).
-bool dense_permutation(const Shape& shape, const std::vector<std::uint64_t>& strides) {
-  if (strides.size() != shape.size()) {
-    return false;
-  }
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> dims;  // (stride, size)
-  for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] == 0) {
-      return true;  // no elements: nothing is addressed
-    }
-    if (shape[i] != 1) {
-      dims.emplace_back(strides[i], shape[i]);
-    }
-  }
-  std::sort(dims.begin(), dims.end());
-  std::uint64_t expect = 1;
-  for (const auto& [stride, size] : dims) {
-    if (stride != expect) {
-      return false;
-    }
-    expect *= size;
-  }
-  return true;
 }
 
 }  // namespace
@@ -185,6 +161,16 @@ void TableModel::set_transient(const std::string& name) {
     }
   }
   internal(name, "set_transient names a param that was not declared");
+}
+
+void TableModel::serve_as(const std::string& name, ShapeRule served) {
+  for (ParamDecl& d : param_decls_) {
+    if (d.name == name) {
+      d.served = std::move(served);
+      return;
+    }
+  }
+  internal(name, "serve_as names a param that was not declared");
 }
 
 void TableModel::load_through(const std::string& suffix, const std::string& twin_suffix,
@@ -395,8 +381,10 @@ std::map<std::string, TableModel::ShapeRule> TableModel::quantized_weights() con
     if (quantized.count(f.param) != 0 && !q.trtllm_experts) {
       throw Error(Stage::kPlacement, "", f.param,
                   "zero padding (model.unaligned_tp=pad, model.pad_moe_intermediate_to) of a "
-                  "quantized parameter (" + describe(q) + ") is not supported: the padded "
-                  "share would not be whole scale blocks");
+                  "quantized parameter (" +
+                      describe(q) +
+                      ") is not supported: the padded "
+                      "share would not be whole scale blocks");
     }
   }
   if (q.format == QuantScheme::Format::kCompressedTensors &&
@@ -630,9 +618,11 @@ void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) cons
            w.traits.scale_dtype});
     }
     for (const auto& out : nvfp4_expert_scalars(q, d.name, s.stacked)) {
-      w.companions.push_back({out.first, [weight, scalar = out.second](int rank) {
+      w.companions.push_back({out.first,
+                              [weight, scalar = out.second](int rank) {
                                 return scalar ? Shape{} : Shape{weight(rank)[0]};
-                              }, DType::kF32});
+                              },
+                              DType::kF32});
     }
   }
   if ((s.nvfp4 || s.marlin) && !s.stacked) {
@@ -1001,6 +991,13 @@ void TableModel::finish() {
       p.name = decl.name;
       p.dtype = decl.dtype;
       p.shape = decl.shape(tp_rank);
+      if (decl.served) {
+        p.loaded_shape = std::exchange(p.shape, decl.served(tp_rank));
+        if (element_count(p.shape) != element_count(p.loaded_shape)) {
+          internal(decl.name, "served as " + format_shape(p.shape) + ", loaded as " +
+                                  format_shape(p.loaded_shape));
+        }
+      }
       p.strides = contiguous_strides(p.shape);
       if (decl.strides) {
         p.strides = decl.strides(p.shape);
@@ -1051,8 +1048,8 @@ void TableModel::finish() {
         if (b.kind != Block::Kind::kZero) {
           internal(f.param, "a fill rule returned a copy block");
         }
-        Piece p = block_to_piece(b, as_1d(spec.shape), spec.dtype, as_1d(spec.shape), spec.dtype,
-                                 spec.name);
+        Piece p = block_to_piece(b, as_1d(spec.placed_shape()), spec.dtype,
+                                 as_1d(spec.placed_shape()), spec.dtype, spec.name);
         p.local_rank = i;
         p.param = param;
         fills_.push_back(p);
@@ -1160,7 +1157,7 @@ Route TableModel::route(const io::TensorInfo& tensor) const {
         if (b.kind != Block::Kind::kCopy) {
           internal(t.param, "a target rule returned a zero block (zero blocks are fills)");
         }
-        Piece p = block_to_piece(b, as_1d(tensor.shape), tensor.dtype, as_1d(spec.shape),
+        Piece p = block_to_piece(b, as_1d(tensor.shape), tensor.dtype, as_1d(spec.placed_shape()),
                                  spec.dtype, spec.name);
         p.local_rank = i;
         p.param = param;

@@ -51,6 +51,10 @@ class TableModel final : public Model {
   // Makes a declared param transient (ParamSpec::transient): loaded for a hook to
   // read, then freed; the scales quantization gives it are transient too.
   void set_transient(const std::string& name);
+  // A declared param is served in `served` (ParamSpec::shape, the same element count)
+  // once a post-load hook has re-laid it out in place; its targets and fills address
+  // its declared shape (ParamSpec::loaded_shape).
+  void serve_as(const std::string& name, ShapeRule served);
   // Every declared param whose name ends with `suffix` gets a transient twin
   // <name><twin_suffix> of the same shape in `dtype`, which its targets and fills
   // write instead: a hook computes the param from the twin (Gemma 1's norm + 1).
@@ -125,6 +129,7 @@ class TableModel final : public Model {
     DType dtype;
     bool transient = false;
     StrideRule strides = {};
+    ShapeRule served = {};  // serve_as
   };
 
   // Quantized checkpoints (table_model.cpp): the weights' scale params and the
