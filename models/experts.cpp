@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/error.hpp"
@@ -266,8 +267,8 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
   // (narrow_padded_param_and_loaded_weight): moe-tp rank r holds rows [r * share,
   // +share) of I, the rest zero, as under uneven moe-tp.
   const QuantScheme& q = options.quant;
-  if (q.trtllm_experts &&
-      (q.method == QuantScheme::Method::kNvfp4 || q.method == QuantScheme::Method::kFp8Block)) {
+  if (q.trtllm_experts && (q.method == QuantScheme::Method::kNvfp4 ||
+                           q.method == QuantScheme::Method::kFp8Block || !q.quantized())) {
     const std::uint64_t share =
         round_up(g->i_local, q.method == QuantScheme::Method::kNvfp4 ? 64 : 128);
     if (share != g->i_local) {
@@ -307,6 +308,26 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
   const std::uint64_t E = spec.num_experts;
   m.add_param(w13, Shape{g->slots, 2 * g->i_pad, H});
   m.add_param(w2, Shape{g->slots, H, g->i_pad});
+  if (q.trtllm_experts && !q.quantized()) {
+    // flashinfer_trtllm's BF16 experts (UnquantizedFusedMoEMethod.
+    // _apply_trtllm_bf16_block_layout): each expert's [N, K] rows permuted, then cut
+    // into blocks of 128 bytes (64 elements) of K, the block index outermost
+    // (convert_to_block_layout): served [E, K / 64, N, 64], re-laid out in place by
+    // postprocess.target's hook (models/postprocess.cpp).
+    for (const auto& [name, n, k] :
+         {std::tuple{w13, 2 * g->i_pad, H}, std::tuple{w2, H, g->i_pad}}) {
+      if (k % 64 != 0 || n % 32 != 0) {
+        throw Error(Stage::kPlacement, kConfigFile, name,
+                    "postprocess.target=sm100: flashinfer_trtllm's BF16 experts are " +
+                        format_shape(Shape{g->slots, n, k}) +
+                        ", and SGLang 0.5.23 lays them out in blocks of 64 columns of 32-row "
+                        "tiles (convert_to_block_layout, get_shuffle_matrix_a_row_indices): "
+                        "the hidden size must be a multiple of 64");
+      }
+      const Shape served{g->slots, k / 64, n, 64};
+      m.serve_as(name, [served](int) { return served; });
+    }
+  }
   if (g->i_pad > g->i_local || g->i_local * moe_tp != I) {
     // The padded tail of both w13 halves and of w2's columns, in every slot at once
     // (no leading index: the slot axis becomes the rows of one pitched block): the

@@ -214,10 +214,12 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
                            hf_config.contains("num_local_experts");
   q.trtllm_experts = trtllm_runner(q, architecture, has_experts, normalized);
   check_target(q, architecture, has_experts, normalized);
-  // flashinfer_trtllm's FP8 experts: FusedMoE._weight_loader_impl loads w1 as w3 and
-  // w3 as w1 for an Fp8MoEMethod, scales included (up rows first).
+  // flashinfer_trtllm's FP8 and BF16 experts: FusedMoE._weight_loader_impl loads w1
+  // as w3 and w3 as w1 for an Fp8MoEMethod or an UnquantizedFusedMoEMethod, scales
+  // included (up rows first).
   with_quant.switch_w13 =
-      options.switch_w13 || (q.trtllm_experts && q.method == QuantScheme::Method::kFp8Block);
+      options.switch_w13 ||
+      (q.trtllm_experts && (q.method == QuantScheme::Method::kFp8Block || !q.quantized()));
   refuse_options(*family, normalized, with_quant);
   for (const std::string& field : family->required_fields) {
     config_positive(hf_config, field);

@@ -286,6 +286,10 @@ class RankPostprocess {
   void add(std::vector<PostLoadHook>& out) const {
     for (std::size_t w = 0; w < shell_.params.size(); ++w) {
       const ParamSpec& weight = shell_.params[w];
+      if (q_.trtllm_experts && !q_.quantized() && !weight.loaded_shape.empty()) {
+        add_trtllm_bf16_experts(w, out);
+        continue;
+      }
       if (weight.dtype == DType::kU8 && !weight.transient && nvfp4_served(q_, weight.shape) &&
           quantized_linear_param(weight.name)) {
         if (weight.shape.size() == 2) {
@@ -568,6 +572,55 @@ class RankPostprocess {
       };
       out.push_back(std::move(hook));
     }
+  }
+
+  // BF16 fused experts on kSm100 under flashinfer_trtllm
+  // (UnquantizedFusedMoEMethod._apply_trtllm_bf16_block_layout), each expert in
+  // place: its [N, K] rows permuted as FlashInfer's indices say (w13, loaded up rows
+  // first: _maybe_get_cached_w3_w1_permute_indices, the gated reorder then
+  // shuffle_matrix_a; w2: get_w2_permute_indices_with_cache, the shuffle alone), then
+  // convert_to_block_layout of the rows as bytes with blockK 128: [N][K / 64][128 B]
+  // to [K / 64][N][128 B], the param's served [K / 64, N, 64] (TableModel::serve_as).
+  void add_trtllm_bf16_experts(std::size_t w, std::vector<PostLoadHook>& out) const {
+    const ParamSpec& weight = shell_.params[w];
+    const bool w13 = weight.name.ends_with("w13_weight");
+    const Shape& ls = weight.loaded_shape;
+    if (weight.dtype != DType::kBF16 || ls.size() != 3 || weight.shape.size() != 4 ||
+        ls[1] % 32 != 0 || ls[2] % 64 != 0 || (w13 && ls[1] % 2 != 0)) {
+      bad(weight.name, "internal: flashinfer_trtllm BF16 experts of " + format_shape(ls));
+    }
+    const std::uint64_t experts = ls[0];
+    const std::uint64_t n = ls[1];
+    const std::uint64_t row_bytes = ls[2] * 2;
+    const std::uint64_t blocks = row_bytes / 128;
+    const std::uint64_t bytes = n * row_bytes;
+    PostLoadHook hook;
+    hook.name = "postprocess_sm100:" + weight.name + " (flashinfer_trtllm)" + rank_note_;
+    hook.local_rank = r_;
+    hook.rewrites = {w};
+    after(hook, {w});
+    hook.scratch_bytes = 2 * bytes;
+    hook.run = [=](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      std::byte* a = ctx.scratch(2 * bytes);
+      std::byte* b = a + bytes;
+      for (std::uint64_t e = 0; e < experts; ++e) {
+        std::byte* m = ctx.param_data(w) + e * bytes;
+        const std::byte* rows = m;
+        if (w13) {  // [up | gate]: row 2j is up's j, 2j + 1 gate's j
+          stream.copy_d2d_2d(a, 2 * row_bytes, m, row_bytes, row_bytes, n / 2);
+          stream.copy_d2d_2d(a + row_bytes, 2 * row_bytes, m + bytes / 2, row_bytes, row_bytes,
+                             n / 2);
+          rows = a;
+        }
+        shuffle_rows_32(stream, b, rows, w13 ? m : a, n, row_bytes);
+        // [N][blocks * 16] words of 8 bytes to [blocks * 16][N], then each block's
+        // [16][N] to [N][16].
+        stream.transpose(a, bytes, b, bytes, 8, n, blocks * 16, 1);
+        stream.transpose(m, n * 128, a, n * 128, 8, 16, n, blocks);
+      }
+    };
+    out.push_back(std::move(hook));
   }
 
   // NVFP4 fused experts on kSm100: the F32 scalars ModelOptNvFp4FusedMoEMethod.

@@ -312,15 +312,26 @@ void check_target(const QuantScheme& q, const std::string& architecture, bool ha
     }
   }
   // The flashinfer_trtllm runner: ferry lays out block FP8 experts (swapped
-  // halves) and NVFP4 experts (shuffled) for it; not yet per-tensor FP8, ModelOpt
-  // FP8 or unquantized experts.
-  const bool served = q.method == Method::kFp8Block || q.method == Method::kNvfp4;
+  // halves), NVFP4 experts (shuffled) and BF16 experts (blocks) for it; not yet
+  // per-tensor FP8 or ModelOpt FP8 experts.
+  const std::string runner = "SGLang 0.5.23 runs " + architecture +
+                             "'s experts with the flashinfer_trtllm MoE runner on sm100 by "
+                             "default (_deepseek_moe_quant_resolution, model_overrides); ";
+  const bool unquantized = !q.quantized() && q.online == QuantScheme::Online::kNone;
+  const bool served = q.method == Method::kFp8Block || q.method == Method::kNvfp4 || unquantized;
   if (q.trtllm_experts && !served) {
-    refuse("SGLang 0.5.23 runs " + architecture +
-           "'s experts with the flashinfer_trtllm MoE runner on sm100 by default "
-           "(_deepseek_moe_quant_resolution, model_overrides); ferry produces its layouts for "
-           "block FP8 and NVFP4 experts, not for these (" +
-           describe(q) + "); use postprocess.target=loader, or parallel.moe_a2a=deepep");
+    refuse(runner + "ferry produces its layouts for block FP8, NVFP4 and BF16 experts, not for " +
+           (q.quantized() ? "these (" + describe(q) + ")"
+                          : std::string("quantization.online's FP8 experts")) +
+           "; use postprocess.target=loader, or parallel.moe_a2a=deepep");
+  }
+  if (q.trtllm_experts && unquantized && q.params_dtype != DType::kBF16) {
+    refuse(runner +
+           "its unquantized experts' block layout views them as BF16 "
+           "(UnquantizedFusedMoEMethod._apply_trtllm_bf16_block_layout), which a " +
+           std::string(dtype_name(q.params_dtype)) +
+           " model's are not; use model.dtype=bf16, postprocess.target=loader, or "
+           "parallel.moe_a2a=deepep");
   }
 }
 

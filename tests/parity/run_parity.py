@@ -152,8 +152,9 @@ def matrix():
 
 
 # The cases a --target run compares (SGLang's process_weights_after_loading):
-# the quantized ones.
-TARGET_CASES = r"/(small-)?(fp8-|modelopt-|nvfp4)"
+# the quantized ones, and the MoE families whose unquantized experts a target
+# re-lays out (flashinfer_trtllm on sm100).
+TARGET_CASES = r"/(small-)?(fp8-|modelopt-|nvfp4)|^(qwen3_moe|deepseek_v3|glm4_moe|mixtral)/(tp2(-ep2)?|f16-ckpt-tp2)$"
 
 
 

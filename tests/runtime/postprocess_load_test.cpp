@@ -811,6 +811,71 @@ TEST(PostprocessLoad, Nvfp4TrtllmExpertsShardThePaddedIntermediate) {
   EXPECT_EQ(checked, 4u * 3);  // w13, w2 and their scales, three MoE layers
 }
 
+// convert_to_block_layout of each expert's rows as bytes with blockK 128 (FlashInfer
+// 0.7.2): [E][rows][row_bytes] to [E][row_bytes / 128][rows][128].
+std::vector<std::byte> block_layout(const std::vector<std::byte>& experts, std::uint64_t count,
+                                    std::uint64_t rows, std::uint64_t row_bytes) {
+  std::vector<std::byte> out(experts.size());
+  for (std::uint64_t e = 0; e < count; ++e) {
+    const std::byte* in = experts.data() + e * rows * row_bytes;
+    std::byte* to = out.data() + e * rows * row_bytes;
+    for (std::uint64_t n = 0; n < rows; ++n) {
+      for (std::uint64_t b = 0; b < row_bytes / 128; ++b) {
+        std::memcpy(to + (b * rows + n) * 128, in + n * row_bytes + b * 128, 128);
+      }
+    }
+  }
+  return out;
+}
+
+// Unquantized DeepSeek-V3 on sm100 without an all-to-all backend: flashinfer_trtllm's
+// BF16 experts (UnquantizedFusedMoEMethod._apply_trtllm_bf16_block_layout): each
+// expert's rows as trtllm_rows gathers them from the rows SGLang loads (up first),
+// then convert_to_block_layout, served [E, K / 64, N, 64]; everything else as a plain
+// load. At tp 2 a rank's share (64) is padded to 128 and the padded size sharded:
+// rank 0 holds tp 1's experts, rank 1 zeros. The capture-safe startup and the dummy
+// format agree.
+TEST(PostprocessLoad, Bf16ExpertsOnSm100AreFlashinferTrtllmBlocks) {
+  TempDir dir;
+  const std::string ck = synth_small(dir, "deepseek_v3", synth::SynthQuant::kNone, "ds");
+  const Loads l = load_both(ck, "sm100", {"parallel.tp=1"});
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  std::size_t checked = 0;
+  for (const LoadedParam& p : l.plain.model->ranks()[0].params) {
+    const std::vector<std::byte> plain = l.plain.model->read_param(0, p.name);
+    const LoadedParam* served = l.target.model->ranks()[0].find(p.name);
+    ASSERT_NE(served, nullptr) << p.name;
+    if (p.name.find("mlp.experts.w") == std::string::npos) {
+      EXPECT_EQ(served->shape, p.shape) << p.name;
+      EXPECT_EQ(l.target.model->read_param(0, p.name), plain) << p.name;
+      continue;
+    }
+    ++checked;
+    const bool w13 = p.name.ends_with("w13_weight");
+    const std::uint64_t experts = p.shape[0];
+    const std::uint64_t n = p.shape[1];
+    const std::uint64_t k = p.shape[2];
+    EXPECT_EQ(served->shape, (models::Shape{experts, k / 64, n, 64})) << p.name;
+    const std::vector<std::byte> want =
+        block_layout(trtllm_experts(plain, experts, n, k * 2, w13, false), experts, n, k * 2);
+    EXPECT_NE(want, plain) << p.name;
+    EXPECT_EQ(l.target.model->read_param(0, p.name), want) << p.name;
+  }
+  EXPECT_EQ(checked, 2u * 3);  // w13 and w2 of three MoE layers
+  Runtime tp2_rt(to_config(make_config(ck, {"parallel.tp=2", "postprocess.target=sm100"})));
+  const LoadResult tp2 = tp2_rt.load();
+  ASSERT_TRUE(tp2) << tp2.error->message;
+  for (const LoadedParam& p : l.target.model->ranks()[0].params) {
+    if (p.name.find("mlp.experts.w") != std::string::npos) {
+      EXPECT_EQ(tp2.model->read_param(0, p.name), l.target.model->read_param(0, p.name));
+      const std::vector<std::byte> zeros = tp2.model->read_param(1, p.name);
+      EXPECT_EQ(zeros, std::vector<std::byte>(zeros.size())) << p.name;
+    }
+  }
+  overlap_and_dummy_match(ck, "sm100", tp2);
+}
+
 // Block FP8 DeepSeek-V3 on sm100 without an all-to-all backend: flashinfer_trtllm's
 // Fp8MoEMethod experts are loaded w3 first (FusedMoE._weight_loader_impl swaps the
 // shard ids), weight and block scales alike; process_weights_after_loading_block_quant
