@@ -247,11 +247,8 @@ std::vector<PostLoadHook> make_input_scale_checks(const Model& model) {
       hook.rewrites = {w1};  // read only; the load waits for the check
       hook.run = [w1, w3, experts, param](HookContext& ctx) {
         gpu::Stream& stream = ctx.stream();
-        std::vector<float> a(experts);
-        std::vector<float> b(experts);
-        stream.copy_d2h(reinterpret_cast<std::byte*>(a.data()), ctx.param_data(w1), experts * kF32);
-        stream.copy_d2h(reinterpret_cast<std::byte*>(b.data()), ctx.param_data(w3), experts * kF32);
-        stream.synchronize();
+        const std::vector<float> a = read_floats(stream, ctx.param_data(w1), experts);
+        const std::vector<float> b = read_floats(stream, ctx.param_data(w3), experts);
         for (std::uint64_t e = 0; e < experts; ++e) {
           if (a[e] != 1.0f && std::fabs(a[e] - b[e]) > 1e-5f) {
             throw Error(Stage::kPostProcess, "", param,
@@ -835,10 +832,8 @@ class RankPostprocess {
     const std::size_t from = *s2_loaded;
     global.run = [=](HookContext& ctx) {
       gpu::Stream& stream = ctx.stream();
-      std::vector<float> loaded_values(experts * columns);
-      stream.copy_d2h(reinterpret_cast<std::byte*>(loaded_values.data()), ctx.param_data(from),
-                      loaded_values.size() * kF32);
-      stream.synchronize();
+      const std::vector<float> loaded_values =
+          read_floats(stream, ctx.param_data(from), experts * columns);
       std::vector<float> values(experts);
       for (std::uint64_t e = 0; e < experts; ++e) {
         values[e] = loaded_values[e * columns];  // w1's where w1 and w3 each have one
@@ -898,15 +893,10 @@ class RankPostprocess {
     hook.run = [=](HookContext& ctx) {
       gpu::Stream& stream = ctx.stream();
       // SGLang's create_weights fills an input_scale nothing loads with 1.0.
-      std::vector<float> input(std::max<std::uint64_t>(ni, 1), 1.0f);
-      std::vector<float> second(n2);
-      stream.copy_d2h(reinterpret_cast<std::byte*>(second.data()), ctx.param_data(s2_param),
-                      n2 * kF32);
-      if (in_param) {
-        stream.copy_d2h(reinterpret_cast<std::byte*>(input.data()), ctx.param_data(*in_param),
-                        ni * kF32);
-      }
-      stream.synchronize();
+      const std::vector<float> second = read_floats(stream, ctx.param_data(s2_param), n2);
+      const std::vector<float> input =
+          in_param && ni > 0 ? read_floats(stream, ctx.param_data(*in_param), ni)
+                             : std::vector<float>(std::max<std::uint64_t>(ni, 1), 1.0f);
       const float is = torch_max(input);
       float values[2] = {is * torch_max(second), 1.0f / is};
       stream.copy_h2d(ctx.param_data(alpha), reinterpret_cast<const std::byte*>(&values[0]), kF32);
