@@ -128,13 +128,16 @@ void shuffle_rows_32(gpu::Stream& stream, std::byte* dst, const std::byte* src, 
 }
 
 // FlashInfer's reorder_rows_for_gated_act_gemm of w13 as flashinfer_trtllm loads it
-// (up rows first, load_up_proj_weight_first) from ferry's [gate | up] rows: row 2j
-// is up's row j, row 2j + 1 gate's. Two pitched copies into `dst`.
+// (up rows first: load_up_proj_weight_first, or FusedMoE's swapped shard ids) from
+// ferry's [gate | up] rows, or its [up | gate] rows where `up_first`: row 2j is up's
+// row j, row 2j + 1 gate's. Two pitched copies into `dst`.
 void interleave_up_gate(gpu::Stream& stream, std::byte* dst, const std::byte* src,
-                        std::uint64_t rows, std::uint64_t row_bytes) {
+                        std::uint64_t rows, std::uint64_t row_bytes, bool up_first) {
   const std::uint64_t half = rows / 2;
-  stream.copy_d2d_2d(dst, 2 * row_bytes, src + half * row_bytes, row_bytes, row_bytes, half);
-  stream.copy_d2d_2d(dst + row_bytes, 2 * row_bytes, src, row_bytes, row_bytes, half);
+  const std::byte* up = src + (up_first ? 0 : half * row_bytes);
+  const std::byte* gate = src + (up_first ? half * row_bytes : 0);
+  stream.copy_d2d_2d(dst, 2 * row_bytes, up, row_bytes, row_bytes, half);
+  stream.copy_d2d_2d(dst + row_bytes, 2 * row_bytes, gate, row_bytes, row_bytes, half);
 }
 
 // F32 values of a param, read back to the host.
@@ -349,6 +352,18 @@ class RankPostprocess {
     return hook;
   }
 
+  // A flashinfer_trtllm hook of this rank rewriting `param` in place, expert by
+  // expert, with scratch for two experts of `bytes`.
+  PostLoadHook trtllm_hook(const std::string& what, std::size_t param, std::uint64_t bytes) const {
+    PostLoadHook hook;
+    hook.name = "postprocess_sm100:" + what + " (flashinfer_trtllm)" + rank_note_;
+    hook.local_rank = r_;
+    hook.rewrites = {param};
+    after(hook, {param});
+    hook.scratch_bytes = 2 * bytes;
+    return hook;
+  }
+
   // After every hook that reads one of `params` as loaded.
   void after(PostLoadHook& hook, std::initializer_list<std::size_t> params) const {
     for (const PostLoadHook& h : existing_) {
@@ -538,13 +553,7 @@ class RankPostprocess {
       const std::size_t param = scales ? scale : w;
       const std::uint64_t row_bytes = scales ? k / 16 : k / 2;
       const std::uint64_t bytes = n * row_bytes;
-      PostLoadHook hook;
-      hook.name = "postprocess_sm100:" + (scales ? scale_name : weight.name) +
-                  " (flashinfer_trtllm)" + rank_note_;
-      hook.local_rank = r_;
-      hook.rewrites = {param};
-      after(hook, {param});
-      hook.scratch_bytes = 2 * bytes;
+      PostLoadHook hook = trtllm_hook(scales ? scale_name : weight.name, param, bytes);
       hook.run = [=](HookContext& ctx) {
         gpu::Stream& stream = ctx.stream();
         std::byte* a = ctx.scratch(2 * bytes);
@@ -554,7 +563,7 @@ class RankPostprocess {
           // Rows to shuffle: the expert's own (w2), or w13's interleaved into a.
           const std::byte* rows = m;
           if (w13) {
-            interleave_up_gate(stream, a, m, n, row_bytes);
+            interleave_up_gate(stream, a, m, n, row_bytes, false);
             rows = a;
           }
           // Shuffled into the expert (weights) or into b (scales, swizzled from
@@ -591,12 +600,7 @@ class RankPostprocess {
     const std::uint64_t row_bytes = ls[2] * 2;
     const std::uint64_t blocks = row_bytes / 128;
     const std::uint64_t bytes = n * row_bytes;
-    PostLoadHook hook;
-    hook.name = "postprocess_sm100:" + weight.name + " (flashinfer_trtllm)" + rank_note_;
-    hook.local_rank = r_;
-    hook.rewrites = {w};
-    after(hook, {w});
-    hook.scratch_bytes = 2 * bytes;
+    PostLoadHook hook = trtllm_hook(weight.name, w, bytes);
     hook.run = [=](HookContext& ctx) {
       gpu::Stream& stream = ctx.stream();
       std::byte* a = ctx.scratch(2 * bytes);
@@ -604,10 +608,8 @@ class RankPostprocess {
       for (std::uint64_t e = 0; e < experts; ++e) {
         std::byte* m = ctx.param_data(w) + e * bytes;
         const std::byte* rows = m;
-        if (w13) {  // [up | gate]: row 2j is up's j, 2j + 1 gate's j
-          stream.copy_d2d_2d(a, 2 * row_bytes, m, row_bytes, row_bytes, n / 2);
-          stream.copy_d2d_2d(a + row_bytes, 2 * row_bytes, m + bytes / 2, row_bytes, row_bytes,
-                             n / 2);
+        if (w13) {  // loaded [up | gate]
+          interleave_up_gate(stream, a, m, n, row_bytes, true);
           rows = a;
         }
         shuffle_rows_32(stream, b, rows, w13 ? m : a, n, row_bytes);
