@@ -25,7 +25,8 @@ Rows:
   requantized to the largest scale; NVFP4: sm90's Marlin repack, and sm100's
   swizzled scales and experts (flashinfer_trtllm's shuffles for Qwen3-MoE, the
   default runner's swizzle for Mixtral); block FP8 DeepSeek-V3 on sm100 without
-  DeepEP: its experts loaded up rows first for flashinfer_trtllm).
+  DeepEP: its experts loaded up rows first for flashinfer_trtllm; unquantized
+  Qwen3-MoE on sm100: flashinfer_trtllm's BF16 block layout of its experts).
 """
 import argparse
 import json
@@ -71,6 +72,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--config", default="../shared/data/models/deepseek-v3/config.json")
     ap.add_argument("--skip-full", action="store_true")
+    ap.add_argument("--only", action="append", default=[],
+                    help="medium rows to run, as FAMILY-QUANT (qwen3_moe-none); default all")
     args = ap.parse_args()
     ferry = os.path.join(args.build, "ferry")
     cache = os.path.join(args.build, "bench-cache")
@@ -120,8 +123,12 @@ def main():
             # (DeepSeek-V3 without DeepEP).
             ("mixtral", "nvfp4", ("sm100",), []),
             ("deepseek_v3", "fp8-block", ("sm100",), []),
+            # Unquantized experts under flashinfer_trtllm: BF16 blocks, in place.
+            ("qwen3_moe", "none", ("sm100",), []),
         ]
         for family, quant, targets, extra in mediums:
+            if args.only and f"{family}-{quant}" not in args.only:
+                continue
             model = synth(ferry, os.path.join(cache, f"{family}-medium-{quant}"), "--family",
                           family, "--preset", "medium", "--quant", quant)
             warm(model)
