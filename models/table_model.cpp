@@ -39,9 +39,7 @@ void retarget(Targets& targets, Fills& fills, const std::map<std::string, std::s
 // scalar loads into a [1] param and a [1] tensor into a 0-d param (as SGLang 0.5.23's
 // PerTensorScaleParameter._load_into_shard_id takes a [1] scale as its one element;
 // layers/parameter.py). Shapes are compared and pieces computed with [] as [1].
-Shape as_1d(const Shape& shape) {
-  return shape.empty() ? Shape{1} : shape;
-}
+Shape as_1d(const Shape& shape) { return shape.empty() ? Shape{1} : shape; }
 
 bool is_float(DType dtype) {
   return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32;
@@ -381,10 +379,8 @@ std::map<std::string, TableModel::ShapeRule> TableModel::quantized_weights() con
     if (quantized.count(f.param) != 0 && !q.trtllm_experts) {
       throw Error(Stage::kPlacement, "", f.param,
                   "zero padding (model.unaligned_tp=pad, model.pad_moe_intermediate_to) of a "
-                  "quantized parameter (" +
-                      describe(q) +
-                      ") is not supported: the padded "
-                      "share would not be whole scale blocks");
+                  "quantized parameter (" + describe(q) + ") is not supported: the padded "
+                  "share would not be whole scale blocks");
     }
   }
   if (q.format == QuantScheme::Format::kCompressedTensors &&

@@ -149,8 +149,8 @@ TEST(LoadCli, PostprocessTargetOnTheCommandLine) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.family);
     const std::string ck = dir.file(c.family);
-    std::vector<std::string> synth = {FERRY_BINARY, "synth",   "--family", c.family, "--preset",
-                                      "tiny",       "--quant", c.quant,    "--out",  ck};
+    std::vector<std::string> synth = {FERRY_BINARY, "synth", "--family", c.family, "--preset",
+                                      "tiny", "--quant", c.quant, "--out", ck};
     if (c.quant == "fp8-block") {  // blocks of 32: tiny DeepSeek's fused slots start on them
       synth.insert(synth.end(), {"--quant-block", "32"});
     }
@@ -158,8 +158,9 @@ TEST(LoadCli, PostprocessTargetOnTheCommandLine) {
     ASSERT_EQ(s.status, 0) << s.err;
     const std::string report = dir.file(c.family + ".json");
     const std::string dump = dir.file(c.family + "-dump");
-    testing::RunResult r = run({FERRY_BINARY, "load", "--model", ck, "--tp", "1", "--set",
-                                "postprocess.target=sm90", "--report", report, "--dump-dir", dump});
+    testing::RunResult r =
+        run({FERRY_BINARY, "load", "--model", ck, "--tp", "1", "--set", "postprocess.target=sm90",
+             "--report", report, "--dump-dir", dump});
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(nlohmann::json::parse(read_file(report))["postprocess_target"], "sm90");
     const std::string file = dump + "/rank-0.safetensors";
@@ -177,16 +178,16 @@ TEST(LoadCli, PostprocessTargetOnTheCommandLine) {
   // On sm100 the block-FP8 DeepSeek-V3's experts are flashinfer_trtllm's (w13 up rows
   // first, the intermediate size padded to 128); the unquantized one's are its BF16
   // blocks, and refused in an F16 model (SGLang views them as BF16).
-  testing::RunResult served = run({FERRY_BINARY, "load", "--model", dir.file("deepseek_v3"), "--tp",
-                                   "1", "--set", "postprocess.target=sm100"});
+  testing::RunResult served = run({FERRY_BINARY, "load", "--model", dir.file("deepseek_v3"),
+                                   "--tp", "1", "--set", "postprocess.target=sm100"});
   EXPECT_EQ(served.status, 0) << served.err;
   EXPECT_NE((served.out + served.err).find("flashinfer_trtllm"), std::string::npos)  // a note
       << served.out << served.err;
   const std::string bf16 = dir.file("deepseek_v3-bf16");
-  ASSERT_EQ(
-      run({FERRY_BINARY, "synth", "--family", "deepseek_v3", "--preset", "tiny", "--out", bf16})
-          .status,
-      0);
+  ASSERT_EQ(run({FERRY_BINARY, "synth", "--family", "deepseek_v3", "--preset", "tiny", "--out",
+                 bf16})
+                .status,
+            0);
   testing::RunResult blocks = run(
       {FERRY_BINARY, "load", "--model", bf16, "--tp", "1", "--set", "postprocess.target=sm100"});
   EXPECT_EQ(blocks.status, 0) << blocks.err;
