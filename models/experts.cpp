@@ -267,8 +267,9 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
   // (narrow_padded_param_and_loaded_weight): moe-tp rank r holds rows [r * share,
   // +share) of I, the rest zero, as under uneven moe-tp.
   const QuantScheme& q = options.quant;
-  if (q.trtllm_experts && (q.method == QuantScheme::Method::kNvfp4 ||
-                           q.method == QuantScheme::Method::kFp8Block || !q.quantized())) {
+  if (q.trtllm_experts &&
+      (q.method == QuantScheme::Method::kNvfp4 || q.method == QuantScheme::Method::kFp8Block ||
+       q.method == QuantScheme::Method::kFp8Tensor || !q.quantized())) {
     const std::uint64_t share =
         round_up(g->i_local, q.method == QuantScheme::Method::kNvfp4 ? 64 : 128);
     if (share != g->i_local) {
@@ -327,6 +328,16 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
       const Shape served{g->slots, k / 64, n, 64};
       m.serve_as(name, [served](int) { return served; });
     }
+  }
+  if (q.trtllm_experts && q.method == QuantScheme::Method::kFp8Tensor && H % 32 != 0) {
+    // align_fp8_moe_weights_for_flashinfer_trtllm shuffles each expert's rows in
+    // blocks of 32 (shuffle_matrix_a): w2's rows are the hidden size.
+    throw Error(Stage::kPlacement, kConfigFile, w2,
+                "postprocess.target=sm100: flashinfer_trtllm's per-tensor FP8 experts are " +
+                    format_shape(Shape{g->slots, H, g->i_pad}) +
+                    ", and SGLang 0.5.23 shuffles their rows in blocks of 32 "
+                    "(shuffle_matrix_a, get_shuffle_matrix_a_row_indices): the hidden size "
+                    "must be a multiple of 32");
   }
   if (g->i_pad > g->i_local || g->i_local * moe_tp != I) {
     // The padded tail of both w13 halves and of w2's columns, in every slot at once

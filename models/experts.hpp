@@ -15,7 +15,7 @@
 // Uneven moe-tp (I % moe_tp != 0): I is padded first (padded_intermediate in
 // placement.hpp), I_local is a share of the padded I, and the share's rows past
 // the real I are zero-filled like the tail. flashinfer_trtllm's experts
-// (QuantScheme::trtllm_experts, NVFP4 or block FP8): I_local is I / moe_tp rounded
+// (QuantScheme::trtllm_experts: NVFP4, FP8, BF16): I_local is I / moe_tp rounded
 // up to 64 (NVFP4) or 128, and rank r's share starts at r * I_local, so the last
 // ranks hold fewer real rows or none (SGLang's narrow_padded_param_and_loaded_weight).
 // Physical expert slots (P = E without EPLB, else the map's num_physical_experts)

@@ -217,9 +217,7 @@ std::unique_ptr<Model> make_model(const nlohmann::json& hf_config, const Paralle
   // flashinfer_trtllm's FP8 and BF16 experts: FusedMoE._weight_loader_impl loads w1
   // as w3 and w3 as w1 for an Fp8MoEMethod or an UnquantizedFusedMoEMethod, scales
   // included (up rows first).
-  with_quant.switch_w13 =
-      options.switch_w13 ||
-      (q.trtllm_experts && (q.method == QuantScheme::Method::kFp8Block || !q.quantized()));
+  with_quant.switch_w13 = options.switch_w13 || trtllm_loads_up_first(q);
   refuse_options(*family, normalized, with_quant);
   for (const std::string& field : family->required_fields) {
     config_positive(hf_config, field);

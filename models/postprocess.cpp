@@ -317,11 +317,26 @@ class RankPostprocess {
           !quantized_linear_param(weight.name)) {
         continue;
       }
-      if (auto twin = find(loaded_tensor_scale_name(weight.name))) {
-        add_weight_scale(w, *twin, out);
+      // flashinfer_trtllm's per-tensor FP8 experts: w13 shuffled by its requantizing
+      // hook (add_weight_scale), w2 by its own.
+      const bool trtllm_fp8 =
+          q_.trtllm_experts && q_.method == Method::kFp8Tensor && weight.shape.size() == 3;
+      const bool w13 = weight.name.ends_with("w13_weight");
+      const std::optional<std::size_t> scale_twin = find(loaded_tensor_scale_name(weight.name));
+      if (trtllm_fp8 && w13 != scale_twin.has_value()) {
+        bad(weight.name, "internal: flashinfer_trtllm's FP8 experts without w13's [E, 2] scales");
+      }
+      if (trtllm_fp8 && !w13) {
+        add_trtllm_fp8_w2(w, out);
+      }
+      if (scale_twin) {
+        add_weight_scale(w, *scale_twin, out);
       }
       if (auto twin = find(loaded_input_scale_name(weight.name))) {
         add_input_scale(w, *twin, out);
+      }
+      if (trtllm_fp8 && w13) {
+        add_trtllm_fp8_scalars(w, out);
       }
     }
   }
@@ -422,6 +437,12 @@ class RankPostprocess {
         experts ? rows : *std::max_element(widths.begin(), widths.end());
     const std::uint64_t slot_count = experts ? 2 : widths.size();
     hook.scratch_bytes = requant ? max_width * cols * 2 + slot_count * kF32 : 0;
+    // flashinfer_trtllm (align_fp8_moe_weights_for_flashinfer_trtllm): each requantized
+    // expert then reordered for the gated activation (up rows first: Fp8MoEMethod
+    // loads them so, ModelOpt flips its [gate | up]) and its rows shuffled, through
+    // the F16 scratch (two experts of FP8).
+    const bool shuffle = experts && q_.trtllm_experts;
+    const bool up_first = trtllm_loads_up_first(q_);
     hook.run = [=](HookContext& ctx) {
       gpu::Stream& stream = ctx.stream();
       const std::byte* loaded = ctx.param_data(twin);
@@ -451,6 +472,10 @@ class RankPostprocess {
           stream.quantize_fp8(m, slots, values, DType::kF16, all, gpu::Fp8ScaleRule::kStatic, rows,
                               cols, 1);
           stream.copy_d2d_2d(od + e * kF32, kF32, slots, kF32, kF32, 1);
+          if (shuffle) {
+            interleave_up_gate(stream, values, m, rows, cols, up_first);
+            shuffle_rows_32(stream, m, values, values + rows * cols, rows, cols);
+          }
         }
         return;
       }
@@ -470,6 +495,80 @@ class RankPostprocess {
       } else {
         broadcast_rows(stream, od, slots, rows);
       }
+    };
+    out.push_back(std::move(hook));
+  }
+
+  // Per-tensor FP8 fused experts under flashinfer_trtllm: w2's rows of each expert
+  // shuffled in place (shuffle_matrix_a; w13's are in add_weight_scale).
+  void add_trtllm_fp8_w2(std::size_t w, std::vector<PostLoadHook>& out) const {
+    const ParamSpec& weight = shell_.params[w];
+    const std::uint64_t experts = weight.shape[0];
+    const std::uint64_t n = weight.shape[1];
+    const std::uint64_t k = weight.shape[2];
+    if (n % 32 != 0) {
+      bad(weight.name, "internal: flashinfer_trtllm FP8 experts of " + format_shape(weight.shape));
+    }
+    const std::uint64_t bytes = n * k;
+    PostLoadHook hook = trtllm_hook(weight.name, w, bytes);
+    hook.run = [=](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      std::byte* a = ctx.scratch(2 * bytes);
+      for (std::uint64_t e = 0; e < experts; ++e) {
+        std::byte* m = ctx.param_data(w) + e * bytes;
+        stream.copy_d2d_2d(a, bytes, m, bytes, bytes, 1);
+        shuffle_rows_32(stream, m, a, a + bytes, n, k);
+      }
+    };
+    out.push_back(std::move(hook));
+  }
+
+  // Per-tensor FP8 fused experts under flashinfer_trtllm: the F32 [E] scalars
+  // align_fp8_moe_weights_for_flashinfer_trtllm adds from the served scales (the
+  // input scales their max, w13's requantized: the hooks above), in torch's order:
+  //   output1_scales_scalar[e] = w13_weight_scale[e] * in13 * (1 / in2),
+  //   output1_scales_gate_scalar[e] = w13_weight_scale[e] * in13,
+  //   output2_scales_scalar[e] = in2 * w2_weight_scale[e].
+  void add_trtllm_fp8_scalars(std::size_t w, std::vector<PostLoadHook>& out) const {
+    const ParamSpec& weight = shell_.params[w];
+    const std::uint64_t experts = weight.shape[0];
+    const Shape per_expert{experts};
+    const std::size_t s13 =
+        need(companion_name(weight.name, "weight_scale"), per_expert, weight.name);
+    const std::size_t s2 =
+        need(experts_param(weight.name, "w2_weight_scale"), per_expert, weight.name);
+    const std::size_t in13 = need(companion_name(weight.name, "input_scale"), Shape{}, weight.name);
+    const std::size_t in2 =
+        need(experts_param(weight.name, "w2_input_scale"), Shape{}, weight.name);
+    std::vector<std::size_t> outputs;
+    for (const std::string& name : trtllm_fp8_scalars(q_, weight.name, true)) {
+      outputs.push_back(need(name, per_expert, weight.name));
+    }
+    PostLoadHook hook;
+    hook.name = "postprocess_sm100:" + experts_param(weight.name, "output_scales") +
+                " (flashinfer_trtllm)" + rank_note_;
+    hook.local_rank = r_;
+    hook.inputs = {s13, s2, in13, in2};
+    hook.outputs = outputs;
+    hook.run = [=](HookContext& ctx) {
+      gpu::Stream& stream = ctx.stream();
+      const std::vector<float> w13s = read_floats(stream, ctx.param_data(s13), experts);
+      const std::vector<float> w2s = read_floats(stream, ctx.param_data(s2), experts);
+      const float input = read_floats(stream, ctx.param_data(in13), 1)[0];
+      const float activation = read_floats(stream, ctx.param_data(in2), 1)[0];
+      const float inverse = 1.0f / activation;
+      std::vector<std::vector<float>> values(3);
+      for (std::uint64_t e = 0; e < experts; ++e) {
+        const float gate = w13s[e] * input;
+        values[0].push_back(gate * inverse);
+        values[1].push_back(gate);
+        values[2].push_back(activation * w2s[e]);
+      }
+      for (std::size_t o = 0; o < outputs.size(); ++o) {
+        stream.copy_h2d(ctx.param_data(outputs[o]),
+                        reinterpret_cast<const std::byte*>(values[o].data()), experts * kF32);
+      }
+      stream.synchronize();  // the host values die with this call
     };
     out.push_back(std::move(hook));
   }

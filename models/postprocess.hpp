@@ -128,11 +128,23 @@
 // process_weights_after_loading_block_quant leaves them (DeepGEMM does not run them,
 // no UE8M0). A rank's share of the intermediate size is padded to 128 as above.
 //
+// Per-tensor FP8 fused experts under flashinfer_trtllm (Fp8MoEMethod with static
+// activations, ModelOptFp8MoEMethod: align_fp8_moe_weights_for_flashinfer_trtllm):
+// the share padded to 128 as above; w13 up rows first (Fp8MoEMethod loads them so;
+// ModelOpt flips its [gate | up] after requantizing, swap_w13_halves), each expert
+// requantized to its larger scale, reordered for the gated activation and shuffled
+// (shuffle_matrix_a), w2's rows shuffled alike, in place; the input scales their
+// max; F32 [E] output1_scales_scalar = w13_weight_scale * in13 * (1 / in2),
+// output1_scales_gate_scalar = w13_weight_scale * in13, output2_scales_scalar = in2 *
+// w2_weight_scale (trtllm_fp8_scalars). Dynamic activations are refused (SGLang
+// asserts the input scales), as is a hidden size not a multiple of 32 (kPlacement).
+// Unquantized BF16 experts under it: the block layout (TableModel::serve_as).
+//
 // Refused (make_model, Stage::kConfig, naming the reason): on kSm90 NVFP4 with
 // group_size other than 16 or an F32 model (SGLang's Marlin refuses both); on kSm100
-// experts under flashinfer_trtllm that are neither block FP8 nor NVFP4 (per-tensor
-// or ModelOpt FP8, unquantized: their layouts are not produced);
-// and any target but kLoader together with quantization.requant.
+// quantization.online's FP8 experts under flashinfer_trtllm, and unquantized ones of
+// an F16 or F32 model there; and any target but kLoader together with
+// quantization.requant.
 //
 // The hooks rewrite weights in place and write outputs declared at their final
 // size: nothing is reallocated, and each depends only on the loaded weights and the
@@ -269,5 +281,15 @@ void check_target(const QuantScheme& scheme, const std::string& architecture, bo
 // QuantScheme::config_method (none for a ModelOpt hf_quant_config.json).
 bool trtllm_runner(const QuantScheme& scheme, const std::string& architecture, bool has_experts,
                    const ParallelLayout& layout);
+// Whether w13 loads up rows first under flashinfer_trtllm: FusedMoE._weight_loader_impl
+// swaps w1 and w3 for an Fp8MoEMethod or an UnquantizedFusedMoEMethod (block and
+// per-tensor FP8 of quant_method fp8, unquantized), not for ModelOpt's methods.
+bool trtllm_loads_up_first(const QuantScheme& scheme);
+// Per-tensor FP8 fused experts under flashinfer_trtllm: the F32 [E] params
+// align_fp8_moe_weights_for_flashinfer_trtllm adds for `weight` (experts.w13_weight:
+// output1_scales_scalar, output1_scales_gate_scalar, output2_scales_scalar); none
+// for anything else.
+std::vector<std::string> trtllm_fp8_scalars(const QuantScheme& scheme, std::string_view weight,
+                                            bool experts);
 
 }  // namespace ferry::models

@@ -621,6 +621,9 @@ void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) cons
                               DType::kF32});
     }
   }
+  for (const std::string& name : trtllm_fp8_scalars(q, d.name, s.stacked)) {
+    w.companions.push_back({name, [weight](int r) { return Shape{weight(r)[0]}; }, DType::kF32});
+  }
   if ((s.nvfp4 || s.marlin) && !s.stacked) {
     // alpha and input_scale_inv on both targets; Marlin's global scales on sm90
     // (prepare_nvfp4_layer_for_marlin).
@@ -885,7 +888,9 @@ void TableModel::apply_quant() {
     add_weight_companions(s, w);
     for (std::size_t i = 0, n = fill_decls_.size(); i < n; ++i) {
       if (fill_decls_[i].param == d.name) {  // flashinfer_trtllm's padded experts
-        fill_decls_.push_back({s.scale, scale_fill(fill_decls_[i].zero, w.bn, w.bk)});
+        if (w.traits.grain == ScaleGrain::kBlock) {  // (a scale a shard: loaded whole)
+          fill_decls_.push_back({s.scale, scale_fill(fill_decls_[i].zero, w.bn, w.bk)});
+        }
         fill_decls_[i].zero = packed_fill(fill_decls_[i].zero, w.traits.values_per_byte);
       }
     }

@@ -312,18 +312,28 @@ void check_target(const QuantScheme& q, const std::string& architecture, bool ha
     }
   }
   // The flashinfer_trtllm runner: ferry lays out block FP8 experts (swapped
-  // halves), NVFP4 experts (shuffled) and BF16 experts (blocks) for it; not yet
-  // per-tensor FP8 or ModelOpt FP8 experts.
+  // halves), per-tensor FP8 ones (requantized, shuffled, output scales), NVFP4
+  // experts (shuffled) and BF16 experts (blocks) for it.
   const std::string runner = "SGLang 0.5.23 runs " + architecture +
                              "'s experts with the flashinfer_trtllm MoE runner on sm100 by "
                              "default (_deepseek_moe_quant_resolution, model_overrides); ";
   const bool unquantized = !q.quantized() && q.online == QuantScheme::Online::kNone;
-  const bool served = q.method == Method::kFp8Block || q.method == Method::kNvfp4 || unquantized;
+  const bool served = q.method == Method::kFp8Block || q.method == Method::kFp8Tensor ||
+                      q.method == Method::kNvfp4 || unquantized;
   if (q.trtllm_experts && !served) {
-    refuse(runner + "ferry produces its layouts for block FP8, NVFP4 and BF16 experts, not for " +
+    refuse(runner +
+           "ferry produces its layouts for block FP8, per-tensor FP8, NVFP4 and BF16 experts, "
+           "not for " +
            (q.quantized() ? "these (" + describe(q) + ")"
                           : std::string("quantization.online's FP8 experts")) +
            "; use postprocess.target=loader, or parallel.moe_a2a=deepep");
+  }
+  if (q.trtllm_experts && q.method == Method::kFp8Tensor && !q.input_scales) {
+    refuse(runner +
+           "its per-tensor FP8 experts need static input scales "
+           "(align_fp8_moe_weights_for_flashinfer_trtllm asserts w13_input_scale and "
+           "w2_input_scale to make output1_scales_scalar), and this checkpoint has none "
+           "(dynamic activations); use postprocess.target=loader, or parallel.moe_a2a=deepep");
   }
   if (q.trtllm_experts && unquantized && q.params_dtype != DType::kBF16) {
     refuse(runner +
@@ -333,6 +343,21 @@ void check_target(const QuantScheme& q, const std::string& architecture, bool ha
            " model's are not; use model.dtype=bf16, postprocess.target=loader, or "
            "parallel.moe_a2a=deepep");
   }
+}
+
+bool trtllm_loads_up_first(const QuantScheme& q) {
+  return q.trtllm_experts && q.method != Method::kNvfp4 && q.format != Format::kModelOpt;
+}
+
+std::vector<std::string> trtllm_fp8_scalars(const QuantScheme& q, std::string_view weight,
+                                            bool experts) {
+  if (!experts || !q.trtllm_experts || q.method != Method::kFp8Tensor ||
+      !weight.ends_with("w13_weight")) {
+    return {};
+  }
+  return {experts_param(weight, "output1_scales_scalar"),
+          experts_param(weight, "output1_scales_gate_scalar"),
+          experts_param(weight, "output2_scales_scalar")};
 }
 
 bool trtllm_runner(const QuantScheme& q, const std::string& architecture, bool has_experts,
