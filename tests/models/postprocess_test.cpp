@@ -611,13 +611,41 @@ TEST(Postprocess, Sm100MoeRunnerFollowsSGLangsOverrides) {
   hidden["hidden_size"] = 192;
   EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(hidden, Target::kSm100); }),
               HasSubstr("need the hidden size to be a multiple of 128"));
-  // Refused under it: ModelOpt FP8 (hf_quant_config.json). Unquantized experts are
-  // served (Bf16ExpertsOnSm100AreFlashinferTrtllmBlocks).
+  // Per-tensor FP8 experts (ModelOpt's hf_quant_config.json; quant_method fp8 with
+  // static activations) under it: align_fp8_moe_weights_for_flashinfer_trtllm's
+  // shapes, the intermediate padded to 128, one scale an expert, scalar input scales
+  // and three F32 [E] output scales (values: Fp8TensorExpertsOnSm100AreFlashinferTrtllms).
+  // Unquantized experts are served too (Bf16ExpertsOnSm100AreFlashinferTrtllmBlocks).
   const nlohmann::json modelopt_fp8 =
       models::with_hf_quant_config(synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false),
                                    synth::synth_hf_quant_config(synth::SynthQuant::kModelOptFp8));
-  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(modelopt_fp8, Target::kSm100); }),
-              HasSubstr("Qwen3MoeForCausalLM's experts with the flashinfer_trtllm MoE runner"));
+  nlohmann::json static_fp8 = synth::synth_config("qwen3_moe", "tiny", DType::kBF16, false);
+  static_fp8["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "static"}};
+  for (const nlohmann::json& c : {modelopt_fp8, static_fp8}) {
+    const models::RankShell s = make(c, Target::kSm100)->shells()[0];
+    const std::string ex = "model.layers.0.mlp.experts.";
+    EXPECT_EQ(spec(s, ex + "w13_weight"), "F8_E4M3 [8, 256, 128]");
+    EXPECT_EQ(spec(s, ex + "w2_weight"), "F8_E4M3 [8, 128, 128]");
+    EXPECT_EQ(spec(s, ex + "w13_weight_scale"), "F32 [8]");
+    EXPECT_EQ(spec(s, ex + "w2_weight_scale"), "F32 [8]");
+    EXPECT_EQ(spec(s, ex + "w13_input_scale"), "F32 []");
+    EXPECT_EQ(spec(s, ex + "w2_input_scale"), "F32 []");
+    for (const std::string name :
+         {"output1_scales_scalar", "output1_scales_gate_scalar", "output2_scales_scalar"}) {
+      EXPECT_EQ(spec(s, ex + name), "F32 [8]") << name;
+    }
+    EXPECT_EQ(find(make(c, Target::kSm90)->shells()[0], ex + "output2_scales_scalar"), nullptr);
+  }
+  // Refused under it: dynamic activations (SGLang asserts the input scales), and a
+  // hidden size its row shuffle cannot take.
+  nlohmann::json dynamic_fp8 = static_fp8;
+  dynamic_fp8["quantization_config"]["activation_scheme"] = "dynamic";
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(dynamic_fp8, Target::kSm100); }),
+              HasSubstr("per-tensor FP8 experts need static input scales"));
+  nlohmann::json narrow = static_fp8;
+  narrow["hidden_size"] = 144;
+  EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(narrow, Target::kSm100); }),
+              HasSubstr("the hidden size must be a multiple of 32"));
   for (const std::string family : {"qwen3_moe", "glm4_moe", "deepseek_v3", "mixtral"}) {
     const nlohmann::json bf16 = synth::synth_config(family, "tiny", DType::kBF16, false);
     const models::RankShell s = make(bf16, Target::kSm100)->shells()[0];
@@ -770,14 +798,18 @@ TEST(Postprocess, RefusalsNameTheTargetAndWhy) {
   EXPECT_THAT(padded, HasSubstr("mlp.down_proj.weight"));
   EXPECT_THAT(padded, HasSubstr("pad_nvfp4_weight pads N and K to multiples of 32"));
   // DeepSeek-V3's experts on sm100 without DeepEP: flashinfer_trtllm, which ferry
-  // does not lay out for per-tensor FP8 experts.
+  // does not lay out for quantization.online's FP8 experts.
   nlohmann::json ds = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);
   ds["q_lora_rank"] = 128;
   ds["kv_lora_rank"] = 128;
   ds["moe_intermediate_size"] = 128;
-  ds["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "static"}};
-  EXPECT_THAT(error_of(Stage::kConfig, [&] { make(ds, Target::kSm100); }),
-              HasSubstr("flashinfer_trtllm MoE runner on sm100"));
+  models::ModelOptions online;
+  online.target = Target::kSm100;
+  online.online = QuantScheme::Online::kTensor;
+  const std::string online_error =
+      error_of(Stage::kConfig, [&] { models::make_model(ds, {}, online); });
+  EXPECT_THAT(online_error, HasSubstr("flashinfer_trtllm MoE runner on sm100"));
+  EXPECT_THAT(online_error, HasSubstr("not for quantization.online's FP8 experts"));
   ds["quantization_config"] = synth::synth_quant_config(synth::SynthQuant::kFp8Block, 128);
   EXPECT_NO_THROW(make(ds, Target::kSm90));
   // With quantization.requant.

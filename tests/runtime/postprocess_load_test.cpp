@@ -908,6 +908,129 @@ TEST(PostprocessLoad, BlockFp8DeepseekExpertsOnSm100LoadUpFirst) {
   EXPECT_EQ(checked, 2u * 3);  // weight and scales of three MoE layers
 }
 
+// Per-tensor FP8 Qwen3-MoE on sm100 without an all-to-all backend, quant_method fp8
+// (Fp8MoEMethod) and ModelOpt (ModelOptFp8MoEMethod): flashinfer_trtllm
+// (align_fp8_moe_weights_for_flashinfer_trtllm). A rank's share of the intermediate
+// size (64 at tp 1) is padded to 128 with zeros; each expert's w1 and w3 requantized
+// to the larger of their scales, then gathered by trtllm_rows from SGLang's up-first
+// rows (Fp8MoEMethod loads them so, ModelOpt flips its halves: the same bytes); w2's
+// rows shuffled alike. The input scales their max, w13_weight_scale the larger of
+// each expert's two, and output1_scales_scalar[e] = w13_weight_scale[e] * in13 *
+// (1 / in2), output1_scales_gate_scalar[e] = w13_weight_scale[e] * in13,
+// output2_scales_scalar[e] = in2 * w2_weight_scale[e]. Both against a plain load. At
+// tp 2 the padded size is sharded: rank 0 holds tp 1's experts, rank 1 zeros.
+TEST(PostprocessLoad, Fp8TensorExpertsOnSm100AreFlashinferTrtllms) {
+  TempDir dir;
+  for (const synth::SynthQuant quant :
+       {synth::SynthQuant::kFp8Tensor, synth::SynthQuant::kModelOptFp8}) {
+    const std::string ck =
+        synth_tiny(dir, "qwen3_moe", quant, std::string(synth::to_string(quant)));
+    if (quant == synth::SynthQuant::kFp8Tensor) {
+      as_fp8_format(ck);
+    }
+    set_scalars(ck, "gate_proj.weight_scale", {0.0015f, 0.003f, 0.002f});
+    set_scalars(ck, "up_proj.weight_scale", {0.0025f, 0.0005f});
+    set_scalars(ck, "gate_proj.input_scale", {0.5f, 0.75f});
+    set_scalars(ck, "up_proj.input_scale", {0.25f, 1.5f, 0.125f});
+    set_scalars(ck, "down_proj.input_scale", {2.0f, 0.375f});
+    const Loads l = load_both(ck, "sm100", {"parallel.tp=1"});
+    ASSERT_TRUE(l.plain) << l.plain.error->message;
+    ASSERT_TRUE(l.target) << l.target.error->message;
+    std::size_t checked = 0;
+    for (std::size_t r = 0; r < 1; ++r) {
+      for (const LoadedParam& p : l.plain.model->ranks()[r].params) {
+        if (!p.name.ends_with("experts.w13_weight")) {
+          continue;
+        }
+        ++checked;
+        const std::string e = p.name.substr(0, p.name.size() - std::string("w13_weight").size());
+        auto plain = [&](const std::string& n) { return l.plain.model->read_param(r, e + n); };
+        auto served = [&](const std::string& n) { return l.target.model->read_param(r, e + n); };
+        const std::uint64_t experts = p.shape[0];
+        const std::uint64_t half = p.shape[1] / 2;
+        const std::uint64_t hidden = p.shape[2];
+        const std::uint64_t padded = 128;
+        ASSERT_EQ(l.target.model->ranks()[r].find(p.name)->shape,
+                  (models::Shape{experts, 2 * padded, hidden}));
+        const std::vector<std::byte> w13 = plain("w13_weight");
+        const std::vector<std::byte> w2 = plain("w2_weight");
+        const std::vector<float> s = floats(plain("w13_weight_scale"));
+        const std::vector<float> w2s = floats(plain("w2_weight_scale"));
+        const std::vector<std::byte> got13 = served("w13_weight");
+        const std::vector<std::byte> got2 = served("w2_weight");
+        const std::vector<std::uint64_t> perm13 = trtllm_rows(2 * padded, true);
+        const std::vector<std::uint64_t> perm2 = trtllm_rows(hidden, false);
+        std::vector<float> smax;
+        for (std::uint64_t x = 0; x < experts; ++x) {
+          smax.push_back(std::max(s[2 * x], s[2 * x + 1]));
+          for (std::uint64_t n = 0; n < 2 * padded; ++n) {
+            // Served row n is SGLang's up-first row perm13[n]: up's rows, then gate's.
+            const std::uint64_t src = perm13[n];
+            const std::uint64_t shard = src < padded ? 1 : 0;  // ferry's: 0 gate, 1 up
+            const std::uint64_t row = src % padded;
+            for (std::uint64_t c = 0; c < hidden; ++c) {
+              const std::uint8_t q =
+                  static_cast<std::uint8_t>(got13[(x * 2 * padded + n) * hidden + c]);
+              const float want =
+                  row >= half
+                      ? 0.0f
+                      : requant_value(static_cast<std::uint8_t>(
+                                          w13[(x * 2 * half + shard * half + row) * hidden + c]),
+                                      s[2 * x + shard], smax[x]);
+              ASSERT_EQ(testing::e4m3_value(q), want)
+                  << p.name << " expert " << x << " row " << n << " col " << c;
+            }
+          }
+          for (std::uint64_t n = 0; n < hidden; ++n) {
+            for (std::uint64_t c = 0; c < padded; ++c) {
+              const std::byte want =
+                  c < half ? w2[(x * hidden + perm2[n]) * half + c] : std::byte{0};
+              ASSERT_EQ(got2[(x * hidden + n) * padded + c], want)
+                  << e << "w2_weight expert " << x << " row " << n << " col " << c;
+            }
+          }
+        }
+        EXPECT_EQ(floats(served("w13_weight_scale")), smax);
+        EXPECT_EQ(floats(served("w2_weight_scale")), w2s);
+        const std::vector<float> in13 = floats(plain("w13_input_scale"));
+        const std::vector<float> in2 = floats(plain("w2_input_scale"));
+        const float m13 = *std::max_element(in13.begin(), in13.end());
+        const float m2 = *std::max_element(in2.begin(), in2.end());
+        EXPECT_EQ(floats(served("w13_input_scale")), std::vector<float>{m13});
+        EXPECT_EQ(floats(served("w2_input_scale")), std::vector<float>{m2});
+        std::vector<float> out1;
+        std::vector<float> gate;
+        std::vector<float> out2;
+        for (std::uint64_t x = 0; x < experts; ++x) {
+          gate.push_back(smax[x] * m13);
+          out1.push_back(gate.back() * (1.0f / m2));
+          out2.push_back(m2 * w2s[x]);
+        }
+        EXPECT_EQ(floats(served("output1_scales_scalar")), out1) << e;
+        EXPECT_EQ(floats(served("output1_scales_gate_scalar")), gate) << e;
+        EXPECT_EQ(floats(served("output2_scales_scalar")), out2) << e;
+      }
+    }
+    EXPECT_EQ(checked, 4u) << synth::to_string(quant);  // four MoE layers
+    Runtime tp2_rt(to_config(make_config(ck, {"parallel.tp=2", "postprocess.target=sm100"})));
+    const LoadResult tp2 = tp2_rt.load();
+    ASSERT_TRUE(tp2) << tp2.error->message;
+    for (const LoadedParam& p : l.target.model->ranks()[0].params) {
+      if (p.name.find("mlp.experts.") != std::string::npos) {
+        const std::vector<std::byte> want = l.target.model->read_param(0, p.name);
+        EXPECT_EQ(tp2.model->read_param(0, p.name), want) << p.name;
+        const std::vector<std::byte> other = tp2.model->read_param(1, p.name);
+        if (p.name.ends_with("_weight")) {
+          EXPECT_EQ(other, std::vector<std::byte>(other.size())) << p.name;
+        } else {
+          EXPECT_EQ(other, want) << p.name;  // an expert's scalars load on every rank
+        }
+      }
+    }
+    overlap_and_dummy_match(ck, "sm100", tp2);
+  }
+}
+
 // NVFP4 on sm90 (the marlin branch of ModelOptFp4LinearMethod.
 // process_weights_after_loading, prepare_nvfp4_layer_for_marlin): the plain load's
 // weight and scales zero-padded to Marlin's shape and put through the host twins of
