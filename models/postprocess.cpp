@@ -293,6 +293,9 @@ class RankPostprocess {
       if (weight.dtype == DType::kU8 && !weight.transient && nvfp4_served(q_, weight.shape) &&
           quantized_linear_param(weight.name)) {
         if (weight.shape.size() == 2) {
+          if (auto twin = find(loaded_weight_name(weight.name))) {
+            add_nvfp4_padding(w, *twin, out);
+          }
           add_nvfp4_scales(w, out);
           add_nvfp4_alpha(w, out, false);
           continue;
@@ -573,6 +576,24 @@ class RankPostprocess {
     out.push_back(std::move(hook));
   }
 
+  // Dense NVFP4 on kSm100 that pad_nvfp4_weight pads: the param [N', K' / 2] is the
+  // weight as loaded (its twin [N, K / 2]) with zeros after each row and below.
+  void add_nvfp4_padding(std::size_t w, std::size_t twin, std::vector<PostLoadHook>& out) const {
+    const Shape& from = shell_.params[twin].shape;
+    const Shape& to = shell_.params[w].shape;
+    if (from.size() != 2 || to.size() != 2 || to[0] < from[0] || to[1] < from[1]) {
+      bad(shell_.params[w].name,
+          "internal: an NVFP4 weight " + format_shape(to) + " padded from " + format_shape(from));
+    }
+    PostLoadHook hook = hook_for(shell_.params[w].name, twin, w);
+    hook.run = [w, twin, from, to](HookContext& ctx) {
+      ctx.stream().zero(ctx.param_data(w), to[0] * to[1]);
+      ctx.stream().copy_d2d_2d(ctx.param_data(w), to[1], ctx.param_data(twin), from[1], from[1],
+                               from[0]);
+    };
+    out.push_back(std::move(hook));
+  }
+
   // NVFP4 on kSm100: the E4M3 block scales [M, C] zero-padded to [M', C'] and
   // swizzled (SGLang 0.5.23's swizzle_blockscale), over weight_scale from its loaded
   // twin, or into weight_scale_interleaved (fused experts: <layer>.w13_blockscale_swizzled,
@@ -581,7 +602,10 @@ class RankPostprocess {
     const ParamSpec& weight = shell_.params[w];
     const bool experts = weight.shape.size() == 3;
     const std::uint64_t batches = experts ? weight.shape[0] : 1;
-    const std::uint64_t rows = weight.shape[weight.shape.size() - 2];
+    // The rows as loaded (a padded weight's twin's: the scales are not padded with it).
+    const std::optional<std::size_t> loaded = find(loaded_weight_name(weight.name));
+    const Shape& ws = loaded ? shell_.params[*loaded].shape : weight.shape;
+    const std::uint64_t rows = ws[ws.size() - 2];
     const std::string served = companion_name(weight.name, "weight_scale");
     const std::optional<std::size_t> twin = find(loaded_tensor_scale_name(weight.name));
     const std::optional<std::size_t> src = twin ? twin : find(served);

@@ -51,8 +51,10 @@
 // process_weights_after_loading leaves:
 //   alpha F32 [] = f32(input_scale.max() * weight_scale_2.max());
 //   input_scale_inv F32 [] = 1 / input_scale.max();
-//   the weight [N, K/2] U8 as loaded (pad_nvfp4_weight pads N and K to multiples
-//     of 32; ferry refuses a weight that would need it, at kPlacement);
+//   the weight [N, K/2] U8 as loaded, or where N or K is not a multiple of 32
+//     pad_nvfp4_weight's [N', K'/2] (both rounded up to 32, zeros after each row
+//     and below; copy_or_rebind_param rebinds it): the checkpoint's bytes load into
+//     the transient twin "<w>weight_loaded", which a hook copies in (nvfp4_pads);
 //   the E4M3 block scales [M, C] (M = N, C = K/16) zero-padded to [M', C'] (M' =
 //     M rounded up to 128, C' = C to 4) and swizzled: viewed as [M'/128, 4, 32,
 //     C'/4, 4] and permuted (0, 3, 2, 1, 4) (swizzle_blockscale). Where [M', C'] is
@@ -222,9 +224,11 @@ std::string marlin_experts_unaligned(const Shape& weight);
 std::string sm100_experts_unaligned(const QuantScheme& scheme, std::string_view param,
                                    const Shape& weight);
 
-// Where pad_nvfp4_weight would pad the weight (N or K not a multiple of 32): the
-// reason, naming the dims; empty where it would not.
-std::string nvfp4_padding(const Shape& weight);
+// Dense NVFP4 on kSm100 (`weight` the logical [N, K]): whether pad_nvfp4_weight pads
+// it for the FP4 GEMM (N or K not a multiple of 32), and the packed U8 [N', K' / 2]
+// it leaves, N and K rounded up to 32 with zeros (copy_or_rebind_param).
+bool nvfp4_pads(const Shape& weight);
+Shape nvfp4_padded_weight(const Shape& weight);
 
 // Whether a static input scale of this weight becomes its max ([]): every target
 // but kLoader.

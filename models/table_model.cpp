@@ -314,6 +314,7 @@ struct TableModel::WeightScales {
   bool stacked = false;  // fused experts: leading expert dims
   bool ue8m0 = false;    // quantization.requant=ue8m0 converts it
   bool nvfp4 = false;    // postprocess.target=sm100's dense NVFP4 path (nvfp4_served)
+  bool nvfp4_pad = false;  // ... whose weight pad_nvfp4_weight pads (nvfp4_pads)
   bool marlin = false;   // postprocess.target=sm90's dense NVFP4 path (nvfp4_marlin)
   ScaleForm form = ScaleForm::kAsLoaded;
   bool input_max = false;
@@ -470,20 +471,14 @@ TableModel::WeightScales TableModel::weight_scales(ParamDecl& d, ShapeRule weigh
                       " (tp rank " + std::to_string(rank) + ")");
     }
   }
-  if (s.nvfp4) {
-    for (int rank : layout_.local_ranks) {
-      const Shape shape = s.weight(rank);
-      const std::string padding = nvfp4_padding(shape);
-      const std::string where = " on tp rank " + std::to_string(rank);
-      if (!padding.empty()) {
-        throw Error(Stage::kPlacement, "", d.name, "postprocess.target=sm100: " + padding + where);
-      }
-      if (scale_form(q, shape, s.shards) != s.form) {
-        throw Error(Stage::kPlacement, "", d.name,
-                    "postprocess.target=sm100: the swizzled NVFP4 scales would replace "
-                    "weight_scale on some local ranks and not on others (" +
-                        format_shape(shape) + where + ")");
-      }
+  s.nvfp4_pad = s.nvfp4 && !s.stacked && nvfp4_pads(first_shape);
+  for (int rank : s.nvfp4 ? layout_.local_ranks : std::vector<int>{}) {
+    const Shape shape = s.weight(rank);
+    if (scale_form(q, shape, s.shards) != s.form || nvfp4_pads(shape) != s.nvfp4_pad) {
+      throw Error(Stage::kPlacement, "", d.name,
+                  "postprocess.target=sm100: the NVFP4 weight would be padded, or its swizzled "
+                  "scales replace weight_scale, on some local ranks and not on others (" +
+                      format_shape(shape) + " on tp rank " + std::to_string(rank) + ")");
     }
   }
   s.input_max = !d.transient && input_scale_max(q);
@@ -877,7 +872,7 @@ void TableModel::apply_quant() {
               traits.group_blocks ? quant_.group_size : quant_.block_k,
               {},
               {}};
-  std::map<std::string, std::string> marlin_twins;  // weight -> its loaded twin
+  std::map<std::string, std::string> twins;  // weight -> its loaded twin
   for (ParamDecl& d : param_decls_) {
     auto qit = quantized.find(d.name);
     if (qit == quantized.end()) {
@@ -918,18 +913,22 @@ void TableModel::apply_quant() {
                             [&](const ParamDecl& p) { return p.name == bias; });
       if (b != param_decls_.end()) {
         w.companions.push_back({loaded_bias_name(d.name), b->shape, b->dtype, true});
-        marlin_twins.emplace(bias, loaded_bias_name(d.name));
+        twins.emplace(bias, loaded_bias_name(d.name));
         b->shape = [weight = s.weight](int rank) {
           return Shape{marlin_padded_shape(weight(rank))[0]};
         };
       }
-      w.companions.push_back({loaded_weight_name(d.name), d.shape, d.dtype, true});
-      marlin_twins.emplace(d.name, loaded_weight_name(d.name));
-      d.shape = [weight = s.weight](int rank) { return marlin_weight_shape(weight(rank)); };
       d.dtype = DType::kI32;
     }
+    if (s.marlin || s.nvfp4_pad) {  // (sm100: pad_nvfp4_weight's zero-padded weight)
+      w.companions.push_back({loaded_weight_name(d.name), d.shape, w.traits.weight_dtype, true});
+      twins.emplace(d.name, loaded_weight_name(d.name));
+      d.shape = [weight = s.weight, marlin = s.marlin](int rank) {
+        return marlin ? marlin_weight_shape(weight(rank)) : nvfp4_padded_weight(weight(rank));
+      };
+    }
   }
-  retarget(targets_, fill_decls_, marlin_twins);
+  retarget(targets_, fill_decls_, twins);
   add_kv_cache_scales(w);
   for (ParamDecl& c : w.companions) {
     param_decls_.push_back(std::move(c));

@@ -168,13 +168,13 @@ std::string loaded_weight_name(std::string_view weight) {
   return companion_name(weight, "weight_loaded");
 }
 
-std::string nvfp4_padding(const Shape& weight) {
-  if (weight.size() != 2 || (weight[0] % 32 == 0 && weight[1] % 32 == 0)) {
-    return "";
-  }
-  return "its local shape is " + format_shape(weight) +
-         " and SGLang 0.5.23's pad_nvfp4_weight pads N and K to multiples of 32 for the FP4 "
-         "GEMM, a padded weight ferry does not produce";
+bool nvfp4_pads(const Shape& weight) {
+  return weight.size() == 2 && (weight[0] % 32 != 0 || weight[1] % 32 != 0);
+}
+
+Shape nvfp4_padded_weight(const Shape& weight) {
+  auto up = [](std::uint64_t x) { return (x + 31) / 32 * 32; };
+  return Shape{up(weight[0]), up(weight[1]) / 2};
 }
 
 ScaleForm scale_form(const QuantScheme& q, const Shape& weight, std::uint64_t shards) {
