@@ -791,12 +791,19 @@ TEST(Postprocess, RefusalsNameTheTargetAndWhy) {
   EXPECT_NO_THROW(make(narrow_experts, Target::kLoader));
   EXPECT_THAT(error_of(Stage::kPlacement, [&] { make(narrow_experts, Target::kSm90); }),
               HasSubstr("gptq_marlin_repack needs N % 64 == 0 and K % 16 == 0"));
+  // down_proj's K 48, not a multiple of 32: pad_nvfp4_weight pads it to 64 on sm100
+  // (the checkpoint's [N, 24] bytes load into a transient twin); gate_up's 96 rows stay.
   nlohmann::json narrow = nvfp4;
-  narrow["intermediate_size"] = 48;  // down_proj's K: 48, not a multiple of 32
-  EXPECT_NO_THROW(make(narrow, Target::kLoader));
-  const std::string padded = error_of(Stage::kPlacement, [&] { make(narrow, Target::kSm100); });
-  EXPECT_THAT(padded, HasSubstr("mlp.down_proj.weight"));
-  EXPECT_THAT(padded, HasSubstr("pad_nvfp4_weight pads N and K to multiples of 32"));
+  narrow["intermediate_size"] = 48;
+  const models::RankShell padded = make(narrow, Target::kSm100)->shells()[0];
+  const std::string mlp = "model.layers.0.mlp.";
+  const std::uint64_t hidden = narrow["hidden_size"].get<std::uint64_t>();
+  EXPECT_EQ(spec(padded, mlp + "down_proj.weight"), "U8 [" + std::to_string(hidden) + ", 32]");
+  EXPECT_EQ(spec(padded, mlp + "down_proj.weight_loaded"),
+            "U8 [" + std::to_string(hidden) + ", 24] transient");
+  EXPECT_EQ(find(padded, mlp + "gate_up_proj.weight_loaded"), nullptr);
+  EXPECT_EQ(spec(make(narrow, Target::kLoader)->shells()[0], mlp + "down_proj.weight"),
+            "U8 [" + std::to_string(hidden) + ", 24]");
   // DeepSeek-V3's experts on sm100 without DeepEP: flashinfer_trtllm, which ferry
   // does not lay out for quantization.online's FP8 experts.
   nlohmann::json ds = synth::synth_config("deepseek_v3", "tiny", DType::kBF16, false);

@@ -558,6 +558,63 @@ TEST(PostprocessLoad, Nvfp4OnSm100IsTheSwizzleOfAPlainLoad) {
   overlap_and_dummy_match(ck, "sm100", l.target);
 }
 
+// Dense NVFP4 on sm100 that pad_nvfp4_weight pads (the CUTLASS / cuDNN branch of
+// ModelOptFp4LinearMethod.process_weights_after_loading: N and K to multiples of 32):
+// Llama with intermediate 96 at tp 2, down_proj [H, 48] a rank, served [H, 64] (packed
+// [H, 32]): the plain load's rows with zeros after each; its block scales swizzled
+// from the unpadded [H, 3] (padded to 4 columns by the swizzle alone); everything
+// else as on sm100 without padding. The capture-safe startup and the dummy format agree.
+TEST(PostprocessLoad, Nvfp4OnSm100PadsWhatPadNvfp4WeightPads) {
+  TempDir dir;
+  synth::SynthOptions o;
+  nlohmann::json config = synth::synth_config("llama", "tiny", DType::kBF16, false);
+  config["intermediate_size"] = 96;
+  o.from_config = dir.file("config.json");
+  std::ofstream(o.from_config) << config.dump();
+  o.quant = synth::SynthQuant::kNvfp4;
+  o.out = dir.file("padded");
+  o.fsync = false;
+  synth::synthesize(o);
+  const Loads l = load_both(o.out, "sm100");
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  std::size_t checked = 0;
+  for (std::size_t r = 0; r < 2; ++r) {
+    for (const LoadedParam& p : l.plain.model->ranks()[r].params) {
+      if (p.dtype != DType::kU8) {
+        continue;
+      }
+      const LoadedParam* served = l.target.model->ranks()[r].find(p.name);
+      ASSERT_NE(served, nullptr) << p.name;
+      EXPECT_EQ(
+          l.target.model->ranks()[r].find(p.name.substr(0, p.name.size() - 6) + "weight_loaded"),
+          nullptr);  // the twin is freed with the load
+      const std::vector<std::byte> plain = l.plain.model->read_param(r, p.name);
+      if (!p.name.ends_with("down_proj.weight")) {
+        EXPECT_EQ(served->shape, p.shape) << p.name;
+        EXPECT_EQ(l.target.model->read_param(r, p.name), plain) << p.name;
+        continue;
+      }
+      ++checked;
+      const std::uint64_t rows = p.shape[0];
+      ASSERT_EQ(p.shape, (models::Shape{rows, 24}));
+      ASSERT_EQ(served->shape, (models::Shape{rows, 32}));
+      std::vector<std::byte> want(rows * 32);
+      for (std::uint64_t n = 0; n < rows; ++n) {
+        std::memcpy(want.data() + n * 32, plain.data() + n * 24, 24);
+      }
+      EXPECT_EQ(l.target.model->read_param(r, p.name), want) << p.name;
+      const std::string base = p.name.substr(0, p.name.size() - 6);
+      const std::vector<std::byte> scale = l.plain.model->read_param(r, base + "weight_scale");
+      EXPECT_EQ(l.target.model->read_param(r, base + "weight_scale_interleaved"),
+                swizzle_blockscale(scale, rows, 3))
+          << base;
+    }
+  }
+  EXPECT_EQ(checked, 4u * 2);  // down_proj of four layers, two ranks
+  overlap_and_dummy_match(o.out, "sm100", l.target);
+}
+
 // `family`'s small preset with `quant` in dir/<name> (sizes flashinfer_trtllm and
 // the sm100 expert paths take at tp 2: intermediate 128, hidden 256).
 // DeepSeek: qk_rope_head_dim 32, so that fused_qkv_a_proj_with_mqa (128 + 64 + 32
