@@ -440,6 +440,12 @@ TEST(Postprocess, Nvfp4ExpertsOnSm100SwizzleEachExpertsScales) {
   EXPECT_EQ(spec(qwen->shells()[0], "model.layers.0.mlp.experts.w13_weight_scale_loaded"),
             "absent");
   EXPECT_EQ(spec(qwen->shells()[0], "model.layers.0.mlp.experts.g1_scale_c"), "F32 [8]");
+  // Under expert parallelism its max over every global expert's input scale is not
+  // produced (ferry holds the local experts' scales): refused, naming why.
+  EXPECT_THAT(
+      error_of(Stage::kConfig, [&] { make(nvfp4_config("qwen3_moe"), Target::kSm100, ep2); }),
+      HasSubstr("_sglang_require_global_experts"));
+  EXPECT_NO_THROW(make(nvfp4_config("qwen3_moe"), Target::kLoader, ep2));
 }
 
 // The DeepSeek family on sm100 without an all-to-all backend: SGLang 0.5.23's
