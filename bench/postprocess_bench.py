@@ -26,7 +26,8 @@ Rows:
   swizzled scales and experts (flashinfer_trtllm's shuffles for Qwen3-MoE, the
   default runner's swizzle for Mixtral); block FP8 DeepSeek-V3 on sm100 without
   DeepEP: its experts loaded up rows first for flashinfer_trtllm; unquantized
-  Qwen3-MoE on sm100: flashinfer_trtllm's BF16 block layout of its experts).
+  Qwen3-MoE on sm100: flashinfer_trtllm's BF16 block layout of its experts; ModelOpt
+  FP8 Qwen3-MoE on sm100: flashinfer_trtllm's per-tensor FP8 experts).
 """
 import argparse
 import json
@@ -125,6 +126,9 @@ def main():
             ("deepseek_v3", "fp8-block", ("sm100",), []),
             # Unquantized experts under flashinfer_trtllm: BF16 blocks, in place.
             ("qwen3_moe", "none", ("sm100",), []),
+            # Per-tensor FP8 experts under flashinfer_trtllm (ModelOpt): requantized,
+            # reordered and shuffled in place, and their output scales.
+            ("qwen3_moe", "modelopt-fp8", ("sm100",), []),
         ]
         for family, quant, targets, extra in mediums:
             if args.only and f"{family}-{quant}" not in args.only:
