@@ -148,6 +148,14 @@ std::vector<float> read_floats(gpu::Stream& stream, const std::byte* src, std::u
   return out;
 }
 
+// The first `count` of `values` to a param, from the host (synchronized: the host
+// values may die when the caller returns).
+void write_floats(gpu::Stream& stream, std::byte* dst, const std::vector<float>& values,
+                  std::uint64_t count) {
+  stream.copy_h2d(dst, reinterpret_cast<const std::byte*>(values.data()), count * kF32);
+  stream.synchronize();
+}
+
 // BaseKVCacheMethod.process_weights_after_loading for a loaded pair: both valid,
 // kept; neither, 1.0; only k_scale (a single kv_scale loaded as it), the larger in
 // both. A valid v_scale beside an invalid k_scale is refused, as SGLang asserts.
@@ -568,10 +576,8 @@ class RankPostprocess {
         values[2].push_back(activation * w2s[e]);
       }
       for (std::size_t o = 0; o < outputs.size(); ++o) {
-        stream.copy_h2d(ctx.param_data(outputs[o]),
-                        reinterpret_cast<const std::byte*>(values[o].data()), experts * kF32);
+        write_floats(stream, ctx.param_data(outputs[o]), values[o], experts);
       }
-      stream.synchronize();  // the host values die with this call
     };
     out.push_back(std::move(hook));
   }
@@ -833,10 +839,8 @@ class RankPostprocess {
         }
       }
       for (std::size_t o = 0; o < outputs.size(); ++o) {
-        stream.copy_h2d(ctx.param_data(outputs[o]),
-                        reinterpret_cast<const std::byte*>(values[o].data()), written[o] * kF32);
+        write_floats(stream, ctx.param_data(outputs[o]), values[o], written[o]);
       }
-      stream.synchronize();  // the host values die with this call
     };
     out.push_back(std::move(hook));
   }

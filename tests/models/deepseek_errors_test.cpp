@@ -15,6 +15,7 @@
 #include "models/reference_util.hpp"
 #include "models/table_model.hpp"
 #include "synth/synth.hpp"
+#include "testing/error_of.hpp"
 
 namespace ferry::testing {
 namespace {
@@ -26,13 +27,7 @@ nlohmann::json tiny_config(const std::string& family) {
 }
 
 void expect_error(const std::function<void()>& f, Stage stage, const std::string& what) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one containing \"" << what << "\"";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.stage(), stage) << e.what();
-    EXPECT_THAT(e.what(), HasSubstr(what));
-  }
+  EXPECT_THAT(error_of(stage, f), HasSubstr(what));
 }
 
 TEST(DeepseekErrors, StridesMustLayOutTheParamDensely) {

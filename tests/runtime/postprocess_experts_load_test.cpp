@@ -430,6 +430,7 @@ TEST(PostprocessLoad, Fp8TensorExpertsOnSm100AreFlashinferTrtllms) {
         const std::uint64_t half = p.shape[1] / 2;
         const std::uint64_t hidden = p.shape[2];
         const std::uint64_t padded = 128;
+        ASSERT_NE(l.target.model->ranks()[r].find(p.name), nullptr) << p.name;
         ASSERT_EQ(l.target.model->ranks()[r].find(p.name)->shape,
                   (models::Shape{experts, 2 * padded, hidden}));
         const std::vector<std::byte> w13 = plain("w13_weight");
