@@ -132,7 +132,7 @@ class TableModel final : public Model {
     ShapeRule served = {};  // serve_as
   };
 
-  // Quantized checkpoints (table_model.cpp): the weights' scale params and the
+  // Quantized checkpoints (table_quant.cpp): the weights' scale params and the
   // targets that load them, by the method's QuantTraits row.
   struct QuantWork;
   struct WeightScales;
@@ -146,6 +146,7 @@ class TableModel final : public Model {
   bool add_scale_targets(const WeightScales& s, QuantWork& w);
   void add_kv_cache_scales(QuantWork& w) const;
   void apply_online();
+  void retarget(const std::map<std::string, std::string>& to);
 
   QuantScheme quant_;
   std::vector<ParamDecl> param_decls_;
