@@ -309,6 +309,33 @@ void add_moe_experts(TableModel& m, const MoeLayerSpec& spec, const ParallelLayo
   const std::uint64_t E = spec.num_experts;
   m.add_param(w13, Shape{g->slots, 2 * g->i_pad, H});
   m.add_param(w2, Shape{g->slots, H, g->i_pad});
+  // The global rows of a scale every rank holds for all experts: FusedMoE.
+  // weight_loader (SGLang 0.5.23) on a `_sglang_require_global_experts` param writes
+  // logical expert e's scalar to the physical rows e, e + E, e + 2E, ... below P
+  // (ExpertLocationMetadata.logical_to_all_physical: a stride, whatever the EPLB map
+  // says; without a map, row e), the fused shared expert's to row P.
+  auto rows_of = [prefix = spec.checkpoint_prefix,
+                  shared_prefix = shared ? spec.shared_checkpoint_prefix : std::string(),
+                  E = spec.num_experts, physical](const std::string& tensor) {
+    std::vector<std::uint64_t> out;
+    if (!shared_prefix.empty() && tensor.starts_with(shared_prefix)) {
+      out.push_back(physical);
+    } else if (tensor.starts_with(prefix)) {
+      const std::size_t dot = tensor.find('.', prefix.size());
+      const std::string id =
+          dot == std::string::npos ? "" : tensor.substr(prefix.size(), dot - prefix.size());
+      if (!id.empty() && id.size() <= 9 &&
+          id.find_first_not_of("0123456789") == std::string::npos) {
+        const std::uint64_t e = std::stoull(id);
+        for (std::uint64_t p = e; e < E && p < physical; p += E) {
+          out.push_back(p);
+        }
+      }
+    }
+    return out;
+  };
+  m.set_global_experts(w13, physical + (shared ? 1 : 0), rows_of);
+  m.set_global_experts(w2, physical + (shared ? 1 : 0), rows_of);
   if (q.trtllm_experts && !q.quantized()) {
     // flashinfer_trtllm's BF16 experts (UnquantizedFusedMoEMethod.
     // _apply_trtllm_bf16_block_layout): each expert's [N, K] rows permuted, then cut

@@ -24,7 +24,10 @@
 // and a shared_checkpoint_prefix) one slot for the shared expert on every rank.
 // Every local physical replica of a logical expert is written (one tensor, several
 // pieces). Expert tensors no local rank keeps are dropped unread with
-// "remote_expert".
+// "remote_expert". The layer's global rows (TableModel::set_global_experts, for
+// ModelOpt NVFP4's input scales, which every rank holds for all experts): P + 1
+// with a fused shared expert, logical expert e at rows e, e + E, ... below P
+// (SGLang's stride, whatever the EPLB map), the shared expert at row P.
 //
 // Checkpoint forms: per expert, <checkpoint_prefix><e>.<gate|up|down name>.weight;
 // or fused 3-D, <checkpoint_prefix>gate_up_proj [E, 2I, H] (each expert's gate rows

@@ -122,10 +122,12 @@
 //     w2_input_scale_quant * g1_alphas_up (_compute_g1_scale_c). A rank's share of
 //     the intermediate size is padded to 64 with zeros and the padded size sharded
 //     (create_weights, narrow_padded_param_and_loaded_weight; models/experts.hpp); a
-//     hidden size not a multiple of 128 is refused (Stage::kPlacement), as is ep > 1
-//     (Stage::kConfig: SGLang's max runs over every global expert's input scales,
-//     _sglang_require_global_experts, where ferry holds the local experts').
-//   input scales and weight_scale_2 stay as loaded on both.
+//     hidden size not a multiple of 128 is refused (Stage::kPlacement). Under expert
+//     parallelism the max runs over every global expert: the input scales hold them
+//     all on each rank (below).
+//   input scales and weight_scale_2 stay as loaded on both. The input scales are
+//     [P (+1), 2] / [P (+1)], every global expert on each rank, as SGLang keeps them
+//     (_sglang_require_global_experts; TableModel::set_global_experts).
 // Block FP8 fused experts under flashinfer_trtllm (Fp8MoEMethod; DeepSeek, Qwen3-MoE):
 // FusedMoE._weight_loader_impl loads w1 as w3 and w3 as w1, so w13 holds the up rows
 // first, its block scales alike (ModelOptions::switch_w13 made so by make_model);

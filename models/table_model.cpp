@@ -126,6 +126,14 @@ void TableModel::add_fill(const std::string& param, BlockRule zero) {
   fill_decls_.push_back({param, std::move(zero)});
 }
 
+void TableModel::set_global_experts(const std::string& param, std::uint64_t rows,
+                                    RowsRule rows_of) {
+  if (finished_) {
+    internal(param, "set_global_experts after finish");
+  }
+  global_experts_[param] = {rows, std::move(rows_of)};
+}
+
 void TableModel::add_drop_pattern(std::string pattern, std::string reason) {
   drop_patterns_.emplace_back(std::move(pattern), std::move(reason));
 }

@@ -65,6 +65,14 @@ class TableModel final : public Model {
   // unread with `empty_reason` (an expert no local device owns: "remote_expert").
   void add_target(const std::string& tensor, const std::string& param, Shape src_shape,
                   BlockRule copy, std::string empty_reason = "no_local_slice");
+  // Fused experts `param` (a w13 / w2 weight) has `rows` global experts, and
+  // `rows_of(tensor)` gives the global rows a checkpoint tensor feeding it stands
+  // for (empty: none). Where a quantization keeps a per-expert scalar for every
+  // global expert on each rank (SGLang 0.5.23's `_sglang_require_global_experts`:
+  // ModelOpt NVFP4's w13_input_scale / w2_input_scale), that scale param is
+  // [rows(, shards)] on every rank and each rank reads every expert's scalar.
+  using RowsRule = std::function<std::vector<std::uint64_t>(const std::string& tensor)>;
+  void set_global_experts(const std::string& param, std::uint64_t rows, RowsRule rows_of);
   // Zero blocks of `param` that no tensor writes (padding).
   void add_fill(const std::string& param, BlockRule zero);
   // Tensors whose name contains `pattern` (or equals `name`) are dropped with
@@ -160,6 +168,7 @@ class TableModel final : public Model {
   std::vector<PostLoadHook> hooks_;
   std::vector<std::string> notes_;
   std::map<std::string, std::vector<std::uint64_t>> shard_starts_;
+  std::map<std::string, std::pair<std::uint64_t, RowsRule>> global_experts_;
 };
 
 // Checks and completes a layout: tp, ep, pp >= 1, 0 <= pp_rank < pp, local ranks

@@ -136,6 +136,10 @@ struct TableModel::WeightScales {
   // element of the expert's row holding the scalar loaded last (row_input).
   bool merged_input = false;
   bool row_input = false;
+  // ModelOpt NVFP4's experts: the input scales hold every global expert on each rank
+  // (set_global_experts): their rows, and the rows each checkpoint tensor writes.
+  std::uint64_t global_rows = 0;
+  RowsRule rows_of;
 
   // Fused experts keep a shard dim only where there are several shards: SGLang's
   // FusedMoE methods make w13 scales [E, 2] and w2 scales [E] (Fp8MoEMethod,
@@ -305,6 +309,16 @@ TableModel::WeightScales TableModel::weight_scales(ParamDecl& d, ShapeRule weigh
   // elements hold the one loaded last (`row_input`).
   s.merged_input = s.stacked && w.traits.merged_expert_input;
   s.row_input = s.stacked && !w.traits.merged_expert_input && s.shards > 1;
+  // SGLang 0.5.23's ModelOptNvFp4FusedMoEMethod.create_weights makes w13_input_scale
+  // [num_experts, 2] and w2_input_scale [num_experts], every global expert (physical
+  // ones, then the fused shared one), marked `_sglang_require_global_experts`, so
+  // FusedMoE.weight_loader writes each expert's scalar on every rank.
+  if (q.method == QuantScheme::Method::kNvfp4 && q.input_scales && s.stacked) {
+    if (auto it = global_experts_.find(d.name); it != global_experts_.end()) {
+      s.global_rows = it->second.first;
+      s.rows_of = it->second.second;
+    }
+  }
   return s;
 }
 
@@ -447,8 +461,15 @@ void TableModel::add_weight_companions(const WeightScales& s, QuantWork& w) cons
     }
   }
   if (q.input_scales) {
-    w.companions.push_back({s.input_param, s.merged_input ? s.scale_shape(1) : per_shard_shape,
-                            DType::kF32, s.input_max});
+    ShapeRule input_shape = s.merged_input ? s.scale_shape(1) : per_shard_shape;
+    if (s.global_rows != 0) {
+      Shape global{s.global_rows};
+      if (s.shards > 1) {
+        global.push_back(s.shards);
+      }
+      input_shape = [global](int) { return global; };
+    }
+    w.companions.push_back({s.input_param, input_shape, DType::kF32, s.input_max});
     if (s.input_max) {
       w.companions.push_back(
           {companion_name(d.name, "input_scale"), [](int) { return Shape{}; }, DType::kF32});
@@ -531,7 +552,10 @@ bool TableModel::add_scale_targets(const WeightScales& s, QuantWork& w) {
   const ParamDecl& d = *s.decl;
   // The experts' slots a target writes (local rank and expert index of each block):
   // the w1 and w3 tensors of one expert write the same ones.
-  auto slots_of = [this](const Target& t) {
+  auto slots_of = [this, &s](const std::string& tensor, const Target& t) {
+    if (s.global_rows != 0) {  // the global rows, the same on every rank
+      return s.rows_of(tensor);
+    }
     std::vector<std::uint64_t> key;
     for (int rank : layout_.local_ranks) {
       for (const Block& b : t.copy(rank)) {
@@ -548,7 +572,7 @@ bool TableModel::add_scale_targets(const WeightScales& s, QuantWork& w) {
   std::map<std::vector<std::uint64_t>, std::string> last_of_slots;
   if ((s.merged_input && s.shards > 1) || s.row_input) {
     for (const auto& [tensor, t] : s.feeds) {
-      const std::vector<std::uint64_t> key = slots_of(*t);
+      const std::vector<std::uint64_t> key = slots_of(tensor, *t);
       if (!key.empty()) {
         std::string& last = last_of_slots[key];
         last = std::max(last, tensor);
@@ -565,7 +589,7 @@ bool TableModel::add_scale_targets(const WeightScales& s, QuantWork& w) {
     }
     if (q.input_scales) {
       const std::string input = companion_name(tensor, "input_scale");
-      auto last = last_of_slots.find(slots_of(*t));
+      auto last = last_of_slots.find(slots_of(tensor, *t));
       if (last != last_of_slots.end() && last->second != tensor) {
         if (q.format == QuantScheme::Format::kCompressedTensors && s.merged_input) {
           // SGLang's compressed-tensors FusedMoE refuses w1 / w3 input scales that
@@ -580,6 +604,29 @@ bool TableModel::add_scale_targets(const WeightScales& s, QuantWork& w) {
           // is not read.
           drop_names_[input] = "overwritten_scale";
         }
+      } else if (s.global_rows != 0) {
+        // Every rank: each of the tensor's global rows (each element of it: the
+        // scalar loaded last, as below), whether or not the rank holds the expert.
+        w.added.emplace_back(input, Target{s.input_param, Shape{},
+                                           [rows = s.rows_of(tensor), shards = s.shards](int) {
+                                             std::vector<Block> out;
+                                             for (std::uint64_t row : rows) {
+                                               for (std::uint64_t k = 0; k < shards; ++k) {
+                                                 Block b;
+                                                 b.axis = 0;
+                                                 b.length = 1;
+                                                 if (shards > 1) {
+                                                   b.dst_index = {row};
+                                                   b.dst_start = k;
+                                                 } else {
+                                                   b.dst_start = row;
+                                                 }
+                                                 out.push_back(b);
+                                               }
+                                             }
+                                             return out;
+                                           },
+                                           t->empty_reason});
       } else if (s.row_input) {
         // The last loaded scalar in every shard's element of its expert's row.
         BlockRule one = s.per_shard_rule(logical);

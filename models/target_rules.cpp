@@ -288,17 +288,6 @@ void check_target(const QuantScheme& q, const std::string& architecture, bool ha
         "quantization.requant converts scales by hand; the target already gives the scales "
         "SGLang's kernels read there (use one or the other)");
   }
-  if (q.method == Method::kNvfp4 && has_experts && q.target == Target::kSm100 && q.trtllm_experts &&
-      layout.ep > 1) {
-    refuse(
-        "SGLang 0.5.23 holds every global expert's NVFP4 input scales on each rank "
-        "(w13_input_scale / w2_input_scale, _sglang_require_global_experts) and its "
-        "flashinfer_trtllm runner takes their max over all experts; ferry holds the local "
-        "experts' only, so under expert parallelism (ep " +
-        std::to_string(layout.ep) +
-        ") its max could differ: not produced yet; use postprocess.target=loader, ep 1, or "
-        "parallel.moe_a2a=deepep");
-  }
   if (q.method == Method::kNvfp4 && has_experts && q.target == Target::kSm100 &&
       !q.trtllm_experts && layout.ep > 1) {
     refuse(

@@ -440,12 +440,18 @@ TEST(Postprocess, Nvfp4ExpertsOnSm100SwizzleEachExpertsScales) {
   EXPECT_EQ(spec(qwen->shells()[0], "model.layers.0.mlp.experts.w13_weight_scale_loaded"),
             "absent");
   EXPECT_EQ(spec(qwen->shells()[0], "model.layers.0.mlp.experts.g1_scale_c"), "F32 [8]");
-  // Under expert parallelism its max over every global expert's input scale is not
-  // produced (ferry holds the local experts' scales): refused, naming why.
-  EXPECT_THAT(
-      error_of(Stage::kConfig, [&] { make(nvfp4_config("qwen3_moe"), Target::kSm100, ep2); }),
-      HasSubstr("_sglang_require_global_experts"));
-  EXPECT_NO_THROW(make(nvfp4_config("qwen3_moe"), Target::kLoader, ep2));
+  // Under expert parallelism the input scales hold every global expert on each rank
+  // (_sglang_require_global_experts), the max's input; the alphas the local ones.
+  for (Target t : {Target::kSm100, Target::kLoader}) {
+    const auto sharded = make(nvfp4_config("qwen3_moe"), t, ep2);
+    for (const models::RankShell& shell : sharded->shells()) {
+      EXPECT_EQ(spec(shell, "model.layers.0.mlp.experts.w13_input_scale"), "F32 [8, 2]");
+      EXPECT_EQ(spec(shell, "model.layers.0.mlp.experts.w2_input_scale"), "F32 [8]");
+      EXPECT_EQ(spec(shell, "model.layers.0.mlp.experts.w13_weight_scale_2"), "F32 [4, 2]");
+      EXPECT_EQ(spec(shell, "model.layers.0.mlp.experts.g1_scale_c"),
+                t == Target::kSm100 ? "F32 [4]" : "absent");
+    }
+  }
 }
 
 // The DeepSeek family on sm100 without an all-to-all backend: SGLang 0.5.23's

@@ -292,12 +292,10 @@ bool check_blocked(const models::ParamSpec& spec, const std::byte* base, const P
 // methods' w13_input_scale, [E]) keeps one value per expert, the last shard's:
 // FusedMoE._load_single_value writes w1's and then w3's into the same element (the
 // checkpoint's name order; these checkpoints put up / w3 rows after gate / w1).
-// `row` (NVFP4's w13_input_scale, [E, 2]): FusedMoE._load_single_value writes each
-// scalar to the expert's whole row, so both elements hold the last shard's.
+// (NVFP4's expert input scales hold every global expert: check_global_inputs.)
 template <typename Param>
 bool check_per_shard(const models::ParamSpec& spec, const std::byte* base, const Param& ref,
-                     const Param& ids, const std::string& where, bool merged = false,
-                     bool row = false) {
+                     const Param& ids, const std::string& where, bool merged = false) {
   const std::size_t d = ref.shape.size();
   const std::uint64_t matrix = ref.shape[d - 2] * ref.shape[d - 1];
   const std::uint64_t matrices = matrix == 0 ? 0 : ref.values.size() / matrix;
@@ -312,7 +310,6 @@ bool check_per_shard(const models::ParamSpec& spec, const std::byte* base, const
   const std::uint64_t shards = matrices == 0 ? 1 : order[0].size();
   const bool stacked = !sshape.empty();
   merged = merged && stacked;
-  row = row && stacked && shards > 1;
   if (!stacked || (shards > 1 && !merged)) {
     sshape.push_back(shards);
   }
@@ -326,21 +323,91 @@ bool check_per_shard(const models::ParamSpec& spec, const std::byte* base, const
     const std::vector<float>& o = order[e / matrix];
     const std::uint64_t shard =
         static_cast<std::uint64_t>(std::find(o.begin(), o.end(), ids.values[e]) - o.begin());
-    if ((merged || row) && shard + 1 != o.size()) {
+    if (merged && shard + 1 != o.size()) {
       continue;  // overwritten by the last shard's value
     }
     const std::uint64_t slot = merged || stored == 1 ? 0 : shard;
-    float got = decode_one(base + ((e / matrix) * stored + slot) * 4, DType::kF32);
-    if (row) {
-      // Every element of the expert's row holds the last shard's value.
-      for (std::uint64_t k = 0; k < stored && got == ref.values[e]; ++k) {
-        got = decode_one(base + ((e / matrix) * stored + k) * 4, DType::kF32);
-      }
-    }
+    const float got = decode_one(base + ((e / matrix) * stored + slot) * 4, DType::kF32);
     if ((!merged && o.size() != stored) || got != ref.values[e]) {
       ADD_FAILURE() << where << ": weight element " << e << " (shard " << shard << " of "
                     << o.size() << ") reads " << got << ", its source's is " << ref.values[e];
       return false;
+    }
+  }
+  return true;
+}
+
+// ModelOpt NVFP4's fused experts keep every global expert's input scales on each
+// rank: SGLang 0.5.23's ModelOptNvFp4FusedMoEMethod.create_weights makes
+// w13_input_scale [num_experts, 2] and w2_input_scale [num_experts], marked
+// `_sglang_require_global_experts`, and FusedMoE.weight_loader writes checkpoint
+// expert e's scalar to row e (no EPLB here) on every rank, the fused shared expert's
+// after the routed ones. w13's row holds its last shard's (up_proj / w3) in both
+// elements. The experts are found by name in the checkpoint; the shared expert is
+// fused where the rank's reference w13 / w2 reads its tensor (`weight_ids`).
+template <typename Param>
+bool check_global_inputs(const models::ParamSpec& spec, const std::byte* base, Values& values,
+                         const std::string& weight, const Param& weight_ids,
+                         const std::string& where) {
+  const bool w13 = ends_with(weight, "w13_weight");
+  // The checkpoint's "<layer>.experts." (the draft's params are named otherwise): that
+  // of a routed expert tensor the rank's reference reads.
+  const std::map<std::string, float>& ids = values.layout().ids;
+  std::string module;
+  for (const auto& [name, id] : ids) {
+    const std::size_t at = name.find(".experts.");
+    if (at != std::string::npos && module.empty() &&
+        std::find(weight_ids.values.begin(), weight_ids.values.end(), id) !=
+            weight_ids.values.end()) {
+      module = name.substr(0, at + std::string(".experts.").size());
+    }
+  }
+  const std::string parent = module.substr(0, module.size() - std::string("experts.").size());
+  std::map<std::uint64_t, std::string> by_expert;
+  for (const auto& [name, shape] : values.layout().shapes) {
+    if (name.compare(0, module.size(), module) != 0) {
+      continue;
+    }
+    const std::string rest = name.substr(module.size());
+    const std::size_t dot = rest.find('.');
+    const std::string id = rest.substr(0, dot);
+    const std::string proj = dot == std::string::npos ? "" : rest.substr(dot + 1);
+    if (!id.empty() && id.find_first_not_of("0123456789") == std::string::npos &&
+        (proj == (w13 ? "up_proj.weight" : "down_proj.weight") ||
+         proj == (w13 ? "w3.weight" : "w2.weight"))) {
+      by_expert[std::stoull(id)] = name;
+    }
+  }
+  std::vector<float> want;
+  for (const auto& [e, name] : by_expert) {
+    EXPECT_EQ(e, want.size()) << where << ": checkpoint experts are not 0 .. E - 1";
+    want.push_back(values.input_scale(name, 0));
+  }
+  const std::string shared =
+      parent + "shared_experts." + (w13 ? "up_proj" : "down_proj") + ".weight";
+  if (auto it = ids.find(shared);
+      it != ids.end() && std::find(weight_ids.values.begin(), weight_ids.values.end(),
+                                   it->second) != weight_ids.values.end()) {
+    want.push_back(values.input_scale(shared, 0));
+  }
+  std::vector<std::uint64_t> shape{want.size()};
+  if (w13) {
+    shape.push_back(2);
+  }
+  EXPECT_EQ(spec.shape, shape) << where << " (every global expert on each rank)";
+  EXPECT_EQ(spec.dtype, DType::kF32) << where;
+  if (want.empty() || spec.shape != shape || spec.dtype != DType::kF32) {
+    return false;
+  }
+  const std::uint64_t per = w13 ? 2 : 1;
+  for (std::uint64_t row = 0; row < want.size(); ++row) {
+    for (std::uint64_t k = 0; k < per; ++k) {
+      const float got = decode_one(base + (row * per + k) * 4, DType::kF32);
+      if (got != want[row]) {
+        ADD_FAILURE() << where << ": global expert " << row << " element " << k << " reads " << got
+                      << ", its checkpoint input scale is " << want[row];
+        return false;
+      }
     }
   }
   return true;
@@ -483,9 +550,13 @@ std::size_t check_rank(const models::Model& model, std::size_t i, const ParamBuf
       bool ok = false;
       if (c->second.second == 1) {
         ok = detail::check_per_shard(spec, base, s2.at(weight), ids.at(weight), where);
+      } else if (c->second.second == 2 && kind == SynthQuant::kNvfp4 &&
+                 (ends_with(weight, "experts.w13_weight") ||
+                  ends_with(weight, "experts.w2_weight"))) {
+        ok = detail::check_global_inputs(spec, base, values, weight, ids.at(weight), where);
       } else if (c->second.second == 2) {
         ok = detail::check_per_shard(spec, base, in.at(weight), ids.at(weight), where,
-                                     kind != SynthQuant::kNvfp4, kind == SynthQuant::kNvfp4);
+                                     kind != SynthQuant::kNvfp4);
       } else if (kind == SynthQuant::kFp8Block) {
         ok = detail::check_blocked(spec, base, s.at(weight), values.layout().block,
                                    values.layout().block, DType::kF32, where);

@@ -138,6 +138,15 @@ def matrix():
     cases.append(case("deepseek_v3/small-nvfp4-tp2", 4,
                       ["--family", "deepseek_v3", "--preset", "small", "--quant", "nvfp4"],
                       dict(tp=2), sizes={"qk_rope_head_dim": 32}))
+    # NVFP4 experts under expert parallelism: SGLang's input scales hold every
+    # global expert on each rank (_sglang_require_global_experts), and sm100's
+    # flashinfer_trtllm takes their max over all of them; DeepSeek's with its
+    # shared expert.
+    cases.append(case("qwen3_moe/nvfp4-tp2-ep2", 4, tiny("qwen3_moe", "--quant", "nvfp4"),
+                      dict(tp=2, ep=2)))
+    cases.append(case("deepseek_v3/small-nvfp4-tp2-ep2", 4,
+                      ["--family", "deepseek_v3", "--preset", "small", "--quant", "nvfp4"],
+                      dict(tp=2, ep=2), sizes={"qk_rope_head_dim": 32}))
     # Qwen2's qkv_proj bias: Marlin permutes it on sm90 (marlin_permute_bias).
     cases.append(case("qwen2/nvfp4-tp2", 4, tiny("qwen2", "--quant", "nvfp4"), dict(tp=2)))
     # quant_method fp8 with per-tensor scales and static activations: the same

@@ -392,6 +392,14 @@ def emulate_hopper(emulations):
         "deepseek_weight_loader._is_cuda=True (post_load_weights' kv_b_proj rule)"
     )
     emulate_cuda_tensor_requant(deepseek_weight_loader, emulations)
+    # The DeepSeek loader hands host tensors to a thread pool (should_async_load), so
+    # where an expert's gate_proj and up_proj input scales differ, which of them
+    # FusedMoE._load_single_value keeps changes from run to run. Loaded inline, in
+    # the checkpoint's order (up_proj after gate_proj): one of the orders the pool
+    # may take, and the one ferry keeps.
+    deepseek_weight_loader.should_async_load = lambda weight: False
+    emulations.append("deepseek_weight_loader loads inline, in the checkpoint's order "
+                      "(should_async_load answers False)")
 
     try:
         from sglang.srt.layers.attention.dsa import dsa_indexer

@@ -199,14 +199,14 @@ std::vector<std::byte> trtllm_experts(const std::vector<std::byte>& plain, std::
 // experts (the max): g1_alphas[e] = max(w13_input_scale) * w13_weight_scale_2[e][0],
 // g1_alphas_up with [e][1], g2_alphas from w2's, the reciprocals F32 [], g1_scale_c =
 // w2_input_scale_quant * g1_alphas_up.
-TEST(PostprocessLoad, Nvfp4DeepseekExpertsOnSm100AreFlashinferTrtllms) {
-  TempDir dir;
-  const std::string ck = synth_small(dir, "deepseek_v3", synth::SynthQuant::kNvfp4, "ds");
-  const Loads l = load_sm100_distinct_experts(ck, "gate_proj", "up_proj", "down_proj");
-  ASSERT_TRUE(l.plain) << l.plain.error->message;
-  ASSERT_TRUE(l.target) << l.target.error->message;
+// A plain and an sm100 load of DeepSeek NVFP4 `l` (flashinfer_trtllm's experts) at
+// tp 2 with `ranks` local ranks: each expert's weights and block scales in FlashInfer's
+// layout, and the scalars from the input scales' max over all of them (the plain
+// load's w13_input_scale / w2_input_scale, every global expert on each rank) and the
+// rank's experts' second scales. Returns the weights checked.
+std::size_t expect_trtllm_nvfp4_experts(const Loads& l) {
   std::size_t checked = 0;
-  for (std::size_t r = 0; r < 2; ++r) {
+  for (std::size_t r = 0; r < l.plain.model->ranks().size(); ++r) {
     for (const LoadedParam& p : l.plain.model->ranks()[r].params) {
       if (p.dtype != DType::kU8 || p.shape.size() != 3) {
         continue;
@@ -231,6 +231,7 @@ TEST(PostprocessLoad, Nvfp4DeepseekExpertsOnSm100AreFlashinferTrtllms) {
       }
       const std::vector<float> in13 = floats(l.plain.model->read_param(r, base + "input_scale"));
       const std::vector<float> in2 = floats(l.plain.model->read_param(r, layer + "w2_input_scale"));
+      EXPECT_EQ(floats(l.target.model->read_param(r, base + "input_scale")), in13) << layer;
       const std::vector<float> s2 = floats(l.plain.model->read_param(r, base + "weight_scale_2"));
       const std::vector<float> w2s2 =
           floats(l.plain.model->read_param(r, layer + "w2_weight_scale_2"));
@@ -256,8 +257,54 @@ TEST(PostprocessLoad, Nvfp4DeepseekExpertsOnSm100AreFlashinferTrtllms) {
                 std::vector<float>{1.0f / m2});
     }
   }
-  EXPECT_GT(checked, 0u);
+  return checked;
+}
+
+TEST(PostprocessLoad, Nvfp4DeepseekExpertsOnSm100AreFlashinferTrtllms) {
+  TempDir dir;
+  const std::string ck = synth_small(dir, "deepseek_v3", synth::SynthQuant::kNvfp4, "ds");
+  const Loads l = load_sm100_distinct_experts(ck, "gate_proj", "up_proj", "down_proj");
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  EXPECT_GT(expect_trtllm_nvfp4_experts(l), 0u);
   overlap_and_dummy_match(ck, "sm100", l.target);
+}
+
+// Under expert parallelism (tp 2, ep 2: rank 0 holds routed experts 0-7, rank 1
+// 8-15) SGLang's input scales hold every global expert on each rank
+// (_sglang_require_global_experts) and flashinfer_trtllm's max runs over all of them:
+// the largest input scales are put on rank 1's experts, so a max over the local ones
+// would differ on rank 0.
+TEST(PostprocessLoad, Nvfp4TrtllmExpertsUnderEpTakeTheGlobalMax) {
+  TempDir dir;
+  const std::string ck = synth_small(dir, "deepseek_v3", synth::SynthQuant::kNvfp4, "ds");
+  set_scalars(ck, "layers.1.mlp.experts.15.up_proj.input_scale", {64.0f});
+  set_scalars(ck, "layers.1.mlp.experts.9.down_proj.input_scale", {32.0f});
+  const Loads l = load_both(ck, "sm100", {"parallel.tp=2", "parallel.ep=2"});
+  ASSERT_TRUE(l.plain) << l.plain.error->message;
+  ASSERT_TRUE(l.target) << l.target.error->message;
+  const std::string layer = "model.layers.1.mlp.experts.";
+  ASSERT_EQ(l.plain.model->ranks()[0].params.size(), l.plain.model->ranks()[1].params.size());
+  for (std::size_t r = 0; r < 2; ++r) {
+    const std::vector<float> in13 = floats(l.plain.model->read_param(r, layer + "w13_input_scale"));
+    const std::vector<float> in2 = floats(l.plain.model->read_param(r, layer + "w2_input_scale"));
+    ASSERT_GE(in13.size(), 32u);  // [16 (+ the fused shared expert), 2]
+    EXPECT_EQ(in13[30], 64.0f);
+    EXPECT_EQ(in13[31], 64.0f);
+    EXPECT_EQ(in2[9], 32.0f);
+    // Rank 0's own experts' largest scales are smaller: a local max would show.
+    EXPECT_LT(*std::max_element(in13.begin(), in13.begin() + 16), 64.0f);
+    EXPECT_LT(*std::max_element(in2.begin(), in2.begin() + 8), 32.0f);
+    EXPECT_EQ(floats(l.target.model->read_param(r, layer + "w13_input_scale_quant")),
+              std::vector<float>{1.0f / 64.0f});
+    EXPECT_EQ(floats(l.target.model->read_param(r, layer + "w2_input_scale_quant")),
+              std::vector<float>{1.0f / 32.0f});
+  }
+  EXPECT_EQ(l.plain.model->read_param(0, layer + "w13_input_scale"),
+            l.plain.model->read_param(1, layer + "w13_input_scale"));
+  EXPECT_NE(l.plain.model->read_param(0, layer + "w13_weight_scale_2"),
+            l.plain.model->read_param(1, layer + "w13_weight_scale_2"));
+  EXPECT_GT(expect_trtllm_nvfp4_experts(l), 0u);
 }
 
 // flashinfer_trtllm's padded shares (create_weights, narrow_padded_param_and_loaded_weight):
