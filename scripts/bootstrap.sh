@@ -7,6 +7,7 @@ set -euo pipefail
 packages=(g++ cmake ninja-build pkg-config ccache
           libcaf-dev liburing-dev nlohmann-json3-dev prometheus-cpp-dev libcli11-dev libdlpack-dev
           libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev
+          libxxhash-dev  # XXH3-128 checksums (common/xxh3.hpp)
           clang-14 libclang-rt-14-dev  # libFuzzer (scripts/fuzz.sh)
           patchelf)  # the GPU pack's RUNPATH (scripts/gpu-pack.sh)
 
