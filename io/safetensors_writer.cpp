@@ -56,7 +56,7 @@ void check_name(const std::string& name, const std::string& file) {
 
 std::string safetensors_header_text(const std::vector<SafetensorsEntry>& entries,
                                     const std::map<std::string, std::string>& metadata,
-                                    const std::string& file) {
+                                    const std::string& file, std::uint64_t alignment) {
   // Metadata first, then the tensors in declaration order, which is also offset
   // order (the reference writes tensors sorted by offset). The object is written
   // entry by entry: an ordered_json built with operator[] searches its keys on
@@ -86,7 +86,9 @@ std::string safetensors_header_text(const std::vector<SafetensorsEntry>& entries
     fail(file, "", std::string("header is not valid UTF-8: ") + e.what());
   }
   text += "}";
-  text.append((kAlignment - text.size() % kAlignment) % kAlignment, ' ');
+  // The data region starts at 8 + the text's length.
+  const std::uint64_t align = std::max(alignment, kAlignment);
+  text.append((align - (8 + text.size()) % align) % align, ' ');
   return text;
 }
 
@@ -100,6 +102,18 @@ void SafetensorsWriter::fail(const std::string& tensor, std::string rule) const 
   throw Error(stage_, path_, tensor, what_.empty() ? std::move(rule) : what_ + ": " + rule);
 }
 
+void SafetensorsWriter::set_data_alignment(std::uint64_t alignment) {
+  if (state_ != State::kDeclaring || !entries_.empty()) {
+    fail("", "set_data_alignment() after add() or begin()");
+  }
+  if (alignment < kAlignment || alignment > (std::uint64_t{1} << 20) ||
+      (alignment & (alignment - 1)) != 0) {
+    fail("",
+         "data alignment " + std::to_string(alignment) + " is not a power of two from 8 to 1 MiB");
+  }
+  alignment_ = alignment;
+}
+
 void SafetensorsWriter::add(std::string name, DType dtype, std::vector<std::uint64_t> shape) {
   if (state_ != State::kDeclaring) {
     fail(name, "add() after begin(): every tensor must be declared before data is written");
@@ -108,10 +122,28 @@ void SafetensorsWriter::add(std::string name, DType dtype, std::vector<std::uint
   if (names_.count(name) != 0) {
     fail(name, "tensor declared twice");
   }
+  if (alignment_ != 0 && name.starts_with(kPadTensorPrefix)) {
+    fail(name, "names starting with \"" + std::string(kPadTensorPrefix) +
+                   "\" are the padding's in an aligned file");
+  }
   SafetensorsEntry entry{std::move(name), dtype, std::move(shape)};
-  std::uint64_t end = checked_add(data_bytes_, tensor_bytes(entry, path_), path_, entry.name);
+  const std::uint64_t bytes = tensor_bytes(entry, path_);
+  if (const std::uint64_t gap =
+          alignment_ == 0 ? 0 : (alignment_ - data_bytes_ % alignment_) % alignment_;
+      bytes != 0 && gap != 0) {
+    SafetensorsEntry pad{
+        std::string(kPadTensorPrefix) + std::to_string(pads_++), DType::kU8, {gap}};
+    names_.insert(pad.name);
+    entries_.push_back(std::move(pad));
+    pad_.push_back(true);
+    data_bytes_ = checked_add(data_bytes_, gap, path_, entry.name);
+    ends_.push_back(data_bytes_);
+    padding_bytes_ += gap;
+  }
+  std::uint64_t end = checked_add(data_bytes_, bytes, path_, entry.name);
   names_.insert(entry.name);
   entries_.push_back(std::move(entry));
+  pad_.push_back(false);
   ends_.push_back(end);
   data_bytes_ = end;
 }
@@ -127,7 +159,7 @@ void SafetensorsWriter::begin() {
   if (state_ != State::kDeclaring) {
     fail("", "begin() called twice");
   }
-  std::string text = safetensors_header_text(entries_, metadata_, path_);
+  std::string text = safetensors_header_text(entries_, metadata_, path_, alignment_);
   file_.emplace(path_, stage_, what_);
   state_ = State::kWriting;
   buffer_.reserve(kBufferBytes);
@@ -151,12 +183,42 @@ void SafetensorsWriter::write(std::span<const std::byte> bytes) {
          state_ == State::kDeclaring ? "write() before begin()"
                                      : "write() after finish() or a failed write");
   }
-  if (bytes.size() > data_bytes_ - written_) {
-    fail(tensor_at(written_),
-         "write of " + std::to_string(bytes.size()) + " bytes at data offset " +
-             std::to_string(written_) + " exceeds the declared " + std::to_string(data_bytes_) +
-             " data bytes");
+  const std::uint64_t real = data_bytes_ - padding_bytes_;
+  if (bytes.size() > real - real_written_) {
+    fail(tensor_at(written_), "write of " + std::to_string(bytes.size()) +
+                                  " bytes at data offset " + std::to_string(written_) +
+                                  " exceeds the declared " + std::to_string(real) + " data bytes");
   }
+  real_written_ += bytes.size();
+  if (padding_bytes_ == 0) {
+    append(bytes);
+    return;
+  }
+  // Each piece up to the end of the tensor it lands in, padding between.
+  fill_padding();
+  while (!bytes.empty()) {
+    const auto n =
+        static_cast<std::size_t>(std::min<std::uint64_t>(bytes.size(), ends_[cursor_] - written_));
+    append(bytes.first(n));
+    bytes = bytes.subspan(n);
+    fill_padding();
+  }
+}
+
+void SafetensorsWriter::fill_padding() {
+  static constexpr std::byte kZeros[4096] = {};
+  while (cursor_ < entries_.size() && (written_ == ends_[cursor_] || pad_[cursor_])) {
+    if (written_ == ends_[cursor_]) {
+      ++cursor_;
+      continue;
+    }
+    const auto n = static_cast<std::size_t>(
+        std::min<std::uint64_t>(sizeof(kZeros), ends_[cursor_] - written_));
+    append(std::span<const std::byte>(kZeros, n));
+  }
+}
+
+void SafetensorsWriter::append(std::span<const std::byte> bytes) {
   if (buffer_.size() + bytes.size() > kBufferBytes) {
     flush_buffer();
   }
@@ -173,6 +235,9 @@ void SafetensorsWriter::finish(Sync sync) {
     fail("",
          state_ == State::kDeclaring ? "finish() before begin()"
                                      : "finish() after finish() or a failed write");
+  }
+  if (padding_bytes_ != 0) {
+    fill_padding();
   }
   if (written_ != data_bytes_) {
     std::size_t i = static_cast<std::size_t>(

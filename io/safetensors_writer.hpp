@@ -10,6 +10,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_set>
 #include <vector>
 
@@ -31,9 +32,14 @@ struct SafetensorsEntry {
 // then the tensors in the given order with consecutive data offsets.
 // Throws ferry::Error(Stage::kSynth) naming `file` and the tensor for an empty or
 // duplicate name, or a byte size that overflows 64 bits.
+// `alignment` (a power of two, at least 8): the header is padded so that the data
+// region starts at a multiple of it in the file.
 std::string safetensors_header_text(const std::vector<SafetensorsEntry>& entries,
                                     const std::map<std::string, std::string>& metadata,
-                                    const std::string& file);
+                                    const std::string& file, std::uint64_t alignment = 8);
+
+// The names set_data_alignment's padding tensors take: "__pad__.<n>".
+inline constexpr std::string_view kPadTensorPrefix = "__pad__.";
 
 // Call order: add()... set_metadata()? begin() write()... finish().
 // Not thread-safe. Every misuse and every failed system call throws
@@ -56,6 +62,14 @@ class SafetensorsWriter {
   SafetensorsWriter(const SafetensorsWriter&) = delete;
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
 
+  // Every tensor's data starts at a multiple of `alignment` bytes in the file (a
+  // power of two from 8 to 1 MiB; 4096 lets a reader use O_DIRECT straight into its
+  // destination): the header is padded to it, and a U8 padding tensor
+  // "__pad__.<n>" of zeros (kPadTensorPrefix) fills each gap before a tensor, so the
+  // file stays a valid safetensors file for any reader. Call before add(); names
+  // starting with "__pad__." are then refused for the caller's tensors. write()
+  // takes the caller's tensors' bytes only and writes the padding itself.
+  void set_data_alignment(std::uint64_t alignment);
   // Declares the next tensor; its data follows the previous tensor's.
   void add(std::string name, DType dtype, std::vector<std::uint64_t> shape);
   // Replaces the "__metadata__" string map (none is written when empty).
@@ -76,14 +90,21 @@ class SafetensorsWriter {
   std::uint64_t data_bytes() const { return data_bytes_; }
   // 8 + padded JSON length: where the data region starts (valid after begin()).
   std::uint64_t header_bytes() const { return header_bytes_; }
-  // Data bytes accepted by write() so far.
+  // Data bytes in the file so far (padding included).
   std::uint64_t written() const { return written_; }
+  // Entry i's (entries()) data offset in the data region; its file offset is
+  // header_bytes() + this.
+  std::uint64_t data_begin(std::size_t i) const { return i == 0 ? 0 : ends_.at(i - 1); }
+  bool is_padding(std::size_t i) const { return pad_.at(i); }
 
  private:
   enum class State { kDeclaring, kWriting, kFinished, kFailed };
 
   void flush_buffer();
   void write_all(const std::byte* data, std::size_t size);
+  void append(std::span<const std::byte> bytes);
+  // Writes the zeros of padding entries that start at the current offset.
+  void fill_padding();
   // The tensor whose data holds data offset `offset` (for error messages).
   std::string tensor_at(std::uint64_t offset) const;
   void fail_and_close();
@@ -94,6 +115,12 @@ class SafetensorsWriter {
   std::string what_;
   std::vector<SafetensorsEntry> entries_;
   std::vector<std::uint64_t> ends_;  // end data offset of each entry
+  std::vector<bool> pad_;            // entry is set_data_alignment's padding
+  std::uint64_t alignment_ = 0;      // 0: unaligned tensors, the header to 8
+  std::uint64_t pads_ = 0;
+  std::uint64_t padding_bytes_ = 0;  // of all padding entries
+  std::uint64_t real_written_ = 0;   // the caller's bytes accepted so far
+  std::size_t cursor_ = 0;           // the entry holding data offset written_
   std::unordered_set<std::string> names_;
   std::map<std::string, std::string> metadata_;
   std::uint64_t data_bytes_ = 0;

@@ -345,6 +345,91 @@ TEST(SafetensorsWriter, FerrysParserReadsWhatItWrote) {
   EXPECT_EQ(h.tensors[1].offset, w.header_bytes() + 30);
 }
 
+// set_data_alignment(4096): every tensor's data at a multiple of 4096 in the file
+// (header padded, zero "__pad__.<n>" tensors in the gaps), whatever the caller's
+// write sizes; ferry's parser and the official library read it as any file.
+TEST(SafetensorsWriter, AlignedDataStartsEveryTensorOnTheBoundary) {
+  TempDir dir;
+  std::string path = dir.file("aligned.safetensors");
+  SafetensorsWriter w(path);
+  w.set_data_alignment(4096);
+  const std::vector<std::pair<std::string, std::vector<std::uint64_t>>> tensors = {
+      {"a", {3, 5}}, {"b", {0}}, {"c", {2048}}, {"d", {4096}}, {"e", {1}}, {"f", {7000}}};
+  std::uint64_t total = 0;
+  for (const auto& [name, shape] : tensors) {
+    w.add(name, DType::kF16, shape);
+    total += 2 * (shape[0] * (shape.size() > 1 ? shape[1] : 1));
+  }
+  w.set_metadata({{"format", "pt"}});
+  w.begin();
+  const std::vector<std::byte> data = pattern(total, 5);
+  // Pieces that straddle tensors: the writer splits them around the padding.
+  for (std::size_t at = 0, step = 1000; at < data.size(); at += step) {
+    w.write(std::span(data).subspan(at, std::min<std::size_t>(step, data.size() - at)));
+  }
+  w.finish();
+  EXPECT_EQ(w.header_bytes() % 4096, 0u);
+  SafetensorsHeader h = read_safetensors_header(path, "aligned.safetensors");
+  const std::string bytes = read_file(path);
+  std::uint64_t read = 0;
+  std::size_t pads = 0;
+  for (const TensorInfo& t : h.tensors) {
+    if (t.name.starts_with(kPadTensorPrefix)) {
+      ++pads;
+      EXPECT_EQ(t.dtype, DType::kU8);
+      EXPECT_EQ(bytes.substr(t.offset, t.nbytes), std::string(t.nbytes, '\0')) << t.name;
+      continue;
+    }
+    if (t.nbytes != 0) {
+      EXPECT_EQ(t.offset % 4096, 0u) << t.name;
+    }
+    EXPECT_EQ(bytes.substr(t.offset, t.nbytes),
+              std::string(reinterpret_cast<const char*>(data.data()) + read, t.nbytes))
+        << t.name;
+    read += t.nbytes;
+  }
+  EXPECT_EQ(read, total);
+  EXPECT_EQ(pads, 2u);  // before c and f (c and d end on the boundary; b is empty)
+  std::size_t i = 0;
+  for (; i < w.entries().size() && w.entries()[i].name != "f"; ++i) {
+  }
+  EXPECT_FALSE(w.is_padding(i));
+  EXPECT_TRUE(w.is_padding(i - 1));
+  EXPECT_EQ((w.header_bytes() + w.data_begin(i)) % 4096, 0u);
+
+  const std::string script = R"(import sys
+from safetensors import safe_open
+with safe_open(sys.argv[1], framework="numpy") as f:
+    print("keys", sorted(k for k in f.keys() if not k.startswith("__pad__.")))
+    print("f", f.get_tensor("f").shape)
+)";
+  auto out = run_python(dir, script, path);
+  if (!out) {
+    GTEST_SKIP() << "python3 with safetensors and numpy is not available";
+  }
+  EXPECT_NE(out->find("keys ['a', 'b', 'c', 'd', 'e', 'f']"), std::string::npos) << *out;
+  EXPECT_NE(out->find("f (7000,)"), std::string::npos) << *out;
+}
+
+TEST(SafetensorsWriter, AlignmentMisuseIsRefused) {
+  TempDir dir;
+  SafetensorsWriter late(dir.file("late.safetensors"));
+  late.add("a", DType::kU8, {1});
+  EXPECT_THROW(late.set_data_alignment(4096), Error);
+  for (std::uint64_t bad : {0ULL, 4ULL, 100ULL, 3ULL << 20}) {
+    SafetensorsWriter w(dir.file("bad.safetensors"));
+    EXPECT_THROW(w.set_data_alignment(bad), Error) << bad;
+  }
+  SafetensorsWriter w(dir.file("reserved.safetensors"));
+  w.set_data_alignment(4096);
+  EXPECT_THROW(w.add("__pad__.0", DType::kU8, {1}), Error);
+  // Writing more than the caller's tensors hold is refused (padding is not theirs).
+  w.add("a", DType::kU8, {10});
+  w.add("b", DType::kU8, {10});
+  w.begin();
+  EXPECT_THROW(w.write(pattern(21, 1)), Error);
+}
+
 TEST(SafetensorsWriter, OfficialPythonLibraryReadsIt) {
   TempDir dir;
   std::string path = dir.file("py.safetensors");
