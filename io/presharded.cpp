@@ -1,11 +1,20 @@
 #include "io/presharded.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <limits>
 #include <set>
 #include <tuple>
 #include <utility>
 
 #include "common/error.hpp"
+#include "common/output_file.hpp"
+#include "io/safetensors_writer.hpp"
 
 namespace ferry::io {
 namespace {
@@ -219,6 +228,219 @@ std::string presharded_mismatch(const std::map<std::string, std::string>& folder
     }
   }
   return {};
+}
+
+}  // namespace ferry::io
+
+// ---- writing ------------------------------------------------------------------
+
+namespace ferry::io {
+namespace {
+
+[[noreturn]] void out_error(const std::string& file, const std::string& tensor,
+                            const std::string& what) {
+  throw Error(Stage::kOutput, file, tensor, "presharded: " + what);
+}
+
+// fsync of a folder, so that the names of what was written in it are on disk too.
+void sync_folder(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) {
+      ::close(fd);
+    }
+    out_error(dir, "", std::string("cannot sync the folder: ") + std::strerror(err));
+  }
+  ::close(fd);
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  OutputFile f(path, Stage::kOutput, "presharded");
+  f.write(text);
+  f.sync();
+  f.commit();
+}
+
+// One stored tensor: a param's bytes, the same on every rank in `ranks`.
+struct Stored {
+  std::string tensor;
+  std::size_t spec_rank = 0;  // where its bytes are read (the first of `ranks`)
+  std::size_t spec_param = 0;
+  std::vector<std::size_t> ranks;
+  Hash128 hash;
+  std::string file;
+  std::uint64_t offset = 0;
+};
+
+template <typename HashOf>
+PreshardedManifest write_files(
+    const std::string& dir, const std::map<std::string, std::string>& signature,
+    const Hash128& structure, const std::vector<PreshardedRankSpec>& ranks,
+    std::vector<Stored>& stored, const std::vector<std::vector<std::size_t>>& where,
+    const std::map<std::string, std::vector<std::size_t>>& files, HashOf& hash_of) {
+  namespace fs = std::filesystem;
+  for (const auto& [name, members] : files) {
+    const std::string path = (fs::path(dir) / name).string();
+    SafetensorsWriter w(path, Stage::kOutput, "presharded");
+    w.set_data_alignment(kPreshardedAlignment);
+    w.set_metadata({{"format", "pt"}, {"ferry.presharded", std::to_string(kPreshardedVersion)}});
+    for (std::size_t i : members) {
+      const PreshardedParamSpec& spec = ranks[stored[i].spec_rank].params[stored[i].spec_param];
+      // Stored in storage order as a flat tensor of the dtype: the manifest keeps the shape.
+      const std::uint64_t es = dtype_size(spec.dtype);
+      w.add(stored[i].tensor, spec.nbytes % es == 0 ? spec.dtype : DType::kU8,
+            {spec.nbytes % es == 0 ? spec.nbytes / es : spec.nbytes});
+    }
+    w.begin();
+    for (std::size_t i : members) {
+      Stored& s = stored[i];
+      const Hash128 again =
+          hash_of(s.spec_rank, s.spec_param, [&w](std::span<const std::byte> b) { w.write(b); });
+      if (again != s.hash) {
+        out_error(path, ranks[s.spec_rank].params[s.spec_param].name,
+                  "the param's bytes changed while it was written (tp rank " +
+                      std::to_string(ranks[s.spec_rank].tp_rank) + ")");
+      }
+    }
+    w.finish(SafetensorsWriter::Sync::kFsync);
+    for (std::size_t k = 0, e = 0; k < w.entries().size(); ++k) {
+      if (!w.is_padding(k)) {
+        stored[members[e++]].offset = w.header_bytes() + w.data_begin(k);
+      }
+    }
+  }
+
+  PreshardedManifest m;
+  m.signature = signature;
+  m.structure = structure;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    PreshardedRank& out = m.ranks.emplace_back();
+    out.tp_rank = ranks[r].tp_rank;
+    for (std::size_t p = 0; p < ranks[r].params.size(); ++p) {
+      const PreshardedParamSpec& spec = ranks[r].params[p];
+      const Stored& s = stored[where[r][p]];
+      out.params.push_back(
+          {spec.name, s.tensor, spec.dtype, spec.shape, spec.nbytes, s.file, s.offset, s.hash});
+    }
+  }
+  write_text((fs::path(dir) / kPreshardedManifest).string(), to_json(m).dump(1) + "\n");
+  sync_folder(dir);
+  write_text(
+      (fs::path(dir) / kPreshardedReady).string(),
+      nlohmann::json{{"format", kFormat}, {"version", kPreshardedVersion}, {"files", files.size()}}
+              .dump() +
+          "\n");
+  sync_folder(dir);
+  return m;
+}
+
+}  // namespace
+
+PreshardedManifest write_presharded(const std::string& dir,
+                                    const std::map<std::string, std::string>& signature,
+                                    const Hash128& structure,
+                                    const std::vector<PreshardedRankSpec>& ranks,
+                                    const PreshardedRead& read,
+                                    const PreshardedWriteOptions& options) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    out_error(dir, "", "cannot create the folder: " + ec.message());
+  }
+  if (!fs::is_empty(dir, ec) || ec) {
+    out_error(
+        dir, "",
+        ec ? "cannot list the folder: " + ec.message()
+           : std::string("the folder is not empty (a presharded checkpoint is written into an "
+                         "empty one, so that nothing stale mixes in)"));
+  }
+  const std::uint64_t block = std::max<std::uint64_t>(options.block_bytes, 4096);
+  std::vector<std::byte> buf;
+  auto hash_of = [&](std::size_t r, std::size_t p,
+                     const std::function<void(std::span<const std::byte>)>& sink) {
+    Xxh3Hasher h;
+    const std::uint64_t n = ranks[r].params[p].nbytes;
+    for (std::uint64_t off = 0; off < n; off += block) {
+      buf.resize(static_cast<std::size_t>(std::min(block, n - off)));
+      read(r, p, off, buf);
+      h.update(buf);
+      if (sink) {
+        sink(buf);
+      }
+    }
+    return h.digest();
+  };
+
+  // Pass 1: every param's hash; identical ones across ranks are stored once.
+  using Key = std::tuple<std::string, DType, std::vector<std::uint64_t>, std::uint64_t,
+                         std::uint64_t, std::uint64_t>;
+  std::map<Key, std::size_t> stored_of;
+  std::vector<Stored> stored;
+  std::vector<std::vector<std::size_t>> where(ranks.size());  // [rank][param] -> stored
+  std::map<std::string, std::size_t> groups_of_name;
+  for (std::size_t r = 0; r < ranks.size(); ++r) {
+    for (std::size_t p = 0; p < ranks[r].params.size(); ++p) {
+      const PreshardedParamSpec& s = ranks[r].params[p];
+      const Hash128 h = hash_of(r, p, {});
+      const Key key{s.name, s.dtype, s.shape, s.nbytes, h.high, h.low};
+      auto [it, fresh] = stored_of.emplace(key, stored.size());
+      if (fresh) {
+        stored.push_back({s.name, r, p, {}, h, {}, 0});
+        ++groups_of_name[s.name];
+      }
+      stored[it->second].ranks.push_back(r);
+      where[r].push_back(it->second);
+    }
+  }
+  for (Stored& s : stored) {
+    if (groups_of_name[s.tensor] > 1) {  // the ranks disagree: name the rank set
+      std::string set;
+      for (std::size_t r : s.ranks) {
+        set += (set.empty() ? "" : ",") + std::to_string(ranks[r].tp_rank);
+      }
+      s.tensor += "@" + set;
+    }
+  }
+
+  // Files: shared tensors in common-*, each rank's own in rank-<r>-*, split at
+  // max_file_bytes (counting the alignment's padding).
+  std::map<std::string, std::vector<std::size_t>> files;                // name -> stored, in order
+  std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> fill;  // prefix -> (index, bytes)
+  for (std::size_t i = 0; i < stored.size(); ++i) {
+    Stored& s = stored[i];
+    const std::string prefix =
+        s.ranks.size() > 1 ? "common" : "rank-" + std::to_string(ranks[s.ranks[0]].tp_rank);
+    const std::uint64_t bytes =
+        (ranks[s.spec_rank].params[s.spec_param].nbytes + kPreshardedAlignment - 1) /
+        kPreshardedAlignment * kPreshardedAlignment;
+    auto& [index, used] = fill[prefix];
+    if (used != 0 && used + bytes > options.max_file_bytes) {
+      ++index;
+      used = 0;
+    }
+    used += bytes;
+    char name[64];
+    std::snprintf(name, sizeof name, "-%05llu.safetensors", static_cast<unsigned long long>(index));
+    s.file = prefix + name;
+    files[s.file].push_back(i);
+  }
+
+  // Pass 2: the files, each tensor hashed again as it is written. The folder was
+  // empty: on any failure what this call wrote is removed again.
+  try {
+    return write_files(dir, signature, structure, ranks, stored, where, files, hash_of);
+  } catch (...) {
+    std::vector<fs::path> written;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      written.push_back(entry.path());
+    }
+    for (const fs::path& path : written) {
+      fs::remove_all(path, ec);
+    }
+    throw;
+  }
 }
 
 }  // namespace ferry::io

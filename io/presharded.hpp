@@ -1,7 +1,8 @@
 // ferry's presharded checkpoints (model.load_format=presharded, issue 34): the
 // parameters of every rank of one layout exactly as a load leaves them (after the
 // hooks and postprocess.target), so that a restart reads them back with nothing to
-// slice, convert or post-process. This header is the folder's manifest, pure data:
+// slice, convert or post-process. This header is the folder's format and its writer
+// (the load path that reads it and `ferry save` are still to come):
 //
 //   <folder>/manifest.json   what this file describes (to_json / parse below)
 //   <folder>/*.safetensors   the data, every tensor at a multiple of 4096 bytes
@@ -14,9 +15,12 @@
 // stored tensor, its file, byte range and XXH3-128 (common/xxh3.hpp).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -71,5 +75,41 @@ PreshardedManifest parse_presharded_manifest(const nlohmann::json& j, const std:
 // (a field missing on one side reads "(none)"); empty when they agree.
 std::string presharded_mismatch(const std::map<std::string, std::string>& folder,
                                 const std::map<std::string, std::string>& asked);
+
+// ---- writing ------------------------------------------------------------------
+
+// One param of one rank as a load left it: `nbytes` of storage, in storage order.
+struct PreshardedParamSpec {
+  std::string name;
+  DType dtype = DType::kU8;
+  std::vector<std::uint64_t> shape;
+  std::uint64_t nbytes = 0;
+};
+struct PreshardedRankSpec {
+  int tp_rank = 0;
+  std::vector<PreshardedParamSpec> params;
+};
+// Fills `out` with bytes [offset, offset + out.size()) of param `param` of rank
+// `rank` (indices into the specs), from wherever they live (a device).
+using PreshardedRead = std::function<void(std::size_t rank, std::size_t param, std::uint64_t offset,
+                                          std::span<std::byte> out)>;
+
+struct PreshardedWriteOptions {
+  std::uint64_t max_file_bytes = std::uint64_t{20} << 30;  // a file holds one tensor at least
+  std::uint64_t block_bytes = std::uint64_t{16} << 20;     // host memory of one read
+};
+
+// Writes `ranks` into the folder `dir` (created when missing; refused, Stage::kOutput,
+// when it is not empty): each param's bytes are read twice through `read`, once to
+// hash and find the params stored once for several ranks (same name, dtype, shape
+// and XXH3-128), once to write them (hashed again: bytes that changed in between
+// are an error); files of at most max_file_bytes, the manifest, each synced, then
+// READY. Returns the manifest written. Host memory: one block.
+PreshardedManifest write_presharded(const std::string& dir,
+                                    const std::map<std::string, std::string>& signature,
+                                    const Hash128& structure,
+                                    const std::vector<PreshardedRankSpec>& ranks,
+                                    const PreshardedRead& read,
+                                    const PreshardedWriteOptions& options = {});
 
 }  // namespace ferry::io
