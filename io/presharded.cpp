@@ -89,6 +89,7 @@ nlohmann::json to_json(const PreshardedManifest& m) {
   return {{"format", kFormat},
           {"version", kPreshardedVersion},
           {"signature", m.signature},
+          {"pp_rank", static_cast<std::uint64_t>(m.pp_rank)},
           {"structure", m.structure.hex()},
           {"ranks", std::move(ranks)}};
 }
@@ -118,6 +119,11 @@ PreshardedManifest parse_presharded_manifest(const nlohmann::json& j, const std:
     m.signature[key] = value.get<std::string>();
   }
   m.structure = hash(j, "structure", "", file);
+  const std::uint64_t pp_rank = count(j, "pp_rank", "", file);
+  if (pp_rank > static_cast<std::uint64_t>(std::numeric_limits<int>::max())) {
+    bad(file, "", "pp_rank " + std::to_string(pp_rank) + " is out of range");
+  }
+  m.pp_rank = static_cast<int>(pp_rank);
   const nlohmann::json& ranks = field(j, "ranks", "", file);
   if (!ranks.is_array() || ranks.empty()) {
     bad(file, "", "ranks must be a non-empty array");
@@ -230,11 +236,8 @@ std::string presharded_mismatch(const std::map<std::string, std::string>& folder
   return {};
 }
 
-}  // namespace ferry::io
-
 // ---- writing ------------------------------------------------------------------
 
-namespace ferry::io {
 namespace {
 
 [[noreturn]] void out_error(const std::string& file, const std::string& tensor,
@@ -276,14 +279,15 @@ struct Stored {
 template <typename HashOf>
 PreshardedManifest write_files(
     const std::string& dir, const std::map<std::string, std::string>& signature,
-    const Hash128& structure, const std::vector<PreshardedRankSpec>& ranks,
+    const Hash128& structure, int pp_rank, const std::vector<PreshardedRankSpec>& ranks,
     std::vector<Stored>& stored, const std::vector<std::vector<std::size_t>>& where,
     const std::map<std::string, std::vector<std::size_t>>& files, HashOf& hash_of) {
   namespace fs = std::filesystem;
   for (const auto& [name, members] : files) {
     const std::string path = (fs::path(dir) / name).string();
     SafetensorsWriter w(path, Stage::kOutput, "presharded");
-    w.set_data_alignment(kPreshardedAlignment);
+    // "__pad__.<file>.<n>": the index refuses one name in two files.
+    w.set_data_alignment(kPreshardedAlignment, name.substr(0, name.find('.')) + ".");
     w.set_metadata({{"format", "pt"}, {"ferry.presharded", std::to_string(kPreshardedVersion)}});
     for (std::size_t i : members) {
       const PreshardedParamSpec& spec = ranks[stored[i].spec_rank].params[stored[i].spec_param];
@@ -314,6 +318,7 @@ PreshardedManifest write_files(
   PreshardedManifest m;
   m.signature = signature;
   m.structure = structure;
+  m.pp_rank = pp_rank;
   for (std::size_t r = 0; r < ranks.size(); ++r) {
     PreshardedRank& out = m.ranks.emplace_back();
     out.tp_rank = ranks[r].tp_rank;
@@ -339,7 +344,7 @@ PreshardedManifest write_files(
 
 PreshardedManifest write_presharded(const std::string& dir,
                                     const std::map<std::string, std::string>& signature,
-                                    const Hash128& structure,
+                                    const Hash128& structure, int pp_rank,
                                     const std::vector<PreshardedRankSpec>& ranks,
                                     const PreshardedRead& read,
                                     const PreshardedWriteOptions& options) {
@@ -430,7 +435,7 @@ PreshardedManifest write_presharded(const std::string& dir,
   // Pass 2: the files, each tensor hashed again as it is written. The folder was
   // empty: on any failure what this call wrote is removed again.
   try {
-    return write_files(dir, signature, structure, ranks, stored, where, files, hash_of);
+    return write_files(dir, signature, structure, pp_rank, ranks, stored, where, files, hash_of);
   } catch (...) {
     std::vector<fs::path> written;
     for (const auto& entry : fs::directory_iterator(dir, ec)) {

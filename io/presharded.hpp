@@ -57,6 +57,7 @@ struct PreshardedManifest {
   std::map<std::string, std::string> signature;
   // XXH3-128 of every rank's shell (names, dtypes, shapes, strides, sizes).
   Hash128 structure;
+  int pp_rank = 0;  // the pipeline stage whose ranks this folder holds
   std::vector<PreshardedRank> ranks;
 };
 
@@ -99,15 +100,15 @@ struct PreshardedWriteOptions {
   std::uint64_t block_bytes = std::uint64_t{16} << 20;     // host memory of one read
 };
 
-// Writes `ranks` into the folder `dir` (created when missing; refused, Stage::kOutput,
-// when it is not empty): each param's bytes are read twice through `read`, once to
-// hash and find the params stored once for several ranks (same name, dtype, shape
-// and XXH3-128), once to write them (hashed again: bytes that changed in between
-// are an error); files of at most max_file_bytes, the manifest, each synced, then
-// READY. Returns the manifest written. Host memory: one block.
+// Writes `ranks` (tp ranks of pipeline stage `pp_rank`) into the folder `dir` (created when
+// missing; refused, Stage::kOutput, when it is not empty): each param's bytes are read twice
+// through `read`, once to hash and find the params stored once for several ranks (same name, dtype,
+// shape and XXH3-128), once to write them (hashed again: bytes that changed in between are an
+// error); files of at most max_file_bytes, the manifest, each synced, then READY. Returns the
+// manifest written. Host memory: one block.
 PreshardedManifest write_presharded(const std::string& dir,
                                     const std::map<std::string, std::string>& signature,
-                                    const Hash128& structure,
+                                    const Hash128& structure, int pp_rank,
                                     const std::vector<PreshardedRankSpec>& ranks,
                                     const PreshardedRead& read,
                                     const PreshardedWriteOptions& options = {});

@@ -102,7 +102,7 @@ void SafetensorsWriter::fail(const std::string& tensor, std::string rule) const 
   throw Error(stage_, path_, tensor, what_.empty() ? std::move(rule) : what_ + ": " + rule);
 }
 
-void SafetensorsWriter::set_data_alignment(std::uint64_t alignment) {
+void SafetensorsWriter::set_data_alignment(std::uint64_t alignment, std::string tag) {
   if (state_ != State::kDeclaring || !entries_.empty()) {
     fail("", "set_data_alignment() after add() or begin()");
   }
@@ -112,6 +112,7 @@ void SafetensorsWriter::set_data_alignment(std::uint64_t alignment) {
          "data alignment " + std::to_string(alignment) + " is not a power of two from 8 to 1 MiB");
   }
   alignment_ = alignment;
+  pad_tag_ = std::move(tag);
 }
 
 void SafetensorsWriter::add(std::string name, DType dtype, std::vector<std::uint64_t> shape) {
@@ -132,7 +133,7 @@ void SafetensorsWriter::add(std::string name, DType dtype, std::vector<std::uint
           alignment_ == 0 ? 0 : (alignment_ - data_bytes_ % alignment_) % alignment_;
       bytes != 0 && gap != 0) {
     SafetensorsEntry pad{
-        std::string(kPadTensorPrefix) + std::to_string(pads_++), DType::kU8, {gap}};
+        std::string(kPadTensorPrefix) + pad_tag_ + std::to_string(pads_++), DType::kU8, {gap}};
     names_.insert(pad.name);
     entries_.push_back(std::move(pad));
     pad_.push_back(true);

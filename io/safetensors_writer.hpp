@@ -38,7 +38,7 @@ std::string safetensors_header_text(const std::vector<SafetensorsEntry>& entries
                                     const std::map<std::string, std::string>& metadata,
                                     const std::string& file, std::uint64_t alignment = 8);
 
-// The names set_data_alignment's padding tensors take: "__pad__.<n>".
+// The names set_data_alignment's padding tensors take: "__pad__.<tag><n>".
 inline constexpr std::string_view kPadTensorPrefix = "__pad__.";
 
 // Call order: add()... set_metadata()? begin() write()... finish().
@@ -69,7 +69,9 @@ class SafetensorsWriter {
   // file stays a valid safetensors file for any reader. Call before add(); names
   // starting with "__pad__." are then refused for the caller's tensors. write()
   // takes the caller's tensors' bytes only and writes the padding itself.
-  void set_data_alignment(std::uint64_t alignment);
+  // `tag` goes into the padding's names ("__pad__.<tag><n>"), so that the padding of
+  // several files of one checkpoint has names no two files share.
+  void set_data_alignment(std::uint64_t alignment, std::string tag = {});
   // Declares the next tensor; its data follows the previous tensor's.
   void add(std::string name, DType dtype, std::vector<std::uint64_t> shape);
   // Replaces the "__metadata__" string map (none is written when empty).
@@ -118,6 +120,7 @@ class SafetensorsWriter {
   std::vector<bool> pad_;            // entry is set_data_alignment's padding
   std::uint64_t alignment_ = 0;      // 0: unaligned tensors, the header to 8
   std::uint64_t pads_ = 0;
+  std::string pad_tag_;
   std::uint64_t padding_bytes_ = 0;  // of all padding entries
   std::uint64_t real_written_ = 0;   // the caller's bytes accepted so far
   std::size_t cursor_ = 0;           // the entry holding data offset written_

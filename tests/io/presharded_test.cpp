@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ PreshardedManifest sample() {
   PreshardedManifest m;
   m.signature = {{"tp", "2"}, {"dtype", "bf16"}, {"postprocess_target", "sm100"}};
   m.structure = xxh3_128(std::as_bytes(std::span("shells", 6)));
+  m.pp_rank = 1;
   for (int r = 0; r < 2; ++r) {
     PreshardedRank rank;
     rank.tp_rank = r;
@@ -70,6 +72,7 @@ TEST(PreshardedManifest, RoundTripsThroughJson) {
       parse_presharded_manifest(nlohmann::json::parse(j.dump()), "manifest.json");
   EXPECT_EQ(back.signature, m.signature);
   EXPECT_EQ(back.structure, m.structure);
+  EXPECT_EQ(back.pp_rank, 1);
   ASSERT_EQ(back.ranks.size(), 2u);
   for (std::size_t r = 0; r < 2; ++r) {
     ASSERT_EQ(back.ranks[r].params.size(), 2u);
@@ -99,6 +102,9 @@ TEST(PreshardedManifest, EveryBadFieldIsRefusedByName) {
   EXPECT_THAT(with([](auto& j) { j["signature"]["tp"] = 2; }),
               HasSubstr("signature.tp must be a string"));
   EXPECT_THAT(with([](auto& j) { j["structure"] = "abc"; }), HasSubstr("32 hex digits"));
+  EXPECT_THAT(with([](auto& j) { j.erase("pp_rank"); }), HasSubstr("pp_rank is missing"));
+  EXPECT_THAT(with([](auto& j) { j["pp_rank"] = -2; }),
+              HasSubstr("pp_rank must be a non-negative integer"));
   EXPECT_THAT(with([](auto& j) { j["ranks"] = nlohmann::json::array(); }),
               HasSubstr("ranks must be a non-empty array"));
   EXPECT_THAT(with([](auto& j) { j["ranks"][1]["tp_rank"] = 0; }), HasSubstr("listed twice"));
@@ -198,7 +204,7 @@ TEST(PreshardedWrite, StoresSharedParamsOnceAlignedAndChecksummed) {
   options.max_file_bytes = 16384;
   options.block_bytes = 4096;  // several blocks a param
   const PreshardedManifest m =
-      write_presharded(folder, {{"tp", "3"}}, Hash128{7, 8}, p.specs, read, options);
+      write_presharded(folder, {{"tp", "3"}}, Hash128{7, 8}, 2, p.specs, read, options);
   EXPECT_TRUE(std::filesystem::exists(folder + "/READY"));
   // What a reader parses is what was returned.
   std::ifstream in(folder + "/manifest.json");
@@ -206,6 +212,7 @@ TEST(PreshardedWrite, StoresSharedParamsOnceAlignedAndChecksummed) {
       parse_presharded_manifest(nlohmann::json::parse(in), folder + "/manifest.json");
   EXPECT_EQ(back.signature, (std::map<std::string, std::string>{{"tp", "3"}}));
   EXPECT_EQ(back.structure, (Hash128{7, 8}));
+  EXPECT_EQ(back.pp_rank, 2);
   ASSERT_EQ(back.ranks.size(), 3u);
   std::map<std::string, std::string> tensor_file;
   for (std::size_t r = 0; r < 3; ++r) {
@@ -216,7 +223,9 @@ TEST(PreshardedWrite, StoresSharedParamsOnceAlignedAndChecksummed) {
       EXPECT_EQ(e.name, p.specs[r].params[k].name);
       EXPECT_EQ(e.nbytes, want.size());
       EXPECT_EQ(e.xxh3, xxh3_128(want)) << e.name;
-      EXPECT_EQ(e.offset % 4096, e.nbytes == 0 ? e.offset % 4096 : 0u) << e.name;
+      if (e.nbytes != 0) {
+        EXPECT_EQ(e.offset % 4096, 0u) << e.name;
+      }
       EXPECT_EQ(file_bytes(folder + "/" + e.file, e.offset, e.nbytes),
                 std::string(reinterpret_cast<const char*>(want.data()), want.size()))
           << e.name << " rank " << r;
@@ -233,6 +242,7 @@ TEST(PreshardedWrite, StoresSharedParamsOnceAlignedAndChecksummed) {
   // Every file is a safetensors file whose tensors are where the manifest says, and
   // none but a lone large tensor's exceeds max_file_bytes of data.
   std::size_t files = 0;
+  std::set<std::string> names;  // over the whole folder: no tensor name twice, padding included
   for (const auto& entry : std::filesystem::directory_iterator(folder)) {
     if (entry.path().extension() != ".safetensors") {
       continue;
@@ -241,6 +251,7 @@ TEST(PreshardedWrite, StoresSharedParamsOnceAlignedAndChecksummed) {
     const SafetensorsHeader h = read_safetensors_header(entry.path().string(), "f");
     std::size_t real = 0;
     for (const TensorInfo& t : h.tensors) {
+      EXPECT_TRUE(names.insert(t.name).second) << t.name << " in a second file";
       if (!t.name.starts_with("__pad__.")) {
         ++real;
         EXPECT_EQ(tensor_file.at(t.name), entry.path().filename().string());
@@ -262,7 +273,7 @@ TEST(PreshardedWrite, RefusesAFolderInUseAndBytesThatChange) {
     std::copy_n(p.bytes[r][k].begin() + static_cast<std::ptrdiff_t>(off), out.size(), out.begin());
   };
   try {
-    write_presharded(used, {}, {}, p.specs, read);
+    write_presharded(used, {}, {}, 0, p.specs, read);
     ADD_FAILURE() << "wrote into a folder that was not empty";
   } catch (const Error& e) {
     EXPECT_EQ(e.stage(), Stage::kOutput);
@@ -278,7 +289,7 @@ TEST(PreshardedWrite, RefusesAFolderInUseAndBytesThatChange) {
   };
   const std::string folder = dir.file("drift");
   try {
-    write_presharded(folder, {}, {}, p.specs, drifting);
+    write_presharded(folder, {}, {}, 0, p.specs, drifting);
     ADD_FAILURE() << "bytes that changed were written";
   } catch (const Error& e) {
     EXPECT_EQ(e.tensor(), "model.layers.0.self_attn.o_proj.weight");
