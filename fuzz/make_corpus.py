@@ -93,6 +93,30 @@ def index_seeds(rng):
     return seeds
 
 
+def presharded_seeds(rng):
+    seeds = []
+    for ranks in (1, 2, 4):
+        doc = {"format": "ferry-presharded", "version": 1, "pp_rank": 0,
+               "signature": {"tp": str(ranks), "dtype": "auto"},
+               "structure": "%032x" % rng.getrandbits(128), "ranks": []}
+        for r in range(ranks):
+            params = [{"name": "model.norm.weight", "tensor": "model.norm.weight",
+                       "dtype": "BF16", "shape": [64], "nbytes": 128,
+                       "file": "common-00000.safetensors", "offset": 4096,
+                       "xxh3": "%032x" % 7}]
+            params.append({"name": "model.layers.0.mlp.down_proj.weight",
+                           "tensor": f"model.layers.0.mlp.down_proj.weight@{r}",
+                           "dtype": "F8_E4M3", "shape": [64, 32], "nbytes": 2048,
+                           "file": f"rank-{r}-00000.safetensors", "offset": 8192,
+                           "xxh3": "%032x" % rng.getrandbits(128)})
+            doc["ranks"].append({"tp_rank": r, "params": params})
+        seeds.append(json.dumps(doc, indent=1).encode())
+    seeds.append(b'{"format":"ferry-presharded","version":1,"signature":{},"ranks":[]}')
+    seeds.append(b'{"format":"ferry-presharded","version":1,"pp_rank":0,"signature":{"a":1},'
+                 b'"structure":"00","ranks":[{"tp_rank":0,"params":[{"name":"x","shape":"y"}]}]}')
+    return seeds
+
+
 def fdp_string(s):
     """FuzzedDataProvider::ConsumeRandomLengthString's encoding of `s`."""
     return s.replace(b"\\", b"\\\\") + b"\\x"
@@ -171,6 +195,7 @@ def main():
         "fuzz_config": config_seeds(),
         "fuzz_discover": random_seeds(rng, 64),
         "fuzz_plan": random_seeds(rng, 64),
+        "fuzz_presharded": presharded_seeds(rng),
     }
     for target, seeds in targets.items():
         folder = os.path.join(out, target)

@@ -1,0 +1,91 @@
+// The presharded manifest parser (io::parse_presharded_manifest), fed arbitrary text
+// as runtime/presharded.cpp reads manifest.json: the depth check, nlohmann's parse,
+// then the parser. A ferry::Error or a text nlohmann refuses is a clean refusal; any
+// other exception (a nlohmann type_error or out_of_range the parser let through) is a
+// finding.
+//
+// Asserted, for every manifest it accepts:
+//  - to_json of the result parses back to the same manifest (every field);
+//  - every param's bytes are dtype x shape, every non-empty one's offset is a multiple
+//    of 4096, every file a plain name, and one stored tensor has one range.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <tuple>
+
+#include "common/error.hpp"
+#include "common/json_depth.hpp"
+#include "fuzz/fuzz_check.hpp"
+#include "io/presharded.hpp"
+
+namespace {
+
+using ferry::io::PreshardedManifest;
+using ferry::io::PreshardedParam;
+
+bool same(const PreshardedManifest& a, const PreshardedManifest& b) {
+  if (a.signature != b.signature || a.structure != b.structure || a.pp_rank != b.pp_rank ||
+      a.ranks.size() != b.ranks.size()) {
+    return false;
+  }
+  for (std::size_t r = 0; r < a.ranks.size(); ++r) {
+    if (a.ranks[r].tp_rank != b.ranks[r].tp_rank ||
+        a.ranks[r].params.size() != b.ranks[r].params.size()) {
+      return false;
+    }
+    for (std::size_t k = 0; k < a.ranks[r].params.size(); ++k) {
+      const PreshardedParam& x = a.ranks[r].params[k];
+      const PreshardedParam& y = b.ranks[r].params[k];
+      if (std::tie(x.name, x.tensor, x.dtype, x.shape, x.nbytes, x.file, x.offset) !=
+              std::tie(y.name, y.tensor, y.dtype, y.shape, y.nbytes, y.file, y.offset) ||
+          x.xxh3 != y.xxh3) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  if (ferry::json_depth(text) > ferry::kMaxJsonDepth) {
+    return 0;
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error&) {
+    return 0;
+  }
+  PreshardedManifest m;
+  try {
+    m = ferry::io::parse_presharded_manifest(j, "fuzz/manifest.json");
+  } catch (const ferry::Error&) {
+    return 0;
+  }
+  std::map<std::string, std::tuple<std::string, std::uint64_t, std::uint64_t>> ranges;
+  for (const auto& rank : m.ranks) {
+    for (const PreshardedParam& p : rank.params) {
+      std::uint64_t elements = 1;
+      for (std::uint64_t d : p.shape) {
+        elements *= d;
+      }
+      FUZZ_CHECK(p.nbytes == elements * ferry::dtype_size(p.dtype), p.name);
+      FUZZ_CHECK(p.nbytes == 0 || p.offset % ferry::io::kPreshardedAlignment == 0, p.name);
+      FUZZ_CHECK(!p.file.empty() && p.file.find('/') == std::string::npos && p.file != "..",
+                 p.file);
+      const auto range = std::make_tuple(p.file, p.offset, p.nbytes);
+      auto [it, fresh] = ranges.emplace(p.tensor, range);
+      FUZZ_CHECK(fresh || it->second == range, p.tensor);
+    }
+  }
+  const PreshardedManifest back =
+      ferry::io::parse_presharded_manifest(ferry::io::to_json(m), "fuzz/manifest.json");
+  FUZZ_CHECK(same(m, back), "to_json does not round-trip");
+  return 0;
+}
