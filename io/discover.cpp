@@ -142,6 +142,7 @@ std::vector<const char*> patterns_for(LoadFormat format) {
     case LoadFormat::kPt:
       return {"*.pt"};
     case LoadFormat::kDummy:
+    case LoadFormat::kPresharded:
       break;
   }
   return {};
@@ -299,15 +300,15 @@ std::optional<GlmMtp> glm_mtp_rule(const std::string& folder, const std::string&
 }  // namespace
 
 std::string_view to_string(LoadFormat format) {
-  static constexpr std::array<std::string_view, 5> kNames{
-      "auto", "safetensors", "mistral", "pt", "dummy"};
-  static_assert(kNames.size() == static_cast<std::size_t>(LoadFormat::kDummy) + 1);
+  static constexpr std::array<std::string_view, 6> kNames{"auto", "safetensors", "mistral",
+                                                          "pt",   "dummy",       "presharded"};
+  static_assert(kNames.size() == static_cast<std::size_t>(LoadFormat::kPresharded) + 1);
   return enum_name(format, kNames, "unknown");
 }
 
 std::optional<LoadFormat> parse_load_format(std::string_view text) {
   for (LoadFormat format : {LoadFormat::kAuto, LoadFormat::kSafetensors, LoadFormat::kMistral,
-                            LoadFormat::kPt, LoadFormat::kDummy}) {
+                            LoadFormat::kPt, LoadFormat::kDummy, LoadFormat::kPresharded}) {
     if (text == to_string(format)) {
       return format;
     }
@@ -407,6 +408,11 @@ std::vector<Entry> open_model_folder(const std::string& folder, LoadFormat forma
     throw Error(Stage::kDiscovery, folder, "",
                 "load format dummy reads no weight files (the runtime fills the parameters "
                 "from config.json alone); there is nothing to discover");
+  }
+  if (format == LoadFormat::kPresharded) {
+    throw Error(Stage::kDiscovery, folder, "",
+                "load format presharded reads the folder's manifest, not discovered files "
+                "(the runtime finds the folder)");
   }
   const Probe where = probe(folder);
   if (where.kind == Kind::kMissing) {

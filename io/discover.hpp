@@ -22,13 +22,15 @@ enum class LoadFormat {
   kPt,           // *.pt
   kDummy,        // no weight files: the runtime fills every param with deterministic
                  // random values from config.json alone; discovery refuses it
+  kPresharded,   // a folder `ferry save` wrote (runtime/presharded.hpp): each rank's params
+                 // as a load leaves them; discovery refuses it (the runtime finds the folder)
 };
 
 // What the chosen files contain (kAuto resolves to one of these).
 enum class FileFormat { kSafetensors, kPickle };
 
 std::string_view to_string(LoadFormat format);
-// "auto", "safetensors", "mistral", "pt", "dummy"; nullopt otherwise.
+// "auto", "safetensors", "mistral", "pt", "dummy", "presharded"; nullopt otherwise.
 std::optional<LoadFormat> parse_load_format(std::string_view text);
 
 struct DiscoveryOptions {

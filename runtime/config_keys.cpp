@@ -50,6 +50,9 @@ constexpr std::uint64_t kAlign = io::kDirectAlignment;
 // io.max_metadata_bytes: a config.json is a few KiB, the largest indexes tens of MB.
 constexpr std::uint64_t kMinMetadataBytes = std::uint64_t{64} << 10;
 constexpr std::uint64_t kMaxMetadataBytes = std::uint64_t{4} << 30;
+// save.max_file_bytes: 1 MiB (tests) to 1 TiB; a file still holds one tensor at least.
+constexpr std::uint64_t kMinSaveFileBytes = std::uint64_t{1} << 20;
+constexpr std::uint64_t kMaxSaveFileBytes = std::uint64_t{1} << 40;
 // host.bandwidth_gbps, when not 0: 10 MB/s to 10 TB/s, around every link there is
 // (PCIe 1.0 x1 moves 0.25 GB/s); 1e-300 made a load that never finished.
 constexpr double kMinBandwidthGbps = 0.01;
@@ -252,12 +255,13 @@ using Requant = models::QuantScheme::Requant;
 using Online = QuantizationConfig::Online;
 using Target = models::QuantScheme::Target;
 
-constexpr std::array<Choice<io::LoadFormat>, 5> kLoadFormats{{
+constexpr std::array<Choice<io::LoadFormat>, 6> kLoadFormats{{
     {"auto", io::LoadFormat::kAuto},
     {"safetensors", io::LoadFormat::kSafetensors},
     {"mistral", io::LoadFormat::kMistral},
     {"pt", io::LoadFormat::kPt},
     {"dummy", io::LoadFormat::kDummy},
+    {"presharded", io::LoadFormat::kPresharded},
 }};
 constexpr std::array<Choice<std::optional<DType>>, 4> kDTypes{{
     {"auto", std::nullopt},
@@ -499,7 +503,9 @@ const std::vector<ConfigKey>& table() {
       string_key<&C::model, &ModelConfig::path>(
           "model.path", "the checkpoint folder (or one of its files); \"\" = none given"),
       choice_key<&C::model, &ModelConfig::load_format, kLoadFormats>(
-          "model.load_format", "which files are weights; dummy: none, values from config.json"),
+          "model.load_format",
+          "which files are weights; dummy: none, values from config.json; presharded: a folder "
+          "`ferry save` wrote"),
       choice_key<&C::model, &ModelConfig::dtype, kDTypes>(
           "model.dtype", "parameter dtype; auto: the checkpoint's torch_dtype"),
       bool_key<&C::model, &ModelConfig::draft>(
@@ -576,6 +582,13 @@ const std::vector<ConfigKey>& table() {
           "load.dump_dir", "dump the loaded parameters here for debugging; \"\" = none"),
       bool_key<&C::load, &LoadOptions::layered>(
           "load.layered", "free quantization.online's full-precision weights layer by layer"),
+      string_key<&C::load, &LoadOptions::save_presharded>(
+          "load.save_presharded",
+          "after a load, save its ranks as a presharded checkpoint under this folder; \"\" = no"),
+      bool_key<&C::load, &LoadOptions::verify_checksums>(
+          "load.verify_checksums", "presharded: check every param's XXH3-128 against the manifest"),
+      size_key<&C::save, &SaveConfig::max_file_bytes, kMinSaveFileBytes, kMaxSaveFileBytes>(
+          "save.max_file_bytes", "the largest file a presharded save writes (one tensor at least)"),
       bandwidth_key(),
       bool_key<&C::host, &HostConfig::deferred_copies>(
           "host.deferred_copies", "host devices copy later on a thread, as a DMA engine does"),

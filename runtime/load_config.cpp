@@ -548,6 +548,14 @@ void ConfigBuilder::check_across_keys(const LoadConfig& c, Rules rules) const {
     refuse("load.dump_dir", "devices " + to_string(c.devices) +
                                 " keep no parameter data, so there is nothing to dump");
   }
+  if (!c.load.save_presharded.empty() && c.devices.kind == DeviceSpec::Kind::kNull) {
+    refuse("load.save_presharded", "devices " + to_string(c.devices) +
+                                       " keep no parameter data, so there is nothing to save");
+  }
+  if (c.load.verify_checksums && c.devices.kind == DeviceSpec::Kind::kNull) {
+    refuse("load.verify_checksums", "devices " + to_string(c.devices) +
+                                        " keep no parameter data, so there is nothing to check");
+  }
   if (rules == Rules::kAll) {
     if (std::optional<BrokenRule> broken = broken_load_rule(c)) {
       refuse(broken->key, broken->rule);
@@ -556,6 +564,16 @@ void ConfigBuilder::check_across_keys(const LoadConfig& c, Rules rules) const {
 }
 
 std::optional<BrokenRule> broken_load_rule(const LoadConfig& c) {
+  if (c.load.verify_checksums && c.model.load_format != io::LoadFormat::kPresharded) {
+    return BrokenRule{"load.verify_checksums",
+                      "load.verify_checksums checks a presharded folder against its manifest: "
+                      "set model.load_format=presharded, or turn it off"};
+  }
+  if (!c.load.save_presharded.empty() && c.model.load_format == io::LoadFormat::kDummy) {
+    return BrokenRule{"load.save_presharded",
+                      "load.save_presharded with model.load_format dummy: dummy values are "
+                      "not a checkpoint to save"};
+  }
   if (c.load.layered && c.quantization.online == QuantizationConfig::Online::kNone) {
     return BrokenRule{
         "load.layered",

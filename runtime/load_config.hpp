@@ -124,7 +124,21 @@ struct LoadOptions {
   // quantized model plus about a layer in full precision, not all of it. Off: they
   // are allocated up front and freed at the end.
   bool layered = false;
+  // After a load, its ranks as a presharded checkpoint (runtime/presharded.hpp) under
+  // this folder, in the layout's subfolder; skipped when one is there already. With
+  // model.load_format presharded and no folder for the layout anywhere, the load
+  // reads the raw checkpoint at model.path instead and saves it. "" = none.
+  std::string save_presharded;
+  // model.load_format presharded: every param's XXH3-128 checked against the manifest
+  // after the stream (each param read back once, in bounded blocks).
+  bool verify_checksums = false;
   bool operator==(const LoadOptions&) const = default;
+};
+
+// What `ferry save` and load.save_presharded write.
+struct SaveConfig {
+  std::uint64_t max_file_bytes = std::uint64_t{20} << 30;  // a file holds one tensor at least
+  bool operator==(const SaveConfig&) const = default;
 };
 
 struct HostConfig {
@@ -231,6 +245,7 @@ struct LoadConfig {
   StartupConfig startup;
   QuantizationConfig quantization;
   PostprocessConfig postprocess;
+  SaveConfig save;
   bool operator==(const LoadConfig&) const = default;
 };
 

@@ -12,7 +12,9 @@
 #include "gpu/backends.hpp"
 #include "models/experts.hpp"
 #include "models/postprocess.hpp"
+#include "models/presharded_model.hpp"
 #include "models/quant.hpp"
+#include "runtime/presharded.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -43,6 +45,8 @@ std::optional<int> first_cuda_capability(const LoadConfig& c) {
 // quantization.online, auto decided as SGLang does (cutlass_fp8_supported: per channel
 // from compute capability 8.9 up, else per tensor; host and null devices stand for
 // such a GPU).
+}  // namespace
+
 models::QuantScheme::Online resolve_online(const LoadConfig& c) {
   using Online = models::QuantScheme::Online;
   switch (c.quantization.online) {
@@ -58,8 +62,6 @@ models::QuantScheme::Online resolve_online(const LoadConfig& c) {
   const std::optional<int> cc = first_cuda_capability(c);
   return !cc || *cc >= 89 ? Online::kChannel : Online::kTensor;
 }
-
-}  // namespace
 
 models::QuantScheme::Target resolve_target(const LoadConfig& c, std::string* warning) {
   using Target = models::QuantScheme::Target;
@@ -84,10 +86,6 @@ models::QuantScheme::Target resolve_target(const LoadConfig& c, std::string* war
   return Target::kLoader;
 }
 
-namespace {
-
-// config.json, with a ModelOpt hf_quant_config.json beside it merged in
-// (models::with_hf_quant_config).
 nlohmann::json read_hf_config(const std::string& folder, std::uint64_t max_bytes) {
   const std::filesystem::path dir(folder);
   nlohmann::json config =
@@ -102,6 +100,8 @@ nlohmann::json read_hf_config(const std::string& folder, std::uint64_t max_bytes
   }
   return config;
 }
+
+namespace {
 
 std::string pad(std::string s, std::size_t width) {
   if (s.size() < width) {
@@ -154,8 +154,16 @@ ResolvedCheckpoint resolve_checkpoint(const LoadConfig& c) {
     out.source.load_format = io::LoadFormat::kDummy;
     return out;
   }
+  if (c.model.load_format == io::LoadFormat::kPresharded) {
+    if (std::optional<ResolvedCheckpoint> found = resolve_presharded(c)) {
+      return std::move(*found);
+    }
+    // No folder for the layout, and load.save_presharded asks for one: the raw
+    // checkpoint at model.path is loaded (and then saved).
+  }
   io::DiscoveryOptions discovery;
-  discovery.format = c.model.load_format;
+  discovery.format = c.model.load_format == io::LoadFormat::kPresharded ? io::LoadFormat::kAuto
+                                                                        : c.model.load_format;
   discovery.sort_weight_files = c.load.sort_weight_files;
   discovery.tp_size = c.parallel.tp;
   discovery.tp_rank = c.parallel.ranks.empty() ? 0 : c.parallel.ranks.front();
@@ -204,11 +212,21 @@ std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& c,
   return models::make_model(hf_config, layout, model_options);
 }
 
+std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& c,
+                                                           const ResolvedCheckpoint& ck) {
+  std::shared_ptr<const models::Model> model = make_configured_model(c, ck.hf_config);
+  if (ck.presharded) {
+    model = models::make_presharded_model(std::move(model), *ck.presharded,
+                                          ck.presharded_manifest_file);
+  }
+  return model;
+}
+
 // ---- the plan report ------------------------------------------------------------
 
 PlanReport make_plan_report(const LoadConfig& config) {
   ResolvedCheckpoint ck = resolve_checkpoint(config);
-  std::shared_ptr<const models::Model> model = make_configured_model(config, ck.hf_config);
+  std::shared_ptr<const models::Model> model = make_configured_model(config, ck);
 
   PlanReport report;
   report.family = model->family();

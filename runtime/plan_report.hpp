@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "io/discover.hpp"
+#include "io/presharded.hpp"
 #include "io/safetensors.hpp"
 #include "models/model.hpp"
 #include "runtime/load_config.hpp"
@@ -30,7 +31,19 @@ struct ResolvedCheckpoint {
   io::CheckpointIndex index;          // every header read and validated
   nlohmann::json hf_config;           // the folder's config.json, a hf_quant_config.json merged in
   std::vector<std::string> warnings;  // discovery's, then the index's
+  // model.load_format presharded, a folder found (runtime/presharded.hpp): its
+  // manifest, checked against the layout; null otherwise (a raw checkpoint).
+  std::shared_ptr<const io::PreshardedManifest> presharded;
+  std::string presharded_manifest_file;
 };
+
+// config.json in `folder`, with a ModelOpt hf_quant_config.json beside it merged in
+// (models::with_hf_quant_config). Throws Error(Stage::kConfig).
+nlohmann::json read_hf_config(const std::string& folder, std::uint64_t max_bytes);
+
+// quantization.online resolved: auto is channel on a device of compute capability
+// 8.9 or more, or with no CUDA device; tensor below.
+models::QuantScheme::Online resolve_online(const LoadConfig& config);
 
 // Discovery (model.load_format, load.sort_weight_files, the tp rank of the first
 // local rank for per-rank checkpoints), every header (load.strict), config.json.
@@ -48,6 +61,10 @@ models::QuantScheme::Target resolve_target(const LoadConfig& config,
 // Throws what models::make_model throws.
 std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& config,
                                                            const nlohmann::json& hf_config);
+// The model a load of `checkpoint` uses: the configured one, or for a presharded
+// folder that model's presharded reader (models/presharded_model.hpp).
+std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& config,
+                                                           const ResolvedCheckpoint& checkpoint);
 
 // ---- the plan report ------------------------------------------------------------
 

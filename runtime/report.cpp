@@ -44,6 +44,10 @@ nlohmann::json to_json(const LoadReport& r) {
       {"hooks_skipped", r.hooks_skipped},
       {"load_format", r.load_format},
       {"postprocess_target", r.postprocess_target},
+      {"presharded",
+       {{"read", r.presharded_read},
+        {"checksums_verified", r.checksums_verified},
+        {"saved", r.presharded_saved}}},
       {"peak_device_bytes", r.peak_device_bytes},
       {"startup_mode", r.startup_mode},
       {"startup_refusals", refusals},
@@ -65,6 +69,13 @@ std::string LoadReport::summary() const {
   std::string s;
   if (load_format == "dummy") {
     s += "dummy load: every parameter filled with deterministic random values (nothing read)\n";
+  }
+  if (!presharded_read.empty()) {
+    s += "presharded: read " + presharded_read +
+         (checksums_verified ? " (every param's XXH3-128 checked)" : "") + "\n";
+  }
+  if (!presharded_saved.empty()) {
+    s += "presharded: saved " + presharded_saved + "\n";
   }
   s += "loaded " + std::to_string(tensors.placed) + " tensors from " + std::to_string(files) +
        " file(s) in " + fixed(seconds, 3) + " s (" + std::to_string(tensors.dropped) +

@@ -55,6 +55,7 @@
 #include "runtime/metrics.hpp"
 #include "runtime/metrics_server.hpp"
 #include "runtime/plan_report.hpp"
+#include "runtime/presharded.hpp"
 #include "runtime/trace.hpp"
 
 namespace ferry::runtime {
@@ -409,6 +410,10 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   w.resolved = resolve_checkpoint(c);
   report.files = w.resolved.index.files.size();
   report.warnings = w.resolved.warnings;
+  if (w.resolved.presharded) {
+    report.load_format = "presharded";
+    report.presharded_read = w.resolved.source.folder;
+  }
   handle.check_cancel();
   w.resolved_at = Clock::now();
   w.span("resolve", w.begin, w.resolved_at);
@@ -416,7 +421,7 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   // ---- plan
   handle.phase.store(LoadPhase::kPlan);
   // The layout and model options from the config (shared with `ferry plan`).
-  w.model = make_configured_model(c, w.resolved.hf_config);
+  w.model = make_configured_model(c, w.resolved);
   if (seams.wrap_model) {
     w.model = seams.wrap_model(w.model);
     if (!w.model) {
@@ -696,6 +701,7 @@ LoadResult Runtime::Impl::load(LoadHandle::State& handle) {
   make_devices(w);
   allocate(w, handle);
   load_all(w, handle);
+  finish_presharded(w, handle);
   w.state->report = w.report;
   LoadResult result;
   result.model = std::make_shared<LoadedModel>(std::move(w.state));
@@ -744,6 +750,31 @@ void Runtime::Impl::run_hooks_once(LoadWork& w, LoadHandle::State& handle,
       throw Error(Stage::kPostProcess, device.name(), "",
                   "post-load hook '" + hook.name + "' failed on " + what + ": " + e.what());
     }
+  }
+}
+
+void Runtime::Impl::finish_presharded(LoadWork& w, LoadHandle::State& handle) {
+  const LoadConfig& c = config;
+  if (w.resolved.presharded && c.load.verify_checksums) {
+    handle.check_cancel();
+    const Clock::time_point t = Clock::now();
+    verify_presharded(*w.state, *w.resolved.presharded, w.resolved.presharded_manifest_file);
+    w.report.checksums_verified = true;
+    w.span("verify_checksums", t, Clock::now());
+  }
+  if (wants_presharded_save(c, w.resolved)) {
+    handle.check_cancel();
+    const Clock::time_point t = Clock::now();
+    try {
+      w.report.presharded_saved =
+          save_presharded(*w.state, c, w.resolved.hf_config, c.load.save_presharded);
+    } catch (const Error& e) {
+      const std::string warning =
+          std::string("load.save_presharded: the load succeeded, the save failed: ") + e.what();
+      log::warn(warning);
+      w.report.warnings.push_back(warning);
+    }
+    w.span("save_presharded", t, Clock::now());
   }
 }
 

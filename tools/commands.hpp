@@ -23,6 +23,7 @@ int cmd_inspect(const Args& args);   // tools/cmd_inspect.cpp
 int cmd_demo(const Args& args);      // tools/cmd_demo.cpp
 int cmd_load(const Args& args);      // tools/cmd_load.cpp
 int cmd_plan(const Args& args);      // tools/cmd_plan.cpp
+int cmd_save(const Args& args);      // tools/cmd_save.cpp
 int cmd_selftest(const Args& args);  // tools/cmd_selftest.cpp
 int cmd_bench(const Args& args);     // tools/cmd_bench.cpp
 int cmd_config(const Args& args);    // tools/cmd_config.cpp

@@ -96,13 +96,22 @@ struct StartupRefusal {
 
 // What happened during a load (`--report FILE` writes json()).
 struct FERRY_API LoadReport {
-  // "checkpoint", or "dummy" (model.load_format dummy: every parameter filled with
-  // deterministic random values on its device, nothing read; bytes_copied counts
-  // the bytes filled).
+  // "checkpoint", "presharded" (a presharded folder, read as stored), or "dummy"
+  // (model.load_format dummy: every parameter filled with deterministic random values
+  // on its device, nothing read; bytes_copied counts the bytes filled).
   std::string load_format = "checkpoint";
   // postprocess.target as resolved: "loader", "sm90" or "sm100" (the layout the
   // parameters were left in; auto is resolved from the device).
   std::string postprocess_target = "loader";
+  // model.load_format presharded: the part folder read (runtime/presharded.hpp), and
+  // whether load.verify_checksums checked every param against its manifest. "" /
+  // false otherwise.
+  std::string presharded_read;
+  bool checksums_verified = false;
+  // load.save_presharded: the part folder this load saved, "" when none was written
+  // (not asked, read from one, or the same part was there already); a save that
+  // failed leaves the load as it was and says why in `warnings`.
+  std::string presharded_saved;
   std::uint64_t bytes_read = 0;     // every byte requested from weight files: headers,
                                     // tensor data, O_DIRECT alignment
   std::uint64_t bytes_skipped = 0;  // tensor bytes never read

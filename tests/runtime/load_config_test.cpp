@@ -417,8 +417,9 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
   EXPECT_EQ(from_sets({"model.fuse_shared_experts=auto"}).model.fuse_shared_experts, std::nullopt);
   EXPECT_EQ(from_sets({"model.fuse_shared_experts=false"}).model.fuse_shared_experts, false);
   EXPECT_EQ(from_sets({"model.unaligned_tp=pad"}).model.unaligned_tp, models::Unaligned::kPad);
-  EXPECT_THAT(config_error([] { from_sets({"model.load_format=gguf"}); }),
-              HasSubstr("model.load_format: expected auto, safetensors, mistral, pt or dummy"));
+  EXPECT_THAT(
+      config_error([] { from_sets({"model.load_format=gguf"}); }),
+      HasSubstr("model.load_format: expected auto, safetensors, mistral, pt, dummy or presharded"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.tp=0"}); }),
               HasSubstr("parallel.tp: expected an integer from 1 to 4096, got 0"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.tp=2.5"}); }),
@@ -722,6 +723,8 @@ LoadConfig every_field_changed() {
   c.quantization.online = QuantizationConfig::Online::kChannel;
   c.postprocess.target = models::QuantScheme::Target::kSm100;
   c.load.layered = true;
+  c.load.save_presharded = "/cache/presharded";
+  c.save.max_file_bytes = std::uint64_t{1} << 30;
   return c;
 }
 
@@ -731,6 +734,9 @@ LoadConfig the_fields_it_could_not() {
   LoadConfig c = every_field_changed();
   c.io.direct = false;
   c.prefetch.enabled = true;
+  // load.verify_checksums needs the presharded format.
+  c.model.load_format = io::LoadFormat::kPresharded;
+  c.load.verify_checksums = true;
   return c;
 }
 
