@@ -486,7 +486,10 @@ actors::PipelineInput Runtime::Impl::pipeline_input(LoadWork& w) const {
     input.options.io.staging_bytes = io.staging_bytes;
   }
   input.options.max_auto_lanes = io.max_lanes;
-  input.options.lanes_follow_files = io.lanes_follow_files;
+  // A presharded folder is a few large files by design (one a rank, up to
+  // save.max_file_bytes): lanes share a file there (docs/PERFORMANCE.md, presharded:
+  // one lane reads a 2.2 GB part at 0.73 of `cat`, two at 0.96).
+  input.options.lanes_follow_files = io.lanes_follow_files && !w.resolved.presharded;
   input.options.poison_staging = c.host.deferred_copies;
   input.release_staging_early = seams.release_staging_early;
   input.staging_allocator = seams.staging_allocator;
