@@ -153,7 +153,8 @@ struct Route {
   // the draft), "no_indexer" (DeepSeek-V3.2 indexer tensors of a layer without one),
   // "draft_shared" (embed_tokens / shared_head.head of the MTP layer,
   // shared with the target), "overwritten_scale" (an expert's w1 input_scale, which
-  // SGLang overwrites with w3's). Unmapped:
+  // SGLang overwrites with w3's); a presharded folder's "other_rank", "padding" and
+  // "empty" (models/presharded_model.hpp). Unmapped:
   // "unknown_name". Empty when placed.
   std::string reason;
   std::vector<Piece> pieces;  // copy pieces only, grouped by local rank
