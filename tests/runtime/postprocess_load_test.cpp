@@ -33,11 +33,12 @@
 namespace ferry::runtime {
 namespace {
 
-using postprocess_testing::Loads;
 using postprocess_testing::as_fp8_format;
+using postprocess_testing::committed_overlap;
 using postprocess_testing::f16;
 using postprocess_testing::floats;
 using postprocess_testing::load_both;
+using postprocess_testing::Loads;
 using postprocess_testing::overlap_and_dummy_match;
 using postprocess_testing::requant_value;
 using postprocess_testing::set_scalars;
@@ -306,11 +307,7 @@ TEST(PostprocessLoad, OverlapStartupAndDummyFormatKeepTheTargetsLayout) {
   const std::string ck = synth_tiny(dir, "qwen3_moe", synth::SynthQuant::kFp8Tensor, "moe");
   equal_w1_w3_input_scales(ck);
   const std::vector<std::string> sets = {"parallel.tp=2", "postprocess.target=sm90"};
-  std::vector<std::string> overlap_sets = sets;
-  overlap_sets.push_back("startup.mode=overlap");
-  Runtime overlap(to_config(make_config(ck, overlap_sets)));
-  ASSERT_TRUE(overlap.prepare().wait());
-  LoadResult committed = overlap.commit().wait();
+  LoadResult committed = committed_overlap(ck, sets);
   ASSERT_TRUE(committed) << committed.error->message;
   EXPECT_TRUE(committed.model->report().startup_refusals.empty());
   Runtime serial(to_config(make_config(ck, sets)));

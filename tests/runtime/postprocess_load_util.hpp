@@ -94,14 +94,22 @@ inline Loads load_both(const std::string& ck, const std::string& target,
 
 // The capture-safe startup (the hooks run again on the real weights) leaves the bytes
 // of `want` (a serial load at tp 2 with `target`); the dummy format, its params.
+// A capture-safe startup (startup.mode=overlap) of `ck` with `sets`: prepare(), then
+// commit(); the prepare's error when it fails. The model outlives its Runtime.
+inline LoadResult committed_overlap(const std::string& ck, std::vector<std::string> sets) {
+  sets.push_back("startup.mode=overlap");
+  Runtime overlap(to_config(make_config(ck, sets)));
+  LoadResult prepared = overlap.prepare().wait();
+  if (!prepared) {
+    return prepared;
+  }
+  return overlap.commit().wait();
+}
+
 inline void overlap_and_dummy_match(const std::string& ck, const std::string& target,
                                     const LoadResult& want) {
   const std::vector<std::string> sets = {"parallel.tp=2", "postprocess.target=" + target};
-  std::vector<std::string> overlap_sets = sets;
-  overlap_sets.push_back("startup.mode=overlap");
-  Runtime overlap(to_config(make_config(ck, overlap_sets)));
-  ASSERT_TRUE(overlap.prepare().wait());
-  LoadResult committed = overlap.commit().wait();
+  LoadResult committed = committed_overlap(ck, sets);
   ASSERT_TRUE(committed) << committed.error->message;
   std::vector<std::string> dummy_sets = sets;
   dummy_sets.push_back("model.load_format=dummy");
