@@ -74,3 +74,30 @@ def cell(values, scale=1.0, fmt="{:.2f}"):
     """A table cell: the median of `values` times `scale`, then (min-max)."""
     v = [x * scale for x in values]
     return (fmt + " (" + fmt + "-" + fmt + ")").format(statistics.median(v), min(v), max(v))
+
+
+def synth_once(ferry, out, *args):
+    """`ferry synth --out OUT ARGS` unless OUT holds a checkpoint already; returns OUT."""
+    if not os.path.exists(os.path.join(out, "model.safetensors.index.json")):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        subprocess.run([ferry, "synth", "--out", out, "--no-fsync", *args], check=True)
+    return out
+
+
+def drop_cache(files):
+    """Evicts `files` from the page cache (synced first, so that nothing dirty stays)."""
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def warm_cache(files):
+    """Reads `files` whole, so that they are in the page cache."""
+    for path in files:
+        with open(path, "rb") as f:
+            while f.read(64 << 20):
+                pass

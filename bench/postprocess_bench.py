@@ -33,18 +33,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 from bench_common import cell, run_measured
-
-
-def synth(ferry, out, *args):
-    if not os.path.exists(os.path.join(out, "model.safetensors.index.json")):
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        subprocess.run([ferry, "synth", "--out", out, "--no-fsync", *args], check=True)
-    return out
+from bench_common import synth_once as synth
 
 
 def warm(folder):

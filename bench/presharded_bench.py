@@ -36,31 +36,13 @@ import sys
 import tempfile
 
 from bench_common import bench_args, cell, run_measured
+from bench_common import drop_cache as drop
+from bench_common import synth_once as synth
+from bench_common import warm_cache as warm
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = os.path.join(HERE, "..", ".venv-bench", "bin", "python")
 PEER = os.path.join(HERE, "peers", "peer_sglang.py")
-
-
-def synth(ferry, out, *args):
-    if not os.path.exists(os.path.join(out, "model.safetensors.index.json")):
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        subprocess.run([ferry, "synth", "--out", out, "--no-fsync", *args], check=True)
-    return out
-
-
-def drop(paths):
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
-
-
-def warm(paths):
-    for p in paths:
-        with open(p, "rb") as f:
-            while f.read(64 << 20):
-                pass
 
 
 def main():

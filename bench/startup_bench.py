@@ -29,27 +29,10 @@ import tempfile
 import threading
 import time
 
-from bench_common import bench_args, cell, medium_checkpoint, run_measured
+from bench_common import bench_args, cell, drop_cache, medium_checkpoint, run_measured, warm_cache
 
 PREFETCH_THREADS = 4
 PREFETCH_BLOCK = 16 << 20
-
-
-def drop_cache(files):
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def warm_cache(files):
-    for path in files:
-        with open(path, "rb") as f:
-            while f.read(64 << 20):
-                pass
 
 
 def prefetch_seconds(files):
