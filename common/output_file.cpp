@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <optional>
@@ -317,6 +318,19 @@ void OutputFile::fail(const std::string& detail, int err) {
     shown += c == '\0' ? std::string("\\0") : std::string(1, c);
   }
   throw Error(stage_, shown, "", rule);
+}
+
+void sync_folder(const std::string& dir, Stage stage, std::string_view what) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) {
+      ::close(fd);
+    }
+    throw Error(stage, dir, "",
+                std::string(what) + ": cannot sync the folder: " + std::strerror(err));
+  }
+  ::close(fd);
 }
 
 }  // namespace ferry

@@ -71,4 +71,9 @@ class OutputFile {
   bool committed_ = false;
 };
 
+// fsync(2) of the folder `dir`, so that the names of what was written in it are on
+// disk too (after OutputFile::commit renamed a file into it, or a rename of the
+// folder's own entries). Throws Error(stage, dir, "", "WHAT: cannot sync the folder: ...").
+void sync_folder(const std::string& dir, Stage stage, std::string_view what);
+
 }  // namespace ferry

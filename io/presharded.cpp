@@ -1,9 +1,5 @@
 #include "io/presharded.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -245,19 +241,6 @@ namespace {
   throw Error(Stage::kOutput, file, tensor, "presharded: " + what);
 }
 
-// fsync of a folder, so that the names of what was written in it are on disk too.
-void sync_folder(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int err = errno;
-    if (fd >= 0) {
-      ::close(fd);
-    }
-    out_error(dir, "", std::string("cannot sync the folder: ") + std::strerror(err));
-  }
-  ::close(fd);
-}
-
 void write_text(const std::string& path, const std::string& text) {
   OutputFile f(path, Stage::kOutput, "presharded");
   f.write(text);
@@ -330,13 +313,13 @@ PreshardedManifest write_files(
     }
   }
   write_text((fs::path(dir) / kPreshardedManifest).string(), to_json(m).dump(1) + "\n");
-  sync_folder(dir);
+  sync_folder(dir, Stage::kOutput, "presharded");
   write_text(
       (fs::path(dir) / kPreshardedReady).string(),
       nlohmann::json{{"format", kFormat}, {"version", kPreshardedVersion}, {"files", files.size()}}
               .dump() +
           "\n");
-  sync_folder(dir);
+  sync_folder(dir, Stage::kOutput, "presharded");
   return m;
 }
 

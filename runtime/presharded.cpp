@@ -1,6 +1,5 @@
 #include "runtime/presharded.hpp"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -165,18 +164,6 @@ ResolvedCheckpoint resolve_part(const LoadConfig& c, const fs::path& part,
 
 [[noreturn]] void out_error(const std::string& file, const std::string& what) {
   throw Error(Stage::kOutput, file, "", "presharded save: " + what);
-}
-
-void sync_folder(const fs::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int err = errno;
-    if (fd >= 0) {
-      ::close(fd);
-    }
-    out_error(dir.string(), std::string("cannot sync the folder: ") + std::strerror(err));
-  }
-  ::close(fd);
 }
 
 }  // namespace
@@ -372,7 +359,7 @@ std::string save_presharded(const LoadedModel::State& state, const LoadConfig& c
     config.write(hf_config.dump(1) + "\n");
     config.sync();
     config.commit();
-    sync_folder(tmp);
+    sync_folder(tmp.string(), Stage::kOutput, "presharded save");
     if (::rename(tmp.c_str(), part.c_str()) != 0) {
       const int err = errno;
       if ((err == ENOTEMPTY || err == EEXIST) && present(part / io::kPreshardedReady)) {
@@ -382,7 +369,7 @@ std::string save_presharded(const LoadedModel::State& state, const LoadConfig& c
       out_error(part.string(),
                 std::string("cannot rename the part into place: ") + std::strerror(err));
     }
-    sync_folder(layout);
+    sync_folder(layout.string(), Stage::kOutput, "presharded save");
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;

@@ -315,5 +315,25 @@ TEST(OutputFile, AnUncommittedFileLeavesNoTemporary) {
   EXPECT_EQ(names_in(dir.path()), std::vector<std::string>{"r.json"});
 }
 
+// sync_folder: a folder is synced; anything else is an error naming it, the stage and
+// what was being written.
+TEST(SyncFolder, SyncsAFolderAndNamesWhatItCannotSync) {
+  TempDir dir;
+  EXPECT_NO_THROW(sync_folder(dir.path(), Stage::kOutput, "presharded"));
+  write_file(dir.file("plain"), "x");
+  for (const std::string& bad : {dir.file("missing"), dir.file("plain")}) {
+    try {
+      sync_folder(bad, Stage::kOutput, "presharded save");
+      ADD_FAILURE() << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.stage(), Stage::kOutput);
+      EXPECT_EQ(e.file(), bad);
+      EXPECT_NE(std::string(e.what()).find("presharded save: cannot sync the folder"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ferry
