@@ -419,6 +419,11 @@ TEST(PreshardedDamage, AManifestThatDisagreesWithTheLayoutIsRefusedBeforeReading
   e = failure(s.part, {"parallel.tp=2"});
   EXPECT_EQ(e.stage, Stage::kIndex);
   EXPECT_THAT(e.message, HasSubstr("does not parse"));
+  // A number too large for a double (nlohmann's out_of_range, not a parse_error).
+  std::ofstream(file) << R"({"format": "ferry-presharded", "version": 98.84e888})";
+  e = failure(s.part, {"parallel.tp=2"});
+  EXPECT_EQ(e.stage, Stage::kIndex);
+  EXPECT_THAT(e.message, HasSubstr("does not parse"));
 }
 
 // `ferry save` through the binary: every pipeline stage saved in turn, then each
