@@ -17,21 +17,21 @@
 #include "runtime/presharded.hpp"
 
 namespace ferry::runtime {
-namespace {
 
-// Through read_small_file: a regular file of at most `max_bytes` (io.max_metadata_bytes).
 nlohmann::json read_json_file(const std::filesystem::path& path, const char* what,
-                              std::uint64_t max_bytes) {
-  const std::string text = read_small_file(path.string(), Stage::kConfig, max_bytes, what);
+                              std::uint64_t max_bytes, Stage stage) {
+  const std::string text = read_small_file(path.string(), stage, max_bytes, what);
   if (json_depth(text) > kMaxJsonDepth) {
-    throw Error(Stage::kConfig, path.string(), "", json_too_deep_rule());
+    throw Error(stage, path.string(), "", json_too_deep_rule());
   }
   try {
     return nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    throw Error(Stage::kConfig, path.string(), "", std::string("does not parse: ") + e.what());
+    throw Error(stage, path.string(), "", std::string("does not parse: ") + e.what());
   }
 }
+
+namespace {
 
 // The compute capability (major * 10 + minor) of the config's first CUDA device;
 // nullopt for host and null devices.

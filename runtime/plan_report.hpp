@@ -10,12 +10,14 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "common/error.hpp"
 #include "io/discover.hpp"
 #include "io/presharded.hpp"
 #include "io/safetensors.hpp"
@@ -36,6 +38,12 @@ struct ResolvedCheckpoint {
   std::shared_ptr<const io::PreshardedManifest> presharded;
   std::string presharded_manifest_file;
 };
+
+// A JSON file through read_small_file (a regular file of at most `max_bytes`,
+// io.max_metadata_bytes) and the depth check, parsed. Throws Error(stage) naming the
+// file: `what` when it cannot be read, "does not parse" when nlohmann refuses it.
+nlohmann::json read_json_file(const std::filesystem::path& path, const char* what,
+                              std::uint64_t max_bytes, Stage stage = Stage::kConfig);
 
 // config.json in `folder`, with a ModelOpt hf_quant_config.json beside it merged in
 // (models::with_hf_quant_config). Throws Error(Stage::kConfig).

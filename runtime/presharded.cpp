@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "common/error.hpp"
-#include "common/json_depth.hpp"
 #include "common/log.hpp"
 #include "common/output_file.hpp"
 #include "common/small_file.hpp"
@@ -72,31 +71,22 @@ std::vector<fs::path> parts_of(const fs::path& layout, std::vector<fs::path>* un
 }
 
 io::PreshardedManifest read_manifest(const fs::path& part, std::uint64_t max_bytes) {
-  const std::string file = (part / io::kPreshardedManifest).string();
-  const std::string text =
-      read_small_file(file, Stage::kIndex, max_bytes, "the presharded folder's manifest");
-  if (json_depth(text) > kMaxJsonDepth) {
-    throw Error(Stage::kIndex, file, "", json_too_deep_rule());
-  }
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(Stage::kIndex, file, "", std::string("does not parse: ") + e.what());
-  }
-  return io::parse_presharded_manifest(j, file);
+  const fs::path file = part / io::kPreshardedManifest;
+  return io::parse_presharded_manifest(
+      read_json_file(file, "the presharded folder's manifest", max_bytes, Stage::kIndex),
+      file.string());
 }
 
-// What one part folder is to the load asking for `asked` (nullopt: its config.json).
+// What one part folder is to the load (judged against `asked_config`, else its own
+// config.json).
 struct Candidate {
-  fs::path part;
   std::optional<io::PreshardedManifest> manifest;  // set when it fits
   std::string why_not;                             // else: why not
 };
 
 Candidate judge(const fs::path& part, const LoadConfig& c,
                 const std::optional<nlohmann::json>& asked_config) {
-  Candidate out{part, std::nullopt, {}};
+  Candidate out;
   if (!present(part / io::kPreshardedReady)) {
     out.why_not = "unfinished: no READY (a save that did not end)";
     return out;
