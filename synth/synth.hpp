@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "common/float_bits.hpp"
 #include "common/hash.hpp"
 
 namespace ferry::synth {
@@ -34,9 +35,9 @@ namespace ferry::synth {
 // value does not depend on the dtype the checkpoint was written in.
 float synth_value(std::uint64_t seed, std::string_view tensor_name, std::uint64_t index);
 
-// Round-to-nearest-even conversions (NaN stays NaN, overflow becomes infinity).
-std::uint16_t float_to_bf16_bits(float value);
-std::uint16_t float_to_f16_bits(float value);
+// Round-to-nearest-even conversions (common/float_bits.hpp).
+using ferry::float_to_bf16_bits;
+using ferry::float_to_f16_bits;
 
 // Fills `out` with elements first_index, first_index + 1, ... of tensor `name`,
 // encoded little-endian as `dtype` (BF16, F16 or F32). Throws ferry::Error
