@@ -259,7 +259,7 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
     for (std::size_t at = first; at < ci.tensors.size(); ++at) {
       TensorInfo& t = ci.tensors[at];
       t.file_index = static_cast<std::uint32_t>(i);
-      if (std::optional<std::size_t> there = ci.add_name(at)) {
+      if (std::optional<std::size_t> there = ci.add_name(at); there && !options.names_per_file) {
         throw Error(Stage::kIndex, wf.name, t.name,
                     "the same tensor name is in two shards: " + ci.tensors[*there].file +
                         " and " + wf.name);

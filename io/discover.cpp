@@ -143,6 +143,7 @@ std::vector<const char*> patterns_for(LoadFormat format) {
       return {"*.pt"};
     case LoadFormat::kDummy:
     case LoadFormat::kPresharded:
+    case LoadFormat::kShardedState:
       break;
   }
   return {};
@@ -300,15 +301,16 @@ std::optional<GlmMtp> glm_mtp_rule(const std::string& folder, const std::string&
 }  // namespace
 
 std::string_view to_string(LoadFormat format) {
-  static constexpr std::array<std::string_view, 6> kNames{"auto", "safetensors", "mistral",
-                                                          "pt",   "dummy",       "presharded"};
-  static_assert(kNames.size() == static_cast<std::size_t>(LoadFormat::kPresharded) + 1);
+  static constexpr std::array<std::string_view, 7> kNames{
+      "auto", "safetensors", "mistral", "pt", "dummy", "presharded", "sharded_state"};
+  static_assert(kNames.size() == static_cast<std::size_t>(LoadFormat::kShardedState) + 1);
   return enum_name(format, kNames, "unknown");
 }
 
 std::optional<LoadFormat> parse_load_format(std::string_view text) {
-  for (LoadFormat format : {LoadFormat::kAuto, LoadFormat::kSafetensors, LoadFormat::kMistral,
-                            LoadFormat::kPt, LoadFormat::kDummy, LoadFormat::kPresharded}) {
+  for (LoadFormat format :
+       {LoadFormat::kAuto, LoadFormat::kSafetensors, LoadFormat::kMistral, LoadFormat::kPt,
+        LoadFormat::kDummy, LoadFormat::kPresharded, LoadFormat::kShardedState}) {
     if (text == to_string(format)) {
       return format;
     }
@@ -413,6 +415,11 @@ std::vector<Entry> open_model_folder(const std::string& folder, LoadFormat forma
     throw Error(Stage::kDiscovery, folder, "",
                 "load format presharded reads the folder's manifest, not discovered files "
                 "(the runtime finds the folder)");
+  }
+  if (format == LoadFormat::kShardedState) {
+    throw Error(Stage::kDiscovery, folder, "",
+                "load format sharded_state reads each local tp rank's own files, not "
+                "discovered ones (the runtime picks them)");
   }
   const Probe where = probe(folder);
   if (where.kind == Kind::kMissing) {

@@ -16,21 +16,25 @@ namespace ferry::io {
 struct WeightIndex;  // io/safetensors.hpp
 
 enum class LoadFormat {
-  kAuto,         // *.safetensors, else *.bin (first pattern that matches wins)
-  kSafetensors,  // *.safetensors
-  kMistral,      // consolidated*.safetensors with consolidated.safetensors.index.json
-  kPt,           // *.pt
-  kDummy,        // no weight files: the runtime fills every param with deterministic
-                 // random values from config.json alone; discovery refuses it
-  kPresharded,   // a folder `ferry save` wrote (runtime/presharded.hpp): each rank's params
-                 // as a load leaves them; discovery refuses it (the runtime finds the folder)
+  kAuto,          // *.safetensors, else *.bin (first pattern that matches wins)
+  kSafetensors,   // *.safetensors
+  kMistral,       // consolidated*.safetensors with consolidated.safetensors.index.json
+  kPt,            // *.pt
+  kDummy,         // no weight files: the runtime fills every param with deterministic
+                  // random values from config.json alone; discovery refuses it
+  kPresharded,    // a folder `ferry save` wrote (runtime/presharded.hpp): each rank's params
+                  // as a load leaves them; discovery refuses it (the runtime finds the folder)
+  kShardedState,  // SGLang's sharded_state: each tp rank's state dict in
+                  // model-rank-<r>-part-<p>.safetensors (io/sharded_state.hpp); discovery
+                  // refuses it (the runtime picks the local ranks' files)
 };
 
 // What the chosen files contain (kAuto resolves to one of these).
 enum class FileFormat { kSafetensors, kPickle };
 
 std::string_view to_string(LoadFormat format);
-// "auto", "safetensors", "mistral", "pt", "dummy", "presharded"; nullopt otherwise.
+// "auto", "safetensors", "mistral", "pt", "dummy", "presharded", "sharded_state"; nullopt
+// otherwise.
 std::optional<LoadFormat> parse_load_format(std::string_view text);
 
 struct DiscoveryOptions {

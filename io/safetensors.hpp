@@ -117,6 +117,10 @@ struct IndexOptions {
   bool strict = false;  // a tensor the index does not list is an error, not a warning
   // io.max_metadata_bytes: the cap on the index, when discovery did not read it.
   std::uint64_t max_metadata_bytes = kDefaultMaxMetadataBytes;
+  // The same tensor name may be in two files, each file being one rank's state
+  // (sharded_state: every rank stores its own model.norm.weight); find() then gives
+  // the first. Off: such a pair is an error (one checkpoint's shards).
+  bool names_per_file = false;
 };
 
 // Reads every chosen file's header and cross-checks them with the index. Errors
