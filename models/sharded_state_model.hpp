@@ -1,0 +1,63 @@
+// The model of a sharded_state read (model.load_format=sharded_state,
+// runtime/sharded_state.hpp): each tp rank's files hold its state dict as SGLang's
+// ShardedStateLoader saves it (SGLang 0.5.23, model_loader/loader.py), params named
+// as the engine names them, after process_weights_after_loading. The family's own
+// model for the layout gives the shells; each stored tensor is one whole, flat copy
+// into the param of its name on the rank of its file. Nothing is sliced, cast,
+// zero-filled or post-processed again, except what SGLang's state dict does not hold
+// and its post_load_weights makes again from what it does: MLA attention's w_kc,
+// w_vc and w_scale, which the family's own MLA hooks split from kv_b_proj.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.hpp"
+#include "models/model.hpp"
+
+namespace ferry::models {
+
+// Whether SGLang's state dict lacks this param: MLA attention's w_kc, w_vc and
+// w_scale are plain attributes that DeepseekV2AttentionMLA's post_load_weights sets
+// (deepseek_v2.py), not parameters or buffers.
+bool sglang_state_dict_lacks(const std::string& param);
+
+struct ShardedStateNaming {
+  // The param SGLang's model also registers as lm_head (a tied embedding:
+  // `self.lm_head = self.model.embed_tokens`), whose state dict then names one
+  // storage twice; ShardedStateLoader._filter_subtensors keeps the smaller name,
+  // "lm_head.weight". Empty: no such param.
+  std::string tied_embedding;
+  // What SGLang's state dict holds beyond the params, computed from config.json:
+  // Gemma 2's persistent buffer model.normalizer (sqrt(hidden_size), a scalar in the
+  // model's dtype). A save writes each in every rank's first file (SGLang's reader
+  // wants every state dict name); a read checks its dtype and shape and drops it
+  // ("config_buffer"); ferry holds no param for it.
+  struct Extra {
+    std::string name;
+    DType dtype = DType::kBF16;
+    Shape shape;
+    std::vector<std::byte> bytes;
+  };
+  std::vector<Extra> extras;
+};
+
+// The name `param` is stored under.
+std::string sharded_state_name(const std::string& param, const ShardedStateNaming& naming);
+
+// `base`: the family's model for the layout asked for; `index`: the local ranks'
+// sharded_state files (io/sharded_state.hpp names them; names repeat across ranks).
+// Checks, before anything is read, that each local rank's files hold exactly its
+// params (each once, in its dtype and shape), and that the base's hooks that
+// make what the files lack read nothing that post-processing rewrote; throws
+// Error(Stage::kIndex) naming `folder`, the file, the tensor and what differs.
+// A base with transient params (loaded only to be converted) is refused: its
+// sharded_state holds the conversion's result, and nothing to make it from again.
+std::shared_ptr<const Model> make_sharded_state_model(std::shared_ptr<const Model> base,
+                                                      const io::CheckpointIndex& index,
+                                                      const ShardedStateNaming& naming,
+                                                      const std::string& folder);
+
+}  // namespace ferry::models
