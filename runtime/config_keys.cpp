@@ -255,13 +255,14 @@ using Requant = models::QuantScheme::Requant;
 using Online = QuantizationConfig::Online;
 using Target = models::QuantScheme::Target;
 
-constexpr std::array<Choice<io::LoadFormat>, 6> kLoadFormats{{
+constexpr std::array<Choice<io::LoadFormat>, 7> kLoadFormats{{
     {"auto", io::LoadFormat::kAuto},
     {"safetensors", io::LoadFormat::kSafetensors},
     {"mistral", io::LoadFormat::kMistral},
     {"pt", io::LoadFormat::kPt},
     {"dummy", io::LoadFormat::kDummy},
     {"presharded", io::LoadFormat::kPresharded},
+    {"sharded_state", io::LoadFormat::kShardedState},
 }};
 constexpr std::array<Choice<std::optional<DType>>, 4> kDTypes{{
     {"auto", std::nullopt},
@@ -505,7 +506,7 @@ const std::vector<ConfigKey>& table() {
       choice_key<&C::model, &ModelConfig::load_format, kLoadFormats>(
           "model.load_format",
           "which files are weights; dummy: none, values from config.json; presharded: a folder "
-          "`ferry save` wrote"),
+          "`ferry save` wrote; sharded_state: SGLang's model-rank-<r>-part-<p>.safetensors"),
       choice_key<&C::model, &ModelConfig::dtype, kDTypes>(
           "model.dtype", "parameter dtype; auto: the checkpoint's torch_dtype"),
       bool_key<&C::model, &ModelConfig::draft>(
@@ -585,10 +586,15 @@ const std::vector<ConfigKey>& table() {
       string_key<&C::load, &LoadOptions::save_presharded>(
           "load.save_presharded",
           "after a load, save its ranks as a presharded checkpoint under this folder; \"\" = no"),
+      string_key<&C::load, &LoadOptions::save_sharded_state>(
+          "load.save_sharded_state",
+          "after a load, save each tp rank's params as SGLang's sharded_state files in this "
+          "folder; \"\" = no"),
       bool_key<&C::load, &LoadOptions::verify_checksums>(
           "load.verify_checksums", "presharded: check every param's XXH3-128 against the manifest"),
       size_key<&C::save, &SaveConfig::max_file_bytes, kMinSaveFileBytes, kMaxSaveFileBytes>(
-          "save.max_file_bytes", "the largest file a presharded save writes (one tensor at least)"),
+          "save.max_file_bytes",
+          "the largest file a presharded or sharded_state save writes (one tensor at least)"),
       bandwidth_key(),
       bool_key<&C::host, &HostConfig::deferred_copies>(
           "host.deferred_copies", "host devices copy later on a thread, as a DMA engine does"),

@@ -552,6 +552,10 @@ void ConfigBuilder::check_across_keys(const LoadConfig& c, Rules rules) const {
     refuse("load.save_presharded", "devices " + to_string(c.devices) +
                                        " keep no parameter data, so there is nothing to save");
   }
+  if (!c.load.save_sharded_state.empty() && c.devices.kind == DeviceSpec::Kind::kNull) {
+    refuse("load.save_sharded_state", "devices " + to_string(c.devices) +
+                                          " keep no parameter data, so there is nothing to save");
+  }
   if (c.load.verify_checksums && c.devices.kind == DeviceSpec::Kind::kNull) {
     refuse("load.verify_checksums", "devices " + to_string(c.devices) +
                                         " keep no parameter data, so there is nothing to check");
@@ -573,6 +577,16 @@ std::optional<BrokenRule> broken_load_rule(const LoadConfig& c) {
     return BrokenRule{"load.save_presharded",
                       "load.save_presharded with model.load_format dummy: dummy values are "
                       "not a checkpoint to save"};
+  }
+  if (!c.load.save_sharded_state.empty() && c.model.load_format == io::LoadFormat::kDummy) {
+    return BrokenRule{"load.save_sharded_state",
+                      "load.save_sharded_state with model.load_format dummy: dummy values are "
+                      "not a checkpoint to save"};
+  }
+  if (!c.load.save_sharded_state.empty() && c.model.load_format == io::LoadFormat::kShardedState) {
+    return BrokenRule{"load.save_sharded_state",
+                      "load.save_sharded_state with model.load_format sharded_state: the load "
+                      "reads a sharded_state folder already; copy its files instead"};
   }
   if (c.load.layered && c.quantization.online == QuantizationConfig::Online::kNone) {
     return BrokenRule{

@@ -132,10 +132,14 @@ struct LoadOptions {
   // model.load_format presharded: every param's XXH3-128 checked against the manifest
   // after the stream (each param read back once, in bounded blocks).
   bool verify_checksums = false;
+  // After a load, each local tp rank's params as SGLang's sharded_state checkpoint
+  // (runtime/sharded_state.hpp) in this folder: model-rank-<r>-part-<p>.safetensors,
+  // with pp > 1 under pp-<stage>/. "" = none.
+  std::string save_sharded_state;
   bool operator==(const LoadOptions&) const = default;
 };
 
-// What `ferry save` and load.save_presharded write.
+// What `ferry save`, load.save_presharded and load.save_sharded_state write.
 struct SaveConfig {
   std::uint64_t max_file_bytes = std::uint64_t{20} << 30;  // a file holds one tensor at least
   bool operator==(const SaveConfig&) const = default;

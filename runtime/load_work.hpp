@@ -286,9 +286,9 @@ struct FERRY_HIDDEN Runtime::Impl {
   }
   void drop_transients(LoadWork& w);
   // After the load's bytes are in and verified: load.verify_checksums on a presharded
-  // read (throws Error(Stage::kVerify)), then load.save_presharded (a failure only
-  // warns: the load itself succeeded).
-  void finish_presharded(LoadWork& w, LoadHandle::State& handle);
+  // read (throws Error(Stage::kVerify)), then load.save_presharded and
+  // load.save_sharded_state (a failed save only warns: the load itself succeeded).
+  void finish_restart_layouts(LoadWork& w, LoadHandle::State& handle);
   void verify_startup(LoadWork& w);
 
   LoadResult load(LoadHandle::State& handle);

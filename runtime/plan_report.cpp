@@ -15,6 +15,7 @@
 #include "models/presharded_model.hpp"
 #include "models/quant.hpp"
 #include "runtime/presharded.hpp"
+#include "runtime/sharded_state.hpp"
 
 namespace ferry::runtime {
 
@@ -154,6 +155,9 @@ ResolvedCheckpoint resolve_checkpoint(const LoadConfig& c) {
     out.source.load_format = io::LoadFormat::kDummy;
     return out;
   }
+  if (c.model.load_format == io::LoadFormat::kShardedState) {
+    return resolve_sharded_state(c);
+  }
   if (c.model.load_format == io::LoadFormat::kPresharded) {
     if (std::optional<ResolvedCheckpoint> found = resolve_presharded(c)) {
       return std::move(*found);
@@ -218,6 +222,10 @@ std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& c,
   if (ck.presharded) {
     model = models::make_presharded_model(std::move(model), *ck.presharded,
                                           ck.presharded_manifest_file);
+  }
+  if (ck.sharded_state) {
+    model = models::make_sharded_state_model(
+        std::move(model), ck.index, sharded_state_naming(c, ck.hf_config), ck.source.folder);
   }
   return model;
 }

@@ -37,6 +37,9 @@ struct ResolvedCheckpoint {
   // manifest, checked against the layout; null otherwise (a raw checkpoint).
   std::shared_ptr<const io::PreshardedManifest> presharded;
   std::string presharded_manifest_file;
+  // model.load_format sharded_state (runtime/sharded_state.hpp): the index holds the
+  // local tp ranks' own files, each rank's names repeating the others'.
+  bool sharded_state = false;
 };
 
 // A JSON file through read_small_file (a regular file of at most `max_bytes`,

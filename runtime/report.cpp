@@ -48,6 +48,7 @@ nlohmann::json to_json(const LoadReport& r) {
        {{"read", r.presharded_read},
         {"checksums_verified", r.checksums_verified},
         {"saved", r.presharded_saved}}},
+      {"sharded_state", {{"read", r.sharded_state_read}, {"saved", r.sharded_state_saved}}},
       {"peak_device_bytes", r.peak_device_bytes},
       {"startup_mode", r.startup_mode},
       {"startup_refusals", refusals},
@@ -76,6 +77,12 @@ std::string LoadReport::summary() const {
   }
   if (!presharded_saved.empty()) {
     s += "presharded: saved " + presharded_saved + "\n";
+  }
+  if (!sharded_state_read.empty()) {
+    s += "sharded_state: read " + sharded_state_read + "\n";
+  }
+  if (!sharded_state_saved.empty()) {
+    s += "sharded_state: saved " + sharded_state_saved + "\n";
   }
   s += "loaded " + std::to_string(tensors.placed) + " tensors from " + std::to_string(files) +
        " file(s) in " + fixed(seconds, 3) + " s (" + std::to_string(tensors.dropped) +

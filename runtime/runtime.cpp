@@ -56,6 +56,7 @@
 #include "runtime/metrics_server.hpp"
 #include "runtime/plan_report.hpp"
 #include "runtime/presharded.hpp"
+#include "runtime/sharded_state.hpp"
 #include "runtime/trace.hpp"
 
 namespace ferry::runtime {
@@ -414,6 +415,10 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
     report.load_format = "presharded";
     report.presharded_read = w.resolved.source.folder;
   }
+  if (w.resolved.sharded_state) {
+    report.load_format = "sharded_state";
+    report.sharded_state_read = w.resolved.source.folder;
+  }
   handle.check_cancel();
   w.resolved_at = Clock::now();
   w.span("resolve", w.begin, w.resolved_at);
@@ -704,7 +709,7 @@ LoadResult Runtime::Impl::load(LoadHandle::State& handle) {
   make_devices(w);
   allocate(w, handle);
   load_all(w, handle);
-  finish_presharded(w, handle);
+  finish_restart_layouts(w, handle);
   w.state->report = w.report;
   LoadResult result;
   result.model = std::make_shared<LoadedModel>(std::move(w.state));
@@ -756,7 +761,7 @@ void Runtime::Impl::run_hooks_once(LoadWork& w, LoadHandle::State& handle,
   }
 }
 
-void Runtime::Impl::finish_presharded(LoadWork& w, LoadHandle::State& handle) {
+void Runtime::Impl::finish_restart_layouts(LoadWork& w, LoadHandle::State& handle) {
   const LoadConfig& c = config;
   if (w.resolved.presharded && c.load.verify_checksums) {
     handle.check_cancel();
@@ -778,6 +783,20 @@ void Runtime::Impl::finish_presharded(LoadWork& w, LoadHandle::State& handle) {
       w.report.warnings.push_back(warning);
     }
     w.span("save_presharded", t, Clock::now());
+  }
+  if (!c.load.save_sharded_state.empty()) {
+    handle.check_cancel();
+    const Clock::time_point t = Clock::now();
+    try {
+      w.report.sharded_state_saved = save_sharded_state(
+          *w.state, c, w.resolved.hf_config, w.resolved.source.folder, c.load.save_sharded_state);
+    } catch (const Error& e) {
+      const std::string warning =
+          std::string("load.save_sharded_state: the load succeeded, the save failed: ") + e.what();
+      log::warn(warning);
+      w.report.warnings.push_back(warning);
+    }
+    w.span("save_sharded_state", t, Clock::now());
   }
 }
 

@@ -449,7 +449,7 @@ LoadResult Runtime::Impl::commit(LoadWork& w, LoadHandle::State& handle) {
   handle.phase.store(LoadPhase::kVerify);
   handle.check_cancel();
   verify_startup(w);
-  finish_presharded(w, handle);
+  finish_restart_layouts(w, handle);
   const Clock::time_point t_ready = Clock::now();
   report.startup.commit = seconds_between(t_commit, t_ready);
   report.startup.time_to_ready = seconds_between(w.begin, t_ready);

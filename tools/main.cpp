@@ -30,7 +30,7 @@ constexpr Verb kVerbs[] = {
      ferry::tools::cmd_inspect},
     {"load", "load a checkpoint onto devices and report", ferry::tools::cmd_load},
     {"plan", "show where every tensor would go, reading no tensor data", ferry::tools::cmd_plan},
-    {"save", "load a checkpoint and save every rank's params as loaded (presharded)",
+    {"save", "load a checkpoint and save every rank's params as loaded (presharded, sharded_state)",
      ferry::tools::cmd_save},
     {"bench", "run an experiment: configurations and peers, rounds, table and chart",
      ferry::tools::cmd_bench},

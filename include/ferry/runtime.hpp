@@ -96,7 +96,8 @@ struct StartupRefusal {
 
 // What happened during a load (`--report FILE` writes json()).
 struct FERRY_API LoadReport {
-  // "checkpoint", "presharded" (a presharded folder, read as stored), or "dummy"
+  // "checkpoint", "presharded" (a presharded folder, read as stored), "sharded_state"
+  // (SGLang's per-rank state dict files, read as stored), or "dummy"
   // (model.load_format dummy: every parameter filled with deterministic random values
   // on its device, nothing read; bytes_copied counts the bytes filled).
   std::string load_format = "checkpoint";
@@ -112,6 +113,11 @@ struct FERRY_API LoadReport {
   // (not asked, read from one, or the same part was there already); a save that
   // failed leaves the load as it was and says why in `warnings`.
   std::string presharded_saved;
+  // model.load_format sharded_state: the folder read; load.save_sharded_state: the
+  // folder this load saved its ranks' files in ("" when not asked; a save that failed
+  // leaves the load as it was and says why in `warnings`).
+  std::string sharded_state_read;
+  std::string sharded_state_saved;
   std::uint64_t bytes_read = 0;     // every byte requested from weight files: headers,
                                     // tensor data, O_DIRECT alignment
   std::uint64_t bytes_skipped = 0;  // tensor bytes never read
