@@ -17,17 +17,16 @@ namespace {
 
 constexpr const char* kLmHead = "lm_head.weight";
 
-int rank_of(const io::TensorInfo& t) {
-  const std::string name = std::filesystem::path(t.file).filename().string();
-  const std::optional<io::ShardedStateName> n = io::parse_sharded_state_file(name);
-  return n ? n->rank : -1;
+std::string file_name(const std::string& file) {
+  return std::filesystem::path(file).filename().string();
 }
 
 class ShardedStateModel final : public Model {
  public:
   ShardedStateModel(std::shared_ptr<const Model> base, const io::CheckpointIndex& index,
-                    const ShardedStateNaming& naming, std::string folder)
-      : base_(std::move(base)), folder_(std::move(folder)) {
+                    const StoredState& stored, const ShardedStateNaming& naming, std::string folder,
+                    std::string format)
+      : base_(std::move(base)), folder_(std::move(folder)), format_(std::move(format)) {
     std::map<int, std::size_t> local;  // tp rank -> index into shells
     for (std::size_t i = 0; i < base_->shells().size(); ++i) {
       RankShell shell = base_->shells()[i];
@@ -38,7 +37,7 @@ class ShardedStateModel final : public Model {
                   std::string(dtype_name(p.dtype)) + format_shape(p.shape) +
                   ", e.g. quantization.online or a fused param): a state dict holds the "
                   "conversion's result and nothing to make it from again; read this "
-                  "layout from model.load_format=presharded, or load the checkpoint");
+                  "layout from ferry's own model.load_format=presharded, or load the checkpoint");
         }
         p.loaded_shape.clear();  // stored as the hooks left it
       }
@@ -46,67 +45,81 @@ class ShardedStateModel final : public Model {
       shells_.push_back(std::move(shell));
     }
     keep_hooks();
-    // What each local rank's files must hold: every param SGLang's state dict has.
-    std::vector<std::map<std::string, std::size_t>> wanted(shells_.size());
-    for (std::size_t r = 0; r < shells_.size(); ++r) {
-      for (std::size_t k = 0; k < shells_[r].params.size(); ++k) {
-        const std::string& name = shells_[r].params[k].name;
-        if (!sglang_state_dict_lacks(name)) {
-          wanted[r].emplace(sharded_state_name(name, naming), k);
-        }
-      }
+    std::unordered_map<std::string, const io::TensorInfo*> infos;  // key(file, tensor)
+    for (const io::TensorInfo& t : index.tensors) {
+      infos.emplace(key(file_name(t.file), t.name), &t);
     }
     for (const ShardedStateNaming::Extra& x : naming.extras) {
-      extras_.insert(x.name);
+      buffers_.insert(x.name);
     }
-    std::vector<std::map<std::string, std::string>> seen(shells_.size());  // name -> file
-    for (const io::TensorInfo& t : index.tensors) {
-      const int tp_rank = rank_of(t);
+    for (const auto& [tp_rank, entries] : stored) {
       auto at = local.find(tp_rank);
       if (at == local.end()) {
-        continue;  // not a local rank's file: route() drops it
-      }
-      const std::size_t r = at->second;
-      const std::string rank = " (tp rank " + std::to_string(tp_rank) + ")";
-      auto extra =
-          std::find_if(naming.extras.begin(), naming.extras.end(),
-                       [&](const ShardedStateNaming::Extra& x) { return x.name == t.name; });
-      if (extra != naming.extras.end()) {
-        if (extra->dtype != t.dtype || extra->shape != t.shape) {
-          bad(t.file, t.name,
-              "stored as " + std::string(dtype_name(t.dtype)) + format_shape(t.shape) +
-                  ", the model's buffer is " + std::string(dtype_name(extra->dtype)) +
-                  format_shape(extra->shape) + rank);
-        }
         continue;
       }
-      auto it = wanted[r].find(t.name);
-      if (it == wanted[r].end()) {
-        bad(t.file, t.name,
-            "the rank's state holds no param of this name" + rank +
-                ": the folder was saved from another model, layout or postprocess.target "
-                "(SGLang saves what its GPU's post-processing left: postprocess.target=sm90 "
-                "or sm100 holds that; loader, the checkpoint's layout)");
+      const std::size_t r = at->second;
+      const RankShell& shell = shells_[r];
+      const std::string rank = " (tp rank " + std::to_string(tp_rank) + ")";
+      std::map<std::size_t, std::string> filled;  // param -> key(file, tensor)
+      for (const StoredTensor& e : entries) {
+        auto info = infos.find(key(e.file, e.tensor));
+        if (info == infos.end()) {
+          bad(e.file, e.tensor,
+              "the folder says param '" + e.name + "' is stored here" + rank +
+                  ", and the file holds no such tensor");
+        }
+        const io::TensorInfo& t = *info->second;
+        if (e.extra) {
+          extras_.insert(key(e.file, e.tensor));
+          continue;  // a tensor attribute; what ferry holds of these, its hooks make
+        }
+        auto buffer =
+            std::find_if(naming.extras.begin(), naming.extras.end(),
+                         [&](const ShardedStateNaming::Extra& x) { return x.name == e.name; });
+        if (buffer != naming.extras.end()) {
+          if (buffer->dtype != t.dtype || buffer->shape != t.shape) {
+            bad(e.file, e.name,
+                "stored as " + std::string(dtype_name(t.dtype)) + format_shape(t.shape) +
+                    ", the model's buffer is " + std::string(dtype_name(buffer->dtype)) +
+                    format_shape(buffer->shape) + rank);
+          }
+          buffers_.insert(e.tensor);
+          continue;
+        }
+        std::string name = e.name;
+        if (!naming.tied_embedding.empty() && name == kLmHead && !shell.by_name.contains(kLmHead)) {
+          name = naming.tied_embedding;
+        }
+        auto it = shell.by_name.find(name);
+        if (it == shell.by_name.end() || sglang_state_dict_lacks(name)) {
+          bad(e.file, e.name,
+              "the rank's state holds no param of this name" + rank +
+                  ": the folder was saved from another model, layout or postprocess.target "
+                  "(SGLang saves what its GPU's post-processing left: postprocess.target=sm90 "
+                  "or sm100 holds that; loader, the checkpoint's layout)");
+        }
+        const std::string where = key(e.file, e.tensor);
+        if (auto [prev, fresh] = filled.emplace(it->second, where); !fresh) {
+          if (prev->second == where) {
+            continue;  // one storage under two names (a tied embedding)
+          }
+          bad(e.file, e.name, "stored twice for one rank" + rank);
+        }
+        const ParamSpec& spec = shell.params[it->second];
+        if (spec.dtype != t.dtype || spec.shape != t.shape || spec.nbytes != t.nbytes) {
+          bad(e.file, e.name,
+              "stored as " + std::string(dtype_name(t.dtype)) + format_shape(t.shape) + " (" +
+                  std::to_string(t.nbytes) + " bytes), the layout has " +
+                  std::string(dtype_name(spec.dtype)) + format_shape(spec.shape) + " (" +
+                  std::to_string(spec.nbytes) + " bytes)" + rank +
+                  ": the folder was saved for another layout, dtype or postprocess target");
+        }
+        targets_[where].push_back(Target{r, it->second});
       }
-      if (auto [prev, fresh] = seen[r].emplace(t.name, t.file); !fresh) {
-        bad(t.file, t.name, "stored twice for one rank, in " + prev->second + " and " + t.file);
-      }
-      const ParamSpec& spec = shells_[r].params[it->second];
-      if (spec.dtype != t.dtype || spec.shape != t.shape || spec.nbytes != t.nbytes) {
-        bad(t.file, t.name,
-            "stored as " + std::string(dtype_name(t.dtype)) + format_shape(t.shape) + " (" +
-                std::to_string(t.nbytes) + " bytes), the layout has " +
-                std::string(dtype_name(spec.dtype)) + format_shape(spec.shape) + " (" +
-                std::to_string(spec.nbytes) + " bytes)" + rank +
-                ": the folder was saved for another layout, dtype or postprocess target");
-      }
-      targets_.emplace(key(tp_rank, t.name), Target{r, it->second});
-    }
-    for (std::size_t r = 0; r < shells_.size(); ++r) {
       std::vector<std::string> missing;
-      for (const auto& [name, k] : wanted[r]) {
-        if (!seen[r].contains(name)) {
-          missing.push_back(name);
+      for (std::size_t k = 0; k < shell.params.size(); ++k) {
+        if (!sglang_state_dict_lacks(shell.params[k].name) && !filled.contains(k)) {
+          missing.push_back(shell.params[k].name);
         }
       }
       if (!missing.empty()) {
@@ -118,8 +131,13 @@ class ShardedStateModel final : public Model {
           list += ", ... (" + std::to_string(missing.size()) + " in all)";
         }
         bad("", missing.front(),
-            "tp rank " + std::to_string(shells_[r].tp_rank) + "'s files do not hold " +
+            "tp rank " + std::to_string(tp_rank) + "'s files do not hold " +
                 std::to_string(missing.size()) + " of its params: " + list);
+      }
+    }
+    for (const auto& [tp_rank, i] : local) {
+      if (!stored.contains(tp_rank)) {
+        bad("", "", "nothing is stored for tp rank " + std::to_string(tp_rank));
       }
     }
   }
@@ -133,15 +151,13 @@ class ShardedStateModel final : public Model {
 
   Route route(const io::TensorInfo& tensor) const override {
     Route route;
-    if (extras_.contains(tensor.name)) {
-      route.kind = RouteKind::kDropped;
-      route.reason = "config_buffer";
-      return route;
-    }
-    auto it = targets_.find(key(rank_of(tensor), tensor.name));
+    const std::string k = key(file_name(tensor.file), tensor.name);
+    auto it = targets_.find(k);
     if (it == targets_.end()) {
       route.kind = RouteKind::kDropped;
-      route.reason = "other_rank";
+      route.reason = buffers_.contains(tensor.name) ? "config_buffer"
+                     : extras_.contains(k)          ? "sglang_extra"
+                                                    : "other_rank";
       return route;
     }
     if (tensor.nbytes == 0) {
@@ -149,14 +165,16 @@ class ShardedStateModel final : public Model {
       route.reason = "empty";
       return route;
     }
-    Piece p;
-    p.local_rank = it->second.local_rank;
-    p.param = it->second.param;
-    p.rows = 1;
-    p.width_elems = tensor.nbytes / dtype_size(tensor.dtype);
-    p.dst_pitch = p.src_pitch = tensor.nbytes;
-    p.src_dtype = p.dst_dtype = tensor.dtype;
-    route.pieces.push_back(p);
+    for (const Target& t : it->second) {
+      Piece p;
+      p.local_rank = t.local_rank;
+      p.param = t.param;
+      p.rows = 1;
+      p.width_elems = tensor.nbytes / dtype_size(tensor.dtype);
+      p.dst_pitch = p.src_pitch = tensor.nbytes;
+      p.src_dtype = p.dst_dtype = tensor.dtype;
+      route.pieces.push_back(p);
+    }
     route.src_begin = 0;
     route.src_end = tensor.nbytes;
     return route;
@@ -168,14 +186,14 @@ class ShardedStateModel final : public Model {
     std::size_t param = 0;
   };
 
-  static std::string key(int tp_rank, const std::string& name) {
-    return std::to_string(tp_rank) + '\0' + name;
+  static std::string key(const std::string& file, const std::string& tensor) {
+    return file + '\0' + tensor;
   }
 
   [[noreturn]] void bad(const std::string& file, const std::string& tensor,
                         const std::string& what) const {
     throw Error(Stage::kIndex, file.empty() ? folder_ : folder_ + "/" + file, tensor,
-                "sharded_state: " + what);
+                format_ + ": " + what);
   }
 
   // The base's hooks that make what SGLang's state dict lacks (its post_load_weights
@@ -225,10 +243,12 @@ class ShardedStateModel final : public Model {
 
   std::shared_ptr<const Model> base_;
   std::string folder_;
+  std::string format_;  // for errors: "sharded_state", "SGLang presharded"
   std::vector<RankShell> shells_;
   std::vector<PostLoadHook> hooks_;
-  std::unordered_map<std::string, Target> targets_;  // key(tp rank, stored name)
-  std::unordered_set<std::string> extras_;           // ShardedStateNaming::extras' names
+  std::unordered_map<std::string, std::vector<Target>> targets_;  // key(file, tensor)
+  std::unordered_set<std::string> buffers_;  // tensors of ShardedStateNaming::extras
+  std::unordered_set<std::string> extras_;   // key(file, tensor) of SGLang's extras
 };
 
 }  // namespace
@@ -246,11 +266,22 @@ std::string sharded_state_name(const std::string& param, const ShardedStateNamin
   return !naming.tied_embedding.empty() && param == naming.tied_embedding ? kLmHead : param;
 }
 
-std::shared_ptr<const Model> make_sharded_state_model(std::shared_ptr<const Model> base,
-                                                      const io::CheckpointIndex& index,
-                                                      const ShardedStateNaming& naming,
-                                                      const std::string& folder) {
-  return std::make_shared<ShardedStateModel>(std::move(base), index, naming, folder);
+StoredState sharded_state_entries(const io::CheckpointIndex& index) {
+  StoredState out;
+  for (const io::TensorInfo& t : index.tensors) {
+    const std::string file = file_name(t.file);
+    if (const std::optional<io::ShardedStateName> n = io::parse_sharded_state_file(file)) {
+      out[n->rank].push_back({file, t.name, t.name, false});
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<const Model> make_state_dict_model(
+    std::shared_ptr<const Model> base, const io::CheckpointIndex& index, const StoredState& stored,
+    const ShardedStateNaming& naming, const std::string& folder, const std::string& format) {
+  return std::make_shared<ShardedStateModel>(std::move(base), index, stored, naming, folder,
+                                             format);
 }
 
 }  // namespace ferry::models

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,17 +48,33 @@ struct ShardedStateNaming {
 // The name `param` is stored under.
 std::string sharded_state_name(const std::string& param, const ShardedStateNaming& naming);
 
-// `base`: the family's model for the layout asked for; `index`: the local ranks'
-// sharded_state files (io/sharded_state.hpp names them; names repeat across ranks).
-// Checks, before anything is read, that each local rank's files hold exactly its
-// params (each once, in its dtype and shape), and that the base's hooks that
-// make what the files lack read nothing that post-processing rewrote; throws
-// Error(Stage::kIndex) naming `folder`, the file, the tensor and what differs.
-// A base with transient params (loaded only to be converted) is refused: its
-// sharded_state holds the conversion's result, and nothing to make it from again.
-std::shared_ptr<const Model> make_sharded_state_model(std::shared_ptr<const Model> base,
-                                                      const io::CheckpointIndex& index,
-                                                      const ShardedStateNaming& naming,
-                                                      const std::string& folder);
+// What the folder stores for a rank: each stored tensor (its file's name, its name
+// in that file) and the state dict name it fills; `extra` for SGLang's plain tensor
+// attributes (presharded's "is_extra": MLA's w_kc..., which the kept hooks make).
+// One tensor may fill several names, and several ranks.
+struct StoredTensor {
+  std::string file;
+  std::string tensor;
+  std::string name;
+  bool extra = false;
+};
+using StoredState = std::map<int, std::vector<StoredTensor>>;  // tp rank -> its tensors
+
+// A sharded_state index's tensors, by the rank of their file's name: each stores the
+// name it has.
+StoredState sharded_state_entries(const io::CheckpointIndex& index);
+
+// `base`: the family's model for the layout asked for; `index`: the files the local
+// ranks read; `stored`: what they hold (tp ranks without a local shell are ignored).
+// Checks, before anything is read, that each local rank's tensors fill exactly its
+// params (each once, in its dtype and shape; one storage under a tied embedding's two
+// names counts once), and that the base's hooks that make what the files lack read
+// nothing that post-processing rewrote; throws Error(Stage::kIndex) naming `folder`,
+// the file, the tensor and what differs (`format` opens the message).
+// A base with transient params (loaded only to be converted) is refused: its state
+// holds the conversion's result, and nothing to make it from again.
+std::shared_ptr<const Model> make_state_dict_model(
+    std::shared_ptr<const Model> base, const io::CheckpointIndex& index, const StoredState& stored,
+    const ShardedStateNaming& naming, const std::string& folder, const std::string& format);
 
 }  // namespace ferry::models

@@ -223,9 +223,10 @@ std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& c,
     model = models::make_presharded_model(std::move(model), *ck.presharded,
                                           ck.presharded_manifest_file);
   }
-  if (ck.sharded_state) {
-    model = models::make_sharded_state_model(
-        std::move(model), ck.index, sharded_state_naming(c, ck.hf_config), ck.source.folder);
+  if (ck.stored_state) {
+    model = models::make_state_dict_model(std::move(model), ck.index, *ck.stored_state,
+                                          sharded_state_naming(c, ck.hf_config), ck.source.folder,
+                                          ck.stored_format);
   }
   return model;
 }

@@ -22,6 +22,7 @@
 #include "io/presharded.hpp"
 #include "io/safetensors.hpp"
 #include "models/model.hpp"
+#include "models/sharded_state_model.hpp"
 #include "runtime/load_config.hpp"
 
 namespace ferry::runtime {
@@ -40,6 +41,11 @@ struct ResolvedCheckpoint {
   // model.load_format sharded_state (runtime/sharded_state.hpp): the index holds the
   // local tp ranks' own files, each rank's names repeating the others'.
   bool sharded_state = false;
+  // A folder of SGLang's state dicts (sharded_state, or SGLang's presharded layout):
+  // what each tp rank's files hold, read by models::make_state_dict_model;
+  // `stored_format` names it in errors. Null otherwise.
+  std::shared_ptr<const models::StoredState> stored_state;
+  std::string stored_format;
 };
 
 // A JSON file through read_small_file (a regular file of at most `max_bytes`,

@@ -17,6 +17,7 @@
 #include "common/small_file.hpp"
 #include "common/xxh3.hpp"
 #include "models/postprocess.hpp"
+#include "runtime/sglang_presharded.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -263,6 +264,11 @@ std::optional<ResolvedCheckpoint> resolve_presharded(const LoadConfig& c) {
   }
   for (const fs::path& u : unfinished) {
     why.push_back(u.string() + ": unfinished: a save still running or killed before READY");
+  }
+  // SGLang's own layout: model.path is its TP-<tp>-sig-* folder, or holds them in
+  // presharded/ (runtime/sglang_presharded.hpp).
+  if (std::optional<ResolvedCheckpoint> sglang = resolve_sglang_presharded(c, why)) {
+    return sglang;
   }
   if (!c.load.save_presharded.empty()) {
     log::info("no presharded folder for this layout" + (name.empty() ? "" : " (" + name + ")") +

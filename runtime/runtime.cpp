@@ -56,6 +56,7 @@
 #include "runtime/metrics_server.hpp"
 #include "runtime/plan_report.hpp"
 #include "runtime/presharded.hpp"
+#include "runtime/sglang_presharded.hpp"
 #include "runtime/sharded_state.hpp"
 #include "runtime/trace.hpp"
 
@@ -411,7 +412,7 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
   w.resolved = resolve_checkpoint(c);
   report.files = w.resolved.index.files.size();
   report.warnings = w.resolved.warnings;
-  if (w.resolved.presharded) {
+  if (w.resolved.presharded || w.resolved.stored_format == kSglangPresharded) {
     report.load_format = "presharded";
     report.presharded_read = w.resolved.source.folder;
   }
@@ -767,6 +768,12 @@ void Runtime::Impl::finish_restart_layouts(LoadWork& w, LoadHandle::State& handl
     handle.check_cancel();
     const Clock::time_point t = Clock::now();
     verify_presharded(*w.state, *w.resolved.presharded, w.resolved.presharded_manifest_file);
+    w.report.checksums_verified = true;
+    w.span("verify_checksums", t, Clock::now());
+  } else if (w.resolved.stored_format == kSglangPresharded && c.load.verify_checksums) {
+    handle.check_cancel();
+    const Clock::time_point t = Clock::now();
+    verify_sglang_presharded(*w.state, w.resolved, c);
     w.report.checksums_verified = true;
     w.span("verify_checksums", t, Clock::now());
   }

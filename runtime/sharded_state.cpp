@@ -202,6 +202,9 @@ ResolvedCheckpoint resolve_sharded_state(const LoadConfig& c) {
                      c.io.max_metadata_bytes);
   out.warnings = out.index.warnings;
   out.sharded_state = true;
+  out.stored_state =
+      std::make_shared<const models::StoredState>(models::sharded_state_entries(out.index));
+  out.stored_format = "sharded_state";
   return out;
 }
 
