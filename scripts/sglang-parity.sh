@@ -33,7 +33,7 @@ if [ "${1:-}" = "--setup" ]; then
     pillow==13.0.0 starlette==1.10.0 msgspec==0.23.0 pyzmq==27.3.0 \
     ipython==9.18.1 aiohttp==3.14.5 apache-tvm-ffi==0.1.11 torchvision==0.29.2 \
     dill==0.4.1 sentencepiece==0.2.3 gguf==0.19.0 openai==2.8.0 \
-    partial-json-parser==0.2.1.1.post7
+    partial-json-parser==0.2.1.1.post7 xxhash==3.6.0
   # FlashInfer as SGLang 0.5.23 pins it, for flashinfer_trtllm's weight preparation
   # on sm100 (its row permutations are torch; tests/parity/README.md, item 13).
   "$PY" -m pip install flashinfer-python==0.7.2 --no-deps

@@ -569,6 +569,40 @@ def save_stage(model, path):
     return {"tensors": len(tensors), "aliases": aliases, "transposed_views": transposed}
 
 
+def dump_presharded(loader, model_config, model, world_rank, world_size, emulations):
+    """PreshardedModelLoader's first-run dump (_dump_state_to_disk: the manifests,
+    _build_dump_plan on rank 0, each rank's files, READY), SGLang's own code, with
+    the world group's rank and barrier stood in for: the ranks are concurrent
+    processes that meet at marker files in the dump folder."""
+    import time
+    from sglang.srt.configs.load_config import LoadConfig
+
+    cls = loader.PreshardedModelLoader
+    dumper = cls(LoadConfig(load_format="presharded"))
+    shard_config = dumper._collect_shard_config(model_config)
+    folder = dumper._presharded_dir(model_config, shard_config)
+    sync = os.path.join(os.path.dirname(folder), ".sync-" + os.path.basename(folder))
+    os.makedirs(sync, exist_ok=True)
+    count = [0]
+
+    def barrier():
+        count[0] += 1
+        open(os.path.join(sync, f"{count[0]}-{world_rank}"), "w").close()
+        deadline = time.time() + 600
+        while not all(os.path.exists(os.path.join(sync, f"{count[0]}-{r}"))
+                      for r in range(world_size)):
+            if time.time() > deadline:
+                raise RuntimeError(f"barrier {count[0]}: other ranks never came")
+            time.sleep(0.05)
+
+    cls._world_rank_and_size = staticmethod(lambda: (world_rank, world_size))
+    cls._world_barrier = staticmethod(barrier)
+    emulations.append("PreshardedModelLoader's world rank and barrier: marker files")
+    os.makedirs(folder, exist_ok=True)
+    dumper._dump_state_to_disk(dict(model.state_dict()), cls._collect_extra_tensors(model),
+                               folder, shard_config)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True)
@@ -586,6 +620,15 @@ def main():
                         help="the CUDA target process_weights_after_loading emulates")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="extra ServerArgs field NAME=JSON")
+    parser.add_argument("--save-sharded-state", metavar="DIR",
+                        help="after the load, ShardedStateLoader.save_model into DIR")
+    parser.add_argument("--save-presharded", action="store_true",
+                        help="after the load, PreshardedModelLoader's dump into "
+                             "<model>/presharded/ (every rank of the world at once: "
+                             "run one worker per rank concurrently)")
+    parser.add_argument("--load-sharded-state", action="store_true",
+                        help="load --model (a sharded_state folder) with SGLang's "
+                             "ShardedStateLoader.load_model instead; writes processed only")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     emulations = []
@@ -674,9 +717,22 @@ def main():
     initialize_layernorm_sp(model_config=model_config)
     meta["architecture"] = model_config.hf_config.architectures[0]
     meta["dtype"] = str(model_config.dtype)
+    cpu = torch.device("cpu")
+    if args.load_sharded_state:
+        # SGLang's own sharded_state reader, as an engine started with
+        # --load-format sharded_state runs it, on the CPU.
+        from sglang.srt.configs.device_config import DeviceConfig as Device
+
+        ss_config = LoadConfig(load_format="sharded_state")
+        model = loader.ShardedStateLoader(ss_config).load_model(
+            model_config=model_config, device_config=Device(device="cpu"))
+        meta["stages"]["processed"] = save_stage(
+            model, os.path.join(args.out, "processed.safetensors"))
+        with open(os.path.join(args.out, "meta.json"), "w") as handle:
+            json.dump(meta, handle, indent=1)
+        return
     load_config = LoadConfig(load_format="safetensors")
     model_loader = loader.DefaultModelLoader(load_config)
-    cpu = torch.device("cpu")
     # DefaultModelLoader.load_model, step by step, with the fill between building
     # the model and loading it.
     quant_config = loader._get_quantization_config(model_config, load_config)
@@ -694,11 +750,17 @@ def main():
             loader.DefaultModelLoader.postprocess_weights(model, cpu)
             meta["stages"]["processed"] = save_stage(
                 model, os.path.join(args.out, "processed.safetensors"))
+            if args.save_sharded_state:
+                os.makedirs(args.save_sharded_state, exist_ok=True)
+                loader.ShardedStateLoader.save_model(model, args.save_sharded_state)
         except Exception as error:
             meta["stages"]["processed"] = {
                 "error": f"{type(error).__name__}: {error}".splitlines()[0][:300],
                 "where": traceback.format_exc().splitlines()[-3:],
             }
+        if args.save_presharded and "error" not in meta["stages"]["processed"]:
+            dump_presharded(loader, model_config, model, world_rank, args.tp * args.pp,
+                            emulations)
     with open(os.path.join(args.out, "meta.json"), "w") as handle:
         json.dump(meta, handle, indent=1)
 
