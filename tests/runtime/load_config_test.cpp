@@ -417,9 +417,9 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
   EXPECT_EQ(from_sets({"model.fuse_shared_experts=auto"}).model.fuse_shared_experts, std::nullopt);
   EXPECT_EQ(from_sets({"model.fuse_shared_experts=false"}).model.fuse_shared_experts, false);
   EXPECT_EQ(from_sets({"model.unaligned_tp=pad"}).model.unaligned_tp, models::Unaligned::kPad);
-  EXPECT_THAT(
-      config_error([] { from_sets({"model.load_format=gguf"}); }),
-      HasSubstr("model.load_format: expected auto, safetensors, mistral, pt, dummy or presharded"));
+  EXPECT_THAT(config_error([] { from_sets({"model.load_format=gguf"}); }),
+              HasSubstr("model.load_format: expected auto, safetensors, mistral, pt, dummy, "
+                        "presharded or sharded_state"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.tp=0"}); }),
               HasSubstr("parallel.tp: expected an integer from 1 to 4096, got 0"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.tp=2.5"}); }),
@@ -724,6 +724,7 @@ LoadConfig every_field_changed() {
   c.postprocess.target = models::QuantScheme::Target::kSm100;
   c.load.layered = true;
   c.load.save_presharded = "/cache/presharded";
+  c.load.save_sharded_state = "/cache/sharded_state";
   c.save.max_file_bytes = std::uint64_t{1} << 30;
   return c;
 }

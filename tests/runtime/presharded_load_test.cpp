@@ -459,8 +459,7 @@ TEST(SaveCli, SavesEveryStageAndLoadReadsThemBack) {
   r = testing::run({FERRY_BINARY, "save", "--out", root, "--model", ck.dir, "--devices", "null"});
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("null devices"), std::string::npos) << r.err;
-  r = testing::run(
-      {FERRY_BINARY, "save", "--out", root, "--model", ck.dir, "--format", "sharded_state"});
+  r = testing::run({FERRY_BINARY, "save", "--out", root, "--model", ck.dir, "--format", "gguf"});
   EXPECT_EQ(r.status, 2);
   // A root that cannot be written: the save fails, naming it.
   const std::string blocked = dir.file("file-not-folder");
