@@ -1,14 +1,17 @@
-// The presharded manifest parser (io::parse_presharded_manifest), fed arbitrary text
-// as runtime/presharded.cpp reads manifest.json: the depth check, nlohmann's parse
-// (the runtime turns its every json::exception into a ferry::Error, a number too large
-// for a double included), then the parser. A ferry::Error or a text nlohmann refuses
-// is a clean refusal; any other exception (a nlohmann type_error or out_of_range the
-// parser let through) is a finding.
+// The presharded manifest parsers, ferry's (io::parse_presharded_manifest) and
+// SGLang's plan (io::parse_sglang_plan), fed arbitrary text as runtime/presharded.cpp
+// and runtime/sglang_presharded.cpp read manifest.json and checksum.json: the depth check,
+// nlohmann's parse (the runtime turns its every json::exception into a ferry::Error, a number too
+// large for a double included), then the parser. A ferry::Error or a text nlohmann refuses is a
+// clean refusal; any other exception (a nlohmann type_error or out_of_range the parser let through)
+// is a finding.
 //
 // Asserted, for every manifest it accepts:
 //  - to_json of the result parses back to the same manifest (every field);
 //  - every param's bytes are dtype x shape, every non-empty one's offset is a multiple
-//    of 4096, every file a plain name, and one stored tensor has one range.
+//    of 4096, every file a plain name, and one stored tensor has one range;
+// and for every SGLang plan it accepts: every read's world rank is inside the world,
+// its file a plain name, its stored key 32 hex digits, its name not empty.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -21,6 +24,7 @@
 #include "common/json_depth.hpp"
 #include "fuzz/fuzz_check.hpp"
 #include "io/presharded.hpp"
+#include "io/sglang_presharded.hpp"
 
 namespace {
 
@@ -62,6 +66,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception&) {  // parse_error, or out_of_range for 1e999
     return 0;
+  }
+  try {
+    const ferry::io::SglangPlan plan = ferry::io::parse_sglang_plan(j, "fuzz/checksum.json");
+    for (const auto& [rank, reads] : plan.reads) {
+      FUZZ_CHECK(rank >= 0 && rank < plan.world_size, std::to_string(rank));
+      for (const ferry::io::SglangRead& r : reads) {
+        FUZZ_CHECK(!r.file.empty() && r.file.find('/') == std::string::npos && r.file != "..",
+                   r.file);
+        FUZZ_CHECK(ferry::Hash128::from_hex(r.stored_key).has_value(), r.stored_key);
+        FUZZ_CHECK(!r.name.empty(), r.file);
+      }
+    }
+  } catch (const ferry::Error&) {
   }
   PreshardedManifest m;
   try {

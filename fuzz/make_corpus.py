@@ -111,6 +111,18 @@ def presharded_seeds(rng):
                            "xxh3": "%032x" % rng.getrandbits(128)})
             doc["ranks"].append({"tp_rank": r, "params": params})
         seeds.append(json.dumps(doc, indent=1).encode())
+    for world in (1, 2):  # SGLang 0.5.23's checksum.json (PreshardedModelLoader)
+        reads = {}
+        for r in range(world):
+            reads[str(r)] = [
+                {"filename": "model-00000-common.safetensor", "stored_key": "%032x" % 5,
+                 "name": "model.norm.weight", "is_extra": False},
+                {"filename": f"model-{r + 1:05d}-rank-{r:03d}.safetensor",
+                 "stored_key": "%032x" % rng.getrandbits(128),
+                 "name": "model.layers.0.self_attn.w_kc", "is_extra": True}]
+        seeds.append(json.dumps({"version": 1, "world_size": world, "files": [],
+                                 "rank_to_reads": reads, "rank_checksums": {},
+                                 "shard_config": {"tp": world}}).encode())
     seeds.append(b'{"format":"ferry-presharded","version":1,"signature":{},"ranks":[]}')
     seeds.append(b'{"format":"ferry-presharded","version":1,"pp_rank":0,"signature":{"a":1},'
                  b'"structure":"00","ranks":[{"tp_rank":0,"params":[{"name":"x","shape":"y"}]}]}')
