@@ -567,6 +567,17 @@ void ConfigBuilder::check_across_keys(const LoadConfig& c, Rules rules) const {
   }
 }
 
+std::vector<int> local_tp_ranks(const LoadConfig& c) {
+  if (!c.parallel.ranks.empty()) {
+    return c.parallel.ranks;
+  }
+  std::vector<int> all(static_cast<std::size_t>(c.parallel.tp));
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    all[i] = static_cast<int>(i);
+  }
+  return all;
+}
+
 std::optional<BrokenRule> broken_load_rule(const LoadConfig& c) {
   if (c.load.verify_checksums && c.model.load_format != io::LoadFormat::kPresharded) {
     return BrokenRule{"load.verify_checksums",

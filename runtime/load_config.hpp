@@ -351,6 +351,9 @@ struct BrokenRule {
 // checks them again when it starts, for a configuration set call by call.
 std::optional<BrokenRule> broken_load_rule(const LoadConfig& config);
 
+// The tp ranks this process serves: parallel.ranks, or every rank 0..tp-1.
+std::vector<int> local_tp_ranks(const LoadConfig& config);
+
 // Where a LoadConfig comes from, as the CLI collected it.
 struct ConfigSources {
   struct Flag {

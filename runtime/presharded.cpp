@@ -36,17 +36,6 @@ std::string join(const std::vector<int>& v, const char* sep) {
   return out;
 }
 
-std::vector<int> local_tp_ranks(const LoadConfig& c) {
-  if (!c.parallel.ranks.empty()) {
-    return c.parallel.ranks;
-  }
-  std::vector<int> all(static_cast<std::size_t>(c.parallel.tp));
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    all[i] = static_cast<int>(i);
-  }
-  return all;
-}
-
 bool present(const fs::path& p) {
   std::error_code ec;
   return fs::exists(p, ec);

@@ -20,17 +20,6 @@ namespace fs = std::filesystem;
 constexpr const char* kReady = "READY";
 constexpr std::size_t kBlockBytes = std::size_t{16} << 20;
 
-std::vector<int> local_tp_ranks(const LoadConfig& c) {
-  if (!c.parallel.ranks.empty()) {
-    return c.parallel.ranks;
-  }
-  std::vector<int> all(static_cast<std::size_t>(c.parallel.tp));
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    all[i] = static_cast<int>(i);
-  }
-  return all;
-}
-
 int world_rank(const LoadConfig& c, int tp_rank) {
   return c.parallel.pp_rank * c.parallel.tp + tp_rank;
 }

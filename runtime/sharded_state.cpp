@@ -27,17 +27,6 @@ constexpr std::size_t kBlockBytes = std::size_t{16} << 20;  // host memory of on
 // The checkpoint's small files an engine reads beside the weights.
 constexpr std::uint64_t kMaxMetadataFile = std::uint64_t{256} << 20;
 
-std::vector<int> local_tp_ranks(const LoadConfig& c) {
-  if (!c.parallel.ranks.empty()) {
-    return c.parallel.ranks;
-  }
-  std::vector<int> all(static_cast<std::size_t>(c.parallel.tp));
-  for (std::size_t i = 0; i < all.size(); ++i) {
-    all[i] = static_cast<int>(i);
-  }
-  return all;
-}
-
 std::string list_ranks(const std::map<int, std::vector<std::string>>& files) {
   std::string out;
   for (const auto& [rank, names] : files) {

@@ -330,6 +330,31 @@ inline std::map<std::string, std::vector<std::byte>> param_bytes(const runtime::
   return out;
 }
 
+// The two models' ranks hold the same params: names, dtypes, shapes, strides, bytes
+// (a load and a read of what it saved, issue 34's formats).
+inline void expect_same_model(const runtime::LoadedModel& a, const runtime::LoadedModel& b) {
+  ASSERT_EQ(a.ranks().size(), b.ranks().size());
+  for (std::size_t r = 0; r < a.ranks().size(); ++r) {
+    const runtime::LoadedRank& x = a.ranks()[r];
+    const runtime::LoadedRank& y = b.ranks()[r];
+    EXPECT_EQ(x.tp_rank, y.tp_rank);
+    ASSERT_EQ(x.params.size(), y.params.size()) << "rank " << r;
+    for (std::size_t k = 0; k < x.params.size(); ++k) {
+      EXPECT_EQ(x.params[k].name, y.params[k].name);
+      EXPECT_EQ(x.params[k].dtype, y.params[k].dtype) << x.params[k].name;
+      EXPECT_EQ(x.params[k].shape, y.params[k].shape) << x.params[k].name;
+      EXPECT_EQ(x.params[k].strides, y.params[k].strides) << x.params[k].name;
+    }
+  }
+  const auto want = param_bytes(a);
+  const auto got = param_bytes(b);
+  ASSERT_EQ(want.size(), got.size());
+  for (const auto& [name, bytes] : want) {
+    ASSERT_TRUE(got.contains(name)) << name;
+    EXPECT_TRUE(got.at(name) == bytes) << name;
+  }
+}
+
 // ---- callbacks ---------------------------------------------------------------
 
 // The layers a load's on_layer_ready announced (for any rank).

@@ -150,16 +150,6 @@ void write_sglang_folder(const LoadedModel& model, const fs::path& folder, int t
   std::ofstream(folder / "READY") << R"({"plan_version": 1, "world_size": )" << tp << "}";
 }
 
-void expect_same(const LoadedModel& a, const LoadedModel& b) {
-  const auto want = param_bytes(a);
-  const auto got = param_bytes(b);
-  ASSERT_EQ(want.size(), got.size());
-  for (const auto& [name, data] : want) {
-    ASSERT_TRUE(got.contains(name)) << name;
-    EXPECT_TRUE(got.at(name) == data) << name;
-  }
-}
-
 struct Case {
   const char* family;
   int tp;
@@ -186,7 +176,7 @@ TEST_P(SglangPresharded, ReadsTheFolderBackAsTheLoadLeftIt) {
     EXPECT_EQ(back.model->report().load_format, "presharded");
     EXPECT_EQ(back.model->report().presharded_read, folder.string());
     EXPECT_TRUE(back.model->report().checksums_verified);
-    expect_same(*raw.model, *back.model);
+    testing::expect_same_model(*raw.model, *back.model);
   }
 }
 

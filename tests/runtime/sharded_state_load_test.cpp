@@ -34,9 +34,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::Checkpoint;
+using testing::expect_same_model;
 using ::testing::HasSubstr;
 using testing::make_config;
-using testing::param_bytes;
 using testing::synth_checkpoint;
 using testing::TempDir;
 
@@ -73,28 +73,6 @@ std::map<std::string, std::vector<std::string>> stored(const std::string& folder
     }
   }
   return out;
-}
-
-void expect_same_model(const LoadedModel& a, const LoadedModel& b) {
-  ASSERT_EQ(a.ranks().size(), b.ranks().size());
-  for (std::size_t r = 0; r < a.ranks().size(); ++r) {
-    const LoadedRank& x = a.ranks()[r];
-    const LoadedRank& y = b.ranks()[r];
-    EXPECT_EQ(x.tp_rank, y.tp_rank);
-    ASSERT_EQ(x.params.size(), y.params.size()) << "rank " << r;
-    for (std::size_t k = 0; k < x.params.size(); ++k) {
-      EXPECT_EQ(x.params[k].name, y.params[k].name);
-      EXPECT_EQ(x.params[k].dtype, y.params[k].dtype) << x.params[k].name;
-      EXPECT_EQ(x.params[k].shape, y.params[k].shape) << x.params[k].name;
-      EXPECT_EQ(x.params[k].strides, y.params[k].strides) << x.params[k].name;
-    }
-  }
-  const auto want = param_bytes(a);
-  const auto got = param_bytes(b);
-  ASSERT_EQ(want.size(), got.size());
-  for (const auto& [name, bytes] : want) {
-    EXPECT_TRUE(got.at(name) == bytes) << name;
-  }
 }
 
 // Loads `ck` raw with `sets`, saving under `root`; reads it back and compares.
