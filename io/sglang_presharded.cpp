@@ -1,7 +1,9 @@
 #include "io/sglang_presharded.hpp"
 
+#include <array>
 #include <string_view>
 
+#include "common/enum_name.hpp"
 #include "common/error.hpp"
 
 namespace ferry::io {
@@ -99,41 +101,13 @@ SglangPlan parse_sglang_plan(const nlohmann::json& doc, const std::string& file)
 }
 
 std::string torch_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kBool:
-      return "torch.bool";
-    case DType::kU8:
-      return "torch.uint8";
-    case DType::kI8:
-      return "torch.int8";
-    case DType::kU16:
-      return "torch.uint16";
-    case DType::kI16:
-      return "torch.int16";
-    case DType::kU32:
-      return "torch.uint32";
-    case DType::kI32:
-      return "torch.int32";
-    case DType::kU64:
-      return "torch.uint64";
-    case DType::kI64:
-      return "torch.int64";
-    case DType::kF16:
-      return "torch.float16";
-    case DType::kBF16:
-      return "torch.bfloat16";
-    case DType::kF32:
-      return "torch.float32";
-    case DType::kF64:
-      return "torch.float64";
-    case DType::kF8E4M3:
-      return "torch.float8_e4m3fn";
-    case DType::kF8E5M2:
-      return "torch.float8_e5m2";
-    case DType::kF8E8M0:
-      return "torch.float8_e8m0fnu";
-  }
-  return "torch.unknown";
+  static constexpr std::array<std::string_view, 16> kNames{
+      "torch.bool",    "torch.uint8",         "torch.int8",        "torch.uint16",
+      "torch.int16",   "torch.uint32",        "torch.int32",       "torch.uint64",
+      "torch.int64",   "torch.float16",       "torch.bfloat16",    "torch.float32",
+      "torch.float64", "torch.float8_e4m3fn", "torch.float8_e5m2", "torch.float8_e8m0fnu"};
+  static_assert(kNames.size() == static_cast<std::size_t>(DType::kF8E8M0) + 1);
+  return std::string(enum_name(dtype, kNames, "torch.unknown"));
 }
 
 Xxh3Hasher sglang_key_hasher(DType dtype, const std::vector<std::uint64_t>& shape) {
