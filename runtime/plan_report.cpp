@@ -174,14 +174,19 @@ ResolvedCheckpoint resolve_checkpoint(const LoadConfig& c) {
   discovery.max_metadata_bytes = c.io.max_metadata_bytes;
   ResolvedCheckpoint out;
   out.source = io::resolve_source(c.model.path, discovery);
-  io::IndexOptions index_options;
-  index_options.strict = c.load.strict;
-  index_options.max_metadata_bytes = c.io.max_metadata_bytes;
-  out.index = io::build_checkpoint_index(out.source, index_options);
+  out.index = io::build_checkpoint_index(out.source, index_options(c));
   out.hf_config = read_hf_config(out.source.folder, c.io.max_metadata_bytes);
   out.warnings = out.source.warnings;
   out.warnings.insert(out.warnings.end(), out.index.warnings.begin(), out.index.warnings.end());
   return out;
+}
+
+io::IndexOptions index_options(const LoadConfig& c, bool names_per_file) {
+  io::IndexOptions options;
+  options.strict = c.load.strict;
+  options.max_metadata_bytes = c.io.max_metadata_bytes;
+  options.names_per_file = names_per_file;
+  return options;
 }
 
 std::shared_ptr<const models::Model> make_configured_model(const LoadConfig& c,

@@ -38,12 +38,11 @@ struct ResolvedCheckpoint {
   // manifest, checked against the layout; null otherwise (a raw checkpoint).
   std::shared_ptr<const io::PreshardedManifest> presharded;
   std::string presharded_manifest_file;
-  // model.load_format sharded_state (runtime/sharded_state.hpp): the index holds the
-  // local tp ranks' own files, each rank's names repeating the others'.
-  bool sharded_state = false;
-  // A folder of SGLang's state dicts (sharded_state, or SGLang's presharded layout):
-  // what each tp rank's files hold, read by models::make_state_dict_model;
-  // `stored_format` names it in errors. Null otherwise.
+  // A folder of SGLang's state dicts (sharded_state, runtime/sharded_state.hpp, or
+  // SGLang's presharded layout, runtime/sglang_presharded.hpp): what each tp rank's
+  // files hold, read by models::make_state_dict_model; `stored_format` names which
+  // ("sharded_state", "SGLang presharded"), in the report and in errors. Null
+  // otherwise.
   std::shared_ptr<const models::StoredState> stored_state;
   std::string stored_format;
 };
@@ -57,6 +56,11 @@ nlohmann::json read_json_file(const std::filesystem::path& path, const char* wha
 // config.json in `folder`, with a ModelOpt hf_quant_config.json beside it merged in
 // (models::with_hf_quant_config). Throws Error(Stage::kConfig).
 nlohmann::json read_hf_config(const std::string& folder, std::uint64_t max_bytes);
+
+// The index's options as the configuration sets them (load.strict,
+// io.max_metadata_bytes); `names_per_file` for folders whose files are each one
+// rank's state (sharded_state, SGLang's presharded).
+io::IndexOptions index_options(const LoadConfig& config, bool names_per_file = false);
 
 // quantization.online resolved: auto is channel on a device of compute capability
 // 8.9 or more, or with no CUDA device; tensor below.

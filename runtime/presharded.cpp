@@ -131,10 +131,7 @@ ResolvedCheckpoint resolve_part(const LoadConfig& c, const fs::path& part,
         {(part / name).string(), name, "holds params of the local tp ranks (manifest.json)"});
   }
   out.source.decisions.push_back("presharded part " + part.string());
-  io::IndexOptions index_options;
-  index_options.strict = c.load.strict;
-  index_options.max_metadata_bytes = c.io.max_metadata_bytes;
-  out.index = io::build_checkpoint_index(out.source, index_options);
+  out.index = io::build_checkpoint_index(out.source, index_options(c));
   out.hf_config = read_hf_config(part.string(), c.io.max_metadata_bytes);
   out.warnings = out.index.warnings;
   out.presharded_manifest_file = (part / io::kPreshardedManifest).string();
@@ -362,6 +359,17 @@ std::string save_presharded(const LoadedModel::State& state, const LoadConfig& c
   return part.string();
 }
 
+void read_back(gpu::Stream& stream, const std::byte* data, std::uint64_t nbytes,
+               std::vector<std::byte>& block,
+               const std::function<void(std::span<const std::byte>)>& each) {
+  for (std::uint64_t off = 0; off < nbytes; off += kBlockBytes) {
+    block.resize(static_cast<std::size_t>(std::min<std::uint64_t>(kBlockBytes, nbytes - off)));
+    stream.copy_d2h(block.data(), data + off, block.size());
+    stream.synchronize();
+    each(block);
+  }
+}
+
 void verify_presharded(const LoadedModel::State& state, const io::PreshardedManifest& manifest,
                        const std::string& manifest_file) {
   const fs::path folder = fs::path(manifest_file).parent_path();
@@ -385,12 +393,7 @@ void verify_presharded(const LoadedModel::State& state, const io::PreshardedMani
       const LoadedParam& p = rank.params[k];
       const io::PreshardedParam& e = stored->params[k];
       Xxh3Hasher h;
-      for (std::uint64_t off = 0; off < p.nbytes; off += kBlockBytes) {
-        buf.resize(static_cast<std::size_t>(std::min<std::uint64_t>(kBlockBytes, p.nbytes - off)));
-        stream->copy_d2h(buf.data(), p.data + off, buf.size());
-        stream->synchronize();
-        h.update(buf);
-      }
+      read_back(*stream, p.data, p.nbytes, buf, [&](std::span<const std::byte> b) { h.update(b); });
       if (e.name != p.name || h.digest() != e.xxh3) {
         throw Error(Stage::kVerify, (folder / e.file).string(), p.name,
                     "presharded: the loaded bytes' XXH3-128 is " + h.digest().hex() +

@@ -10,10 +10,16 @@
 // half-written one; a part already there is never replaced.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
+#include "gpu/device.hpp"
 #include "runtime/load_config.hpp"
 #include "runtime/load_work.hpp"
 #include "runtime/plan_report.hpp"
@@ -53,6 +59,13 @@ bool wants_presharded_save(const LoadConfig& config, const ResolvedCheckpoint& r
 // Error(Stage::kOutput).
 std::string save_presharded(const LoadedModel::State& state, const LoadConfig& config,
                             const nlohmann::json& hf_config, const std::string& root);
+
+// Reads `nbytes` of device storage at `data` back through `stream`, in blocks of at
+// most 16 MiB held in `block` (reused across calls: bounded host memory), handing
+// each to `each` in order. For the restart formats' saves and checksum checks.
+void read_back(gpu::Stream& stream, const std::byte* data, std::uint64_t nbytes,
+               std::vector<std::byte>& block,
+               const std::function<void(std::span<const std::byte>)>& each);
 
 // load.verify_checksums: every param of every local rank read back and hashed
 // against the manifest. Throws Error(Stage::kVerify) naming the part's file, the

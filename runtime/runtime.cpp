@@ -416,7 +416,7 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
     report.load_format = "presharded";
     report.presharded_read = w.resolved.source.folder;
   }
-  if (w.resolved.sharded_state) {
+  if (w.resolved.stored_format == kShardedState) {
     report.load_format = "sharded_state";
     report.sharded_state_read = w.resolved.source.folder;
   }

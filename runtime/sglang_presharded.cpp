@@ -10,6 +10,7 @@
 #include "common/error.hpp"
 #include "io/sglang_presharded.hpp"
 #include "models/hf_config.hpp"
+#include "runtime/presharded.hpp"
 #include "runtime/sharded_state.hpp"
 
 namespace ferry::runtime {
@@ -18,7 +19,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr const char* kReady = "READY";
-constexpr std::size_t kBlockBytes = std::size_t{16} << 20;
 
 int world_rank(const LoadConfig& c, int tp_rank) {
   return c.parallel.pp_rank * c.parallel.tp + tp_rank;
@@ -132,11 +132,7 @@ std::optional<ResolvedCheckpoint> resolve_sglang_presharded(const LoadConfig& c,
                                   "read by a local rank (" + std::string(io::kSglangPlan) + ")"});
     }
     out.source.decisions.push_back("SGLang presharded folder " + name);
-    io::IndexOptions options;
-    options.strict = c.load.strict;
-    options.max_metadata_bytes = c.io.max_metadata_bytes;
-    options.names_per_file = true;
-    out.index = io::build_checkpoint_index(out.source, options);
+    out.index = io::build_checkpoint_index(out.source, index_options(c, true));
     out.hf_config = hf_config;
     out.warnings = out.index.warnings;
     out.stored_state = std::move(stored);
@@ -172,12 +168,8 @@ void verify_sglang_presharded(const LoadedModel::State& state, const ResolvedChe
         continue;  // an extra, or a buffer ferry computes: not read into a param
       }
       Xxh3Hasher h = io::sglang_key_hasher(p->dtype, p->shape);
-      for (std::uint64_t off = 0; off < p->nbytes; off += kBlockBytes) {
-        buf.resize(static_cast<std::size_t>(std::min<std::uint64_t>(kBlockBytes, p->nbytes - off)));
-        stream->copy_d2h(buf.data(), p->data + off, buf.size());
-        stream->synchronize();
-        h.update(buf);
-      }
+      read_back(*stream, p->data, p->nbytes, buf,
+                [&](std::span<const std::byte> b) { h.update(b); });
       if (Hash128::from_hex(e.tensor) != h.digest()) {
         throw Error(Stage::kVerify, (fs::path(resolved.source.folder) / e.file).string(), p->name,
                     "SGLang presharded: the loaded bytes' key is " + h.digest().hex() +

@@ -17,13 +17,13 @@
 #include "io/safetensors_writer.hpp"
 #include "io/sharded_state.hpp"
 #include "models/hf_config.hpp"
+#include "runtime/presharded.hpp"
 
 namespace ferry::runtime {
 namespace {
 
 namespace fs = std::filesystem;
 
-constexpr std::size_t kBlockBytes = std::size_t{16} << 20;  // host memory of one D2H block
 // The checkpoint's small files an engine reads beside the weights.
 constexpr std::uint64_t kMaxMetadataFile = std::uint64_t{256} << 20;
 
@@ -179,21 +179,16 @@ ResolvedCheckpoint resolve_sharded_state(const LoadConfig& c) {
     }
   }
   out.source.decisions.push_back("sharded_state folder " + folder);
-  io::IndexOptions index_options;
-  index_options.strict = c.load.strict;
-  index_options.max_metadata_bytes = c.io.max_metadata_bytes;
-  index_options.names_per_file = true;
-  out.index = io::build_checkpoint_index(out.source, index_options);
+  out.index = io::build_checkpoint_index(out.source, index_options(c, true));
   // A stage's folder holds the config.json its save copied; SGLang's own folders
   // hold one beside the files.
   out.hf_config =
       read_hf_config(fs::exists(fs::path(folder) / "config.json", ec) ? folder : c.model.path,
                      c.io.max_metadata_bytes);
   out.warnings = out.index.warnings;
-  out.sharded_state = true;
   out.stored_state =
       std::make_shared<const models::StoredState>(models::sharded_state_entries(out.index));
-  out.stored_format = "sharded_state";
+  out.stored_format = kShardedState;
   return out;
 }
 
@@ -264,13 +259,8 @@ std::string save_sharded_state(const LoadedModel::State& state, const LoadConfig
         }
         w.begin();
         for (const LoadedParam* p : parts[i]) {
-          for (std::uint64_t off = 0; off < p->nbytes; off += kBlockBytes) {
-            block.resize(
-                static_cast<std::size_t>(std::min<std::uint64_t>(kBlockBytes, p->nbytes - off)));
-            stream->copy_d2h(block.data(), p->data + off, block.size());
-            stream->synchronize();
-            w.write(block);
-          }
+          read_back(*stream, p->data, p->nbytes, block,
+                    [&](std::span<const std::byte> b) { w.write(b); });
         }
         if (i == 0) {
           for (const models::ShardedStateNaming::Extra& x : naming.extras) {

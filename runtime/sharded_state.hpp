@@ -17,6 +17,8 @@
 
 namespace ferry::runtime {
 
+inline constexpr const char* kShardedState = "sharded_state";  // ResolvedCheckpoint::stored_format
+
 // The folder of this process's pipeline stage under `root`: root itself, or
 // root/pp-<stage> when pp > 1.
 std::string sharded_state_folder(const LoadConfig& config, const std::string& root);
