@@ -78,6 +78,18 @@ def same(a, b, ignore=()):
     return differ, sorted(names_x ^ names_y)
 
 
+def against_raw(d, dumped, tp):
+    """ferry's dump in d/`dumped` against its raw load's in d/raw, rank by rank:
+    "identical", else each rank's differing and one-sided names (five at most)."""
+    verdicts = []
+    for rank in range(tp):
+        differ, only = same(os.path.join(d, "raw", f"rank-{rank}.safetensors"),
+                            os.path.join(d, dumped, f"rank-{rank}.safetensors"))
+        verdicts.append({"rank": rank, "differ": differ[:5], "only_one": only[:5]})
+    ok = all(not v["differ"] and not v["only_one"] for v in verdicts)
+    return "identical" if ok else verdicts
+
+
 def normalizer_differs(ck, processed):
     """Gemma 2's model.normalizer as SGLang holds it after reading ferry's files,
     against torch.tensor(hidden_size**0.5) in the model's dtype (Gemma2Model)."""
@@ -133,13 +145,7 @@ def case(cid, synth, tp, ep, target, work, ferry, py):
            os.path.join(d, "from_sglang.log")) != 0:
         result["ferry_reads_sglang"] = "refused: " + last_error(os.path.join(d, "from_sglang.log"))
     else:
-        verdicts = []
-        for rank in range(tp):
-            differ, only = same(os.path.join(d, "raw", f"rank-{rank}.safetensors"),
-                                os.path.join(d, "from_sglang", f"rank-{rank}.safetensors"))
-            verdicts.append({"rank": rank, "differ": differ[:5], "only_one": only[:5]})
-        ok = all(not v["differ"] and not v["only_one"] for v in verdicts)
-        result["ferry_reads_sglang"] = "identical" if ok else verdicts
+        result["ferry_reads_sglang"] = against_raw(d, "from_sglang", tp)
     # 2. ferry writes, SGLang reads.
     ferry_ss = os.path.join(d, "ferry_ss")
     if run([ferry, "save", "--model", ck, *layout, "--format", "sharded_state", "--out", ferry_ss,
@@ -184,13 +190,7 @@ def case(cid, synth, tp, ep, target, work, ferry, py):
             os.path.join(d, "from_presharded"), "--quiet"], log) != 0:
         result["ferry_reads_sglang_presharded"] = "refused: " + last_error(log)
         return result
-    verdicts = []
-    for rank in range(tp):
-        differ, only = same(os.path.join(d, "raw", f"rank-{rank}.safetensors"),
-                            os.path.join(d, "from_presharded", f"rank-{rank}.safetensors"))
-        verdicts.append({"rank": rank, "differ": differ[:5], "only_one": only[:5]})
-    ok = all(not v["differ"] and not v["only_one"] for v in verdicts)
-    result["ferry_reads_sglang_presharded"] = "identical" if ok else verdicts
+    result["ferry_reads_sglang_presharded"] = against_raw(d, "from_presharded", tp)
     return result
 
 
