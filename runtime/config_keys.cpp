@@ -595,6 +595,12 @@ const std::vector<ConfigKey>& table() {
       size_key<&C::save, &SaveConfig::max_file_bytes, kMinSaveFileBytes, kMaxSaveFileBytes>(
           "save.max_file_bytes",
           "the largest file a presharded or sharded_state save writes (one tensor at least)"),
+      size_key<&C::update, &UpdateConfig::rollback_bytes, 0,
+               std::numeric_limits<std::uint64_t>::max()>(
+          "update.rollback_bytes",
+          "host memory an update may hold to undo itself; past it, the old source is re-read"),
+      string_key<&C::update, &UpdateConfig::tensor_dir>(
+          "update.tensor_dir", "where in-memory update tensors are laid out as a file (a tmpfs)"),
       bandwidth_key(),
       bool_key<&C::host, &HostConfig::deferred_copies>(
           "host.deferred_copies", "host devices copy later on a thread, as a DMA engine does"),

@@ -544,6 +544,9 @@ void ConfigBuilder::check_across_keys(const LoadConfig& c, Rules rules) const {
     refuse("io.chunk_bytes", "with io.direct it must be a multiple of " + std::to_string(kAlign) +
                                  ", got " + std::to_string(c.io.chunk_bytes));
   }
+  if (c.update.tensor_dir.empty()) {
+    refuse("update.tensor_dir", "must name a folder (a tmpfs such as /dev/shm)");
+  }
   if (!c.load.dump_dir.empty() && c.devices.kind == DeviceSpec::Kind::kNull) {
     refuse("load.dump_dir", "devices " + to_string(c.devices) +
                                 " keep no parameter data, so there is nothing to dump");

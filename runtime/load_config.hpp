@@ -145,6 +145,18 @@ struct SaveConfig {
   bool operator==(const SaveConfig&) const = default;
 };
 
+// Runtime::update (runtime/update.cpp).
+struct UpdateConfig {
+  // The most host memory an update may hold to undo itself: when the params it
+  // writes fit, they are copied here before the first write and copied back on a
+  // failure; else the old source is read again (when its files are unchanged).
+  std::uint64_t rollback_bytes = std::uint64_t{4} << 30;
+  // Where in-memory tensors are laid out as a safetensors file the pipeline reads
+  // (a tmpfs: the bytes stay in memory); removed when the update ends.
+  std::string tensor_dir = "/dev/shm";
+  bool operator==(const UpdateConfig&) const = default;
+};
+
 struct HostConfig {
   double bandwidth_gbps = 0;  // host-device copy cap in GB/s to mimic PCIe; 0 = no cap
   // Host devices run copies later on a thread of their own, as a DMA engine would,
@@ -250,6 +262,7 @@ struct LoadConfig {
   QuantizationConfig quantization;
   PostprocessConfig postprocess;
   SaveConfig save;
+  UpdateConfig update;
   bool operator==(const LoadConfig&) const = default;
 };
 

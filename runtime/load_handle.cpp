@@ -210,9 +210,9 @@ LoadProgress LoadHandle::progress() const {
 }
 
 std::string_view to_string(RuntimeState state) {
-  static constexpr std::array<std::string_view, 7> kNames{
-      "created", "loading", "preparing", "prepared", "committing", "ready", "failed"};
-  static_assert(kNames.size() == static_cast<std::size_t>(RuntimeState::kFailed) + 1);
+  static constexpr std::array<std::string_view, 8> kNames{
+      "created", "loading", "preparing", "prepared", "committing", "ready", "failed", "updating"};
+  static_assert(kNames.size() == static_cast<std::size_t>(RuntimeState::kUpdating) + 1);
   return enum_name(state, kNames);
 }
 

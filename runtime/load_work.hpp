@@ -29,6 +29,7 @@
 #include "io/prefetch.hpp"
 #include "io/staging_pool.hpp"
 #include "models/model.hpp"
+#include "models/update_model.hpp"
 #include "runtime/api_internal.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/metrics_server.hpp"
@@ -60,6 +61,21 @@ struct FERRY_HIDDEN LoadedModel::State {
   std::vector<LoadedRank> ranks;
   std::vector<ManifestEntry> manifest;  // recorded by prepare()
   LoadReport report;
+
+  // What Runtime::update (runtime/update.cpp) needs of the load that made the model.
+  struct Origin {
+    std::shared_ptr<const models::Model> model;  // the shells and hooks it was loaded with
+    std::string config_folder;                   // holds config.json (for in-memory updates)
+    // The one folder every param's bytes now come from, with the stamps of the files
+    // read: what a rollback re-reads. "" when none (dummy values, in-memory tensors,
+    // a partial update from another folder).
+    std::string folder;
+    io::LoadFormat format = io::LoadFormat::kAuto;                // how `folder` was read
+    std::vector<std::pair<std::string, io::FileIdentity>> files;  // path, identity
+  } origin;
+  // Set once a failed update could not restore the old weights (LoadedModel::valid).
+  mutable std::mutex validity_mu;
+  std::string invalid_reason;  // "" while valid
 };
 
 class CallbackThread;
@@ -69,6 +85,7 @@ struct FERRY_HIDDEN LoadHandle::State {
   CallbackThread* callbacks = nullptr;  // set while the load runs, when it has any
   std::atomic<bool> cancel{false};
   std::atomic<LoadPhase> phase{LoadPhase::kStarting};
+  bool is_update = false;  // Runtime::update's (its metrics are its own)
   std::atomic<std::uint64_t> bytes_planned{0};
   std::atomic<std::size_t> tensors_placed{0};
   actors::PipelineProgress pipeline;
@@ -246,12 +263,16 @@ struct FERRY_HIDDEN Runtime::Impl {
   // starts `body` on the worker thread in state `running`; on success the runtime
   // goes to `success` (and keeps `keep` as the prepared work).
   LoadHandle launch(RuntimeState running, RuntimeState success, LoadCallbacks callbacks, Body body,
-                    std::shared_ptr<LoadWork> keep);
+                    std::shared_ptr<LoadWork> keep, bool is_update = false);
   void run(LoadHandle::State& state, const LoadCallbacks& callbacks, const Body& body,
            RuntimeState success, const std::shared_ptr<LoadWork>& keep);
 
-  // The steps.
-  void resolve_and_plan(LoadWork& w, LoadHandle::State& handle);
+  // The steps. resolve_and_plan reads `c` (the Runtime's config, or an update's);
+  // `adapt` replaces the model made from it (an update's model, runtime/update.cpp).
+  using ModelAdapter = std::function<std::shared_ptr<const models::Model>(
+      std::shared_ptr<const models::Model>, const ResolvedCheckpoint&)>;
+  void resolve_and_plan(LoadWork& w, LoadHandle::State& handle, const LoadConfig& c,
+                        const ModelAdapter& adapt = {});
   void make_devices(LoadWork& w);
   void allocate(LoadWork& w, LoadHandle::State& handle);
   void stream(LoadWork& w, LoadHandle::State& handle);  // + verify the bytes landed
@@ -294,6 +315,30 @@ struct FERRY_HIDDEN Runtime::Impl {
   LoadResult load(LoadHandle::State& handle);
   LoadResult prepare(LoadWork& w, LoadHandle::State& handle);
   LoadResult commit(LoadWork& w, LoadHandle::State& handle);
+
+  // Runtime::update (runtime/update.cpp). The model the last load or commit handed
+  // over, for update(): weak, as `current`.
+  std::weak_ptr<LoadedModel> last_model;
+  std::weak_ptr<LoadedModel::State> last_state;
+  // After a load or commit that succeeded: the model's Origin, and the model as the
+  // one update() writes.
+  void record_origin(LoadWork& w, const std::shared_ptr<LoadedModel>& model);
+  LoadResult update(const UpdateSource& source, const std::shared_ptr<LoadedModel>& model,
+                    const std::shared_ptr<LoadedModel::State>& state, LoadHandle::State& handle);
+  // Resolves and plans `folder` as an update of `model` through the update model
+  // (models/update_model.hpp), and binds the work to the model's storage.
+  void plan_update(LoadWork& u, const std::string& folder, io::LoadFormat format,
+                   const models::UpdateFilter& filter, models::UpdateSelection& sel,
+                   const LoadedModel::State& model, LoadHandle::State& handle);
 };
+
+// A weight file's identity as of now: that of the descriptor kept since its header
+// was read, else (an index made without descriptors) of its path (startup.cpp).
+io::FileIdentity identity_now(const io::CheckpointFile& f);
+// The manifest of `state` as it is now, and the entries that differ from `before`,
+// each with what changed (startup.cpp).
+std::vector<ManifestEntry> record_manifest(const LoadedModel::State& state);
+std::vector<std::string> manifest_changes(const std::vector<ManifestEntry>& before,
+                                          const LoadedModel::State& state);
 
 }  // namespace ferry::runtime

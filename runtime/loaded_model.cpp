@@ -102,8 +102,21 @@ std::vector<std::byte> LoadedModel::read_param(std::size_t rank_index,
   return out;
 }
 
+bool LoadedModel::valid() const {
+  std::lock_guard lock(state_->validity_mu);
+  return state_->invalid_reason.empty();
+}
+
+std::string LoadedModel::invalid_reason() const {
+  std::lock_guard lock(state_->validity_mu);
+  return state_->invalid_reason;
+}
+
 void LoadedModel::dump(const std::string& dir) const {
   namespace fs = std::filesystem;
+  if (std::string why = invalid_reason(); !why.empty()) {
+    throw Error(Stage::kOutput, dir, "", "dump: the model is invalid: " + why);
+  }
   for (const auto& device : state_->devices) {
     require_data(*device, "dump");
   }

@@ -75,6 +75,20 @@ LoadMetrics::LoadMetrics(std::shared_ptr<prometheus::Registry> registry)
                            .Help("Tensor bytes read, by path: direct_to_device (straight into "
                                  "parameters, not in ferry_bytes_copied_total) or staged")
                            .Register(*registry_)),
+      updates_(prometheus::BuildCounter()
+                   .Name("ferry_updates_total")
+                   .Help("In-place updates (Runtime::update), by outcome: applied, rolled_back "
+                         "(failed, old weights restored), invalid (failed, not restored) or "
+                         "refused (nothing written)")
+                   .Register(*registry_)),
+      update_seconds_(prometheus::BuildGauge()
+                          .Name("ferry_update_seconds")
+                          .Help("Seconds the last applied update took")
+                          .Register(*registry_)),
+      update_bytes_(prometheus::BuildCounter()
+                        .Name("ferry_update_bytes_total")
+                        .Help("Parameter bytes applied updates wrote")
+                        .Register(*registry_)),
       errors_(prometheus::BuildCounter()
                   .Name("ferry_load_errors_total")
                   .Help("Loads that failed, by the stage of the error")
@@ -158,6 +172,14 @@ void LoadMetrics::record_load(const LoadReport& r, const std::string& model) {
       .Increment(static_cast<double>(r.read_paths.direct_to_device));
   read_path_bytes_.Add({{"model", model}, {"path", "staged"}})
       .Increment(static_cast<double>(r.read_paths.staged));
+}
+
+void LoadMetrics::record_update(const std::string& outcome, const LoadReport* report) {
+  updates_.Add({{"outcome", outcome}}).Increment();
+  if (report != nullptr) {
+    update_seconds_.Add({}).Set(report->seconds);
+    update_bytes_.Add({}).Increment(static_cast<double>(report->update.bytes_written));
+  }
 }
 
 void LoadMetrics::record_error(Stage stage) {

@@ -40,6 +40,9 @@ class LoadMetrics {
   void record_load(const LoadReport& report, const std::string& model);
   // A load that failed, by the stage of its error.
   void record_error(Stage stage);
+  // An update (Runtime::update) by outcome: "applied" (with its report), "rolled_back",
+  // "invalid" or "refused".
+  void record_update(const std::string& outcome, const LoadReport* report = nullptr);
 
   // The registry in Prometheus' text format.
   std::string text() const;
@@ -62,6 +65,9 @@ class LoadMetrics {
   prometheus::Family<prometheus::Histogram>& copy_seconds_;
   prometheus::Family<prometheus::Counter>& prefetch_bytes_;
   prometheus::Family<prometheus::Counter>& read_path_bytes_;
+  prometheus::Family<prometheus::Counter>& updates_;
+  prometheus::Family<prometheus::Gauge>& update_seconds_;
+  prometheus::Family<prometheus::Counter>& update_bytes_;
   prometheus::Family<prometheus::Counter>& errors_;
 };
 

@@ -12,7 +12,7 @@ nlohmann::json to_json(const LoadReport& r) {
   for (const StartupRefusal& x : r.startup_refusals) {
     refusals.push_back({{"code", x.code}, {"message", x.message}});
   }
-  return nlohmann::json{
+  nlohmann::json j{
       {"bytes_read", r.bytes_read},
       {"bytes_skipped", r.bytes_skipped},
       {"bytes_skipped_by_reason", r.bytes_skipped_by_reason},
@@ -60,6 +60,16 @@ nlohmann::json to_json(const LoadReport& r) {
         {"time_to_ready", r.startup.time_to_ready},
         {"bytes_prefetched", r.startup.bytes_prefetched}}},
   };
+  if (r.update.ran) {
+    j["update"] = {{"source", r.update.source},
+                   {"params_written", r.update.params_written},
+                   {"params_unchanged", r.update.params_unchanged},
+                   {"bytes_written", r.update.bytes_written},
+                   {"hooks_rerun", r.update.hooks_rerun},
+                   {"rollback", r.update.rollback},
+                   {"snapshot_bytes", r.update.snapshot_bytes}};
+  }
+  return j;
 }
 
 std::string LoadReport::json(int indent) const {
@@ -113,7 +123,15 @@ std::string LoadReport::summary() const {
     s += "post-load hooks skipped (their devices keep no data): " +
          std::to_string(hooks_skipped.size()) + "\n";
   }
-  if (startup_mode != "load") {
+  if (update.ran) {
+    s += "update from " + update.source + ": " + std::to_string(update.params_written) +
+         " param(s) written (" + human_bytes(update.bytes_written) + "), " +
+         std::to_string(update.params_unchanged) + " unchanged, " +
+         std::to_string(update.hooks_rerun.size()) + " hook(s) run again; rollback " +
+         update.rollback +
+         (update.snapshot_bytes > 0 ? " (" + human_bytes(update.snapshot_bytes) + ")" : "") + "\n";
+  }
+  if (startup_mode != "load" && startup_mode != "update") {
     s += "startup " + startup_mode + ": ready " + fixed(startup.time_to_ready, 3) +
          " s after prepare() (prepare " + fixed(startup.prepare, 3) + " s, capture " +
          fixed(startup.capture, 3) + " s, commit " + fixed(startup.commit, 3) + " s)\n";

@@ -95,7 +95,7 @@ void close_unread_files(const actors::Plan& plan, io::CheckpointIndex& index) {
 
 bool running(RuntimeState s) {
   return s == RuntimeState::kLoading || s == RuntimeState::kPreparing ||
-         s == RuntimeState::kCommitting;
+         s == RuntimeState::kCommitting || s == RuntimeState::kUpdating;
 }
 
 // The state of a handle whose load failed before it started (a call in the wrong
@@ -214,14 +214,15 @@ void Runtime::cancel() {
 }
 
 LoadHandle Runtime::Impl::launch(RuntimeState running_state, RuntimeState success,
-                                 LoadCallbacks callbacks, Body body,
-                                 std::shared_ptr<LoadWork> keep) {
+                                 LoadCallbacks callbacks, Body body, std::shared_ptr<LoadWork> keep,
+                                 bool is_update) {
   if (running(status)) {
     return LoadHandle(refused(
         "a load is already running on this Runtime; wait for it (or cancel it) before "
         "starting another"));
   }
   auto handle = std::make_shared<LoadHandle::State>();
+  handle->is_update = is_update;
   if (worker.joinable()) {
     worker.join();  // the previous load has ended (it set the state): its thread is ending
   }
@@ -302,6 +303,36 @@ LoadHandle Runtime::commit(LoadCallbacks callbacks) {
       nullptr);
 }
 
+LoadHandle Runtime::start_update(UpdateSource source, LoadCallbacks callbacks) {
+  std::lock_guard lock(impl_->mu);
+  if (running(impl_->status)) {
+    return LoadHandle(refused(
+        "update refused: running: a load or update is running on this Runtime; wait for it"));
+  }
+  if (impl_->status == RuntimeState::kPrepared) {
+    return LoadHandle(refused(
+        "update refused: prepared: a prepared model waits for commit() (or cancel()); an update "
+        "writes a committed model"));
+  }
+  std::shared_ptr<LoadedModel> model = impl_->last_model.lock();
+  std::shared_ptr<LoadedModel::State> state = impl_->last_state.lock();
+  if (!model || !state) {
+    return LoadHandle(
+        refused("update refused: no_model: this Runtime holds no loaded model to update (load() or "
+                "commit() first, and keep its result)"));
+  }
+  return impl_->launch(
+      RuntimeState::kUpdating, RuntimeState::kReady, std::move(callbacks),
+      [impl = impl_.get(), source = std::move(source), model, state](LoadHandle::State& h) {
+        return impl->update(source, model, state, h);
+      },
+      nullptr, /*is_update=*/true);
+}
+
+LoadResult Runtime::update(UpdateSource source) {
+  return start_update(std::move(source)).wait();
+}
+
 LoadResult Runtime::load() {
   LoadHandle handle = start();
   LoadResult r = handle.wait();
@@ -356,7 +387,8 @@ void Runtime::Impl::run(LoadHandle::State& handle, const LoadCallbacks& callback
     // Under the lock that Runtime::cancel() takes: a cancel that came while the load
     // was running is never lost, even one that came after its last check.
     std::lock_guard lock(mu);
-    if (r && handle.cancel.load()) {
+    // An update's bytes are all written by now: a cancel this late leaves it applied.
+    if (r && handle.cancel.load() && !handle.is_update) {
       if (status == RuntimeState::kCommitting) {
         handle.keep_alive = r.model;  // a commit's storage outlives its cancel
       }
@@ -370,7 +402,7 @@ void Runtime::Impl::run(LoadHandle::State& handle, const LoadCallbacks& callback
   }
   if (std::shared_ptr<LoadMetrics> m = current_metrics()) {
     // A load or a commit that ended well is recorded; a prepared startup is not yet.
-    if (r && success == RuntimeState::kReady) {
+    if (r && success == RuntimeState::kReady && !handle.is_update) {
       m->record_load(r.model->report(), std::filesystem::path(config.model.path).filename());
     } else if (!r) {
       m->record_error(r.error->stage);
@@ -386,8 +418,8 @@ void Runtime::Impl::run(LoadHandle::State& handle, const LoadCallbacks& callback
   handle.finish(std::move(r));
 }
 
-void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
-  const LoadConfig& c = config;
+void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle, const LoadConfig& c,
+                                     const ModelAdapter& adapt) {
   LoadReport& report = w.report;
   if (metrics_error) {
     throw *metrics_error;
@@ -433,6 +465,9 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle) {
     if (!w.model) {
       throw Error(Stage::kConfig, "", "", "RuntimeTestSeams::wrap_model returned no model");
     }
+  }
+  if (adapt) {
+    w.model = adapt(std::move(w.model), w.resolved);
   }
   for (const std::string& note : w.model->notes()) {
     log::warn(note);
@@ -706,14 +741,15 @@ void Runtime::Impl::write_trace(LoadWork& w) noexcept {
 LoadResult Runtime::Impl::load(LoadHandle::State& handle) {
   LoadWork w;
   TraceOnExit trace{*this, w};
-  resolve_and_plan(w, handle);
+  resolve_and_plan(w, handle, config);
   make_devices(w);
   allocate(w, handle);
   load_all(w, handle);
   finish_restart_layouts(w, handle);
   w.state->report = w.report;
   LoadResult result;
-  result.model = std::make_shared<LoadedModel>(std::move(w.state));
+  result.model = std::make_shared<LoadedModel>(w.state);
+  record_origin(w, result.model);
   return result;
 }
 void Runtime::Impl::run_hooks_once(LoadWork& w, LoadHandle::State& handle,

@@ -57,91 +57,9 @@ std::vector<std::byte> sentinel_element(DType dtype) {
   }
 }
 
-// A weight file's identity as of now: that of the descriptor kept since its header
-// was read, else (an index made without descriptors) of its path.
-io::FileIdentity identity_now(const io::CheckpointFile& f) {
-  if (f.file) {
-    return f.file->current_identity();
-  }
-  struct stat st {};
-  if (::stat(f.path.c_str(), &st) != 0) {
-    throw Error(Stage::kRead, f.name, "", std::string("stat: ") + errno_text(errno));
-  }
-  return io::identity_of(&st);
-}
-
-std::vector<ManifestEntry> record_manifest(const LoadedModel::State& state) {
-  std::vector<ManifestEntry> out;
-  for (std::size_t r = 0; r < state.ranks.size(); ++r) {
-    const LoadedRank& rank = state.ranks[r];
-    for (std::size_t p = 0; p < rank.params.size(); ++p) {
-      const LoadedParam& param = rank.params[p];
-      const gpu::DeviceAllocation& a = state.storage[r][p];
-      ManifestEntry e;
-      e.local_rank = r;
-      e.name = param.name;
-      e.device = rank.device;
-      e.data = param.data;
-      e.nbytes = param.nbytes;
-      e.byte_offset = a.empty() ? 0 : static_cast<std::uint64_t>(param.data - a.data());
-      e.dtype = param.dtype;
-      e.shape = param.shape;
-      e.strides = param.strides;
-      out.push_back(std::move(e));
-    }
-  }
-  return out;
-}
-
 std::string rank_name(const LoadedModel::State& state, std::size_t local_rank,
                       const std::string& param) {
   return param + " (tp rank " + std::to_string(state.ranks.at(local_rank).tp_rank) + ")";
-}
-
-// The manifest entries that differ from `before`, each with what changed.
-std::vector<std::string> manifest_changes(const std::vector<ManifestEntry>& before,
-                                          const LoadedModel::State& state) {
-  const std::vector<ManifestEntry> now = record_manifest(state);
-  std::vector<std::string> out;
-  if (now.size() != before.size()) {
-    out.push_back("the parameter list (" + std::to_string(before.size()) + " entries, now " +
-                  std::to_string(now.size()) + ")");
-    return out;
-  }
-  for (std::size_t i = 0; i < now.size(); ++i) {
-    const ManifestEntry& a = before[i];
-    const ManifestEntry& b = now[i];
-    std::vector<std::string> what;
-    if (a.name != b.name || a.local_rank != b.local_rank) {
-      what.push_back("name (now " + b.name + ")");
-    }
-    if (a.data != b.data || a.nbytes != b.nbytes) {
-      what.push_back("pointer");
-    }
-    if (a.byte_offset != b.byte_offset) {
-      what.push_back("offset");
-    }
-    if (a.shape != b.shape) {
-      what.push_back("shape");
-    }
-    if (a.strides != b.strides) {
-      what.push_back("strides");
-    }
-    if (a.dtype != b.dtype) {
-      what.push_back("dtype");
-    }
-    if (a.device != b.device) {
-      what.push_back("device");
-    }
-    if (!what.empty()) {
-      std::string changed;
-      for (const std::string& x : what) {
-        changed += (changed.empty() ? "" : ", ") + x;
-      }
-      out.push_back(rank_name(state, a.local_rank, a.name) + ": " + changed);
-    }
-  }
-  return out;
 }
 
 // The sentinel as Stream::match_pattern compares it: the element's bytes as the
@@ -233,6 +151,85 @@ std::vector<std::string> sentinel_params(std::vector<SentinelCheck>& checks,
 }
 }  // namespace
 
+io::FileIdentity identity_now(const io::CheckpointFile& f) {
+  if (f.file) {
+    return f.file->current_identity();
+  }
+  struct stat st {};
+  if (::stat(f.path.c_str(), &st) != 0) {
+    throw Error(Stage::kRead, f.name, "", std::string("stat: ") + errno_text(errno));
+  }
+  return io::identity_of(&st);
+}
+
+std::vector<ManifestEntry> record_manifest(const LoadedModel::State& state) {
+  std::vector<ManifestEntry> out;
+  for (std::size_t r = 0; r < state.ranks.size(); ++r) {
+    const LoadedRank& rank = state.ranks[r];
+    for (std::size_t p = 0; p < rank.params.size(); ++p) {
+      const LoadedParam& param = rank.params[p];
+      const gpu::DeviceAllocation& a = state.storage[r][p];
+      ManifestEntry e;
+      e.local_rank = r;
+      e.name = param.name;
+      e.device = rank.device;
+      e.data = param.data;
+      e.nbytes = param.nbytes;
+      e.byte_offset = a.empty() ? 0 : static_cast<std::uint64_t>(param.data - a.data());
+      e.dtype = param.dtype;
+      e.shape = param.shape;
+      e.strides = param.strides;
+      out.push_back(std::move(e));
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> manifest_changes(const std::vector<ManifestEntry>& before,
+                                          const LoadedModel::State& state) {
+  const std::vector<ManifestEntry> now = record_manifest(state);
+  std::vector<std::string> out;
+  if (now.size() != before.size()) {
+    out.push_back("the parameter list (" + std::to_string(before.size()) + " entries, now " +
+                  std::to_string(now.size()) + ")");
+    return out;
+  }
+  for (std::size_t i = 0; i < now.size(); ++i) {
+    const ManifestEntry& a = before[i];
+    const ManifestEntry& b = now[i];
+    std::vector<std::string> what;
+    if (a.name != b.name || a.local_rank != b.local_rank) {
+      what.push_back("name (now " + b.name + ")");
+    }
+    if (a.data != b.data || a.nbytes != b.nbytes) {
+      what.push_back("pointer");
+    }
+    if (a.byte_offset != b.byte_offset) {
+      what.push_back("offset");
+    }
+    if (a.shape != b.shape) {
+      what.push_back("shape");
+    }
+    if (a.strides != b.strides) {
+      what.push_back("strides");
+    }
+    if (a.dtype != b.dtype) {
+      what.push_back("dtype");
+    }
+    if (a.device != b.device) {
+      what.push_back("device");
+    }
+    if (!what.empty()) {
+      std::string changed;
+      for (const std::string& x : what) {
+        changed += (changed.empty() ? "" : ", ") + x;
+      }
+      out.push_back(rank_name(state, a.local_rank, a.name) + ": " + changed);
+    }
+  }
+  return out;
+}
+
 std::vector<StartupRefusal> Runtime::Impl::overlap_refusals(const LoadWork& w) const {
   std::vector<StartupRefusal> out;
   if (config.model.load_format == io::LoadFormat::kDummy) {
@@ -321,7 +318,7 @@ void Runtime::Impl::fill_sentinel(LoadWork& w, LoadHandle::State& handle) {
 
 LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
   TraceOnExit trace{*this, w};
-  resolve_and_plan(w, handle);
+  resolve_and_plan(w, handle, config);
   make_devices(w);
   LoadReport& report = w.report;
   // ---- admission: decided before anything is allocated
@@ -456,6 +453,7 @@ LoadResult Runtime::Impl::commit(LoadWork& w, LoadHandle::State& handle) {
   w.state->report = report;
   LoadResult result;
   result.model = w.loaded;
+  record_origin(w, result.model);
   return result;
 }
 

@@ -162,8 +162,25 @@ struct FERRY_API LoadReport {
   std::vector<std::string> hooks_skipped;
   // Which path ran: "load" (start()/load()), "serial" or "overlap" (prepare() and
   // commit(), after admission); the refusals that made auto run serially.
+  // "update" for an update's report (Runtime::update).
   std::string startup_mode = "load";
   std::vector<StartupRefusal> startup_refusals;
+  // Runtime::update only (`ran` false otherwise): what it wrote and how it could have
+  // been undone.
+  struct Update {
+    bool ran = false;
+    std::string source;              // the folder read, or "tensors" (in memory)
+    std::size_t params_written = 0;  // over the local ranks, hook outputs included
+    std::size_t params_unchanged = 0;
+    std::uint64_t bytes_written = 0;  // the written params' bytes
+    std::vector<std::string> hooks_rerun;
+    // How a failure would have been undone: "snapshot" (the written params copied to
+    // host memory first, within update.rollback_bytes), "reread" (the old source
+    // read again: its files' stamps were unchanged) or "none" (neither: a failure
+    // marks the model invalid).
+    std::string rollback = "none";
+    std::uint64_t snapshot_bytes = 0;
+  } update;
   struct Startup {                       // prepare()/commit() only
     double prepare = 0;                  // prepare() called .. prepared
     double sentinel = 0;                 // of it: sentinel fill, hooks on it, manifest
@@ -228,8 +245,14 @@ class FERRY_API LoadedModel : public std::enable_shared_from_this<LoadedModel> {
   // Both this and dump() fail on devices that keep no data (null devices).
   std::vector<std::byte> read_param(std::size_t rank_index, const std::string& name) const;
   // Writes DIR/rank-<tp rank>.safetensors per local rank: every parameter in its
-  // logical shape, contiguous, names as keys. Creates DIR when missing.
+  // logical shape, contiguous, names as keys. Creates DIR when missing. Refused for
+  // an invalid model.
   void dump(const std::string& dir) const;
+  // False once an update failed and the old weights could not be restored: the
+  // parameters then hold a mix of old and new bytes, and invalid_reason() says what
+  // happened. An update that writes every parameter makes the model valid again.
+  bool valid() const;
+  std::string invalid_reason() const;
 
  private:
   std::shared_ptr<State> state_;
@@ -332,10 +355,43 @@ class FERRY_API Allocator {
 };
 
 // Where a Runtime is. start(): created -> loading -> ready. prepare()/commit():
-// created -> preparing -> prepared -> committing -> ready. Anything can end in
-// failed; start() or prepare() leaves ready or failed for a new load.
-enum class RuntimeState { kCreated, kLoading, kPreparing, kPrepared, kCommitting, kReady, kFailed };
+// created -> preparing -> prepared -> committing -> ready. update(): ready (or
+// failed, with a model) -> updating -> ready. Anything can end in failed; start() or
+// prepare() leaves ready or failed for a new load.
+enum class RuntimeState {
+  kCreated,
+  kLoading,
+  kPreparing,
+  kPrepared,
+  kCommitting,
+  kReady,
+  kFailed,
+  kUpdating
+};
 FERRY_API std::string_view to_string(RuntimeState state);
+
+// One tensor of an in-memory update: a checkpoint's name (the whole tensor, as the
+// checkpoint stores it; ferry shards it by its rules) and its bytes, contiguous and
+// row-major, borrowed for the call. ferry/dlpack.hpp makes one from a DLPack tensor.
+struct UpdateTensor {
+  std::string name;
+  DType dtype = DType::kBF16;
+  std::vector<std::uint64_t> shape;
+  const std::byte* data = nullptr;
+  // Where `data` lives: "host" (host memory), or the name of one of the model's
+  // devices ("cuda:1"), read back through it.
+  std::string device = "host";
+};
+
+// What Runtime::update writes into the loaded model: a checkpoint folder (SGLang's
+// update_weights_from_disk), or named tensors in memory (update_weights_from_tensor),
+// exactly one of the two; `names`, when not empty, keeps only the source's tensors
+// whose name matches one of these shell globs (fnmatch: `*`, `?`, `[...]`).
+struct UpdateSource {
+  std::string folder;
+  std::vector<UpdateTensor> tensors;
+  std::vector<std::string> names;
+};
 
 class FERRY_API Runtime {
  public:
@@ -355,6 +411,23 @@ class FERRY_API Runtime {
   LoadHandle start(LoadCallbacks callbacks = {});
   // start().wait(). Never throws.
   LoadResult load();
+  // Writes new weights into the storage of the model this Runtime loaded last (by
+  // load()/start() or commit(); it must still be held): every address stays as it
+  // was, so CUDA graphs captured against it stay valid. The source is read, placed,
+  // sharded and post-processed as the load was, into the parameters its tensors
+  // feed (and the hooks those feed); every other parameter keeps its bytes.
+  // Before a byte is written, the source's names, shapes, dtypes, the coverage of
+  // every parameter it touches and its files' stamps are checked; a source that
+  // does not fit is refused naming the tensor. A failure while writing restores the
+  // old weights (LoadReport::Update::rollback says how) or, when that is not
+  // possible, marks the model invalid (LoadedModel::valid()); the error says which
+  // happened. The result's model is the same model, whose report() is now the
+  // update's. Refused (Stage::kConfig, "update refused: <code>: ...") while a load
+  // runs ("running"), while a prepare() waits for commit() ("prepared"), with no
+  // model held ("no_model"), a source that names no folder or tensors, or both
+  // ("source"), and devices that keep no data ("backend"). Never throws.
+  LoadHandle start_update(UpdateSource source, LoadCallbacks callbacks = {});
+  LoadResult update(UpdateSource source);
   // Capture-safe startup, step 1 (see the top of this file): returns at once; the
   // handle's result is the prepared model, whose storage then stays where it is.
   // Same rules as start() for a load already running; also refused while a

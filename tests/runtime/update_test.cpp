@@ -1,0 +1,500 @@
+// Runtime::update (issue 34, section 2): new weights written into the storage of a
+// loaded model. An update from checkpoint B of a model loaded from A must leave
+// exactly what a fresh load of B leaves, at the same addresses, over the issue's
+// matrix of families and layouts; from tensors in memory too, and with a names
+// filter only the params those tensors feed (and the hooks those feed). Then what
+// is refused before a byte is written, and what a failure while writing leaves:
+// the old weights from a snapshot, from the old source read again, or a model that
+// says it is invalid.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/metrics.hpp"
+#include "ferry/runtime.hpp"
+#include "io/safetensors.hpp"
+#include "runtime/api_internal.hpp"
+#include "runtime/runtime_test_util.hpp"
+#include "runtime/test_seams.hpp"
+#include "synth/synth.hpp"
+#include "testing/temp_dir.hpp"
+
+namespace ferry::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::expect_same_model;
+using ::testing::HasSubstr;
+using testing::make_config;
+using testing::param_bytes;
+using testing::synth_checkpoint;
+using testing::TempDir;
+
+using Sets = std::vector<std::string>;
+
+Sets with(Sets sets, const Sets& more) {
+  sets.insert(sets.end(), more.begin(), more.end());
+  return sets;
+}
+
+LoadResult fresh(const std::string& path, const Sets& sets) {
+  Runtime rt(to_config(make_config(path, sets)));
+  return rt.load();
+}
+
+// Every parameter's address, by local rank and name.
+std::map<std::string, const std::byte*> addresses(const LoadedModel& m) {
+  std::map<std::string, const std::byte*> out;
+  for (std::size_t r = 0; r < m.ranks().size(); ++r) {
+    for (const LoadedParam& p : m.ranks()[r].params) {
+      out[std::to_string(r) + "/" + p.name] = p.data;
+    }
+  }
+  return out;
+}
+
+// A checkpoint of `family` with values from `seed` (fp8: DeepSeek-V3 in 8 x 8 blocks).
+std::string checkpoint(const TempDir& dir, const std::string& name, const std::string& family,
+                       std::uint64_t seed) {
+  if (family == "deepseek_v3_fp8") {
+    synth::SynthOptions o;
+    o.family = "deepseek_v3";
+    o.preset = "tiny";
+    o.out = dir.file(name);
+    o.seed = seed;
+    o.quant = synth::SynthQuant::kFp8Block;
+    o.quant_block = 8;
+    o.fsync = false;
+    synth::synthesize(o);
+    return o.out;
+  }
+  return synth_checkpoint(dir.file(name), family, false, seed).dir;
+}
+
+// Every tensor of a checkpoint folder, read into memory.
+struct HostTensors {
+  std::vector<std::vector<std::byte>> bytes;
+  std::vector<UpdateTensor> tensors;
+};
+HostTensors read_tensors(const std::string& folder) {
+  HostTensors out;
+  std::vector<io::TensorInfo> infos;
+  std::vector<std::string> paths;
+  for (const auto& e : fs::directory_iterator(folder)) {
+    if (e.path().extension() == ".safetensors") {
+      for (const io::TensorInfo& t :
+           io::read_safetensors_header(e.path().string(), e.path().string()).tensors) {
+        infos.push_back(t);
+        paths.push_back(e.path().string());
+      }
+    }
+  }
+  out.bytes.resize(infos.size());
+  for (std::size_t i = 0; i < infos.size(); ++i) {
+    std::ifstream in(paths[i], std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(infos[i].offset));
+    out.bytes[i].resize(infos[i].nbytes);
+    in.read(reinterpret_cast<char*>(out.bytes[i].data()),
+            static_cast<std::streamsize>(infos[i].nbytes));
+    out.tensors.push_back(
+        {infos[i].name, infos[i].dtype, infos[i].shape, out.bytes[i].data(), "host"});
+  }
+  return out;
+}
+
+struct Case {
+  const char* family;
+  Sets sets;
+};
+
+class UpdateMatrix : public ::testing::TestWithParam<Case> {};
+
+TEST_P(UpdateMatrix, AnUpdateLeavesWhatAFreshLoadOfTheNewCheckpointLeavesAtTheSameAddresses) {
+  TempDir dir;
+  const Case& c = GetParam();
+  const std::string a = checkpoint(dir, "a", c.family, 1);
+  const std::string b = checkpoint(dir, "b", c.family, 2);
+  const Sets sets = with(c.sets, {"prefetch.enabled=false"});
+  int pp = 1;
+  for (const std::string& s : sets) {
+    if (s.rfind("parallel.pp=", 0) == 0) {
+      pp = std::stoi(s.substr(12));
+    }
+  }
+  for (int stage = 0; stage < pp; ++stage) {
+    SCOPED_TRACE("pipeline stage " + std::to_string(stage));
+    const Sets staged = with(sets, {"parallel.pp_rank=" + std::to_string(stage)});
+    Runtime rt(to_config(make_config(a, staged)));
+    const LoadResult loaded = rt.load();
+    ASSERT_TRUE(loaded) << loaded.error->message;
+    const auto before = addresses(*loaded.model);
+    const LoadResult updated = rt.update({b, {}, {}});
+    ASSERT_TRUE(updated) << updated.error->message;
+    EXPECT_EQ(updated.model, loaded.model);
+    EXPECT_EQ(addresses(*loaded.model), before);
+    EXPECT_TRUE(loaded.model->valid());
+    const LoadReport& report = loaded.model->report();
+    EXPECT_EQ(report.startup_mode, "update");
+    EXPECT_TRUE(report.update.ran);
+    EXPECT_EQ(report.update.source, b);
+    EXPECT_EQ(report.update.rollback, "snapshot");
+    EXPECT_EQ(report.update.params_unchanged, 0u);
+    EXPECT_GT(report.update.params_written, 0u);
+    EXPECT_EQ(rt.state(), RuntimeState::kReady);
+    const LoadResult want = fresh(b, staged);
+    ASSERT_TRUE(want) << want.error->message;
+    expect_same_model(*want.model, *loaded.model);
+
+    // And back to A from memory: the same as a fresh load of A.
+    HostTensors host = read_tensors(a);
+    const LoadResult back = rt.update({"", host.tensors, {}});
+    ASSERT_TRUE(back) << back.error->message;
+    EXPECT_EQ(loaded.model->report().update.source, "tensors");
+    EXPECT_EQ(addresses(*loaded.model), before);
+    const LoadResult was = fresh(a, staged);
+    ASSERT_TRUE(was) << was.error->message;
+    expect_same_model(*was.model, *loaded.model);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Matrix, UpdateMatrix,
+    ::testing::Values(Case{"llama", {"parallel.tp=1"}}, Case{"llama", {"parallel.tp=2"}},
+                      Case{"llama", {"parallel.tp=4"}},
+                      Case{"llama", {"parallel.tp=2", "parallel.pp=2"}},
+                      Case{"qwen3_moe", {"parallel.tp=2", "parallel.ep=2"}},
+                      Case{"deepseek_v3", {"parallel.tp=2", "parallel.ep=2"}},
+                      Case{"deepseek_v3", {"parallel.tp=4", "parallel.attn_dp=2"}},
+                      Case{"deepseek_v3_fp8", {"parallel.tp=2"}},
+                      Case{"deepseek_v3_fp8", {"parallel.tp=4", "parallel.attn_dp=2"}},
+                      Case{"gemma2", {"parallel.tp=2"}}),
+    [](const ::testing::TestParamInfo<Case>& case_info) {
+      std::string name = case_info.param.family;
+      for (const std::string& s : case_info.param.sets) {
+        name += "_" + s.substr(s.find('.') + 1);
+      }
+      for (char& ch : name) {
+        if (!std::isalnum(static_cast<unsigned char>(ch))) {
+          ch = '_';
+        }
+      }
+      return name;
+    });
+
+// Params of `m` whose bytes equal those of `other`, and those that differ.
+std::pair<std::vector<std::string>, std::vector<std::string>> same_and_different(
+    const LoadedModel& m, const LoadedModel& other) {
+  const auto x = param_bytes(m);
+  const auto y = param_bytes(other);
+  std::vector<std::string> same, different;
+  for (const auto& [name, bytes] : x) {
+    (y.at(name) == bytes ? same : different).push_back(name);
+  }
+  return {same, different};
+}
+
+TEST(Update, ANamesFilterWritesOnlyTheParamsItsTensorsFeedAndTheHooksThoseFeed) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "deepseek_v3", 1);
+  const std::string b = checkpoint(dir, "b", "deepseek_v3", 2);
+  const Sets sets = {"parallel.tp=2", "prefetch.enabled=false"};
+  Runtime rt(to_config(make_config(a, sets)));
+  const LoadResult loaded = rt.load();
+  ASSERT_TRUE(loaded) << loaded.error->message;
+  const LoadResult updated = rt.update({b, {}, {"model.layers.0.self_attn.kv_b_proj.*"}});
+  ASSERT_TRUE(updated) << updated.error->message;
+  const LoadReport::Update& up = loaded.model->report().update;
+  EXPECT_GT(up.params_unchanged, 0u);
+  EXPECT_THAT(up.hooks_rerun, ::testing::Not(::testing::IsEmpty()));
+  const LoadResult want_b = fresh(b, sets);
+  ASSERT_TRUE(want_b);
+  const auto [same_b, different_b] = same_and_different(*loaded.model, *want_b.model);
+  // kv_b_proj and the w_kc / w_vc the MLA hook splits from it, on both ranks: B's.
+  std::vector<std::string> expect_b;
+  for (const char* r : {"0/", "1/"}) {
+    for (const char* p : {"kv_b_proj.weight", "w_kc", "w_vc"}) {
+      expect_b.push_back(std::string(r) + "model.layers.0.self_attn." + p);
+    }
+  }
+  for (const std::string& name : expect_b) {
+    EXPECT_THAT(same_b, ::testing::Contains(name));
+  }
+  // Everything else: A's.
+  const LoadResult want_a = fresh(a, sets);
+  ASSERT_TRUE(want_a);
+  const auto [same_a, different_a] = same_and_different(*loaded.model, *want_a.model);
+  EXPECT_THAT(different_a, ::testing::UnorderedElementsAreArray(expect_b));
+}
+
+TEST(Update, APartOfAFusedParamIsRefusedBeforeAByteIsWritten) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "llama", 1);
+  const std::string b = checkpoint(dir, "b", "llama", 2);
+  const Sets sets = {"parallel.tp=2"};
+  Runtime rt(to_config(make_config(a, sets)));
+  const LoadResult loaded = rt.load();
+  ASSERT_TRUE(loaded);
+  const auto bytes = param_bytes(*loaded.model);
+  const LoadResult r = rt.update({b, {}, {"model.layers.0.self_attn.q_proj.weight"}});
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.error->message, HasSubstr("update refused"));
+  EXPECT_EQ(r.error->tensor, "model.layers.0.self_attn.qkv_proj.weight");
+  EXPECT_THAT(r.error->message, HasSubstr("give every checkpoint tensor"));
+  EXPECT_EQ(param_bytes(*loaded.model), bytes);
+  EXPECT_TRUE(loaded.model->valid());
+  // The runtime takes the next update.
+  const LoadResult whole = rt.update({b, {}, {"model.layers.0.self_attn.*_proj.weight"}});
+  EXPECT_TRUE(whole) << whole.error->message;
+}
+
+TEST(Update, TensorsThatDoNotFitAreRefusedNamingTheTensor) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "llama", 1);
+  Runtime rt(to_config(make_config(a, {"parallel.tp=2"})));
+  const LoadResult loaded = rt.load();
+  ASSERT_TRUE(loaded);
+  const auto bytes = param_bytes(*loaded.model);
+  HostTensors host = read_tensors(a);
+  auto find = [&](const std::string& name) -> UpdateTensor& {
+    for (UpdateTensor& t : host.tensors) {
+      if (t.name == name) {
+        return t;
+      }
+    }
+    throw std::runtime_error(name);
+  };
+  const std::string norm = "model.layers.0.input_layernorm.weight";
+  {
+    std::vector<UpdateTensor> one = {find(norm)};
+    one[0].name = "model.layers.0.no_such.weight";
+    const LoadResult r = rt.update({"", one, {}});
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error->tensor, "model.layers.0.no_such.weight");
+    EXPECT_THAT(r.error->message, HasSubstr("map to no parameter"));
+  }
+  {
+    std::vector<UpdateTensor> one = {find(norm)};
+    one[0].shape = {one[0].shape[0] / 2};
+    const LoadResult r = rt.update({"", one, {}});
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error->tensor, norm);
+    EXPECT_EQ(r.error->stage, Stage::kPlacement);
+  }
+  {
+    std::vector<UpdateTensor> two = {find(norm), find(norm)};
+    const LoadResult r = rt.update({"", two, {}});
+    ASSERT_FALSE(r);
+    EXPECT_THAT(r.error->message, HasSubstr("given twice"));
+  }
+  {
+    std::vector<UpdateTensor> one = {find(norm)};
+    one[0].device = "cuda:7";
+    const LoadResult r = rt.update({"", one, {}});
+    ASSERT_FALSE(r);
+    EXPECT_THAT(r.error->message, HasSubstr("neither host memory"));
+  }
+  {
+    const LoadResult r = rt.update({a, host.tensors, {}});
+    ASSERT_FALSE(r);
+    EXPECT_THAT(r.error->message, HasSubstr("update refused: source"));
+  }
+  {
+    const LoadResult r = rt.update({a, {}, {"nothing.matches.*"}});
+    ASSERT_FALSE(r);
+    EXPECT_THAT(r.error->message, HasSubstr("write no parameter"));
+  }
+  {
+    // Another model: a layout of another family is refused param by param.
+    const std::string other = checkpoint(dir, "other", "qwen2", 1);
+    const LoadResult r = rt.update({other, {}, {}});
+    ASSERT_FALSE(r);
+    EXPECT_THAT(r.error->message, HasSubstr("update refused"));
+  }
+  EXPECT_EQ(param_bytes(*loaded.model), bytes);
+  EXPECT_TRUE(loaded.model->valid());
+}
+
+TEST(Update, IsRefusedWithoutAModelAndWhileAPrepareWaitsForCommit) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "llama", 1);
+  {
+    Runtime rt(to_config(make_config(a, {})));
+    const LoadResult r = rt.update({a, {}, {}});
+    ASSERT_FALSE(r);
+    EXPECT_THAT(r.error->message, HasSubstr("update refused: no_model"));
+  }
+  {
+    Runtime rt(to_config(make_config(a, {})));
+    const LoadResult loaded = rt.load();
+    ASSERT_TRUE(loaded);
+    const LoadResult prepared = rt.prepare().wait();
+    ASSERT_TRUE(prepared) << prepared.error->message;
+    const LoadResult r = rt.update({a, {}, {}});
+    ASSERT_FALSE(r);
+    EXPECT_THAT(r.error->message, HasSubstr("update refused: prepared"));
+    ASSERT_TRUE(rt.commit().wait());
+    // The committed model is the one updated now.
+    const LoadResult u = rt.update({a, {}, {}});
+    ASSERT_TRUE(u) << u.error->message;
+    EXPECT_EQ(u.model, prepared.model);
+  }
+  {
+    Runtime rt(to_config(make_config(a, {})));
+    ASSERT_TRUE(rt.load());  // the result is dropped: nothing is held
+    const LoadResult r = rt.update({a, {}, {}});
+    ASSERT_FALSE(r);
+    EXPECT_THAT(r.error->message, HasSubstr("no_model"));
+  }
+  {
+    Runtime rt(to_config(make_config(a, {"devices=null"})));
+    const LoadResult loaded = rt.load();
+    ASSERT_TRUE(loaded);
+    const LoadResult r = rt.update({a, {}, {}});
+    ASSERT_FALSE(r);
+    EXPECT_THAT(r.error->message, HasSubstr("update refused: backend"));
+  }
+}
+
+// A runtime whose next copy into layer 1 fails once `armed` is set (once: a
+// re-read of the old source then succeeds).
+struct Failing {
+  std::shared_ptr<std::atomic<bool>> armed = std::make_shared<std::atomic<bool>>(false);
+  RuntimeTestSeams seams() const {
+    RuntimeTestSeams s;
+    s.before_copy = [armed = armed](std::size_t, const std::string& param) {
+      if (param.find("layers.1.") != std::string::npos && armed->exchange(false)) {
+        throw std::runtime_error("injected copy failure");
+      }
+    };
+    return s;
+  }
+};
+
+TEST(Update, AFailureWhileWritingRestoresTheOldWeightsFromASnapshot) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "llama", 1);
+  const std::string b = checkpoint(dir, "b", "llama", 2);
+  Failing f;
+  Runtime rt = make_runtime(to_config(make_config(a, {"parallel.tp=2"})), f.seams());
+  const LoadResult loaded = rt.load();
+  ASSERT_TRUE(loaded);
+  const auto bytes = param_bytes(*loaded.model);
+  f.armed->store(true);
+  const LoadResult r = rt.update({b, {}, {}});
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.error->message, HasSubstr("injected copy failure"));
+  EXPECT_THAT(r.error->message, HasSubstr("restored from a snapshot"));
+  EXPECT_TRUE(loaded.model->valid());
+  EXPECT_EQ(param_bytes(*loaded.model), bytes);
+  EXPECT_TRUE(rt.update({b, {}, {}}));
+}
+
+TEST(Update, PastRollbackBytesTheOldSourceIsReadAgain) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "deepseek_v3", 1);
+  const std::string b = checkpoint(dir, "b", "deepseek_v3", 2);
+  Failing f;
+  Runtime rt = make_runtime(to_config(make_config(a, {"parallel.tp=2", "update.rollback_bytes=0"})),
+                            f.seams());
+  const LoadResult loaded = rt.load();
+  ASSERT_TRUE(loaded);
+  const auto bytes = param_bytes(*loaded.model);
+  f.armed->store(true);
+  const LoadResult r = rt.update({b, {}, {}});
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.error->message, HasSubstr("read again from " + a));
+  EXPECT_TRUE(loaded.model->valid());
+  EXPECT_EQ(param_bytes(*loaded.model), bytes);
+  const LoadResult ok = rt.update({b, {}, {}});
+  ASSERT_TRUE(ok) << ok.error->message;
+  EXPECT_EQ(loaded.model->report().update.rollback, "reread");
+  EXPECT_EQ(loaded.model->report().update.snapshot_bytes, 0u);
+}
+
+TEST(Update, WithNeitherASnapshotNorAnUnchangedOldSourceAFailureMarksTheModelInvalid) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "llama", 1);
+  const std::string b = checkpoint(dir, "b", "llama", 2);
+  Failing f;
+  Runtime rt = make_runtime(to_config(make_config(a, {"parallel.tp=2", "update.rollback_bytes=0"})),
+                            f.seams());
+  const LoadResult loaded = rt.load();
+  ASSERT_TRUE(loaded);
+  // The old source changes after the load: it can no longer give the old weights.
+  for (const auto& e : fs::directory_iterator(a)) {
+    if (e.path().extension() == ".safetensors") {
+      std::ofstream(e.path(), std::ios::app) << "x";
+    }
+  }
+  f.armed->store(true);
+  const LoadResult r = rt.update({b, {}, {}});
+  ASSERT_FALSE(r);
+  EXPECT_THAT(r.error->message, HasSubstr("the model is invalid"));
+  EXPECT_FALSE(loaded.model->valid());
+  EXPECT_THAT(loaded.model->invalid_reason(), HasSubstr("could not be undone"));
+  EXPECT_EQ(rt.state(), RuntimeState::kFailed);
+  EXPECT_THROW(loaded.model->dump(dir.file("dump")), Error);
+  // An update that writes every param makes it valid again.
+  const LoadResult ok = rt.update({b, {}, {}});
+  ASSERT_TRUE(ok) << ok.error->message;
+  EXPECT_TRUE(loaded.model->valid());
+  const LoadResult want = fresh(b, {"parallel.tp=2"});
+  ASSERT_TRUE(want);
+  expect_same_model(*want.model, *loaded.model);
+}
+
+TEST(Update, ACancelWhileWritingRestoresTheOldWeights) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "llama", 1);
+  const std::string b = checkpoint(dir, "b", "llama", 2);
+  auto runtime = std::make_shared<Runtime*>(nullptr);
+  auto armed = std::make_shared<std::atomic<bool>>(false);
+  RuntimeTestSeams seams;
+  seams.before_copy = [runtime, armed](std::size_t, const std::string&) {
+    if (armed->exchange(false)) {
+      (*runtime)->cancel();
+    }
+  };
+  // Small windows: the pipeline sees the cancel before the last one.
+  Runtime rt =
+      make_runtime(to_config(make_config(a, {"parallel.tp=2", "io.chunk_bytes=4096"})), seams);
+  *runtime = &rt;
+  const LoadResult loaded = rt.load();
+  ASSERT_TRUE(loaded);
+  const auto bytes = param_bytes(*loaded.model);
+  armed->store(true);
+  const LoadResult r = rt.update({b, {}, {}});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error->stage, Stage::kCancelled);
+  EXPECT_THAT(r.error->message, HasSubstr("restored from a snapshot"));
+  EXPECT_EQ(param_bytes(*loaded.model), bytes);
+}
+
+TEST(Update, TheMetricsCountUpdatesByOutcome) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "llama", 1);
+  const std::string b = checkpoint(dir, "b", "llama", 2);
+  const std::string textfile = dir.file("metrics.prom");
+  Runtime rt(to_config(make_config(a, {"metrics.textfile=" + textfile})));
+  const LoadResult loaded = rt.load();
+  ASSERT_TRUE(loaded);
+  ASSERT_TRUE(rt.update({b, {}, {}}));
+  ASSERT_FALSE(rt.update({b, {}, {"nothing.*"}}));
+  std::ifstream in(textfile);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("ferry_updates_total{outcome=\"applied\"} 1"));
+  EXPECT_THAT(text, HasSubstr("ferry_updates_total{outcome=\"refused\"} 1"));
+  EXPECT_THAT(text, HasSubstr("ferry_update_bytes_total " +
+                              std::to_string(loaded.model->report().update.bytes_written)));
+}
+
+}  // namespace
+}  // namespace ferry::runtime
