@@ -344,7 +344,12 @@ PYBIND11_MODULE(_ferry, m) {
                                return out;
                              })
       .def_property_readonly("report_json",
-                             [](const Model& mo) { return mo.model->report().json(-1); });
+                             [](const Model& mo) { return mo.model->report().json(-1); })
+      .def_property_readonly(
+          "valid", [](const Model& mo) { return mo.model->valid(); },
+          "False once an update failed and could not be undone")
+      .def_property_readonly("invalid_reason",
+                             [](const Model& mo) { return mo.model->invalid_reason(); });
 
   py::class_<PyLoadHandle>(m, "LoadHandle")
       .def(
@@ -408,6 +413,61 @@ PYBIND11_MODULE(_ferry, m) {
             return result_or_raise(r, failure);
           },
           py::arg("on_progress") = py::none(), py::arg("on_layer_ready") = py::none())
+      .def(
+          "update",
+          [](PyRuntime& p, const py::object& source,
+             std::optional<std::vector<std::string>> names) {
+            UpdateSource s;
+            std::vector<py::object> capsules;  // keep the tensors' bytes alive for the call
+            if (py::isinstance<py::dict>(source)) {
+              for (auto [k, v] : source.cast<py::dict>()) {
+                const std::string name = py::str(k);
+                py::object tensor = py::reinterpret_borrow<py::object>(v);
+                std::optional<ferry::DType> dtype;
+                if (py::isinstance<py::tuple>(v)) {
+                  py::tuple pair = v.cast<py::tuple>();
+                  if (pair.size() != 2) {
+                    throw py::value_error("update: '" + name +
+                                          "': a tensor, or (tensor, checkpoint dtype name)");
+                  }
+                  tensor = pair[0];
+                  const std::string dtype_text = py::str(pair[1]);
+                  dtype = ferry::parse_dtype(dtype_text);
+                  if (!dtype) {
+                    throw py::value_error("update: '" + name + "': unknown dtype '" + dtype_text +
+                                          "' (a safetensors name such as F8_E4M3)");
+                  }
+                }
+                if (!py::hasattr(tensor, "__dlpack__")) {
+                  throw py::type_error("update: '" + name +
+                                       "' is not a DLPack tensor (torch or numpy)");
+                }
+                py::object capsule = tensor.attr("__dlpack__")();
+                auto* managed =
+                    static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), "dltensor"));
+                if (managed == nullptr) {
+                  throw py::error_already_set();
+                }
+                capsules.push_back(std::move(capsule));
+                s.tensors.push_back(update_tensor(name, managed->dl_tensor, dtype));
+              }
+            } else {
+              s.folder = py::str(py::module_::import("os").attr("fspath")(source));
+            }
+            if (names) {
+              s.names = std::move(*names);
+            }
+            LoadResult r;
+            {
+              py::gil_scoped_release nogil;
+              r = p.rt->update(std::move(s));
+            }
+            return result_or_raise(r, make_failure());
+          },
+          py::arg("source"), py::arg("names") = py::none(),
+          "writes new weights into the loaded model in place, from a checkpoint folder or a "
+          "dict of name -> tensor (DLPack; FP8 as (uint8 tensor, 'F8_E4M3')); `names`: shell "
+          "globs of the tensors to use. Returns the same model; raises ferry.Error")
       .def(
           "cancel", [](PyRuntime& p) { p.rt->cancel(); }, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly(

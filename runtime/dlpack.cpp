@@ -140,4 +140,63 @@ DLManagedTensor* to_dlpack(const ParamView& view) {
   return &ctx.release()->tensor;
 }
 
+UpdateTensor update_tensor(std::string name, const DLTensor& tensor, std::optional<DType> dtype) {
+  auto bad = [&](const std::string& rule) {
+    throw Error(Stage::kConfig, "", name, "DLPack import for an update: " + rule);
+  };
+  const DLDataType t = tensor.dtype;
+  if (t.lanes != 1) {
+    bad("vector dtypes (lanes " + std::to_string(t.lanes) + ") are not a checkpoint dtype");
+  }
+  std::optional<DType> have;
+  for (DType d : {DType::kU8, DType::kI8, DType::kU16, DType::kI16, DType::kU32, DType::kI32,
+                  DType::kU64, DType::kI64, DType::kF16, DType::kBF16, DType::kF32, DType::kF64}) {
+    const DLDataType x = dl_dtype(d);
+    if (x.code == t.code && x.bits == t.bits) {
+      have = d;
+    }
+  }
+  if (!have) {
+    bad("DLPack dtype code " + std::to_string(t.code) + " of " + std::to_string(t.bits) +
+        " bits is not one ferry reads");
+  }
+  if (dtype && dtype_size(*dtype) != dtype_size(*have)) {
+    bad(std::string("the given dtype ") + std::string(dtype_name(*dtype)) +
+        " has another element size than the tensor's " + std::string(dtype_name(*have)));
+  }
+  if (tensor.ndim < 0) {
+    bad("a negative number of dimensions");
+  }
+  UpdateTensor out;
+  out.name = std::move(name);
+  out.dtype = dtype.value_or(*have);
+  std::int64_t expect = 1;
+  for (int d = tensor.ndim; d-- > 0;) {
+    if (tensor.shape[d] < 0) {
+      bad("a negative dimension");
+    }
+    if (tensor.strides != nullptr && tensor.shape[d] != 1 && tensor.strides[d] != expect) {
+      bad("the tensor is not row-major contiguous (make it .contiguous() first)");
+    }
+    expect *= tensor.shape[d];
+  }
+  for (int d = 0; d < tensor.ndim; ++d) {
+    out.shape.push_back(static_cast<std::uint64_t>(tensor.shape[d]));
+  }
+  out.data = static_cast<const std::byte*>(tensor.data) + tensor.byte_offset;
+  switch (tensor.device.device_type) {
+    case kDLCPU:
+    case kDLCUDAHost:
+      out.device = "host";
+      break;
+    case kDLCUDA:
+      out.device = "cuda:" + std::to_string(tensor.device.device_id);
+      break;
+    default:
+      bad("DLPack device type " + std::to_string(tensor.device.device_type) +
+          " is neither the CPU nor a CUDA device");
+  }
+  return out;
+}
+
 }  // namespace ferry::runtime

@@ -8,6 +8,10 @@
 // way an engine does: prepare(), a stand-in graph capture of `--capture-seconds S`
 // (a sleep), commit(); the report then says which path ran and the time to ready.
 // One mode per process: a benchmark compares separate runs.
+//
+// `--then-update DIR` updates the loaded model in place from DIR after the load
+// (Runtime::update, optionally only `--update-names`'s tensors): the report and the
+// dump are the update's; a failed update says whether the old weights were restored.
 #include <signal.h>
 #include <unistd.h>
 
@@ -79,6 +83,15 @@ int cmd_load(const Args& args) {
           ->check(CLI::Range(0.0, 86400.0));
   bool quiet = false;
   app.add_flag("--quiet", quiet, "no progress on standard error");
+  std::string then_update;
+  app.add_option("--then-update", then_update,
+                 "after the load, update the loaded model in place from this checkpoint folder "
+                 "(Runtime::update); the report and the dump are then the update's")
+      ->check(CLI::ExistingDirectory);
+  std::vector<std::string> update_names;
+  app.add_option("--update-names", update_names,
+                 "with --then-update: only the folder's tensors whose name matches one of these "
+                 "shell globs");
   if (std::optional<int> status = parse_verb(app, args)) {
     return *status;
   }
@@ -87,6 +100,10 @@ int cmd_load(const Args& args) {
     return 2;
   }
   const runtime::LoadConfig& config = *maybe_config;
+  if (!update_names.empty() && then_update.empty()) {
+    std::fprintf(stderr, "ferry load: error: --update-names needs --then-update\n");
+    return 2;
+  }
   const bool startup = app.count("--startup") > 0 || capture->count() > 0 ||
                        config.startup.mode != runtime::StartupMode::kSerial;
 
@@ -102,6 +119,13 @@ int cmd_load(const Args& args) {
   const runtime::LoadCallbacks callbacks = quiet ? runtime::LoadCallbacks{} : progress.callbacks();
   runtime::LoadResult result =
       startup ? boot(rt, capture_seconds, callbacks) : rt.start(callbacks).wait();
+  if (result && !then_update.empty()) {
+    // The loaded model's summary, then the update's.
+    progress.finish();
+    std::fputs(result.model->report().summary().c_str(), stdout);
+    runtime::LoadResult loaded = result;  // held: update() writes the model it keeps
+    result = rt.start_update({then_update, {}, update_names}, callbacks).wait();
+  }
   progress.finish();
   sigaction(SIGINT, &previous, nullptr);
   g_running.store(nullptr);

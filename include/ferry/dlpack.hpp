@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ferry/export.hpp"
@@ -29,5 +30,16 @@ FERRY_API DLManagedTensor* to_dlpack(const std::shared_ptr<LoadedModel>& model,
                                      std::size_t local_rank, const std::string& name);
 // The same for a view (LoadedModel::views()); the tensor holds the view's model.
 FERRY_API DLManagedTensor* to_dlpack(const ParamView& view);
+
+// An in-memory update tensor (Runtime::update) over a DLPack tensor's bytes,
+// borrowed: `tensor` must outlive the update. It must be row-major contiguous (null
+// strides or compact ones), on the CPU (kDLCPU, kDLCUDAHost) or a CUDA device
+// (kDLCUDA, read back through the model's device of that name), of a dtype DLPack
+// 0.6 names (kDLBfloat 16, kDLFloat 16/32/64, kDLInt / kDLUInt 8..64, one lane).
+// `dtype`, when given, is the checkpoint dtype its bytes hold, of the same element
+// size (FP8 tensors as uint8 bytes: DType::kF8E4M3). Throws ferry::Error
+// (Stage::kConfig) naming the tensor for anything else.
+FERRY_API UpdateTensor update_tensor(std::string name, const DLTensor& tensor,
+                                     std::optional<DType> dtype = std::nullopt);
 
 }  // namespace ferry::runtime

@@ -215,6 +215,65 @@ class FerryModule(TinyCheckpointCase):
         np.testing.assert_array_equal(a, want)
 
 
+class Updates(TinyCheckpointCase):
+    """rt.update (issue 34 section 2): from a folder and from a dict of tensors."""
+
+    PREFIX = "ferry-py-update-"
+
+    def checkpoint_f32(self):
+        """The checkpoint's tensors as float32 arrays (BF16 widened exactly)."""
+        out = {}
+        for f in sorted(os.listdir(self.ck)):
+            if f.endswith(".safetensors"):
+                for name, (dtype, shape, raw) in read_safetensors(os.path.join(self.ck, f)).items():
+                    self.assertEqual(dtype, "BF16")
+                    bits = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
+                    out[name] = bits.view(np.float32).reshape(shape)
+        return out
+
+    def test_a_dict_of_tensors_lands_in_place_and_a_folder_brings_the_old_weights_back(self):
+        rt = ferry.Runtime({"model.path": self.ck, "parallel.tp": 2, "model.dtype": "f32"})
+        model = rt.load()
+        before = {(p.tp_rank, p.name): (p.data_ptr, np.from_dlpack(p).copy()) for p in model.params()}
+        doubled = {name: np.ascontiguousarray(a * 2) for name, a in self.checkpoint_f32().items()}
+        self.assertEqual(rt.update(doubled).params()[0].data_ptr, model.params()[0].data_ptr)
+        self.assertEqual(json.loads(model.report_json)["update"]["source"], "tensors")
+        for p in model.params():
+            ptr, old = before[(p.tp_rank, p.name)]
+            self.assertEqual(p.data_ptr, ptr, p.name)
+            np.testing.assert_array_equal(np.from_dlpack(p), old * 2, err_msg=p.name)
+        rt.update(self.ck)
+        for p in model.params():
+            np.testing.assert_array_equal(np.from_dlpack(p), before[(p.tp_rank, p.name)][1])
+        self.assertTrue(model.valid)
+        self.assertEqual(model.invalid_reason, "")
+
+    def test_names_keep_only_matching_tensors_and_bad_sources_are_refused(self):
+        rt = ferry.Runtime({"model.path": self.ck, "model.dtype": "f32"})
+        model = rt.load()
+        old = {p.name: np.from_dlpack(p).copy() for p in model.params()}
+        doubled = {name: np.ascontiguousarray(a * 2) for name, a in self.checkpoint_f32().items()}
+        rt.update(doubled, names=["model.norm.*"])
+        for p in model.params():
+            want = old[p.name] * 2 if p.name == "model.norm.weight" else old[p.name]
+            np.testing.assert_array_equal(np.from_dlpack(p), want, err_msg=p.name)
+        with self.assertRaises(ferry.Error) as e:
+            rt.update({"model.norm.weight": doubled["model.norm.weight"][:-1].copy()})
+        self.assertEqual(e.exception.tensor, "model.norm.weight")
+        with self.assertRaises(ferry.Error) as e:
+            rt.update({"model.layers.0.self_attn.q_proj.weight":
+                       doubled["model.layers.0.self_attn.q_proj.weight"]})
+        self.assertIn("update refused", str(e.exception))
+        with self.assertRaises(ferry.Error) as e:
+            rt.update({"model.norm.weight": doubled["model.norm.weight"][::2]})
+        self.assertIn("contiguous", str(e.exception))
+        with self.assertRaises(TypeError):
+            rt.update({"model.norm.weight": [1.0, 2.0]})
+        with self.assertRaises(ValueError):
+            rt.update({"model.norm.weight": (doubled["model.norm.weight"], "F99")})
+        self.assertTrue(model.valid)
+
+
 class AttackCase(TinyCheckpointCase):
     """A tiny checkpoint of its own for each attack class."""
 

@@ -96,6 +96,44 @@ TEST(LoadCli, FailingLoadExitsNonZeroAndDumpsNothing) {
   EXPECT_FALSE(std::filesystem::exists(report));
 }
 
+TEST(LoadCli, ThenUpdateDumpsAndReportsTheUpdatedModel) {
+  TempDir dir;
+  Checkpoint a = synth_checkpoint(dir.file("a"), "qwen2", false, 1);
+  Checkpoint b = synth_checkpoint(dir.file("b"), "qwen2", false, 2);
+  const std::string report = dir.file("r.json");
+  const std::string dump = dir.file("d");
+  testing::RunResult r = run({FERRY_BINARY, "load", "--model", a.dir, "--tp", "2", "--then-update",
+                              b.dir, "--report", report, "--dump-dir", dump, "--quiet"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("update from " + b.dir), std::string::npos) << r.out;
+  nlohmann::json j = nlohmann::json::parse(read_file(report));
+  EXPECT_EQ(j["startup_mode"], "update");
+  EXPECT_EQ(j["update"]["source"], b.dir);
+  EXPECT_EQ(j["update"]["params_unchanged"], 0);
+  EXPECT_EQ(j["update"]["rollback"], "snapshot");
+  // The dump is B's, as the reference computes rank 1 of tp 2 from B's values.
+  const std::string file = dump + "/rank-1.safetensors";
+  io::SafetensorsHeader h = io::read_safetensors_header(file, file);
+  std::map<std::string, testing::RefTensor> ref = testing::reference_rank(b, 2, 1);
+  const std::string bytes = read_file(file);
+  ASSERT_EQ(h.tensors.size(), ref.size());
+  for (const io::TensorInfo& t : h.tensors) {
+    std::vector<std::byte> want = testing::encode(ref.at(t.name).values, DType::kBF16);
+    ASSERT_EQ(t.nbytes, want.size()) << t.name;
+    EXPECT_EQ(std::memcmp(bytes.data() + t.offset, want.data(), want.size()), 0) << t.name;
+  }
+  // A part of a fused param: refused, exit 1, nothing dumped.
+  const std::string dump2 = dir.file("d2");
+  r = run({FERRY_BINARY, "load", "--model", a.dir, "--then-update", b.dir, "--update-names",
+           "model.layers.0.self_attn.k_proj.*", "--dump-dir", dump2, "--quiet"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("update refused"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(dump2));
+  // --update-names alone is a usage error.
+  r = run({FERRY_BINARY, "load", "--model", a.dir, "--update-names", "x", "--quiet"});
+  EXPECT_EQ(r.status, 2);
+}
+
 TEST(LoadCli, StartupBootsThroughPrepareACaptureAndCommit) {
   TempDir dir;
   Checkpoint ck = synth_checkpoint(dir.file("ck"), "llama");
