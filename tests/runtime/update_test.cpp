@@ -322,6 +322,29 @@ TEST(Update, TensorsThatDoNotFitAreRefusedNamingTheTensor) {
   EXPECT_TRUE(loaded.model->valid());
 }
 
+TEST(Update, TensorDirMustNameAFolderThatCanBeWritten) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "llama", 1);
+  EXPECT_THROW(make_config(a, {"update.tensor_dir="}), Error);
+  Runtime rt(to_config(make_config(a, {"update.tensor_dir=" + dir.file("no/such/dir")})));
+  const LoadResult loaded = rt.load();
+  ASSERT_TRUE(loaded);
+  HostTensors host = read_tensors(a);
+  const LoadResult r = rt.update({"", host.tensors, {}});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error->stage, Stage::kOutput);
+  EXPECT_THAT(r.error->message, HasSubstr("update.tensor_dir"));
+  // Nothing is left behind in a folder that works.
+  const std::string tensors = dir.file("tensors");
+  fs::create_directories(tensors);
+  Runtime ok(to_config(make_config(a, {"update.tensor_dir=" + tensors})));
+  const LoadResult held = ok.load();
+  ASSERT_TRUE(held);
+  const LoadResult u = ok.update({"", host.tensors, {}});
+  ASSERT_TRUE(u) << u.error->message;
+  EXPECT_TRUE(fs::is_empty(tensors));
+}
+
 TEST(Update, IsRefusedWithoutAModelAndWhileAPrepareWaitsForCommit) {
   TempDir dir;
   const std::string a = checkpoint(dir, "a", "llama", 1);
