@@ -442,6 +442,9 @@ LoadResult Runtime::Impl::update(const UpdateSource& source,
   }
   handle.check_cancel();
   check_stamps(u.resolved.index);
+  // The report's allocate phase of an update: binding to the storage and the snapshot.
+  u.allocated_at = Clock::now();
+  u.span("bind and snapshot", u.planned_at, u.allocated_at);
 
   // ---- stream
   const std::vector<ManifestEntry> before = record_manifest(*ms);

@@ -131,7 +131,7 @@ struct FERRY_API LoadReport {
   double seconds = 0;
   struct Phases {
     double resolve = 0, plan = 0, allocate = 0, stream = 0, postprocess = 0, verify = 0;
-  } phases;                          // add up to `seconds`
+  } phases;  // add up to `seconds`; an update's allocate: binding to the storage, the snapshot
   double gbps = 0;                   // bytes_read / stream seconds / 1e9
   std::uint64_t peak_rss_bytes = 0;  // the whole process's (the engine's too)
   // Each device's allocation high water during the load (its allocation tracker's

@@ -21,6 +21,7 @@
 #include "ferry/metrics.hpp"
 #include "ferry/runtime.hpp"
 #include "io/safetensors.hpp"
+#include "models/model.hpp"
 #include "runtime/api_internal.hpp"
 #include "runtime/runtime_test_util.hpp"
 #include "runtime/test_seams.hpp"
@@ -149,6 +150,14 @@ TEST_P(UpdateMatrix, AnUpdateLeavesWhatAFreshLoadOfTheNewCheckpointLeavesAtTheSa
     EXPECT_EQ(report.update.params_unchanged, 0u);
     EXPECT_GT(report.update.params_written, 0u);
     EXPECT_EQ(rt.state(), RuntimeState::kReady);
+    // The phases add up to the update's seconds, each of them a duration.
+    const LoadReport::Phases& ph = report.phases;
+    for (double x : {ph.resolve, ph.plan, ph.allocate, ph.stream, ph.postprocess, ph.verify}) {
+      EXPECT_GE(x, 0);
+    }
+    EXPECT_NEAR(ph.resolve + ph.plan + ph.allocate + ph.stream + ph.postprocess + ph.verify,
+                report.seconds, 1e-9);
+    EXPECT_LT(report.seconds, 600);
     const LoadResult want = fresh(b, staged);
     ASSERT_TRUE(want) << want.error->message;
     expect_same_model(*want.model, *loaded.model);
@@ -188,6 +197,83 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return name;
     });
+
+// An update of a model whose hooks read load-only params (quantization.online:
+// full-precision weights quantized to FP8 after loading): they are allocated for the
+// update and freed after the hooks ran again.
+TEST(Update, LoadOnlyParamsAreMadeAgainForTheHooksThatReadThem) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "llama", 1);
+  const std::string b = checkpoint(dir, "b", "llama", 2);
+  const Sets sets = {"parallel.tp=2", "quantization.online=fp8_channel"};
+  Runtime rt(to_config(make_config(a, sets)));
+  const LoadResult loaded = rt.load();
+  ASSERT_TRUE(loaded) << loaded.error->message;
+  const auto before = addresses(*loaded.model);
+  const LoadResult updated = rt.update({b, {}, {}});
+  ASSERT_TRUE(updated) << updated.error->message;
+  EXPECT_EQ(addresses(*loaded.model), before);
+  EXPECT_THAT(loaded.model->report().update.hooks_rerun, ::testing::Not(::testing::IsEmpty()));
+  const LoadResult want = fresh(b, sets);
+  ASSERT_TRUE(want) << want.error->message;
+  expect_same_model(*want.model, *loaded.model);
+}
+
+// A model read from a presharded folder takes an update from another presharded
+// folder of the same layout (nothing sliced or post-processed again).
+TEST(Update, APreshardedModelTakesAnUpdateFromAPreshardedFolder) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "deepseek_v3", 1);
+  const std::string b = checkpoint(dir, "b", "deepseek_v3", 2);
+  const Sets sets = {"parallel.tp=2", "parallel.ep=2"};
+  for (const auto& [ck, root] : {std::pair{a, dir.file("pa")}, std::pair{b, dir.file("pb")}}) {
+    const LoadResult saved = fresh(ck, with(sets, {"load.save_presharded=" + root}));
+    ASSERT_TRUE(saved) << saved.error->message;
+    ASSERT_FALSE(saved.model->report().presharded_saved.empty());
+  }
+  const Sets pre = with(sets, {"model.load_format=presharded"});
+  Runtime rt(to_config(make_config(dir.file("pa"), pre)));
+  const LoadResult loaded = rt.load();
+  ASSERT_TRUE(loaded) << loaded.error->message;
+  const LoadResult updated = rt.update({dir.file("pb"), {}, {}});
+  ASSERT_TRUE(updated) << updated.error->message;
+  EXPECT_EQ(loaded.model->report().load_format, "presharded");
+  EXPECT_EQ(loaded.model->report().update.params_unchanged, 0u);
+  const LoadResult want = fresh(b, sets);
+  ASSERT_TRUE(want) << want.error->message;
+  expect_same_model(*want.model, *loaded.model);
+}
+
+// A source file that changes after its header was read is refused before a byte of
+// it is written.
+TEST(Update, ASourceFileThatChangesAfterItsHeaderWasReadIsRefused) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "llama", 1);
+  const std::string b = checkpoint(dir, "b", "llama", 2);
+  auto armed = std::make_shared<std::atomic<bool>>(false);
+  RuntimeTestSeams seams;
+  seams.wrap_model = [armed, b](std::shared_ptr<const models::Model> m) {
+    if (armed->exchange(false)) {  // the update's plan: its headers are read
+      for (const auto& e : fs::directory_iterator(b)) {
+        if (e.path().extension() == ".safetensors") {
+          std::ofstream(e.path(), std::ios::app) << "x";
+        }
+      }
+    }
+    return m;
+  };
+  Runtime rt = make_runtime(to_config(make_config(a, {"parallel.tp=2"})), seams);
+  const LoadResult loaded = rt.load();
+  ASSERT_TRUE(loaded);
+  const auto bytes = param_bytes(*loaded.model);
+  armed->store(true);
+  const LoadResult r = rt.update({b, {}, {}});
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error->stage, Stage::kRead);
+  EXPECT_THAT(r.error->message, HasSubstr("changed after the update read its header"));
+  EXPECT_EQ(param_bytes(*loaded.model), bytes);
+  EXPECT_TRUE(loaded.model->valid());
+}
 
 // Params of `m` whose bytes equal those of `other`, and those that differ.
 std::pair<std::vector<std::string>, std::vector<std::string>> same_and_different(
