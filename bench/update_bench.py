@@ -9,11 +9,11 @@ Llama with seed 1 (A, what is loaded first) and seed 2 (B, the update). Every ru
 a whole `ferry load` process on host devices (`host:<tp>`), B's and A's files warm in
 the page cache; rounds run in rotated order after one untimed round:
 - fresh: `ferry load --model B`: the report's seconds (resolve to verified);
-- update (snapshot): `ferry load --model A --then-update B`: the update's report's
-  seconds, with the default update.rollback_bytes (4 GiB), so the written params are
-  first copied to host memory;
-- update (reread): the same with update.rollback_bytes=0: no snapshot, a failure
-  would re-read A.
+- update (reread, the default): `ferry load --model A --then-update B`: the update's
+  report's seconds; a failure would read A again (its files are unchanged), so
+  nothing is kept;
+- update (snapshot): the same with update.rollback=snapshot: the written params are
+  first copied to host memory (they fit the default update.rollback_bytes, 4 GiB).
 Columns: medians (min-max) of the in-process seconds, the ratio update / fresh of
 the medians, and the process's peak RSS measured from outside (for an update, that
 of the load and the update together: the parameters live in host memory here).
@@ -55,9 +55,9 @@ def main():
             layout = ["--tp", str(tp), "--devices", f"host:{tp}", "--quiet", "--report", report]
             cmds = {
                 "fresh": [ferry, "load", "--model", b, *layout],
-                "snapshot": [ferry, "load", "--model", a, "--then-update", b, *layout],
-                "reread": [ferry, "load", "--model", a, "--then-update", b, *layout, "--set",
-                           "update.rollback_bytes=0"],
+                "reread": [ferry, "load", "--model", a, "--then-update", b, *layout],
+                "snapshot": [ferry, "load", "--model", a, "--then-update", b, *layout, "--set",
+                             "update.rollback=snapshot"],
             }
             runs = {k: [] for k in cmds}
             for i in range(args.runs + 1):
@@ -81,14 +81,14 @@ def main():
             rows.append(row)
             print(json.dumps(row), flush=True)
     print()
-    print("| tp | fresh load of B s | update A -> B, snapshot s | update, reread s | "
-          "snapshot / fresh | reread / fresh | peak RSS fresh / snapshot / reread MiB |")
+    print("| tp | fresh load of B s | update A -> B (reread) s | update (snapshot) s | "
+          "reread / fresh | snapshot / fresh | peak RSS fresh / reread / snapshot MiB |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['tp']} | {r['fresh']} | {r['snapshot']} | {r['reread']} | "
-              f"{r['snapshot_over_fresh']:.2f} | {r['reread_over_fresh']:.2f} | "
-              f"{r['fresh_rss_mib']:.0f} / {r['snapshot_rss_mib']:.0f} / "
-              f"{r['reread_rss_mib']:.0f} |")
+        print(f"| {r['tp']} | {r['fresh']} | {r['reread']} | {r['snapshot']} | "
+              f"{r['reread_over_fresh']:.2f} | {r['snapshot_over_fresh']:.2f} | "
+              f"{r['fresh_rss_mib']:.0f} / {r['reread_rss_mib']:.0f} / "
+              f"{r['snapshot_rss_mib']:.0f} |")
     return 0
 
 

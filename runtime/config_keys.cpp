@@ -307,6 +307,11 @@ constexpr std::array<Choice<StartupMode>, 3> kStartupModes{{
     {"auto", StartupMode::kAuto},
 }};
 
+constexpr std::array<Choice<UpdateConfig::Rollback>, 2> kUpdateRollbacks{{
+    {"reread", UpdateConfig::Rollback::kReread},
+    {"snapshot", UpdateConfig::Rollback::kSnapshot},
+}};
+
 // ---- rows of their own ----------------------------------------------------------------
 
 // auto (nullopt), true or false; a config file may give the booleans as JSON.
@@ -595,10 +600,13 @@ const std::vector<ConfigKey>& table() {
       size_key<&C::save, &SaveConfig::max_file_bytes, kMinSaveFileBytes, kMaxSaveFileBytes>(
           "save.max_file_bytes",
           "the largest file a presharded or sharded_state save writes (one tensor at least)"),
+      choice_key<&C::update, &UpdateConfig::rollback, kUpdateRollbacks>(
+          "update.rollback",
+          "how a failed update is undone, tried first: reread (the old source) or snapshot"),
       size_key<&C::update, &UpdateConfig::rollback_bytes, 0,
                std::numeric_limits<std::uint64_t>::max()>(
           "update.rollback_bytes",
-          "host memory an update may hold to undo itself; past it, the old source is re-read"),
+          "the most host memory an update's snapshot of the params it writes may hold"),
       string_key<&C::update, &UpdateConfig::tensor_dir>(
           "update.tensor_dir", "where in-memory update tensors are laid out as a file (a tmpfs)"),
       bandwidth_key(),

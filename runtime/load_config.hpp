@@ -147,9 +147,13 @@ struct SaveConfig {
 
 // Runtime::update (runtime/update.cpp).
 struct UpdateConfig {
-  // The most host memory an update may hold to undo itself: when the params it
-  // writes fit, they are copied here before the first write and copied back on a
-  // failure; else the old source is read again (when its files are unchanged).
+  // How a failed update is undone, tried first: kReread (the model's current source
+  // read again, when its files' stamps are unchanged: no memory, no time unless it
+  // fails) or kSnapshot (the params it writes copied to host memory first, within
+  // rollback_bytes). The other one when the first is not possible; else none.
+  enum class Rollback { kReread, kSnapshot };
+  Rollback rollback = Rollback::kReread;
+  // The most host memory a snapshot may hold.
   std::uint64_t rollback_bytes = std::uint64_t{4} << 30;
   // Where in-memory tensors are laid out as a safetensors file the pipeline reads
   // (a tmpfs: the bytes stay in memory); removed when the update ends.

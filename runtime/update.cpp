@@ -8,9 +8,10 @@
 //   bind       the plan's shells checked against the loaded params (name, dtype,
 //              shape, strides, bytes) and pointed at their storage; load-only params
 //              the update writes get storage of their own until the hooks ran
-//   rollback   decided before a byte is written: a host snapshot of the params it
-//              writes when they fit update.rollback_bytes, else a re-read of the old
-//              source when its files' stamps are unchanged, else none
+//   rollback   decided before a byte is written (update.rollback says which is
+//              tried first): a re-read of the model's current source when its files'
+//              stamps are unchanged, or a host snapshot of the params it writes when
+//              they fit update.rollback_bytes; else none
 //   stream     the ordinary pipeline into that storage; then the storage manifest
 //              is checked unchanged (no address moved)
 // A failure while streaming undoes what was written (snapshot or re-read) or marks
@@ -22,6 +23,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -185,8 +187,9 @@ class Snapshot {
         Entry& e = entries_.emplace_back();
         e.rank = r;
         e.data = u.state->ranks[r].params[p].data;
-        e.bytes.resize(spec.nbytes);
-        stream->copy_d2h(e.bytes.data(), e.data, e.bytes.size());
+        e.size = spec.nbytes;
+        e.bytes.reset(new std::byte[e.size]);  // not zeroed: the copy writes every byte
+        stream->copy_d2h(e.bytes.get(), e.data, e.size);
         bytes_ += spec.nbytes;
       }
       stream->synchronize();
@@ -199,7 +202,7 @@ class Snapshot {
       auto stream = device.create_stream();
       for (const Entry& e : entries_) {
         if (e.rank == r) {
-          stream->copy_h2d(e.data, e.bytes.data(), e.bytes.size());
+          stream->copy_h2d(e.data, e.bytes.get(), e.size);
         }
       }
       stream->synchronize();
@@ -211,7 +214,8 @@ class Snapshot {
   struct Entry {
     std::size_t rank = 0;
     std::byte* data = nullptr;
-    std::vector<std::byte> bytes;
+    std::unique_ptr<std::byte[]> bytes;
+    std::size_t size = 0;
   };
   std::vector<Entry> entries_;
   std::uint64_t bytes_ = 0;
@@ -419,24 +423,29 @@ LoadResult Runtime::Impl::update(const UpdateSource& source,
   }
   Snapshot snapshot;
   std::string no_rollback;
-  if (kept_bytes <= config.update.rollback_bytes) {
+  std::string no_reread;
+  if (origin.folder.empty()) {
+    no_reread =
+        "there is no old source to read again (dummy values, in-memory tensors or a "
+        "partial update from another folder)";
+  } else if (std::optional<std::string> changed = origin_changed(origin)) {
+    no_reread = "the old source changed: " + *changed;
+  }
+  const bool fits = kept_bytes <= config.update.rollback_bytes;
+  const bool prefer_snapshot = config.update.rollback == UpdateConfig::Rollback::kSnapshot;
+  if (fits && (prefer_snapshot || !no_reread.empty())) {
     up.rollback = "snapshot";
     snapshot.take(u, sel);
     up.snapshot_bytes = snapshot.bytes();
-  } else if (origin.folder.empty()) {
-    no_rollback =
-        "no old source to read again (dummy values, in-memory tensors or a partial "
-        "update from another folder)";
-  } else if (std::optional<std::string> changed = origin_changed(origin)) {
-    no_rollback = "the old source changed: " + *changed;
-  } else {
+  } else if (no_reread.empty()) {
     up.rollback = "reread";
+  } else {
+    no_rollback = "the written params, " + std::to_string(kept_bytes) +
+                  " bytes, exceed update.rollback_bytes, and " + no_reread;
   }
   if (!no_rollback.empty()) {
-    const std::string warning = "update: no rollback (the written params, " +
-                                std::to_string(kept_bytes) +
-                                " bytes, exceed update.rollback_bytes, and " + no_rollback +
-                                "): a failure leaves the model invalid";
+    const std::string warning =
+        "update: no rollback (" + no_rollback + "): a failure leaves the model invalid";
     log::warn(warning);
     u.report.warnings.push_back(warning);
   }

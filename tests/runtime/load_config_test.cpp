@@ -727,6 +727,7 @@ LoadConfig every_field_changed() {
   c.load.save_sharded_state = "/cache/sharded_state";
   c.save.max_file_bytes = std::uint64_t{1} << 30;
   c.update.rollback_bytes = 0;
+  c.update.rollback = UpdateConfig::Rollback::kSnapshot;
   c.update.tensor_dir = "/tmp/updates";
   return c;
 }

@@ -110,7 +110,7 @@ TEST(LoadCli, ThenUpdateDumpsAndReportsTheUpdatedModel) {
   EXPECT_EQ(j["startup_mode"], "update");
   EXPECT_EQ(j["update"]["source"], b.dir);
   EXPECT_EQ(j["update"]["params_unchanged"], 0);
-  EXPECT_EQ(j["update"]["rollback"], "snapshot");
+  EXPECT_EQ(j["update"]["rollback"], "reread");
   // The dump is B's, as the reference computes rank 1 of tp 2 from B's values.
   const std::string file = dump + "/rank-1.safetensors";
   io::SafetensorsHeader h = io::read_safetensors_header(file, file);

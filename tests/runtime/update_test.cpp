@@ -146,7 +146,7 @@ TEST_P(UpdateMatrix, AnUpdateLeavesWhatAFreshLoadOfTheNewCheckpointLeavesAtTheSa
     EXPECT_EQ(report.startup_mode, "update");
     EXPECT_TRUE(report.update.ran);
     EXPECT_EQ(report.update.source, b);
-    EXPECT_EQ(report.update.rollback, "snapshot");
+    EXPECT_EQ(report.update.rollback, "reread");  // A's files are unchanged
     EXPECT_EQ(report.update.params_unchanged, 0u);
     EXPECT_GT(report.update.params_written, 0u);
     EXPECT_EQ(rt.state(), RuntimeState::kReady);
@@ -487,26 +487,48 @@ struct Failing {
   }
 };
 
-TEST(Update, AFailureWhileWritingRestoresTheOldWeightsFromASnapshot) {
-  TempDir dir;
-  const std::string a = checkpoint(dir, "a", "llama", 1);
-  const std::string b = checkpoint(dir, "b", "llama", 2);
-  Failing f;
-  Runtime rt = make_runtime(to_config(make_config(a, {"parallel.tp=2"})), f.seams());
-  const LoadResult loaded = rt.load();
-  ASSERT_TRUE(loaded);
-  const auto bytes = param_bytes(*loaded.model);
-  f.armed->store(true);
-  const LoadResult r = rt.update({b, {}, {}});
-  ASSERT_FALSE(r);
-  EXPECT_THAT(r.error->message, HasSubstr("injected copy failure"));
-  EXPECT_THAT(r.error->message, HasSubstr("restored from a snapshot"));
-  EXPECT_TRUE(loaded.model->valid());
-  EXPECT_EQ(param_bytes(*loaded.model), bytes);
-  EXPECT_TRUE(rt.update({b, {}, {}}));
+// Appends a byte to every weight file of `folder`: its stamps change.
+void touch_weights(const std::string& folder) {
+  for (const auto& e : fs::directory_iterator(folder)) {
+    if (e.path().extension() == ".safetensors") {
+      std::ofstream(e.path(), std::ios::app) << "x";
+    }
+  }
 }
 
-TEST(Update, PastRollbackBytesTheOldSourceIsReadAgain) {
+TEST(Update, AFailureWhileWritingRestoresTheOldWeightsFromASnapshot) {
+  TempDir dir;
+  const std::string b = checkpoint(dir, "b", "llama", 2);
+  for (const char* how : {"reread", "snapshot"}) {
+    SCOPED_TRACE(how);
+    // reread first: A's files change after the load, so only a snapshot is left;
+    // snapshot first: taken although A could be read again.
+    const std::string old = checkpoint(dir, std::string("old-") + how, "llama", 1);
+    Failing f;
+    Runtime rt = make_runtime(
+        to_config(make_config(old, {"parallel.tp=2", std::string("update.rollback=") + how})),
+        f.seams());
+    const LoadResult loaded = rt.load();
+    ASSERT_TRUE(loaded);
+    const auto bytes = param_bytes(*loaded.model);
+    if (std::string(how) == "reread") {
+      touch_weights(old);
+    }
+    f.armed->store(true);
+    const LoadResult r = rt.update({b, {}, {}});
+    ASSERT_FALSE(r);
+    EXPECT_THAT(r.error->message, HasSubstr("injected copy failure"));
+    EXPECT_THAT(r.error->message, HasSubstr("restored from a snapshot"));
+    EXPECT_TRUE(loaded.model->valid());
+    EXPECT_EQ(param_bytes(*loaded.model), bytes);
+    const LoadResult ok = rt.update({b, {}, {}});
+    ASSERT_TRUE(ok) << ok.error->message;
+    EXPECT_EQ(loaded.model->report().update.rollback, "snapshot");
+    EXPECT_GT(loaded.model->report().update.snapshot_bytes, 0u);
+  }
+}
+
+TEST(Update, AnUnchangedOldSourceIsReadAgain) {
   TempDir dir;
   const std::string a = checkpoint(dir, "a", "deepseek_v3", 1);
   const std::string b = checkpoint(dir, "b", "deepseek_v3", 2);
@@ -538,11 +560,7 @@ TEST(Update, WithNeitherASnapshotNorAnUnchangedOldSourceAFailureMarksTheModelInv
   const LoadResult loaded = rt.load();
   ASSERT_TRUE(loaded);
   // The old source changes after the load: it can no longer give the old weights.
-  for (const auto& e : fs::directory_iterator(a)) {
-    if (e.path().extension() == ".safetensors") {
-      std::ofstream(e.path(), std::ios::app) << "x";
-    }
-  }
+  touch_weights(a);
   f.armed->store(true);
   const LoadResult r = rt.update({b, {}, {}});
   ASSERT_FALSE(r);
@@ -583,7 +601,7 @@ TEST(Update, ACancelWhileWritingRestoresTheOldWeights) {
   const LoadResult r = rt.update({b, {}, {}});
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error->stage, Stage::kCancelled);
-  EXPECT_THAT(r.error->message, HasSubstr("restored from a snapshot"));
+  EXPECT_THAT(r.error->message, HasSubstr("read again from " + a));
   EXPECT_EQ(param_bytes(*loaded.model), bytes);
 }
 
