@@ -415,9 +415,10 @@ PYBIND11_MODULE(_ferry, m) {
           py::arg("on_progress") = py::none(), py::arg("on_layer_ready") = py::none())
       .def(
           "update",
-          [](PyRuntime& p, const py::object& source,
-             std::optional<std::vector<std::string>> names) {
+          [](PyRuntime& p, const py::object& source, std::optional<std::vector<std::string>> names,
+             std::string load_format) {
             UpdateSource s;
+            s.load_format = std::move(load_format);
             std::vector<py::object> capsules;  // keep the tensors' bytes alive for the call
             if (py::isinstance<py::dict>(source)) {
               for (auto [k, v] : source.cast<py::dict>()) {
@@ -464,7 +465,7 @@ PYBIND11_MODULE(_ferry, m) {
             }
             return result_or_raise(r, make_failure());
           },
-          py::arg("source"), py::arg("names") = py::none(),
+          py::arg("source"), py::arg("names") = py::none(), py::arg("load_format") = "",
           "writes new weights into the loaded model in place, from a checkpoint folder or a "
           "dict of name -> tensor (DLPack; FP8 as (uint8 tensor, 'F8_E4M3')); `names`: shell "
           "globs of the tensors to use. Returns the same model; raises ferry.Error")

@@ -18,6 +18,8 @@
 // the model invalid; the error says which.
 #include <fnmatch.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -31,6 +33,7 @@
 
 #include "common/format.hpp"
 #include "common/log.hpp"
+#include "io/discover.hpp"
 #include "io/safetensors_writer.hpp"
 #include "models/update_model.hpp"
 #include "runtime/load_work.hpp"
@@ -60,7 +63,12 @@ class TensorFolder {
     }
     path_ = pattern;
     for (const char* meta : {"config.json", "hf_quant_config.json"}) {
-      const fs::path from = fs::path(config_folder) / meta;
+      std::error_code file_ec;
+      const bool is_file = fs::is_regular_file(config_folder, file_ec);  // a dummy load's path
+      if (is_file && std::string(meta) != "config.json") {
+        continue;
+      }
+      const fs::path from = is_file ? fs::path(config_folder) : fs::path(config_folder) / meta;
       std::error_code ec;
       if (!fs::exists(from, ec)) {
         continue;
@@ -170,27 +178,59 @@ std::function<bool(const std::string&)> name_filter(const std::vector<std::strin
   };
 }
 
-// The written params' bytes copied to host memory, and back.
+// The written params' bytes copied to host memory, and back. One anonymous mapping
+// holds them all, its pages populated in one call (MADV_POPULATE_WRITE): faulting
+// gigabytes in page by page as the copies touch them costs seconds.
 class Snapshot {
  public:
+  Snapshot() = default;
+  Snapshot(const Snapshot&) = delete;
+  Snapshot& operator=(const Snapshot&) = delete;
+  ~Snapshot() {
+    if (base_ != nullptr) {
+      ::munmap(base_, mapped_);
+    }
+  }
+
   void take(const LoadWork& u, const models::UpdateSelection& sel) {
     const auto& shells = u.model->shells();
+    for (std::size_t r = 0; r < shells.size(); ++r) {
+      for (std::size_t p = 0; p < shells[r].params.size(); ++p) {
+        const models::ParamSpec& spec = shells[r].params[p];
+        if (sel.written[r][p] && !spec.transient && spec.nbytes != 0) {
+          entries_.push_back({r, u.state->ranks[r].params[p].data, bytes_, spec.nbytes});
+          bytes_ += spec.nbytes;
+        }
+      }
+    }
+    if (bytes_ == 0) {
+      return;
+    }
+    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    mapped_ = (bytes_ + page - 1) / page * page;
+    void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      throw Error(Stage::kConfig, "", "",
+                  "update: no host memory for a snapshot of " + std::to_string(bytes_) +
+                      " bytes (" + errno_text(errno) + "); lower update.rollback_bytes");
+    }
+    base_ = static_cast<std::byte*>(p);
+#ifdef MADV_POPULATE_WRITE
+    if (::madvise(base_, mapped_, MADV_POPULATE_WRITE) != 0 && errno == ENOMEM) {
+      throw Error(Stage::kConfig, "", "",
+                  "update: no host memory for a snapshot of " + std::to_string(bytes_) +
+                      " bytes; lower update.rollback_bytes");
+    }
+#endif
     for (std::size_t r = 0; r < shells.size(); ++r) {
       gpu::Device& device = *u.state->devices[r];
       device.bind();
       auto stream = device.create_stream();
-      for (std::size_t p = 0; p < shells[r].params.size(); ++p) {
-        const models::ParamSpec& spec = shells[r].params[p];
-        if (!sel.written[r][p] || spec.transient || spec.nbytes == 0) {
-          continue;
+      for (const Entry& e : entries_) {
+        if (e.rank == r) {
+          stream->copy_d2h(base_ + e.offset, e.data, e.size);
         }
-        Entry& e = entries_.emplace_back();
-        e.rank = r;
-        e.data = u.state->ranks[r].params[p].data;
-        e.size = spec.nbytes;
-        e.bytes.reset(new std::byte[e.size]);  // not zeroed: the copy writes every byte
-        stream->copy_d2h(e.bytes.get(), e.data, e.size);
-        bytes_ += spec.nbytes;
       }
       stream->synchronize();
     }
@@ -202,7 +242,7 @@ class Snapshot {
       auto stream = device.create_stream();
       for (const Entry& e : entries_) {
         if (e.rank == r) {
-          stream->copy_h2d(e.data, e.bytes.get(), e.size);
+          stream->copy_h2d(e.data, base_ + e.offset, e.size);
         }
       }
       stream->synchronize();
@@ -213,12 +253,14 @@ class Snapshot {
  private:
   struct Entry {
     std::size_t rank = 0;
-    std::byte* data = nullptr;
-    std::unique_ptr<std::byte[]> bytes;
-    std::size_t size = 0;
+    std::byte* data = nullptr;  // the param's storage
+    std::uint64_t offset = 0;   // in the mapping
+    std::uint64_t size = 0;
   };
   std::vector<Entry> entries_;
   std::uint64_t bytes_ = 0;
+  std::byte* base_ = nullptr;
+  std::size_t mapped_ = 0;
 };
 
 // Points the update's shells at the loaded model's storage, after checking that
@@ -373,6 +415,18 @@ LoadResult Runtime::Impl::update(const UpdateSource& source,
   if (source.folder.empty() == source.tensors.empty()) {
     refuse("source", "name a checkpoint folder or give tensors, exactly one of the two");
   }
+  std::optional<io::LoadFormat> asked;
+  if (!source.load_format.empty()) {
+    asked = io::parse_load_format(source.load_format);
+    if (!asked || *asked == io::LoadFormat::kDummy) {
+      refuse("source", "load_format '" + source.load_format +
+                           "' is not a format an update reads (auto, safetensors, mistral, pt, "
+                           "presharded, sharded_state)");
+    }
+    if (!source.tensors.empty()) {
+      refuse("source", "load_format is for a folder; in-memory tensors are a checkpoint's");
+    }
+  }
   for (const auto& d : ms->devices) {
     if (!d->holds_data()) {
       refuse("backend",
@@ -382,7 +436,8 @@ LoadResult Runtime::Impl::update(const UpdateSource& source,
   const LoadedModel::State::Origin origin = ms->origin;
   std::optional<TensorFolder> staged;
   std::string folder = source.folder;
-  io::LoadFormat format = config.model.load_format == io::LoadFormat::kDummy
+  io::LoadFormat format = asked ? *asked
+                          : config.model.load_format == io::LoadFormat::kDummy
                               ? io::LoadFormat::kAuto
                               : config.model.load_format;
   LoadWork u;

@@ -88,6 +88,10 @@ int cmd_load(const Args& args) {
                  "after the load, update the loaded model in place from this checkpoint folder "
                  "(Runtime::update); the report and the dump are then the update's")
       ->check(CLI::ExistingDirectory);
+  std::string update_format;
+  app.add_option("--update-format", update_format,
+                 "with --then-update: read the folder as this model.load_format (default: the "
+                 "load's own)");
   std::vector<std::string> update_names;
   app.add_option("--update-names", update_names,
                  "with --then-update: only the folder's tensors whose name matches one of these "
@@ -100,8 +104,9 @@ int cmd_load(const Args& args) {
     return 2;
   }
   const runtime::LoadConfig& config = *maybe_config;
-  if (!update_names.empty() && then_update.empty()) {
-    std::fprintf(stderr, "ferry load: error: --update-names needs --then-update\n");
+  if ((!update_names.empty() || !update_format.empty()) && then_update.empty()) {
+    std::fprintf(stderr,
+                 "ferry load: error: --update-names and --update-format need --then-update\n");
     return 2;
   }
   const bool startup = app.count("--startup") > 0 || capture->count() > 0 ||
@@ -124,7 +129,7 @@ int cmd_load(const Args& args) {
     progress.finish();
     std::fputs(result.model->report().summary().c_str(), stdout);
     runtime::LoadResult loaded = result;  // held: update() writes the model it keeps
-    result = rt.start_update({then_update, {}, update_names}, callbacks).wait();
+    result = rt.start_update({then_update, {}, update_names, update_format}, callbacks).wait();
   }
   progress.finish();
   sigaction(SIGINT, &previous, nullptr);

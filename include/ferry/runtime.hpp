@@ -50,6 +50,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ferry/config.hpp"
@@ -387,10 +388,30 @@ struct UpdateTensor {
 // update_weights_from_disk), or named tensors in memory (update_weights_from_tensor),
 // exactly one of the two; `names`, when not empty, keeps only the source's tensors
 // whose name matches one of these shell globs (fnmatch: `*`, `?`, `[...]`).
+// `load_format` reads the folder as model.load_format would ("safetensors",
+// "presharded", "sharded_state", ...); "" = the Runtime's own (its dummy: auto).
+// In-memory tensors are always a checkpoint's.
 struct UpdateSource {
   std::string folder;
   std::vector<UpdateTensor> tensors;
   std::vector<std::string> names;
+  std::string load_format;
+
+  static UpdateSource from_folder(std::string folder, std::vector<std::string> names = {},
+                                  std::string load_format = {}) {
+    UpdateSource s;
+    s.folder = std::move(folder);
+    s.names = std::move(names);
+    s.load_format = std::move(load_format);
+    return s;
+  }
+  static UpdateSource from_tensors(std::vector<UpdateTensor> tensors,
+                                   std::vector<std::string> names = {}) {
+    UpdateSource s;
+    s.tensors = std::move(tensors);
+    s.names = std::move(names);
+    return s;
+  }
 };
 
 class FERRY_API Runtime {

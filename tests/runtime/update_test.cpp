@@ -137,7 +137,7 @@ TEST_P(UpdateMatrix, AnUpdateLeavesWhatAFreshLoadOfTheNewCheckpointLeavesAtTheSa
     const LoadResult loaded = rt.load();
     ASSERT_TRUE(loaded) << loaded.error->message;
     const auto before = addresses(*loaded.model);
-    const LoadResult updated = rt.update({b, {}, {}});
+    const LoadResult updated = rt.update(UpdateSource::from_folder(b));
     ASSERT_TRUE(updated) << updated.error->message;
     EXPECT_EQ(updated.model, loaded.model);
     EXPECT_EQ(addresses(*loaded.model), before);
@@ -164,7 +164,7 @@ TEST_P(UpdateMatrix, AnUpdateLeavesWhatAFreshLoadOfTheNewCheckpointLeavesAtTheSa
 
     // And back to A from memory: the same as a fresh load of A.
     HostTensors host = read_tensors(a);
-    const LoadResult back = rt.update({"", host.tensors, {}});
+    const LoadResult back = rt.update(UpdateSource::from_tensors(host.tensors));
     ASSERT_TRUE(back) << back.error->message;
     EXPECT_EQ(loaded.model->report().update.source, "tensors");
     EXPECT_EQ(addresses(*loaded.model), before);
@@ -210,7 +210,7 @@ TEST(Update, LoadOnlyParamsAreMadeAgainForTheHooksThatReadThem) {
   const LoadResult loaded = rt.load();
   ASSERT_TRUE(loaded) << loaded.error->message;
   const auto before = addresses(*loaded.model);
-  const LoadResult updated = rt.update({b, {}, {}});
+  const LoadResult updated = rt.update(UpdateSource::from_folder(b));
   ASSERT_TRUE(updated) << updated.error->message;
   EXPECT_EQ(addresses(*loaded.model), before);
   EXPECT_THAT(loaded.model->report().update.hooks_rerun, ::testing::Not(::testing::IsEmpty()));
@@ -235,11 +235,41 @@ TEST(Update, APreshardedModelTakesAnUpdateFromAPreshardedFolder) {
   Runtime rt(to_config(make_config(dir.file("pa"), pre)));
   const LoadResult loaded = rt.load();
   ASSERT_TRUE(loaded) << loaded.error->message;
-  const LoadResult updated = rt.update({dir.file("pb"), {}, {}});
+  const LoadResult updated = rt.update(UpdateSource::from_folder(dir.file("pb")));
   ASSERT_TRUE(updated) << updated.error->message;
   EXPECT_EQ(loaded.model->report().load_format, "presharded");
   EXPECT_EQ(loaded.model->report().update.params_unchanged, 0u);
   const LoadResult want = fresh(b, sets);
+  ASSERT_TRUE(want) << want.error->message;
+  expect_same_model(*want.model, *loaded.model);
+
+  // A raw load takes the same folder with the source's load_format.
+  Runtime raw(to_config(make_config(a, sets)));
+  const LoadResult held = raw.load();
+  ASSERT_TRUE(held);
+  const LoadResult from_pre =
+      raw.update(UpdateSource::from_folder(dir.file("pb"), {}, "presharded"));
+  ASSERT_TRUE(from_pre) << from_pre.error->message;
+  expect_same_model(*want.model, *held.model);
+  for (const char* bad : {"dummy", "gguf-nope"}) {
+    const LoadResult r = raw.update(UpdateSource::from_folder(b, {}, bad));
+    ASSERT_FALSE(r);
+    EXPECT_THAT(r.error->message, HasSubstr("update refused: source"));
+  }
+}
+
+// A dummy model (model.path is config.json itself) takes real weights from memory.
+TEST(Update, ADummyModelTakesTheCheckpointsTensorsFromMemory) {
+  TempDir dir;
+  const std::string a = checkpoint(dir, "a", "qwen3_moe", 1);
+  const Sets sets = {"parallel.tp=2", "parallel.ep=2"};
+  Runtime rt(to_config(make_config(a + "/config.json", with(sets, {"model.load_format=dummy"}))));
+  const LoadResult loaded = rt.load();
+  ASSERT_TRUE(loaded) << loaded.error->message;
+  HostTensors host = read_tensors(a);
+  const LoadResult updated = rt.update(UpdateSource::from_tensors(host.tensors));
+  ASSERT_TRUE(updated) << updated.error->message;
+  const LoadResult want = fresh(a, sets);
   ASSERT_TRUE(want) << want.error->message;
   expect_same_model(*want.model, *loaded.model);
 }
@@ -267,7 +297,7 @@ TEST(Update, ASourceFileThatChangesAfterItsHeaderWasReadIsRefused) {
   ASSERT_TRUE(loaded);
   const auto bytes = param_bytes(*loaded.model);
   armed->store(true);
-  const LoadResult r = rt.update({b, {}, {}});
+  const LoadResult r = rt.update(UpdateSource::from_folder(b));
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error->stage, Stage::kRead);
   EXPECT_THAT(r.error->message, HasSubstr("changed after the update read its header"));
@@ -295,7 +325,8 @@ TEST(Update, ANamesFilterWritesOnlyTheParamsItsTensorsFeedAndTheHooksThoseFeed) 
   Runtime rt(to_config(make_config(a, sets)));
   const LoadResult loaded = rt.load();
   ASSERT_TRUE(loaded) << loaded.error->message;
-  const LoadResult updated = rt.update({b, {}, {"model.layers.0.self_attn.kv_b_proj.*"}});
+  const LoadResult updated =
+      rt.update(UpdateSource::from_folder(b, {"model.layers.0.self_attn.kv_b_proj.*"}));
   ASSERT_TRUE(updated) << updated.error->message;
   const LoadReport::Update& up = loaded.model->report().update;
   EXPECT_GT(up.params_unchanged, 0u);
@@ -329,7 +360,8 @@ TEST(Update, APartOfAFusedParamIsRefusedBeforeAByteIsWritten) {
   const LoadResult loaded = rt.load();
   ASSERT_TRUE(loaded);
   const auto bytes = param_bytes(*loaded.model);
-  const LoadResult r = rt.update({b, {}, {"model.layers.0.self_attn.q_proj.weight"}});
+  const LoadResult r =
+      rt.update(UpdateSource::from_folder(b, {"model.layers.0.self_attn.q_proj.weight"}));
   ASSERT_FALSE(r);
   EXPECT_THAT(r.error->message, HasSubstr("update refused"));
   EXPECT_EQ(r.error->tensor, "model.layers.0.self_attn.qkv_proj.weight");
@@ -337,7 +369,8 @@ TEST(Update, APartOfAFusedParamIsRefusedBeforeAByteIsWritten) {
   EXPECT_EQ(param_bytes(*loaded.model), bytes);
   EXPECT_TRUE(loaded.model->valid());
   // The runtime takes the next update.
-  const LoadResult whole = rt.update({b, {}, {"model.layers.0.self_attn.*_proj.weight"}});
+  const LoadResult whole =
+      rt.update(UpdateSource::from_folder(b, {"model.layers.0.self_attn.*_proj.weight"}));
   EXPECT_TRUE(whole) << whole.error->message;
 }
 
@@ -361,7 +394,7 @@ TEST(Update, TensorsThatDoNotFitAreRefusedNamingTheTensor) {
   {
     std::vector<UpdateTensor> one = {find(norm)};
     one[0].name = "model.layers.0.no_such.weight";
-    const LoadResult r = rt.update({"", one, {}});
+    const LoadResult r = rt.update(UpdateSource::from_tensors(one));
     ASSERT_FALSE(r);
     EXPECT_EQ(r.error->tensor, "model.layers.0.no_such.weight");
     EXPECT_THAT(r.error->message, HasSubstr("map to no parameter"));
@@ -369,38 +402,40 @@ TEST(Update, TensorsThatDoNotFitAreRefusedNamingTheTensor) {
   {
     std::vector<UpdateTensor> one = {find(norm)};
     one[0].shape = {one[0].shape[0] / 2};
-    const LoadResult r = rt.update({"", one, {}});
+    const LoadResult r = rt.update(UpdateSource::from_tensors(one));
     ASSERT_FALSE(r);
     EXPECT_EQ(r.error->tensor, norm);
     EXPECT_EQ(r.error->stage, Stage::kPlacement);
   }
   {
     std::vector<UpdateTensor> two = {find(norm), find(norm)};
-    const LoadResult r = rt.update({"", two, {}});
+    const LoadResult r = rt.update(UpdateSource::from_tensors(two));
     ASSERT_FALSE(r);
     EXPECT_THAT(r.error->message, HasSubstr("given twice"));
   }
   {
     std::vector<UpdateTensor> one = {find(norm)};
     one[0].device = "cuda:7";
-    const LoadResult r = rt.update({"", one, {}});
+    const LoadResult r = rt.update(UpdateSource::from_tensors(one));
     ASSERT_FALSE(r);
     EXPECT_THAT(r.error->message, HasSubstr("neither host memory"));
   }
   {
-    const LoadResult r = rt.update({a, host.tensors, {}});
+    UpdateSource both = UpdateSource::from_tensors(host.tensors);
+    both.folder = a;
+    const LoadResult r = rt.update(both);
     ASSERT_FALSE(r);
     EXPECT_THAT(r.error->message, HasSubstr("update refused: source"));
   }
   {
-    const LoadResult r = rt.update({a, {}, {"nothing.matches.*"}});
+    const LoadResult r = rt.update(UpdateSource::from_folder(a, {"nothing.matches.*"}));
     ASSERT_FALSE(r);
     EXPECT_THAT(r.error->message, HasSubstr("write no parameter"));
   }
   {
     // Another model: a layout of another family is refused param by param.
     const std::string other = checkpoint(dir, "other", "qwen2", 1);
-    const LoadResult r = rt.update({other, {}, {}});
+    const LoadResult r = rt.update(UpdateSource::from_folder(other));
     ASSERT_FALSE(r);
     EXPECT_THAT(r.error->message, HasSubstr("update refused"));
   }
@@ -416,7 +451,7 @@ TEST(Update, TensorDirMustNameAFolderThatCanBeWritten) {
   const LoadResult loaded = rt.load();
   ASSERT_TRUE(loaded);
   HostTensors host = read_tensors(a);
-  const LoadResult r = rt.update({"", host.tensors, {}});
+  const LoadResult r = rt.update(UpdateSource::from_tensors(host.tensors));
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error->stage, Stage::kOutput);
   EXPECT_THAT(r.error->message, HasSubstr("update.tensor_dir"));
@@ -426,7 +461,7 @@ TEST(Update, TensorDirMustNameAFolderThatCanBeWritten) {
   Runtime ok(to_config(make_config(a, {"update.tensor_dir=" + tensors})));
   const LoadResult held = ok.load();
   ASSERT_TRUE(held);
-  const LoadResult u = ok.update({"", host.tensors, {}});
+  const LoadResult u = ok.update(UpdateSource::from_tensors(host.tensors));
   ASSERT_TRUE(u) << u.error->message;
   EXPECT_TRUE(fs::is_empty(tensors));
 }
@@ -436,7 +471,7 @@ TEST(Update, IsRefusedWithoutAModelAndWhileAPrepareWaitsForCommit) {
   const std::string a = checkpoint(dir, "a", "llama", 1);
   {
     Runtime rt(to_config(make_config(a, {})));
-    const LoadResult r = rt.update({a, {}, {}});
+    const LoadResult r = rt.update(UpdateSource::from_folder(a));
     ASSERT_FALSE(r);
     EXPECT_THAT(r.error->message, HasSubstr("update refused: no_model"));
   }
@@ -446,19 +481,19 @@ TEST(Update, IsRefusedWithoutAModelAndWhileAPrepareWaitsForCommit) {
     ASSERT_TRUE(loaded);
     const LoadResult prepared = rt.prepare().wait();
     ASSERT_TRUE(prepared) << prepared.error->message;
-    const LoadResult r = rt.update({a, {}, {}});
+    const LoadResult r = rt.update(UpdateSource::from_folder(a));
     ASSERT_FALSE(r);
     EXPECT_THAT(r.error->message, HasSubstr("update refused: prepared"));
     ASSERT_TRUE(rt.commit().wait());
     // The committed model is the one updated now.
-    const LoadResult u = rt.update({a, {}, {}});
+    const LoadResult u = rt.update(UpdateSource::from_folder(a));
     ASSERT_TRUE(u) << u.error->message;
     EXPECT_EQ(u.model, prepared.model);
   }
   {
     Runtime rt(to_config(make_config(a, {})));
     ASSERT_TRUE(rt.load());  // the result is dropped: nothing is held
-    const LoadResult r = rt.update({a, {}, {}});
+    const LoadResult r = rt.update(UpdateSource::from_folder(a));
     ASSERT_FALSE(r);
     EXPECT_THAT(r.error->message, HasSubstr("no_model"));
   }
@@ -466,7 +501,7 @@ TEST(Update, IsRefusedWithoutAModelAndWhileAPrepareWaitsForCommit) {
     Runtime rt(to_config(make_config(a, {"devices=null"})));
     const LoadResult loaded = rt.load();
     ASSERT_TRUE(loaded);
-    const LoadResult r = rt.update({a, {}, {}});
+    const LoadResult r = rt.update(UpdateSource::from_folder(a));
     ASSERT_FALSE(r);
     EXPECT_THAT(r.error->message, HasSubstr("update refused: backend"));
   }
@@ -515,13 +550,13 @@ TEST(Update, AFailureWhileWritingRestoresTheOldWeightsFromASnapshot) {
       touch_weights(old);
     }
     f.armed->store(true);
-    const LoadResult r = rt.update({b, {}, {}});
+    const LoadResult r = rt.update(UpdateSource::from_folder(b));
     ASSERT_FALSE(r);
     EXPECT_THAT(r.error->message, HasSubstr("injected copy failure"));
     EXPECT_THAT(r.error->message, HasSubstr("restored from a snapshot"));
     EXPECT_TRUE(loaded.model->valid());
     EXPECT_EQ(param_bytes(*loaded.model), bytes);
-    const LoadResult ok = rt.update({b, {}, {}});
+    const LoadResult ok = rt.update(UpdateSource::from_folder(b));
     ASSERT_TRUE(ok) << ok.error->message;
     EXPECT_EQ(loaded.model->report().update.rollback, "snapshot");
     EXPECT_GT(loaded.model->report().update.snapshot_bytes, 0u);
@@ -539,12 +574,12 @@ TEST(Update, AnUnchangedOldSourceIsReadAgain) {
   ASSERT_TRUE(loaded);
   const auto bytes = param_bytes(*loaded.model);
   f.armed->store(true);
-  const LoadResult r = rt.update({b, {}, {}});
+  const LoadResult r = rt.update(UpdateSource::from_folder(b));
   ASSERT_FALSE(r);
   EXPECT_THAT(r.error->message, HasSubstr("read again from " + a));
   EXPECT_TRUE(loaded.model->valid());
   EXPECT_EQ(param_bytes(*loaded.model), bytes);
-  const LoadResult ok = rt.update({b, {}, {}});
+  const LoadResult ok = rt.update(UpdateSource::from_folder(b));
   ASSERT_TRUE(ok) << ok.error->message;
   EXPECT_EQ(loaded.model->report().update.rollback, "reread");
   EXPECT_EQ(loaded.model->report().update.snapshot_bytes, 0u);
@@ -562,7 +597,7 @@ TEST(Update, WithNeitherASnapshotNorAnUnchangedOldSourceAFailureMarksTheModelInv
   // The old source changes after the load: it can no longer give the old weights.
   touch_weights(a);
   f.armed->store(true);
-  const LoadResult r = rt.update({b, {}, {}});
+  const LoadResult r = rt.update(UpdateSource::from_folder(b));
   ASSERT_FALSE(r);
   EXPECT_THAT(r.error->message, HasSubstr("the model is invalid"));
   EXPECT_FALSE(loaded.model->valid());
@@ -570,7 +605,7 @@ TEST(Update, WithNeitherASnapshotNorAnUnchangedOldSourceAFailureMarksTheModelInv
   EXPECT_EQ(rt.state(), RuntimeState::kFailed);
   EXPECT_THROW(loaded.model->dump(dir.file("dump")), Error);
   // An update that writes every param makes it valid again.
-  const LoadResult ok = rt.update({b, {}, {}});
+  const LoadResult ok = rt.update(UpdateSource::from_folder(b));
   ASSERT_TRUE(ok) << ok.error->message;
   EXPECT_TRUE(loaded.model->valid());
   const LoadResult want = fresh(b, {"parallel.tp=2"});
@@ -598,7 +633,7 @@ TEST(Update, ACancelWhileWritingRestoresTheOldWeights) {
   ASSERT_TRUE(loaded);
   const auto bytes = param_bytes(*loaded.model);
   armed->store(true);
-  const LoadResult r = rt.update({b, {}, {}});
+  const LoadResult r = rt.update(UpdateSource::from_folder(b));
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error->stage, Stage::kCancelled);
   EXPECT_THAT(r.error->message, HasSubstr("read again from " + a));
@@ -613,8 +648,8 @@ TEST(Update, TheMetricsCountUpdatesByOutcome) {
   Runtime rt(to_config(make_config(a, {"metrics.textfile=" + textfile})));
   const LoadResult loaded = rt.load();
   ASSERT_TRUE(loaded);
-  ASSERT_TRUE(rt.update({b, {}, {}}));
-  ASSERT_FALSE(rt.update({b, {}, {"nothing.*"}}));
+  ASSERT_TRUE(rt.update(UpdateSource::from_folder(b)));
+  ASSERT_FALSE(rt.update(UpdateSource::from_folder(b, {"nothing.*"})));
   std::ifstream in(textfile);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_THAT(text, HasSubstr("ferry_updates_total{outcome=\"applied\"} 1"));
