@@ -2,7 +2,7 @@
 // LoadHandle hide, the CallbackThread, one load's working state (LoadWork) and
 // Runtime::Impl, shared by the files that do the work: runtime.cpp (the Runtime's
 // states, one load's thread, the phases), allocate.cpp, startup.cpp (prepare and
-// commit), load_handle.cpp and loaded_model.cpp.
+// commit), update.cpp (Runtime::update), load_handle.cpp and loaded_model.cpp.
 #pragma once
 
 #include <atomic>

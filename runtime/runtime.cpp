@@ -13,10 +13,10 @@
 // failure that state is dropped after the pipeline has stopped every actor, which
 // frees the device memory; on success it becomes the LoadedModel.
 //
-// The work is in five files around runtime/load_work.hpp (LoadWork, Runtime::Impl):
+// The work is in six files around runtime/load_work.hpp (LoadWork, Runtime::Impl):
 // this one (the Runtime's states, one load's thread, and the phases), allocate.cpp,
-// startup.cpp (prepare/commit), load_handle.cpp (LoadHandle, its CallbackThread)
-// and loaded_model.cpp.
+// startup.cpp (prepare/commit), update.cpp (Runtime::update), load_handle.cpp
+// (LoadHandle, its CallbackThread) and loaded_model.cpp.
 #include <sys/resource.h>
 
 #include <algorithm>
