@@ -34,16 +34,12 @@ using testing::make_config;
 using testing::synth_checkpoint;
 using testing::TempDir;
 
-using Sets = std::vector<std::string>;
-
-Sets with(Sets sets, const Sets& more) {
-  sets.insert(sets.end(), more.begin(), more.end());
-  return sets;
-}
+using testing::LayoutCase;
+using testing::Sets;
+using testing::with;
 
 LoadResult load(const std::string& path, const Sets& sets) {
-  Runtime rt(to_config(make_config(path, sets)));
-  return rt.load();
+  return testing::load_with(path, sets);
 }
 
 // The part folders under a root.
@@ -84,41 +80,16 @@ std::string round_trip(const std::string& ck, const std::string& root, const Set
   return saved.presharded_saved;
 }
 
-struct Case {
-  const char* family;
-  Sets sets;
-};
-
-class PreshardedRoundTrip : public ::testing::TestWithParam<Case> {};
+class PreshardedRoundTrip : public ::testing::TestWithParam<LayoutCase> {};
 
 TEST_P(PreshardedRoundTrip, ReadsBackWhatTheLoadLeft) {
   TempDir dir;
-  const Case& c = GetParam();
-  std::string ck;
-  if (std::string(c.family) == "deepseek_v3_fp8_128") {
-    ck = testing::synth_deepseek_v3_block128(dir);
-  } else if (std::string(c.family) == "deepseek_v3_fp8") {  // 8 x 8 blocks: splits at tp 4
-    synth::SynthOptions o;
-    o.family = "deepseek_v3";
-    o.preset = "tiny";
-    o.out = dir.file("ck");
-    o.quant = synth::SynthQuant::kFp8Block;
-    o.quant_block = 8;
-    o.fsync = false;
-    synth::synthesize(o);
-    ck = o.out;
-  } else {
-    ck = synth_checkpoint(dir.file("ck"), c.family).dir;
-  }
+  const LayoutCase& c = GetParam();
+  const std::string ck = std::string(c.family) == "deepseek_v3_fp8_128"
+                             ? testing::synth_deepseek_v3_block128(dir)
+                             : testing::layout_checkpoint(dir.file("ck"), c.family);
   const Sets sets = with(c.sets, {"prefetch.enabled=false"});
-  const int pp = [&] {
-    for (const std::string& s : sets) {
-      if (s.rfind("parallel.pp=", 0) == 0) {
-        return std::stoi(s.substr(12));
-      }
-    }
-    return 1;
-  }();
+  const int pp = testing::set_value(sets, "parallel.pp", 1);
   for (int stage = 0; stage < pp; ++stage) {
     SCOPED_TRACE("pipeline stage " + std::to_string(stage));
     round_trip(ck, dir.file("root"), with(sets, {"parallel.pp_rank=" + std::to_string(stage)}));
@@ -126,34 +97,19 @@ TEST_P(PreshardedRoundTrip, ReadsBackWhatTheLoadLeft) {
   EXPECT_EQ(parts_under(dir.file("root")).size(), static_cast<std::size_t>(pp));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Matrix, PreshardedRoundTrip,
-    ::testing::Values(Case{"llama", {"parallel.tp=1"}}, Case{"llama", {"parallel.tp=2"}},
-                      Case{"llama", {"parallel.tp=4"}},
-                      Case{"llama", {"parallel.tp=2", "parallel.pp=2"}},
-                      Case{"qwen3_moe", {"parallel.tp=2", "parallel.ep=2"}},
-                      Case{"qwen3_moe", {"parallel.tp=4", "parallel.ep=2"}},
-                      Case{"deepseek_v3", {"parallel.tp=2", "parallel.ep=2"}},
-                      Case{"deepseek_v3", {"parallel.tp=4", "parallel.attn_dp=2"}},
-                      Case{"deepseek_v3_fp8", {"parallel.tp=2"}},
-                      Case{"deepseek_v3_fp8", {"parallel.tp=2", "postprocess.target=sm90"}},
-                      Case{"deepseek_v3_fp8", {"parallel.tp=4", "parallel.attn_dp=2"}},
-                      Case{
-                          "deepseek_v3_fp8_128",
-                          {"parallel.tp=1", "postprocess.target=sm100", "parallel.moe_a2a=deepep"}},
-                      Case{"gemma2", {"parallel.tp=2"}}),
-    [](const ::testing::TestParamInfo<Case>& case_info) {
-      std::string name = case_info.param.family;
-      for (const std::string& s : case_info.param.sets) {
-        name += "_" + s.substr(s.find('.') + 1);
-      }
-      for (char& ch : name) {
-        if (!std::isalnum(static_cast<unsigned char>(ch))) {
-          ch = '_';
-        }
-      }
-      return name;
-    });
+// The matrix, and three more: tp 4 over ep 2, FP8 at the sm90 target, and 128 x 128
+// FP8 blocks repacked for sm100's DeepEP.
+std::vector<LayoutCase> presharded_layouts() {
+  std::vector<LayoutCase> out = testing::restart_layouts();
+  out.push_back({"qwen3_moe", {"parallel.tp=4", "parallel.ep=2"}});
+  out.push_back({"deepseek_v3_fp8", {"parallel.tp=2", "postprocess.target=sm90"}});
+  out.push_back({"deepseek_v3_fp8_128",
+                 {"parallel.tp=1", "postprocess.target=sm100", "parallel.moe_a2a=deepep"}});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, PreshardedRoundTrip, ::testing::ValuesIn(presharded_layouts()),
+                         testing::layout_case_name);
 
 // ---- finding the folder ----------------------------------------------------------
 

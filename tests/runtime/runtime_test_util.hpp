@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -410,6 +411,85 @@ inline runtime::LoadConfig make_config(
     b.apply_set(s);
   }
   return b.build(rules);
+}
+
+// ---- issue 34's layout matrix: restart formats and updates -------------------
+
+using Sets = std::vector<std::string>;
+
+inline Sets with(Sets sets, const Sets& more) {
+  sets.insert(sets.end(), more.begin(), more.end());
+  return sets;
+}
+
+// One Runtime, one load of `path` with `sets`.
+inline runtime::LoadResult load_with(const std::string& path, const Sets& sets) {
+  runtime::Runtime rt(runtime::to_config(make_config(path, sets)));
+  return rt.load();
+}
+
+// The integer `key=` assignment of `sets`, else `fallback`.
+inline int set_value(const Sets& sets, const std::string& key, int fallback) {
+  for (const std::string& s : sets) {
+    if (s.rfind(key + "=", 0) == 0) {
+      return std::stoi(s.substr(key.size() + 1));
+    }
+  }
+  return fallback;
+}
+
+struct LayoutCase {
+  const char* family;
+  Sets sets;
+};
+
+// The layouts the restart formats and updates round-trip: tp 1, 2 and 4, pp 2, ep 2,
+// attention DP, for Llama, Qwen3-MoE, DeepSeek-V3 (BF16, and "deepseek_v3_fp8":
+// block FP8) and Gemma 2.
+inline std::vector<LayoutCase> restart_layouts() {
+  return {{"llama", {"parallel.tp=1"}},
+          {"llama", {"parallel.tp=2"}},
+          {"llama", {"parallel.tp=4"}},
+          {"llama", {"parallel.tp=2", "parallel.pp=2"}},
+          {"qwen3_moe", {"parallel.tp=2", "parallel.ep=2"}},
+          {"deepseek_v3", {"parallel.tp=2", "parallel.ep=2"}},
+          {"deepseek_v3", {"parallel.tp=4", "parallel.attn_dp=2"}},
+          {"deepseek_v3_fp8", {"parallel.tp=2"}},
+          {"deepseek_v3_fp8", {"parallel.tp=4", "parallel.attn_dp=2"}},
+          {"gemma2", {"parallel.tp=2"}}};
+}
+
+// "llama_tp_2_pp_2": the family and each assignment's value, as a test name.
+inline std::string layout_case_name(const ::testing::TestParamInfo<LayoutCase>& info) {
+  std::string name = info.param.family;
+  for (const std::string& s : info.param.sets) {
+    name += "_" + s.substr(s.find('.') + 1);
+  }
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) {
+      ch = '_';
+    }
+  }
+  return name;
+}
+
+// A tiny checkpoint of a matrix family in `dir`: "deepseek_v3_fp8" is DeepSeek-V3
+// with FP8 8 x 8 blocks (which split at tp 4).
+inline std::string layout_checkpoint(const std::string& dir, const std::string& family,
+                                     std::uint64_t seed = 1) {
+  if (family != "deepseek_v3_fp8") {
+    return synth_checkpoint(dir, family, false, seed).dir;
+  }
+  synth::SynthOptions o;
+  o.family = "deepseek_v3";
+  o.preset = "tiny";
+  o.out = dir;
+  o.seed = seed;
+  o.quant = synth::SynthQuant::kFp8Block;
+  o.quant_block = 8;
+  o.fsync = false;
+  synth::synthesize(o);
+  return o.out;
 }
 
 // ---- checkpoint surgery ------------------------------------------------------

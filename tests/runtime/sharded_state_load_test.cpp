@@ -40,25 +40,13 @@ using testing::make_config;
 using testing::synth_checkpoint;
 using testing::TempDir;
 
-using Sets = std::vector<std::string>;
-
-Sets with(Sets sets, const Sets& more) {
-  sets.insert(sets.end(), more.begin(), more.end());
-  return sets;
-}
+using testing::LayoutCase;
+using testing::set_value;
+using testing::Sets;
+using testing::with;
 
 LoadResult load(const std::string& path, const Sets& sets) {
-  Runtime rt(to_config(make_config(path, sets)));
-  return rt.load();
-}
-
-int set_value(const Sets& sets, const std::string& key, int fallback) {
-  for (const std::string& s : sets) {
-    if (s.rfind(key + "=", 0) == 0) {
-      return std::stoi(s.substr(key.size() + 1));
-    }
-  }
-  return fallback;
+  return testing::load_with(path, sets);
 }
 
 // The names a folder's files hold, by file.
@@ -98,30 +86,12 @@ std::string round_trip(const std::string& ck, const std::string& root, const Set
   return saved.sharded_state_saved;
 }
 
-struct Case {
-  const char* family;
-  Sets sets;
-};
-
-class ShardedStateRoundTrip : public ::testing::TestWithParam<Case> {};
+class ShardedStateRoundTrip : public ::testing::TestWithParam<LayoutCase> {};
 
 TEST_P(ShardedStateRoundTrip, ReadsBackWhatTheLoadLeft) {
   TempDir dir;
-  const Case& c = GetParam();
-  std::string ck;
-  if (std::string(c.family) == "deepseek_v3_fp8") {  // 8 x 8 blocks: splits at tp 4
-    synth::SynthOptions o;
-    o.family = "deepseek_v3";
-    o.preset = "tiny";
-    o.out = dir.file("ck");
-    o.quant = synth::SynthQuant::kFp8Block;
-    o.quant_block = 8;
-    o.fsync = false;
-    synth::synthesize(o);
-    ck = o.out;
-  } else {
-    ck = synth_checkpoint(dir.file("ck"), c.family).dir;
-  }
+  const LayoutCase& c = GetParam();
+  const std::string ck = testing::layout_checkpoint(dir.file("ck"), c.family);
   const Sets sets = with(c.sets, {"prefetch.enabled=false"});
   const int pp = set_value(sets, "parallel.pp", 1);
   const int tp = set_value(sets, "parallel.tp", 1);
@@ -147,29 +117,9 @@ TEST_P(ShardedStateRoundTrip, ReadsBackWhatTheLoadLeft) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Matrix, ShardedStateRoundTrip,
-    ::testing::Values(Case{"llama", {"parallel.tp=1"}}, Case{"llama", {"parallel.tp=2"}},
-                      Case{"llama", {"parallel.tp=4"}},
-                      Case{"llama", {"parallel.tp=2", "parallel.pp=2"}},
-                      Case{"qwen3_moe", {"parallel.tp=2", "parallel.ep=2"}},
-                      Case{"deepseek_v3", {"parallel.tp=2", "parallel.ep=2"}},
-                      Case{"deepseek_v3", {"parallel.tp=4", "parallel.attn_dp=2"}},
-                      Case{"deepseek_v3_fp8", {"parallel.tp=2"}},
-                      Case{"deepseek_v3_fp8", {"parallel.tp=4", "parallel.attn_dp=2"}},
-                      Case{"gemma2", {"parallel.tp=2"}}),
-    [](const ::testing::TestParamInfo<Case>& case_info) {
-      std::string name = case_info.param.family;
-      for (const std::string& s : case_info.param.sets) {
-        name += "_" + s.substr(s.find('.') + 1);
-      }
-      for (char& ch : name) {
-        if (!std::isalnum(static_cast<unsigned char>(ch))) {
-          ch = '_';
-        }
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Matrix, ShardedStateRoundTrip,
+                         ::testing::ValuesIn(testing::restart_layouts()),
+                         testing::layout_case_name);
 
 TEST(ShardedStateLoad, ATiedEmbeddingIsStoredAsLmHeadAsSGLangNamesIt) {
   TempDir dir;

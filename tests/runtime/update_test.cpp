@@ -39,16 +39,12 @@ using testing::param_bytes;
 using testing::synth_checkpoint;
 using testing::TempDir;
 
-using Sets = std::vector<std::string>;
-
-Sets with(Sets sets, const Sets& more) {
-  sets.insert(sets.end(), more.begin(), more.end());
-  return sets;
-}
+using testing::LayoutCase;
+using testing::Sets;
+using testing::with;
 
 LoadResult fresh(const std::string& path, const Sets& sets) {
-  Runtime rt(to_config(make_config(path, sets)));
-  return rt.load();
+  return testing::load_with(path, sets);
 }
 
 // Every parameter's address, by local rank and name.
@@ -62,22 +58,10 @@ std::map<std::string, const std::byte*> addresses(const LoadedModel& m) {
   return out;
 }
 
-// A checkpoint of `family` with values from `seed` (fp8: DeepSeek-V3 in 8 x 8 blocks).
+// A checkpoint of `family` with values from `seed` (runtime_test_util's matrix).
 std::string checkpoint(const TempDir& dir, const std::string& name, const std::string& family,
                        std::uint64_t seed) {
-  if (family == "deepseek_v3_fp8") {
-    synth::SynthOptions o;
-    o.family = "deepseek_v3";
-    o.preset = "tiny";
-    o.out = dir.file(name);
-    o.seed = seed;
-    o.quant = synth::SynthQuant::kFp8Block;
-    o.quant_block = 8;
-    o.fsync = false;
-    synth::synthesize(o);
-    return o.out;
-  }
-  return synth_checkpoint(dir.file(name), family, false, seed).dir;
+  return testing::layout_checkpoint(dir.file(name), family, seed);
 }
 
 // Every tensor of a checkpoint folder, read into memory.
@@ -111,25 +95,15 @@ HostTensors read_tensors(const std::string& folder) {
   return out;
 }
 
-struct Case {
-  const char* family;
-  Sets sets;
-};
-
-class UpdateMatrix : public ::testing::TestWithParam<Case> {};
+class UpdateMatrix : public ::testing::TestWithParam<LayoutCase> {};
 
 TEST_P(UpdateMatrix, AnUpdateLeavesWhatAFreshLoadOfTheNewCheckpointLeavesAtTheSameAddresses) {
   TempDir dir;
-  const Case& c = GetParam();
+  const LayoutCase& c = GetParam();
   const std::string a = checkpoint(dir, "a", c.family, 1);
   const std::string b = checkpoint(dir, "b", c.family, 2);
   const Sets sets = with(c.sets, {"prefetch.enabled=false"});
-  int pp = 1;
-  for (const std::string& s : sets) {
-    if (s.rfind("parallel.pp=", 0) == 0) {
-      pp = std::stoi(s.substr(12));
-    }
-  }
+  const int pp = testing::set_value(sets, "parallel.pp", 1);
   for (int stage = 0; stage < pp; ++stage) {
     SCOPED_TRACE("pipeline stage " + std::to_string(stage));
     const Sets staged = with(sets, {"parallel.pp_rank=" + std::to_string(stage)});
@@ -174,29 +148,8 @@ TEST_P(UpdateMatrix, AnUpdateLeavesWhatAFreshLoadOfTheNewCheckpointLeavesAtTheSa
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Matrix, UpdateMatrix,
-    ::testing::Values(Case{"llama", {"parallel.tp=1"}}, Case{"llama", {"parallel.tp=2"}},
-                      Case{"llama", {"parallel.tp=4"}},
-                      Case{"llama", {"parallel.tp=2", "parallel.pp=2"}},
-                      Case{"qwen3_moe", {"parallel.tp=2", "parallel.ep=2"}},
-                      Case{"deepseek_v3", {"parallel.tp=2", "parallel.ep=2"}},
-                      Case{"deepseek_v3", {"parallel.tp=4", "parallel.attn_dp=2"}},
-                      Case{"deepseek_v3_fp8", {"parallel.tp=2"}},
-                      Case{"deepseek_v3_fp8", {"parallel.tp=4", "parallel.attn_dp=2"}},
-                      Case{"gemma2", {"parallel.tp=2"}}),
-    [](const ::testing::TestParamInfo<Case>& case_info) {
-      std::string name = case_info.param.family;
-      for (const std::string& s : case_info.param.sets) {
-        name += "_" + s.substr(s.find('.') + 1);
-      }
-      for (char& ch : name) {
-        if (!std::isalnum(static_cast<unsigned char>(ch))) {
-          ch = '_';
-        }
-      }
-      return name;
-    });
+INSTANTIATE_TEST_SUITE_P(Matrix, UpdateMatrix, ::testing::ValuesIn(testing::restart_layouts()),
+                         testing::layout_case_name);
 
 // An update of a model whose hooks read load-only params (quantization.online:
 // full-precision weights quantized to FP8 after loading): they are allocated for the
