@@ -484,86 +484,87 @@ void touch_weights(const std::string& folder) {
   }
 }
 
-TEST(Update, AFailureWhileWritingRestoresTheOldWeightsFromASnapshot) {
+// A (seed 1) loaded at tp 2 with `sets` on a Failing runtime; B (seed 2) beside it.
+// fail_update() arms the failure and updates from B, `touch_old` first changing A's
+// files; the update must fail, and the caller checks what it left.
+struct FailingUpdate {
   TempDir dir;
-  const std::string b = checkpoint(dir, "b", "llama", 2);
+  std::string a, b;
+  Failing failing;
+  Runtime rt;
+  LoadResult loaded;
+  std::map<std::string, std::vector<std::byte>> bytes;
+
+  FailingUpdate(const std::string& family, const Sets& sets)
+      : a(checkpoint(dir, "a", family, 1)),
+        b(checkpoint(dir, "b", family, 2)),
+        rt(make_runtime(to_config(make_config(a, with({"parallel.tp=2"}, sets))), failing.seams())),
+        loaded(rt.load()) {
+    if (loaded) {
+      bytes = param_bytes(*loaded.model);
+    }
+  }
+  LoadResult fail_update(bool touch_old) {
+    if (touch_old) {
+      touch_weights(a);
+    }
+    failing.armed->store(true);
+    return rt.update(UpdateSource::from_folder(b));
+  }
+};
+
+TEST(Update, AFailureWhileWritingRestoresTheOldWeightsFromASnapshot) {
   for (const char* how : {"reread", "snapshot"}) {
     SCOPED_TRACE(how);
     // reread first: A's files change after the load, so only a snapshot is left;
     // snapshot first: taken although A could be read again.
-    const std::string old = checkpoint(dir, std::string("old-") + how, "llama", 1);
-    Failing f;
-    Runtime rt = make_runtime(
-        to_config(make_config(old, {"parallel.tp=2", std::string("update.rollback=") + how})),
-        f.seams());
-    const LoadResult loaded = rt.load();
-    ASSERT_TRUE(loaded);
-    const auto bytes = param_bytes(*loaded.model);
-    if (std::string(how) == "reread") {
-      touch_weights(old);
-    }
-    f.armed->store(true);
-    const LoadResult r = rt.update(UpdateSource::from_folder(b));
+    FailingUpdate t("llama", {std::string("update.rollback=") + how});
+    ASSERT_TRUE(t.loaded);
+    const LoadResult r = t.fail_update(std::string(how) == "reread");
     ASSERT_FALSE(r);
     EXPECT_THAT(r.error->message, HasSubstr("injected copy failure"));
     EXPECT_THAT(r.error->message, HasSubstr("restored from a snapshot"));
-    EXPECT_TRUE(loaded.model->valid());
-    EXPECT_EQ(param_bytes(*loaded.model), bytes);
-    const LoadResult ok = rt.update(UpdateSource::from_folder(b));
+    EXPECT_TRUE(t.loaded.model->valid());
+    EXPECT_EQ(param_bytes(*t.loaded.model), t.bytes);
+    const LoadResult ok = t.rt.update(UpdateSource::from_folder(t.b));
     ASSERT_TRUE(ok) << ok.error->message;
-    EXPECT_EQ(loaded.model->report().update.rollback, "snapshot");
-    EXPECT_GT(loaded.model->report().update.snapshot_bytes, 0u);
+    EXPECT_EQ(t.loaded.model->report().update.rollback, "snapshot");
+    EXPECT_GT(t.loaded.model->report().update.snapshot_bytes, 0u);
   }
 }
 
 TEST(Update, AnUnchangedOldSourceIsReadAgain) {
-  TempDir dir;
-  const std::string a = checkpoint(dir, "a", "deepseek_v3", 1);
-  const std::string b = checkpoint(dir, "b", "deepseek_v3", 2);
-  Failing f;
-  Runtime rt = make_runtime(to_config(make_config(a, {"parallel.tp=2", "update.rollback_bytes=0"})),
-                            f.seams());
-  const LoadResult loaded = rt.load();
-  ASSERT_TRUE(loaded);
-  const auto bytes = param_bytes(*loaded.model);
-  f.armed->store(true);
-  const LoadResult r = rt.update(UpdateSource::from_folder(b));
+  FailingUpdate t("deepseek_v3", {"update.rollback_bytes=0"});
+  ASSERT_TRUE(t.loaded);
+  const LoadResult r = t.fail_update(false);
   ASSERT_FALSE(r);
-  EXPECT_THAT(r.error->message, HasSubstr("read again from " + a));
-  EXPECT_TRUE(loaded.model->valid());
-  EXPECT_EQ(param_bytes(*loaded.model), bytes);
-  const LoadResult ok = rt.update(UpdateSource::from_folder(b));
+  EXPECT_THAT(r.error->message, HasSubstr("read again from " + t.a));
+  EXPECT_TRUE(t.loaded.model->valid());
+  EXPECT_EQ(param_bytes(*t.loaded.model), t.bytes);
+  const LoadResult ok = t.rt.update(UpdateSource::from_folder(t.b));
   ASSERT_TRUE(ok) << ok.error->message;
-  EXPECT_EQ(loaded.model->report().update.rollback, "reread");
-  EXPECT_EQ(loaded.model->report().update.snapshot_bytes, 0u);
+  EXPECT_EQ(t.loaded.model->report().update.rollback, "reread");
+  EXPECT_EQ(t.loaded.model->report().update.snapshot_bytes, 0u);
 }
 
 TEST(Update, WithNeitherASnapshotNorAnUnchangedOldSourceAFailureMarksTheModelInvalid) {
-  TempDir dir;
-  const std::string a = checkpoint(dir, "a", "llama", 1);
-  const std::string b = checkpoint(dir, "b", "llama", 2);
-  Failing f;
-  Runtime rt = make_runtime(to_config(make_config(a, {"parallel.tp=2", "update.rollback_bytes=0"})),
-                            f.seams());
-  const LoadResult loaded = rt.load();
-  ASSERT_TRUE(loaded);
+  FailingUpdate t("llama", {"update.rollback_bytes=0"});
+  ASSERT_TRUE(t.loaded);
   // The old source changes after the load: it can no longer give the old weights.
-  touch_weights(a);
-  f.armed->store(true);
-  const LoadResult r = rt.update(UpdateSource::from_folder(b));
+  const LoadResult r = t.fail_update(true);
   ASSERT_FALSE(r);
   EXPECT_THAT(r.error->message, HasSubstr("the model is invalid"));
-  EXPECT_FALSE(loaded.model->valid());
-  EXPECT_THAT(loaded.model->invalid_reason(), HasSubstr("could not be undone"));
-  EXPECT_EQ(rt.state(), RuntimeState::kFailed);
-  EXPECT_THROW(loaded.model->dump(dir.file("dump")), Error);
+  EXPECT_FALSE(t.loaded.model->valid());
+  EXPECT_THAT(t.loaded.model->invalid_reason(), HasSubstr("could not be undone"));
+  EXPECT_EQ(t.rt.state(), RuntimeState::kFailed);
+  EXPECT_THROW(t.loaded.model->dump(t.dir.file("dump")), Error);
   // An update that writes every param makes it valid again.
-  const LoadResult ok = rt.update(UpdateSource::from_folder(b));
+  const LoadResult ok = t.rt.update(UpdateSource::from_folder(t.b));
   ASSERT_TRUE(ok) << ok.error->message;
-  EXPECT_TRUE(loaded.model->valid());
-  const LoadResult want = fresh(b, {"parallel.tp=2"});
+  EXPECT_TRUE(t.loaded.model->valid());
+  const LoadResult want = fresh(t.b, {"parallel.tp=2"});
   ASSERT_TRUE(want);
-  expect_same_model(*want.model, *loaded.model);
+  expect_same_model(*want.model, *t.loaded.model);
 }
 
 TEST(Update, ACancelWhileWritingRestoresTheOldWeights) {
