@@ -168,7 +168,6 @@ UpdateTensor update_tensor(std::string name, const DLTensor& tensor, std::option
     bad("a negative number of dimensions");
   }
   UpdateTensor out;
-  out.name = std::move(name);
   out.dtype = dtype.value_or(*have);
   std::int64_t expect = 1;
   for (int d = tensor.ndim; d-- > 0;) {
@@ -196,6 +195,7 @@ UpdateTensor update_tensor(std::string name, const DLTensor& tensor, std::option
       bad("DLPack device type " + std::to_string(tensor.device.device_type) +
           " is neither the CPU nor a CUDA device");
   }
+  out.name = std::move(name);  // last: the errors above name it
   return out;
 }
 

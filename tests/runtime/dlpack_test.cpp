@@ -174,5 +174,67 @@ TEST(Dlpack, Fp8AndBoolAreBytesAndCudaDevicesAreKdlCuda) {
   }
 }
 
+// update_tensor: an update's in-memory tensor over a DLPack tensor's bytes.
+TEST(Dlpack, UpdateTensorsBorrowContiguousCpuAndCudaTensors) {
+  std::vector<std::uint16_t> data(6 * 4, 0);
+  std::int64_t shape[2] = {6, 4};
+  DLTensor t{};
+  t.data = data.data();
+  t.device = {kDLCPU, 0};
+  t.ndim = 2;
+  t.dtype = {kDLBfloat, 16, 1};
+  t.shape = shape;
+  t.byte_offset = 8;
+  const UpdateTensor u = update_tensor("w", t);
+  EXPECT_EQ(u.name, "w");
+  EXPECT_EQ(u.dtype, DType::kBF16);
+  EXPECT_EQ(u.shape, (std::vector<std::uint64_t>{6, 4}));
+  EXPECT_EQ(u.data, reinterpret_cast<const std::byte*>(data.data()) + 8);
+  EXPECT_EQ(u.device, "host");
+  // Compact strides are contiguous; a size-1 dimension's stride does not matter.
+  std::int64_t compact[2] = {4, 1};
+  t.strides = compact;
+  EXPECT_EQ(update_tensor("w", t).shape.size(), 2u);
+  std::int64_t one_shape[2] = {1, 4};
+  std::int64_t one_strides[2] = {99, 1};
+  DLTensor row = t;
+  row.shape = one_shape;
+  row.strides = one_strides;
+  EXPECT_EQ(update_tensor("w", row).shape, (std::vector<std::uint64_t>{1, 4}));
+  // FP8 given as bytes, with its checkpoint dtype; a CUDA tensor names its device.
+  DLTensor bytes = t;
+  bytes.dtype = {kDLUInt, 8, 1};
+  bytes.device = {kDLCUDA, 3};
+  const UpdateTensor fp8 = update_tensor("w", bytes, DType::kF8E4M3);
+  EXPECT_EQ(fp8.dtype, DType::kF8E4M3);
+  EXPECT_EQ(fp8.device, "cuda:3");
+
+  // Refused, naming the tensor.
+  std::int64_t transposed[2] = {1, 6};
+  DLTensor bad = t;
+  bad.strides = transposed;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { update_tensor("w", bad); }),
+              HasSubstr("row-major contiguous"));
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { update_tensor("w", bad); }), HasSubstr("'w'"));
+  bad = t;
+  bad.dtype = {kDLFloat, 32, 4};
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { update_tensor("w", bad); }), HasSubstr("lanes"));
+  bad = t;
+  bad.dtype = {kDLComplex, 64, 1};
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { update_tensor("w", bad); }),
+              HasSubstr("is not one ferry reads"));
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { update_tensor("w", t, DType::kF32); }),
+              HasSubstr("another element size"));
+  bad = t;
+  bad.device = {kDLOpenCL, 0};
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { update_tensor("w", bad); }),
+              HasSubstr("neither the CPU nor"));
+  std::int64_t negative[2] = {-1, 4};
+  bad = t;
+  bad.shape = negative;
+  bad.strides = nullptr;
+  EXPECT_THAT(error_of(Stage::kConfig, [&] { update_tensor("w", bad); }), HasSubstr("negative"));
+}
+
 }  // namespace
 }  // namespace ferry::runtime
