@@ -50,9 +50,16 @@ build build/asan -- -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=address,undefined 
 build build/release -- -DCMAKE_BUILD_TYPE=Release -DFERRY_WERROR=ON
 build build/tsan ferry_common_tests ferry_io_tests ferry_gpu_tests ferry_models_tests \
   -- -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread -DFERRY_CUDA=OFF -DFERRY_WERROR=ON
+# Under ThreadSanitizer, not the placement contracts: element-by-element checks of
+# what each rank holds against the independent references, single-threaded math
+# over plain data (models/ has no threads), which ASan and Release run in full.
+# They took 1,640 of the 2,050 test seconds there (CI, 2026-12-05).
+tsan_skip='^[^ ]*(QuantContract|DeepseekFp8Reference|MoeContract|DeepseekReference|DenseReference)\.'
 for dir in build/asan build/release build/tsan; do
   phase "tests in $dir"
-  ctest --test-dir "$dir" --output-on-failure -j "$jobs"
+  skip=()
+  [ "$dir" = build/tsan ] && skip=(-E "$tsan_skip")
+  ctest --test-dir "$dir" --output-on-failure -j "$jobs" "${skip[@]}"
 done
 phase "fuzz smoke"
 bash scripts/fuzz.sh smoke "${FERRY_FUZZ_SMOKE_SECONDS:-20}"
