@@ -335,6 +335,9 @@ struct FERRY_HIDDEN Runtime::Impl {
 // A weight file's identity as of now: that of the descriptor kept since its header
 // was read, else (an index made without descriptors) of its path (startup.cpp).
 io::FileIdentity identity_now(const io::CheckpointFile& f);
+// Throws Error(Stage::kRead) naming `f` when its identity now differs from the one
+// its header was read with: "the file changed <when> (what changed): <then>".
+void check_unchanged(const io::CheckpointFile& f, const std::string& when, const std::string& then);
 // The manifest of `state` as it is now, and the entries that differ from `before`,
 // each with what changed (startup.cpp).
 std::vector<ManifestEntry> record_manifest(const LoadedModel::State& state);

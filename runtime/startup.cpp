@@ -162,6 +162,16 @@ io::FileIdentity identity_now(const io::CheckpointFile& f) {
   return io::identity_of(&st);
 }
 
+void check_unchanged(const io::CheckpointFile& f, const std::string& when,
+                     const std::string& then) {
+  const io::FileIdentity now = identity_now(f);
+  if (f.identity.known() && now != f.identity) {
+    throw Error(
+        Stage::kRead, f.name, "",
+        "the file changed " + when + " (" + io::describe_change(f.identity, now) + "): " + then);
+  }
+}
+
 std::vector<ManifestEntry> record_manifest(const LoadedModel::State& state) {
   std::vector<ManifestEntry> out;
   for (std::size_t r = 0; r < state.ranks.size(); ++r) {
@@ -432,13 +442,7 @@ LoadResult Runtime::Impl::commit(LoadWork& w, LoadHandle::State& handle) {
     report.bytes_prefetched = report.startup.bytes_prefetched;
     w.prefetcher.reset();
     for (std::size_t i : w.stamped) {
-      const io::CheckpointFile& f = w.resolved.index.files[i];
-      const io::FileIdentity now = identity_now(f);
-      if (f.identity.known() && now != f.identity) {
-        throw Error(Stage::kRead, f.name, "",
-                    "the file changed between prepare() and commit() (" +
-                        io::describe_change(f.identity, now) + "): prepare again");
-      }
+      check_unchanged(w.resolved.index.files[i], "between prepare() and commit()", "prepare again");
     }
     handle.check_cancel();
     stream(w, handle);

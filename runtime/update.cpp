@@ -327,17 +327,6 @@ void bind(LoadWork& u, const LoadedModel::State& model, const models::UpdateSele
   }
 }
 
-void check_stamps(const io::CheckpointIndex& index) {
-  for (const io::CheckpointFile& f : index.files) {
-    const io::FileIdentity now = identity_now(f);
-    if (f.identity.known() && now != f.identity) {
-      throw Error(Stage::kRead, f.name, "",
-                  "the file changed after the update read its header (" +
-                      io::describe_change(f.identity, now) + "): nothing was written");
-    }
-  }
-}
-
 // Whether the old source's files are as they were when it was read: a re-read then
 // gives the old weights back.
 std::optional<std::string> origin_changed(const LoadedModel::State::Origin& origin) {
@@ -505,7 +494,9 @@ LoadResult Runtime::Impl::update(const UpdateSource& source,
     u.report.warnings.push_back(warning);
   }
   handle.check_cancel();
-  check_stamps(u.resolved.index);
+  for (const io::CheckpointFile& f : u.resolved.index.files) {
+    check_unchanged(f, "after the update read its header", "nothing was written");
+  }
   // The report's allocate phase of an update: binding to the storage and the snapshot.
   u.allocated_at = Clock::now();
   u.span("bind and snapshot", u.planned_at, u.allocated_at);
@@ -520,9 +511,9 @@ LoadResult Runtime::Impl::update(const UpdateSource& source,
                   "internal: the update moved storage: " + join_first(moved, 8));
     }
   } catch (const std::exception& failure) {
-    const Error e = dynamic_cast<const Error*>(&failure) != nullptr
-                        ? *dynamic_cast<const Error*>(&failure)
-                        : unexpected_error(handle.phase.load(), failure.what());
+    const auto* ferry_error = dynamic_cast<const Error*>(&failure);
+    const Error e = ferry_error != nullptr ? *ferry_error
+                                           : unexpected_error(handle.phase.load(), failure.what());
     std::string how;
     std::string outcome = "rolled_back";
     try {
