@@ -22,6 +22,8 @@ std::string_view to_string(Stage stage) {
     case Stage::kCancelled: return "cancelled";
     case Stage::kResources: return "resources";
     case Stage::kOutput: return "output";
+    case Stage::kCache:
+      return "cache";
   }
   return "unknown";
 }

@@ -97,7 +97,7 @@ LoadMetrics::LoadMetrics(std::shared_ptr<prometheus::Registry> registry)
   staging_in_use_.Add({}).Set(0);
   reader_in_flight_.Add({}).Set(0);
   // Every stage at 0, so rate() over errors works before the first one.
-  for (int stage = 0; stage <= static_cast<int>(Stage::kOutput); ++stage) {  // kOutput: the last
+  for (int stage = 0; stage <= static_cast<int>(Stage::kCache); ++stage) {  // kCache: the last
     errors_.Add({{"stage", std::string(to_string(static_cast<Stage>(stage)))}});
   }
 }

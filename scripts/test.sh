@@ -48,7 +48,7 @@ build() {  # build DIR TARGETS... -- CMAKE_ARGS...
 build build/asan -- -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=address,undefined -DFERRY_CUDA=OFF \
   -DFERRY_WERROR=ON
 build build/release -- -DCMAKE_BUILD_TYPE=Release -DFERRY_WERROR=ON
-build build/tsan ferry_common_tests ferry_io_tests ferry_gpu_tests ferry_models_tests \
+build build/tsan ferry_common_tests ferry_io_tests ferry_cache_tests ferry_gpu_tests ferry_models_tests \
   -- -DCMAKE_BUILD_TYPE=Debug -DFERRY_SANITIZE=thread -DFERRY_CUDA=OFF -DFERRY_WERROR=ON
 # Under ThreadSanitizer, not the placement contracts: element-by-element checks of
 # what each rank holds against the independent references, single-threaded math

@@ -36,6 +36,9 @@ enum class Stage {
   // metrics textfile, a dump): the load itself may have succeeded. Appended, so that the
   // values above keep their numbers.
   kOutput,
+  // The weight cache (`ferry serve` and model.load_format ipc_cache): its registry,
+  // its socket, its protocol, or a daemon that does not hold what the load needs.
+  kCache,
 };
 
 FERRY_API std::string_view to_string(Stage stage);
