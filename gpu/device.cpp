@@ -13,6 +13,53 @@
 
 namespace ferry::gpu {
 
+std::string to_hex(const void* data, std::size_t bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (std::size_t i = 0; i < bytes; ++i) {
+    out += kHex[p[i] >> 4];
+    out += kHex[p[i] & 15];
+  }
+  return out;
+}
+
+std::optional<std::string> from_hex(const std::string& hex, std::size_t bytes) {
+  if (hex.size() != 2 * bytes) {
+    return std::nullopt;
+  }
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') {
+      return c - '0';
+    }
+    if (c >= 'a' && c <= 'f') {
+      return c - 'a' + 10;
+    }
+    return -1;
+  };
+  std::string out(bytes, '\0');
+  for (std::size_t i = 0; i < bytes; ++i) {
+    const int hi = digit(hex[2 * i]);
+    const int lo = digit(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) {
+      return std::nullopt;
+    }
+    out[i] = static_cast<char>(hi * 16 + lo);
+  }
+  return out;
+}
+
+std::string gpu_uuid_text(const unsigned char* uuid16) {
+  const std::string h = to_hex(uuid16, 16);
+  return "GPU-" + h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" +
+         h.substr(16, 4) + "-" + h.substr(20, 12);
+}
+
+DeviceAllocation Device::map_shared(const SharedBlock& block, int fd) {
+  (void)fd;
+  detail::fail(name(), "this device cannot map memory another process shares (" + block.kind + ")");
+}
+
 bool castable_dtype(DType dtype) {
   return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32;
 }

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/dtype.hpp"
@@ -144,6 +145,18 @@ struct PatternRange {
   std::uint32_t reserved = 0;
 };
 static_assert(sizeof(PatternRange) == 32);
+
+// A block of device memory another process can map: how a weight-cache daemon
+// (`ferry serve`, runtime/cache_server.cpp) shares its parameters, and what its
+// clients map (runtime/cache_client.cpp).
+struct SharedBlock {
+  std::string kind;                 // "memfd" (host devices) or "cuda_ipc"
+  const std::byte* base = nullptr;  // the block's first byte, in the exporting process
+  std::size_t bytes = 0;
+  int fd = -1;         // memfd: the device's own descriptor, open while the block lives
+  std::string uuid;    // cuda_ipc: the GPU's UUID ("GPU-..."), whatever its index here
+  std::string handle;  // cuda_ipc: the cudaIpcMemHandle_t's 64 bytes, as hex
+};
 
 // Marks a point in a stream. Destroying an Event that is not complete is allowed.
 class Event {
@@ -359,6 +372,27 @@ class Device {
   // A snapshot of the allocation counters.
   virtual AllocationStats stats() const = 0;
 
+  // ---- sharing with other processes (the weight cache) ------------------------------
+  // The shareable block that holds device pointer `p`, or nullopt when this device's
+  // memory cannot be shared (the default; host devices made without
+  // HostDeviceOptions::shared_memory; memory adopted from an engine).
+  virtual std::optional<SharedBlock> shared_block(const std::byte* p) const {
+    (void)p;
+    return std::nullopt;
+  }
+  // From now on no new mapping of this device's shared blocks may write them, and no
+  // write(2) may change them (memfd: F_SEAL_FUTURE_WRITE; the device's own mapping
+  // stays writable). CUDA IPC has no such seal: nothing.
+  virtual void seal_shared() {}
+  // Maps a block another process shared (`fd`: its descriptor, for memfd) into this
+  // device's memory, read-only where the backend can enforce it (host: PROT_READ),
+  // tracked like an allocation and unmapped when the handle dies. Throws
+  // Error(Stage::kCopy) where the backend cannot map that kind (the default).
+  virtual DeviceAllocation map_shared(const SharedBlock& block, int fd);
+  // The GPU's UUID ("GPU-xxxxxxxx-xxxx-..."), the identity a CUDA IPC handle is tied
+  // to whatever CUDA_VISIBLE_DEVICES says; "" for devices that are not GPUs.
+  virtual std::string uuid() const { return {}; }
+
   // False for a device that keeps no bytes (the null backend, gpu/null_device.hpp):
   // its copies are checked and counted but discarded, so nothing can be read back,
   // and work that needs parameter memory (post-load hooks, dumps) cannot run on it.
@@ -381,6 +415,13 @@ class Device {
   // (host memory; the null device). CUDA: 64 KiB.
   virtual std::size_t narrow_row_bytes() const { return 0; }
 };
+
+// A CUDA IPC handle's bytes as lower-case hex, and back: nullopt unless `hex` is
+// exactly 2 * bytes hex digits (what a client is sent is checked before use).
+std::string to_hex(const void* data, std::size_t bytes);
+std::optional<std::string> from_hex(const std::string& hex, std::size_t bytes);
+// A GPU's 16-byte UUID as nvidia-smi writes it: "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx".
+std::string gpu_uuid_text(const unsigned char* uuid16);
 
 // True for the element types cast() converts: BF16, F16, F32.
 bool castable_dtype(DType dtype);

@@ -1,7 +1,10 @@
 #include "gpu/host_device.hpp"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -108,6 +111,35 @@ void free_device_memory(std::byte* p, std::size_t bytes) {
   }
 }
 
+// HostDeviceOptions::shared_memory: a memfd of the allocation's (page-rounded)
+// size, mapped shared and committed like the private mappings above. Returns the
+// mapping and the descriptor, or (null, -1) when the memory is not there.
+std::pair<std::byte*, int> allocate_shared_memory(const std::string& device, std::size_t bytes) {
+  const std::size_t length = mapped_length(bytes);
+  const int fd = ::memfd_create(("ferry " + device).c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) {
+    return {nullptr, -1};
+  }
+  if (::ftruncate(fd, static_cast<off_t>(length)) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+    ::close(fd);
+    return {nullptr, -1};
+  }
+  void* p = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    ::close(fd);
+    return {nullptr, -1};
+  }
+#ifdef MADV_POPULATE_WRITE
+  if (::madvise(p, length, MADV_POPULATE_WRITE) != 0 && (errno == ENOMEM || errno == EFAULT)) {
+    ::munmap(p, length);
+    ::close(fd);
+    return {nullptr, -1};
+  }
+#endif
+  return {static_cast<std::byte*>(p), fd};
+}
+
 std::atomic<int> g_capturing{0};  // HostCaptureGuard's count
 thread_local bool t_bound = false;  // this thread called bind() on a host device
 
@@ -144,6 +176,9 @@ struct HostDeviceState {
   std::size_t live_device_bytes = 0;                    // guarded by mu
   std::map<std::uintptr_t, std::size_t> registrations;  // begin -> size; guarded by mu
   detail::AllocationMap allocations;                    // device memory handed out
+  // HostDeviceOptions::shared_memory: each allocation's memfd, by its first byte
+  // (begin -> (size, fd)); guarded by mu.
+  std::map<std::uintptr_t, std::pair<std::size_t, int>> shared;
   std::size_t free_events = 0;  // the emulated event pool (HostCaptureGuard); guarded by mu
 
   void reserve_events(std::size_t count) {
@@ -634,6 +669,9 @@ class HostDevice final : public Device {
       }
       state_->live_device_bytes += bytes;  // reserved now so concurrent callers see it
     }
+    if (state_->options.shared_memory) {
+      return allocate_shared(bytes);
+    }
     std::byte* p = allocate_device_memory(bytes, state_->options.huge_pages);
     if (p == nullptr) {
       std::lock_guard lock(state_->mu);
@@ -654,6 +692,60 @@ class HostDevice final : public Device {
       state->stats.remove(MemoryKind::kDevice, size);
       free_device_memory(data, size);
     });
+  }
+
+  std::optional<SharedBlock> shared_block(const std::byte* p) const override {
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    std::lock_guard lock(state_->mu);
+    auto it = state_->shared.upper_bound(at);
+    if (it == state_->shared.begin()) {
+      return std::nullopt;
+    }
+    --it;
+    if (at >= it->first + it->second.first) {
+      return std::nullopt;
+    }
+    SharedBlock b;
+    b.kind = "memfd";
+    b.base = reinterpret_cast<const std::byte*>(it->first);
+    b.bytes = it->second.first;
+    b.fd = it->second.second;
+    return b;
+  }
+
+  void seal_shared() override {
+    std::lock_guard lock(state_->mu);
+    for (const auto& [begin, block] : state_->shared) {
+      if (::fcntl(block.second, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) != 0 &&
+          errno != EPERM) {  // EPERM: sealed already
+        fail(state_->name,
+             std::string("sealing a shared block (F_SEAL_FUTURE_WRITE): ") + std::strerror(errno));
+      }
+    }
+  }
+
+  DeviceAllocation map_shared(const SharedBlock& block, int fd) override {
+    if (block.kind != "memfd") {
+      fail(state_->name, "a host device maps memfd blocks only, not " + block.kind);
+    }
+    if (block.bytes == 0) {
+      return {};
+    }
+    struct stat st {};
+    if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      fail(state_->name, "the shared block's descriptor is not a memory file");
+    }
+    if (static_cast<std::uint64_t>(st.st_size) < block.bytes) {
+      fail(state_->name, "the shared block's memory file has " + std::to_string(st.st_size) +
+                             " bytes, " + std::to_string(block.bytes) + " announced");
+    }
+    const std::size_t length = mapped_length(block.bytes);
+    void* p = ::mmap(nullptr, length, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      fail(state_->name, std::string("mapping a shared block: ") + std::strerror(errno));
+    }
+    return adopt(static_cast<std::byte*>(p), block.bytes,
+                 [length](std::byte* data, std::size_t) { ::munmap(data, length); });
   }
 
   DeviceAllocation adopt(std::byte* data, std::size_t bytes,
@@ -726,6 +818,44 @@ class HostDevice final : public Device {
   }
 
   AllocationStats stats() const override { return state_->stats.snapshot(); }
+
+  // HostDeviceOptions::shared_memory's allocate(): `bytes` were reserved already.
+  DeviceAllocation allocate_shared(std::size_t bytes) {
+    auto [p, fd] = allocate_shared_memory(state_->name, bytes);
+    if (p == nullptr) {
+      std::lock_guard lock(state_->mu);
+      state_->live_device_bytes -= bytes;
+      fail(state_->name, "out of memory: a shared memory file of " + std::to_string(bytes) +
+                             " bytes was refused (" + std::strerror(errno) + ")");
+    }
+    if (state_->options.poison_allocations) {
+      std::memset(p, static_cast<int>(kPoisonByte), bytes);
+    }
+    {
+      std::lock_guard lock(state_->mu);
+      state_->shared[reinterpret_cast<std::uintptr_t>(p)] = {bytes, fd};
+    }
+    state_->allocations.add(p, bytes);
+    state_->stats.add(MemoryKind::kDevice, bytes);
+    return DeviceAllocation(p, bytes, [state = state_](std::byte* data, std::size_t size) {
+      state->allocations.remove(data);
+      int block_fd = -1;
+      {
+        std::lock_guard lock(state->mu);
+        state->live_device_bytes -= size;
+        auto it = state->shared.find(reinterpret_cast<std::uintptr_t>(data));
+        if (it != state->shared.end()) {
+          block_fd = it->second.second;
+          state->shared.erase(it);
+        }
+      }
+      state->stats.remove(MemoryKind::kDevice, size);
+      ::munmap(data, mapped_length(size));
+      if (block_fd >= 0) {
+        ::close(block_fd);
+      }
+    });
+  }
 
  private:
   std::shared_ptr<HostDeviceState> state_;

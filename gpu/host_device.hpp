@@ -64,6 +64,10 @@ struct HostDeviceOptions {
   // so the copy worker gathers narrower row slices through device scratch as it
   // does on CUDA (64 KiB there). 0: every width is fine (host memory is).
   std::size_t narrow_row_bytes = 0;
+  // Every device allocation is a memfd of its own, mapped shared, so that
+  // Device::shared_block can hand it to another process (`ferry serve`). Small
+  // blocks then cost a page each and a descriptor; off by default.
+  bool shared_memory = false;
 };
 
 inline constexpr std::byte kPoisonByte{0xA5};

@@ -17,9 +17,12 @@
 
 #include <cctype>
 #include <cstdint>
+#include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,6 +55,10 @@ struct CudaDeviceState {
   detail::StatsTracker stats;
   std::mutex events_mu;
   std::vector<cudaEvent_t> free_events;  // created, not handed out
+  // cudaMalloc'd blocks (begin -> size), so that shared_block finds the allocation
+  // a parameter lies in (a CUDA IPC handle names an allocation's start).
+  std::mutex blocks_mu;
+  std::map<std::uintptr_t, std::size_t> blocks;
 
   CudaDeviceState() = default;
   CudaDeviceState(const CudaDeviceState&) = delete;
@@ -522,12 +529,89 @@ class CudaDevice final : public Device {
                 " bytes held by ferry on this device");
     }
     state_->stats.add(MemoryKind::kDevice, bytes);
+    {
+      std::lock_guard lock(state_->blocks_mu);
+      state_->blocks[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+    }
     return DeviceAllocation(static_cast<std::byte*>(p), bytes,
                             [state = state_](std::byte* data, std::size_t size) {
+                              {
+                                std::lock_guard lock(state->blocks_mu);
+                                state->blocks.erase(reinterpret_cast<std::uintptr_t>(data));
+                              }
                               QuietDeviceScope release_scope(*state);
                               warn_if_failed(cudaFree(data), "cudaFree", state->name);
                               state->stats.remove(MemoryKind::kDevice, size);
                             });
+  }
+
+  // The weight cache's CUDA transport: one cudaIpcMemHandle per allocation (an
+  // arena holds a rank's parameters), named by the GPU's UUID so that a client
+  // with another CUDA_VISIBLE_DEVICES finds the same GPU.
+  std::optional<SharedBlock> shared_block(const std::byte* p) const override {
+    const auto at = reinterpret_cast<std::uintptr_t>(p);
+    std::uintptr_t base = 0;
+    std::size_t size = 0;
+    {
+      std::lock_guard lock(state_->blocks_mu);
+      auto it = state_->blocks.upper_bound(at);
+      if (it == state_->blocks.begin()) {
+        return std::nullopt;
+      }
+      --it;
+      if (at >= it->first + it->second) {
+        return std::nullopt;
+      }
+      base = it->first;
+      size = it->second;
+    }
+    DeviceScope scope(*state_);
+    cudaIpcMemHandle_t handle{};
+    FERRY_CUDA_CHECK(state_->name, cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(base)));
+    SharedBlock b;
+    b.kind = "cuda_ipc";
+    b.base = reinterpret_cast<const std::byte*>(base);
+    b.bytes = size;
+    b.uuid = uuid();
+    b.handle = to_hex(&handle, sizeof handle);
+    return b;
+  }
+
+  std::string uuid() const override {
+    cudaDeviceProp prop{};
+    FERRY_CUDA_CHECK(state_->name, cudaGetDeviceProperties(&prop, state_->index));
+    return gpu_uuid_text(reinterpret_cast<const unsigned char*>(prop.uuid.bytes));
+  }
+
+  DeviceAllocation map_shared(const SharedBlock& block, int fd) override {
+    (void)fd;
+    if (block.kind != "cuda_ipc") {
+      throw ferry::Error(ferry::Stage::kCopy, state_->name, "",
+                         "a CUDA device maps cuda_ipc blocks only, not " + block.kind);
+    }
+    const std::string mine = uuid();
+    if (block.uuid != mine) {
+      throw ferry::Error(
+          ferry::Stage::kCopy, state_->name, "",
+          "the shared block lives on GPU " + block.uuid + ", this device is " + mine);
+    }
+    static_assert(sizeof(cudaIpcMemHandle_t) == 64);
+    const std::optional<std::string> bytes = from_hex(block.handle, sizeof(cudaIpcMemHandle_t));
+    if (!bytes) {
+      throw ferry::Error(ferry::Stage::kCopy, state_->name, "",
+                         "a CUDA IPC handle must be 128 hex digits");
+    }
+    cudaIpcMemHandle_t handle{};
+    std::memcpy(&handle, bytes->data(), sizeof handle);
+    DeviceScope scope(*state_);
+    void* p = nullptr;
+    FERRY_CUDA_CHECK(state_->name,
+                     cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess));
+    return adopt(
+        static_cast<std::byte*>(p), block.bytes, [state = state_](std::byte* data, std::size_t) {
+          QuietDeviceScope release_scope(*state);
+          warn_if_failed(cudaIpcCloseMemHandle(data), "cudaIpcCloseMemHandle", state->name);
+        });
   }
 
   DeviceAllocation adopt(std::byte* data, std::size_t bytes,
