@@ -144,6 +144,7 @@ std::vector<const char*> patterns_for(LoadFormat format) {
     case LoadFormat::kDummy:
     case LoadFormat::kPresharded:
     case LoadFormat::kShardedState:
+    case LoadFormat::kIpcCache:
       break;
   }
   return {};
@@ -301,16 +302,16 @@ std::optional<GlmMtp> glm_mtp_rule(const std::string& folder, const std::string&
 }  // namespace
 
 std::string_view to_string(LoadFormat format) {
-  static constexpr std::array<std::string_view, 7> kNames{
-      "auto", "safetensors", "mistral", "pt", "dummy", "presharded", "sharded_state"};
-  static_assert(kNames.size() == static_cast<std::size_t>(LoadFormat::kShardedState) + 1);
+  static constexpr std::array<std::string_view, 8> kNames{
+      "auto", "safetensors", "mistral", "pt", "dummy", "presharded", "sharded_state", "ipc_cache"};
+  static_assert(kNames.size() == static_cast<std::size_t>(LoadFormat::kIpcCache) + 1);
   return enum_name(format, kNames, "unknown");
 }
 
 std::optional<LoadFormat> parse_load_format(std::string_view text) {
-  for (LoadFormat format :
-       {LoadFormat::kAuto, LoadFormat::kSafetensors, LoadFormat::kMistral, LoadFormat::kPt,
-        LoadFormat::kDummy, LoadFormat::kPresharded, LoadFormat::kShardedState}) {
+  for (LoadFormat format : {LoadFormat::kAuto, LoadFormat::kSafetensors, LoadFormat::kMistral,
+                            LoadFormat::kPt, LoadFormat::kDummy, LoadFormat::kPresharded,
+                            LoadFormat::kShardedState, LoadFormat::kIpcCache}) {
     if (text == to_string(format)) {
       return format;
     }
@@ -420,6 +421,11 @@ std::vector<Entry> open_model_folder(const std::string& folder, LoadFormat forma
     throw Error(Stage::kDiscovery, folder, "",
                 "load format sharded_state reads each local tp rank's own files, not "
                 "discovered ones (the runtime picks them)");
+  }
+  if (format == LoadFormat::kIpcCache) {
+    throw Error(Stage::kDiscovery, folder, "",
+                "load format ipc_cache maps a `ferry serve` daemon's parameters; the daemon "
+                "read the files (cache.fallback_format says how to read them without one)");
   }
   const Probe where = probe(folder);
   if (where.kind == Kind::kMissing) {

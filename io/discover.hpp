@@ -27,6 +27,8 @@ enum class LoadFormat {
   kShardedState,  // SGLang's sharded_state: each tp rank's state dict in
                   // model-rank-<r>-part-<p>.safetensors (io/sharded_state.hpp); discovery
                   // refuses it (the runtime picks the local ranks' files)
+  kIpcCache,      // the weight cache: views of a `ferry serve` daemon's parameters
+                  // (runtime/cache_client.cpp); discovery refuses it (the daemon read the files)
 };
 
 // What the chosen files contain (kAuto resolves to one of these).

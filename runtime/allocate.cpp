@@ -233,6 +233,7 @@ void Runtime::Impl::make_devices(LoadWork& w) {
     host.huge_pages = config.host.huge_pages;
     host.deferred_copies = config.host.deferred_copies;
     host.narrow_row_bytes = config.host.narrow_row_bytes;
+    host.shared_memory = share_devices;
     state.devices = gpu::make_devices(to_string(config.devices), host);
   }
   if (state.devices.size() != shells.size()) {

@@ -255,7 +255,7 @@ using Requant = models::QuantScheme::Requant;
 using Online = QuantizationConfig::Online;
 using Target = models::QuantScheme::Target;
 
-constexpr std::array<Choice<io::LoadFormat>, 7> kLoadFormats{{
+constexpr std::array<Choice<io::LoadFormat>, 8> kLoadFormats{{
     {"auto", io::LoadFormat::kAuto},
     {"safetensors", io::LoadFormat::kSafetensors},
     {"mistral", io::LoadFormat::kMistral},
@@ -263,6 +263,7 @@ constexpr std::array<Choice<io::LoadFormat>, 7> kLoadFormats{{
     {"dummy", io::LoadFormat::kDummy},
     {"presharded", io::LoadFormat::kPresharded},
     {"sharded_state", io::LoadFormat::kShardedState},
+    {"ipc_cache", io::LoadFormat::kIpcCache},
 }};
 constexpr std::array<Choice<std::optional<DType>>, 4> kDTypes{{
     {"auto", std::nullopt},
@@ -305,6 +306,22 @@ constexpr std::array<Choice<StartupMode>, 3> kStartupModes{{
     {"serial", StartupMode::kSerial},
     {"overlap", StartupMode::kOverlap},
     {"auto", StartupMode::kAuto},
+}};
+
+constexpr std::array<Choice<CacheConfig::Mode>, 3> kCacheModes{{
+    {"off", CacheConfig::Mode::kOff},
+    {"daemon", CacheConfig::Mode::kDaemon},
+    {"client", CacheConfig::Mode::kClient},
+}};
+// cache.fallback_format: the formats a daemon loads from disk (not ipc_cache).
+constexpr std::array<Choice<io::LoadFormat>, 7> kFallbackFormats{{
+    {"auto", io::LoadFormat::kAuto},
+    {"safetensors", io::LoadFormat::kSafetensors},
+    {"mistral", io::LoadFormat::kMistral},
+    {"pt", io::LoadFormat::kPt},
+    {"dummy", io::LoadFormat::kDummy},
+    {"presharded", io::LoadFormat::kPresharded},
+    {"sharded_state", io::LoadFormat::kShardedState},
 }};
 
 constexpr std::array<Choice<UpdateConfig::Rollback>, 2> kUpdateRollbacks{{
@@ -609,6 +626,20 @@ const std::vector<ConfigKey>& table() {
           "the most host memory an update's snapshot of the params it writes may hold"),
       string_key<&C::update, &UpdateConfig::tensor_dir>(
           "update.tensor_dir", "where in-memory update tensors are laid out as a file (a tmpfs)"),
+      choice_key<&C::cache, &CacheConfig::mode, kCacheModes>(
+          "cache.mode",
+          "the weight cache: off, daemon (a `ferry serve` must hold the model) or client "
+          "(one does, else load from disk)"),
+      choice_key<&C::cache, &CacheConfig::fallback_format, kFallbackFormats>(
+          "cache.fallback_format",
+          "how a cached load reads the files without a daemon, and the daemon's format"),
+      string_key<&C::cache, &CacheConfig::dir>(
+          "cache.dir",
+          "the daemons' registry; \"\" = $XDG_RUNTIME_DIR/ferry-cache or /tmp/ferry-cache-<uid>"),
+      int_key<&C::cache, &CacheConfig::watch_ms, 10, 3'600'000>(
+          "cache.watch_ms", "how often a client checks that its daemon still lives"),
+      int_key<&C::cache, &CacheConfig::timeout_ms, 100, 3'600'000>(
+          "cache.timeout_ms", "how long one connection to a daemon may take"),
       bandwidth_key(),
       bool_key<&C::host, &HostConfig::deferred_copies>(
           "host.deferred_copies", "host devices copy later on a thread, as a DMA engine does"),
@@ -674,6 +705,10 @@ std::string_view to_string(StartupMode mode) {
 
 std::string_view requant_name(models::QuantScheme::Requant requant) {
   return name_in(kRequants, requant);
+}
+
+std::string_view to_string(CacheConfig::Mode mode) {
+  return name_in(kCacheModes, mode);
 }
 
 std::string_view online_name(QuantizationConfig::Online online) {

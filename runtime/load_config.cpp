@@ -582,6 +582,26 @@ std::vector<int> local_tp_ranks(const LoadConfig& c) {
 }
 
 std::optional<BrokenRule> broken_load_rule(const LoadConfig& c) {
+  const bool cached =
+      c.cache.mode != CacheConfig::Mode::kOff || c.model.load_format == io::LoadFormat::kIpcCache;
+  if (c.cache.mode != CacheConfig::Mode::kOff && c.model.load_format != io::LoadFormat::kAuto &&
+      c.model.load_format != io::LoadFormat::kIpcCache &&
+      c.model.load_format != c.cache.fallback_format) {
+    return BrokenRule{"model.load_format",
+                      "a cached load (cache.mode " + std::string(to_string(c.cache.mode)) +
+                          ") reads from disk, when it does, with cache.fallback_format: leave "
+                          "model.load_format auto and set cache.fallback_format"};
+  }
+  if (cached && c.devices.kind == DeviceSpec::Kind::kNull) {
+    return BrokenRule{"cache.mode", "devices " + to_string(c.devices) +
+                                        " keep no data: there is nothing to map a daemon's "
+                                        "parameters into"};
+  }
+  if (cached && (!c.load.save_presharded.empty() || !c.load.save_sharded_state.empty())) {
+    return BrokenRule{"cache.mode",
+                      "a cached load maps a daemon's parameters and saves nothing: save from "
+                      "a load without the cache (or let `ferry serve` load with the save)"};
+  }
   if (c.load.verify_checksums && c.model.load_format != io::LoadFormat::kPresharded) {
     return BrokenRule{"load.verify_checksums",
                       "load.verify_checksums checks a presharded folder against its manifest: "

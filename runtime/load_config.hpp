@@ -161,6 +161,26 @@ struct UpdateConfig {
   bool operator==(const UpdateConfig&) const = default;
 };
 
+// The weight cache (`ferry serve`, runtime/cache_client.cpp): where a load's
+// parameters come from a daemon that holds them already.
+struct CacheConfig {
+  // kOff: load from disk (model.load_format ipc_cache still asks for a daemon, as
+  // kDaemon). kDaemon: the parameters must come from a daemon; none registered is an
+  // error. kClient: from a daemon when one is registered, else from disk with
+  // fallback_format (logged). Any other failure is an error in both modes.
+  enum class Mode { kOff, kDaemon, kClient };
+  Mode mode = Mode::kOff;
+  // How the files are read without a daemon, and the format the daemon's
+  // fingerprint is compared with (auto: as discovery finds them).
+  io::LoadFormat fallback_format = io::LoadFormat::kAuto;
+  std::string dir;  // the registry; "" = $XDG_RUNTIME_DIR/ferry-cache or /tmp/ferry-cache-<uid>
+  // How often a client checks that its daemon is still the same process.
+  std::uint64_t watch_ms = 5000;
+  // How long one connection to a daemon may take, each way (the daemon's too).
+  std::uint64_t timeout_ms = 30000;
+  bool operator==(const CacheConfig&) const = default;
+};
+
 struct HostConfig {
   double bandwidth_gbps = 0;  // host-device copy cap in GB/s to mimic PCIe; 0 = no cap
   // Host devices run copies later on a thread of their own, as a DMA engine would,
@@ -202,6 +222,7 @@ enum class StartupMode {
              // with the admission's refusals)
   kAuto,     // overlap when admission allows it, else serial (the refusals are logged)
 };
+std::string_view to_string(CacheConfig::Mode mode);  // "off", "daemon", "client"
 std::string_view to_string(StartupMode mode);
 
 // quantization.requant's spelling: "none", "ue8m0", "tensor".
@@ -267,6 +288,7 @@ struct LoadConfig {
   PostprocessConfig postprocess;
   SaveConfig save;
   UpdateConfig update;
+  CacheConfig cache;
   bool operator==(const LoadConfig&) const = default;
 };
 

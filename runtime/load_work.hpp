@@ -76,6 +76,9 @@ struct FERRY_HIDDEN LoadedModel::State {
   // Set once a failed update could not restore the old weights (LoadedModel::valid).
   mutable std::mutex validity_mu;
   std::string invalid_reason;  // "" while valid
+  // A model attached to a weight-cache daemon (runtime/cache_client.cpp): its
+  // watchdog, stopped before the mappings go. Null for every other model.
+  std::shared_ptr<void> cache;
 };
 
 class CallbackThread;
@@ -86,6 +89,7 @@ struct FERRY_HIDDEN LoadHandle::State {
   std::atomic<bool> cancel{false};
   std::atomic<LoadPhase> phase{LoadPhase::kStarting};
   bool is_update = false;  // Runtime::update's (its metrics are its own)
+  std::function<void(const std::string&)> on_cache_lost;  // LoadCallbacks'
   std::atomic<std::uint64_t> bytes_planned{0};
   std::atomic<std::size_t> tensors_placed{0};
   actors::PipelineProgress pipeline;
@@ -219,9 +223,11 @@ struct LoadWork {
 };
 
 struct FERRY_HIDDEN Runtime::Impl {
-  LoadConfig config;
+  LoadConfig config;  // a cached load's: model.load_format is cache.fallback_format
   RuntimeTestSeams seams;
   std::shared_ptr<Allocator> allocator;
+  CacheConfig::Mode cache = CacheConfig::Mode::kOff;  // cache_mode() of the config given
+  bool share_devices = false;  // the weight-cache daemon's: host devices on memfds
 
   mutable std::mutex mu;  // guards everything below
   RuntimeState status = RuntimeState::kCreated;
@@ -313,6 +319,12 @@ struct FERRY_HIDDEN Runtime::Impl {
   void verify_startup(LoadWork& w);
 
   LoadResult load(LoadHandle::State& handle);
+  // The weight cache's client (runtime/cache_client.cpp): fills `w` with views of a
+  // daemon's parameters and returns true, or returns false for a fallback to disk
+  // (client mode, no daemon registered); throws for every other failure.
+  bool attach_cache(LoadWork& w, LoadHandle::State& handle);
+  // The result of an attached load (its model recorded as the one update() refuses).
+  LoadResult attached(LoadWork& w);
   LoadResult prepare(LoadWork& w, LoadHandle::State& handle);
   LoadResult commit(LoadWork& w, LoadHandle::State& handle);
 

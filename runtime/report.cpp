@@ -60,6 +60,16 @@ nlohmann::json to_json(const LoadReport& r) {
         {"time_to_ready", r.startup.time_to_ready},
         {"bytes_prefetched", r.startup.bytes_prefetched}}},
   };
+  if (r.cache.mode != "off") {
+    j["cache"] = {{"mode", r.cache.mode},
+                  {"attached", r.cache.attached},
+                  {"socket", r.cache.socket},
+                  {"fingerprint", r.cache.fingerprint},
+                  {"daemon_pid", r.cache.daemon_pid},
+                  {"fallback", r.cache.fallback},
+                  {"storages", r.cache.storages},
+                  {"bytes_mapped", r.cache.bytes_mapped}};
+  }
   if (r.update.ran) {
     j["update"] = {{"source", r.update.source},
                    {"params_written", r.update.params_written},
@@ -122,6 +132,13 @@ std::string LoadReport::summary() const {
   if (!hooks_skipped.empty()) {
     s += "post-load hooks skipped (their devices keep no data): " +
          std::to_string(hooks_skipped.size()) + "\n";
+  }
+  if (cache.attached) {
+    s += "attached to weight-cache daemon pid " + std::to_string(cache.daemon_pid) + " (" +
+         cache.socket + "): " + std::to_string(cache.storages) + " shared block(s), " +
+         human_bytes(cache.bytes_mapped) + " mapped\n";
+  } else if (!cache.fallback.empty()) {
+    s += "no weight-cache daemon: read from disk (" + cache.fallback + ")\n";
   }
   if (update.ran) {
     s += "update from " + update.source + ": " + std::to_string(update.params_written) +

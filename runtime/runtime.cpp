@@ -51,6 +51,7 @@
 #include "models/model.hpp"
 #include "models/postprocess.hpp"
 #include "models/quant.hpp"
+#include "runtime/cache.hpp"
 #include "runtime/load_work.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/metrics_server.hpp"
@@ -115,6 +116,13 @@ struct RuntimeFactory {
                                              std::shared_ptr<Allocator> allocator) {
     auto impl = std::make_unique<Runtime::Impl>();
     impl->config = config.load_config();
+    // A cached load reads from disk, when it does, with cache.fallback_format.
+    impl->cache = cache_mode(impl->config);
+    const io::LoadFormat asked = impl->config.model.load_format;
+    if (impl->cache != CacheConfig::Mode::kOff &&
+        (asked == io::LoadFormat::kAuto || asked == io::LoadFormat::kIpcCache)) {
+      impl->config = disk_config(impl->config);
+    }
     impl->seams = std::move(seams);
     impl->allocator = std::move(allocator);
     impl->start_metrics();
@@ -124,7 +132,27 @@ struct RuntimeFactory {
                       std::shared_ptr<Allocator> allocator) {
     return Runtime(impl(config, std::move(seams), std::move(allocator)));
   }
+  static std::unique_ptr<Runtime> make_sharing(const Config& config) {
+    std::unique_ptr<Runtime::Impl> i = impl(config, {}, nullptr);
+    i->share_devices = true;
+    return std::unique_ptr<Runtime>(new Runtime(std::move(i)));
+  }
+  static std::shared_ptr<LoadedModel::State> last_state(Runtime& rt) {
+    std::lock_guard lock(rt.impl_->mu);
+    return rt.impl_->last_state.lock();
+  }
+  static std::shared_ptr<LoadMetrics> metrics(Runtime& rt) { return rt.impl_->current_metrics(); }
 };
+
+std::unique_ptr<Runtime> make_sharing_runtime(Config config) {
+  return RuntimeFactory::make_sharing(config);
+}
+std::shared_ptr<LoadedModel::State> loaded_state(Runtime& runtime) {
+  return RuntimeFactory::last_state(runtime);
+}
+std::shared_ptr<LoadMetrics> runtime_metrics(Runtime& runtime) {
+  return RuntimeFactory::metrics(runtime);
+}
 
 Runtime::Runtime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
@@ -223,6 +251,7 @@ LoadHandle Runtime::Impl::launch(RuntimeState running_state, RuntimeState succes
   }
   auto handle = std::make_shared<LoadHandle::State>();
   handle->is_update = is_update;
+  handle->on_cache_lost = callbacks.on_cache_lost;
   if (worker.joinable()) {
     worker.join();  // the previous load has ended (it set the state): its thread is ending
   }
@@ -320,6 +349,11 @@ LoadHandle Runtime::start_update(UpdateSource source, LoadCallbacks callbacks) {
     return LoadHandle(
         refused("update refused: no_model: this Runtime holds no loaded model to update (load() or "
                 "commit() first, and keep its result)"));
+  }
+  if (state->cache) {
+    return LoadHandle(refused(
+        "update refused: ipc_cache: the model's parameters are a weight-cache daemon's shared "
+        "memory, which no client may write; update the checkpoint and restart `ferry serve`"));
   }
   return impl_->launch(
       RuntimeState::kUpdating, RuntimeState::kReady, std::move(callbacks),
@@ -741,6 +775,9 @@ void Runtime::Impl::write_trace(LoadWork& w) noexcept {
 LoadResult Runtime::Impl::load(LoadHandle::State& handle) {
   LoadWork w;
   TraceOnExit trace{*this, w};
+  if (cache != CacheConfig::Mode::kOff && attach_cache(w, handle)) {
+    return attached(w);
+  }
   resolve_and_plan(w, handle, config);
   make_devices(w);
   allocate(w, handle);

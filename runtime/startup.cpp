@@ -328,6 +328,24 @@ void Runtime::Impl::fill_sentinel(LoadWork& w, LoadHandle::State& handle) {
 
 LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
   TraceOnExit trace{*this, w};
+  if (cache != CacheConfig::Mode::kOff && attach_cache(w, handle)) {
+    // A daemon's parameters are complete and stay where they are: commit() verifies.
+    w.mode = StartupMode::kSerial;
+    w.report.startup_mode = "serial";
+    w.report.startup_refusals.push_back(
+        {"ipc_cache",
+         "the parameters are views of a weight-cache daemon's memory: complete "
+         "already, nothing to stream"});
+    w.state->manifest = record_manifest(*w.state);
+    w.prepared_at = Clock::now();
+    w.report.startup.prepare = seconds_between(w.begin, w.prepared_at);
+    w.state->report = w.report;
+    w.loaded = std::make_shared<LoadedModel>(w.state);
+    trace.armed = false;
+    LoadResult result;
+    result.model = w.loaded;
+    return result;
+  }
   resolve_and_plan(w, handle, config);
   make_devices(w);
   LoadReport& report = w.report;

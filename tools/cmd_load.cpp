@@ -19,6 +19,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <span>
@@ -46,7 +47,10 @@ constexpr const char kDescription[] =
 // everything); a second Ctrl-C kills the process as usual (SA_RESETHAND).
 std::atomic<runtime::Runtime*> g_running{nullptr};
 
+std::atomic<bool> g_holding{false};  // --hold: cleared by Ctrl-C
+
 extern "C" void cancel_on_sigint(int) {
+  g_holding.store(false);
   if (runtime::Runtime* rt = g_running.load()) {
     rt->cancel();  // an atomic store: safe in a signal handler
   }
@@ -83,6 +87,12 @@ int cmd_load(const Args& args) {
           ->check(CLI::Range(0.0, 86400.0));
   bool quiet = false;
   app.add_flag("--quiet", quiet, "no progress on standard error");
+  double hold_seconds = 0;
+  app.add_option("--hold", hold_seconds,
+                 "after the load, hold the model this long, as an engine would (Ctrl-C ends it); "
+                 "an attached weight cache's daemon that dies meanwhile ends the process with "
+                 "status 3")
+      ->check(CLI::Range(0.0, 1e9));
   std::string then_update;
   app.add_option("--then-update", then_update,
                  "after the load, update the loaded model in place from this checkpoint folder "
@@ -121,7 +131,12 @@ int cmd_load(const Args& args) {
   g_running.store(&rt);
   sigaction(SIGINT, &action, &previous);
   ProgressPrinter progress(stderr, isatty(fileno(stderr)) != 0);
-  const runtime::LoadCallbacks callbacks = quiet ? runtime::LoadCallbacks{} : progress.callbacks();
+  runtime::LoadCallbacks callbacks = quiet ? runtime::LoadCallbacks{} : progress.callbacks();
+  callbacks.on_cache_lost = [](const std::string& why) {
+    std::fprintf(stderr, "ferry load: %s\n", why.c_str());
+    std::fflush(stderr);
+    std::_Exit(3);
+  };
   runtime::LoadResult result =
       startup ? boot(rt, capture_seconds, callbacks) : rt.start(callbacks).wait();
   if (result && !then_update.empty()) {
@@ -143,6 +158,19 @@ int cmd_load(const Args& args) {
   for (const runtime::LoadedRank& rank : result.model->ranks()) {
     std::printf("tp rank %d on %s: %zu parameters\n", rank.tp_rank, rank.device.c_str(),
                 rank.params.size());
+  }
+  if (hold_seconds > 0) {
+    // Ctrl-C ends the hold (the load is over: cancel() does nothing now).
+    std::printf("holding the model for %g s\n", hold_seconds);
+    std::fflush(stdout);
+    g_holding.store(true);
+    sigaction(SIGINT, &action, &previous);
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::duration<double>(hold_seconds);
+    while (g_holding.load() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    sigaction(SIGINT, &previous, nullptr);
   }
   try {
     if (!config.load.report.empty()) {

@@ -22,6 +22,7 @@ int cmd_synth(const Args& args);     // tools/cmd_synth.cpp
 int cmd_inspect(const Args& args);   // tools/cmd_inspect.cpp
 int cmd_demo(const Args& args);      // tools/cmd_demo.cpp
 int cmd_load(const Args& args);      // tools/cmd_load.cpp
+int cmd_serve(const Args& args);     // tools/cmd_serve.cpp
 int cmd_plan(const Args& args);      // tools/cmd_plan.cpp
 int cmd_save(const Args& args);      // tools/cmd_save.cpp
 int cmd_selftest(const Args& args);  // tools/cmd_selftest.cpp

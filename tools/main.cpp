@@ -29,6 +29,8 @@ constexpr Verb kVerbs[] = {
     {"inspect", "list and validate a checkpoint's weight files and tensors",
      ferry::tools::cmd_inspect},
     {"load", "load a checkpoint onto devices and report", ferry::tools::cmd_load},
+    {"serve", "hold a model and share it with every engine process (the weight cache)",
+     ferry::tools::cmd_serve},
     {"plan", "show where every tensor would go, reading no tensor data", ferry::tools::cmd_plan},
     {"save", "load a checkpoint and save every rank's params as loaded (presharded, sharded_state)",
      ferry::tools::cmd_save},

@@ -2,6 +2,7 @@
 // prometheus-cpp): include this, link ferry::ferry (CMake) or `pkg-config ferry`.
 #pragma once
 
+#include "ferry/cache.hpp"
 #include "ferry/config.hpp"
 #include "ferry/dlpack.hpp"
 #include "ferry/dtype.hpp"

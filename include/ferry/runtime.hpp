@@ -97,7 +97,8 @@ struct StartupRefusal {
 
 // What happened during a load (`--report FILE` writes json()).
 struct FERRY_API LoadReport {
-  // "checkpoint", "presharded" (a presharded folder, read as stored), "sharded_state"
+  // "checkpoint", "ipc_cache" (views of a `ferry serve` daemon's parameters: nothing
+  // read, nothing copied), "presharded" (a presharded folder, read as stored), "sharded_state"
   // (SGLang's per-rank state dict files, read as stored), or "dummy"
   // (model.load_format dummy: every parameter filled with deterministic random values
   // on its device, nothing read; bytes_copied counts the bytes filled).
@@ -182,6 +183,19 @@ struct FERRY_API LoadReport {
     std::string rollback = "none";
     std::uint64_t snapshot_bytes = 0;
   } update;
+  // The weight cache (cache.mode, model.load_format ipc_cache; `ferry serve`).
+  struct Cache {
+    // "off"; "daemon" or "client" for a load that asked for a daemon; "serve" for a
+    // daemon's own load.
+    std::string mode = "off";
+    bool attached = false;     // the params are views of a daemon's memory
+    std::string socket;        // the daemon's (attached, or serving)
+    std::string fingerprint;   // SHA-256 of what decides the bytes
+    int daemon_pid = 0;        // attached: the daemon's process
+    std::string fallback;      // client mode, no daemon: why it read from disk ("" else)
+    std::size_t storages = 0;  // attached: shared blocks mapped
+    std::uint64_t bytes_mapped = 0;
+  } cache;
   struct Startup {                       // prepare()/commit() only
     double prepare = 0;                  // prepare() called .. prepared
     double sentinel = 0;                 // of it: sentinel fill, hooks on it, manifest
@@ -314,6 +328,14 @@ struct LoadCallbacks {
   // an engine can start on early layers. Layer indices are the checkpoint's
   // (model.layers.<i>.); the draft model's layer, which has none, is not reported.
   std::function<void(std::uint64_t layer, int tp_rank)> on_layer_ready;
+  // A model attached to a weight-cache daemon (cache.mode): called once, from the
+  // model's watchdog thread, when the daemon is no longer the process it attached
+  // to (checked every cache.watch_ms), with a message saying what was seen. Unset:
+  // ferry logs the message and aborts the process, as SGLang does, because graphs
+  // captured against the daemon's memory would read freed memory (CUDA). Host
+  // devices' memfd mappings stay valid after the daemon's death: an engine on them
+  // may choose to go on. Must not throw; the watchdog stops after calling it.
+  std::function<void(const std::string& why)> on_cache_lost;
 };
 
 // One load started by Runtime::start(). Copyable; every copy is the same load.

@@ -1,0 +1,83 @@
+// The weight cache inside the runtime (internal): the fingerprint both sides
+// compute, the daemon's table of what it shares, and the client's attach. The
+// mechanism below it (frames, registry, messages) is cache/; the public faces are
+// ferry/cache.hpp (the daemon) and cache.mode (the client, in Runtime::load).
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/protocol.hpp"
+#include "ferry/runtime.hpp"
+#include "runtime/load_config.hpp"
+
+namespace ferry::gpu {
+class Device;
+}  // namespace ferry::gpu
+
+namespace ferry::runtime {
+
+// ferry's own layout version: bump it when a release changes the bytes a load
+// leaves for the same checkpoint and configuration, so that a daemon of the old
+// release is a loud mismatch instead of a silent one.
+inline constexpr int kCacheLayoutVersion = 1;
+
+// The release this build is (the project's version: libferry.so's version()), as
+// the weight cache's hello and compat fields say it.
+std::string release();
+
+// What decides the bytes of a load (`identity`, hashed into `fingerprint`, compared
+// with exact equality), and what is compared but not hashed (`compat`: ferry's
+// version, the protocol, the device kinds), so that an upgrade is reported as such.
+struct CacheIdentity {
+  nlohmann::json identity;
+  nlohmann::json compat;
+  std::string fingerprint;   // SHA-256 hex of identity's compact text
+  std::string model;         // identity's model folder (realpath)
+  nlohmann::json hf_config;  // the config.json read (the client's model is made from it)
+};
+
+// The identity of a load of `c` read from disk (c.model.load_format: the disk
+// format): the model folder's realpath, each weight file's (name, device, inode,
+// size, mtime), config.json's hash (hf_quant_config.json merged in), every key of
+// the model, parallel, quantization and postprocess sections except the ones
+// kFingerprintExcluded names (postprocess.target as resolved for `c`'s devices),
+// the EPLB map's hash and kCacheLayoutVersion. parallel.ranks is not in it: each
+// rank's table is checked on its own, and data-parallel replicas share a daemon.
+CacheIdentity cache_identity(const LoadConfig& c);
+// Keys of the fingerprinted sections that are not hashed as written, and why.
+inline constexpr const char* kFingerprintSections[] = {"model", "parallel", "quantization",
+                                                       "postprocess"};
+inline constexpr const char* kFingerprintExcluded[] = {
+    "model.path",          // its realpath is
+    "model.load_format",   // the format discovery settled on is
+    "parallel.ranks",      // which ranks a process holds; the fetch checks each one
+    "postprocess.target",  // as resolved for the devices is
+};
+// "field: the daemon's X, this load's Y" for each field of `theirs` and `ours`
+// that differs (the files listed by name), at most `limit` of them.
+std::vector<std::string> identity_differences(const nlohmann::json& theirs,
+                                              const nlohmann::json& ours, std::size_t limit = 8);
+
+// The effective mode of a load: kOff, or kDaemon / kClient (model.load_format
+// ipc_cache with cache.mode off is kDaemon).
+CacheConfig::Mode cache_mode(const LoadConfig& c);
+// The load `c` asks for, read from disk: model.load_format is cache.fallback_format.
+LoadConfig disk_config(const LoadConfig& c);
+
+// The registry's name for a daemon's devices: "host:0,host:1" for host devices,
+// the GPUs' UUIDs for CUDA ones.
+std::string device_set(const std::vector<std::shared_ptr<gpu::Device>>& devices);
+
+// Internal doors into a Runtime (runtime.cpp): one whose devices can share their
+// memory (HostDeviceOptions::shared_memory: the daemon's), the state of the model
+// it loaded last, and its metrics (null when metrics.* are off).
+std::unique_ptr<Runtime> make_sharing_runtime(Config config);
+std::shared_ptr<LoadedModel::State> loaded_state(Runtime& runtime);
+class LoadMetrics;
+std::shared_ptr<LoadMetrics> runtime_metrics(Runtime& runtime);
+
+}  // namespace ferry::runtime

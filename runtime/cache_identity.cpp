@@ -1,0 +1,196 @@
+// The weight cache's fingerprint (runtime/cache.hpp): computed the same way by the
+// daemon for its load and by a client for the load it asks for.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "common/error.hpp"
+#include "common/sha256.hpp"
+#include "gpu/device.hpp"
+#include "io/discover.hpp"
+#include "io/file.hpp"
+#include "models/postprocess.hpp"
+#include "runtime/cache.hpp"
+#include "runtime/config_keys.hpp"
+#include "runtime/plan_report.hpp"
+
+namespace ferry::runtime {
+
+namespace {
+
+nlohmann::json file_entry(const std::string& name, const io::FileIdentity& id) {
+  return nlohmann::json::array({name, id.device, id.inode, id.size, id.mtime_ns});
+}
+
+io::FileIdentity stat_identity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    throw Error(Stage::kCache, path, "", "cannot stat a weight file for the fingerprint");
+  }
+  return io::identity_of(&st);
+}
+
+bool fingerprinted(std::string_view key) {
+  for (const char* excluded : kFingerprintExcluded) {
+    if (key == excluded) {
+      return false;
+    }
+  }
+  for (const char* section : kFingerprintSections) {
+    const std::string_view s(section);
+    if (key.size() > s.size() && key.substr(0, s.size()) == s && key[s.size()] == '.') {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string release() {
+  return FERRY_RELEASE;
+}
+
+CacheConfig::Mode cache_mode(const LoadConfig& c) {
+  if (c.cache.mode == CacheConfig::Mode::kOff && c.model.load_format == io::LoadFormat::kIpcCache) {
+    return CacheConfig::Mode::kDaemon;
+  }
+  return c.cache.mode;
+}
+
+LoadConfig disk_config(const LoadConfig& c) {
+  LoadConfig out = c;
+  if (cache_mode(c) != CacheConfig::Mode::kOff) {
+    out.model.load_format = c.cache.fallback_format;
+  }
+  return out;
+}
+
+CacheIdentity cache_identity(const LoadConfig& c) {
+  CacheIdentity out;
+  nlohmann::json files = nlohmann::json::array();
+  std::string folder;
+  nlohmann::json hf_config;
+  const io::LoadFormat format = c.model.load_format;
+  std::string pattern;
+  if (format == io::LoadFormat::kDummy || format == io::LoadFormat::kPresharded ||
+      format == io::LoadFormat::kShardedState) {
+    ResolvedCheckpoint resolved = resolve_checkpoint(c);
+    folder = resolved.source.folder;
+    hf_config = std::move(resolved.hf_config);
+    for (const io::CheckpointFile& f : resolved.index.files) {
+      files.push_back(file_entry(f.name, f.identity.known() ? f.identity : stat_identity(f.path)));
+    }
+  } else {
+    io::DiscoveryOptions discovery;
+    discovery.format = format;
+    discovery.max_metadata_bytes = c.io.max_metadata_bytes;
+    const io::ResolvedSource source = io::resolve_source(c.model.path, discovery);
+    folder = source.folder;
+    pattern = source.pattern;
+    hf_config = read_hf_config(source.folder, c.io.max_metadata_bytes);
+    for (const io::WeightFile& f : source.files) {
+      files.push_back(file_entry(f.name, stat_identity(f.path)));
+    }
+  }
+  std::sort(files.begin(), files.end());
+  std::error_code ec;
+  const std::filesystem::path real = std::filesystem::canonical(folder, ec);
+  out.model = ec ? folder : real.string();
+
+  nlohmann::json keys = nlohmann::json::object();
+  for (const ConfigKey& key : config_keys()) {
+    if (fingerprinted(key.name)) {
+      keys[std::string(key.name)] = key.write(c);
+    }
+  }
+  nlohmann::json& id = out.identity;
+  id["layout_version"] = kCacheLayoutVersion;
+  id["model"] = out.model;
+  id["format"] = std::string(io::to_string(format)) + (pattern.empty() ? "" : " " + pattern);
+  id["files"] = std::move(files);
+  id["config_sha256"] = sha256_hex(hf_config.dump());
+  out.hf_config = hf_config;
+  id["keys"] = std::move(keys);
+  id["postprocess_target"] = std::string(models::to_string(resolve_target(c)));
+  if (!c.model.eplb_map.empty()) {
+    id["eplb_map_sha256"] = sha256_hex(
+        read_json_file(c.model.eplb_map, "the EPLB map", c.io.max_metadata_bytes).dump());
+  }
+  out.fingerprint = sha256_hex(id.dump());
+  out.compat = {{"ferry", release()}, {"protocol", cache::kProtocolVersion}};
+  return out;
+}
+
+std::vector<std::string> identity_differences(const nlohmann::json& theirs,
+                                              const nlohmann::json& ours, std::size_t limit) {
+  std::vector<std::string> out;
+  auto add = [&](const std::string& field, const nlohmann::json& a, const nlohmann::json& b) {
+    if (out.size() < limit) {
+      out.push_back(field + ": the daemon's " + a.dump() + ", this load's " + b.dump());
+    }
+  };
+  if (!theirs.is_object() || !ours.is_object()) {
+    add("identity", theirs, ours);
+    return out;
+  }
+  std::set<std::string> fields;
+  for (const auto& [k, v] : theirs.items()) {
+    fields.insert(k);
+  }
+  for (const auto& [k, v] : ours.items()) {
+    fields.insert(k);
+  }
+  const nlohmann::json none;
+  for (const std::string& f : fields) {
+    const nlohmann::json& a = theirs.contains(f) ? theirs[f] : none;
+    const nlohmann::json& b = ours.contains(f) ? ours[f] : none;
+    if (a == b) {
+      continue;
+    }
+    if (f == "keys" && a.is_object() && b.is_object()) {
+      for (const std::string& k : [&] {
+             std::set<std::string> ks;
+             for (const auto& [key, v] : a.items()) {
+               ks.insert(key);
+             }
+             for (const auto& [key, v] : b.items()) {
+               ks.insert(key);
+             }
+             return ks;
+           }()) {
+        const nlohmann::json& x = a.contains(k) ? a[k] : none;
+        const nlohmann::json& y = b.contains(k) ? b[k] : none;
+        if (x != y) {
+          add(k, x, y);
+        }
+      }
+    } else if (f == "files" && a.is_array() && b.is_array()) {
+      std::size_t shown = 0;
+      for (std::size_t i = 0; i < std::max(a.size(), b.size()) && shown < 3; ++i) {
+        const nlohmann::json& x = i < a.size() ? a[i] : none;
+        const nlohmann::json& y = i < b.size() ? b[i] : none;
+        if (x != y) {
+          add("files[" + std::to_string(i) + "] (name, device, inode, size, mtime)", x, y);
+          ++shown;
+        }
+      }
+    } else {
+      add(f, a, b);
+    }
+  }
+  return out;
+}
+
+std::string device_set(const std::vector<std::shared_ptr<gpu::Device>>& devices) {
+  std::string out;
+  for (const auto& d : devices) {
+    const std::string uuid = d->uuid();
+    out += (out.empty() ? "" : ",") + (uuid.empty() ? d->name() : uuid);
+  }
+  return out;
+}
+
+}  // namespace ferry::runtime
