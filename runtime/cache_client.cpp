@@ -142,6 +142,12 @@ bool Runtime::Impl::attach_cache(LoadWork& w, LoadHandle::State& handle) {
   if (seams.in_resolve) {
     seams.in_resolve();
   }
+  if (!config.load.save_presharded.empty() || !config.load.save_sharded_state.empty()) {
+    throw Error(Stage::kConfig, "", "",
+                "load.save_presharded / load.save_sharded_state with the weight cache: an "
+                "attached load maps a daemon's parameters and saves nothing; save from a "
+                "load without the cache (or give `ferry serve` the save)");
+  }
   const CacheIdentity id = cache_identity(config);
   report.cache.fingerprint = id.fingerprint;
   cache::Registry registry(config.cache.dir);

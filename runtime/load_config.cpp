@@ -597,11 +597,6 @@ std::optional<BrokenRule> broken_load_rule(const LoadConfig& c) {
                                         " keep no data: there is nothing to map a daemon's "
                                         "parameters into"};
   }
-  if (cached && (!c.load.save_presharded.empty() || !c.load.save_sharded_state.empty())) {
-    return BrokenRule{"cache.mode",
-                      "a cached load maps a daemon's parameters and saves nothing: save from "
-                      "a load without the cache (or let `ferry serve` load with the save)"};
-  }
   if (c.load.verify_checksums && c.model.load_format != io::LoadFormat::kPresharded) {
     return BrokenRule{"load.verify_checksums",
                       "load.verify_checksums checks a presharded folder against its manifest: "

@@ -477,7 +477,9 @@ void Runtime::Impl::resolve_and_plan(LoadWork& w, LoadHandle::State& handle, con
   // Shared with `ferry plan` (runtime/plan_report.hpp).
   w.resolved = resolve_checkpoint(c);
   report.files = w.resolved.index.files.size();
-  report.warnings = w.resolved.warnings;
+  // After what came before the resolve (a weight cache's fallback says why it read).
+  report.warnings.insert(report.warnings.end(), w.resolved.warnings.begin(),
+                         w.resolved.warnings.end());
   if (w.resolved.presharded || w.resolved.stored_format == kSglangPresharded) {
     report.load_format = "presharded";
     report.presharded_read = w.resolved.source.folder;

@@ -136,7 +136,7 @@ void expect_choices_are_names(std::string_view key, int count, NameOf name_of, R
 // (postprocess.target adds "auto").
 TEST(ConfigKeys, ChoiceNamesAreTheLayersNames) {
   expect_choices_are_names<io::LoadFormat>(
-      "model.load_format", static_cast<int>(io::LoadFormat::kShardedState) + 1,
+      "model.load_format", static_cast<int>(io::LoadFormat::kIpcCache) + 1,
       [](io::LoadFormat v) { return io::to_string(v); },
       [](const LoadConfig& c) { return c.model.load_format; }, 0);
   using Target = models::QuantScheme::Target;

@@ -201,9 +201,8 @@ TEST(DummyLoad, BadInputsAndTheStartupAreRefusedClearly) {
     make_config(path, {"model.load_format=dumy"});
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_THAT(
-        e.what(),
-        HasSubstr("expected auto, safetensors, mistral, pt, dummy, presharded or sharded_state"));
+    EXPECT_THAT(e.what(), HasSubstr("expected auto, safetensors, mistral, pt, dummy, presharded, "
+                                    "sharded_state or ipc_cache"));
   }
   // The capture-safe startup has nothing to overlap: overlap is refused with the
   // load_format code, auto runs serially.

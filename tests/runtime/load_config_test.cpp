@@ -419,7 +419,7 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
   EXPECT_EQ(from_sets({"model.unaligned_tp=pad"}).model.unaligned_tp, models::Unaligned::kPad);
   EXPECT_THAT(config_error([] { from_sets({"model.load_format=gguf"}); }),
               HasSubstr("model.load_format: expected auto, safetensors, mistral, pt, dummy, "
-                        "presharded or sharded_state"));
+                        "presharded, sharded_state or ipc_cache"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.tp=0"}); }),
               HasSubstr("parallel.tp: expected an integer from 1 to 4096, got 0"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.tp=2.5"}); }),
@@ -729,6 +729,11 @@ LoadConfig every_field_changed() {
   c.update.rollback_bytes = 0;
   c.update.rollback = UpdateConfig::Rollback::kSnapshot;
   c.update.tensor_dir = "/tmp/updates";
+  c.cache.mode = CacheConfig::Mode::kClient;
+  c.cache.fallback_format = io::LoadFormat::kSafetensors;  // model.load_format's
+  c.cache.dir = "/run/user/1000/ferry";
+  c.cache.watch_ms = 250;
+  c.cache.timeout_ms = 1000;
   return c;
 }
 
@@ -740,6 +745,7 @@ LoadConfig the_fields_it_could_not() {
   c.prefetch.enabled = true;
   // load.verify_checksums needs the presharded format.
   c.model.load_format = io::LoadFormat::kPresharded;
+  c.cache.fallback_format = io::LoadFormat::kPresharded;
   c.load.verify_checksums = true;
   return c;
 }
