@@ -41,8 +41,10 @@ struct CacheIdentity {
 };
 
 // The identity of a load of `c` read from disk (c.model.load_format: the disk
-// format): the model folder's realpath, each weight file's (name, device, inode,
-// size, mtime), config.json's hash (hf_quant_config.json merged in), every key of
+// format): the model folder's realpath, each weight file's and index's (name,
+// device, inode, size, mtime: every *.safetensors, *.bin, *.pt and *.index.json of
+// the folder, listed without parsing an index; the files a presharded or
+// sharded_state load reads), config.json's hash (hf_quant_config.json merged in), every key of
 // the model, parallel, quantization and postprocess sections except the ones
 // kFingerprintExcluded names (postprocess.target as resolved for `c`'s devices),
 // the EPLB map's hash and kCacheLayoutVersion. parallel.ranks is not in it: each

@@ -4,9 +4,12 @@
 // check the table against the model's own parameters, and map. SGLang's fail-fast
 // contract (docs/OPERATING.md): no daemon registered is an error in daemon mode and
 // a logged fallback to disk in client mode; everything else is an error in both.
+#include <malloc.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
+#include <future>
 #include <map>
 #include <mutex>
 #include <set>
@@ -150,6 +153,24 @@ bool Runtime::Impl::attach_cache(LoadWork& w, LoadHandle::State& handle) {
   }
   const CacheIdentity id = cache_identity(config);
   report.cache.fingerprint = id.fingerprint;
+  // The model's own parameters, from config.json alone (what the daemon's table must
+  // hold), made on a thread of their own while the daemon is found and asked.
+  std::promise<std::shared_ptr<const models::Model>> model_promise;
+  std::future<std::shared_ptr<const models::Model>> model_future = model_promise.get_future();
+  struct Joined {
+    std::thread thread;
+    ~Joined() {
+      if (thread.joinable()) {
+        thread.join();
+      }
+    }
+  } builder{start_thread("cache model", [&] {
+    try {
+      model_promise.set_value(make_configured_model(config, id.hf_config));
+    } catch (...) {
+      model_promise.set_exception(std::current_exception());
+    }
+  })};
   cache::Registry registry(config.cache.dir);
   const std::vector<int> wanted = local_tp_ranks(config);
   std::vector<cache::Registration> same_model;
@@ -247,19 +268,14 @@ bool Runtime::Impl::attach_cache(LoadWork& w, LoadHandle::State& handle) {
                     (query.contains("compat") ? query["compat"].dump() : std::string("none")) +
                     ", this process's " + id.compat.dump() + "; restart it with this release");
   }
-  // The model's own parameters, from config.json alone: what the table must hold.
-  handle.phase.store(LoadPhase::kPlan);
-  w.model = make_configured_model(config, id.hf_config);
-  const auto& shells = w.model->shells();
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const models::RankShell& s : shells) {
-    ranks.push_back(s.tp_rank);
-  }
-  conn.write_frame({{"type", "fetch"}, {"fingerprint", id.fingerprint}, {"ranks", ranks}});
+  conn.write_frame({{"type", "fetch"}, {"fingerprint", id.fingerprint}, {"ranks", wanted}});
   const cache::FetchReply table = cache::parse_fetch_reply(conn.read_frame(), where);
   std::vector<cache::UniqueFd> fds = conn.receive_fds(table.descriptors());
   w.resolved_at = Clock::now();
-  w.planned_at = w.resolved_at;
+  handle.phase.store(LoadPhase::kPlan);
+  w.model = model_future.get();
+  const auto& shells = w.model->shells();
+  w.planned_at = Clock::now();
   if (table.ranks.size() != shells.size()) {
     fail(where, "the daemon sent " + std::to_string(table.ranks.size()) + " rank(s) for " +
                     std::to_string(shells.size()));
@@ -388,12 +404,17 @@ bool Runtime::Impl::attach_cache(LoadWork& w, LoadHandle::State& handle) {
   report.cache.daemon_pid = reg.daemon.pid;
   report.postprocess_target = id.identity.value("postprocess_target", report.postprocess_target);
   report.phases.resolve = seconds_between(w.begin, w.resolved_at);
-  report.phases.allocate = seconds_between(w.resolved_at, w.allocated_at);
+  report.phases.plan = seconds_between(w.resolved_at, w.planned_at);
+  report.phases.allocate = seconds_between(w.planned_at, w.allocated_at);
   report.seconds = seconds_between(w.begin, w.allocated_at);
   report.peak_rss_bytes = peak_rss_bytes();
   for (const auto& d : state.devices) {
     report.peak_device_bytes[d->name()] = d->stats().device.peak_bytes;
   }
+  w.model.reset();
+  // What building the model's table took (tens of MiB for a DeepSeek-sized config)
+  // goes back to the system: an engine attaches to share memory, not to keep heap.
+  ::malloc_trim(0);
   state.cache = std::make_shared<CacheWatch>(
       reg.daemon, std::chrono::milliseconds(config.cache.watch_ms), handle.on_cache_lost);
   log::info("weight cache: attached to daemon pid " + std::to_string(reg.daemon.pid) + " (" +

@@ -84,15 +84,28 @@ CacheIdentity cache_identity(const LoadConfig& c) {
       files.push_back(file_entry(f.name, f.identity.known() ? f.identity : stat_identity(f.path)));
     }
   } else {
-    io::DiscoveryOptions discovery;
-    discovery.format = format;
-    discovery.max_metadata_bytes = c.io.max_metadata_bytes;
-    const io::ResolvedSource source = io::resolve_source(c.model.path, discovery);
-    folder = source.folder;
-    pattern = source.pattern;
-    hf_config = read_hf_config(source.folder, c.io.max_metadata_bytes);
-    for (const io::WeightFile& f : source.files) {
-      files.push_back(file_entry(f.name, stat_identity(f.path)));
+    // Every weight file and index of the folder, by name, without parsing an index
+    // (a client attaches in the time this takes): a superset of what discovery
+    // picks, so a change to any of them is a mismatch.
+    std::error_code ec;
+    folder = std::filesystem::is_regular_file(c.model.path, ec)
+                 ? std::filesystem::path(c.model.path).parent_path().string()
+                 : c.model.path;
+    if (!std::filesystem::is_directory(folder, ec)) {
+      throw Error(Stage::kDiscovery, folder, "", "no such folder");
+    }
+    pattern = "*.safetensors *.bin *.pt *.index.json";
+    hf_config = read_hf_config(folder, c.io.max_metadata_bytes);
+    for (const auto& e : std::filesystem::directory_iterator(folder, ec)) {
+      const std::string name = e.path().filename().string();
+      if ((name.ends_with(".safetensors") || name.ends_with(".bin") || name.ends_with(".pt") ||
+           name.ends_with(".index.json")) &&
+          e.is_regular_file(ec)) {
+        files.push_back(file_entry(name, stat_identity(e.path().string())));
+      }
+    }
+    if (ec) {
+      throw Error(Stage::kDiscovery, folder, "", "cannot list the folder: " + ec.message());
     }
   }
   std::sort(files.begin(), files.end());

@@ -82,8 +82,17 @@ int cmd_serve(const Args& args) {
               static_cast<unsigned long long>(daemon->stats().bytes_shared),
               daemon->socket().c_str(), daemon->registration().c_str());
   std::fflush(stdout);
+  try {
+    if (!config->load.report.empty()) {
+      write_file_replacing(config->load.report, report.json(2) + "\n", "load.report");
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry serve: error: %s\n", e.what());
+    return 1;
+  }
   if (!ready_file.empty()) {
     const nlohmann::json ready = {{"socket", daemon->socket()},
+                                  {"bytes_shared", daemon->stats().bytes_shared},
                                   {"registration", daemon->registration()},
                                   {"pid", static_cast<long>(::getpid())},
                                   {"fingerprint", daemon->fingerprint()}};
