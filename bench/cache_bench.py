@@ -13,7 +13,8 @@ round, in rotated order after one untimed round:
   (`--hold`) until measured;
 - serve: `ferry serve --tp 8`, from exec to its --ready-file (the load, sharing,
   registration), against a plain `ferry load --tp 8` of all eight ranks in one
-  process (exec to exit, and the in-process seconds of both reports);
+  process (exec to exit, and the in-process seconds of both reports), run before
+  the daemon in even rounds and after it in odd ones;
 - attach: 8 clients `ferry load --tp 8 --ranks r --set cache.mode=daemon` at once
   against that daemon, each holding its rank until measured.
 A client's ready time is its report's in-process seconds (fingerprint, registry,
@@ -165,7 +166,10 @@ def main():
                         row["disk_ready"] = statistics.median(ready)
                         row["disk_total_pss"] = sum(m["Pss"] for m in mem)
                     else:
-                        plain_wall, plain_s = plain_load(ferry, model, tmp)
+                        # The plain load before the daemon in even rounds, after it
+                        # in odd ones: neither always runs on the other's leftovers.
+                        if rnd % 2 == 0:
+                            plain_wall, plain_s = plain_load(ferry, model, tmp)
                         proc, serve_ready = serve(ferry, model, registry, tmp)
                         try:
                             s, ready, mem = hold_eight(
@@ -176,6 +180,8 @@ def main():
                         finally:
                             proc.send_signal(signal.SIGTERM)
                             proc.wait(timeout=60)
+                        if rnd % 2 == 1:
+                            plain_wall, plain_s = plain_load(ferry, model, tmp)
                         with open(os.path.join(tmp, "serve.json")) as f:
                             serve_s = json.load(f)["seconds"]
                         with open(os.path.join(tmp, "ready.json")) as f:

@@ -187,7 +187,8 @@ struct PyLoadHandle {
 // after one has failed) and becomes a C++ exception naming its type and message,
 // which fails the load naming the callback.
 LoadCallbacks callbacks(std::optional<py::function> on_progress,
-                        std::optional<py::function> on_layer_ready, const Failure& failure) {
+                        std::optional<py::function> on_layer_ready, const Failure& failure,
+                        std::optional<py::function> on_cache_lost = std::nullopt) {
   LoadCallbacks cb;
   // Keeps the exception (normalized by pybind11, its traceback on it) and returns
   // the C++ exception that fails the load.
@@ -227,6 +228,19 @@ LoadCallbacks callbacks(std::optional<py::function> on_progress,
         (*f)(layer, tp_rank);
       } catch (const py::error_already_set& e) {
         throw fail(e);
+      }
+    };
+  }
+  if (on_cache_lost) {
+    // Called once from the model's watchdog thread, after the load: nothing to fail
+    // then, so what it raises is printed (sys.unraisablehook) and dropped.
+    auto f = hold(std::move(*on_cache_lost));
+    cb.on_cache_lost = [f](const std::string& why) {
+      py::gil_scoped_acquire gil;
+      try {
+        (*f)(why);
+      } catch (py::error_already_set& e) {
+        e.discard_as_unraisable("ferry on_cache_lost");
       }
     };
   }
@@ -377,15 +391,17 @@ PYBIND11_MODULE(_ferry, m) {
 
   using Start = LoadHandle (Runtime::*)(LoadCallbacks);
   auto starter = [](Start f) {
-    return [f](PyRuntime& p, std::optional<py::function> on_progress,
-               std::optional<py::function> on_layer_ready) {
-      Failure failure = make_failure();
-      LoadCallbacks cb = callbacks(std::move(on_progress), std::move(on_layer_ready), failure);
-      // start() joins the previous load's thread, which may wait for the GIL to
-      // drop its callbacks: give the GIL up for the call.
-      py::gil_scoped_release nogil;
-      return PyLoadHandle{((*p.rt).*f)(std::move(cb)), std::move(failure)};
-    };
+    return
+        [f](PyRuntime& p, std::optional<py::function> on_progress,
+            std::optional<py::function> on_layer_ready, std::optional<py::function> on_cache_lost) {
+          Failure failure = make_failure();
+          LoadCallbacks cb = callbacks(std::move(on_progress), std::move(on_layer_ready), failure,
+                                       std::move(on_cache_lost));
+          // start() joins the previous load's thread, which may wait for the GIL to
+          // drop its callbacks: give the GIL up for the call.
+          py::gil_scoped_release nogil;
+          return PyLoadHandle{((*p.rt).*f)(std::move(cb)), std::move(failure)};
+        };
   };
   py::class_<PyRuntime>(m, "Runtime")
       .def(py::init([](const py::object& config) {
@@ -393,18 +409,19 @@ PYBIND11_MODULE(_ferry, m) {
            }),
            py::arg("config") = py::none())
       .def("start", starter(&Runtime::start), py::arg("on_progress") = py::none(),
-           py::arg("on_layer_ready") = py::none())
+           py::arg("on_layer_ready") = py::none(), py::arg("on_cache_lost") = py::none())
       .def("prepare", starter(&Runtime::prepare), py::arg("on_progress") = py::none(),
-           py::arg("on_layer_ready") = py::none())
+           py::arg("on_layer_ready") = py::none(), py::arg("on_cache_lost") = py::none())
       .def("commit", starter(&Runtime::commit), py::arg("on_progress") = py::none(),
-           py::arg("on_layer_ready") = py::none())
+           py::arg("on_layer_ready") = py::none(), py::arg("on_cache_lost") = py::none())
       .def(
           "load",
           [](PyRuntime& p, std::optional<py::function> on_progress,
-             std::optional<py::function> on_layer_ready) {
+             std::optional<py::function> on_layer_ready,
+             std::optional<py::function> on_cache_lost) {
             Failure failure = make_failure();
-            LoadCallbacks cb =
-                callbacks(std::move(on_progress), std::move(on_layer_ready), failure);
+            LoadCallbacks cb = callbacks(std::move(on_progress), std::move(on_layer_ready), failure,
+                                         std::move(on_cache_lost));
             LoadResult r;
             {
               py::gil_scoped_release nogil;
@@ -412,7 +429,10 @@ PYBIND11_MODULE(_ferry, m) {
             }
             return result_or_raise(r, failure);
           },
-          py::arg("on_progress") = py::none(), py::arg("on_layer_ready") = py::none())
+          py::arg("on_progress") = py::none(), py::arg("on_layer_ready") = py::none(),
+          py::arg("on_cache_lost") = py::none(),
+          "loads (or, with cache.mode, attaches to a `ferry serve` daemon); on_cache_lost(why) "
+          "is called if that daemon dies while the model lives (default: abort)")
       .def(
           "update",
           [](PyRuntime& p, const py::object& source, std::optional<std::vector<std::string>> names,
@@ -473,4 +493,33 @@ PYBIND11_MODULE(_ferry, m) {
           "cancel", [](PyRuntime& p) { p.rt->cancel(); }, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly(
           "state", [](const PyRuntime& p) { return std::string(to_string(p.rt->state())); });
+
+  // `ferry serve` in Python: the constructor loads and registers (GIL released),
+  // serve() blocks until stop() (from another thread, or a signal handler's).
+  py::class_<ferry::runtime::CacheDaemon>(m, "CacheDaemon")
+      .def(py::init([](const py::object& config) {
+             Config c = to_config(config);
+             py::gil_scoped_release nogil;
+             return std::make_unique<ferry::runtime::CacheDaemon>(std::move(c));
+           }),
+           py::arg("config") = py::none())
+      .def("serve", &ferry::runtime::CacheDaemon::serve, py::call_guard<py::gil_scoped_release>())
+      .def("stop", &ferry::runtime::CacheDaemon::stop)
+      .def_property_readonly("socket", &ferry::runtime::CacheDaemon::socket)
+      .def_property_readonly("registration", &ferry::runtime::CacheDaemon::registration)
+      .def_property_readonly("fingerprint", &ferry::runtime::CacheDaemon::fingerprint)
+      .def_property_readonly("model",
+                             [](const ferry::runtime::CacheDaemon& d) {
+                               return Model{std::const_pointer_cast<LoadedModel>(d.model())};
+                             })
+      .def("stats", [](const ferry::runtime::CacheDaemon& d) {
+        const ferry::runtime::CacheDaemon::Stats s = d.stats();
+        py::dict out;
+        out["clients_served"] = s.clients_served;
+        out["bytes_shared"] = s.bytes_shared;
+        out["connections"] = s.connections;
+        out["refused"] = s.refused;
+        out["uptime_seconds"] = s.uptime_seconds;
+        return out;
+      });
 }

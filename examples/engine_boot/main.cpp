@@ -10,6 +10,12 @@
 //   4. Check that no pointer moved and that the replay's output equals a forward
 //      pass over a plain serial load() of the same checkpoint.
 //
+// With the weight cache (cache.mode=daemon or client, a `ferry serve` of the same
+// model running), prepare() attaches to the daemon: the parameters are views of its
+// memory, complete at once, and commit() only verifies. The engine then says what
+// it does when that daemon dies (LoadCallbacks::on_cache_lost): here, it reports
+// and exits, since its captured pointers would dangle on a GPU.
+//
 // It uses only ferry's installed headers (<ferry/ferry.hpp>) and libferry.so, and
 // the host device, so it runs anywhere. Usage:
 //   engine_boot CHECKPOINT_DIR [--mode serial|overlap|auto] [key=value ...]
@@ -17,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ferry/ferry.hpp>
 #include <map>
@@ -147,7 +154,13 @@ int main(int argc, char** argv) {
 
   // 1. prepare
   ferry::runtime::Runtime rt(config);
-  LoadResult prepared = rt.prepare().wait();
+  ferry::runtime::LoadCallbacks callbacks;
+  callbacks.on_cache_lost = [](const std::string& why) {
+    std::fprintf(stderr, "engine_boot: %s; exiting\n", why.c_str());
+    std::fflush(stderr);
+    std::_Exit(3);
+  };
+  LoadResult prepared = rt.prepare(callbacks).wait();
   if (!prepared) {
     return fail("prepare(): " + prepared.error->message);
   }
@@ -198,6 +211,11 @@ int main(int argc, char** argv) {
   // In overlap mode the capture saw only the sentinel (serial prepare() loads fully).
   if (report.startup_mode == "overlap" && replayed == on_sentinel) {
     return fail("the forward pass over the real weights equals the one over the sentinel");
+  }
+  if (report.cache.attached) {
+    std::printf("engine_boot: weight cache: attached to daemon pid %d (%s), %llu bytes mapped\n",
+                report.cache.daemon_pid, report.cache.socket.c_str(),
+                static_cast<unsigned long long>(report.cache.bytes_mapped));
   }
   std::printf(
       "engine_boot: ok: %s startup, %zu parameters, none moved; %zu layers replayed, output "

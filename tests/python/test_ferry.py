@@ -274,6 +274,80 @@ class Updates(TinyCheckpointCase):
         self.assertTrue(model.valid)
 
 
+class WeightCache(TinyCheckpointCase):
+    """The weight cache (issue 35): ferry.CacheDaemon serves, a Runtime with
+    cache.mode attaches, and on_cache_lost reports a daemon's death."""
+
+    PREFIX = "ferry-py-cache-"
+
+    def setUp(self):
+        self.registry = tempfile.mkdtemp(prefix="ferry-py-registry-")
+        os.chmod(self.registry, 0o700)
+
+    def tearDown(self):
+        shutil.rmtree(self.registry, ignore_errors=True)
+
+    def config(self, **more):
+        c = {"model.path": self.ck, "parallel.tp": 2, "cache.dir": self.registry}
+        c.update(more)
+        return c
+
+    def test_a_client_maps_the_daemons_params_and_refuses_updates(self):
+        daemon = ferry.CacheDaemon(self.config())
+        server = threading.Thread(target=daemon.serve)
+        server.start()
+        try:
+            self.assertTrue(os.path.exists(daemon.registration))
+            rt = ferry.Runtime(self.config(**{"cache.mode": "daemon"}))
+            model = rt.load(on_cache_lost=lambda why: None)
+            report = json.loads(model.report_json)
+            self.assertEqual(report["load_format"], "ipc_cache")
+            self.assertTrue(report["cache"]["attached"])
+            disk = ferry.Runtime({"model.path": self.ck, "parallel.tp": 2}).load()
+            want = {(p.tp_rank, p.name): bytes(disk.read_param(p.name, p.tp_rank))
+                    for p in disk.params()}
+            got = {(p.tp_rank, p.name): bytes(model.read_param(p.name, p.tp_rank))
+                   for p in model.params()}
+            self.assertEqual(got, want)
+            with self.assertRaises(ferry.Error) as e:
+                rt.update(self.ck)
+            self.assertIn("update refused: ipc_cache", str(e.exception))
+            self.assertEqual(daemon.stats()["clients_served"], 1)
+        finally:
+            daemon.stop()
+            server.join()
+        self.assertFalse(os.path.exists(daemon.registration))
+        with self.assertRaises(ferry.Error) as e:
+            ferry.Runtime(self.config(**{"cache.mode": "daemon"})).load()
+        self.assertEqual(e.exception.stage, "cache")
+
+    def test_on_cache_lost_is_called_when_the_daemon_dies(self):
+        ready = os.path.join(self.registry, "..", os.path.basename(self.registry) + ".ready")
+        daemon = subprocess.Popen([FERRY_CLI, "serve", "--model", self.ck, "--tp", "2", "--set",
+                                   "cache.dir=" + self.registry, "--ready-file", ready],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            for _ in range(1200):
+                if os.path.exists(ready):
+                    break
+                time.sleep(0.05)
+            lost = threading.Event()
+            said = []
+            rt = ferry.Runtime(self.config(**{"cache.mode": "client", "cache.watch_ms": 50}))
+            model = rt.load(on_cache_lost=lambda why: (said.append(why), lost.set()))
+            self.assertTrue(json.loads(model.report_json)["cache"]["attached"])
+            daemon.kill()
+            daemon.wait()
+            self.assertTrue(lost.wait(10))
+            self.assertIn("is gone", said[0])
+        finally:
+            if daemon.poll() is None:
+                daemon.kill()
+                daemon.wait()
+            if os.path.exists(ready):
+                os.remove(ready)
+
+
 class AttackCase(TinyCheckpointCase):
     """A tiny checkpoint of its own for each attack class."""
 
