@@ -19,7 +19,8 @@ round, in rotated order after one untimed round:
   against that daemon, each holding its rank until measured.
 A client's ready time is its report's in-process seconds (fingerprint, registry,
 connect, fetch, check against the model, map) and, from outside, exec to the
-"holding" line (a whole process: ferry's start-up too). Memory while all eight hold
+"holding" line (a whole process: ferry's start-up too); the slowest of the eight
+attaching at once, and one client attaching alone (median of five, after them). Memory while all eight hold
 their ranks, from /proc/PID/smaps_rollup: each process's Pss and Private bytes; the
 clients' "added" memory is their Private bytes summed (what they hold beyond the
 pages they share with the daemon), and the total is the Pss of all processes
@@ -152,7 +153,7 @@ def main():
         with tempfile.TemporaryDirectory() as tmp:
             registry = os.path.join(tmp, "registry")
             os.mkdir(registry, 0o700)
-            cols = {k: [] for k in ("disk_s", "disk_ready", "attach_s", "attach_ready",
+            cols = {k: [] for k in ("disk_s", "disk_ready", "attach_s", "attach_ready", "attach_alone",
                                     "serve_ready", "plain_wall", "serve_s", "plain_s",
                                     "disk_total_pss", "attach_added", "attach_total_pss",
                                     "shared", "ratio_start")}
@@ -177,6 +178,18 @@ def main():
                                 ["--set", "cache.mode=daemon", "--set", "cache.dir=" + registry],
                                 tmp, "attach")
                             daemon = smaps(proc.pid)
+                            # One client alone, five times: no other client shares the CPU.
+                            alone = []
+                            for _ in range(5):
+                                one = os.path.join(tmp, "alone.json")
+                                subprocess.run(
+                                    [ferry, "load", "--model", model, "--tp", str(TP), "--ranks",
+                                     "0", "--devices", "host:1", "--quiet", "--report", one,
+                                     "--set", "cache.mode=daemon", "--set",
+                                     "cache.dir=" + registry],
+                                    check=True, stdout=subprocess.DEVNULL)
+                                with open(one) as f:
+                                    alone.append(json.load(f)["seconds"])
                         finally:
                             proc.send_signal(signal.SIGTERM)
                             proc.wait(timeout=60)
@@ -186,7 +199,7 @@ def main():
                             serve_s = json.load(f)["seconds"]
                         with open(os.path.join(tmp, "ready.json")) as f:
                             shared = json.load(f)["bytes_shared"]
-                        row.update(attach_s=max(s), attach_ready=max(ready),
+                        row.update(attach_alone=statistics.median(alone), attach_s=max(s), attach_ready=max(ready),
                                    attach_added=sum(private(m) for m in mem),
                                    attach_total_pss=sum(m["Pss"] for m in mem) + daemon["Pss"],
                                    serve_ready=serve_ready, plain_wall=plain_wall,
@@ -207,6 +220,7 @@ def main():
                   f"{cell(cols['attach_ready'])} | clients' private {cell(cols['attach_added'], mib, '{:.0f}')} MiB; "
                   f"total Pss with the daemon {cell(cols['attach_total_pss'], mib, '{:.0f}')} MiB; "
                   f"shared {cell(cols['shared'], mib, '{:.0f}')} MiB |")
+            print(f"| 1 x attach alone (median of 5) | {cell(cols['attach_alone'], 1000, '{:.1f}')} ms | | |")
             print(f"| ferry serve (to registered) | {cell(cols['serve_s'])} | "
                   f"{cell(cols['serve_ready'])} | |")
             print(f"| plain ferry load, 8 ranks | {cell(cols['plain_s'])} | "

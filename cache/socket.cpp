@@ -67,8 +67,13 @@ void Connection::wait(short events) {
     }
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ - now).count() + 1;
-    pollfd p{fd_.get(), events, 0};
-    const int n = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1 << 30)));
+    pollfd fds[2] = {{fd_.get(), events, 0}, {cancel_fd_, POLLIN, 0}};
+    const int n =
+        ::poll(fds, cancel_fd_ >= 0 ? 2 : 1, static_cast<int>(std::min<long long>(left, 1 << 30)));
+    const pollfd& p = fds[0];
+    if (n > 0 && cancel_fd_ >= 0 && (fds[1].revents & POLLIN) != 0) {
+      fail(where_, "the daemon is stopping");
+    }
     if (n > 0) {
       if ((p.revents & (POLLERR | POLLNVAL)) != 0) {
         fail(where_, "the socket failed");

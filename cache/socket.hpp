@@ -68,6 +68,9 @@ class Connection {
   int fd() const { return fd_.get(); }
   const std::string& where() const { return where_; }
   void set_deadline(Deadline d) { deadline_ = d; }
+  // A descriptor that, once readable, ends every wait at once (a stopping daemon's
+  // wake-up pipe): the operation fails saying so. -1: none.
+  void set_cancel_fd(int fd) { cancel_fd_ = fd; }
   Deadline deadline() const { return deadline_; }
 
   void write_frame(const nlohmann::json& doc);
@@ -98,6 +101,7 @@ class Connection {
   UniqueFd fd_;
   std::string where_;
   Deadline deadline_ = Deadline::max();
+  int cancel_fd_ = -1;
 };
 
 // A listening socket at `path` (which must not exist), mode 0600, non-blocking.

@@ -93,6 +93,35 @@ def index_seeds(rng):
     return seeds
 
 
+def cache_frame_seeds():
+    """Frames as the weight cache exchanges them: requests, and fetch replies."""
+    def frame(doc):
+        body = json.dumps(doc).encode()
+        return struct.pack(">I", len(body)) + body
+
+    reply = {"type": "fetch", "status": "ok", "descriptors": 1,
+             "storages": [{"kind": "memfd", "bytes": 8192, "device": "host:0", "uuid": "",
+                           "handle": ""},
+                          {"kind": "cuda_ipc", "bytes": 4096, "device": "cuda:0",
+                           "uuid": "GPU-1", "handle": "ab" * 64}],
+             "ranks": [{"tp_rank": 0, "pp_rank": 0, "device": "host:0",
+                        "params": [{"name": "w", "dtype": "BF16", "shape": [4, 8],
+                                    "strides": [8, 1], "storage": 0, "offset": 256,
+                                    "bytes": 64},
+                                   {"name": "e", "dtype": "F32", "shape": [0],
+                                    "strides": [1], "storage": 0, "offset": 0, "bytes": 0},
+                                   {"name": "g", "dtype": "F8_E4M3", "shape": [16],
+                                    "strides": [1], "storage": 1, "offset": 0,
+                                    "bytes": 16}]}]}
+    requests = [{"type": "hello", "protocol": 1, "ferry": "0.1.0"},
+                {"type": "query", "fingerprint": "f" * 64, "identity": {"model": "/m"}},
+                {"type": "fetch", "fingerprint": "f" * 64, "ranks": [0, 1]},
+                {"type": "ping"}]
+    seeds = [frame(reply), b"".join(frame(r) for r in requests) + frame(reply)]
+    seeds.append(frame({"type": "error", "message": "busy"}))
+    return seeds
+
+
 def presharded_seeds(rng):
     seeds = []
     for ranks in (1, 2, 4):
@@ -208,6 +237,7 @@ def main():
         "fuzz_discover": random_seeds(rng, 64),
         "fuzz_plan": random_seeds(rng, 64),
         "fuzz_presharded": presharded_seeds(rng),
+        "fuzz_cache_frame": cache_frame_seeds(),
     }
     for target, seeds in targets.items():
         folder = os.path.join(out, target)

@@ -112,4 +112,17 @@ bool DeviceWrapper::host_addressable() const { return inner_->host_addressable()
 int DeviceWrapper::numa_node() const { return inner_->numa_node(); }
 std::size_t DeviceWrapper::narrow_row_bytes() const { return inner_->narrow_row_bytes(); }
 
+std::optional<SharedBlock> DeviceWrapper::shared_block(const std::byte* p) const {
+  return inner_->shared_block(p);
+}
+void DeviceWrapper::seal_shared() {
+  inner_->seal_shared();
+}
+DeviceAllocation DeviceWrapper::map_shared(const SharedBlock& block, int fd) {
+  return inner_->map_shared(block, fd);
+}
+std::string DeviceWrapper::uuid() const {
+  return inner_->uuid();
+}
+
 }  // namespace ferry::gpu

@@ -82,6 +82,10 @@ class DeviceWrapper : public Device {
   bool host_addressable() const override;
   int numa_node() const override;
   std::size_t narrow_row_bytes() const override;
+  std::optional<SharedBlock> shared_block(const std::byte* p) const override;
+  void seal_shared() override;
+  DeviceAllocation map_shared(const SharedBlock& block, int fd) override;
+  std::string uuid() const override;
 
  private:
   std::shared_ptr<Device> inner_;

@@ -13,6 +13,7 @@
 #include "cache/protocol.hpp"
 #include "ferry/runtime.hpp"
 #include "runtime/load_config.hpp"
+#include "runtime/test_seams.hpp"
 
 namespace ferry::gpu {
 class Device;
@@ -77,7 +78,7 @@ std::string device_set(const std::vector<std::shared_ptr<gpu::Device>>& devices)
 // Internal doors into a Runtime (runtime.cpp): one whose devices can share their
 // memory (HostDeviceOptions::shared_memory: the daemon's), the state of the model
 // it loaded last, and its metrics (null when metrics.* are off).
-std::unique_ptr<Runtime> make_sharing_runtime(Config config);
+std::unique_ptr<Runtime> make_sharing_runtime(Config config, RuntimeTestSeams seams = {});
 std::shared_ptr<LoadedModel::State> loaded_state(Runtime& runtime);
 class LoadMetrics;
 std::shared_ptr<LoadMetrics> runtime_metrics(Runtime& runtime);

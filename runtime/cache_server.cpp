@@ -254,6 +254,7 @@ void CacheDaemon::Impl::handle(cache::Connection conn) {
   const auto timeout = std::chrono::milliseconds(config.cache.timeout_ms);
   try {
     conn.set_deadline(Clock::now() + timeout);
+    conn.set_cancel_fd(wake[0]);  // stop() ends a wait on an idle client at once
     const cache::Connection::Peer peer = conn.peer();
     if (peer.uid != ::geteuid()) {
       fail(conn.where(), "a client of uid " + std::to_string(peer.uid) +
@@ -308,12 +309,16 @@ void CacheDaemon::Impl::handle(cache::Connection conn) {
       conn.set_deadline(Clock::now() + timeout);
     }
   } catch (const std::exception& e) {
+    if (stopping.load()) {
+      return;  // an idle client at stop(): nothing to tell it
+    }
     ++refused;
     if (m_refused != nullptr) {
       m_refused->Increment();
     }
     log::warn(std::string("weight cache: a connection ended with an error: ") + e.what());
     try {
+      conn.set_cancel_fd(-1);
       conn.set_deadline(Clock::now() + std::chrono::milliseconds(200));
       const Error* fe = dynamic_cast<const Error*>(&e);
       conn.write_frame(cache::error_reply(fe != nullptr ? fe->rule() : e.what()));
@@ -341,7 +346,9 @@ void CacheDaemon::Impl::reap(bool all) {
   }
 }
 
-CacheDaemon::CacheDaemon(Config config) {
+CacheDaemon::CacheDaemon(Config config) : CacheDaemon(config, nullptr) {}
+
+CacheDaemon::CacheDaemon(Config config, std::unique_ptr<Runtime> runtime) {
   LoadConfig lc = disk_config(config.load_config());
   lc.cache.mode = CacheConfig::Mode::kOff;
   impl_ = std::make_unique<Impl>(lc.cache.dir);
@@ -352,7 +359,7 @@ CacheDaemon::CacheDaemon(Config config) {
   }
   // Computed before the load, as SGLang builds its CacheConfig: what the load reads.
   d.id = cache_identity(lc);
-  d.runtime = make_sharing_runtime(to_config(lc));
+  d.runtime = runtime ? std::move(runtime) : make_sharing_runtime(to_config(lc));
   LoadResult r = d.runtime->load();
   if (!r) {
     const ErrorInfo& e = *r.error;

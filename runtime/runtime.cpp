@@ -132,8 +132,8 @@ struct RuntimeFactory {
                       std::shared_ptr<Allocator> allocator) {
     return Runtime(impl(config, std::move(seams), std::move(allocator)));
   }
-  static std::unique_ptr<Runtime> make_sharing(const Config& config) {
-    std::unique_ptr<Runtime::Impl> i = impl(config, {}, nullptr);
+  static std::unique_ptr<Runtime> make_sharing(const Config& config, RuntimeTestSeams seams) {
+    std::unique_ptr<Runtime::Impl> i = impl(config, std::move(seams), nullptr);
     i->share_devices = true;
     return std::unique_ptr<Runtime>(new Runtime(std::move(i)));
   }
@@ -144,8 +144,8 @@ struct RuntimeFactory {
   static std::shared_ptr<LoadMetrics> metrics(Runtime& rt) { return rt.impl_->current_metrics(); }
 };
 
-std::unique_ptr<Runtime> make_sharing_runtime(Config config) {
-  return RuntimeFactory::make_sharing(config);
+std::unique_ptr<Runtime> make_sharing_runtime(Config config, RuntimeTestSeams seams) {
+  return RuntimeFactory::make_sharing(config, std::move(seams));
 }
 std::shared_ptr<LoadedModel::State> loaded_state(Runtime& runtime) {
   return RuntimeFactory::last_state(runtime);

@@ -41,14 +41,15 @@ readonly check_steps=(
   "10|-|gpu|detect_gpu|a GPU (nvidia-smi)"
   "20|gpu|cuda|selftest|ferry selftest --devices cuda"
   "15|cuda,host|-|cuda_equals_host|cuda = host: the packed Llama, tp 1"
+  "15|cuda,host|-|cache_serve|ferry serve on the GPU, a second process attaches (CUDA IPC)"
   "20|cuda|-|pinned_h2d|pinned H2D GB/s (torch)"
   "30|cuda|big|make_big|an 18 GiB checkpoint in page cache"
   "30|big|-|ferry_throughput|ferry: the 18 GiB checkpoint onto cuda:0"
-  "40|big|-|sglang_path|the SGLang path: the same files onto cuda:0"
+  "35|big|-|sglang_path|the SGLang path: the same files onto cuda:0"
   "20|cuda|-|more_cases|cuda = host: casts, chunks, io.direct, DeepSeek, tp 2 rank 1"
   "10|cuda|sanitizer|sanitizer_probe|compute-sanitizer accepts the GPU"
-  "15|sanitizer|-|memcheck|a small load under compute-sanitizer memcheck"
-  "15|cuda|-|gpu_tests|the CUDA tests (ferry_gpu_tests)"
+  "10|sanitizer|-|memcheck|a small load under compute-sanitizer memcheck"
+  "10|cuda|-|gpu_tests|the CUDA tests (ferry_gpu_tests)"
 )
 
 plan_total() {
@@ -175,7 +176,8 @@ compare_cuda_dump() {
   local d=$scratch/dump-$name
   "$ferry" load --model "$ck" --quiet --set parallel.tp=1 --set "devices=$gpu_device" \
     --set "load.dump_dir=$d-cuda" "$@" || return 1
-  if diff -r -q "$d-host" "$d-cuda"; then
+  # Not diff: the headers' metadata names the device ("host:0" against "cuda:0").
+  if python3 "$root/scripts/dumps_equal.py" "$d-host" "$d-cuda"; then
     figure dump_case "$name equal"
   else
     figure dump_case "$name DIFFERS"
@@ -185,6 +187,41 @@ compare_cuda_dump() {
 export -f same_as_host compare_cuda_dump
 
 cuda_equals_host() { compare_cuda_dump "$pack/ck-llama" llama; }
+
+# The weight cache on the GPU (issue 35): `ferry serve` holds the packed Llama on the
+# GPU and shares it by CUDA IPC; a second process attaches (cache.mode daemon),
+# dumps, and must equal the host load's dump.
+cache_serve() {
+  local reg=$scratch/cache-registry d=$scratch/dump-llama
+  rm -rf "$reg" "$d-cache" "$scratch/cache-ready"
+  mkdir -m 700 "$reg"
+  "$ferry" serve --model "$pack/ck-llama" --set parallel.tp=1 --set "devices=$gpu_device" \
+    --set "cache.dir=$reg" --ready-file "$scratch/cache-ready" >"$scratch/serve.log" 2>&1 &
+  local daemon=$! i
+  for i in $(seq 200); do
+    [ -e "$scratch/cache-ready" ] && break
+    kill -0 "$daemon" 2>/dev/null || break
+    sleep 0.05
+  done
+  local status=0
+  if [ ! -e "$scratch/cache-ready" ]; then
+    cat "$scratch/serve.log"
+    status=1
+  elif ! "$ferry" load --model "$pack/ck-llama" --set parallel.tp=1 --set "devices=$gpu_device" \
+    --set cache.mode=daemon --set "cache.dir=$reg" --set "load.dump_dir=$d-cache" \
+    --report "$out/cache-client.json" --quiet; then
+    status=1
+  elif python3 "$root/scripts/dumps_equal.py" "$d-host" "$d-cache"; then
+    figure cache_client "attached, equal to the host load"
+  else
+    figure cache_client "attached, DIFFERS from the host load"
+    status=1
+  fi
+  kill -TERM "$daemon" 2>/dev/null
+  wait "$daemon" 2>/dev/null
+  cat "$scratch/serve.log"
+  return $status
+}
 
 pinned_h2d() {
   "$python" -c "import torch; assert torch.cuda.is_available()" ||
@@ -357,8 +394,8 @@ memcheck() {
 
 gpu_tests() { "$pack/bin/ferry_gpu_tests" --gtest_brief=1; }
 
-export -f libs_resolve host_load detect_gpu selftest cuda_equals_host pinned_h2d make_big \
-  ferry_throughput sglang_path more_cases sanitizer_path sanitizer_probe memcheck gpu_tests
+export -f libs_resolve host_load detect_gpu selftest cuda_equals_host cache_serve pinned_h2d \
+  make_big ferry_throughput sglang_path more_cases sanitizer_path sanitizer_probe memcheck gpu_tests
 
 # ---- the summary ---------------------------------------------------------------------
 figure_of() { awk -F'\t' -v k="$1" '$1 == k { v = $2 } END { printf "%s", v }' "$figures"; }
@@ -429,6 +466,9 @@ write_summary() {
     else
       echo "CUDA dump == host dump: $(not_measured cuda_equals_host); target all"
     fi
+    local cache
+    cache=$(figure_of cache_client)
+    echo "weight cache over CUDA IPC: ${cache:-$(not_measured cache_serve)}; target: attached, equal"
     echo
     cat "$steps_done"
     echo "failed steps: $fails"

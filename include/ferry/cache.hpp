@@ -28,6 +28,9 @@ class FERRY_API CacheDaemon {
   // Stage::kCache: cache.mode set, devices that cannot share, a daemon already
   // serving this fingerprint and these devices, a registry that is not ours).
   explicit CacheDaemon(Config config);
+  // The same, loading with `runtime`: ferry's own tests give one made with test
+  // seams (devices of their own). Its devices must be able to share their memory.
+  CacheDaemon(Config config, std::unique_ptr<Runtime> runtime);
   // stop(), then unregisters; clients keep what they mapped as the transport allows
   // (memfd mappings outlive the daemon; CUDA IPC mappings do not).
   ~CacheDaemon();

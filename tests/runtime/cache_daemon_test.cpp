@@ -2,6 +2,7 @@
 // clients attach (C++ API and `ferry load`), their params equal a disk load's byte
 // for byte, they cannot write the shared memory, and every row of the fail-fast
 // table (docs/OPERATING.md) is an error, or the logged fallback of client mode.
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -18,6 +19,7 @@
 #include "runtime/cache.hpp"
 #include "runtime/cache_util.hpp"
 #include "testing/run.hpp"
+#include "testing/tcp_client.hpp"
 
 namespace ferry::runtime {
 namespace {
@@ -582,6 +584,38 @@ TEST_F(WeightCache, OneDaemonPerFingerprintAndDevices) {
   ASSERT_TRUE(c.ready()) << c.log();
   LoadResult r = load(client("daemon", {"parallel.ranks=[1]"}));
   ASSERT_TRUE(r) << r.error->message;
+}
+
+TEST_F(WeightCache, TheDaemonServesItsMetrics) {
+  // A free port: bound, read, closed (the daemon binds it a moment later).
+  int port = 0;
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port = ntohs(addr.sin_port);
+    ::close(fd);
+  }
+  // Metrics wrap the daemon's devices (metered): sharing must see through them.
+  Daemon d(ck.dir, registry,
+           {"--tp", "2", "--set", "metrics.listen=127.0.0.1:" + std::to_string(port)});
+  ASSERT_TRUE(d.ready()) << d.log();
+  LoadResult r = load(client("daemon"));
+  ASSERT_TRUE(r) << r.error->message;
+  testing::TcpClient http(port);
+  ASSERT_TRUE(http.send("GET /metrics HTTP/1.0\r\n\r\n"));
+  const std::string page = http.read_all();
+  EXPECT_NE(page.find("ferry_cache_clients_served_total 1"), std::string::npos) << page;
+  EXPECT_NE(page.find("ferry_cache_bytes_shared " +
+                      std::to_string(d.ready_json()["bytes_shared"].get<std::uint64_t>())),
+            std::string::npos)
+      << page;
+  EXPECT_NE(page.find("ferry_cache_uptime_seconds"), std::string::npos);
+  EXPECT_NE(page.find("ferry_load_seconds"), std::string::npos);  // the daemon's own load
 }
 
 TEST_F(WeightCache, UpdatesAreRefusedOnACachedModel) {
