@@ -143,6 +143,9 @@ TEST_F(WeightCache, AClientCannotWriteTheSharedMemory) {
       ::_exit(2);
     }
     std::byte* p = r.model->ranks()[0].params[0].data;
+    // The default actions, not a sanitizer's handler (which would exit instead).
+    ::signal(SIGSEGV, SIG_DFL);
+    ::signal(SIGBUS, SIG_DFL);
     *static_cast<volatile std::byte*>(p) = std::byte{1};  // PROT_READ: SIGSEGV
     ::_exit(0);
   }
@@ -515,7 +518,7 @@ TEST_F(WeightCache, TheWatchdogSeesTheDaemonDieWithinTwoPeriods) {
     lost = why;
     cv.notify_all();
   };
-  constexpr int kPeriodMs = 400;
+  constexpr int kPeriodMs = 500;
   LoadResult r = load(client("daemon", {"cache.watch_ms=" + std::to_string(kPeriodMs)}), cb);
   ASSERT_TRUE(r) << r.error->message;
   std::this_thread::sleep_for(std::chrono::milliseconds(2 * kPeriodMs));
