@@ -313,16 +313,19 @@ constexpr std::array<Choice<CacheConfig::Mode>, 3> kCacheModes{{
     {"daemon", CacheConfig::Mode::kDaemon},
     {"client", CacheConfig::Mode::kClient},
 }};
-// cache.fallback_format: the formats a daemon loads from disk (not ipc_cache).
-constexpr std::array<Choice<io::LoadFormat>, 7> kFallbackFormats{{
-    {"auto", io::LoadFormat::kAuto},
-    {"safetensors", io::LoadFormat::kSafetensors},
-    {"mistral", io::LoadFormat::kMistral},
-    {"pt", io::LoadFormat::kPt},
-    {"dummy", io::LoadFormat::kDummy},
-    {"presharded", io::LoadFormat::kPresharded},
-    {"sharded_state", io::LoadFormat::kShardedState},
-}};
+// cache.fallback_format: the formats a daemon loads from disk: every load format
+// but the last, ipc_cache.
+template <typename T, std::size_t N>
+constexpr std::array<Choice<T>, N - 1> all_but_last(const std::array<Choice<T>, N>& all) {
+  std::array<Choice<T>, N - 1> out{};
+  for (std::size_t i = 0; i + 1 < N; ++i) {
+    out[i] = all[i];
+  }
+  return out;
+}
+static_assert(kLoadFormats.back().value == io::LoadFormat::kIpcCache);
+constexpr std::array<Choice<io::LoadFormat>, kLoadFormats.size() - 1> kFallbackFormats =
+    all_but_last(kLoadFormats);
 
 constexpr std::array<Choice<UpdateConfig::Rollback>, 2> kUpdateRollbacks{{
     {"reread", UpdateConfig::Rollback::kReread},
@@ -528,7 +531,8 @@ const std::vector<ConfigKey>& table() {
       choice_key<&C::model, &ModelConfig::load_format, kLoadFormats>(
           "model.load_format",
           "which files are weights; dummy: none, values from config.json; presharded: a folder "
-          "`ferry save` wrote; sharded_state: SGLang's model-rank-<r>-part-<p>.safetensors"),
+          "`ferry save` wrote; sharded_state: SGLang's model-rank-<r>-part-<p>.safetensors; "
+          "ipc_cache: map a `ferry serve` daemon's params"),
       choice_key<&C::model, &ModelConfig::dtype, kDTypes>(
           "model.dtype", "parameter dtype; auto: the checkpoint's torch_dtype"),
       bool_key<&C::model, &ModelConfig::draft>(

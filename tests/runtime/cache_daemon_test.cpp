@@ -357,6 +357,14 @@ TEST_F(WeightCache, RowProtocolErrors) {
   auto send = [](cache::Connection& c, const std::string& bytes) {
     ::send(c.fd(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
   };
+  // Answers hello and query as a good daemon would, then reads the fetch.
+  auto up_to_fetch = [&](cache::Connection& c) {
+    c.read_frame();
+    c.write_frame(hello_reply());
+    c.read_frame();
+    c.write_frame(ok_query);
+    c.read_frame();
+  };
   const std::vector<Row> rows = {
       {"closes", [](cache::Connection& c) { c.read_frame(); }, "closed the connection"},
       {"truncated frame",
@@ -413,11 +421,7 @@ TEST_F(WeightCache, RowProtocolErrors) {
        "another ferry"},
       {"table outside its storage",
        [&](cache::Connection& c) {
-         c.read_frame();
-         c.write_frame(hello_reply());
-         c.read_frame();
-         c.write_frame(ok_query);
-         c.read_frame();
+         up_to_fetch(c);
          cache::FetchReply f;
          f.storages.push_back({"memfd", 64, "host:0", "", ""});
          cache::TableRank r;
@@ -428,11 +432,7 @@ TEST_F(WeightCache, RowProtocolErrors) {
        "lie outside storage 0"},
       {"a table missing params",
        [&](cache::Connection& c) {
-         c.read_frame();
-         c.write_frame(hello_reply());
-         c.read_frame();
-         c.write_frame(ok_query);
-         c.read_frame();
+         up_to_fetch(c);
          cache::FetchReply f;
          cache::TableRank r;
          f.ranks.push_back(r);
@@ -441,11 +441,7 @@ TEST_F(WeightCache, RowProtocolErrors) {
        "does not fit"},
       {"descriptors withheld",
        [&](cache::Connection& c) {
-         c.read_frame();
-         c.write_frame(hello_reply());
-         c.read_frame();
-         c.write_frame(ok_query);
-         c.read_frame();
+         up_to_fetch(c);
          cache::FetchReply f;
          f.storages.push_back({"memfd", 4096, "host:0", "", ""});
          f.ranks.emplace_back();
