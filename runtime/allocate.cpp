@@ -134,12 +134,32 @@ gpu::DeviceAllocation allocate_param(const std::shared_ptr<Allocator>& allocator
   }
 }
 
+gpu::DeviceAllocation allocate_shareable(gpu::Device& device, const models::ParamSpec& spec,
+                                         std::size_t granule) {
+  if (spec.nbytes == 0) {
+    return {};
+  }
+  const std::size_t rounded = (spec.nbytes + granule - 1) / granule * granule;
+  std::shared_ptr<gpu::DeviceAllocation> block;
+  try {
+    block = std::make_shared<gpu::DeviceAllocation>(device.allocate(rounded));
+  } catch (const Error& e) {
+    throw Error(Stage::kCopy, device.name(), spec.name,
+                "allocating " + std::to_string(rounded) + " bytes: " + e.rule());
+  }
+  return gpu::DeviceAllocation(block->data(), spec.nbytes, [block](std::byte*, std::size_t) {});
+}
+
 std::shared_ptr<io::BufferAllocator> pinned_staging_allocator(std::shared_ptr<gpu::Device> device,
                                                               int node) {
   return std::make_shared<PinnedStagingAllocator>(std::move(device), node);
 }
 
 namespace {
+
+// What a sharing runtime (the weight-cache daemon's) rounds every block of params up
+// to: NVIDIA's advice for memory shared by CUDA IPC.
+constexpr std::size_t kShareGranule = std::size_t{2} << 20;
 
 // A load-only param (ParamSpec::transient) of its own allocation, so that it can
 // be freed before the others; with load.layered none yet (its first write does it).
@@ -155,9 +175,12 @@ gpu::DeviceAllocation allocate_transient(gpu::Device& device, const models::Para
 // (a fragmented GPU), the params are allocated one by one, so that a real
 // shortage fails naming the param that did not fit. Transient params are not in the
 // arena (allocate_transient).
+// `granule` > 1 (a sharing runtime's): every block that holds params is a multiple of
+// it, so that what a CUDA IPC handle shares is the params' block alone (CUDA may place
+// a small cudaMalloc inside a larger block, and IPC shares the whole of that).
 std::vector<gpu::DeviceAllocation> allocate_rank(gpu::Device& device,
                                                  const std::vector<models::ParamSpec>& params,
-                                                 bool layered) {
+                                                 bool layered, std::size_t granule) {
   std::vector<std::uint64_t> offsets;
   std::uint64_t end = 0;
   for (const models::ParamSpec& spec : params) {
@@ -169,13 +192,15 @@ std::vector<gpu::DeviceAllocation> allocate_rank(gpu::Device& device,
   std::vector<gpu::DeviceAllocation> out;
   std::shared_ptr<gpu::DeviceAllocation> arena;
   try {
-    arena = std::make_shared<gpu::DeviceAllocation>(device.allocate(end));
+    arena = std::make_shared<gpu::DeviceAllocation>(
+        device.allocate((end + granule - 1) / granule * granule));
   } catch (const Error& e) {
     log::warn(device.name() + ": one block of " + std::to_string(end) + " bytes for " +
               std::to_string(params.size()) +
               " parameters was refused; allocating them one by one (" + e.rule() + ")");
     for (const models::ParamSpec& spec : params) {
       out.push_back(spec.transient ? allocate_transient(device, spec, layered)
+                    : granule > 1  ? allocate_shareable(device, spec, granule)
                                    : allocate_param(nullptr, device, spec));
     }
     return out;
@@ -201,7 +226,7 @@ std::vector<gpu::DeviceAllocation> allocate_rank(gpu::Device& device,
 std::vector<std::vector<gpu::DeviceAllocation>> allocate_ranks(
     const std::shared_ptr<Allocator>& allocator,
     const std::vector<std::shared_ptr<gpu::Device>>& devices,
-    const std::vector<models::RankShell>& shells, bool layered) {
+    const std::vector<models::RankShell>& shells, bool layered, std::size_t granule) {
   std::vector<std::vector<gpu::DeviceAllocation>> out(shells.size());
   if (allocator) {
     for (std::size_t r = 0; r < shells.size(); ++r) {
@@ -215,7 +240,7 @@ std::vector<std::vector<gpu::DeviceAllocation>> allocate_ranks(
   // What a failing rank allocated goes with `out`.
   run_each("allocation rank", shells.size(), [&](std::size_t r) {
     devices[r]->bind();
-    out[r] = allocate_rank(*devices[r], shells[r].params, layered);
+    out[r] = allocate_rank(*devices[r], shells[r].params, layered, granule);
   });
   return out;
 }
@@ -262,7 +287,8 @@ void Runtime::Impl::allocate(LoadWork& w, LoadHandle::State& handle) {
   handle.phase.store(LoadPhase::kAllocate);
   LoadedModel::State& state = *w.state;
   const auto& shells = w.model->shells();
-  state.storage = allocate_ranks(allocator, state.devices, shells, config.load.layered);
+  state.storage = allocate_ranks(allocator, state.devices, shells, config.load.layered,
+                                 share_devices ? kShareGranule : 1);
   for (std::size_t r = 0; r < shells.size(); ++r) {
     gpu::Device& device = *state.devices[r];
     LoadedRank rank;
@@ -324,7 +350,9 @@ std::byte* Runtime::Impl::reallocate(LoadWork& w, std::size_t rank, std::size_t 
   const models::ParamSpec& spec = w.model->shells().at(rank).params.at(param);
   std::lock_guard lock(w.state_mu);
   LoadedModel::State& state = *w.state;
-  gpu::DeviceAllocation fresh = allocate_param(allocator, *state.devices.at(rank), spec);
+  gpu::DeviceAllocation fresh =
+      share_devices ? allocate_shareable(*state.devices.at(rank), spec, kShareGranule)
+                    : allocate_param(allocator, *state.devices.at(rank), spec);
   std::byte* data = fresh.data();
   state.retired.push_back(std::exchange(state.storage.at(rank).at(param), std::move(fresh)));
   state.ranks.at(rank).params.at(param).data = data;

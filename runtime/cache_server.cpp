@@ -51,6 +51,7 @@ Shared share(const LoadedModel::State& state) {
   for (std::size_t r = 0; r < state.ranks.size(); ++r) {
     const LoadedRank& rank = state.ranks[r];
     gpu::Device& device = *state.devices.at(r);
+    std::vector<std::size_t> seen;  // this rank's blocks, by index into out.blocks
     cache::TableRank t;
     t.tp_rank = rank.tp_rank;
     t.pp_rank = rank.pp_rank;
@@ -66,7 +67,19 @@ Shared share(const LoadedModel::State& state) {
         t.params.push_back(std::move(tp));  // storage 0, offset 0: nothing to map
         continue;
       }
-      std::optional<gpu::SharedBlock> b = device.shared_block(p.data);
+      // Most params of a rank lie in its arena: ask the device (a CUDA IPC handle
+      // each time) only for a pointer outside the blocks this rank has seen.
+      std::optional<gpu::SharedBlock> b;
+      for (const std::size_t k : seen) {
+        const gpu::SharedBlock& x = out.blocks[k];
+        if (p.data >= x.base && p.data < x.base + x.bytes) {
+          b = x;
+          break;
+        }
+      }
+      if (!b) {
+        b = device.shared_block(p.data);
+      }
       if (!b) {
         throw Error(Stage::kCache, device.name(), p.name,
                     "the parameter is not in memory this device can share (null devices, or "
@@ -77,6 +90,7 @@ Shared share(const LoadedModel::State& state) {
         out.bytes += b->bytes;
         out.blocks.push_back(*b);
         out.block_device.push_back(device.name());
+        seen.push_back(it->second);
       }
       tp.storage = it->second;
       tp.offset = static_cast<std::uint64_t>(p.data - b->base);

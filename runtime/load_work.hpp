@@ -167,6 +167,10 @@ class CallbackThread {
 // there is one, else from the device (allocate.cpp).
 gpu::DeviceAllocation allocate_param(const std::shared_ptr<Allocator>& allocator,
                                      gpu::Device& device, const models::ParamSpec& spec);
+// `spec`'s bytes at the start of a block of its own whose size is a multiple of
+// `granule` (a sharing runtime's hook outputs: see allocate_rank) (allocate.cpp).
+gpu::DeviceAllocation allocate_shareable(gpu::Device& device, const models::ParamSpec& spec,
+                                         std::size_t granule);
 // Pinned staging memory of a CUDA device, placed on NUMA node `node` when >= 0
 // (allocate.cpp).
 std::shared_ptr<io::BufferAllocator> pinned_staging_allocator(std::shared_ptr<gpu::Device> device,

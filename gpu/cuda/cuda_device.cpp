@@ -59,6 +59,7 @@ struct CudaDeviceState {
   // a parameter lies in (a CUDA IPC handle names an allocation's start).
   std::mutex blocks_mu;
   std::map<std::uintptr_t, std::size_t> blocks;
+  std::string uuid;  // read once (cudaGetDeviceProperties is slow); guarded by blocks_mu
 
   CudaDeviceState() = default;
   CudaDeviceState(const CudaDeviceState&) = delete;
@@ -546,8 +547,11 @@ class CudaDevice final : public Device {
   }
 
   // The weight cache's CUDA transport: one cudaIpcMemHandle per allocation (an
-  // arena holds a rank's parameters), named by the GPU's UUID so that a client
-  // with another CUDA_VISIBLE_DEVICES finds the same GPU.
+  // arena holds a rank's parameters), named by the GPU's UUID, which a client checks
+  // against its own device's (the same GPU whatever index CUDA_VISIBLE_DEVICES gives
+  // it; a client on another GPU is refused). CUDA may place a small cudaMalloc inside
+  // a larger block and IPC shares the whole block: the sharing runtime rounds what it
+  // allocates for parameters up to 2 MiB (runtime/allocate.cpp).
   std::optional<SharedBlock> shared_block(const std::byte* p) const override {
     const auto at = reinterpret_cast<std::uintptr_t>(p);
     std::uintptr_t base = 0;
@@ -578,9 +582,13 @@ class CudaDevice final : public Device {
   }
 
   std::string uuid() const override {
-    cudaDeviceProp prop{};
-    FERRY_CUDA_CHECK(state_->name, cudaGetDeviceProperties(&prop, state_->index));
-    return gpu_uuid_text(reinterpret_cast<const unsigned char*>(prop.uuid.bytes));
+    std::lock_guard lock(state_->blocks_mu);
+    if (state_->uuid.empty()) {
+      cudaDeviceProp prop{};
+      FERRY_CUDA_CHECK(state_->name, cudaGetDeviceProperties(&prop, state_->index));
+      state_->uuid = gpu_uuid_text(reinterpret_cast<const unsigned char*>(prop.uuid.bytes));
+    }
+    return state_->uuid;
   }
 
   DeviceAllocation map_shared(const SharedBlock& block, int fd) override {
@@ -588,6 +596,10 @@ class CudaDevice final : public Device {
     if (block.kind != "cuda_ipc") {
       throw ferry::Error(ferry::Stage::kCopy, state_->name, "",
                          "a CUDA device maps cuda_ipc blocks only, not " + block.kind);
+    }
+    if (block.bytes == 0) {
+      throw ferry::Error(ferry::Stage::kCopy, state_->name, "",
+                         "a shared block of 0 bytes: nothing to open");
     }
     const std::string mine = uuid();
     if (block.uuid != mine) {
@@ -607,11 +619,16 @@ class CudaDevice final : public Device {
     void* p = nullptr;
     FERRY_CUDA_CHECK(state_->name,
                      cudaIpcOpenMemHandle(&p, handle, cudaIpcMemLazyEnablePeerAccess));
-    return adopt(
-        static_cast<std::byte*>(p), block.bytes, [state = state_](std::byte* data, std::size_t) {
-          QuietDeviceScope release_scope(*state);
-          warn_if_failed(cudaIpcCloseMemHandle(data), "cudaIpcCloseMemHandle", state->name);
-        });
+    auto close = [state = state_](std::byte* data, std::size_t) {
+      QuietDeviceScope release_scope(*state);
+      warn_if_failed(cudaIpcCloseMemHandle(data), "cudaIpcCloseMemHandle", state->name);
+    };
+    try {
+      return adopt(static_cast<std::byte*>(p), block.bytes, close);
+    } catch (...) {
+      close(static_cast<std::byte*>(p), block.bytes);
+      throw;
+    }
   }
 
   DeviceAllocation adopt(std::byte* data, std::size_t bytes,
