@@ -18,6 +18,7 @@
 #include "cache/protocol.hpp"
 #include "cache/registry.hpp"
 #include "cache/socket.hpp"
+#include "common/format.hpp"
 #include "common/log.hpp"
 #include "common/thread_start.hpp"
 #include "gpu/device.hpp"
@@ -31,17 +32,6 @@ namespace {
 [[noreturn]] void fail(const std::string& where, const std::string& rule,
                        const std::string& tensor = {}) {
   throw Error(Stage::kCache, where, tensor, rule);
-}
-
-std::string join(const std::vector<std::string>& items, std::size_t limit = 8) {
-  std::string out;
-  for (std::size_t i = 0; i < items.size() && i < limit; ++i) {
-    out += (i == 0 ? "" : "; ") + items[i];
-  }
-  if (items.size() > limit) {
-    out += "; ... (" + std::to_string(items.size()) + " in all)";
-  }
-  return out;
 }
 
 // Checks every (pid, start time) of the daemon every `period` and calls `lost`
@@ -201,7 +191,8 @@ bool Runtime::Impl::attach_cache(LoadWork& w, LoadHandle::State& handle) {
         diff = identity_differences(r.record["identity"], id.identity);
       }
       fail(r.path, "fingerprint mismatch: the daemon registered for " + id.model + " (pid " +
-                       std::to_string(r.daemon.pid) + ") holds another layout: " + join(diff));
+                       std::to_string(r.daemon.pid) +
+                       ") holds another layout: " + join_first(diff, 8));
     }
     const std::string why = "no daemon is registered in " + registry.dir() + " for " + id.model +
                             " (fingerprint " + id.fingerprint.substr(0, 16) + ")";
@@ -261,7 +252,7 @@ bool Runtime::Impl::attach_cache(LoadWork& w, LoadHandle::State& handle) {
     if (query.contains("identity")) {
       diff = identity_differences(query["identity"], id.identity);
     }
-    fail(where, "fingerprint mismatch: " + join(diff));
+    fail(where, "fingerprint mismatch: " + join_first(diff, 8));
   }
   if (!query.contains("compat") || query["compat"] != id.compat) {
     fail(where, "the daemon runs another ferry or protocol: its " +
@@ -305,10 +296,9 @@ bool Runtime::Impl::attach_cache(LoadWork& w, LoadHandle::State& handle) {
       const cache::TableParam& p = *it->second;
       if (p.dtype != spec.dtype || p.shape != spec.shape || p.nbytes != spec.nbytes) {
         wrong.push_back(spec.name + " (the daemon's " + std::string(dtype_name(p.dtype)) + " " +
-                        nlohmann::json(p.shape).dump() + " " + std::to_string(p.nbytes) +
+                        format_dims(p.shape) + " " + std::to_string(p.nbytes) +
                         " bytes, this model's " + std::string(dtype_name(spec.dtype)) + " " +
-                        nlohmann::json(spec.shape).dump() + " " + std::to_string(spec.nbytes) +
-                        " bytes)");
+                        format_dims(spec.shape) + " " + std::to_string(spec.nbytes) + " bytes)");
       }
     }
     if (!missing.empty() || !wrong.empty() || got.size() != expected) {
@@ -324,9 +314,9 @@ bool Runtime::Impl::attach_cache(LoadWork& w, LoadHandle::State& handle) {
       }
       fail(where, "the daemon's table of tp rank " + std::to_string(t.tp_rank) + " does not fit " +
                       w.model->family() + ": " + std::to_string(missing.size()) + " missing (" +
-                      join(missing, 4) + "), " + std::to_string(extra.size()) + " extra (" +
-                      join(extra, 4) + "), " + std::to_string(wrong.size()) + " different (" +
-                      join(wrong, 4) + ")");
+                      join_first(missing, 4) + "), " + std::to_string(extra.size()) + " extra (" +
+                      join_first(extra, 4) + "), " + std::to_string(wrong.size()) + " different (" +
+                      join_first(wrong, 4) + ")");
     }
   }
   handle.check_cancel();

@@ -137,6 +137,21 @@ CacheIdentity cache_identity(const LoadConfig& c) {
   return out;
 }
 
+namespace {
+
+// The keys of two JSON objects, sorted, each once.
+std::set<std::string> key_union(const nlohmann::json& a, const nlohmann::json& b) {
+  std::set<std::string> keys;
+  for (const nlohmann::json* o : {&a, &b}) {
+    for (const auto& [k, v] : o->items()) {
+      keys.insert(k);
+    }
+  }
+  return keys;
+}
+
+}  // namespace
+
 std::vector<std::string> identity_differences(const nlohmann::json& theirs,
                                               const nlohmann::json& ours, std::size_t limit) {
   std::vector<std::string> out;
@@ -149,35 +164,20 @@ std::vector<std::string> identity_differences(const nlohmann::json& theirs,
     add("identity", theirs, ours);
     return out;
   }
-  std::set<std::string> fields;
-  for (const auto& [k, v] : theirs.items()) {
-    fields.insert(k);
-  }
-  for (const auto& [k, v] : ours.items()) {
-    fields.insert(k);
-  }
   const nlohmann::json none;
-  for (const std::string& f : fields) {
-    const nlohmann::json& a = theirs.contains(f) ? theirs[f] : none;
-    const nlohmann::json& b = ours.contains(f) ? ours[f] : none;
+  auto at = [&](const nlohmann::json& o, const std::string& k) -> const nlohmann::json& {
+    return o.contains(k) ? o[k] : none;
+  };
+  for (const std::string& f : key_union(theirs, ours)) {
+    const nlohmann::json& a = at(theirs, f);
+    const nlohmann::json& b = at(ours, f);
     if (a == b) {
       continue;
     }
     if (f == "keys" && a.is_object() && b.is_object()) {
-      for (const std::string& k : [&] {
-             std::set<std::string> ks;
-             for (const auto& [key, v] : a.items()) {
-               ks.insert(key);
-             }
-             for (const auto& [key, v] : b.items()) {
-               ks.insert(key);
-             }
-             return ks;
-           }()) {
-        const nlohmann::json& x = a.contains(k) ? a[k] : none;
-        const nlohmann::json& y = b.contains(k) ? b[k] : none;
-        if (x != y) {
-          add(k, x, y);
+      for (const std::string& k : key_union(a, b)) {
+        if (at(a, k) != at(b, k)) {
+          add(k, at(a, k), at(b, k));
         }
       }
     } else if (f == "files" && a.is_array() && b.is_array()) {

@@ -146,7 +146,7 @@ struct CacheDaemon::Impl {
   void register_self();
   void unregister() noexcept;
   void handle(cache::Connection conn);
-  nlohmann::json fetch(const nlohmann::json& request, cache::Connection& conn);
+  void fetch(const nlohmann::json& request, cache::Connection& conn);
   void reap(bool all);
 };
 
@@ -213,7 +213,7 @@ void CacheDaemon::Impl::unregister() noexcept {
   listener.reset();
 }
 
-nlohmann::json CacheDaemon::Impl::fetch(const nlohmann::json& request, cache::Connection& conn) {
+void CacheDaemon::Impl::fetch(const nlohmann::json& request, cache::Connection& conn) {
   const std::string where = conn.where();
   if (cache::get_string(request, "fingerprint", where) != id.fingerprint) {
     fail(where, "fingerprint mismatch: this daemon holds " + id.fingerprint);
@@ -261,7 +261,6 @@ nlohmann::json CacheDaemon::Impl::fetch(const nlohmann::json& request, cache::Co
   if (m_served != nullptr) {
     m_served->Increment();
   }
-  return nullptr;
 }
 
 void CacheDaemon::Impl::handle(cache::Connection conn) {
