@@ -76,11 +76,16 @@ std::size_t FetchReply::descriptors() const {
 nlohmann::json to_json(const FetchReply& reply) {
   nlohmann::json storages = nlohmann::json::array();
   for (const StorageEntry& s : reply.storages) {
-    storages.push_back({{"kind", s.kind},
-                        {"bytes", s.bytes},
-                        {"device", s.device},
-                        {"uuid", s.uuid},
-                        {"handle", s.handle}});
+    nlohmann::json entry = {{"kind", s.kind},
+                            {"bytes", s.bytes},
+                            {"device", s.device},
+                            {"uuid", s.uuid},
+                            {"handle", s.handle}};
+    if (s.kind == "ucx") {
+      entry["address"] = s.address;
+      entry["rkey"] = s.rkey;
+    }
+    storages.push_back(std::move(entry));
   }
   nlohmann::json ranks = nlohmann::json::array();
   for (const TableRank& r : reply.ranks) {
@@ -99,16 +104,36 @@ nlohmann::json to_json(const FetchReply& reply) {
                      {"device", r.device},
                      {"params", std::move(params)}});
   }
-  return {{"type", "fetch"},
-          {"status", "ok"},
-          {"storages", std::move(storages)},
-          {"ranks", std::move(ranks)},
-          {"descriptors", reply.descriptors()}};
+  nlohmann::json out = {{"type", "fetch"},
+                        {"status", "ok"},
+                        {"storages", std::move(storages)},
+                        {"ranks", std::move(ranks)},
+                        {"descriptors", reply.descriptors()}};
+  if (!reply.worker.empty()) {
+    out["worker"] = reply.worker;
+  }
+  return out;
 }
 
-FetchReply parse_fetch_reply(const nlohmann::json& reply, const std::string& where) {
+namespace {
+
+bool is_hex(const std::string& s) {
+  return s.size() % 2 == 0 && s.find_first_not_of("0123456789abcdef") == std::string::npos;
+}
+
+}  // namespace
+
+FetchReply parse_fetch_reply(const nlohmann::json& reply, const std::string& where, bool remote) {
   expect_reply(reply, "fetch", where);
   FetchReply out;
+  if (remote) {
+    out.worker = get_string(reply, "worker", where);
+    if (out.worker.empty() || out.worker.size() > kMaxWorkerHex || !is_hex(out.worker)) {
+      fail(where, "",
+           "'worker' must be a UCX worker address in lowercase hex, at most " +
+               std::to_string(kMaxWorkerHex) + " digits");
+    }
+  }
   const nlohmann::json& storages = field(reply, "storages", where);
   if (!storages.is_array() || storages.size() > kMaxStorages) {
     fail(where, "", "'storages' must be an array of at most 1048576 entries");
@@ -116,8 +141,10 @@ FetchReply parse_fetch_reply(const nlohmann::json& reply, const std::string& whe
   for (const nlohmann::json& s : storages) {
     StorageEntry e;
     e.kind = get_string(s, "kind", where);
-    if (e.kind != "memfd" && e.kind != "cuda_ipc") {
-      fail(where, "", "unknown storage kind '" + e.kind + "' (memfd or cuda_ipc)");
+    if (remote ? e.kind != "ucx" : e.kind != "memfd" && e.kind != "cuda_ipc") {
+      fail(where, "",
+           "unknown storage kind '" + e.kind + "' (" +
+               (remote ? "a seed sends ucx" : "memfd or cuda_ipc") + ")");
     }
     e.bytes = get_uint(s, "bytes", where);
     e.device = get_string(s, "device", where);
@@ -125,6 +152,18 @@ FetchReply parse_fetch_reply(const nlohmann::json& reply, const std::string& whe
     e.handle = get_string(s, "handle", where);
     if (e.kind == "cuda_ipc" && (e.handle.size() != 128 || e.uuid.empty())) {
       fail(where, "", "a cuda_ipc storage needs a 64-byte handle (128 hex digits) and a GPU uuid");
+    }
+    if (e.kind == "ucx") {
+      e.address = get_uint(s, "address", where);
+      e.rkey = get_string(s, "rkey", where);
+      if (e.rkey.empty() || e.rkey.size() > kMaxRkeyHex || !is_hex(e.rkey)) {
+        fail(where, "",
+             "a ucx storage needs a packed remote key in lowercase hex, at most " +
+                 std::to_string(kMaxRkeyHex) + " digits");
+      }
+      if (e.address > ~std::uint64_t{0} - e.bytes) {
+        fail(where, "", "a ucx storage's address and size overflow");
+      }
     }
     out.storages.push_back(std::move(e));
   }
@@ -203,12 +242,13 @@ std::string request_type(const nlohmann::json& request, const std::string& where
   return type;
 }
 
-void expect_reply(const nlohmann::json& reply, std::string_view type, const std::string& where) {
+void expect_reply(const nlohmann::json& reply, std::string_view type, const std::string& where,
+                  std::string_view peer) {
   const std::string got = get_string(reply, "type", where);
   if (got == "error") {
     const auto it = reply.find("message");
     fail(where, "",
-         "the daemon answered with an error: " +
+         std::string(peer) + " answered with an error: " +
              (it != reply.end() && it->is_string() ? it->get<std::string>() : std::string("?")));
   }
   if (got != type) {

@@ -24,6 +24,8 @@ std::string_view to_string(Stage stage) {
     case Stage::kOutput: return "output";
     case Stage::kCache:
       return "cache";
+    case Stage::kRemote:
+      return "remote";
   }
   return "unknown";
 }

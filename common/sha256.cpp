@@ -122,4 +122,24 @@ std::string base64url(const std::uint8_t* data, std::size_t bytes) {
   return out;
 }
 
+Sha256Digest hmac_sha256(std::string_view key, std::string_view message) {
+  constexpr std::size_t kBlock = 64;
+  std::string k(key);
+  if (k.size() > kBlock) {
+    const Sha256Digest d = sha256(k);
+    k.assign(reinterpret_cast<const char*>(d.data()), d.size());
+  }
+  k.resize(kBlock, '\0');
+  std::string inner(kBlock, '\0');
+  std::string outer(kBlock, '\0');
+  for (std::size_t i = 0; i < kBlock; ++i) {
+    inner[i] = static_cast<char>(k[i] ^ 0x36);
+    outer[i] = static_cast<char>(k[i] ^ 0x5c);
+  }
+  inner.append(message);
+  const Sha256Digest h = sha256(inner);
+  outer.append(reinterpret_cast<const char*>(h.data()), h.size());
+  return sha256(outer);
+}
+
 }  // namespace ferry

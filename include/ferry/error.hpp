@@ -39,6 +39,9 @@ enum class Stage {
   // The weight cache (`ferry serve` and model.load_format ipc_cache): its registry,
   // its socket, its protocol, or a daemon that does not hold what the load needs.
   kCache,
+  // remote_instance: a seed's control port (`ferry serve --remote`), its
+  // authentication, its table, or the UCX transfer that pulls its parameters.
+  kRemote,
 };
 
 FERRY_API std::string_view to_string(Stage stage);
