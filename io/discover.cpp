@@ -145,6 +145,7 @@ std::vector<const char*> patterns_for(LoadFormat format) {
     case LoadFormat::kPresharded:
     case LoadFormat::kShardedState:
     case LoadFormat::kIpcCache:
+    case LoadFormat::kRemoteInstance:
       break;
   }
   return {};
@@ -302,16 +303,18 @@ std::optional<GlmMtp> glm_mtp_rule(const std::string& folder, const std::string&
 }  // namespace
 
 std::string_view to_string(LoadFormat format) {
-  static constexpr std::array<std::string_view, 8> kNames{
-      "auto", "safetensors", "mistral", "pt", "dummy", "presharded", "sharded_state", "ipc_cache"};
-  static_assert(kNames.size() == static_cast<std::size_t>(LoadFormat::kIpcCache) + 1);
+  static constexpr std::array<std::string_view, 9> kNames{
+      "auto",          "safetensors", "mistral",        "pt", "dummy", "presharded",
+      "sharded_state", "ipc_cache",   "remote_instance"};
+  static_assert(kNames.size() == static_cast<std::size_t>(LoadFormat::kRemoteInstance) + 1);
   return enum_name(format, kNames, "unknown");
 }
 
 std::optional<LoadFormat> parse_load_format(std::string_view text) {
-  for (LoadFormat format : {LoadFormat::kAuto, LoadFormat::kSafetensors, LoadFormat::kMistral,
-                            LoadFormat::kPt, LoadFormat::kDummy, LoadFormat::kPresharded,
-                            LoadFormat::kShardedState, LoadFormat::kIpcCache}) {
+  for (LoadFormat format :
+       {LoadFormat::kAuto, LoadFormat::kSafetensors, LoadFormat::kMistral, LoadFormat::kPt,
+        LoadFormat::kDummy, LoadFormat::kPresharded, LoadFormat::kShardedState,
+        LoadFormat::kIpcCache, LoadFormat::kRemoteInstance}) {
     if (text == to_string(format)) {
       return format;
     }
@@ -426,6 +429,12 @@ std::vector<Entry> open_model_folder(const std::string& folder, LoadFormat forma
     throw Error(Stage::kDiscovery, folder, "",
                 "load format ipc_cache maps a `ferry serve` daemon's parameters; the daemon "
                 "read the files (cache.fallback_format says how to read them without one)");
+  }
+  if (format == LoadFormat::kRemoteInstance) {
+    throw Error(Stage::kDiscovery, folder, "",
+                "load format remote_instance pulls a seed's parameters over the network; "
+                "nothing is read here (remote.fallback_format says how to read the files when "
+                "the seed cannot be reached)");
   }
   const Probe where = probe(folder);
   if (where.kind == Kind::kMissing) {

@@ -16,19 +16,21 @@ namespace ferry::io {
 struct WeightIndex;  // io/safetensors.hpp
 
 enum class LoadFormat {
-  kAuto,          // *.safetensors, else *.bin (first pattern that matches wins)
-  kSafetensors,   // *.safetensors
-  kMistral,       // consolidated*.safetensors with consolidated.safetensors.index.json
-  kPt,            // *.pt
-  kDummy,         // no weight files: the runtime fills every param with deterministic
-                  // random values from config.json alone; discovery refuses it
-  kPresharded,    // a folder `ferry save` wrote (runtime/presharded.hpp): each rank's params
-                  // as a load leaves them; discovery refuses it (the runtime finds the folder)
-  kShardedState,  // SGLang's sharded_state: each tp rank's state dict in
-                  // model-rank-<r>-part-<p>.safetensors (io/sharded_state.hpp); discovery
-                  // refuses it (the runtime picks the local ranks' files)
-  kIpcCache,      // the weight cache: views of a `ferry serve` daemon's parameters
-                  // (runtime/cache_client.cpp); discovery refuses it (the daemon read the files)
+  kAuto,            // *.safetensors, else *.bin (first pattern that matches wins)
+  kSafetensors,     // *.safetensors
+  kMistral,         // consolidated*.safetensors with consolidated.safetensors.index.json
+  kPt,              // *.pt
+  kDummy,           // no weight files: the runtime fills every param with deterministic
+                    // random values from config.json alone; discovery refuses it
+  kPresharded,      // a folder `ferry save` wrote (runtime/presharded.hpp): each rank's params
+                    // as a load leaves them; discovery refuses it (the runtime finds the folder)
+  kShardedState,    // SGLang's sharded_state: each tp rank's state dict in
+                    // model-rank-<r>-part-<p>.safetensors (io/sharded_state.hpp); discovery
+                    // refuses it (the runtime picks the local ranks' files)
+  kIpcCache,        // the weight cache: views of a `ferry serve` daemon's parameters
+                    // (runtime/cache_client.cpp); discovery refuses it (the daemon read the files)
+  kRemoteInstance,  // pulled over UCX from a running ferry serving the same layout (a seed,
+                    // runtime/remote_target.cpp); discovery refuses it (nothing is read)
 };
 
 // What the chosen files contain (kAuto resolves to one of these).

@@ -18,6 +18,9 @@
 namespace ferry::gpu {
 class Device;
 }  // namespace ferry::gpu
+namespace ferry::models {
+class Model;
+}  // namespace ferry::models
 
 namespace ferry::runtime {
 
@@ -60,10 +63,22 @@ inline constexpr const char* kFingerprintExcluded[] = {
     "parallel.ranks",      // which ranks a process holds; the fetch checks each one
     "postprocess.target",  // as resolved for the devices is
 };
+// remote_instance: what of a load's identity a seed and a target on other machines
+// compare: all but the model folder, its files and the disk format (another
+// machine's paths, inodes and times, and a seed may have read another copy of the
+// files), with its own fingerprint. Both sides read config.json (hashed in it).
+struct LayoutIdentity {
+  nlohmann::json identity;
+  std::string fingerprint;
+};
+LayoutIdentity layout_identity(const CacheIdentity& id);
+
 // "field: the daemon's X, this load's Y" for each field of `theirs` and `ours`
 // that differs (the files listed by name), at most `limit` of them.
+// `peer` names theirs ("the daemon", "the seed").
 std::vector<std::string> identity_differences(const nlohmann::json& theirs,
-                                              const nlohmann::json& ours, std::size_t limit = 8);
+                                              const nlohmann::json& ours, std::size_t limit = 8,
+                                              std::string_view peer = "the daemon");
 
 // The effective mode of a load: kOff, or kDaemon / kClient (model.load_format
 // ipc_cache with cache.mode off is kDaemon).
@@ -74,6 +89,12 @@ LoadConfig disk_config(const LoadConfig& c);
 // The registry's name for a daemon's devices: "host:0,host:1" for host devices,
 // the GPUs' UUIDs for CUDA ones.
 std::string device_set(const std::vector<std::shared_ptr<gpu::Device>>& devices);
+
+// Checks that `table` (a daemon's or a seed's) holds, rank by rank, exactly the
+// params `model` keeps (transient ones aside), each of the same dtype, shape and
+// size. Throws Error(stage) naming `where` and what is missing, extra or different.
+void check_table(const cache::FetchReply& table, const models::Model& model,
+                 const std::string& where, Stage stage);
 
 // Internal doors into a Runtime (runtime.cpp): one whose devices can share their
 // memory (HostDeviceOptions::shared_memory: the daemon's), the state of the model

@@ -125,6 +125,70 @@ void check_same_daemon(const nlohmann::json& reply, const cache::Registration& r
 
 }  // namespace
 
+void check_table(const cache::FetchReply& table, const models::Model& model,
+                 const std::string& where, Stage stage) {
+  auto refuse = [](const std::string& at, Stage st, const std::string& rule) {
+    throw Error(st, at, "", rule);
+  };
+  const std::string who = stage == Stage::kRemote ? "the seed" : "the daemon";
+  const auto& shells = model.shells();
+  if (table.ranks.size() != shells.size()) {
+    refuse(where, stage,
+           who + " sent " + std::to_string(table.ranks.size()) + " rank(s) for " +
+               std::to_string(shells.size()));
+  }
+  for (std::size_t r = 0; r < shells.size(); ++r) {
+    const cache::TableRank& t = table.ranks[r];
+    if (t.tp_rank != shells[r].tp_rank) {
+      refuse(where, stage,
+             who + " sent tp rank " + std::to_string(t.tp_rank) + " for " +
+                 std::to_string(shells[r].tp_rank));
+    }
+    std::map<std::string, const cache::TableParam*> got;
+    for (const cache::TableParam& p : t.params) {
+      got[p.name] = &p;
+    }
+    std::vector<std::string> missing, wrong;
+    std::size_t expected = 0;
+    for (const models::ParamSpec& spec : shells[r].params) {
+      if (spec.transient) {
+        continue;
+      }
+      ++expected;
+      const auto it = got.find(spec.name);
+      if (it == got.end()) {
+        missing.push_back(spec.name);
+        continue;
+      }
+      const cache::TableParam& p = *it->second;
+      if (p.dtype != spec.dtype || p.shape != spec.shape || p.nbytes != spec.nbytes) {
+        wrong.push_back(spec.name + " (" + who + "'s " + std::string(dtype_name(p.dtype)) + " " +
+                        format_dims(p.shape) + " " + std::to_string(p.nbytes) +
+                        " bytes, this model's " + std::string(dtype_name(spec.dtype)) + " " +
+                        format_dims(spec.shape) + " " + std::to_string(spec.nbytes) + " bytes)");
+      }
+    }
+    if (!missing.empty() || !wrong.empty() || got.size() != expected) {
+      std::vector<std::string> extra;
+      std::set<std::string> mine;
+      for (const models::ParamSpec& spec : shells[r].params) {
+        mine.insert(spec.name);
+      }
+      for (const auto& [name, p] : got) {
+        if (mine.count(name) == 0) {
+          extra.push_back(name);
+        }
+      }
+      refuse(where, stage,
+             who + "'s table of tp rank " + std::to_string(t.tp_rank) + " does not fit " +
+                 model.family() + ": " + std::to_string(missing.size()) + " missing (" +
+                 join_first(missing, 4) + "), " + std::to_string(extra.size()) + " extra (" +
+                 join_first(extra, 4) + "), " + std::to_string(wrong.size()) + " different (" +
+                 join_first(wrong, 4) + ")");
+    }
+  }
+}
+
 bool Runtime::Impl::attach_cache(LoadWork& w, LoadHandle::State& handle) {
   LoadReport& report = w.report;
   report.cache.mode = std::string(to_string(cache));
@@ -267,58 +331,7 @@ bool Runtime::Impl::attach_cache(LoadWork& w, LoadHandle::State& handle) {
   w.model = model_future.get();
   const auto& shells = w.model->shells();
   w.planned_at = Clock::now();
-  if (table.ranks.size() != shells.size()) {
-    fail(where, "the daemon sent " + std::to_string(table.ranks.size()) + " rank(s) for " +
-                    std::to_string(shells.size()));
-  }
-  for (std::size_t r = 0; r < shells.size(); ++r) {
-    const cache::TableRank& t = table.ranks[r];
-    if (t.tp_rank != shells[r].tp_rank) {
-      fail(where, "the daemon sent tp rank " + std::to_string(t.tp_rank) + " for " +
-                      std::to_string(shells[r].tp_rank));
-    }
-    std::map<std::string, const cache::TableParam*> got;
-    for (const cache::TableParam& p : t.params) {
-      got[p.name] = &p;
-    }
-    std::vector<std::string> missing, wrong;
-    std::size_t expected = 0;
-    for (const models::ParamSpec& spec : shells[r].params) {
-      if (spec.transient) {
-        continue;
-      }
-      ++expected;
-      const auto it = got.find(spec.name);
-      if (it == got.end()) {
-        missing.push_back(spec.name);
-        continue;
-      }
-      const cache::TableParam& p = *it->second;
-      if (p.dtype != spec.dtype || p.shape != spec.shape || p.nbytes != spec.nbytes) {
-        wrong.push_back(spec.name + " (the daemon's " + std::string(dtype_name(p.dtype)) + " " +
-                        format_dims(p.shape) + " " + std::to_string(p.nbytes) +
-                        " bytes, this model's " + std::string(dtype_name(spec.dtype)) + " " +
-                        format_dims(spec.shape) + " " + std::to_string(spec.nbytes) + " bytes)");
-      }
-    }
-    if (!missing.empty() || !wrong.empty() || got.size() != expected) {
-      std::vector<std::string> extra;
-      std::set<std::string> mine;
-      for (const models::ParamSpec& spec : shells[r].params) {
-        mine.insert(spec.name);
-      }
-      for (const auto& [name, p] : got) {
-        if (mine.count(name) == 0) {
-          extra.push_back(name);
-        }
-      }
-      fail(where, "the daemon's table of tp rank " + std::to_string(t.tp_rank) + " does not fit " +
-                      w.model->family() + ": " + std::to_string(missing.size()) + " missing (" +
-                      join_first(missing, 4) + "), " + std::to_string(extra.size()) + " extra (" +
-                      join_first(extra, 4) + "), " + std::to_string(wrong.size()) + " different (" +
-                      join_first(wrong, 4) + ")");
-    }
-  }
+  check_table(table, *w.model, where, Stage::kCache);
   handle.check_cancel();
 
   // ---- map

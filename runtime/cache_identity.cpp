@@ -153,11 +153,13 @@ std::set<std::string> key_union(const nlohmann::json& a, const nlohmann::json& b
 }  // namespace
 
 std::vector<std::string> identity_differences(const nlohmann::json& theirs,
-                                              const nlohmann::json& ours, std::size_t limit) {
+                                              const nlohmann::json& ours, std::size_t limit,
+                                              std::string_view peer) {
   std::vector<std::string> out;
   auto add = [&](const std::string& field, const nlohmann::json& a, const nlohmann::json& b) {
     if (out.size() < limit) {
-      out.push_back(field + ": the daemon's " + a.dump() + ", this load's " + b.dump());
+      out.push_back(field + ": " + std::string(peer) + "'s " + a.dump() + ", this load's " +
+                    b.dump());
     }
   };
   if (!theirs.is_object() || !ours.is_object()) {
@@ -203,6 +205,24 @@ std::string device_set(const std::vector<std::shared_ptr<gpu::Device>>& devices)
     const std::string uuid = d->uuid();
     out += (out.empty() ? "" : ",") + (uuid.empty() ? d->name() : uuid);
   }
+  return out;
+}
+
+}  // namespace ferry::runtime
+
+namespace ferry::runtime {
+
+LayoutIdentity layout_identity(const CacheIdentity& id) {
+  LayoutIdentity out;
+  out.identity = id.identity;
+  for (const char* machine : {"model", "files", "format"}) {
+    out.identity.erase(machine);
+  }
+  // A path on one machine (its contents are hashed as eplb_map_sha256).
+  if (out.identity.contains("keys")) {
+    out.identity["keys"].erase("model.eplb_map");
+  }
+  out.fingerprint = sha256_hex(out.identity.dump());
   return out;
 }
 

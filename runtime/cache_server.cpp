@@ -23,6 +23,7 @@
 #include "gpu/device.hpp"
 #include "runtime/cache.hpp"
 #include "runtime/load_work.hpp"
+#include "runtime/remote.hpp"
 
 namespace ferry::runtime {
 
@@ -116,6 +117,7 @@ struct CacheDaemon::Impl {
   std::string record_path;
   cache::ProcessIdentity self = cache::self_identity();
   cache::UniqueFd listener;
+  std::unique_ptr<RemoteSeed> remote;  // remote.listen: targets on other machines
   int wake[2] = {-1, -1};
   std::atomic<bool> stopping{false};
   bool registered = false;
@@ -136,6 +138,7 @@ struct CacheDaemon::Impl {
 
   explicit Impl(std::string dir) : registry(std::move(dir)) {}
   ~Impl() {
+    remote.reset();  // after every connection thread (reap) ended
     for (int fd : wake) {
       if (fd >= 0) {
         ::close(fd);
@@ -245,8 +248,13 @@ void CacheDaemon::Impl::fetch(const nlohmann::json& request, cache::Connection& 
       auto [at, fresh] = renumber.emplace(p.storage, reply.storages.size());
       if (fresh) {
         const gpu::SharedBlock& b = shared.blocks[p.storage];
-        reply.storages.push_back(
-            cache::StorageEntry{b.kind, b.bytes, shared.block_device[p.storage], b.uuid, b.handle});
+        cache::StorageEntry e;
+        e.kind = b.kind;
+        e.bytes = b.bytes;
+        e.device = shared.block_device[p.storage];
+        e.uuid = b.uuid;
+        e.handle = b.handle;
+        reply.storages.push_back(std::move(e));
         if (b.kind == "memfd") {
           fds.push_back(b.fd);
         }
@@ -415,6 +423,14 @@ CacheDaemon::CacheDaemon(Config config, std::unique_ptr<Runtime> runtime) {
                       .Add({});
     d.m_bytes->Set(static_cast<double>(d.shared.bytes));
   }
+  if (!lc.remote.listen.empty()) {
+    std::vector<SeedBlock> blocks;
+    for (std::size_t b = 0; b < d.shared.blocks.size(); ++b) {
+      const gpu::SharedBlock& x = d.shared.blocks[b];
+      blocks.push_back(SeedBlock{x.base, x.bytes, x.kind == "cuda_ipc", d.shared.block_device[b]});
+    }
+    d.remote = std::make_unique<RemoteSeed>(lc, std::move(blocks), d.shared.ranks, d.id);
+  }
   d.register_self();
   d.state->report.cache.socket = d.socket_path;
   log::info("weight cache: serving " + d.id.model + " (" + std::to_string(d.shared.blocks.size()) +
@@ -439,15 +455,19 @@ void CacheDaemon::serve() {
     if (d.m_uptime != nullptr) {
       d.m_uptime->Set(seconds_between(d.registered_at, Clock::now()));
     }
-    pollfd fds[2] = {{d.listener.get(), POLLIN, 0}, {d.wake[0], POLLIN, 0}};
-    const int n = ::poll(fds, 2, 1000);
+    pollfd fds[3] = {{d.listener.get(), POLLIN, 0},
+                     {d.wake[0], POLLIN, 0},
+                     {d.remote ? d.remote->listener() : -1, POLLIN, 0}};
+    const int n = ::poll(fds, 3, 1000);
     d.reap(false);
     if (n <= 0 || (fds[1].revents & POLLIN) != 0) {
       continue;
     }
+    const bool from_remote = (fds[2].revents & POLLIN) != 0;
     std::optional<cache::Connection> conn;
     try {
-      conn = cache::accept_one(d.listener.get(), d.socket_path);
+      conn = from_remote ? cache::accept_one(d.remote->listener(), d.remote->address())
+                         : cache::accept_one(d.listener.get(), d.socket_path);
     } catch (const Error& e) {
       log::warn(e.what());
       continue;
@@ -469,10 +489,15 @@ void CacheDaemon::serve() {
     }
     auto done = std::make_shared<std::atomic<bool>>(false);
     try {
-      std::thread t = start_thread("cache conn", [&d, c = std::move(*conn), done]() mutable {
-        d.handle(std::move(c));
-        done->store(true);
-      });
+      std::thread t =
+          start_thread("cache conn", [&d, c = std::move(*conn), done, from_remote]() mutable {
+            if (from_remote) {
+              d.remote->handle(std::move(c), d.wake[0], d.stopping);
+            } else {
+              d.handle(std::move(c));
+            }
+            done->store(true);
+          });
       d.workers.push_back(Impl::Worker{std::move(t), done});
     } catch (const Error& e) {
       log::warn(e.what());
@@ -489,7 +514,15 @@ CacheDaemon::Stats CacheDaemon::stats() const {
   s.connections = impl_->connections.load();
   s.refused = impl_->refused.load();
   s.uptime_seconds = impl_->registered ? seconds_between(impl_->registered_at, Clock::now()) : 0;
+  if (impl_->remote) {
+    s.remote_served = impl_->remote->served();
+    s.remote_refused = impl_->remote->refused();
+  }
   return s;
+}
+
+std::string CacheDaemon::remote_address() const {
+  return impl_->remote ? impl_->remote->address() : std::string();
 }
 
 const std::string& CacheDaemon::socket() const {

@@ -255,7 +255,7 @@ using Requant = models::QuantScheme::Requant;
 using Online = QuantizationConfig::Online;
 using Target = models::QuantScheme::Target;
 
-constexpr std::array<Choice<io::LoadFormat>, 8> kLoadFormats{{
+constexpr std::array<Choice<io::LoadFormat>, 9> kLoadFormats{{
     {"auto", io::LoadFormat::kAuto},
     {"safetensors", io::LoadFormat::kSafetensors},
     {"mistral", io::LoadFormat::kMistral},
@@ -264,6 +264,7 @@ constexpr std::array<Choice<io::LoadFormat>, 8> kLoadFormats{{
     {"presharded", io::LoadFormat::kPresharded},
     {"sharded_state", io::LoadFormat::kShardedState},
     {"ipc_cache", io::LoadFormat::kIpcCache},
+    {"remote_instance", io::LoadFormat::kRemoteInstance},
 }};
 constexpr std::array<Choice<std::optional<DType>>, 4> kDTypes{{
     {"auto", std::nullopt},
@@ -314,18 +315,29 @@ constexpr std::array<Choice<CacheConfig::Mode>, 3> kCacheModes{{
     {"client", CacheConfig::Mode::kClient},
 }};
 // cache.fallback_format: the formats a daemon loads from disk: every load format
-// but the last, ipc_cache.
+// but the last two, ipc_cache and remote_instance.
 template <typename T, std::size_t N>
-constexpr std::array<Choice<T>, N - 1> all_but_last(const std::array<Choice<T>, N>& all) {
-  std::array<Choice<T>, N - 1> out{};
-  for (std::size_t i = 0; i + 1 < N; ++i) {
+constexpr std::array<Choice<T>, N - 2> disk_formats(const std::array<Choice<T>, N>& all) {
+  std::array<Choice<T>, N - 2> out{};
+  for (std::size_t i = 0; i + 2 < N; ++i) {
     out[i] = all[i];
   }
   return out;
 }
-static_assert(kLoadFormats.back().value == io::LoadFormat::kIpcCache);
-constexpr std::array<Choice<io::LoadFormat>, kLoadFormats.size() - 1> kFallbackFormats =
-    all_but_last(kLoadFormats);
+static_assert(kLoadFormats[kLoadFormats.size() - 2].value == io::LoadFormat::kIpcCache);
+static_assert(kLoadFormats.back().value == io::LoadFormat::kRemoteInstance);
+constexpr std::array<Choice<io::LoadFormat>, kLoadFormats.size() - 2> kFallbackFormats =
+    disk_formats(kLoadFormats);
+// remote.fallback_format: none, or a disk format.
+constexpr std::array<Choice<std::optional<io::LoadFormat>>, kFallbackFormats.size() + 1>
+    kRemoteFallbacks = [] {
+      std::array<Choice<std::optional<io::LoadFormat>>, kFallbackFormats.size() + 1> out{};
+      out[0] = {"none", std::nullopt};
+      for (std::size_t i = 0; i < kFallbackFormats.size(); ++i) {
+        out[i + 1] = {kFallbackFormats[i].name, kFallbackFormats[i].value};
+      }
+      return out;
+    }();
 
 constexpr std::array<Choice<UpdateConfig::Rollback>, 2> kUpdateRollbacks{{
     {"reread", UpdateConfig::Rollback::kReread},
@@ -532,7 +544,8 @@ const std::vector<ConfigKey>& table() {
           "model.load_format",
           "which files are weights; dummy: none, values from config.json; presharded: a folder "
           "`ferry save` wrote; sharded_state: SGLang's model-rank-<r>-part-<p>.safetensors; "
-          "ipc_cache: map a `ferry serve` daemon's params"),
+          "ipc_cache: map a `ferry serve` daemon's params; remote_instance: pull them from "
+          "a seed (remote.seed) over UCX"),
       choice_key<&C::model, &ModelConfig::dtype, kDTypes>(
           "model.dtype", "parameter dtype; auto: the checkpoint's torch_dtype"),
       bool_key<&C::model, &ModelConfig::draft>(
@@ -644,6 +657,28 @@ const std::vector<ConfigKey>& table() {
           "cache.watch_ms", "how often a client checks that its daemon still lives"),
       int_key<&C::cache, &CacheConfig::timeout_ms, 100, 3'600'000>(
           "cache.timeout_ms", "how long one connection to a daemon may take"),
+      string_key<&C::remote, &RemoteConfig::listen>(
+          "remote.listen",
+          "`ferry serve`: also serve remote targets on this HOST:PORT (its control port); "
+          "\"\" = none"),
+      string_key<&C::remote, &RemoteConfig::seed>(
+          "remote.seed", "remote_instance: the seed's control port, HOST:PORT"),
+      string_key<&C::remote, &RemoteConfig::token_file>(
+          "remote.token_file",
+          "the secret a seed and its targets share (a file of mode 0600, 16 to 4096 bytes)"),
+      size_key<&C::remote, &RemoteConfig::inflight_bytes, std::uint64_t{64} << 10,
+               std::uint64_t{64} << 30>("remote.inflight_bytes",
+                                        "bytes of UCX gets in flight at once during a pull"),
+      int_key<&C::remote, &RemoteConfig::timeout_ms, 100, 3'600'000>(
+          "remote.timeout_ms",
+          "the control connection's deadline, and how long a pull may see no data"),
+      choice_key<&C::remote, &RemoteConfig::fallback_format, kRemoteFallbacks>(
+          "remote.fallback_format",
+          "how to read the files when the seed cannot be reached at all; none: an error"),
+      string_key<&C::remote, &RemoteConfig::transports>(
+          "remote.transports",
+          "UCX_TLS for the pull (\"\" = UCX's choice; tcp keeps one host's processes on the "
+          "network)"),
       bandwidth_key(),
       bool_key<&C::host, &HostConfig::deferred_copies>(
           "host.deferred_copies", "host devices copy later on a thread, as a DMA engine does"),

@@ -24,6 +24,7 @@
 #include "common/small_file.hpp"
 #include "io/file.hpp"
 #include "models/hf_config.hpp"
+#include "remote/control.hpp"
 #include "runtime/config_keys.hpp"
 
 namespace ferry::runtime {
@@ -596,6 +597,44 @@ std::optional<BrokenRule> broken_load_rule(const LoadConfig& c) {
     return BrokenRule{"cache.mode", "devices " + to_string(c.devices) +
                                         " keep no data: there is nothing to map a daemon's "
                                         "parameters into"};
+  }
+  if (c.model.load_format == io::LoadFormat::kRemoteInstance) {
+    if (c.remote.seed.empty()) {
+      return BrokenRule{"remote.seed",
+                        "model.load_format remote_instance pulls from a seed: set remote.seed "
+                        "to its control port, HOST:PORT (`ferry serve --remote`)"};
+    }
+    if (c.remote.token_file.empty()) {
+      return BrokenRule{"remote.token_file",
+                        "model.load_format remote_instance: set remote.token_file to the "
+                        "secret the seed was given"};
+    }
+    if (c.cache.mode != CacheConfig::Mode::kOff) {
+      return BrokenRule{"cache.mode",
+                        "model.load_format remote_instance with the weight cache: a load "
+                        "either maps a local daemon's parameters or pulls a seed's, not both"};
+    }
+    if (c.devices.kind == DeviceSpec::Kind::kNull) {
+      return BrokenRule{"model.load_format",
+                        "remote_instance with devices " + to_string(c.devices) +
+                            ": they keep no data, there is nothing to pull into"};
+    }
+    if (!c.load.save_presharded.empty() || !c.load.save_sharded_state.empty()) {
+      return BrokenRule{"model.load_format",
+                        "remote_instance with load.save_presharded / load.save_sharded_state: "
+                        "save from the seed, or from a disk load"};
+    }
+  }
+  for (const auto& [key, value] :
+       {std::pair<const char*, const std::string*>{"remote.seed", &c.remote.seed},
+        {"remote.listen", &c.remote.listen}}) {
+    if (!value->empty()) {
+      try {
+        remote::parse_host_port(*value, key);
+      } catch (const Error& e) {
+        return BrokenRule{key, e.rule()};
+      }
+    }
   }
   if (c.load.verify_checksums && c.model.load_format != io::LoadFormat::kPresharded) {
     return BrokenRule{"load.verify_checksums",

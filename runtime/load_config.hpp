@@ -181,6 +181,30 @@ struct CacheConfig {
   bool operator==(const CacheConfig&) const = default;
 };
 
+// remote_instance (runtime/remote_target.cpp, runtime/remote_seed.cpp): a target
+// pulls its parameters over UCX from a seed, a `ferry serve --remote` of the same
+// layout on another machine.
+struct RemoteConfig {
+  // The seed's control port, HOST:PORT (`ferry serve --remote` sets it): "" = this
+  // daemon serves no remote targets.
+  std::string listen;
+  // model.load_format remote_instance: the seed's control port, HOST:PORT.
+  std::string seed;
+  // The shared secret both sides read (a file of mode 0600, 16 to 4096 bytes).
+  std::string token_file;
+  // Bytes of gets in flight at once (one get at least).
+  std::uint64_t inflight_bytes = std::uint64_t{256} << 20;
+  // The control connection's deadline each way, and how long a pull may see no data.
+  std::uint64_t timeout_ms = 30000;
+  // How the files are read when the seed cannot be reached at all (never after a pull
+  // started); nullopt ("none"): that is an error.
+  std::optional<io::LoadFormat> fallback_format;
+  // UCX_TLS for the transfer ("" = UCX's choice; "tcp" keeps two processes of one
+  // host on the network instead of shared memory).
+  std::string transports;
+  bool operator==(const RemoteConfig&) const = default;
+};
+
 struct HostConfig {
   double bandwidth_gbps = 0;  // host-device copy cap in GB/s to mimic PCIe; 0 = no cap
   // Host devices run copies later on a thread of their own, as a DMA engine would,
@@ -289,6 +313,7 @@ struct LoadConfig {
   SaveConfig save;
   UpdateConfig update;
   CacheConfig cache;
+  RemoteConfig remote;
   bool operator==(const LoadConfig&) const = default;
 };
 

@@ -232,6 +232,9 @@ struct FERRY_HIDDEN Runtime::Impl {
   std::shared_ptr<Allocator> allocator;
   CacheConfig::Mode cache = CacheConfig::Mode::kOff;  // cache_mode() of the config given
   bool share_devices = false;  // the weight-cache daemon's: host devices on memfds
+  // model.load_format remote_instance: the config's load_format is then
+  // remote.fallback_format (auto when none), what a load from disk would read.
+  bool remote = false;
 
   mutable std::mutex mu;  // guards everything below
   RuntimeState status = RuntimeState::kCreated;
@@ -327,7 +330,11 @@ struct FERRY_HIDDEN Runtime::Impl {
   // daemon's parameters and returns true, or returns false for a fallback to disk
   // (client mode, no daemon registered); throws for every other failure.
   bool attach_cache(LoadWork& w, LoadHandle::State& handle);
-  // The result of an attached load (its model recorded as the one update() refuses).
+  // remote_instance's target (runtime/remote_target.cpp): fills `w` with the params
+  // pulled from the seed and returns true, or returns false for a fallback to disk
+  // (the seed unreachable, remote.fallback_format set); throws for everything else.
+  bool pull_remote(LoadWork& w, LoadHandle::State& handle);
+  // The result of an attached (or pulled) load (its model recorded as the one update() refuses).
   LoadResult attached(LoadWork& w);
   LoadResult prepare(LoadWork& w, LoadHandle::State& handle);
   LoadResult commit(LoadWork& w, LoadHandle::State& handle);

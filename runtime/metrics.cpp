@@ -92,7 +92,16 @@ LoadMetrics::LoadMetrics(std::shared_ptr<prometheus::Registry> registry)
       errors_(prometheus::BuildCounter()
                   .Name("ferry_load_errors_total")
                   .Help("Loads that failed, by the stage of the error")
-                  .Register(*registry_)) {
+                  .Register(*registry_)),
+      remote_bytes_(
+          prometheus::BuildCounter()
+              .Name("ferry_remote_bytes_pulled_total")
+              .Help("Bytes pulled from a seed over UCX (model.load_format remote_instance)")
+              .Register(*registry_)),
+      remote_rate_(prometheus::BuildGauge()
+                       .Name("ferry_remote_pull_bytes_per_second")
+                       .Help("Bytes per second of the last pull from a seed")
+                       .Register(*registry_)) {
   // Present from the start, so a scrape before the first load sees them.
   staging_in_use_.Add({}).Set(0);
   reader_in_flight_.Add({}).Set(0);
@@ -172,6 +181,11 @@ void LoadMetrics::record_load(const LoadReport& r, const std::string& model) {
       .Increment(static_cast<double>(r.read_paths.direct_to_device));
   read_path_bytes_.Add({{"model", model}, {"path", "staged"}})
       .Increment(static_cast<double>(r.read_paths.staged));
+  if (r.remote.pulled) {
+    remote_bytes_.Add({{"model", model}, {"seed", r.remote.seed}})
+        .Increment(static_cast<double>(r.remote.bytes));
+    remote_rate_.Add({{"model", model}, {"seed", r.remote.seed}}).Set(r.remote.gbps * 1e9);
+  }
 }
 
 void LoadMetrics::record_update(const std::string& outcome, const LoadReport* report) {

@@ -69,6 +69,8 @@ class LoadMetrics {
   prometheus::Family<prometheus::Gauge>& update_seconds_;
   prometheus::Family<prometheus::Counter>& update_bytes_;
   prometheus::Family<prometheus::Counter>& errors_;
+  prometheus::Family<prometheus::Counter>& remote_bytes_;
+  prometheus::Family<prometheus::Gauge>& remote_rate_;
 };
 
 }  // namespace ferry::runtime

@@ -70,6 +70,18 @@ nlohmann::json to_json(const LoadReport& r) {
                   {"storages", r.cache.storages},
                   {"bytes_mapped", r.cache.bytes_mapped}};
   }
+  if (!r.remote.seed.empty()) {
+    j["remote"] = {{"seed", r.remote.seed},
+                   {"pulled", r.remote.pulled},
+                   {"fingerprint", r.remote.fingerprint},
+                   {"transports", r.remote.transports},
+                   {"bytes", r.remote.bytes},
+                   {"params", r.remote.params},
+                   {"seconds", r.remote.seconds},
+                   {"gbps", r.remote.gbps},
+                   {"staged", r.remote.staged},
+                   {"fallback", r.remote.fallback}};
+  }
   if (r.update.ran) {
     j["update"] = {{"source", r.update.source},
                    {"params_written", r.update.params_written},
@@ -139,6 +151,14 @@ std::string LoadReport::summary() const {
          human_bytes(cache.bytes_mapped) + " mapped\n";
   } else if (!cache.fallback.empty()) {
     s += "no weight-cache daemon: read from disk (" + cache.fallback + ")\n";
+  }
+  if (remote.pulled) {
+    s += "pulled from seed " + remote.seed + ": " + std::to_string(remote.params) + " param(s), " +
+         human_bytes(remote.bytes) + " in " + fixed(remote.seconds, 2) + " s (" +
+         fixed(remote.gbps, 2) + " GB/s, UCX " + remote.transports +
+         (remote.staged ? ", staged through host memory" : "") + ")\n";
+  } else if (!remote.fallback.empty()) {
+    s += "seed unreachable: read from disk (" + remote.fallback + ")\n";
   }
   if (update.ran) {
     s += "update from " + update.source + ": " + std::to_string(update.params_written) +

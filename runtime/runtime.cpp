@@ -123,6 +123,11 @@ struct RuntimeFactory {
         (asked == io::LoadFormat::kAuto || asked == io::LoadFormat::kIpcCache)) {
       impl->config = disk_config(impl->config);
     }
+    if (asked == io::LoadFormat::kRemoteInstance) {
+      impl->remote = true;
+      impl->config.model.load_format =
+          impl->config.remote.fallback_format.value_or(io::LoadFormat::kAuto);
+    }
     impl->seams = std::move(seams);
     impl->allocator = std::move(allocator);
     impl->start_metrics();
@@ -778,6 +783,9 @@ LoadResult Runtime::Impl::load(LoadHandle::State& handle) {
   LoadWork w;
   TraceOnExit trace{*this, w};
   if (cache != CacheConfig::Mode::kOff && attach_cache(w, handle)) {
+    return attached(w);
+  }
+  if (remote && pull_remote(w, handle)) {
     return attached(w);
   }
   resolve_and_plan(w, handle, config);

@@ -328,14 +328,19 @@ void Runtime::Impl::fill_sentinel(LoadWork& w, LoadHandle::State& handle) {
 
 LoadResult Runtime::Impl::prepare(LoadWork& w, LoadHandle::State& handle) {
   TraceOnExit trace{*this, w};
-  if (cache != CacheConfig::Mode::kOff && attach_cache(w, handle)) {
-    // A daemon's parameters are complete and stay where they are: commit() verifies.
+  const bool cached = cache != CacheConfig::Mode::kOff && attach_cache(w, handle);
+  if (cached || (remote && pull_remote(w, handle))) {
+    // A daemon's parameters are complete and stay where they are, and a seed's were
+    // pulled complete: commit() verifies.
     w.mode = StartupMode::kSerial;
     w.report.startup_mode = "serial";
     w.report.startup_refusals.push_back(
-        {"ipc_cache",
-         "the parameters are views of a weight-cache daemon's memory: complete "
-         "already, nothing to stream"});
+        cached ? StartupRefusal{"ipc_cache",
+                                "the parameters are views of a weight-cache daemon's memory: "
+                                "complete already, nothing to stream"}
+               : StartupRefusal{"remote_instance",
+                                "the parameters were pulled complete from a seed in "
+                                "prepare(): nothing to stream"});
     w.state->manifest = record_manifest(*w.state);
     w.prepared_at = Clock::now();
     w.report.startup.prepare = seconds_between(w.begin, w.prepared_at);

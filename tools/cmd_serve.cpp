@@ -44,6 +44,10 @@ int cmd_serve(const Args& args) {
   ConfigArgs config_args;
   add_config_options(app, config_args, load_config_flags());
   std::string ready_file;
+  std::string remote_listen;
+  app.add_option("--remote", remote_listen,
+                 "also serve remote_instance targets on this control port, HOST:PORT (the "
+                 "address of the fleet's network; remote.token_file is the shared secret)");
   app.add_option("--ready-file", ready_file,
                  "once registered, write {socket, registration, pid, fingerprint} here as JSON "
                  "(for a supervisor or a script that waits for the daemon)");
@@ -53,6 +57,9 @@ int cmd_serve(const Args& args) {
   std::optional<runtime::LoadConfig> config = config_from_args(config_args, "serve");
   if (!config) {
     return 2;
+  }
+  if (!remote_listen.empty()) {
+    config->remote.listen = remote_listen;
   }
   // Block the stop signals until the handler has a daemon to stop.
   sigset_t stop_signals;
@@ -81,6 +88,9 @@ int cmd_serve(const Args& args) {
               config->model.path.c_str(),
               static_cast<unsigned long long>(daemon->stats().bytes_shared),
               daemon->socket().c_str(), daemon->registration().c_str());
+  if (!daemon->remote_address().empty()) {
+    std::printf("serving remote targets on %s\n", daemon->remote_address().c_str());
+  }
   std::fflush(stdout);
   try {
     if (!config->load.report.empty()) {
@@ -95,7 +105,8 @@ int cmd_serve(const Args& args) {
                                   {"bytes_shared", daemon->stats().bytes_shared},
                                   {"registration", daemon->registration()},
                                   {"pid", static_cast<long>(::getpid())},
-                                  {"fingerprint", daemon->fingerprint()}};
+                                  {"fingerprint", daemon->fingerprint()},
+                                  {"remote", daemon->remote_address()}};
     try {
       write_file_replacing(ready_file, ready.dump() + "\n", "--ready-file");
     } catch (const std::exception& e) {
@@ -107,9 +118,13 @@ int cmd_serve(const Args& args) {
   const runtime::CacheDaemon::Stats stats = daemon->stats();
   g_daemon.store(nullptr);
   daemon.reset();  // unregisters (again: a no-op) and frees the parameters
-  std::printf("stopped: %llu client(s) served, %llu connection(s) refused\n",
-              static_cast<unsigned long long>(stats.clients_served),
-              static_cast<unsigned long long>(stats.refused));
+  std::printf(
+      "stopped: %llu client(s) served, %llu connection(s) refused; remote: %llu "
+      "target(s) served, %llu refused\n",
+      static_cast<unsigned long long>(stats.clients_served),
+      static_cast<unsigned long long>(stats.refused),
+      static_cast<unsigned long long>(stats.remote_served),
+      static_cast<unsigned long long>(stats.remote_refused));
   return 0;
 }
 

@@ -8,6 +8,11 @@
 // Transports: host devices share each arena as a memfd (clients map it read-only,
 // and the daemon seals it against writes through any new mapping); CUDA devices
 // share one cudaIpcMemHandle per allocation, named by the GPU's UUID.
+//
+// With remote.listen (`ferry serve --remote HOST:PORT`) it is also a seed of
+// remote_instance: targets on other machines authenticate with remote.token_file on
+// that TCP control port, receive the table with UCX remote keys, and pull the
+// parameters with one-sided gets (docs/OPERATING.md, "Pulling from a seed").
 #pragma once
 
 #include <chrono>
@@ -50,10 +55,14 @@ class FERRY_API CacheDaemon {
     std::uint64_t connections = 0;     // accepted, refused ones included
     std::uint64_t refused = 0;         // connections answered with an error
     double uptime_seconds = 0;         // since registration
+    std::uint64_t remote_served = 0;   // remote.listen: tables handed to targets
+    std::uint64_t remote_refused = 0;  // remote.listen: connections refused (a bad token...)
   };
   Stats stats() const;
 
   const std::string& socket() const;        // where clients connect
+  // remote.listen: the control port remote targets connect to, as bound; "" = none.
+  std::string remote_address() const;
   const std::string& registration() const;  // the registry record
   const std::string& fingerprint() const;
   // The daemon's own load (its report's cache.mode is "serve").

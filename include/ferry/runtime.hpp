@@ -196,6 +196,18 @@ struct FERRY_API LoadReport {
     std::size_t storages = 0;  // attached: shared blocks mapped
     std::uint64_t bytes_mapped = 0;
   } cache;
+  struct Remote {             // model.load_format remote_instance only
+    std::string seed;         // HOST:PORT of the seed asked
+    bool pulled = false;      // the params came from the seed
+    std::string fingerprint;  // the layout's (SHA-256)
+    std::string transports;   // remote.transports ("auto": UCX's choice)
+    std::uint64_t bytes = 0;  // pulled
+    std::size_t params = 0;   // pulled (empty ones aside)
+    double seconds = 0;       // the pull itself
+    double gbps = 0;          // bytes / seconds / 1e9
+    bool staged = false;      // through host memory (devices UCX cannot register)
+    std::string fallback;     // the seed could not be reached: why the files were read
+  } remote;
   struct Startup {                       // prepare()/commit() only
     double prepare = 0;                  // prepare() called .. prepared
     double sentinel = 0;                 // of it: sentinel fill, hooks on it, manifest
