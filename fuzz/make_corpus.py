@@ -93,6 +93,40 @@ def index_seeds(rng):
     return seeds
 
 
+def remote_control_seeds():
+    """Frames of a seed's control port: the handshake both ways, and a seed's table."""
+    import hashlib
+    import hmac
+
+    def frame(doc):
+        body = json.dumps(doc).encode()
+        return struct.pack(">I", len(body)) + body
+
+    token = b"fuzz-token-0123456789abcdef"
+    a, b = "a" * 64, "b" * 64
+
+    def proof(label, first, second):
+        return hmac.new(token, f"{label}|{first}|{second}".encode(), hashlib.sha256).hexdigest()
+
+    table = {"type": "fetch", "status": "ok", "descriptors": 0, "worker": "00ff" * 16,
+             "storages": [{"kind": "ucx", "bytes": 8192, "device": "host:0", "uuid": "",
+                           "handle": "", "address": 140000000000000, "rkey": "ab" * 40}],
+             "ranks": [{"tp_rank": 0, "pp_rank": 0, "device": "host:0",
+                        "params": [{"name": "w", "dtype": "BF16", "shape": [4, 8],
+                                    "strides": [8, 1], "storage": 0, "offset": 256,
+                                    "bytes": 64},
+                                   {"name": "e", "dtype": "F32", "shape": [0],
+                                    "strides": [1], "storage": 0, "offset": 0, "bytes": 0}]}]}
+    handshake = [{"type": "hello", "protocol": 1, "ferry": "0.1.0", "nonce": b},
+                 {"type": "challenge", "nonce": b, "proof": proof("ferry-seed", a, b)},
+                 {"type": "auth", "proof": proof("ferry-target", a, b)},
+                 {"type": "query", "fingerprint": "f" * 64, "identity": {"keys": {}}},
+                 {"type": "fetch", "fingerprint": "f" * 64, "ranks": [0]},
+                 {"type": "hello", "seed": "10.0.0.1:7400", "listen": "[fd00::1]:1"}]
+    return [frame(table), b"".join(frame(f) for f in handshake) + frame(table),
+            frame({"type": "error", "message": "authentication failed"})]
+
+
 def cache_frame_seeds():
     """Frames as the weight cache exchanges them: requests, and fetch replies."""
     def frame(doc):
@@ -238,6 +272,7 @@ def main():
         "fuzz_plan": random_seeds(rng, 64),
         "fuzz_presharded": presharded_seeds(rng),
         "fuzz_cache_frame": cache_frame_seeds(),
+        "fuzz_remote_control": remote_control_seeds(),
     }
     for target, seeds in targets.items():
         folder = os.path.join(out, target)

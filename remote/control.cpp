@@ -61,7 +61,7 @@ std::string HostPort::text() const {
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-HostPort parse_host_port(const std::string& text, const std::string& key) {
+HostPort parse_host_port(const std::string& text, const std::string& key, bool any_port) {
   auto bad = [&](const std::string& why) {
     throw Error(Stage::kConfig, "", "",
                 key + " '" + text + "': " + why + " (expected HOST:PORT, [IPv6]:PORT)");
@@ -100,8 +100,9 @@ HostPort parse_host_port(const std::string& text, const std::string& key) {
   }
   unsigned value = 0;
   const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
-  if (ec != std::errc() || end != port.data() + port.size() || value == 0 || value > 65535) {
-    bad("the port must be 1..65535");
+  if (ec != std::errc() || end != port.data() + port.size() || (value == 0 && !any_port) ||
+      value > 65535) {
+    bad(any_port ? "the port must be 0..65535" : "the port must be 1..65535");
   }
   out.port = static_cast<std::uint16_t>(value);
   return out;

@@ -32,8 +32,9 @@ struct HostPort {
   std::uint16_t port = 0;
   std::string text() const;  // as given back: "10.0.0.1:7300", "[::1]:7300"
 };
-// Throws Error(Stage::kConfig) naming `key` for anything else (port 0 included).
-HostPort parse_host_port(const std::string& text, const std::string& key);
+// Throws Error(Stage::kConfig) naming `key` for anything else (port 0 included,
+// unless `any_port`: a listener's "let the kernel pick").
+HostPort parse_host_port(const std::string& text, const std::string& key, bool any_port = false);
 
 // A listening TCP socket bound to exactly that address (never all interfaces
 // unless the address says so), non-blocking, close-on-exec.

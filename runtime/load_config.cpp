@@ -583,21 +583,6 @@ std::vector<int> local_tp_ranks(const LoadConfig& c) {
 }
 
 std::optional<BrokenRule> broken_load_rule(const LoadConfig& c) {
-  const bool cached =
-      c.cache.mode != CacheConfig::Mode::kOff || c.model.load_format == io::LoadFormat::kIpcCache;
-  if (c.cache.mode != CacheConfig::Mode::kOff && c.model.load_format != io::LoadFormat::kAuto &&
-      c.model.load_format != io::LoadFormat::kIpcCache &&
-      c.model.load_format != c.cache.fallback_format) {
-    return BrokenRule{"model.load_format",
-                      "a cached load (cache.mode " + std::string(to_string(c.cache.mode)) +
-                          ") reads from disk, when it does, with cache.fallback_format: leave "
-                          "model.load_format auto and set cache.fallback_format"};
-  }
-  if (cached && c.devices.kind == DeviceSpec::Kind::kNull) {
-    return BrokenRule{"cache.mode", "devices " + to_string(c.devices) +
-                                        " keep no data: there is nothing to map a daemon's "
-                                        "parameters into"};
-  }
   if (c.model.load_format == io::LoadFormat::kRemoteInstance) {
     if (c.remote.seed.empty()) {
       return BrokenRule{"remote.seed",
@@ -630,11 +615,26 @@ std::optional<BrokenRule> broken_load_rule(const LoadConfig& c) {
         {"remote.listen", &c.remote.listen}}) {
     if (!value->empty()) {
       try {
-        remote::parse_host_port(*value, key);
+        remote::parse_host_port(*value, key, std::string_view(key) == "remote.listen");
       } catch (const Error& e) {
         return BrokenRule{key, e.rule()};
       }
     }
+  }
+  const bool cached =
+      c.cache.mode != CacheConfig::Mode::kOff || c.model.load_format == io::LoadFormat::kIpcCache;
+  if (c.cache.mode != CacheConfig::Mode::kOff && c.model.load_format != io::LoadFormat::kAuto &&
+      c.model.load_format != io::LoadFormat::kIpcCache &&
+      c.model.load_format != c.cache.fallback_format) {
+    return BrokenRule{"model.load_format",
+                      "a cached load (cache.mode " + std::string(to_string(c.cache.mode)) +
+                          ") reads from disk, when it does, with cache.fallback_format: leave "
+                          "model.load_format auto and set cache.fallback_format"};
+  }
+  if (cached && c.devices.kind == DeviceSpec::Kind::kNull) {
+    return BrokenRule{"cache.mode", "devices " + to_string(c.devices) +
+                                        " keep no data: there is nothing to map a daemon's "
+                                        "parameters into"};
   }
   if (c.load.verify_checksums && c.model.load_format != io::LoadFormat::kPresharded) {
     return BrokenRule{"load.verify_checksums",

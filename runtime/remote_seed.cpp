@@ -67,7 +67,7 @@ RemoteSeed::RemoteSeed(const LoadConfig& config, std::vector<SeedBlock> blocks,
     : impl_(std::make_unique<Impl>()) {
   Impl& s = *impl_;
   s.config = config;
-  const remote::HostPort at = remote::parse_host_port(config.remote.listen, "remote.listen");
+  const remote::HostPort at = remote::parse_host_port(config.remote.listen, "remote.listen", true);
   s.token = remote::read_token(config.remote.token_file);
   s.blocks = std::move(blocks);
   s.ranks = std::move(ranks);

@@ -24,9 +24,11 @@ CacheIdentity identity(const std::string& dir, const Sets& sets) {
 TEST(CacheFingerprint, EverySectionIsClassified) {
   // Sections that cannot change a parameter's bytes: where they come from and how
   // (io, prefetch, devices, host emulation), what is written beside (load, save,
-  // metrics, trace), when (startup), updates, and the cache itself.
-  const std::set<std::string> not_bytes = {"",        "io",    "prefetch", "load",   "save", "host",
-                                           "metrics", "trace", "startup",  "update", "cache"};
+  // metrics, trace), when (startup), updates, the cache itself, and the seed a
+  // remote_instance load pulls from (its bytes are the layout's).
+  const std::set<std::string> not_bytes = {"",        "io",     "prefetch", "load",
+                                           "save",    "host",   "metrics",  "trace",
+                                           "startup", "update", "cache",    "remote"};
   std::set<std::string> in(std::begin(kFingerprintSections), std::end(kFingerprintSections));
   for (const ConfigKey& key : config_keys()) {
     const std::string section(key.section());

@@ -121,6 +121,9 @@ void expect_choices_are_names(std::string_view key, int count, NameOf name_of, R
     const auto v = static_cast<E>(i);
     const std::string name(name_of(v));
     ConfigBuilder b;
+    // What model.load_format remote_instance needs to build (harmless elsewhere).
+    b.apply_set("remote.seed=10.0.0.5:7400");
+    b.apply_set("remote.token_file=/etc/ferry/fleet.token");
     b.apply_set(std::string(key) + "=" + name);
     const LoadConfig c = b.build();
     EXPECT_EQ(read(c), v) << name;
@@ -136,7 +139,7 @@ void expect_choices_are_names(std::string_view key, int count, NameOf name_of, R
 // (postprocess.target adds "auto").
 TEST(ConfigKeys, ChoiceNamesAreTheLayersNames) {
   expect_choices_are_names<io::LoadFormat>(
-      "model.load_format", static_cast<int>(io::LoadFormat::kIpcCache) + 1,
+      "model.load_format", static_cast<int>(io::LoadFormat::kRemoteInstance) + 1,
       [](io::LoadFormat v) { return io::to_string(v); },
       [](const LoadConfig& c) { return c.model.load_format; }, 0);
   using Target = models::QuantScheme::Target;

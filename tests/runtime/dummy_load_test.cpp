@@ -202,7 +202,7 @@ TEST(DummyLoad, BadInputsAndTheStartupAreRefusedClearly) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr("expected auto, safetensors, mistral, pt, dummy, presharded, "
-                                    "sharded_state or ipc_cache"));
+                                    "sharded_state, ipc_cache or remote_instance"));
   }
   // The capture-safe startup has nothing to overlap: overlap is refused with the
   // load_format code, auto runs serially.

@@ -419,7 +419,7 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
   EXPECT_EQ(from_sets({"model.unaligned_tp=pad"}).model.unaligned_tp, models::Unaligned::kPad);
   EXPECT_THAT(config_error([] { from_sets({"model.load_format=gguf"}); }),
               HasSubstr("model.load_format: expected auto, safetensors, mistral, pt, dummy, "
-                        "presharded, sharded_state or ipc_cache"));
+                        "presharded, sharded_state, ipc_cache or remote_instance"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.tp=0"}); }),
               HasSubstr("parallel.tp: expected an integer from 1 to 4096, got 0"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.tp=2.5"}); }),
@@ -734,6 +734,13 @@ LoadConfig every_field_changed() {
   c.cache.dir = "/run/user/1000/ferry";
   c.cache.watch_ms = 250;
   c.cache.timeout_ms = 1000;
+  c.remote.listen = "10.0.0.5:7400";
+  c.remote.seed = "[fd00::5]:7401";
+  c.remote.token_file = "/etc/ferry/fleet.token";
+  c.remote.inflight_bytes = std::uint64_t{64} << 20;
+  c.remote.timeout_ms = 2000;
+  c.remote.fallback_format = io::LoadFormat::kSafetensors;
+  c.remote.transports = "rc,tcp";
   return c;
 }
 
