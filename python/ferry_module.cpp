@@ -508,6 +508,7 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly("socket", &ferry::runtime::CacheDaemon::socket)
       .def_property_readonly("registration", &ferry::runtime::CacheDaemon::registration)
       .def_property_readonly("fingerprint", &ferry::runtime::CacheDaemon::fingerprint)
+      .def_property_readonly("remote_address", &ferry::runtime::CacheDaemon::remote_address)
       .def_property_readonly("model",
                              [](const ferry::runtime::CacheDaemon& d) {
                                return Model{std::const_pointer_cast<LoadedModel>(d.model())};
@@ -520,6 +521,8 @@ PYBIND11_MODULE(_ferry, m) {
         out["connections"] = s.connections;
         out["refused"] = s.refused;
         out["uptime_seconds"] = s.uptime_seconds;
+        out["remote_served"] = s.remote_served;
+        out["remote_refused"] = s.remote_refused;
         return out;
       });
 }

@@ -8,6 +8,8 @@ packages=(g++ cmake ninja-build pkg-config ccache
           libcaf-dev liburing-dev nlohmann-json3-dev prometheus-cpp-dev libcli11-dev libdlpack-dev
           libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev
           libxxhash-dev  # XXH3-128 checksums (common/xxh3.hpp)
+          libucx-dev ucx-utils  # remote_instance's transport (remote/), ucx_perftest
+          iproute2  # ip netns: the remote_instance tests' two hosts
           clang-14 libclang-rt-14-dev  # libFuzzer (scripts/fuzz.sh)
           patchelf)  # the GPU pack's RUNPATH (scripts/gpu-pack.sh)
 

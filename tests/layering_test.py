@@ -42,14 +42,15 @@ RULE = {
     "common": {"common", "ferry"},
     "io": {"io", "common", "ferry"},
     "cache": {"cache", "common", "ferry"},
+    "remote": {"remote", "cache", "common", "ferry"},
     "gpu": {"gpu", "common", "ferry"},
     "models": {"models", "io", "gpu", "common", "ferry"},
     # models/ through ONLY's headers alone (ferry_hf_config exports the folder).
     "synth": {"synth", "models", "io", "common", "ferry"},
     "actors": {"actors", "models", "io", "gpu", "common", "ferry"},
-    "runtime": {"runtime", "actors", "models", "cache", "io", "gpu", "common", "ferry"},
-    "tools": {"tools", "synth", "runtime", "actors", "models", "cache", "io", "gpu", "common",
-              "ferry"},
+    "runtime": {"runtime", "actors", "models", "remote", "cache", "io", "gpu", "common", "ferry"},
+    "tools": {"tools", "synth", "runtime", "actors", "models", "remote", "cache", "io", "gpu",
+              "common", "ferry"},
 }
 # Layers a folder may use through the headers named here only. synth/ is the loader's
 # independent oracle: it reads config.json fields with models/hf_config.hpp and must

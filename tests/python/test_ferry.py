@@ -274,6 +274,57 @@ class Updates(TinyCheckpointCase):
         self.assertTrue(model.valid)
 
 
+class RemoteInstance(TinyCheckpointCase):
+    """remote_instance (issue 36): a ferry.CacheDaemon with remote.listen is a seed on
+    loopback, and a Runtime with model.load_format remote_instance pulls from it."""
+
+    PREFIX = "ferry-py-remote-"
+
+    def setUp(self):
+        self.registry = tempfile.mkdtemp(prefix="ferry-py-registry-")
+        os.chmod(self.registry, 0o700)
+        self.token = self.registry + ".token"
+        with open(self.token, "w") as f:
+            f.write("python-fleet-secret-0123456789\n")
+        os.chmod(self.token, 0o600)
+
+    def tearDown(self):
+        shutil.rmtree(self.registry, ignore_errors=True)
+        os.remove(self.token)
+
+    def test_a_target_pulls_the_seeds_params(self):
+        daemon = ferry.CacheDaemon({"model.path": self.ck, "parallel.tp": 2,
+                                    "cache.dir": self.registry, "remote.listen": "127.0.0.1:0",
+                                    "remote.token_file": self.token, "remote.transports": "tcp"})
+        server = threading.Thread(target=daemon.serve)
+        server.start()
+        try:
+            target = {"model.path": self.ck, "parallel.tp": 2,
+                      "model.load_format": "remote_instance",
+                      "remote.seed": daemon.remote_address, "remote.token_file": self.token,
+                      "remote.transports": "tcp"}
+            model = ferry.Runtime(target).load()
+            report = json.loads(model.report_json)
+            self.assertEqual(report["load_format"], "remote_instance")
+            self.assertTrue(report["remote"]["pulled"])
+            self.assertEqual(report["remote"]["seed"], daemon.remote_address)
+            disk = ferry.Runtime({"model.path": self.ck, "parallel.tp": 2}).load()
+            want = {(p.tp_rank, p.name): bytes(disk.read_param(p.name, p.tp_rank))
+                    for p in disk.params()}
+            got = {(p.tp_rank, p.name): bytes(model.read_param(p.name, p.tp_rank))
+                   for p in model.params()}
+            self.assertEqual(got, want)
+            self.assertEqual(daemon.stats()["remote_served"], 1)
+            # Another layout is refused, naming the field, in stage "remote".
+            with self.assertRaises(ferry.Error) as e:
+                ferry.Runtime(dict(target, **{"parallel.tp": 1})).load()
+            self.assertEqual(e.exception.stage, "remote")
+            self.assertIn("parallel.tp", str(e.exception))
+        finally:
+            daemon.stop()
+            server.join()
+
+
 class WeightCache(TinyCheckpointCase):
     """The weight cache (issue 35): ferry.CacheDaemon serves, a Runtime with
     cache.mode attaches, and on_cache_lost reports a daemon's death."""
