@@ -18,9 +18,6 @@ using Clock = std::chrono::steady_clock;
 // A get larger than this is split: the in-flight bound then keeps several pieces
 // moving, and one stalled piece is all a timeout waits on.
 constexpr std::size_t kMaxPiece = std::size_t{8} << 20;
-// How long a pull that gave up waits for the gets in flight after closing the
-// endpoint (a forced close completes them as cancelled at once when UCX can).
-constexpr auto kDrain = std::chrono::seconds(2);
 
 [[noreturn]] void fail(const std::string& where, const std::string& rule) {
   throw Error(Stage::kRemote, where, "", rule);
@@ -69,6 +66,7 @@ std::string unhex(const std::string& text, const std::string& where, const char*
 struct Ucx::Impl {
   std::string where;
   std::string transports;
+  std::chrono::milliseconds drain{0};
   ucp_context_h context = nullptr;
   ucp_worker_h worker = nullptr;
   int efd = -1;
@@ -172,6 +170,7 @@ Ucx::Ucx(const UcxOptions& options) : impl_(std::make_unique<Impl>()) {
   Impl& u = *impl_;
   u.where = options.where;
   u.transports = options.transports;
+  u.drain = options.drain;
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   if (s != UCS_OK) {
@@ -214,7 +213,7 @@ Ucx::Ucx(const UcxOptions& options) : impl_(std::make_unique<Impl>()) {
 
 Ucx::~Ucx() {
   Impl& u = *impl_;
-  u.close_ep(true, Clock::now() + kDrain);
+  u.close_ep(true, Clock::now() + std::chrono::seconds(2));
   u.destroy_rkeys();
   for (ucp_mem_h m : u.regions) {
     ucp_mem_unmap(u.context, m);
@@ -301,7 +300,7 @@ void Ucx::serve(int stop_fd) {
   }
 }
 
-void Ucx::connect(const std::string& address_hex) {
+void Ucx::connect(const std::string& address_hex, std::chrono::milliseconds timeout) {
   Impl& u = *impl_;
   const std::string address = unhex(address_hex, u.where, "the seed's worker address");
   ucp_ep_params_t p{};
@@ -315,6 +314,33 @@ void Ucx::connect(const std::string& address_hex) {
   if (s != UCS_OK) {
     u.ep = nullptr;
     fail(u.where, "UCX: no endpoint to the seed's worker: " + status_text(s) +
+                      " (do both sides share a transport? remote.transports)");
+  }
+  ucp_request_param_t p2{};
+  void* r = ucp_ep_flush_nbx(u.ep, &p2);
+  const Clock::time_point until = Clock::now() + timeout;
+  ucs_status_t status = UCS_OK;
+  if (UCS_PTR_IS_ERR(r)) {
+    status = UCS_PTR_STATUS(r);
+  } else if (r != nullptr) {
+    while ((status = ucp_request_check_status(r)) == UCS_INPROGRESS && u.ep_status == UCS_OK &&
+           Clock::now() < until) {
+      u.progress_or_wait(1);
+    }
+    if (status == UCS_INPROGRESS) {
+      // Left to the worker, which outlives it (closed with the endpoint below).
+      u.close_ep(true, Clock::now() + std::chrono::seconds(1));
+      fail(u.where, "UCX: the connection to the seed's worker did not come up within " +
+                        std::to_string(timeout.count()) + " ms (remote.timeout_ms)");
+    }
+    ucp_request_free(r);
+  }
+  if (status == UCS_OK && u.ep_status != UCS_OK) {
+    status = u.ep_status;
+  }
+  if (status != UCS_OK) {
+    u.close_ep(true, Clock::now() + std::chrono::seconds(1));
+    fail(u.where, "UCX: the connection to the seed's worker failed: " + status_text(status) +
                       " (do both sides share a transport? remote.transports)");
   }
 }
@@ -444,9 +470,9 @@ PullResult Ucx::pull(std::span<const Get> gets, std::size_t inflight_bytes,
   }
   out.failed_tag = blamed != nullptr ? gets[blamed->get].tag : 0;
   // Close the endpoint at once: a forced close completes the gets in flight as
-  // cancelled. What stays unknown after kDrain is in doubt.
-  u.close_ep(true, Clock::now() + kDrain);
-  const Clock::time_point until = Clock::now() + kDrain;
+  // cancelled. What stays unknown after the drain is in doubt.
+  u.close_ep(true, Clock::now() + u.drain);
+  const Clock::time_point until = Clock::now() + u.drain;
   auto outstanding = [&] {
     return std::any_of(pieces.begin(), pieces.end(),
                        [](const Impl::Piece& p) { return p.issued && !p.done; });

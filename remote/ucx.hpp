@@ -25,6 +25,9 @@ struct UcxOptions {
   std::string transports;
   // Who the errors name: the seed's HOST:PORT on a target, the listen address on a seed.
   std::string where;
+  // How long a pull that gave up waits, after closing its endpoint, for the gets still
+  // in flight before it calls them in doubt.
+  std::chrono::milliseconds drain = std::chrono::seconds(2);
 };
 
 // One get: `bytes` from the peer's `remote` address (inside the storage whose key is
@@ -75,8 +78,11 @@ class Ucx {
   // Seed: progresses the worker (serving peers' gets) until `stop_fd` is readable.
   void serve(int stop_fd);
 
-  // Target: an endpoint to the worker at `address_hex` (errors reported, not fatal).
-  void connect(const std::string& address_hex);
+  // Target: an endpoint to the worker at `address_hex` (errors reported, not fatal),
+  // flushed before `timeout` so that the connection is up (or refused) before the
+  // first get.
+  void connect(const std::string& address_hex,
+               std::chrono::milliseconds timeout = std::chrono::seconds(30));
   // Unpacks a peer's packed key (hex) for the endpoint; its index for Get::rkey.
   std::size_t add_rkey(const std::string& packed_hex);
   // Runs `gets`, with at most `inflight_bytes` in flight (one get at least). Gives up

@@ -199,7 +199,7 @@ bool Runtime::Impl::pull_remote(LoadWork& w, LoadHandle::State& handle) {
   std::vector<Wanted> wanted;
   std::vector<std::size_t> rkeys;
   try {
-    ucx->connect(table.worker);
+    ucx->connect(table.worker, timeout);
     for (const cache::StorageEntry& s : table.storages) {
       rkeys.push_back(ucx->add_rkey(s.rkey));
     }
@@ -254,7 +254,10 @@ bool Runtime::Impl::pull_remote(LoadWork& w, LoadHandle::State& handle) {
       gets.push_back(remote::Get{x.dst, x.remote, x.rkey, x.bytes, region_of(x.dst), k});
     }
   }
-  auto give_up = [&](const remote::PullResult& res, std::vector<gpu::PinnedAllocation> staging) {
+  auto give_up = [&](remote::PullResult res, std::vector<gpu::PinnedAllocation> staging) {
+    if (seams.after_failed_pull) {
+      seams.after_failed_pull(res.in_doubt_gets, res.in_doubt_bytes);
+    }
     std::string rule = res.error;
     if (res.in_doubt_gets != 0) {
       Quarantine& q = quarantine();
@@ -282,6 +285,9 @@ bool Runtime::Impl::pull_remote(LoadWork& w, LoadHandle::State& handle) {
   }
   log::info("remote_instance: pulling " + std::to_string(wanted.size()) + " param(s), " +
             std::to_string(total) + " bytes from " + where);
+  if (seams.before_pull) {
+    seams.before_pull();
+  }
   remote::PullResult res = ucx->pull(gets, inflight, timeout, &handle.cancel);
   report.remote.bytes += res.bytes;
   if (!res.ok) {

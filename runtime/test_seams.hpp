@@ -5,9 +5,11 @@
 // (models/hooks.hpp).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -40,6 +42,14 @@ struct RuntimeTestSeams {
   // Called once the load enters its resolve phase, before the checkpoint's files are
   // read (tests cancel there: a config.json that blocks is refused now).
   std::function<void()> in_resolve;
+  // remote_instance: called after the seed's table was checked and the storage
+  // allocated, just before the first get (tests stop the seed there); and with a
+  // failed pull's count of gets in doubt (and their bytes) before the runtime acts on
+  // it: a test marks gets in doubt, as an RDMA transport can leave them and TCP,
+  // whose forced close cancels every get, never does (remote/ucx.hpp's own test
+  // reaches the state for real, by not waiting for the cancellations).
+  std::function<void()> before_pull;
+  std::function<void(std::size_t& gets, std::uint64_t& bytes)> after_failed_pull;
   // Staging memory comes from here instead of aligned host memory (or pinned memory
   // of the first CUDA device), e.g. a counting allocator that proves a failed load
   // gave every staging buffer back.

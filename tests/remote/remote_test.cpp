@@ -328,6 +328,34 @@ TEST_F(Loopback, ASeedThatStopsAnsweringEndsThePullInBoundedTime) {
   EXPECT_EQ(r.in_doubt_gets, 0U) << r.in_doubt_bytes;
 }
 
+TEST_F(Loopback, GetsNotWaitedForAreInDoubt) {
+  // With no drain, a pull that gives up does not wait for the cancellations: every
+  // get still in flight is in doubt (what the runtime quarantines).
+  target = std::make_unique<Ucx>(UcxOptions{"tcp", "seed", std::chrono::milliseconds(0)});
+  target->connect(address);
+  const std::size_t key = target->add_rkey(rkey);
+  std::vector<std::uint8_t> dst(kBytes, 0);
+  const auto base = reinterpret_cast<std::uintptr_t>(seed_memory.data());
+  std::vector<Get> one = {
+      {reinterpret_cast<std::byte*>(dst.data()), base, key, 4096, Get::kNoRegion, 0}};
+  ASSERT_TRUE(target->pull(one, 1 << 20, std::chrono::seconds(10), nullptr).ok);
+  stop_seed();
+  std::vector<Get> gets = {{reinterpret_cast<std::byte*>(dst.data()), base, key,
+                            std::size_t{4} << 20, Get::kNoRegion, 9}};
+  const PullResult r = target->pull(gets, 8 << 20, std::chrono::milliseconds(200), nullptr);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.failed_tag, 9U);
+  EXPECT_GT(r.in_doubt_gets, 0U);
+  EXPECT_GT(r.in_doubt_bytes, 0U);
+  EXPECT_LE(r.in_doubt_bytes, std::size_t{4} << 20);
+  // What may still be written must outlive this test: the target is kept, as the
+  // runtime's quarantine keeps it.
+  static std::vector<std::unique_ptr<Ucx>> kept;
+  static std::vector<std::vector<std::uint8_t>> memory;
+  kept.push_back(std::move(target));
+  memory.push_back(std::move(dst));
+}
+
 TEST_F(Loopback, BadKeysAndAddressesAreRefused) {
   target = std::make_unique<Ucx>(UcxOptions{"tcp", "seed"});
   EXPECT_THAT(error_of([&] { target->connect("zz"); }), HasSubstr("worker address is not hex"));

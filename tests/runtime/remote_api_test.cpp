@@ -286,3 +286,33 @@ TEST_F(RemoteApi, ATargetSeedsTheNextWave) {
 
 }  // namespace
 }  // namespace ferry::runtime
+
+namespace ferry::runtime {
+namespace {
+
+TEST_F(RemoteApi, GetsInDoubtKeepTheirMemoryForever) {
+  // The seed stops answering once the pull has started, and (as on RDMA) some gets'
+  // completion stays unknown: the error says so, and the engine's memory they were
+  // landing in is never given back (a late write would land in freed memory).
+  auto engine = std::make_shared<testing::EngineMemory>();
+  RuntimeTestSeams seams;
+  seams.before_pull = [&] { ::kill(seed->pid(), SIGSTOP); };
+  seams.after_failed_pull = [](std::size_t& gets, std::uint64_t& bytes) {
+    gets = 3;
+    bytes = 12345;
+  };
+  Runtime rt = make_runtime(to_config(testing::make_config(ck, target({"remote.timeout_ms=300"}))),
+                            seams, engine);
+  LoadResult r = rt.load();
+  ::kill(seed->pid(), SIGCONT);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error->stage, Stage::kRemote);
+  EXPECT_THAT(r.error->message, HasSubstr("no data from the seed for 300 ms"));
+  EXPECT_THAT(r.error->message,
+              HasSubstr("3 get(s) of 12345 bytes never completed: their memory is quarantined"));
+  EXPECT_GT(engine->live(), 0U);  // kept, not released
+  EXPECT_EQ(engine->bad_releases(), 0);
+}
+
+}  // namespace
+}  // namespace ferry::runtime
