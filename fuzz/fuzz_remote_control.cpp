@@ -24,6 +24,7 @@
 #include "cache/socket.hpp"
 #include "common/error.hpp"
 #include "fuzz/fuzz_check.hpp"
+#include "fuzz/fuzz_frames.hpp"
 #include "remote/control.hpp"
 
 namespace ferry::remote {
@@ -110,34 +111,7 @@ void one_frame(const nlohmann::json& frame) {
 }  // namespace ferry::remote
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  using namespace ferry::cache;
-  if (size > (std::size_t{1} << 16)) {
-    return 0;  // one socket buffer's worth: the writer below never blocks
-  }
-  int fds[2];
-  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, fds) != 0) {
-    return 0;
-  }
-  Connection reader(UniqueFd(fds[0]), "fuzz");
-  {
-    UniqueFd writer(fds[1]);
-    int buffer = 1 << 18;
-    ::setsockopt(writer.get(), SOL_SOCKET, SO_SNDBUF, &buffer, sizeof buffer);
-    std::size_t done = 0;
-    while (done < size) {
-      const ssize_t n = ::send(writer.get(), data + done, size - done, MSG_NOSIGNAL);
-      if (n <= 0) {
-        return 0;
-      }
-      done += static_cast<std::size_t>(n);
-    }
-  }
-  reader.set_deadline(Clock::now() + std::chrono::seconds(5));
-  try {
-    while (std::optional<nlohmann::json> frame = reader.next_frame(std::size_t{1} << 16)) {
-      ferry::remote::one_frame(*frame);
-    }
-  } catch (const ferry::Error&) {
-  }
+  ferry::fuzz::feed_frames(data, size,
+                           [](const nlohmann::json& frame) { ferry::remote::one_frame(frame); });
   return 0;
 }

@@ -4,10 +4,13 @@
 // ferry/cache.hpp (the daemon) and cache.mode (the client, in Runtime::load).
 #pragma once
 
+#include <functional>
+#include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cache/protocol.hpp"
@@ -89,6 +92,33 @@ LoadConfig disk_config(const LoadConfig& c);
 // The registry's name for a daemon's devices: "host:0,host:1" for host devices,
 // the GPUs' UUIDs for CUDA ones.
 std::string device_set(const std::vector<std::shared_ptr<gpu::Device>>& devices);
+
+// The model of `config` and `hf_config` (make_configured_model), made on a thread of
+// its own while the caller asks a daemon or a seed; get() waits for it (rethrowing
+// what making it threw). The thread is joined when the object dies.
+class ModelOnThread {
+ public:
+  ModelOnThread(const LoadConfig& config, const nlohmann::json& hf_config, const char* name);
+  ~ModelOnThread();
+  ModelOnThread(const ModelOnThread&) = delete;
+  ModelOnThread& operator=(const ModelOnThread&) = delete;
+  std::shared_ptr<const models::Model> get();
+
+ private:
+  std::promise<std::shared_ptr<const models::Model>> promise_;
+  std::future<std::shared_ptr<const models::Model>> future_;
+  std::thread thread_;
+};
+
+// A fetch request's reply, as a daemon and a seed answer it: `request`'s fingerprint
+// must be `fingerprint`, its "ranks" tp ranks that `held` has; each rank's params
+// are renumbered onto the reply's storages in order of first use, and `storage(b)`
+// makes the reply's entry for block `b` (an index into what `held` names), once per
+// block. Throws Error(stage) naming `where` and `who` ("this daemon", "this seed").
+cache::FetchReply answer_fetch(const nlohmann::json& request, const std::string& fingerprint,
+                               const std::vector<cache::TableRank>& held,
+                               const std::function<cache::StorageEntry(std::size_t)>& storage,
+                               const std::string& where, const std::string& who);
 
 // Checks that `table` (a daemon's or a seed's) holds, rank by rank, exactly the
 // params `model` keeps (transient ones aside), each of the same dtype, shape and

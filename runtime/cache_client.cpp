@@ -125,6 +125,28 @@ void check_same_daemon(const nlohmann::json& reply, const cache::Registration& r
 
 }  // namespace
 
+ModelOnThread::ModelOnThread(const LoadConfig& config, const nlohmann::json& hf_config,
+                             const char* name)
+    : future_(promise_.get_future()) {
+  thread_ = start_thread(name, [this, &config, &hf_config] {
+    try {
+      promise_.set_value(make_configured_model(config, hf_config));
+    } catch (...) {
+      promise_.set_exception(std::current_exception());
+    }
+  });
+}
+
+ModelOnThread::~ModelOnThread() {
+  if (thread_.joinable()) {
+    thread_.join();
+  }
+}
+
+std::shared_ptr<const models::Model> ModelOnThread::get() {
+  return future_.get();
+}
+
 void check_table(const cache::FetchReply& table, const models::Model& model,
                  const std::string& where, Stage stage) {
   auto refuse = [](const std::string& at, Stage st, const std::string& rule) {
@@ -209,22 +231,7 @@ bool Runtime::Impl::attach_cache(LoadWork& w, LoadHandle::State& handle) {
   report.cache.fingerprint = id.fingerprint;
   // The model's own parameters, from config.json alone (what the daemon's table must
   // hold), made on a thread of their own while the daemon is found and asked.
-  std::promise<std::shared_ptr<const models::Model>> model_promise;
-  std::future<std::shared_ptr<const models::Model>> model_future = model_promise.get_future();
-  struct Joined {
-    std::thread thread;
-    ~Joined() {
-      if (thread.joinable()) {
-        thread.join();
-      }
-    }
-  } builder{start_thread("cache model", [&] {
-    try {
-      model_promise.set_value(make_configured_model(config, id.hf_config));
-    } catch (...) {
-      model_promise.set_exception(std::current_exception());
-    }
-  })};
+  ModelOnThread model_on_thread(config, id.hf_config, "cache model");
   cache::Registry registry(config.cache.dir);
   const std::vector<int> wanted = local_tp_ranks(config);
   std::vector<cache::Registration> same_model;
@@ -328,7 +335,7 @@ bool Runtime::Impl::attach_cache(LoadWork& w, LoadHandle::State& handle) {
   std::vector<cache::UniqueFd> fds = conn.receive_fds(table.descriptors());
   w.resolved_at = Clock::now();
   handle.phase.store(LoadPhase::kPlan);
-  w.model = model_future.get();
+  w.model = model_on_thread.get();
   const auto& shells = w.model->shells();
   w.planned_at = Clock::now();
   check_table(table, *w.model, where, Stage::kCache);

@@ -153,6 +153,47 @@ struct CacheDaemon::Impl {
   void reap(bool all);
 };
 
+cache::FetchReply answer_fetch(const nlohmann::json& request, const std::string& fingerprint,
+                               const std::vector<cache::TableRank>& held,
+                               const std::function<cache::StorageEntry(std::size_t)>& storage,
+                               const std::string& where, const std::string& who) {
+  if (cache::get_string(request, "fingerprint", where) != fingerprint) {
+    fail(where, "fingerprint mismatch: " + who + " holds " + fingerprint);
+  }
+  const auto it = request.find("ranks");
+  if (it == request.end() || !it->is_array() || it->empty() || it->size() > 4096) {
+    fail(where, "'ranks' must be a non-empty array of tp ranks");
+  }
+  cache::FetchReply reply;
+  std::map<std::size_t, std::size_t> renumber;  // block -> reply storage
+  for (const nlohmann::json& want : *it) {
+    if (!want.is_number_integer()) {
+      fail(where, "'ranks' must hold integers");
+    }
+    const int tp = want.get<int>();
+    const cache::TableRank* found = nullptr;
+    for (const cache::TableRank& r : held) {
+      found = r.tp_rank == tp ? &r : found;
+    }
+    if (found == nullptr) {
+      fail(where, who + " does not hold tp rank " + std::to_string(tp));
+    }
+    cache::TableRank rank = *found;
+    for (cache::TableParam& p : rank.params) {
+      if (p.nbytes == 0) {
+        continue;
+      }
+      auto [at, fresh] = renumber.emplace(p.storage, reply.storages.size());
+      if (fresh) {
+        reply.storages.push_back(storage(p.storage));
+      }
+      p.storage = at->second;
+    }
+    reply.ranks.push_back(std::move(rank));
+  }
+  return reply;
+}
+
 void CacheDaemon::Impl::register_self() {
   const std::vector<std::shared_ptr<gpu::Device>>& devices = state->devices;
   key = cache::registry_key(id.fingerprint, device_set(devices));
@@ -217,52 +258,23 @@ void CacheDaemon::Impl::unregister() noexcept {
 }
 
 void CacheDaemon::Impl::fetch(const nlohmann::json& request, cache::Connection& conn) {
-  const std::string where = conn.where();
-  if (cache::get_string(request, "fingerprint", where) != id.fingerprint) {
-    fail(where, "fingerprint mismatch: this daemon holds " + id.fingerprint);
-  }
-  const auto it = request.find("ranks");
-  if (it == request.end() || !it->is_array() || it->empty() || it->size() > 4096) {
-    fail(where, "'ranks' must be a non-empty array of tp ranks");
-  }
-  cache::FetchReply reply;
-  std::map<std::size_t, std::size_t> renumber;  // block -> reply storage
   std::vector<int> fds;
-  for (const nlohmann::json& want : *it) {
-    if (!want.is_number_integer()) {
-      fail(where, "'ranks' must hold integers");
-    }
-    const int tp = want.get<int>();
-    const cache::TableRank* found = nullptr;
-    for (const cache::TableRank& r : shared.ranks) {
-      found = r.tp_rank == tp ? &r : found;
-    }
-    if (found == nullptr) {
-      fail(where, "this daemon does not hold tp rank " + std::to_string(tp));
-    }
-    cache::TableRank rank = *found;
-    for (cache::TableParam& p : rank.params) {
-      if (p.nbytes == 0) {
-        continue;
-      }
-      auto [at, fresh] = renumber.emplace(p.storage, reply.storages.size());
-      if (fresh) {
-        const gpu::SharedBlock& b = shared.blocks[p.storage];
+  const cache::FetchReply reply = answer_fetch(
+      request, id.fingerprint, shared.ranks,
+      [&](std::size_t block) {
+        const gpu::SharedBlock& b = shared.blocks[block];
         cache::StorageEntry e;
         e.kind = b.kind;
         e.bytes = b.bytes;
-        e.device = shared.block_device[p.storage];
+        e.device = shared.block_device[block];
         e.uuid = b.uuid;
         e.handle = b.handle;
-        reply.storages.push_back(std::move(e));
         if (b.kind == "memfd") {
           fds.push_back(b.fd);
         }
-      }
-      p.storage = at->second;
-    }
-    reply.ranks.push_back(std::move(rank));
-  }
+        return e;
+      },
+      conn.where(), "this daemon");
   conn.write_frame(cache::to_json(reply));
   conn.send_fds(fds);
   ++clients_served;

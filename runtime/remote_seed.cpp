@@ -118,48 +118,20 @@ std::uint64_t RemoteSeed::refused() const {
 
 nlohmann::json RemoteSeed::Impl::fetch(const nlohmann::json& request,
                                        const std::string& where) const {
-  if (cache::get_string(request, "fingerprint", where) != layout.fingerprint) {
-    fail(where, "fingerprint mismatch: this seed serves layout " + layout.fingerprint);
-  }
-  const auto it = request.find("ranks");
-  if (it == request.end() || !it->is_array() || it->empty() || it->size() > 4096) {
-    fail(where, "'ranks' must be a non-empty array of tp ranks");
-  }
-  cache::FetchReply reply;
-  reply.worker = worker;
-  std::map<std::size_t, std::size_t> renumber;  // block -> reply storage
-  for (const nlohmann::json& want : *it) {
-    if (!want.is_number_integer()) {
-      fail(where, "'ranks' must hold integers");
-    }
-    const int tp = want.get<int>();
-    const cache::TableRank* found = nullptr;
-    for (const cache::TableRank& r : ranks) {
-      found = r.tp_rank == tp ? &r : found;
-    }
-    if (found == nullptr) {
-      fail(where, "this seed does not hold tp rank " + std::to_string(tp));
-    }
-    cache::TableRank rank = *found;
-    for (cache::TableParam& p : rank.params) {
-      if (p.nbytes == 0) {
-        continue;
-      }
-      auto [at, fresh] = renumber.emplace(p.storage, reply.storages.size());
-      if (fresh) {
-        const SeedBlock& b = blocks[p.storage];
+  cache::FetchReply reply = answer_fetch(
+      request, layout.fingerprint, ranks,
+      [&](std::size_t block) {
+        const SeedBlock& b = blocks[block];
         cache::StorageEntry e;
         e.kind = "ucx";
         e.bytes = b.bytes;
         e.device = b.device;
         e.address = reinterpret_cast<std::uintptr_t>(b.base);
-        e.rkey = rkeys[p.storage];
-        reply.storages.push_back(std::move(e));
-      }
-      p.storage = at->second;
-    }
-    reply.ranks.push_back(std::move(rank));
-  }
+        e.rkey = rkeys[block];
+        return e;
+      },
+      where, "this seed");
+  reply.worker = worker;
   return cache::to_json(reply);
 }
 

@@ -98,22 +98,7 @@ bool Runtime::Impl::pull_remote(LoadWork& w, LoadHandle::State& handle) {
   const LayoutIdentity layout = layout_identity(id);
   report.remote.fingerprint = layout.fingerprint;
   // The model's own parameters, from config.json alone, made while the seed is asked.
-  std::promise<std::shared_ptr<const models::Model>> model_promise;
-  std::future<std::shared_ptr<const models::Model>> model_future = model_promise.get_future();
-  struct Joined {
-    std::thread thread;
-    ~Joined() {
-      if (thread.joinable()) {
-        thread.join();
-      }
-    }
-  } builder{start_thread("remote model", [&] {
-    try {
-      model_promise.set_value(make_configured_model(config, id.hf_config));
-    } catch (...) {
-      model_promise.set_exception(std::current_exception());
-    }
-  })};
+  ModelOnThread model_on_thread(config, id.hf_config, "remote model");
   const auto timeout = std::chrono::milliseconds(rc.timeout_ms);
   std::optional<cache::Connection> conn;
   try {
@@ -181,7 +166,7 @@ bool Runtime::Impl::pull_remote(LoadWork& w, LoadHandle::State& handle) {
   conn.reset();  // the pull needs no control connection
   w.resolved_at = Clock::now();
   handle.phase.store(LoadPhase::kPlan);
-  w.model = model_future.get();
+  w.model = model_on_thread.get();
   w.planned_at = Clock::now();
   check_table(table, *w.model, where, Stage::kRemote);
   handle.check_cancel();
