@@ -16,9 +16,11 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <optional>
 
 #include "common/error.hpp"
 #include "common/sha256.hpp"
+#include "remote/ucx.hpp"
 
 namespace ferry::remote {
 
@@ -133,19 +135,36 @@ cache::UniqueFd listen_tcp(const HostPort& address) {
   fail(address.text(), "cannot listen: " + last);
 }
 
-std::uint16_t bound_port(int fd) {
+namespace {
+
+// The address getsockname (`peer` false) or getpeername gives for `fd`; nullopt
+// when neither IPv4 nor IPv6.
+std::optional<HostPort> socket_address(int fd, bool peer) {
   sockaddr_storage s{};
   socklen_t len = sizeof(s);
-  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&s), &len) != 0) {
-    return 0;
+  auto* sa = reinterpret_cast<sockaddr*>(&s);
+  if ((peer ? ::getpeername(fd, sa, &len) : ::getsockname(fd, sa, &len)) != 0) {
+    return std::nullopt;
   }
+  char text[INET6_ADDRSTRLEN] = {};
   if (s.ss_family == AF_INET) {
-    return ntohs(reinterpret_cast<sockaddr_in*>(&s)->sin_port);
+    const auto* a = reinterpret_cast<sockaddr_in*>(&s);
+    ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof(text));
+    return HostPort{text, ntohs(a->sin_port)};
   }
   if (s.ss_family == AF_INET6) {
-    return ntohs(reinterpret_cast<sockaddr_in6*>(&s)->sin6_port);
+    const auto* a = reinterpret_cast<sockaddr_in6*>(&s);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof(text));
+    return HostPort{text, ntohs(a->sin6_port)};
   }
-  return 0;
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::uint16_t bound_port(int fd) {
+  const std::optional<HostPort> a = socket_address(fd, false);
+  return a ? a->port : 0;
 }
 
 cache::Connection connect_tcp(const HostPort& address, cache::Deadline deadline) {
@@ -189,23 +208,8 @@ cache::Connection connect_tcp(const HostPort& address, cache::Deadline deadline)
 }
 
 std::string peer_address(int fd) {
-  sockaddr_storage s{};
-  socklen_t len = sizeof(s);
-  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&s), &len) != 0) {
-    return "?";
-  }
-  char text[INET6_ADDRSTRLEN] = {};
-  if (s.ss_family == AF_INET) {
-    const auto* a = reinterpret_cast<sockaddr_in*>(&s);
-    ::inet_ntop(AF_INET, &a->sin_addr, text, sizeof(text));
-    return std::string(text) + ":" + std::to_string(ntohs(a->sin_port));
-  }
-  if (s.ss_family == AF_INET6) {
-    const auto* a = reinterpret_cast<sockaddr_in6*>(&s);
-    ::inet_ntop(AF_INET6, &a->sin6_addr, text, sizeof(text));
-    return "[" + std::string(text) + "]:" + std::to_string(ntohs(a->sin6_port));
-  }
-  return "?";
+  const std::optional<HostPort> a = socket_address(fd, true);
+  return a ? a->text() : "?";
 }
 
 std::string read_token(const std::string& path) {
@@ -275,13 +279,7 @@ std::string random_nonce() {
     }
     got += n > 0 ? static_cast<std::size_t>(n) : 0;
   }
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : bytes) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  }
-  return out;
+  return hex(bytes.data(), bytes.size());
 }
 
 std::string proof(std::string_view token, std::string_view label, std::string_view first,
@@ -292,13 +290,7 @@ std::string proof(std::string_view token, std::string_view label, std::string_vi
   message += '|';
   message += second;
   const Sha256Digest d = hmac_sha256(token, message);
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  for (std::uint8_t c : d) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  }
-  return out;
+  return hex(d.data(), d.size());
 }
 
 namespace {

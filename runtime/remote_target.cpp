@@ -331,7 +331,6 @@ bool Runtime::Impl::pull_remote(LoadWork& w, LoadHandle::State& handle) {
   ucx.reset();
   const Clock::time_point t1 = Clock::now();
   drop_transients(w);
-  w.allocated_at = std::max(w.allocated_at, w.planned_at);
   report.load_format = "remote_instance";
   report.remote.pulled = true;
   report.remote.params = wanted.size();

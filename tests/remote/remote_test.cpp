@@ -271,18 +271,24 @@ class Loopback : public ::testing::Test {
     }
   }
 
+  // A target connected to the seed, with the seed's memory's key in `key`.
+  void connect_target(std::chrono::milliseconds drain = std::chrono::seconds(2)) {
+    target = std::make_unique<Ucx>(UcxOptions{"tcp", "seed", drain});
+    target->connect(address);
+    key = target->add_rkey(rkey);
+  }
+
   static constexpr std::size_t kBytes = std::size_t{24} << 20;
   std::vector<std::uint8_t> seed_memory;
   std::unique_ptr<Ucx> seed, target;
   std::string rkey, address;
+  std::size_t key = 0;
   int stop[2] = {-1, -1};
   std::thread progress;
 };
 
 TEST_F(Loopback, GetsLandEveryByte) {
-  target = std::make_unique<Ucx>(UcxOptions{"tcp", "seed"});
-  target->connect(address);
-  const std::size_t key = target->add_rkey(rkey);
+  connect_target();
   std::vector<std::uint8_t> dst(kBytes, 0);
   const std::size_t region = target->register_memory(dst.data(), kBytes);
   const auto base = reinterpret_cast<std::uintptr_t>(seed_memory.data());
@@ -302,9 +308,7 @@ TEST_F(Loopback, GetsLandEveryByte) {
 }
 
 TEST_F(Loopback, ASeedThatStopsAnsweringEndsThePullInBoundedTime) {
-  target = std::make_unique<Ucx>(UcxOptions{"tcp", "seed"});
-  target->connect(address);
-  const std::size_t key = target->add_rkey(rkey);
+  connect_target();
   std::vector<std::uint8_t> dst(kBytes, 0);
   const auto base = reinterpret_cast<std::uintptr_t>(seed_memory.data());
   // Warm up the connection, then stop the seed's progress: over TCP nothing more
@@ -331,9 +335,7 @@ TEST_F(Loopback, ASeedThatStopsAnsweringEndsThePullInBoundedTime) {
 TEST_F(Loopback, GetsNotWaitedForAreInDoubt) {
   // With no drain, a pull that gives up does not wait for the cancellations: every
   // get still in flight is in doubt (what the runtime quarantines).
-  target = std::make_unique<Ucx>(UcxOptions{"tcp", "seed", std::chrono::milliseconds(0)});
-  target->connect(address);
-  const std::size_t key = target->add_rkey(rkey);
+  connect_target(std::chrono::milliseconds(0));
   std::vector<std::uint8_t> dst(kBytes, 0);
   const auto base = reinterpret_cast<std::uintptr_t>(seed_memory.data());
   std::vector<Get> one = {
