@@ -15,13 +15,14 @@
 #include "io/fd_limit.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_internal.hpp"
+#include "io/torch_checkpoint.hpp"
 
 namespace ferry::io {
 namespace {
 
-using nlohmann::json;
 using detail::describe;
 using detail::parse_json_no_duplicates;
+using nlohmann::json;
 
 // Opens a weight file to read its header from and keep (errors at the header stage,
 // where resolve finds them).
@@ -130,8 +131,17 @@ class IndexSax {
   bool done() const { return state_ == State::kDone && have_map_; }
 
  private:
-  enum class State { kStart, kTopKey, kMetaStart, kMetaKey, kMetaValue, kMapStart, kMapKey,
-                     kMapValue, kDone };
+  enum class State {
+    kStart,
+    kTopKey,
+    kMetaStart,
+    kMetaKey,
+    kMetaValue,
+    kMapStart,
+    kMapKey,
+    kMapValue,
+    kDone
+  };
   bool metadata_scalar() {
     if (state_ != State::kMetaValue) {
       return false;
@@ -218,12 +228,6 @@ std::optional<std::size_t> CheckpointIndex::add_name(std::size_t position) {
 }
 
 CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const IndexOptions& options) {
-  if (source.format == FileFormat::kPickle) {
-    const std::string first = source.files.empty() ? source.folder : source.files.front().name;
-    throw Error(Stage::kRead, first, "",
-                "reading pickled PyTorch weights (" + source.pattern +
-                    ") is not supported yet; convert the checkpoint to safetensors");
-  }
   // Every file's descriptor is kept from here on: fail before opening the first
   // when they cannot all be open at once.
   reserve_descriptors(source.files.size(), source.folder);
@@ -231,7 +235,10 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
   for (std::size_t i = 0; i < source.files.size(); ++i) {
     const WeightFile& wf = source.files[i];
     auto file = std::make_shared<const File>(open_weight_file(wf.path, wf.name));
-    SafetensorsHeader h = read_safetensors_header(*file);
+    // A torch.save archive becomes the same list of byte ranges as a header.
+    SafetensorsHeader h = source.format == FileFormat::kPickle
+                              ? read_torch_checkpoint(*file, options.max_metadata_bytes)
+                              : read_safetensors_header(*file);
     CheckpointFile cf;
     cf.file = std::move(file);
     cf.path = wf.path;
@@ -261,8 +268,8 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
       t.file_index = static_cast<std::uint32_t>(i);
       if (std::optional<std::size_t> there = ci.add_name(at); there && !options.names_per_file) {
         throw Error(Stage::kIndex, wf.name, t.name,
-                    "the same tensor name is in two shards: " + ci.tensors[*there].file +
-                        " and " + wf.name);
+                    "the same tensor name is in two shards: " + ci.tensors[*there].file + " and " +
+                        wf.name);
       }
       ci.total_bytes += t.nbytes;
     }
@@ -273,8 +280,8 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
   const std::string index_path = source.folder + "/" + *source.index_file;
   std::shared_ptr<const WeightIndex> parsed = source.weight_index;
   if (!parsed) {
-    parsed = std::make_shared<const WeightIndex>(read_weight_index(index_path, *source.index_file,
-                                                                options.max_metadata_bytes));
+    parsed = std::make_shared<const WeightIndex>(
+        read_weight_index(index_path, *source.index_file, options.max_metadata_bytes));
   }
   const WeightIndex& index = *parsed;
   std::set<std::string> indexed_files;
@@ -321,8 +328,8 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
   }
   if (!unlisted.empty()) {
     std::string rule = std::to_string(unlisted.size()) +
-                       " tensor(s) in the shards are not listed by " +
-                       *source.index_file + ": " + list(unlisted);
+                       " tensor(s) in the shards are not listed by " + *source.index_file + ": " +
+                       list(unlisted);
     if (options.strict) {
       throw Error(Stage::kIndex, *source.index_file, unlisted.size() == 1 ? unlisted[0] : "",
                   rule + " (load.strict)");

@@ -33,6 +33,8 @@ namespace fs = std::filesystem;
 
 constexpr const char* kModelIndex = "model.safetensors.index.json";
 constexpr const char* kMistralIndex = "consolidated.safetensors.index.json";
+// transformers' save_pretrained(safe_serialization=False) names its index so.
+constexpr const char* kBinIndex = "pytorch_model.bin.index.json";
 constexpr const char* kMtpFile = "mtp.safetensors";
 constexpr const char* kConfigFile = "config.json";
 
@@ -497,10 +499,11 @@ std::vector<const Entry*> find_candidates(Discovery& d, const std::vector<Entry>
   return candidates;
 }
 
-// Whether the index decides the shard list: for safetensors files only, and an
-// index that is there but unreadable is an error rather than a guess.
+// Whether the index decides the shard list: for safetensors and *.bin files (not
+// *.pt, which has none), and an index that is there but unreadable is an error
+// rather than a guess.
 bool index_decides(Discovery& d, const fs::path& index_path, const std::string& index_name) {
-  if (d.out.format == FileFormat::kSafetensors) {
+  if (d.out.format == FileFormat::kSafetensors || d.out.pattern == "*.bin") {
     const Probe index = probe(index_path);
     if (index.kind == Kind::kDangling || index.kind == Kind::kOther) {
       // Guessing without it could load duplicate or stale files; say so instead.
@@ -521,8 +524,8 @@ bool index_decides(Discovery& d, const fs::path& index_path, const std::string& 
 // folder and present; the parsed index is kept for the checkpoint index.
 std::set<std::string> read_index_shards(Discovery& d, const fs::path& index_path,
                                         const std::string& index_name) {
-  auto parsed = std::make_shared<const WeightIndex>(read_weight_index(
-      index_path.string(), index_path.string(), d.options.max_metadata_bytes));
+  auto parsed = std::make_shared<const WeightIndex>(
+      read_weight_index(index_path.string(), index_path.string(), d.options.max_metadata_bytes));
   const WeightIndex& index = *parsed;
   d.out.weight_index = parsed;
   if (index.weight_map.empty()) {
@@ -540,9 +543,8 @@ std::set<std::string> read_index_shards(Discovery& d, const fs::path& index_path
     shards.insert(shard);
   }
   d.out.index_file = index_name;
-  d.out.decisions.push_back("index " + index_name + ": " +
-                            std::to_string(index.weight_map.size()) + " tensors in " +
-                            std::to_string(shards.size()) + " shard " +
+  d.out.decisions.push_back("index " + index_name + ": " + std::to_string(index.weight_map.size()) +
+                            " tensors in " + std::to_string(shards.size()) + " shard " +
                             (shards.size() == 1 ? "file" : "files"));
   std::vector<std::string> missing;
   for (const std::string& shard : shards) {
@@ -585,8 +587,8 @@ void choose_from_index(Discovery& d, const std::vector<Entry>& entries,
       continue;
     }
     if (entry->name == kMtpFile && entry->probe.kind == Kind::kFile) {
-      if (const auto glm = glm_mtp_rule(d.folder, index_name, d.options.max_metadata_bytes,
-                                        d.out.decisions)) {
+      if (const auto glm =
+              glm_mtp_rule(d.folder, index_name, d.options.max_metadata_bytes, d.out.decisions)) {
         const std::string nextn = "num_nextn_predict_layers=" + std::to_string(glm->nextn_layers);
         d.choose(entry->name,
                  std::string(kMtpFile) + " added for " + glm->architecture + " (" + nextn + ")");
@@ -608,7 +610,7 @@ void choose_from_index(Discovery& d, const std::vector<Entry>& entries,
 // that cannot be opened is an error (nothing says whether it held weights).
 void choose_without_index(Discovery& d, const std::vector<const Entry*>& candidates,
                           const std::set<std::string>& matched, const std::string& index_name) {
-  if (d.out.format == FileFormat::kSafetensors) {
+  if (d.out.format == FileFormat::kSafetensors || d.out.pattern == "*.bin") {
     d.out.decisions.push_back("no index (" + index_name + " is absent): every file matching " +
                               d.out.pattern + " is a weight file");
   }
@@ -652,8 +654,9 @@ ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions&
   for (const Entry* entry : candidates) {
     matched.insert(entry->name);
   }
-  const std::string index_name =
-      options.format == LoadFormat::kMistral ? kMistralIndex : kModelIndex;
+  const std::string index_name = options.format == LoadFormat::kMistral ? kMistralIndex
+                                 : d.out.pattern == "*.bin"             ? kBinIndex
+                                                                        : kModelIndex;
   const fs::path index_path = fs::path(folder) / index_name;
   if (index_decides(d, index_path, index_name)) {
     choose_from_index(d, entries, candidates, matched, index_path, index_name);

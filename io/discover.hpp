@@ -33,7 +33,8 @@ enum class LoadFormat {
                     // runtime/remote_target.cpp); discovery refuses it (nothing is read)
 };
 
-// What the chosen files contain (kAuto resolves to one of these).
+// What the chosen files contain (kAuto resolves to one of these): kPickle is a
+// torch.save zip archive, read without executing it (io/torch_checkpoint.hpp).
 enum class FileFormat { kSafetensors, kPickle };
 
 std::string_view to_string(LoadFormat format);
@@ -85,8 +86,11 @@ struct ResolvedSource {
 //    weight candidate wins; hidden files never match (as Python's glob). Training state
 //    (training_args.bin, optimizer.*, scheduler.pt, scaler.pt) and entries that are not
 //    files (directories, fifos) are listed in `skipped`, never chosen.
-//  - index (safetensors files only; consolidated.safetensors.index.json for kMistral,
-//    model.safetensors.index.json otherwise): exactly the shards its weight_map names are
+//  - index (consolidated.safetensors.index.json for kMistral, pytorch_model.bin.index.json
+//    when *.bin matched, model.safetensors.index.json otherwise; *.pt has none; SGLang
+//    0.5.23's _prepare_weights uses only the safetensors one, ferry trusts the *.bin index
+//    too so that a folder with stray *.bin files loads the shards it names): exactly the
+//    shards its weight_map names are
 //    chosen, the other matches are skipped. A shard name is a relative path inside the
 //    folder: absolute names and "..", "." or empty components are refused. A subfolder
 //    name ("sub/x.safetensors") is allowed and chosen even though the top-level listing

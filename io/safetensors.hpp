@@ -26,16 +26,16 @@ struct TensorInfo {
   std::string name;
   DType dtype = DType::kU8;
   std::vector<std::uint64_t> shape;
-  std::string file;          // the file's name as shown to the user
+  std::string file;              // the file's name as shown to the user
   std::uint32_t file_index = 0;  // index into CheckpointIndex::files (0 for one header)
-  std::uint64_t offset = 0;  // absolute byte offset of the data in the file
+  std::uint64_t offset = 0;      // absolute byte offset of the data in the file
   std::uint64_t nbytes = 0;
 
   std::uint64_t elements() const;
 };
 
 struct SafetensorsHeader {
-  std::string file;                // display name
+  std::string file;  // display name
   std::uint64_t file_size = 0;
   std::uint64_t header_bytes = 0;  // 8 + JSON length: where the data region starts
   std::map<std::string, std::string> metadata;
@@ -57,9 +57,9 @@ SafetensorsHeader read_safetensors_header(const File& file);
 
 // model.safetensors.index.json (or consolidated.safetensors.index.json).
 struct WeightIndex {
-  std::string file;                                  // display name
-  std::map<std::string, std::string> weight_map;     // tensor -> shard name
-  std::optional<std::uint64_t> total_size;           // metadata.total_size when present
+  std::string file;                               // display name
+  std::map<std::string, std::string> weight_map;  // tensor -> shard name
+  std::optional<std::uint64_t> total_size;        // metadata.total_size when present
 };
 
 // Throws ferry::Error(Stage::kIndex) naming the file when it does not parse, is not an
@@ -124,8 +124,8 @@ struct IndexOptions {
 };
 
 // Reads every chosen file's header and cross-checks them with the index. Errors
-// (Stage::kHeader / kIndex) name the files and tensors involved. Pickled formats
-// fail with "not supported yet".
+// (Stage::kHeader / kIndex) name the files and tensors involved. torch.save files
+// (FileFormat::kPickle) are indexed by io/torch_checkpoint.hpp, never executed.
 CheckpointIndex build_checkpoint_index(const ResolvedSource& source,
                                        const IndexOptions& options = {});
 
