@@ -182,6 +182,39 @@ TEST(Discover, AutoFallsBackToBinAndSkipsTrainingState) {
   EXPECT_EQ(find_skipped(s, "scheduler.pt"), nullptr);
 }
 
+TEST(Discover, BinIndexDecidesTheShardsAndPtHasNone) {
+  TempDir dir;
+  touch(dir, "pytorch_model-00001-of-00002.bin");
+  touch(dir, "pytorch_model-00002-of-00002.bin");
+  touch(dir, "stale.bin");
+  write_file(dir.file("pytorch_model.bin.index.json"),
+             R"({"weight_map": {"a": "pytorch_model-00001-of-00002.bin",
+                                "b": "pytorch_model-00002-of-00002.bin"}})");
+  const ResolvedSource s = resolve_source(dir.str());
+  EXPECT_EQ(names_of(s), (std::vector<std::string>{"pytorch_model-00001-of-00002.bin",
+                                                   "pytorch_model-00002-of-00002.bin"}));
+  EXPECT_EQ(s.index_file, "pytorch_model.bin.index.json");
+  ASSERT_NE(find_skipped(s, "stale.bin"), nullptr);
+  EXPECT_EQ(find_skipped(s, "stale.bin")->reason, "not in pytorch_model.bin.index.json");
+  // A shard the index names but the folder lacks is an error, as for safetensors.
+  fs::remove(dir.path() / "pytorch_model-00002-of-00002.bin");
+  try {
+    resolve_source(dir.str());
+    ADD_FAILURE() << "a missing shard was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pytorch_model-00002-of-00002.bin"), std::string::npos)
+        << e.what();
+  }
+  // *.pt checkpoints have no index: every *.pt is a weight file.
+  TempDir pt;
+  touch(pt, "a.pt");
+  touch(pt, "b.pt");
+  write_file(pt.file("pytorch_model.bin.index.json"), R"({"weight_map": {"a": "a.pt"}})");
+  const ResolvedSource p = resolve_source(pt.str(), {.format = LoadFormat::kPt});
+  EXPECT_EQ(names_of(p), (std::vector<std::string>{"a.pt", "b.pt"}));
+  EXPECT_FALSE(p.index_file.has_value());
+}
+
 TEST(Discover, PtFormatMatchesPtAndSkipsTrainingState) {
   TempDir dir;
   touch(dir, "model.pt");
@@ -389,7 +422,9 @@ TEST(Discover, PickleWinnerDoesNotUseSafetensorsIndex) {
   const ResolvedSource s = resolve_source(dir.str());
   EXPECT_EQ(names_of(s), (std::vector<std::string>{"pytorch_model.bin"}));
   EXPECT_FALSE(s.index_file.has_value());
-  EXPECT_TRUE(has_line_containing(s.decisions, "is present but *.bin matched, so it is not used"));
+  // *.bin's own index is pytorch_model.bin.index.json; the safetensors one is not read.
+  EXPECT_TRUE(
+      has_line_containing(s.decisions, "no index (pytorch_model.bin.index.json is absent)"));
 }
 
 // ---- GLM-4 MoE mtp.safetensors ---------------------------------------------------------------

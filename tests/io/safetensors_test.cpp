@@ -16,10 +16,10 @@
 namespace ferry::io {
 namespace {
 
-using ::testing::HasSubstr;
 using ferry::testing::safetensors_bytes;
 using ferry::testing::TempDir;
 using ferry::testing::write_file;
+using ::testing::HasSubstr;
 
 // Writes `header` + `data` as a safetensors file and parses it back.
 SafetensorsHeader parse_file(const TempDir& dir, std::string_view header, std::string_view data,
@@ -63,11 +63,10 @@ TEST(SafetensorsHeaderTest, ParsesTensorsSortedByOffsetWithAbsoluteOffsets) {
 
 TEST(SafetensorsHeaderTest, AcceptsTrailingSpacesRankZeroAndEmptyTensors) {
   TempDir dir;
-  std::string header =
-      R"({"scalar":{"dtype":"F64","shape":[],"data_offsets":[0,8]},)"
-      R"("empty":{"dtype":"F16","shape":[0,4],"data_offsets":[8,8]},)"
-      R"("e2":{"dtype":"I8","shape":[3,0],"data_offsets":[8,8]}})"
-      "      ";
+  std::string header = R"({"scalar":{"dtype":"F64","shape":[],"data_offsets":[0,8]},)"
+                       R"("empty":{"dtype":"F16","shape":[0,4],"data_offsets":[8,8]},)"
+                       R"("e2":{"dtype":"I8","shape":[3,0],"data_offsets":[8,8]}})"
+                       "      ";
   auto h = parse_file(dir, header, std::string(8, '\0'));
   ASSERT_EQ(h.tensors.size(), 3u);
   EXPECT_EQ(h.tensors[0].name, "scalar");
@@ -78,13 +77,14 @@ TEST(SafetensorsHeaderTest, AcceptsTrailingSpacesRankZeroAndEmptyTensors) {
 TEST(SafetensorsHeaderTest, AcceptsEveryDtypeOfTheFormat) {
   TempDir dir;
   const std::pair<const char*, int> dtypes[] = {
-      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"U16", 2},     {"I16", 2},     {"U32", 4},
-      {"I32", 4},  {"U64", 8}, {"I64", 8}, {"F16", 2},     {"BF16", 2},    {"F32", 4},
+      {"BOOL", 1}, {"U8", 1},      {"I8", 1},      {"U16", 2},    {"I16", 2},  {"U32", 4},
+      {"I32", 4},  {"U64", 8},     {"I64", 8},     {"F16", 2},    {"BF16", 2}, {"F32", 4},
       {"F64", 8},  {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"F8_E8M0", 1}};
   std::string header = "{";
   std::size_t off = 0;
   for (auto [name, size] : dtypes) {
-    if (off) header += ",";
+    if (off)
+      header += ",";
     header += std::string("\"t_") + name + "\":{\"dtype\":\"" + name +
               "\",\"shape\":[3],\"data_offsets\":[" + std::to_string(off) + "," +
               std::to_string(off + 3 * size) + "]}";
@@ -118,9 +118,8 @@ TEST(SafetensorsHeaderTest, RejectsHeaderLengthPastTheEnd) {
   std::string bytes = safetensors_bytes("{}", "");
   bytes[0] = 100;  // claims a 100-byte header in a 10-byte file
   write_file(dir.file("t.safetensors"), bytes);
-  EXPECT_THAT(
-      [&] { read_safetensors_header(dir.file("t.safetensors"), "t.safetensors"); },
-      ::testing::ThrowsMessage<Error>(HasSubstr("runs past the end of the file")));
+  EXPECT_THAT([&] { read_safetensors_header(dir.file("t.safetensors"), "t.safetensors"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("runs past the end of the file")));
 }
 
 TEST(SafetensorsHeaderTest, RejectsOversizedHeader) {
@@ -129,9 +128,8 @@ TEST(SafetensorsHeaderTest, RejectsOversizedHeader) {
   std::uint64_t n = kMaxHeaderBytes + 1;
   std::memcpy(bytes.data(), &n, 8);  // little-endian host
   write_file(dir.file("t.safetensors"), bytes);
-  EXPECT_THAT(
-      [&] { read_safetensors_header(dir.file("t.safetensors"), "t.safetensors"); },
-      ::testing::ThrowsMessage<Error>(HasSubstr("exceeds the limit of 100000000 bytes")));
+  EXPECT_THAT([&] { read_safetensors_header(dir.file("t.safetensors"), "t.safetensors"); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("exceeds the limit of 100000000 bytes")));
   // The in-memory parser applies the same limit.
   std::string big(kMaxHeaderBytes + 1, ' ');
   EXPECT_THROW(parse_safetensors_header(big, big.size() + 8, "x"), Error);
@@ -250,9 +248,9 @@ TEST(SafetensorsRealDataTest, ParsesEverySampleWithExactShapesAndDtypes) {
   FERRY_NEED_TEST_DATA();
   // safetensors-samples: one tensor per file of shape [6], holding -3..2.
   const std::pair<const char*, DType> samples[] = {
-      {"B", DType::kU8},  {"H", DType::kU16}, {"I", DType::kU32}, {"b", DType::kI8},
-      {"d", DType::kF64}, {"e", DType::kF16}, {"f", DType::kF32}, {"h", DType::kI16},
-      {"i", DType::kI32}};
+      {"B", DType::kU8},  {"H", DType::kU16}, {"I", DType::kU32},
+      {"b", DType::kI8},  {"d", DType::kF64}, {"e", DType::kF16},
+      {"f", DType::kF32}, {"h", DType::kI16}, {"i", DType::kI32}};
   for (auto [name, dtype] : samples) {
     auto h = read_safetensors_header(
         shared(std::string("safetensors/safetensors-samples/") + name + ".safetensors"), name);
@@ -277,7 +275,8 @@ TEST(SafetensorsRealDataTest, ParsesJuliaTestdata) {
   EXPECT_EQ(h.metadata.at("version"), "2.2");
   const TensorInfo* t = nullptr;
   for (const auto& x : h.tensors) {
-    if (x.name == "int64_357") t = &x;
+    if (x.name == "int64_357")
+      t = &x;
   }
   ASSERT_NE(t, nullptr);
   EXPECT_EQ(t->dtype, DType::kI64);
@@ -312,8 +311,9 @@ TEST(WeightIndexTest, RejectsBadIndexFilesNamingThem) {
 
 TEST(WeightIndexTest, ParsesEveryRealIndexInSharedData) {
   FERRY_NEED_TEST_DATA();
-  for (const char* model : {"llama-3.2-3b-instruct", "llama3-chinese-8b", "mistral-7b-instruct-v0.3",
-                            "mixtral-8x7b-v0.1", "sakura-14b-qwen2.5"}) {
+  for (const char* model :
+       {"llama-3.2-3b-instruct", "llama3-chinese-8b", "mistral-7b-instruct-v0.3",
+        "mixtral-8x7b-v0.1", "sakura-14b-qwen2.5"}) {
     auto idx = read_weight_index(
         shared(std::string("models/") + model + "/model.safetensors.index.json"), model);
     EXPECT_GT(idx.weight_map.size(), 100u) << model;
@@ -332,10 +332,9 @@ struct TwoShards {
                safetensors_bytes(R"({"a":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
                                  R"("b":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})",
                                  "aabb"));
-    std::string s2 = with_extra
-                         ? R"({"c":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
-                           R"("x":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})"
-                         : R"({"c":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})";
+    std::string s2 = with_extra ? R"({"c":{"dtype":"U8","shape":[2],"data_offsets":[0,2]},)"
+                                  R"("x":{"dtype":"U8","shape":[2],"data_offsets":[2,4]}})"
+                                : R"({"c":{"dtype":"U8","shape":[2],"data_offsets":[0,2]}})";
     write_file(dir.file("s2.safetensors"), safetensors_bytes(s2, with_extra ? "ccxx" : "cc"));
     write_file(dir.file("model.safetensors.index.json"), index_json);
     source.folder = dir.str();
@@ -380,7 +379,8 @@ TEST(CheckpointIndexTest, TheIndexDiscoveryParsedIsNotReadAgain) {
 }
 
 TEST(CheckpointIndexTest, TensorInAnotherShardThanIndexedIsAnError) {
-  TwoShards ck(R"({"weight_map":{"a":"s1.safetensors","b":"s2.safetensors","c":"s2.safetensors"}})");
+  TwoShards ck(
+      R"({"weight_map":{"a":"s1.safetensors","b":"s2.safetensors","c":"s2.safetensors"}})");
   EXPECT_THAT([&] { build_checkpoint_index(ck.source); },
               ::testing::ThrowsMessage<Error>(
                   HasSubstr("tensor 'b': model.safetensors.index.json places it in s2.safetensors "
@@ -432,14 +432,17 @@ TEST(CheckpointIndexTest, SameNameInTwoShardsNamesBothFiles) {
   }
 }
 
-TEST(CheckpointIndexTest, PickledWeightsAreNotSupportedYet) {
+TEST(CheckpointIndexTest, PickledWeightsThatAreNotATorchArchiveAreRefusedByName) {
+  TempDir dir;
+  write_file(dir.file("pytorch_model.bin"), "not really a pickle");
   ResolvedSource src;
-  src.folder = "/m";
+  src.folder = dir.str();
   src.format = FileFormat::kPickle;
   src.pattern = "*.bin";
-  src.files = {{"/m/pytorch_model.bin", "pytorch_model.bin", ""}};
+  src.files = {{dir.file("pytorch_model.bin"), "pytorch_model.bin", ""}};
   EXPECT_THAT([&] { build_checkpoint_index(src); },
-              ::testing::ThrowsMessage<Error>(HasSubstr("not supported yet")));
+              ::testing::ThrowsMessage<Error>(::testing::AllOf(
+                  HasSubstr("pytorch_model.bin"), HasSubstr("not a torch.save zip archive"))));
 }
 
 TEST(CheckpointIndexTest, RealShardedTestdataCrossChecksWithItsIndex) {

@@ -15,10 +15,10 @@
 namespace ferry::tools {
 namespace {
 
-using ::testing::HasSubstr;
 using ferry::testing::run;
 using ferry::testing::synth_tiny;
 using ferry::testing::TempDir;
+using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 TEST(InspectCliTest, JsonIsOneDocumentMatchingTheFiles) {
@@ -34,7 +34,8 @@ TEST(InspectCliTest, JsonIsOneDocumentMatchingTheFiles) {
   std::uint64_t sum = 0;
   std::size_t tensor_count = 0;
   for (const auto& f : doc["files"]) {
-    EXPECT_EQ(f["bytes"].get<std::uint64_t>(), fs::file_size(fs::path(model) / f["path"].get<std::string>()));
+    EXPECT_EQ(f["bytes"].get<std::uint64_t>(),
+              fs::file_size(fs::path(model) / f["path"].get<std::string>()));
     EXPECT_THAT(f["reason"].get<std::string>(), HasSubstr("model.safetensors.index.json"));
     tensor_count += f["tensors"].get<std::size_t>();
   }
@@ -113,14 +114,14 @@ TEST(InspectCliTest, MissingFolderAndUsageErrors) {
   EXPECT_EQ(run({FERRY_BINARY, "frobnicate"}).status, 2);
 }
 
-TEST(InspectCliTest, PickleCheckpointIsChosenButNotReadYet) {
+TEST(InspectCliTest, PickleCheckpointThatIsNotAnArchiveIsRefusedByName) {
   TempDir dir;
   ferry::testing::write_file(dir.file("pytorch_model.bin"), "not really a pickle");
   ferry::testing::write_file(dir.file("training_args.bin"), "x");
   auto r = run({FERRY_BINARY, "inspect", dir.str()});
   EXPECT_EQ(r.status, 1);
   EXPECT_THAT(r.err, HasSubstr("pytorch_model.bin"));
-  EXPECT_THAT(r.err, HasSubstr("not supported yet"));
+  EXPECT_THAT(r.err, HasSubstr("not a torch.save zip archive"));
 }
 
 TEST(DemoCliTest, SynthesizesOnceThenReusesTheCache) {
