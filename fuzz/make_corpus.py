@@ -254,6 +254,62 @@ def config_seeds():
     return seeds
 
 
+def state_dict_pickle(rng, count, v3=False):
+    """A state dict pickled as torch.save's protocol-2 pickler writes one (GLOBAL,
+    BINPERSID, _rebuild_tensor_v2 / _v3, memo puts), written out by hand: no torch."""
+    def s(text):
+        b = text.encode()
+        return b"X" + struct.pack("<I", len(b)) + b
+    def i(v):
+        return b"K" + bytes([v]) if v < 256 else b"M" + struct.pack("<H", v)
+    out = b"\x80\x02ccollections\nOrderedDict\nq\x00)Rq\x01("
+    storages = []
+    for n in range(count):
+        shape = [rng.randrange(1, 9) for _ in range(rng.randrange(1, 3))]
+        numel = 1
+        for d in shape:
+            numel *= d
+        stride = [shape[1], 1] if len(shape) == 2 else [1]
+        out += s(f"layers.{n}.weight")
+        if v3:
+            out += b"ctorch._utils\n_rebuild_tensor_v3\n(("
+            out += s("storage") + b"ctorch.storage\nUntypedStorage\n" + s(str(n)) + s("cpu")
+            out += i(numel) + b"tQ"
+        else:
+            out += b"ctorch._utils\n_rebuild_tensor_v2\n(("
+            out += s("storage") + b"ctorch\nFloatStorage\n" + s(str(n)) + s("cpu") + i(numel)
+            out += b"tQ"
+        out += i(0) + b"(" + b"".join(i(d) for d in shape) + b"t(" + b"".join(i(d) for d in stride)
+        out += b"t\x89h\x00)R"
+        if v3:
+            out += b"ctorch\nfloat8_e4m3fn\n"
+        out += b"tR"
+        storages.append((str(n), numel * (1 if v3 else 4)))
+    return out + b"u.", storages
+
+
+def pickle_seeds(rng):
+    return [state_dict_pickle(rng, n, v3=n % 2 == 1)[0] for n in (0, 1, 2, 5, 9)]
+
+
+def torch_zip_seeds(rng):
+    """torch.save archives: data.pkl and one stored member per storage."""
+    import io
+    import zipfile
+    seeds = []
+    for n in (1, 2, 4):
+        pkl, storages = state_dict_pickle(rng, n, v3=n == 2)
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+            z.writestr("archive/data.pkl", pkl)
+            z.writestr("archive/byteorder", "little")
+            for key, nbytes in storages:
+                z.writestr(f"archive/data/{key}", bytes(rng.randrange(256) for _ in range(nbytes)))
+            z.writestr("archive/version", "3\n")
+        seeds.append(buf.getvalue())
+    return seeds
+
+
 def random_seeds(rng, count):
     return [bytes(rng.randrange(256) for _ in range(rng.choice([16, 32, 64, 128, 256, 512])))
             for _ in range(count)]
@@ -273,6 +329,8 @@ def main():
         "fuzz_presharded": presharded_seeds(rng),
         "fuzz_cache_frame": cache_frame_seeds(),
         "fuzz_remote_control": remote_control_seeds(),
+        "fuzz_pickle": pickle_seeds(rng),
+        "fuzz_torch_zip": torch_zip_seeds(rng),
     }
     for target, seeds in targets.items():
         folder = os.path.join(out, target)
