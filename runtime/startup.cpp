@@ -246,11 +246,9 @@ std::vector<StartupRefusal> Runtime::Impl::overlap_refusals(const LoadWork& w) c
     out.push_back({"load_format",
                    "the dummy format reads nothing to overlap with a capture: prepare() fills "
                    "the parameters in full"});
-  } else if (w.resolved.source.format != io::FileFormat::kSafetensors) {
-    out.push_back({"load_format",
-                   "the checkpoint is not safetensors: only safetensors headers give every "
-                   "tensor's place before the data is read"});
   }
+  // Every file format ferry reads (safetensors, torch.save archives) gives each
+  // tensor's place before any data is read, so none is refused here.
   for (const auto& d : w.state->devices) {
     if (!d->holds_data()) {
       out.push_back({"backend", "device " + d->name() +
