@@ -313,6 +313,25 @@ TEST(TorchPickle, RefusesWhatIsNotAStateDictOfTensors) {
   EXPECT_NE(refusal(v2_untyped).find("untyped storage"), std::string::npos);
 }
 
+// Real counts: a state dict of 100,000 tensors (a DeepSeek-V3-sized checkpoint has
+// 92k), each in its own storage, memoized as torch's pickler does.
+TEST(TorchPickle, ReadsAHundredThousandTensors) {
+  Pickle p;
+  p.proto().ordered_dict().mark();
+  for (int i = 0; i < 100000; ++i) {
+    p.str("model.layers." + std::to_string(i / 1000) + ".mlp.experts." + std::to_string(i % 1000) +
+          ".down_proj.weight");
+    p.op('r').le(static_cast<std::uint64_t>(2 * i + 10), 4);
+    p.tensor_v2("BFloat16Storage", std::to_string(i), 7168 * 2048, 0, {7168, 2048}, {2048, 1});
+    p.op('r').le(static_cast<std::uint64_t>(2 * i + 11), 4);
+  }
+  p.op('u').stop();
+  const std::vector<PickledTensor> t = parse(p);
+  ASSERT_EQ(t.size(), 100000u);
+  EXPECT_EQ(t.back().storage_key, "99999");
+  EXPECT_EQ(t.back().shape, (std::vector<std::uint64_t>{7168, 2048}));
+}
+
 // Any byte string ends in a result or a ferry::Error, quickly: opcode soup.
 TEST(TorchPickle, OpcodeSoupEndsInAnError) {
   std::mt19937_64 rng(37);
