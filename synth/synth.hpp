@@ -208,20 +208,41 @@ nlohmann::json synth_config(std::string_view family, std::string_view preset, DT
 // tiny checkpoint has several shards), small 16 MiB, medium 512 MiB.
 std::uint64_t synth_default_shard_bytes(std::string_view preset);
 
+// The shards' file format, and the index that lists them.
+enum class SynthFormat {
+  // model-<i>-of-<n>.safetensors, model.safetensors.index.json.
+  kSafetensors,
+  // pytorch_model-<i>-of-<n>.bin, each byte for byte what torch.save writes for an
+  // OrderedDict of the shard's tensors (io/torch_writer.hpp), and
+  // pytorch_model.bin.index.json, as save_pretrained(safe_serialization=False) names
+  // them. No metadata (a .bin has none), no sparse files (every member needs the
+  // CRC-32 of its bytes) and no unindexed files (glm4_moe's mtp.safetensors).
+  kTorchBin,
+};
+// "safetensors" | "bin"; nullopt for anything else.
+std::optional<SynthFormat> parse_synth_format(std::string_view text);
+std::string_view to_string(SynthFormat format);
+// model.safetensors.index.json or pytorch_model.bin.index.json.
+std::string_view synth_index_file(SynthFormat format);
+
 struct SynthShard {
-  std::string file;                  // model-00001-of-00003.safetensors, or mtp.safetensors
+  // model-00001-of-00003.safetensors (pytorch_model-00001-of-00003.bin), or
+  // mtp.safetensors
+  std::string file;
   std::vector<std::size_t> tensors;  // positions in the tensor list, in file order
   std::uint64_t data_bytes = 0;
-  bool indexed = true;  // listed in model.safetensors.index.json
+  bool indexed = true;  // listed in the index
 };
 
 // Greedy packing in list order of the tensors without a `file`: a tensor never spans
 // shards, a shard is closed when the next tensor would take it past `shard_bytes`,
 // and a tensor larger than `shard_bytes` gets a shard of its own. These are named
-// model-<i>-of-<n>.safetensors. Then one unindexed shard per distinct `file`, whatever
-// its size, holding that file's tensors in list order.
+// model-<i>-of-<n>.safetensors (kTorchBin: pytorch_model-<i>-of-<n>.bin; the plan is
+// the same). Then one unindexed shard per distinct `file`, whatever its size,
+// holding that file's tensors in list order.
 std::vector<SynthShard> synth_shard_plan(const std::vector<SynthTensor>& tensors,
-                                         std::uint64_t shard_bytes);
+                                         std::uint64_t shard_bytes,
+                                         SynthFormat format = SynthFormat::kSafetensors);
 
 // ---- a real model's dimensions ---------------------------------------------------
 
@@ -311,6 +332,9 @@ struct SynthOptions {
   // zeros for data, no disk used, so full-size checkpoints take seconds. Its values
   // are not synth_value's.
   bool sparse = false;
+  // The shards' format: kTorchBin for PyTorch .bin shards, refused with `sparse` and
+  // for a checkpoint with unindexed files (glm4_moe).
+  SynthFormat format = SynthFormat::kSafetensors;
   bool force = false;  // replace an existing non-empty `out`
   bool fsync = true;   // durable before the rename makes it visible
   // Called after each shard with (data bytes written so far, total data bytes).
@@ -323,17 +347,17 @@ struct SynthResult {
   // unindexed files (glm4_moe's mtp.safetensors).
   std::uint64_t total_bytes = 0;
   std::size_t tensors = 0;
-  std::size_t shards = 0;  // safetensors files written, unindexed ones included
+  std::size_t shards = 0;  // shard files written, unindexed ones included
   std::string family;      // the family written (from_config: the one it names)
 };
 
-// Writes config.json, model.safetensors.index.json (listing the indexed shards'
-// tensors; total_size is their data bytes), hf_quant_config.json for the ModelOpt
-// layouts, and the shards into a
+// Writes config.json, the index (synth_index_file(format), listing the indexed
+// shards' tensors; total_size is their data bytes), hf_quant_config.json for the
+// ModelOpt layouts, and the shards into a
 // temporary sibling folder, then renames it to `out`, so a crash never leaves a
 // checkpoint that looks complete. An existing empty `out` is replaced; a
 // non-empty one only with `force`, and only when it holds nothing but regular
-// files named *.safetensors or *.json, so a mistyped --out cannot wipe an
+// files named *.safetensors, *.bin or *.json, so a mistyped --out cannot wipe an
 // unrelated folder. With `sparse`, each shard is its 8-byte length and header, then
 // ftruncate to the full size. Errors are ferry::Error(Stage::kSynth).
 SynthResult synthesize(const SynthOptions& options);

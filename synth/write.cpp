@@ -1,6 +1,6 @@
-// Writing a synthetic checkpoint: the shard plan, the shards (written, or sparse files
-// whose data is a hole), the index and configs, into a temporary sibling folder that
-// is then renamed into place.
+// Writing a synthetic checkpoint: the shard plan, the shards (safetensors or PyTorch
+// .bin files written, or sparse safetensors files whose data is a hole), the index and
+// configs, into a temporary sibling folder that is then renamed into place.
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +18,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "io/safetensors_writer.hpp"
+#include "io/torch_writer.hpp"
 #include "synth/family.hpp"
 #include "synth/synth.hpp"
 
@@ -116,7 +117,7 @@ bool is_checkpoint_file_name(const std::string& name) {
     return name.size() >= suffix.size() &&
            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  return ends_with(".safetensors") || ends_with(".json");
+  return ends_with(".safetensors") || ends_with(".bin") || ends_with(".json");
 }
 
 enum class Target { kAbsent, kEmpty, kReplace };
@@ -153,7 +154,7 @@ Target inspect_target(const fs::path& out, bool force) {
     std::string name = it->path().filename().string();
     if (!it->is_regular_file(ec) || it->is_symlink(ec) || !is_checkpoint_file_name(name)) {
       fail(out.string(), "refusing to replace the folder: it holds '" + name +
-                             "', which is not a checkpoint file (*.safetensors, *.json)");
+                             "', which is not a checkpoint file (*.safetensors, *.bin, *.json)");
     }
   }
   if (ec) {
@@ -258,8 +259,27 @@ fs::path normalize_out(const std::string& out) {
 
 }  // namespace
 
+std::optional<SynthFormat> parse_synth_format(std::string_view text) {
+  if (text == "safetensors") {
+    return SynthFormat::kSafetensors;
+  }
+  if (text == "bin") {
+    return SynthFormat::kTorchBin;
+  }
+  return std::nullopt;
+}
+
+std::string_view to_string(SynthFormat format) {
+  return format == SynthFormat::kTorchBin ? "bin" : "safetensors";
+}
+
+std::string_view synth_index_file(SynthFormat format) {
+  return format == SynthFormat::kTorchBin ? "pytorch_model.bin.index.json"
+                                          : "model.safetensors.index.json";
+}
+
 std::vector<SynthShard> synth_shard_plan(const std::vector<SynthTensor>& tensors,
-                                         std::uint64_t shard_bytes) {
+                                         std::uint64_t shard_bytes, SynthFormat format) {
   if (shard_bytes == 0) {
     fail("", "the shard size must be at least 1 byte");
   }
@@ -286,7 +306,10 @@ std::vector<SynthShard> synth_shard_plan(const std::vector<SynthTensor>& tensors
   }
   char name[64];
   for (std::size_t s = 0; s < shards.size(); ++s) {
-    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", s + 1, shards.size());
+    std::snprintf(name, sizeof name,
+                  format == SynthFormat::kTorchBin ? "pytorch_model-%05zu-of-%05zu.bin"
+                                                   : "model-%05zu-of-%05zu.safetensors",
+                  s + 1, shards.size());
     shards[s].file = name;
   }
   for (const std::string& file : extra_files) {
@@ -388,6 +411,21 @@ void quantize(const SynthOptions& options, Checkpoint& c) {
   }
 }
 
+// What a .bin checkpoint cannot hold.
+void refuse_for_bin(const SynthOptions& options, const Checkpoint& c) {
+  if (options.sparse) {
+    fail(options.out,
+         "--sparse cannot write .bin shards (--format bin): a ZIP member carries the "
+         "CRC-32 of its bytes, so every byte must be written");
+  }
+  for (const SynthTensor& t : c.tensors) {
+    if (!t.file.empty()) {
+      fail(options.out, c.family + " writes '" + t.name + "' to the unindexed " + t.file +
+                            ", which a .bin checkpoint (--format bin) has no place for");
+    }
+  }
+}
+
 Checkpoint settle(const SynthOptions& options) {
   Checkpoint c;
   c.shard_bytes = options.shard_bytes;
@@ -402,22 +440,19 @@ Checkpoint settle(const SynthOptions& options) {
   if (c.quant != SynthQuant::kNone) {
     quantize(options, c);
   }
+  if (options.format == SynthFormat::kTorchBin) {
+    refuse_for_bin(options, c);
+  }
   c.what += " seed " + std::to_string(options.seed);
   c.what += options.fused_experts ? " fused-experts" : "";
   c.what += options.sparse ? " sparse (all zeros)" : "";
   return c;
 }
 
-// One shard with its synth values, written through io::SafetensorsWriter.
-void write_shard(const std::string& path, const std::vector<SynthTensor>& tensors,
-                 const SynthShard& shard, const std::map<std::string, std::string>& metadata,
-                 const SynthOptions& options, std::vector<std::byte>& block) {
-  io::SafetensorsWriter writer(path);
-  for (std::size_t i : shard.tensors) {
-    writer.add(tensors[i].name, tensors[i].dtype, tensors[i].shape);
-  }
-  writer.set_metadata(metadata);
-  writer.begin();
+// Streams the synth values of `shard`'s tensors into `writer` (begun).
+template <typename Writer>
+void write_values(Writer& writer, const std::vector<SynthTensor>& tensors, const SynthShard& shard,
+                  const SynthOptions& options, std::vector<std::byte>& block) {
   for (std::size_t i : shard.tensors) {
     const SynthTensor& t = tensors[i];
     std::uint64_t esize = dtype_size(t.dtype);
@@ -431,6 +466,30 @@ void write_shard(const std::string& path, const std::vector<SynthTensor>& tensor
       writer.write(bytes);
     }
   }
+}
+
+// One shard with its synth values, written through io::SafetensorsWriter or, for
+// kTorchBin, io::TorchWriter (which has no place for `metadata`).
+void write_shard(const std::string& path, const std::vector<SynthTensor>& tensors,
+                 const SynthShard& shard, const std::map<std::string, std::string>& metadata,
+                 const SynthOptions& options, std::vector<std::byte>& block) {
+  if (options.format == SynthFormat::kTorchBin) {
+    io::TorchWriter writer(path);
+    for (std::size_t i : shard.tensors) {
+      writer.add(tensors[i].name, tensors[i].dtype, tensors[i].shape);
+    }
+    writer.begin();
+    write_values(writer, tensors, shard, options, block);
+    writer.finish(options.fsync ? io::TorchWriter::Sync::kFsync : io::TorchWriter::Sync::kNone);
+    return;
+  }
+  io::SafetensorsWriter writer(path);
+  for (std::size_t i : shard.tensors) {
+    writer.add(tensors[i].name, tensors[i].dtype, tensors[i].shape);
+  }
+  writer.set_metadata(metadata);
+  writer.begin();
+  write_values(writer, tensors, shard, options, block);
   writer.finish(options.fsync ? io::SafetensorsWriter::Sync::kFsync
                               : io::SafetensorsWriter::Sync::kNone);
 }
@@ -473,7 +532,7 @@ nlohmann::json write_shards(const fs::path& dir, const Checkpoint& c,
 
 SynthResult synthesize(const SynthOptions& options) {
   const Checkpoint c = settle(options);
-  std::vector<SynthShard> plan = synth_shard_plan(c.tensors, c.shard_bytes);
+  std::vector<SynthShard> plan = synth_shard_plan(c.tensors, c.shard_bytes, options.format);
 
   fs::path out = normalize_out(options.out);
   inspect_target(out, options.force);  // refuse early, before any byte is written
@@ -494,8 +553,8 @@ SynthResult synthesize(const SynthOptions& options) {
   nlohmann::json weight_map = write_shards(tmp.path(), c, plan, options, total);
   nlohmann::json index = {{"metadata", {{"total_size", indexed_total}}},
                           {"weight_map", weight_map}};
-  write_text_file((tmp.path() / "model.safetensors.index.json").string(), index.dump(2) + "\n",
-                  options.fsync);
+  const std::string index_file(synth_index_file(options.format));
+  write_text_file((tmp.path() / index_file).string(), index.dump(2) + "\n", options.fsync);
   write_text_file((tmp.path() / "config.json").string(), c.config.dump(2) + "\n", options.fsync);
   const nlohmann::json hf_quant = synth_hf_quant_config(c.quant);
   if (!hf_quant.is_null()) {
@@ -516,7 +575,7 @@ SynthResult synthesize(const SynthOptions& options) {
   for (const auto& shard : plan) {
     result.files.push_back((out / shard.file).string());
   }
-  result.files.push_back((out / "model.safetensors.index.json").string());
+  result.files.push_back((out / index_file).string());
   result.files.push_back((out / "config.json").string());
   if (!hf_quant.is_null()) {
     result.files.push_back((out / "hf_quant_config.json").string());

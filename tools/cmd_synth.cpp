@@ -25,7 +25,9 @@ constexpr const char kDescription[] =
     "family's real tensor names (glm4_moe also writes its MTP layer to an unindexed\n"
     "mtp.safetensors, as the real GLM-4.5 checkpoints do). Element i of tensor T is a\n"
     "function of (seed, T, i), a multiple of 1/128 in [-127/128, 127/128], so readers\n"
-    "can check what they load.\n"
+    "can check what they load. --format bin writes PyTorch shards instead,\n"
+    "pytorch_model-0000i-of-0000N.bin (each byte for byte what torch.save writes) and\n"
+    "pytorch_model.bin.index.json, with the same tensors, values and shard plan.\n"
     "The model is either --family F --preset P (toy sizes) or --from-config FILE: a real\n"
     "model's config.json, whose architectures[0] names the family and whose fields give\n"
     "every size, so the checkpoint has the real model's tensors and shapes (DeepSeek-V3:\n"
@@ -102,6 +104,7 @@ struct SynthFlags {
   std::string dtype = "bf16";
   std::string shard_bytes;
   std::string quant = "auto";
+  std::string format = "safetensors";
   std::uint64_t quant_block = 0;
   bool no_fsync = false;
   std::vector<std::string> dense;
@@ -121,11 +124,10 @@ void add_model_options(CLI::App& app, synth::SynthOptions& options, SynthFlags& 
   f.family = app.add_option("--family", options.family, families)
                  ->type_name("F")
                  ->check(one_of(synth::synth_families(), "family"));
-  f.preset =
-      app.add_option("--preset", options.preset,
-                     "tiny (a few MiB) | small (tens of MiB) | medium (2-3 GiB in bf16)")
-          ->type_name("P")
-          ->check(one_of(synth::synth_presets(), "preset"));
+  f.preset = app.add_option("--preset", options.preset,
+                            "tiny (a few MiB) | small (tens of MiB) | medium (2-3 GiB in bf16)")
+                 ->type_name("P")
+                 ->check(one_of(synth::synth_presets(), "preset"));
   f.from_config =
       app.add_option("--from-config", options.from_config,
                      "a real model's config.json instead of --family and --preset:\n"
@@ -210,6 +212,14 @@ void add_layout_options(CLI::App& app, synth::SynthOptions& options, SynthFlags&
                        : "expected a positive size such as 1048576 or 512M, not '" + text + "'";
           },
           "", "size"));
+  app.add_option("--format", f.format,
+                 "safetensors | bin: PyTorch shards, pytorch_model-0000i-of-0000N.bin as\n"
+                 "torch.save writes them, and pytorch_model.bin.index.json (as\n"
+                 "save_pretrained(safe_serialization=False)); not with --sparse, nor for\n"
+                 "glm4_moe, whose MTP layer goes to an unindexed file")
+      ->type_name("F")
+      ->check(CLI::IsMember({"safetensors", "bin"}))
+      ->capture_default_str();
   add_switch(app, "--tie-embeddings", options.tie_embeddings,
              "no lm_head.weight; config says tie_word_embeddings\n"
              "(with --from-config, the config's tie_word_embeddings decides)")
@@ -224,7 +234,7 @@ void add_layout_options(CLI::App& app, synth::SynthOptions& options, SynthFlags&
              "Values are all zero, not the (seed, T, i) function, so checks\n"
              "against it do not apply");
   add_switch(app, "--force", options.force,
-             "replace DIR if it holds a checkpoint (*.safetensors, *.json only)");
+             "replace DIR if it holds a checkpoint (*.safetensors, *.bin, *.json only)");
   add_switch(app, "--no-fsync", f.no_fsync,
              "skip fsync before the rename (faster, not crash-safe)");
 }
@@ -233,7 +243,8 @@ void add_layout_options(CLI::App& app, synth::SynthOptions& options, SynthFlags&
 // nullopt with `options` complete.
 std::optional<int> finish_options(synth::SynthOptions& options, const SynthFlags& f) {
   options.fsync = !f.no_fsync;
-  options.dtype = *synth::parse_synth_dtype(f.dtype);  // checked by the validator above
+  options.dtype = *synth::parse_synth_dtype(f.dtype);     // checked by the validator above
+  options.format = *synth::parse_synth_format(f.format);  // checked by IsMember above
   if (f.quant != "auto") {
     options.quant = *synth::parse_synth_quant(f.quant);  // checked by IsMember above
   } else {
@@ -288,9 +299,10 @@ void print_summary(const synth::SynthOptions& options, const synth::SynthResult&
     }
   }
   std::printf(
-      "ferry synth: %s%s%s seed %llu -> %s: %zu files (%zu shards), %zu tensors, "
+      "ferry synth: %s%s%s%s seed %llu -> %s: %zu files (%zu shards), %zu tensors, "
       "%llu bytes (%s) of tensor data%s\n",
       model.c_str(), options.fused_experts ? " fused-experts" : "", options.sparse ? " sparse" : "",
+      options.format == synth::SynthFormat::kTorchBin ? " format bin" : "",
       static_cast<unsigned long long>(options.seed), options.out.c_str(), result.files.size(),
       result.shards, result.tensors, static_cast<unsigned long long>(result.total_bytes),
       human_bytes(result.total_bytes, 2).c_str(), options.sparse ? " (all zeros, in holes)" : "");
