@@ -418,91 +418,40 @@ std::vector<std::string> names(const ZipArchive& z) {
 
 // Counts the opcodes of a protocol-2 pickle by name, for those torch.save uses.
 std::map<std::string, int> count_ops(const std::string& p) {
+  struct Op {
+    const char* name;
+    int arg;  // bytes after the opcode; -1: GLOBAL, BINUNICODE and LONG1 say their own
+  };
+  const std::map<char, Op> ops = {
+      {'\x80', {"PROTO", 1}},    {'c', {"GLOBAL", -1}},     {'q', {"BINPUT", 1}},
+      {'r', {"LONG_BINPUT", 4}}, {'h', {"BINGET", 1}},      {'j', {"LONG_BINGET", 4}},
+      {'X', {"BINUNICODE", -1}}, {'K', {"BININT1", 1}},     {'M', {"BININT2", 2}},
+      {'J', {"BININT", 4}},      {'\x8a', {"LONG1", -1}},   {'(', {"MARK", 0}},
+      {'t', {"TUPLE", 0}},       {')', {"EMPTY_TUPLE", 0}}, {'\x85', {"TUPLE1", 0}},
+      {'\x86', {"TUPLE2", 0}},   {'\x87', {"TUPLE3", 0}},   {'R', {"REDUCE", 0}},
+      {'Q', {"BINPERSID", 0}},   {'\x89', {"NEWFALSE", 0}}, {'s', {"SETITEM", 0}},
+      {'u', {"SETITEMS", 0}},    {'.', {"STOP", 0}},
+  };
   std::map<std::string, int> counts;
   std::size_t at = 0;
-  auto take = [&](std::size_t n) {
-    require(at + n <= p.size(), "truncated pickle");
-    at += n;
-  };
   while (at < p.size()) {
-    const char op = p[at++];
-    switch (op) {
-      case '\x80':
-        take(1), ++counts["PROTO"];
-        break;
-      case 'c': {
-        const std::size_t a = p.find('\n', at), b = p.find('\n', a + 1);
-        require(a != std::string::npos && b != std::string::npos, "GLOBAL");
-        at = b + 1;
-        ++counts["GLOBAL"];
-        break;
-      }
-      case 'q':
-        take(1), ++counts["BINPUT"];
-        break;
-      case 'r':
-        take(4), ++counts["LONG_BINPUT"];
-        break;
-      case 'h':
-        take(1), ++counts["BINGET"];
-        break;
-      case 'j':
-        take(4), ++counts["LONG_BINGET"];
-        break;
-      case 'X': {
-        take(4);
-        take(static_cast<std::size_t>(le(p, at - 4, 4)));
-        ++counts["BINUNICODE"];
-        break;
-      }
-      case 'K':
-        take(1), ++counts["BININT1"];
-        break;
-      case 'M':
-        take(2), ++counts["BININT2"];
-        break;
-      case 'J':
-        take(4), ++counts["BININT"];
-        break;
-      case '\x8a':
-        take(1), take(static_cast<unsigned char>(p[at - 1])), ++counts["LONG1"];
-        break;
-      case '(':
-        ++counts["MARK"];
-        break;
-      case 't':
-        ++counts["TUPLE"];
-        break;
-      case ')':
-        ++counts["EMPTY_TUPLE"];
-        break;
-      case '\x85':
-      case '\x86':
-      case '\x87':
-        ++counts["TUPLEn"];
-        break;
-      case 'R':
-        ++counts["REDUCE"];
-        break;
-      case 'Q':
-        ++counts["BINPERSID"];
-        break;
-      case '\x89':
-        ++counts["NEWFALSE"];
-        break;
-      case 's':
-        ++counts["SETITEM"];
-        break;
-      case 'u':
-        ++counts["SETITEMS"];
-        break;
-      case '.':
-        require(at == p.size(), "bytes after STOP");
-        ++counts["STOP"];
-        break;
-      default:
-        throw std::runtime_error("unexpected opcode " + std::to_string(static_cast<int>(op)));
+    const auto it = ops.find(p[at++]);
+    require(it != ops.end(), "unexpected opcode at " + std::to_string(at - 1));
+    const Op& op = it->second;
+    std::size_t arg = static_cast<std::size_t>(std::max(op.arg, 0));
+    if (op.arg < 0 && p[at - 1] == 'c') {
+      const std::size_t second = p.find('\n', p.find('\n', at) + 1);
+      require(second != std::string::npos, "GLOBAL without its two lines");
+      arg = second + 1 - at;
+    } else if (op.arg < 0) {
+      const bool unicode = p[at - 1] == 'X';
+      arg = unicode ? 4 + static_cast<std::size_t>(le(p, at, 4))
+                    : 1 + static_cast<unsigned char>(p.at(at));
     }
+    require(at + arg <= p.size(), std::string("truncated ") + op.name);
+    at += arg;
+    ++counts[op.name];
+    require(std::string(op.name) != "STOP" || at == p.size(), "bytes after STOP");
   }
   return counts;
 }
