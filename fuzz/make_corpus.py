@@ -310,6 +310,95 @@ def torch_zip_seeds(rng):
     return seeds
 
 
+GGUF_SIZES = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24),
+              8: (32, 34), 10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176),
+              14: (256, 210), 24: (1, 1), 26: (1, 4), 30: (1, 2)}
+
+
+def gguf_value(vtype, value):
+    """A GGUF value's bytes (without its type): arrays are (element type, items)."""
+    packers = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q",
+               11: "q", 12: "d"}
+    if vtype == 8:
+        b = value.encode() if isinstance(value, str) else value
+        return struct.pack("<Q", len(b)) + b
+    if vtype == 9:
+        etype, items = value
+        return struct.pack("<IQ", etype, len(items)) + b"".join(gguf_value(etype, x) for x in items)
+    return struct.pack("<" + packers[vtype], value)
+
+
+def gguf_file(rng, kvs, tensors, alignment=32, version=3, offsets=None):
+    """A GGUF file laid out as gguf-py's GGUFWriter lays one out; `kvs` holds (key,
+    type, value), `tensors` (name, dims, ggml type); data is pseudo-random bytes."""
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs))
+    for key, vtype, value in kvs:
+        out += gguf_value(8, key) + struct.pack("<I", vtype) + gguf_value(vtype, value)
+    sizes, at = [], 0
+    for i, (name, dims, gtype) in enumerate(tensors):
+        block, size = GGUF_SIZES.get(gtype, (1, 1))  # (1, 1) for a type no one has
+        n = size * dims[0] // block
+        for d in dims[1:]:
+            n *= d
+        sizes.append(n)
+        offset = offsets[i] if offsets else at
+        out += gguf_value(8, name) + struct.pack("<I", len(dims))
+        out += b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", gtype, offset)
+        at += (n + alignment - 1) // alignment * alignment
+    out += bytes(-len(out) % alignment)
+    for n in sizes:
+        out += bytes(rng.randrange(256) for _ in range(n)) + bytes(-n % alignment)
+    return out
+
+
+def gguf_seeds():
+    """Small GGUF files: a Llama-like one at two alignments, every value type (and
+    version 2), a DeepSeek-like one with stacked experts, an empty one, then near
+    misses that each break one of the parser's rules."""
+    rng = random.Random(23)
+    llama_kvs = [("general.architecture", 8, "llama"), ("llama.block_count", 4, 1),
+                 ("llama.context_length", 4, 4096), ("llama.embedding_length", 4, 32),
+                 ("llama.attention.head_count", 4, 4),
+                 ("llama.attention.layer_norm_rms_epsilon", 6, 1e-5),
+                 ("llama.rope.freq_base", 6, 500000.0),
+                 ("tokenizer.ggml.tokens", 9, (8, [f"t{i}" for i in range(12)])),
+                 ("tokenizer.ggml.scores", 9, (6, [float(i) for i in range(12)])),
+                 ("tokenizer.ggml.bos_token_id", 4, 1)]
+    llama_tensors = [("token_embd.weight", [32, 12], 1), ("output_norm.weight", [32], 0),
+                     ("blk.0.attn_q.weight", [32, 32], 8), ("blk.0.ffn_down.weight", [256, 2], 12),
+                     ("blk.0.ffn_up.weight", [256, 1], 14)]
+    every = [("u8", 0, 200), ("i8", 1, -5), ("u16", 2, 60000), ("i16", 3, -300),
+             ("u32", 4, 7), ("i32", 5, -7), ("f32", 6, 0.25), ("bool", 7, True),
+             ("str", 8, "h\u00e9llo"), ("u64", 10, 1 << 40), ("i64", 11, -(1 << 40)),
+             ("f64", 12, 1e-300), ("ints", 9, (5, [1, -2, 3])),
+             ("nested", 9, (9, [(4, [1, 2]), (8, ["x"]), (0, [])])),
+             ("long", 9, (8, ["w"] * 100))]
+    seeds = [
+        gguf_file(rng, llama_kvs, llama_tensors),
+        gguf_file(rng, llama_kvs + [("general.alignment", 4, 64)], llama_tensors, alignment=64),
+        gguf_file(rng, every, [("v", [4], 30), ("i", [3, 2], 24)], version=2),
+        gguf_file(rng, [("general.architecture", 8, "deepseek2"),
+                        ("deepseek2.expert_count", 4, 4)],
+                  [("blk.1.ffn_up_exps.weight", [32, 8, 4], 8),
+                   ("blk.0.attn_k_b.weight", [8, 16, 2], 1),
+                   ("blk.1.exp_probs_b.bias", [4], 0), ("blk.0.attn_q_a.weight", [32, 3], 2),
+                   ("blk.0.attn_kv_a_mqa.weight", [32, 2], 3)]),
+        gguf_file(rng, [], []),
+    ]
+    ok = [("a", [8], 0), ("b", [8], 0)]
+    seeds += [
+        gguf_file(rng, [], [("a", [4], 31)]),                          # a removed type
+        gguf_file(rng, [], ok, offsets=[0, 16]),                       # misaligned
+        gguf_file(rng, [], [("a", [16], 0), ("b", [8], 0)], offsets=[0, 32]),  # overlap
+        gguf_file(rng, [("k", 4, 1), ("k", 4, 2)], []),                # a key twice
+        gguf_file(rng, [("general.alignment", 4, 48)], ok),            # not a power of two
+        gguf_file(rng, [], [("a", [33], 8)]),                          # not whole blocks
+        gguf_file(rng, [], [("a", [1, 1, 1, 1, 1], 0)]),              # five dims
+        gguf_file(rng, [], ok, version=1),
+    ]
+    return seeds
+
+
 def random_seeds(rng, count):
     return [bytes(rng.randrange(256) for _ in range(rng.choice([16, 32, 64, 128, 256, 512])))
             for _ in range(count)]
@@ -329,6 +418,7 @@ def main():
         "fuzz_presharded": presharded_seeds(rng),
         "fuzz_cache_frame": cache_frame_seeds(),
         "fuzz_remote_control": remote_control_seeds(),
+        "fuzz_gguf": gguf_seeds(),
         "fuzz_pickle": pickle_seeds(rng),
         "fuzz_torch_zip": torch_zip_seeds(rng),
     }

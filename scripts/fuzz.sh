@@ -18,7 +18,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$root/build/fuzz
-targets=(fuzz_header fuzz_index fuzz_config fuzz_discover fuzz_plan fuzz_presharded fuzz_cache_frame fuzz_remote_control fuzz_pickle fuzz_torch_zip)
+targets=(fuzz_header fuzz_index fuzz_config fuzz_discover fuzz_plan fuzz_presharded fuzz_cache_frame fuzz_remote_control fuzz_pickle fuzz_torch_zip fuzz_gguf)
 
 usage() {
   sed -n '6,10p' "$0" | sed 's/^# \{0,1\}//' >&2
