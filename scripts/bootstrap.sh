@@ -32,13 +32,14 @@ if ((${#missing[@]})); then
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# Interoperability tests compare with the official safetensors library. They skip
-# with a message when it is missing, so a failure here is not fatal.
+# Interoperability tests compare with the official safetensors library and llama.cpp's
+# gguf-py. They skip with a message when one is missing, so a failure here is not
+# fatal.
 py=$(command -v python3 || true)
-if [[ -n "$py" ]] && ! "$py" -c 'import safetensors, numpy' 2>/dev/null; then
-  echo "bootstrap: installing the Python packages safetensors and numpy (interop tests)"
-  "$py" -m pip install -q safetensors numpy 2>/dev/null ||
-    "$py" -m pip install -q --break-system-packages safetensors numpy 2>/dev/null ||
-    echo "bootstrap: could not install safetensors/numpy for Python; interop tests will skip" >&2
+if [[ -n "$py" ]] && ! "$py" -c 'import safetensors, numpy, gguf' 2>/dev/null; then
+  echo "bootstrap: installing the Python packages safetensors, numpy and gguf (interop tests)"
+  "$py" -m pip install -q safetensors numpy gguf 2>/dev/null ||
+    "$py" -m pip install -q --break-system-packages safetensors numpy gguf 2>/dev/null ||
+    echo "bootstrap: could not install safetensors/numpy/gguf for Python; interop tests will skip" >&2
 fi
 exit 0
