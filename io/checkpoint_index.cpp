@@ -13,6 +13,7 @@
 #include "common/log.hpp"
 #include "common/small_file.hpp"
 #include "io/fd_limit.hpp"
+#include "io/gguf_checkpoint.hpp"
 #include "io/safetensors.hpp"
 #include "io/safetensors_internal.hpp"
 #include "io/torch_checkpoint.hpp"
@@ -235,10 +236,29 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
   for (std::size_t i = 0; i < source.files.size(); ++i) {
     const WeightFile& wf = source.files[i];
     auto file = std::make_shared<const File>(open_weight_file(wf.path, wf.name));
-    // A torch.save archive becomes the same list of byte ranges as a header.
-    SafetensorsHeader h = source.format == FileFormat::kPickle
-                              ? read_torch_checkpoint(*file, options.max_metadata_bytes)
-                              : read_safetensors_header(*file);
+    // A torch.save archive and a GGUF file become the same list of byte ranges as a
+    // header.
+    SafetensorsHeader h;
+    if (source.format == FileFormat::kPickle) {
+      h = read_torch_checkpoint(*file, options.max_metadata_bytes);
+    } else if (source.format == FileFormat::kGguf) {
+      GgufCheckpoint gguf = read_gguf_checkpoint(*file, options.max_metadata_bytes);
+      h = std::move(gguf.header);
+      ci.embedded_config = std::make_shared<const nlohmann::json>(std::move(gguf.config));
+      for (std::string& note : gguf.notes) {
+        ci.warnings.push_back(wf.name + ": " + note);
+      }
+      if (!gguf.skipped.empty()) {
+        std::string list;
+        for (const std::string& n : gguf.skipped) {
+          list += (list.empty() ? "" : ", ") + n;
+        }
+        ci.warnings.push_back(wf.name +
+                              ": GGUF tensors with no Hugging Face twin, not loaded: " + list);
+      }
+    } else {
+      h = read_safetensors_header(*file);
+    }
     CheckpointFile cf;
     cf.file = std::move(file);
     cf.path = wf.path;

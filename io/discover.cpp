@@ -136,13 +136,15 @@ std::vector<Entry> list_folder(const std::string& folder) {
 std::vector<const char*> patterns_for(LoadFormat format) {
   switch (format) {
     case LoadFormat::kAuto:
-      return {"*.safetensors", "*.bin"};
+      return {"*.safetensors", "*.bin", "*.gguf"};
     case LoadFormat::kSafetensors:
       return {"*.safetensors"};
     case LoadFormat::kMistral:
       return {"consolidated*.safetensors"};
     case LoadFormat::kPt:
       return {"*.pt"};
+    case LoadFormat::kGguf:
+      return {"*.gguf"};
     case LoadFormat::kDummy:
     case LoadFormat::kPresharded:
     case LoadFormat::kShardedState:
@@ -305,9 +307,9 @@ std::optional<GlmMtp> glm_mtp_rule(const std::string& folder, const std::string&
 }  // namespace
 
 std::string_view to_string(LoadFormat format) {
-  static constexpr std::array<std::string_view, 9> kNames{
-      "auto",          "safetensors", "mistral",        "pt", "dummy", "presharded",
-      "sharded_state", "ipc_cache",   "remote_instance"};
+  static constexpr std::array<std::string_view, 10> kNames{
+      "auto",  "safetensors", "mistral",       "pt",        "gguf",
+      "dummy", "presharded",  "sharded_state", "ipc_cache", "remote_instance"};
   static_assert(kNames.size() == static_cast<std::size_t>(LoadFormat::kRemoteInstance) + 1);
   return enum_name(format, kNames, "unknown");
 }
@@ -315,7 +317,7 @@ std::string_view to_string(LoadFormat format) {
 std::optional<LoadFormat> parse_load_format(std::string_view text) {
   for (LoadFormat format :
        {LoadFormat::kAuto, LoadFormat::kSafetensors, LoadFormat::kMistral, LoadFormat::kPt,
-        LoadFormat::kDummy, LoadFormat::kPresharded, LoadFormat::kShardedState,
+        LoadFormat::kGguf, LoadFormat::kDummy, LoadFormat::kPresharded, LoadFormat::kShardedState,
         LoadFormat::kIpcCache, LoadFormat::kRemoteInstance}) {
     if (text == to_string(format)) {
       return format;
@@ -492,8 +494,9 @@ std::vector<const Entry*> find_candidates(Discovery& d, const std::vector<Entry>
     }
     throw Error(Stage::kDiscovery, d.folder, "", rule);
   }
-  d.out.format =
-      ends_with(d.out.pattern, ".safetensors") ? FileFormat::kSafetensors : FileFormat::kPickle;
+  d.out.format = ends_with(d.out.pattern, ".safetensors") ? FileFormat::kSafetensors
+                 : ends_with(d.out.pattern, ".gguf")      ? FileFormat::kGguf
+                                                          : FileFormat::kPickle;
   d.out.decisions.push_back("load format " + format_name + ": " + d.out.pattern + " matched " +
                             count_files(candidates.size()));
   return candidates;
@@ -641,8 +644,38 @@ void choose_without_index(Discovery& d, const std::vector<const Entry*>& candida
 
 }  // namespace
 
+namespace {
+
+// model.path naming one GGUF file (SGLang's `--model-path x.gguf`): that file, in its
+// folder. Nothing else of the folder is a weight file.
+std::optional<ResolvedSource> gguf_file(const std::string& path, const DiscoveryOptions& options) {
+  if (options.format != LoadFormat::kAuto && options.format != LoadFormat::kGguf) {
+    return std::nullopt;
+  }
+  if (probe(path).kind != Kind::kFile ||
+      (options.format == LoadFormat::kAuto && !ends_with(path, ".gguf"))) {
+    return std::nullopt;
+  }
+  const fs::path p(path);
+  ResolvedSource out;
+  out.folder = p.has_parent_path() ? p.parent_path().string() : ".";
+  out.load_format = options.format;
+  out.format = FileFormat::kGguf;
+  out.pattern = "*.gguf";
+  const std::string name = p.filename().string();
+  out.files.push_back({path, name, "model.path names this GGUF file"});
+  out.decisions.push_back("load format " + std::string(to_string(options.format)) +
+                          ": model.path is the GGUF file " + name);
+  return out;
+}
+
+}  // namespace
+
 ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions& options) {
   check_order_options(options.sort_weight_files, options.tp_size, options.tp_rank);
+  if (std::optional<ResolvedSource> one = gguf_file(folder, options)) {
+    return std::move(*one);
+  }
   Discovery d{folder, options, {}, {}, {}, {}};
   d.out.folder = folder;
   d.out.load_format = options.format;
@@ -665,6 +698,16 @@ ResolvedSource resolve_source(const std::string& folder, const DiscoveryOptions&
   }
 
   ResolvedSource& out = d.out;
+  if (out.format == FileFormat::kGguf && d.chosen.size() > 1) {
+    // Several quantizations of one model often sit side by side; split files
+    // (*-00001-of-00003.gguf) are one model in parts, which ferry does not join.
+    std::vector<std::string> names = d.chosen;
+    std::sort(names.begin(), names.end());
+    throw Error(Stage::kDiscovery, folder, "",
+                std::to_string(names.size()) + " GGUF files (" + join_list(names, ", ") +
+                    "): a GGUF checkpoint is one file; name it as model.path (split GGUF "
+                    "files are not joined)");
+  }
   std::sort(out.skipped.begin(), out.skipped.end(),
             [](const SkippedFile& a, const SkippedFile& b) { return a.name < b.name; });
   check_files_stay_inside(folder, d.chosen);

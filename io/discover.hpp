@@ -16,10 +16,13 @@ namespace ferry::io {
 struct WeightIndex;  // io/safetensors.hpp
 
 enum class LoadFormat {
-  kAuto,            // *.safetensors, else *.bin (first pattern that matches wins)
+  kAuto,            // *.safetensors, else *.bin, else *.gguf (first pattern that matches
+                    // wins); a model.path that is a *.gguf file is that file
   kSafetensors,     // *.safetensors
   kMistral,         // consolidated*.safetensors with consolidated.safetensors.index.json
   kPt,              // *.pt
+  kGguf,            // *.gguf: llama.cpp's format, one file (io/gguf_checkpoint.hpp); model.path
+                    // may name the file itself
   kDummy,           // no weight files: the runtime fills every param with deterministic
                     // random values from config.json alone; discovery refuses it
   kPresharded,      // a folder `ferry save` wrote (runtime/presharded.hpp): each rank's params
@@ -34,12 +37,13 @@ enum class LoadFormat {
 };
 
 // What the chosen files contain (kAuto resolves to one of these): kPickle is a
-// torch.save zip archive, read without executing it (io/torch_checkpoint.hpp).
-enum class FileFormat { kSafetensors, kPickle };
+// torch.save zip archive, read without executing it (io/torch_checkpoint.hpp); kGguf
+// is one llama.cpp GGUF file (io/gguf_checkpoint.hpp).
+enum class FileFormat { kSafetensors, kPickle, kGguf };
 
 std::string_view to_string(LoadFormat format);
-// "auto", "safetensors", "mistral", "pt", "dummy", "presharded", "sharded_state"; nullopt
-// otherwise.
+// "auto", "safetensors", "mistral", "pt", "gguf", "dummy", "presharded", "sharded_state",
+// "ipc_cache", "remote_instance"; nullopt otherwise.
 std::optional<LoadFormat> parse_load_format(std::string_view text);
 
 struct DiscoveryOptions {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -30,6 +31,11 @@ struct TensorInfo {
   std::uint32_t file_index = 0;  // index into CheckpointIndex::files (0 for one header)
   std::uint64_t offset = 0;      // absolute byte offset of the data in the file
   std::uint64_t nbytes = 0;
+  // Not 0: the rows (shape[0]) are stored in llama.cpp's rope order within each of
+  // this many heads (convert_hf_to_gguf.py LlamaModel.permute: GGUF row h*d + 2j + k
+  // holds row h*d + k*d/2 + j, d the rows per head); placement reads them back in
+  // the Hugging Face order (models/row_order.hpp). GGUF's llama attn_q / attn_k.
+  std::uint32_t interleaved_heads = 0;
 
   std::uint64_t elements() const;
 };
@@ -92,6 +98,9 @@ struct CheckpointFile {
 // Every tensor of a checkpoint, validated across files.
 struct CheckpointIndex {
   std::vector<CheckpointFile> files;
+  // A GGUF file's metadata as a Hugging Face config.json (io/gguf_config.hpp), for a
+  // folder that has no config.json; null for the other formats.
+  std::shared_ptr<const nlohmann::json> embedded_config;
   std::vector<TensorInfo> tensors;  // file order, then offset order
   std::vector<std::string> warnings;
   std::uint64_t total_bytes = 0;  // sum of tensor data bytes

@@ -6,6 +6,7 @@
 
 #include "common/error.hpp"
 #include "models/hooks.hpp"
+#include "models/row_order.hpp"
 
 namespace ferry::models {
 namespace {
@@ -18,7 +19,9 @@ namespace {
 // scalar loads into a [1] param and a [1] tensor into a 0-d param (as SGLang 0.5.23's
 // PerTensorScaleParameter._load_into_shard_id takes a [1] scale as its one element;
 // layers/parameter.py). Shapes are compared and pieces computed with [] as [1].
-Shape as_1d(const Shape& shape) { return shape.empty() ? Shape{1} : shape; }
+Shape as_1d(const Shape& shape) {
+  return shape.empty() ? Shape{1} : shape;
+}
 
 bool is_float(DType dtype) {
   return dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32;
@@ -396,6 +399,11 @@ Route TableModel::route(const io::TensorInfo& tensor) const {
         route.pieces.push_back(p);
       }
     }
+  }
+  if (tensor.interleaved_heads != 0) {
+    // GGUF's llama attn_q / attn_k: placed in the Hugging Face row order above, read
+    // from where llama.cpp's rope order keeps each row.
+    route.pieces = unpermute_rows(route.pieces, tensor);
   }
   // Pieces were produced target by target; keep them grouped by local rank.
   std::stable_sort(route.pieces.begin(), route.pieces.end(),

@@ -255,11 +255,12 @@ using Requant = models::QuantScheme::Requant;
 using Online = QuantizationConfig::Online;
 using Target = models::QuantScheme::Target;
 
-constexpr std::array<Choice<io::LoadFormat>, 9> kLoadFormats{{
+constexpr std::array<Choice<io::LoadFormat>, 10> kLoadFormats{{
     {"auto", io::LoadFormat::kAuto},
     {"safetensors", io::LoadFormat::kSafetensors},
     {"mistral", io::LoadFormat::kMistral},
     {"pt", io::LoadFormat::kPt},
+    {"gguf", io::LoadFormat::kGguf},
     {"dummy", io::LoadFormat::kDummy},
     {"presharded", io::LoadFormat::kPresharded},
     {"sharded_state", io::LoadFormat::kShardedState},
@@ -542,7 +543,8 @@ const std::vector<ConfigKey>& table() {
           "model.path", "the checkpoint folder (or one of its files); \"\" = none given"),
       choice_key<&C::model, &ModelConfig::load_format, kLoadFormats>(
           "model.load_format",
-          "which files are weights; dummy: none, values from config.json; presharded: a folder "
+          "which files are weights; pt: *.pt; gguf: one llama.cpp GGUF file (model.path may "
+          "name it); dummy: none, values from config.json; presharded: a folder "
           "`ferry save` wrote; sharded_state: SGLang's model-rank-<r>-part-<p>.safetensors; "
           "ipc_cache: map a `ferry serve` daemon's params; remote_instance: pull them from "
           "a seed (remote.seed) over UCX"),

@@ -96,8 +96,8 @@ nlohmann::json read_hf_config(const std::string& folder, std::uint64_t max_bytes
   std::error_code ec;
   // exists() follows links: a FIFO or a device there is read_small_file's to refuse.
   if (std::filesystem::exists(quant, ec)) {
-    config = models::with_hf_quant_config(
-        std::move(config), read_json_file(quant, "hf_quant_config.json", max_bytes));
+    config = models::with_hf_quant_config(std::move(config),
+                                          read_json_file(quant, "hf_quant_config.json", max_bytes));
   }
   return config;
 }
@@ -175,7 +175,17 @@ ResolvedCheckpoint resolve_checkpoint(const LoadConfig& c) {
   ResolvedCheckpoint out;
   out.source = io::resolve_source(c.model.path, discovery);
   out.index = io::build_checkpoint_index(out.source, index_options(c));
-  out.hf_config = read_hf_config(out.source.folder, c.io.max_metadata_bytes);
+  std::error_code ec;
+  if (out.index.embedded_config &&
+      !std::filesystem::exists(std::filesystem::path(out.source.folder) / "config.json", ec)) {
+    // A GGUF file carries its config; a config.json beside it wins, as it does in
+    // SGLang when one is given.
+    out.hf_config = *out.index.embedded_config;
+    out.source.decisions.push_back("config: from the GGUF metadata (no config.json in " +
+                                   out.source.folder + ")");
+  } else {
+    out.hf_config = read_hf_config(out.source.folder, c.io.max_metadata_bytes);
+  }
   out.warnings = out.source.warnings;
   out.warnings.insert(out.warnings.end(), out.index.warnings.begin(), out.index.warnings.end());
   return out;
@@ -288,7 +298,8 @@ PlanReport make_plan_report(const LoadConfig& config) {
   }
   report.dummy = config.model.load_format == io::LoadFormat::kDummy;
   std::string target_warning;
-  report.postprocess_target = std::string(models::to_string(resolve_target(config, &target_warning)));
+  report.postprocess_target =
+      std::string(models::to_string(resolve_target(config, &target_warning)));
   if (!target_warning.empty()) {
     report.warnings.push_back(target_warning);
   }

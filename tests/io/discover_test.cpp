@@ -215,6 +215,43 @@ TEST(Discover, BinIndexDecidesTheShardsAndPtHasNone) {
   EXPECT_FALSE(p.index_file.has_value());
 }
 
+TEST(Discover, GgufIsOneFileNamedOrAloneInItsFolder) {
+  TempDir dir;
+  touch(dir, "model-Q8_0.gguf");
+  touch(dir, "README.md");
+  // auto: no safetensors and no .bin, so *.gguf; one file, no index.
+  const ResolvedSource s = resolve_source(dir.str());
+  EXPECT_EQ(names_of(s), (std::vector<std::string>{"model-Q8_0.gguf"}));
+  EXPECT_EQ(s.format, FileFormat::kGguf);
+  EXPECT_EQ(s.pattern, "*.gguf");
+  EXPECT_FALSE(s.index_file.has_value());
+  // Two quantizations side by side: which one is not guessed.
+  touch(dir, "model-F16.gguf");
+  try {
+    resolve_source(dir.str(), {.format = LoadFormat::kGguf});
+    ADD_FAILURE() << "two GGUF files were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2 GGUF files (model-F16.gguf, model-Q8_0.gguf)"),
+              std::string::npos)
+        << e.what();
+  }
+  // model.path naming the file (SGLang's --model-path x.gguf), with auto or gguf.
+  for (LoadFormat f : {LoadFormat::kAuto, LoadFormat::kGguf}) {
+    const ResolvedSource one = resolve_source(dir.file("model-F16.gguf"), {.format = f});
+    EXPECT_EQ(names_of(one), (std::vector<std::string>{"model-F16.gguf"}));
+    EXPECT_EQ(one.folder, dir.str());
+    EXPECT_EQ(one.format, FileFormat::kGguf);
+  }
+  // A file with another name is a GGUF only when the format says so.
+  touch(dir, "weights.bin");
+  EXPECT_EQ(resolve_source(dir.file("weights.bin"), {.format = LoadFormat::kGguf}).format,
+            FileFormat::kGguf);
+  EXPECT_THROW(resolve_source(dir.file("weights.bin")), Error);
+  // With safetensors present, auto loads those.
+  touch(dir, "model.safetensors");
+  EXPECT_EQ(resolve_source(dir.str()).format, FileFormat::kSafetensors);
+}
+
 TEST(Discover, PtFormatMatchesPtAndSkipsTrainingState) {
   TempDir dir;
   touch(dir, "model.pt");
@@ -250,7 +287,8 @@ TEST(Discover, OnlyTrainingStateIsNoWeights) {
   touch(dir, "training_args.bin");
   Error e = expect_error(Stage::kDiscovery, [&] { resolve_source(dir.str()); });
   const std::string what = e.what();
-  EXPECT_NE(what.find("no weight files found (tried *.safetensors, *.bin)"), std::string::npos);
+  EXPECT_NE(what.find("no weight files found (tried *.safetensors, *.bin, *.gguf)"),
+            std::string::npos);
   EXPECT_NE(what.find("training_args.bin (training state, not weights)"), std::string::npos);
 }
 
@@ -630,8 +668,9 @@ TEST(Discover, EmptyFolderNamesFolderAndPatterns) {
   TempDir dir;
   touch(dir, "config.json");
   Error e = expect_error(Stage::kDiscovery, [&] { resolve_source(dir.str()); });
-  EXPECT_EQ(std::string(e.what()),
-            "discovery: " + dir.str() + ": no weight files found (tried *.safetensors, *.bin)");
+  EXPECT_EQ(
+      std::string(e.what()),
+      "discovery: " + dir.str() + ": no weight files found (tried *.safetensors, *.bin, *.gguf)");
   Error pt = expect_error(Stage::kDiscovery,
                           [&] { resolve_source(dir.str(), {.format = LoadFormat::kPt}); });
   EXPECT_EQ(std::string(pt.what()),

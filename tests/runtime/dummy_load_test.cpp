@@ -124,8 +124,7 @@ TEST(DummyLoad, FillsEveryParamInItsRangeAndRunsTheHooksOnIt) {
                            decode_one(s.data() + ((i / 16) * scale_cols + c / 16) * 4, DType::kF32);
         // Head 0; E4M3 keeps 3 mantissa bits (half an ulp: 1/16 relative), subnormals
         // an absolute 2^-10 of the scale.
-        const float got =
-            e4m3_to_float(static_cast<std::uint8_t>(k[c * dn + i])) * w_scale;
+        const float got = e4m3_to_float(static_cast<std::uint8_t>(k[c * dn + i])) * w_scale;
         EXPECT_NEAR(got, want, std::fabs(want) / 16 + w_scale / 1024)
             << "w_kc[0, " << i << ", " << c << "]";
       }
@@ -201,8 +200,9 @@ TEST(DummyLoad, BadInputsAndTheStartupAreRefusedClearly) {
     make_config(path, {"model.load_format=dumy"});
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("expected auto, safetensors, mistral, pt, dummy, presharded, "
-                                    "sharded_state, ipc_cache or remote_instance"));
+    EXPECT_THAT(e.what(),
+                HasSubstr("expected auto, safetensors, mistral, pt, gguf, dummy, presharded, "
+                          "sharded_state, ipc_cache or remote_instance"));
   }
   // The capture-safe startup has nothing to overlap: overlap is refused with the
   // load_format code, auto runs serially.

@@ -146,14 +146,14 @@ TEST(LoadConfigTest, PrecedenceDefaultsFileEnvSetFlag) {
              {"HOME", "/root"}};
 
   LoadConfig c = load_config(sources, env);
-  EXPECT_EQ(c.model.path, "/flag");                   // file < env < --set < flag
-  EXPECT_EQ(c.io.queue_depth, 128u);                  // file < env < --set
+  EXPECT_EQ(c.model.path, "/flag");                     // file < env < --set < flag
+  EXPECT_EQ(c.io.queue_depth, 128u);                    // file < env < --set
   EXPECT_EQ(c.io.staging_bytes, std::size_t{5} << 20);  // file < env
-  EXPECT_EQ(c.prefetch.threads, 3u);                  // file < --set
-  EXPECT_EQ(c.io.engine, io::Engine::kPread);         // file only
-  EXPECT_EQ(c.parallel.tp, 2);                        // file only
-  EXPECT_EQ(c.io.chunk_bytes, std::size_t{1} << 20);  // in-code default
-  EXPECT_FALSE(c.load.strict);                        // the embedded default was not read
+  EXPECT_EQ(c.prefetch.threads, 3u);                    // file < --set
+  EXPECT_EQ(c.io.engine, io::Engine::kPread);           // file only
+  EXPECT_EQ(c.parallel.tp, 2);                          // file only
+  EXPECT_EQ(c.io.chunk_bytes, std::size_t{1} << 20);    // in-code default
+  EXPECT_FALSE(c.load.strict);                          // the embedded default was not read
 
   // Later --set arguments override earlier ones; flags override every --set.
   sources.sets.push_back("model.path=/set2");
@@ -417,8 +417,8 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
   EXPECT_EQ(from_sets({"model.fuse_shared_experts=auto"}).model.fuse_shared_experts, std::nullopt);
   EXPECT_EQ(from_sets({"model.fuse_shared_experts=false"}).model.fuse_shared_experts, false);
   EXPECT_EQ(from_sets({"model.unaligned_tp=pad"}).model.unaligned_tp, models::Unaligned::kPad);
-  EXPECT_THAT(config_error([] { from_sets({"model.load_format=gguf"}); }),
-              HasSubstr("model.load_format: expected auto, safetensors, mistral, pt, dummy, "
+  EXPECT_THAT(config_error([] { from_sets({"model.load_format=onnx"}); }),
+              HasSubstr("model.load_format: expected auto, safetensors, mistral, pt, gguf, dummy, "
                         "presharded, sharded_state, ipc_cache or remote_instance"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.tp=0"}); }),
               HasSubstr("parallel.tp: expected an integer from 1 to 4096, got 0"));
@@ -458,9 +458,13 @@ TEST(LoadConfigTest, TypeAndRangeErrorsNameKeyAndSource) {
   EXPECT_THAT(config_error([] { from_sets({"parallel.pp_partition=4,4"}); }),
               HasSubstr("parallel.pp_partition: expected an array of layer counts"));
   // SGLang's DeepSeek deployment layouts.
-  EXPECT_THAT(config_error([] { from_sets({"parallel.tp=4", "parallel.attn_dp=3"}); }),
+  EXPECT_THAT(config_error([] {
+                from_sets({"parallel.tp=4", "parallel.attn_dp=3"});
+              }),
               HasSubstr("parallel.attn_dp: expected a divisor of parallel.tp 4"));
-  EXPECT_THAT(config_error([] { from_sets({"parallel.tp=4", "parallel.dp_lm_head=true"}); }),
+  EXPECT_THAT(config_error([] {
+                from_sets({"parallel.tp=4", "parallel.dp_lm_head=true"});
+              }),
               HasSubstr("parallel.dp_lm_head: splits lm_head over the attention tp group"));
   EXPECT_THAT(config_error([] { from_sets({"parallel.moe_dense_tp=2"}); }),
               HasSubstr("parallel.moe_dense_tp: expected none or 1"));
@@ -525,11 +529,14 @@ TEST(LoadConfigTest, MetricsListenAddressIsAnIpv4AnIpv6InBracketsOrAHostName) {
   EXPECT_EQ(metrics_bind_address("localhost:9400"), "localhost:9400");
   EXPECT_EQ(metrics_bind_address("metrics-1.example.com:80"), "metrics-1.example.com:80");
   EXPECT_EQ(metrics_bind_address("4chan.example:80"), "4chan.example:80");  // digits lead
-  for (const std::string& bad : std::vector<std::string>{
-           "999.1.1.1:19125", "256.0.0.1:1", "1.2.3:80", "1.2.3.4.5:80", "01.2.3.4:80",
-        "[::1:9400", "[::1]9400", "[1.2.3.4]:80", "[:::]:80", "::1:9400", "[::1]:",
-        "-host:80", "host-:80", "ho_st:80", "a..b:80", ".host:80", "host.:80",
-        std::string(64, 'a') + ":80", "h st:80", "[::1]:99999", "1.2.3.4:-1"}) {
+  for (const std::string& bad :
+       std::vector<std::string>{"999.1.1.1:19125", "256.0.0.1:1",  "1.2.3:80",
+                                "1.2.3.4.5:80",    "01.2.3.4:80",  "[::1:9400",
+                                "[::1]9400",       "[1.2.3.4]:80", "[:::]:80",
+                                "::1:9400",        "[::1]:",       "-host:80",
+                                "host-:80",        "ho_st:80",     "a..b:80",
+                                ".host:80",        "host.:80",     std::string(64, 'a') + ":80",
+                                "h st:80",         "[::1]:99999",  "1.2.3.4:-1"}) {
     SCOPED_TRACE(bad);
     EXPECT_THAT(config_error([&] { metrics_bind_address(bad); }),
                 HasSubstr("expected PORT or ADDRESS:PORT"));
@@ -657,7 +664,8 @@ TEST(LoadConfigTest, ResolveDevices) {
   EXPECT_THAT(device_error("host:two", two), HasSubstr("expected host:N"));
   EXPECT_THAT(device_error("gpu:0", two),
               HasSubstr("devices \"gpu:0\": expected host, host:N, null, null:N or cuda:<ids>"));
-  EXPECT_THAT(device_error("HOST:2", two), HasSubstr("expected host, host:N, null, null:N or cuda:<ids>"));
+  EXPECT_THAT(device_error("HOST:2", two),
+              HasSubstr("expected host, host:N, null, null:N or cuda:<ids>"));
   EXPECT_THAT(device_error("", {}), HasSubstr("no local ranks"));
 
   // Through the builder: ranks decide how many devices are needed.

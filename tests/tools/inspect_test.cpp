@@ -108,9 +108,9 @@ TEST(InspectCliTest, MissingFolderAndUsageErrors) {
   EXPECT_THAT(r.err, HasSubstr("/nonexistent/ferry-model"));
   EXPECT_EQ(run({FERRY_BINARY, "inspect"}).status, 2);
   EXPECT_EQ(run({FERRY_BINARY, "inspect", "x", "--bogus"}).status, 2);
-  auto lf = run({FERRY_BINARY, "inspect", "x", "--load-format", "gguf"});
+  auto lf = run({FERRY_BINARY, "inspect", "x", "--load-format", "onnx"});
   EXPECT_EQ(lf.status, 2);
-  EXPECT_THAT(lf.err, HasSubstr("unknown load format 'gguf'"));
+  EXPECT_THAT(lf.err, HasSubstr("unknown load format 'onnx'"));
   EXPECT_EQ(run({FERRY_BINARY, "frobnicate"}).status, 2);
 }
 

@@ -1,0 +1,62 @@
+#include "io/gguf_checkpoint.hpp"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "common/error.hpp"
+#include "io/gguf.hpp"
+#include "io/gguf_config.hpp"
+#include "io/gguf_names.hpp"
+
+namespace ferry::io {
+
+GgufCheckpoint read_gguf_checkpoint(const File& file, std::uint64_t max_metadata_bytes) {
+  GgufParseOptions options;
+  options.max_metadata_bytes = max_metadata_bytes;
+  const GgufHeader gguf = read_gguf_header(file, options);
+  const GgufHfMap map = map_gguf_to_hf(gguf);
+  GgufCheckpoint out;
+  GgufHfConfig config = gguf_hf_config(gguf);
+  out.config = std::move(config.config);
+  out.notes = std::move(config.notes);
+  out.skipped = map.skipped;
+  SafetensorsHeader& h = out.header;
+  h.file = gguf.file;
+  h.file_size = gguf.file_size;
+  h.header_bytes = gguf.header_bytes;
+  h.identity = gguf.identity;
+  for (const GgufHfTensor& t : map.tensors) {
+    const std::optional<DType> dtype = ggml_dtype(t.type);
+    if (!dtype) {
+      throw Error(Stage::kHeader, gguf.file, t.gguf_name,
+                  "GGML type " + std::string(ggml_type_name(t.type)) +
+                      " is quantized: ferry loads GGUF tensors of types F32, F16 and BF16 "
+                      "(and the integer types); quantized GGML blocks are not loaded yet");
+    }
+    if (t.how == GgufToHf::kMlaKB || t.how == GgufToHf::kMlaVB) {
+      throw Error(Stage::kHeader, gguf.file, t.gguf_name,
+                  "DeepSeek's kv_b_proj split into attn_k_b and attn_v_b (current "
+                  "convert_hf_to_gguf.py) is not loaded yet: it is put back together element "
+                  "by element; files with attn_kv_b load");
+    }
+    for (const GgufHfPiece& p : t.pieces) {
+      TensorInfo info;
+      info.name = p.hf_name;
+      info.dtype = *dtype;
+      info.shape = p.hf_shape;
+      info.file = gguf.file;
+      info.offset = p.offset;
+      info.nbytes = p.nbytes;
+      if (t.how == GgufToHf::kUnpermuteRows) {
+        info.interleaved_heads = static_cast<std::uint32_t>(t.heads);
+      }
+      h.tensors.push_back(std::move(info));
+    }
+  }
+  std::stable_sort(h.tensors.begin(), h.tensors.end(),
+                   [](const TensorInfo& a, const TensorInfo& b) { return a.offset < b.offset; });
+  return out;
+}
+
+}  // namespace ferry::io
