@@ -217,6 +217,7 @@ const char* model_type_of(GgufArch arch, bool moe, bool v3) {
 void deepseek_fields(const Meta& m, json& c, bool v3, std::vector<std::string>& notes) {
   // MLA: converted to MQA (head_count_kv 1); HF keeps one KV head per query head.
   c["num_key_value_heads"] = c["num_attention_heads"];
+  c["attention_bias"] = false;  // llama.cpp's deepseek2 has no attention biases
   if (const auto q = m.uint("attention.q_lora_rank", "q_lora_rank")) {
     c["q_lora_rank"] = *q;
   } else {

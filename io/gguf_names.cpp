@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cstring>
+#include <span>
 #include <stdexcept>
 
 #include "common/error.hpp"
@@ -110,51 +111,85 @@ const Entry* find_in(const Entry (&table)[N], std::string_view name) {
   return nullptr;
 }
 
-// The layer tables of `arch`, most specific first.
-const Entry* find_layer_entry(GgufArch arch, std::string_view rest) {
-  const Entry* e = nullptr;
+using Table = std::span<const Entry>;
+
+// The layer tables of `arch`, most specific first (kLayerCommon last).
+std::vector<Table> layer_tables(GgufArch arch) {
   switch (arch) {
     case GgufArch::kLlama:
-      e = find_in(kLlama, rest);
-      break;
+      return {kLlama, kLayerCommon};
     case GgufArch::kQwen2:
-      e = find_in(kQwen2, rest);
-      e = e != nullptr ? e : find_in(kQkvPlain, rest);
-      break;
+      return {kQwen2, kQkvPlain, kLayerCommon};
     case GgufArch::kQwen3:
-      e = find_in(kQwen3, rest);
-      e = e != nullptr ? e : find_in(kQkvPlain, rest);
-      break;
+      return {kQwen3, kQkvPlain, kLayerCommon};
     case GgufArch::kQwen3Moe:
-      e = find_in(kQwen3, rest);
-      e = e != nullptr ? e : find_in(kMlpExperts, rest);
-      e = e != nullptr ? e : find_in(kQkvPlain, rest);
-      break;
+      return {kQwen3, kMlpExperts, kQkvPlain, kLayerCommon};
     case GgufArch::kDeepseek2:
-      e = find_in(kDeepseek2, rest);
-      e = e != nullptr ? e : find_in(kMlpExperts, rest);
-      break;
+      return {kDeepseek2, kMlpExperts, kLayerCommon};
   }
-  return e != nullptr ? e : find_in(kLayerCommon, rest);
+  return {kLayerCommon};
 }
 
-// "blk.N.rest" -> (N, rest); nullopt for other names and N with leading zeros.
-std::optional<std::pair<std::uint64_t, std::string_view>> split_layer(std::string_view name) {
-  constexpr std::string_view kPrefix = "blk.";
-  if (name.substr(0, kPrefix.size()) != kPrefix) {
+const Entry* find_layer_entry(GgufArch arch, std::string_view rest) {
+  for (Table table : layer_tables(arch)) {
+    for (const Entry& e : table) {
+      if (e.gguf == rest) {
+        return &e;
+      }
+    }
+  }
+  return nullptr;
+}
+
+// A decimal without leading zeros (or "0"), as layer and expert numbers are written.
+std::optional<std::uint64_t> parse_index(std::string_view text) {
+  if (text.empty() || (text.size() > 1 && text[0] == '0')) {
     return std::nullopt;
   }
-  name.remove_prefix(kPrefix.size());
+  std::uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+  if (ec != std::errc() || end != text.data() + text.size()) {
+    return std::nullopt;
+  }
+  return n;
+}
+
+// Whether `hf` (a table's HF name, "{E}" standing for an expert's number) names
+// `rest`; the expert's number goes to `expert`.
+bool hf_matches(std::string_view hf, std::string_view rest, std::uint64_t& expert) {
+  const std::size_t at = hf.find("{E}");
+  if (at == std::string_view::npos) {
+    return hf == rest;
+  }
+  const std::string_view head = hf.substr(0, at), tail = hf.substr(at + 3);
+  if (rest.size() <= head.size() + tail.size() || !rest.starts_with(head) ||
+      !rest.ends_with(tail)) {
+    return false;
+  }
+  const auto e = parse_index(rest.substr(head.size(), rest.size() - head.size() - tail.size()));
+  if (!e) {
+    return false;
+  }
+  expert = *e;
+  return true;
+}
+
+// "<prefix>N.rest" -> (N, rest); nullopt for other names and N with leading zeros.
+std::optional<std::pair<std::uint64_t, std::string_view>> split_layer(
+    std::string_view name, std::string_view prefix = "blk.") {
+  if (!name.starts_with(prefix)) {
+    return std::nullopt;
+  }
+  name.remove_prefix(prefix.size());
   const std::size_t dot = name.find('.');
-  if (dot == std::string_view::npos || dot == 0 || (dot > 1 && name[0] == '0')) {
+  if (dot == std::string_view::npos) {
     return std::nullopt;
   }
-  std::uint64_t layer = 0;
-  const auto [end, ec] = std::from_chars(name.data(), name.data() + dot, layer);
-  if (ec != std::errc() || end != name.data() + dot) {
+  const std::optional<std::uint64_t> layer = parse_index(name.substr(0, dot));
+  if (!layer) {
     return std::nullopt;
   }
-  return std::pair{layer, name.substr(dot + 1)};
+  return std::pair{*layer, name.substr(dot + 1)};
 }
 
 [[noreturn]] void mapping_error(const std::string& file, const std::string& tensor,
@@ -260,6 +295,40 @@ std::optional<GgufNameRule> match_gguf_name(GgufArch arch, std::string_view gguf
     rule.hf_name = "model.layers." + std::to_string(layer->first) + "." + std::string(e->hf);
   }
   return rule;
+}
+
+std::vector<HfGgufTarget> match_hf_name(GgufArch arch, std::string_view hf_name) {
+  for (const Entry& e : kGlobal) {
+    if (e.how != GgufToHf::kNone && e.hf == hf_name) {
+      return {{std::string(e.gguf), e.how, e.key, 0}};
+    }
+  }
+  const auto layer = split_layer(hf_name, "model.layers.");
+  if (!layer) {
+    return {};
+  }
+  const std::string blk = "blk." + std::to_string(layer->first) + ".";
+  // The first table naming it decides, as in find_layer_entry; kv_b_proj is in one
+  // table three times (attn_kv_b, attn_k_b, attn_v_b).
+  for (Table table : layer_tables(arch)) {
+    std::vector<HfGgufTarget> out;
+    for (const Entry& e : table) {
+      std::uint64_t expert = 0;
+      if (e.how != GgufToHf::kNone && hf_matches(e.hf, layer->second, expert)) {
+        out.push_back({blk + std::string(e.gguf), e.how, e.key, expert});
+      }
+    }
+    if (std::any_of(out.begin(), out.end(), [](const HfGgufTarget& t) {
+          return t.how == GgufToHf::kMlaKB || t.how == GgufToHf::kMlaVB;
+        })) {
+      // The current converter writes the split halves only.
+      std::erase_if(out, [](const HfGgufTarget& t) { return t.how == GgufToHf::kSame; });
+    }
+    if (!out.empty()) {
+      return out;
+    }
+  }
+  return {};
 }
 
 GgufHfMap map_gguf_to_hf(const GgufHeader& header) {

@@ -67,6 +67,23 @@ struct GgufNameRule {
 // have (or a form ferry does not read, such as ffn_gate_up_exps).
 std::optional<GgufNameRule> match_gguf_name(GgufArch arch, std::string_view gguf_name);
 
+// One GGUF tensor a Hugging Face tensor is written into (match_hf_name).
+struct HfGgufTarget {
+  std::string gguf_name;  // kExperts: the stacked tensor, blk.N.ffn_*_exps.weight
+  GgufToHf how = GgufToHf::kSame;
+  bool key = false;          // kUnpermuteRows: permuted with head_count_kv (attn_k)
+  std::uint64_t expert = 0;  // kExperts: the expert's place in the stack
+};
+
+// The other direction, as current llama.cpp's converter names them: the GGUF tensors
+// Hugging Face tensor `hf_name` is written into in `arch` (match_gguf_name's tables
+// read backwards, so match_gguf_name of each gives `hf_name` back). One, except for
+// DeepSeek's kv_b_proj, which the converter splits into attn_k_b then attn_v_b
+// (kMlaKB, kMlaVB; not the attn_kv_b of files converted before April 2025). An
+// expert's weight (kExperts) names its stack and its place in it. Empty for a name
+// the architecture does not have, which the converter would stop at.
+std::vector<HfGgufTarget> match_hf_name(GgufArch arch, std::string_view hf_name);
+
 struct GgufHfPiece {
   std::string hf_name;
   std::uint64_t offset = 0;  // absolute file offset of the piece's bytes

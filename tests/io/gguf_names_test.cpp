@@ -374,6 +374,7 @@ TEST(GgufNames, DeepseekV3MapsMlaTheSplitKvBAndTheRouterBias) {
   EXPECT_EQ(c["architectures"], json::array({"DeepseekV3ForCausalLM"}));
   EXPECT_EQ(c["model_type"], "deepseek_v3");
   EXPECT_EQ(c["num_key_value_heads"], 4);  // MLA, not the MQA head count of 1
+  EXPECT_EQ(c["attention_bias"], false);
   EXPECT_EQ(c["q_lora_rank"], 24);
   EXPECT_EQ(c["kv_lora_rank"], 16);
   EXPECT_EQ(c["qk_rope_head_dim"], 4);
@@ -481,6 +482,81 @@ TEST(GgufNames, RefusesWhatItCannotMapByName) {
   EXPECT_NE(error_of(Stage::kMapping, [&] { map_gguf_to_hf(no_heads.header()); })
                 .find("metadata key 'llama.attention.head_count' is missing"),
             std::string::npos);
+}
+
+// match_hf_name reads the same tables backwards: every name match_gguf_name gives
+// maps back to its GGUF tensor (experts to their stack and place), but kv_b_proj,
+// which the current converter writes as attn_k_b then attn_v_b only.
+TEST(GgufNames, HfNamesMapForwardAsTheConverterNamesThem) {
+  const std::vector<std::string> layer_names = {
+      "attn_norm.weight",      "ffn_norm.weight",      "attn_output.weight",
+      "attn_output.bias",      "ffn_gate.weight",      "ffn_up.weight",
+      "ffn_down.weight",       "attn_q.weight",        "attn_k.weight",
+      "attn_v.weight",         "attn_q.bias",          "attn_k.bias",
+      "attn_v.bias",           "attn_q_norm.weight",   "attn_k_norm.weight",
+      "ffn_gate_inp.weight",   "ffn_gate_exps.weight", "ffn_up_exps.weight",
+      "ffn_down_exps.weight",  "attn_q_a.weight",      "attn_q_a_norm.weight",
+      "attn_q_b.weight",       "attn_kv_a_mqa.weight", "attn_kv_a_norm.weight",
+      "attn_kv_b.weight",      "attn_k_b.weight",      "attn_v_b.weight",
+      "ffn_gate_shexp.weight", "ffn_up_shexp.weight",  "ffn_down_shexp.weight",
+      "exp_probs_b.bias",      "attn_rot_embd.weight"};
+  std::size_t checked = 0;
+  for (GgufArch arch : {GgufArch::kLlama, GgufArch::kQwen2, GgufArch::kQwen3, GgufArch::kQwen3Moe,
+                        GgufArch::kDeepseek2}) {
+    std::vector<std::string> names = {"token_embd.weight", "output_norm.weight", "output.weight"};
+    for (const std::string& n : layer_names) {
+      names.push_back("blk.12." + n);
+    }
+    for (const std::string& g : names) {
+      SCOPED_TRACE(std::string(gguf_arch_name(arch)) + " " + g);
+      const std::optional<GgufNameRule> rule = match_gguf_name(arch, g);
+      if (!rule || rule->how == GgufToHf::kNone) {
+        continue;
+      }
+      std::string hf = rule->hf_name;
+      if (rule->how == GgufToHf::kExperts) {
+        hf.replace(hf.find("{E}"), 3, "3");
+      }
+      const std::vector<HfGgufTarget> back = match_hf_name(arch, hf);
+      if (g == "blk.12.attn_kv_b.weight" || g == "blk.12.attn_k_b.weight" ||
+          g == "blk.12.attn_v_b.weight") {
+        ASSERT_EQ(back.size(), 2u);
+        EXPECT_EQ(back[0].gguf_name, "blk.12.attn_k_b.weight");
+        EXPECT_EQ(back[0].how, GgufToHf::kMlaKB);
+        EXPECT_EQ(back[1].gguf_name, "blk.12.attn_v_b.weight");
+        EXPECT_EQ(back[1].how, GgufToHf::kMlaVB);
+        ++checked;
+        continue;
+      }
+      ASSERT_EQ(back.size(), 1u) << hf;
+      EXPECT_EQ(back[0].gguf_name, g);
+      EXPECT_EQ(back[0].how, rule->how);
+      EXPECT_EQ(back[0].key, rule->key);
+      EXPECT_EQ(back[0].expert, rule->how == GgufToHf::kExperts ? 3u : 0u);
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 80u);
+  // Names an architecture does not have, and malformed layer or expert numbers.
+  EXPECT_TRUE(match_hf_name(GgufArch::kQwen2, "model.layers.0.self_attn.q_norm.weight").empty());
+  EXPECT_TRUE(match_hf_name(GgufArch::kLlama, "model.layers.01.mlp.up_proj.weight").empty());
+  EXPECT_TRUE(match_hf_name(GgufArch::kLlama, "model.layers.x.mlp.up_proj.weight").empty());
+  EXPECT_TRUE(
+      match_hf_name(GgufArch::kQwen3Moe, "model.layers.0.mlp.experts.07.up_proj.weight").empty());
+  EXPECT_TRUE(
+      match_hf_name(GgufArch::kQwen3Moe, "model.layers.0.mlp.experts..up_proj.weight").empty());
+  EXPECT_TRUE(match_hf_name(GgufArch::kLlama, "model.rotary_emb.inv_freq").empty());
+  // Mixtral's w1/w2/w3 are the llama architecture's stacks.
+  const std::vector<HfGgufTarget> w2 =
+      match_hf_name(GgufArch::kLlama, "model.layers.5.block_sparse_moe.experts.6.w2.weight");
+  ASSERT_EQ(w2.size(), 1u);
+  EXPECT_EQ(w2[0].gguf_name, "blk.5.ffn_down_exps.weight");
+  EXPECT_EQ(w2[0].expert, 6u);
+  const std::vector<HfGgufTarget> k =
+      match_hf_name(GgufArch::kLlama, "model.layers.0.self_attn.k_proj.weight");
+  ASSERT_EQ(k.size(), 1u);
+  EXPECT_EQ(k[0].how, GgufToHf::kUnpermuteRows);
+  EXPECT_TRUE(k[0].key);
 }
 
 TEST(GgufNames, ConfigNamesTheMissingKey) {
