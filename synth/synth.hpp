@@ -23,6 +23,8 @@
 #include "common/dtype.hpp"
 #include "common/float_bits.hpp"
 #include "common/hash.hpp"
+#include "io/gguf_names.hpp"
+#include "io/gguf_types.hpp"
 
 namespace ferry::synth {
 
@@ -218,12 +220,69 @@ enum class SynthFormat {
   // them. No metadata (a .bin has none), no sparse files (every member needs the
   // CRC-32 of its bytes) and no unindexed files (glm4_moe's mtp.safetensors).
   kTorchBin,
+  // One file, kSynthGgufFile, as llama.cpp's convert_hf_to_gguf.py would write it for
+  // the safetensors checkpoint of the same options (see "GGUF" below). No config.json
+  // and no index: the GGUF metadata carries the config, as in a real GGUF.
+  kGguf,
 };
-// "safetensors" | "bin"; nullopt for anything else.
+// "safetensors" | "bin" | "gguf"; nullopt for anything else.
 std::optional<SynthFormat> parse_synth_format(std::string_view text);
 std::string_view to_string(SynthFormat format);
-// model.safetensors.index.json or pytorch_model.bin.index.json.
+// model.safetensors.index.json or pytorch_model.bin.index.json (kGguf has no index:
+// empty).
 std::string_view synth_index_file(SynthFormat format);
+
+// ---- GGUF (--format gguf) ------------------------------------------------------------
+
+// What kGguf writes is the converter's output for the checkpoint synth would write as
+// safetensors with the same options:
+//  - the architectures io/gguf_names maps: llama, mistral and mixtral as "llama",
+//    qwen2, qwen3, qwen3_moe as "qwen3moe", deepseek_v2 and deepseek_v3 as
+//    "deepseek2". The other families, --sparse, --quant and --fused-experts are
+//    refused (Error(Stage::kSynth) naming the reason);
+//  - tensor names: io::match_hf_name; q_proj / k_proj rows (weights and biases) of
+//    the llama architecture permuted as LlamaModel.permute does (n_head for q,
+//    n_head_kv for k); each MoE layer's routed experts stacked into ffn_*_exps
+//    (ggml dims [in, out, E], expert e the e-th slice); DeepSeek's kv_b_proj split
+//    per head into attn_k_b (k half transposed: [nope, rank, n_head]) and attn_v_b
+//    ([rank, v_head_dim, n_head]), as DeepseekV2Model.modify_tensors does since
+//    April 2025; DeepSeek-V3's MTP layer left out, as the converter leaves it out;
+//  - values: the synth values of the HF tensors, read as the checkpoint's dtype and
+//    converted to float32, then to each tensor's type (synth_gguf_tensor_type); every
+//    value is exact in F32, F16 and BF16 (multiples of 1/128 below 1), Q8_0 is
+//    io::quantize_q8_0 of them (gguf-py's bytes);
+//  - metadata: general.architecture, general.type "model", general.name ("ferry synth
+//    " and how it was made), the {arch}.* keys TextModel.set_gguf_parameters and the
+//    architecture's converter class write from config.json (block_count,
+//    context_length, embedding_length, feed_forward_length, attention.head_count,
+//    head_count_kv, layer_norm_rms_epsilon, rope.freq_base, key/value_length when
+//    head_dim is given, expert_* , DeepSeek's MLA lengths and ranks, vocab_size and
+//    rope.dimension_count where the class writes them, rope scaling of type linear
+//    or yarn; other rope_scaling types are refused), general.file_type
+//    (synth_gguf_file_type) and general.quantization_version 2. No tokenizer
+//    section: synth has no tokenizer, and io/gguf_config needs none (it takes the
+//    vocabulary size from token_embd.weight). The config is read from config.json
+//    alone, not through transformers' AutoConfig, so fields a config class would
+//    default (head_dim of a config without one) are not written.
+inline constexpr const char* kSynthGgufFile = "model.gguf";
+
+// "f32" | "f16" | "bf16" | "q8_0" (also "F32", "F16", "BF16", "Q8_0"); nullopt for
+// anything else.
+std::optional<io::GgmlType> parse_synth_gguf_type(std::string_view text);
+// llama.cpp's architecture for `family`; nullopt for a family kGguf refuses.
+std::optional<io::GgufArch> synth_gguf_arch(std::string_view family);
+// general.file_type as the converter writes it (gguf-py's LlamaFileType): ALL_F32 0,
+// MOSTLY_F16 1, MOSTLY_Q8_0 7, MOSTLY_BF16 32. Throws ferry::Error(Stage::kSynth) for
+// another type.
+std::uint32_t synth_gguf_file_type(io::GgmlType type);
+// The type convert_hf_to_gguf.py's prepare_tensors gives GGUF tensor `gguf_name` of
+// ggml dims `dims` with --outtype `requested`: F32 for 1-D tensors and *_norm.weight
+// whatever the type (norms, biases, DeepSeek's exp_probs_b.bias), and for the router
+// ffn_gate_inp.weight and any name not ending in ".weight"; `requested` otherwise,
+// except that a Q8_0 tensor whose rows (dims[0]) are not whole blocks of 32 falls
+// back to F16, as the converter does on gguf-py's QuantError.
+io::GgmlType synth_gguf_tensor_type(std::string_view gguf_name,
+                                    const std::vector<std::uint64_t>& dims, io::GgmlType requested);
 
 struct SynthShard {
   // model-00001-of-00003.safetensors (pytorch_model-00001-of-00003.bin), or
@@ -333,8 +392,12 @@ struct SynthOptions {
   // are not synth_value's.
   bool sparse = false;
   // The shards' format: kTorchBin for PyTorch .bin shards, refused with `sparse` and
-  // for a checkpoint with unindexed files (glm4_moe).
+  // for a checkpoint with unindexed files (glm4_moe); kGguf for one GGUF file (see
+  // "GGUF" above; shard_bytes does not apply).
   SynthFormat format = SynthFormat::kSafetensors;
+  // kGguf: the converter's --outtype: F32, F16 (its default), BF16 or Q8_0; norms,
+  // biases and routers stay F32 (synth_gguf_tensor_type). Ignored by other formats.
+  io::GgmlType gguf_type = io::GgmlType::kF16;
   bool force = false;  // replace an existing non-empty `out`
   bool fsync = true;   // durable before the rename makes it visible
   // Called after each shard with (data bytes written so far, total data bytes).
@@ -342,23 +405,25 @@ struct SynthOptions {
 };
 
 struct SynthResult {
-  std::vector<std::string> files;  // paths under `out`: shards, index, config.json
+  // Paths under `out`: shards, index, config.json (kGguf: model.gguf alone).
+  std::vector<std::string> files;
   // All tensor data bytes written: the index's metadata.total_size plus those of the
-  // unindexed files (glm4_moe's mtp.safetensors).
+  // unindexed files (glm4_moe's mtp.safetensors); kGguf: the GGUF tensors' bytes,
+  // padding left out.
   std::uint64_t total_bytes = 0;
-  std::size_t tensors = 0;
-  std::size_t shards = 0;  // shard files written, unindexed ones included
-  std::string family;      // the family written (from_config: the one it names)
+  std::size_t tensors = 0;  // kGguf: the GGUF tensors (stacked experts count once)
+  std::size_t shards = 0;   // shard files written, unindexed ones included (kGguf: 1)
+  std::string family;       // the family written (from_config: the one it names)
 };
 
 // Writes config.json, the index (synth_index_file(format), listing the indexed
 // shards' tensors; total_size is their data bytes), hf_quant_config.json for the
-// ModelOpt layouts, and the shards into a
+// ModelOpt layouts, and the shards (kGguf: model.gguf alone) into a
 // temporary sibling folder, then renames it to `out`, so a crash never leaves a
 // checkpoint that looks complete. An existing empty `out` is replaced; a
 // non-empty one only with `force`, and only when it holds nothing but regular
-// files named *.safetensors, *.bin or *.json, so a mistyped --out cannot wipe an
-// unrelated folder. With `sparse`, each shard is its 8-byte length and header, then
+// files named *.safetensors, *.bin, *.gguf or *.json, so a mistyped --out cannot
+// wipe an unrelated folder. With `sparse`, each shard is its 8-byte length and header, then
 // ftruncate to the full size. Errors are ferry::Error(Stage::kSynth).
 SynthResult synthesize(const SynthOptions& options);
 

@@ -1,6 +1,7 @@
 // Writing a synthetic checkpoint: the shard plan, the shards (safetensors or PyTorch
 // .bin files written, or sparse safetensors files whose data is a hole), the index and
-// configs, into a temporary sibling folder that is then renamed into place.
+// configs, or one GGUF file (synth/gguf.hpp), into a temporary sibling folder that is
+// then renamed into place.
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +21,7 @@
 #include "io/safetensors_writer.hpp"
 #include "io/torch_writer.hpp"
 #include "synth/family.hpp"
+#include "synth/gguf.hpp"
 #include "synth/synth.hpp"
 
 namespace ferry::synth {
@@ -117,7 +119,7 @@ bool is_checkpoint_file_name(const std::string& name) {
     return name.size() >= suffix.size() &&
            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
-  return ends_with(".safetensors") || ends_with(".bin") || ends_with(".json");
+  return ends_with(".safetensors") || ends_with(".bin") || ends_with(".gguf") || ends_with(".json");
 }
 
 enum class Target { kAbsent, kEmpty, kReplace };
@@ -153,8 +155,9 @@ Target inspect_target(const fs::path& out, bool force) {
     }
     std::string name = it->path().filename().string();
     if (!it->is_regular_file(ec) || it->is_symlink(ec) || !is_checkpoint_file_name(name)) {
-      fail(out.string(), "refusing to replace the folder: it holds '" + name +
-                             "', which is not a checkpoint file (*.safetensors, *.bin, *.json)");
+      fail(out.string(),
+           "refusing to replace the folder: it holds '" + name +
+               "', which is not a checkpoint file (*.safetensors, *.bin, *.gguf, *.json)");
     }
   }
   if (ec) {
@@ -266,16 +269,34 @@ std::optional<SynthFormat> parse_synth_format(std::string_view text) {
   if (text == "bin") {
     return SynthFormat::kTorchBin;
   }
+  if (text == "gguf") {
+    return SynthFormat::kGguf;
+  }
   return std::nullopt;
 }
 
 std::string_view to_string(SynthFormat format) {
-  return format == SynthFormat::kTorchBin ? "bin" : "safetensors";
+  switch (format) {
+    case SynthFormat::kTorchBin:
+      return "bin";
+    case SynthFormat::kGguf:
+      return "gguf";
+    case SynthFormat::kSafetensors:
+      break;
+  }
+  return "safetensors";
 }
 
 std::string_view synth_index_file(SynthFormat format) {
-  return format == SynthFormat::kTorchBin ? "pytorch_model.bin.index.json"
-                                          : "model.safetensors.index.json";
+  switch (format) {
+    case SynthFormat::kTorchBin:
+      return "pytorch_model.bin.index.json";
+    case SynthFormat::kGguf:
+      return "";
+    case SynthFormat::kSafetensors:
+      break;
+  }
+  return "model.safetensors.index.json";
 }
 
 std::vector<SynthShard> synth_shard_plan(const std::vector<SynthTensor>& tensors,
@@ -426,6 +447,33 @@ void refuse_for_bin(const SynthOptions& options, const Checkpoint& c) {
   }
 }
 
+// What a GGUF (as the converter writes it) cannot be made of; the rest is refused
+// while planning (plan_synth_gguf: families, config values).
+void refuse_for_gguf(const SynthOptions& options, const Checkpoint& c) {
+  const std::string why =
+      "--format gguf writes what llama.cpp's convert_hf_to_gguf.py makes "
+      "of a plain checkpoint: ";
+  if (options.sparse) {
+    fail(options.out, why +
+                          "--sparse cannot write it (its tensors are converted, permuted and "
+                          "stacked from the values, which a hole does not have)");
+  }
+  if (c.quant != SynthQuant::kNone) {
+    fail(options.out, why + "quantized inputs (--quant " + std::string(to_string(c.quant)) +
+                          ") are refused; --gguf-type q8_0 quantizes as the converter does");
+  }
+  if (options.fused_experts) {
+    fail(options.out, why +
+                          "fused 3-D experts (--fused-experts) are refused; the GGUF stacks "
+                          "the per-expert weights itself (ffn_*_exps)");
+  }
+  if (!synth_gguf_arch(c.family)) {
+    fail(options.out, why + "family '" + c.family +
+                          "' has no llama.cpp architecture ferry maps (llama, mistral, mixtral, "
+                          "qwen2, qwen3, qwen3_moe, deepseek_v2, deepseek_v3)");
+  }
+}
+
 Checkpoint settle(const SynthOptions& options) {
   Checkpoint c;
   c.shard_bytes = options.shard_bytes;
@@ -442,6 +490,10 @@ Checkpoint settle(const SynthOptions& options) {
   }
   if (options.format == SynthFormat::kTorchBin) {
     refuse_for_bin(options, c);
+  }
+  if (options.format == SynthFormat::kGguf) {
+    refuse_for_gguf(options, c);
+    c.what += " gguf " + std::string(io::ggml_type_name(options.gguf_type));
   }
   c.what += " seed " + std::to_string(options.seed);
   c.what += options.fused_experts ? " fused-experts" : "";
@@ -528,10 +580,43 @@ nlohmann::json write_shards(const fs::path& dir, const Checkpoint& c,
   return weight_map;
 }
 
+// The GGUF file alone, in place of the shards, index and configs.
+SynthResult synthesize_gguf(const SynthOptions& options, const Checkpoint& c, const fs::path& out) {
+  const GgufPlan plan =
+      plan_synth_gguf(c.tensors, c.config, c.family, c.what, options.gguf_type, options.out);
+  inspect_target(out, options.force);  // refuse early, before any byte is written
+  std::error_code ec;
+  fs::create_directories(out.parent_path(), ec);
+  if (ec) {
+    fail(out.parent_path().string(), "cannot create the parent folder: " + ec.message());
+  }
+  TempFolder tmp(out, ".tmp-");
+  const std::uint64_t bytes =
+      write_synth_gguf((tmp.path() / kSynthGgufFile).string(), plan, c.tensors, options.seed,
+                       options.fsync, options.progress);
+  if (options.fsync) {
+    fsync_dir(tmp.path());
+  }
+  install(tmp, out, inspect_target(out, options.force));
+  if (options.fsync) {
+    fsync_dir(out.parent_path());
+  }
+  SynthResult result;
+  result.files.push_back((out / kSynthGgufFile).string());
+  result.total_bytes = bytes;
+  result.tensors = plan.tensors.size();
+  result.shards = 1;
+  result.family = c.family;
+  return result;
+}
+
 }  // namespace
 
 SynthResult synthesize(const SynthOptions& options) {
   const Checkpoint c = settle(options);
+  if (options.format == SynthFormat::kGguf) {
+    return synthesize_gguf(options, c, normalize_out(options.out));
+  }
   std::vector<SynthShard> plan = synth_shard_plan(c.tensors, c.shard_bytes, options.format);
 
   fs::path out = normalize_out(options.out);

@@ -28,6 +28,9 @@ constexpr const char kDescription[] =
     "can check what they load. --format bin writes PyTorch shards instead,\n"
     "pytorch_model-0000i-of-0000N.bin (each byte for byte what torch.save writes) and\n"
     "pytorch_model.bin.index.json, with the same tensors, values and shard plan.\n"
+    "--format gguf writes one file, model.gguf, as llama.cpp's convert_hf_to_gguf.py\n"
+    "would convert that checkpoint (llama, mistral, mixtral, qwen2, qwen3, qwen3_moe,\n"
+    "deepseek_v2, deepseek_v3; the GGUF metadata carries the config, so no config.json).\n"
     "The model is either --family F --preset P (toy sizes) or --from-config FILE: a real\n"
     "model's config.json, whose architectures[0] names the family and whose fields give\n"
     "every size, so the checkpoint has the real model's tensors and shapes (DeepSeek-V3:\n"
@@ -105,6 +108,7 @@ struct SynthFlags {
   std::string shard_bytes;
   std::string quant = "auto";
   std::string format = "safetensors";
+  std::string gguf_type = "f16";
   std::uint64_t quant_block = 0;
   bool no_fsync = false;
   std::vector<std::string> dense;
@@ -113,6 +117,8 @@ struct SynthFlags {
   CLI::Option* preset = nullptr;
   CLI::Option* from_config = nullptr;
   CLI::Option* dtype_option = nullptr;
+  CLI::Option* gguf_type_option = nullptr;
+  CLI::Option* shard_bytes_option = nullptr;
 };
 
 // What to write: a family and preset, or a real config (scaled); where; the seed.
@@ -200,26 +206,53 @@ void add_layout_options(CLI::App& app, synth::SynthOptions& options, SynthFlags&
               [](const std::string& text) { return synth::parse_synth_dtype(text).has_value(); },
               "dtype", "bf16, f16, f32"))
           ->capture_default_str();
-  app.add_option("--shard-bytes", f.shard_bytes,
-                 "shard size; suffixes K, M, G (binary) allowed\n"
-                 "(default: tiny 512K, small 16M, medium 512M, --from-config 5G)")
-      ->type_name("N")
-      ->check(CLI::Validator(
-          [](std::string& text) -> std::string {
-            std::optional<std::uint64_t> bytes = parse_size(text);
-            return bytes && *bytes > 0
-                       ? ""
-                       : "expected a positive size such as 1048576 or 512M, not '" + text + "'";
-          },
-          "", "size"));
+  f.shard_bytes_option =
+      app.add_option("--shard-bytes", f.shard_bytes,
+                     "shard size; suffixes K, M, G (binary) allowed\n"
+                     "(default: tiny 512K, small 16M, medium 512M, --from-config 5G)")
+          ->type_name("N")
+          ->check(CLI::Validator(
+              [](std::string& text) -> std::string {
+                std::optional<std::uint64_t> bytes = parse_size(text);
+                return bytes && *bytes > 0
+                           ? ""
+                           : "expected a positive size such as 1048576 or 512M, not '" + text + "'";
+              },
+              "", "size"));
   app.add_option("--format", f.format,
-                 "safetensors | bin: PyTorch shards, pytorch_model-0000i-of-0000N.bin as\n"
-                 "torch.save writes them, and pytorch_model.bin.index.json (as\n"
-                 "save_pretrained(safe_serialization=False)); not with --sparse, nor for\n"
-                 "glm4_moe, whose MTP layer goes to an unindexed file")
+                 "safetensors | bin | gguf\n"
+                 "  bin   PyTorch shards, pytorch_model-0000i-of-0000N.bin as torch.save\n"
+                 "        writes them, and pytorch_model.bin.index.json (as\n"
+                 "        save_pretrained(safe_serialization=False)); not with --sparse,\n"
+                 "        nor for glm4_moe, whose MTP layer goes to an unindexed file\n"
+                 "  gguf  model.gguf alone, as convert_hf_to_gguf.py converts the\n"
+                 "        safetensors checkpoint: llama.cpp's names (llama, mistral and\n"
+                 "        mixtral as 'llama', qwen2, qwen3, qwen3_moe as 'qwen3moe',\n"
+                 "        deepseek_v2/v3 as 'deepseek2'), q_proj/k_proj rows permuted for\n"
+                 "        the llama architecture, experts stacked into ffn_*_exps,\n"
+                 "        DeepSeek's kv_b_proj split into attn_k_b/attn_v_b and its MTP\n"
+                 "        layer left out, the config as {arch}.* metadata; no tokenizer.\n"
+                 "        Not with --sparse, --quant or --fused-experts")
       ->type_name("F")
-      ->check(CLI::IsMember({"safetensors", "bin"}))
+      ->check(CLI::IsMember({"safetensors", "bin", "gguf"}))
       ->capture_default_str();
+  f.gguf_type_option =
+      app.add_option("--gguf-type", f.gguf_type,
+                     "with --format gguf, the converter's --outtype: f32 | f16 | bf16 | q8_0.\n"
+                     "As convert_hf_to_gguf.py, 1-D tensors (norms, biases), every\n"
+                     "*_norm.weight and the MoE router (ffn_gate_inp) stay F32 whatever the\n"
+                     "type; q8_0 quantizes every other weight whose rows are a multiple of\n"
+                     "32 long as gguf-py does (byte for byte) and writes the rest (DeepSeek\n"
+                     "attn_k_b with qk_nope_head_dim 16, say) as F16, as the converter falls\n"
+                     "back. --dtype names the checkpoint it is converted from; synth values\n"
+                     "are exact in every dtype, so it changes no value")
+          ->type_name("T")
+          ->check(known_value(
+              [](const std::string& text) {
+                return synth::parse_synth_gguf_type(text).has_value();
+              },
+              "GGUF type", "f32, f16, bf16, q8_0"))
+          ->capture_default_str();
   add_switch(app, "--tie-embeddings", options.tie_embeddings,
              "no lm_head.weight; config says tie_word_embeddings\n"
              "(with --from-config, the config's tie_word_embeddings decides)")
@@ -234,7 +267,8 @@ void add_layout_options(CLI::App& app, synth::SynthOptions& options, SynthFlags&
              "Values are all zero, not the (seed, T, i) function, so checks\n"
              "against it do not apply");
   add_switch(app, "--force", options.force,
-             "replace DIR if it holds a checkpoint (*.safetensors, *.bin, *.json only)");
+             "replace DIR if it holds a checkpoint (*.safetensors, *.bin, *.gguf, *.json\n"
+             "only)");
   add_switch(app, "--no-fsync", f.no_fsync,
              "skip fsync before the rename (faster, not crash-safe)");
 }
@@ -243,8 +277,15 @@ void add_layout_options(CLI::App& app, synth::SynthOptions& options, SynthFlags&
 // nullopt with `options` complete.
 std::optional<int> finish_options(synth::SynthOptions& options, const SynthFlags& f) {
   options.fsync = !f.no_fsync;
-  options.dtype = *synth::parse_synth_dtype(f.dtype);     // checked by the validator above
-  options.format = *synth::parse_synth_format(f.format);  // checked by IsMember above
+  options.dtype = *synth::parse_synth_dtype(f.dtype);              // checked by the validator above
+  options.format = *synth::parse_synth_format(f.format);           // checked by IsMember above
+  options.gguf_type = *synth::parse_synth_gguf_type(f.gguf_type);  // checked above
+  if (options.format != synth::SynthFormat::kGguf && f.gguf_type_option->count() > 0) {
+    return usage_error("--gguf-type needs --format gguf");
+  }
+  if (options.format == synth::SynthFormat::kGguf && f.shard_bytes_option->count() > 0) {
+    return usage_error("--shard-bytes does not apply to --format gguf (one file)");
+  }
   if (f.quant != "auto") {
     options.quant = *synth::parse_synth_quant(f.quant);  // checked by IsMember above
   } else {
@@ -291,6 +332,12 @@ std::optional<int> finish_options(synth::SynthOptions& options, const SynthFlags
 }
 
 void print_summary(const synth::SynthOptions& options, const synth::SynthResult& result) {
+  std::string format;
+  if (options.format == synth::SynthFormat::kTorchBin) {
+    format = " format bin";
+  } else if (options.format == synth::SynthFormat::kGguf) {
+    format = " format gguf " + std::string(io::ggml_type_name(options.gguf_type));
+  }
   std::string model = options.family + "/" + options.preset;
   if (!options.from_config.empty()) {
     model = result.family + " from " + options.from_config;
@@ -302,9 +349,9 @@ void print_summary(const synth::SynthOptions& options, const synth::SynthResult&
       "ferry synth: %s%s%s%s seed %llu -> %s: %zu files (%zu shards), %zu tensors, "
       "%llu bytes (%s) of tensor data%s\n",
       model.c_str(), options.fused_experts ? " fused-experts" : "", options.sparse ? " sparse" : "",
-      options.format == synth::SynthFormat::kTorchBin ? " format bin" : "",
-      static_cast<unsigned long long>(options.seed), options.out.c_str(), result.files.size(),
-      result.shards, result.tensors, static_cast<unsigned long long>(result.total_bytes),
+      format.c_str(), static_cast<unsigned long long>(options.seed), options.out.c_str(),
+      result.files.size(), result.shards, result.tensors,
+      static_cast<unsigned long long>(result.total_bytes),
       human_bytes(result.total_bytes, 2).c_str(), options.sparse ? " (all zeros, in holes)" : "");
 }
 

@@ -280,7 +280,7 @@ TEST(SynthBin, CommandLineFormat) {
   EXPECT_EQ(
       run_cli({"--family=llama", "--preset=tiny", "--out", other, "--format", "pt"}, nullptr, &err),
       2);
-  EXPECT_NE(err.find("--format: pt not in {safetensors,bin}"), std::string::npos) << err;
+  EXPECT_NE(err.find("--format: pt not in {safetensors,bin,gguf}"), std::string::npos) << err;
   // Refusals are failures of the run (exit 1 from main), naming the flag.
   try {
     run_cli({"--family=llama", "--preset=tiny", "--out", other, "--format=bin", "--sparse"});

@@ -145,7 +145,7 @@ TEST_F(CliTest, UsageErrorsExitTwoNamingTheFlag) {
       {{"synth", "--family", "llama", "--preset", "tiny", "--out", "/x", "--seed", "1.5"},
        "--seed: expected a whole number, not '1.5'"},
       {{"synth", "--family", "llama", "--preset", "tiny", "--out", "/x", "--format", "pt"},
-       "--format: pt not in {safetensors,bin}"},
+       "--format: pt not in {safetensors,bin,gguf}"},
       {{"selftest", "--devices"}, "--devices: 1 required SPEC missing"},
       {{"selftest", "--bogus"}, "not expected: --bogus"},
       {{"demo", "--cache"}, "--cache: 1 required DIR missing"},
