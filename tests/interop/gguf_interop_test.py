@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Interoperability with llama.cpp's gguf-py (the `gguf` package).
 
-usage: gguf_interop_test.py GGUF_DUMP      (tests/interop/gguf_dump.cpp, built by CMake)
+usage: gguf_interop_test.py GGUF_DUMP [FERRY]   (gguf_dump.cpp and ferry, built by CMake)
 
 1. Files gguf-py's GGUFWriter writes (every metadata value type, nested and long
    arrays, tensors of F32, F16, BF16 and every type gguf-py can quantize, random
@@ -15,6 +15,13 @@ usage: gguf_interop_test.py GGUF_DUMP      (tests/interop/gguf_dump.cpp, built b
 3. A file ferry's GgufWriter writes reads back in GGUFReader with the same keys,
    values, shapes, types and bytes.
 4. ferry's llama_qk_permute_rows is LlamaModel.permute's reshape/swapaxes on row ids.
+5. (with FERRY) `ferry synth --format gguf` files, one per family it writes and each
+   --gguf-type among them, read in GGUFReader: the architecture, file type and the
+   sizes' keys, and every tensor's name, type, shape and bytes as this script makes
+   them from the safetensors twin the way convert_hf_to_gguf.py does (gguf-py's
+   TensorNameMap for the names, LlamaModel.permute, torch.stack's order of the
+   experts, DeepseekV2Model's kv_b_proj split, the MTP layer dropped, prepare_tensors'
+   type rules and gguf.quants.quantize for the bytes).
 
 Exits 77 (CTest's skip) when gguf or numpy cannot be imported. With FERRY_GGUF_PYTHON
 set (a Python that has them, e.g. /work/venv-parity/bin/python), it runs itself again
@@ -22,6 +29,7 @@ with that interpreter first.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,6 +50,7 @@ except ImportError as e:  # pragma: no cover
     sys.exit(77)
 
 DUMP = sys.argv[1]
+FERRY = sys.argv[2] if len(sys.argv) > 2 else None
 FAILURES = []
 VALUE_NAMES = {V.UINT8: "u8", V.INT8: "i8", V.UINT16: "u16", V.INT16: "i16", V.UINT32: "u32",
                V.INT32: "i32", V.FLOAT32: "f32", V.BOOL: "bool", V.STRING: "string",
@@ -295,6 +304,181 @@ def check_permute():
     print("LlamaModel.permute: ferry's rows equal numpy's reshape/swapaxes")
 
 
+# ---- 5. ferry synth --format gguf against the converter's steps ---------------------
+
+SYNTH_CASES = [("llama", "q8_0"), ("mistral", "bf16"), ("mixtral", "f16"), ("qwen2", "f32"),
+               ("qwen3", "q8_0"), ("qwen3_moe", "bf16"), ("deepseek_v2", "q8_0"),
+               ("deepseek_v3", "f16")]
+SYNTH_ARCH = {"llama": "LLAMA", "mistral": "LLAMA", "mixtral": "LLAMA", "qwen2": "QWEN2",
+              "qwen3": "QWEN3", "qwen3_moe": "QWEN3MOE", "deepseek_v2": "DEEPSEEK2",
+              "deepseek_v3": "DEEPSEEK2"}
+OUTTYPES = {"f32": (Q.F32, 0), "f16": (Q.F16, 1), "bf16": (Q.BF16, 32), "q8_0": (Q.Q8_0, 7)}
+
+
+def synth(*args):
+    p = subprocess.run([FERRY, "synth", *args, "--no-fsync"], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"ferry synth {' '.join(args)} exited {p.returncode}: {p.stderr}")
+
+
+def read_safetensors_folder(folder):
+    """Every tensor of the folder's *.safetensors as float32 (what the converter reads:
+    data_torch.to(torch.float32))."""
+    out = {}
+    for file in sorted(os.listdir(folder)):
+        if not file.endswith(".safetensors"):
+            continue
+        raw = open(os.path.join(folder, file), "rb").read()
+        n = int.from_bytes(raw[:8], "little")
+        header = json.loads(raw[8:8 + n])
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            begin, end = info["data_offsets"]
+            b = raw[8 + n + begin:8 + n + end]
+            if info["dtype"] == "BF16":
+                a = (np.frombuffer(b, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+            elif info["dtype"] == "F16":
+                a = np.frombuffer(b, dtype="<f2").astype(np.float32)
+            else:
+                a = np.frombuffer(b, dtype="<f4").copy()
+            out[name] = a.reshape(info["shape"])
+    return out
+
+
+def llama_permute(w, n_head, n_head_kv):
+    # LlamaModel.permute, on numpy.
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def converter_tensors(family, twin, config):
+    """name -> float32 array, as convert_hf_to_gguf.py's modify_tensors yield them."""
+    arch = getattr(gguf.MODEL_ARCH, SYNTH_ARCH[family])
+    n_blocks = config["num_hidden_layers"]
+    tmap = gguf.get_tensor_name_map(arch, n_blocks)
+    n_experts = (config.get("num_local_experts") or config.get("num_experts")
+                 or config.get("n_routed_experts"))
+    out, pending = {}, {}
+
+    def emit(name, data):
+        new = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
+        if new is None:
+            raise RuntimeError(f"{family}: gguf-py cannot map {name}")
+        out[new] = data
+
+    for name, data in twin.items():
+        if name.endswith("e_score_correction_bias"):  # ModelBase.filter_tensors
+            name = name.replace("e_score_correction_bias", "e_score_correction.bias")
+        m = re.match(r"model\.layers\.(\d+)\.", name)
+        bid = int(m.group(1)) if m else None
+        if arch == gguf.MODEL_ARCH.DEEPSEEK2 and bid is not None and bid >= n_blocks:
+            continue  # skip_mtp
+        if arch == gguf.MODEL_ARCH.LLAMA:
+            heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+            if name.endswith(("q_proj.weight", "q_proj.bias")):
+                data = llama_permute(data, heads, heads)
+            if name.endswith(("k_proj.weight", "k_proj.bias")):
+                data = llama_permute(data, heads, kv)
+        if ".experts." in name:
+            pending.setdefault(bid, {})[name] = data
+            if len(pending[bid]) < 3 * n_experts:
+                continue
+            experts = pending.pop(bid)
+            if family == "mixtral":
+                for wid in ("w1", "w2", "w3"):
+                    stack = np.stack([experts[f"model.layers.{bid}.block_sparse_moe.experts."
+                                              f"{x}.{wid}.weight"] for x in range(n_experts)])
+                    emit(f"layers.{bid}.feed_forward.experts.{wid}.weight", stack)
+            else:
+                for w in ("down_proj", "gate_proj", "up_proj"):
+                    stack = np.stack([experts[f"model.layers.{bid}.mlp.experts.{x}.{w}.weight"]
+                                      for x in range(n_experts)])
+                    emit(f"model.layers.{bid}.mlp.experts.{w}.weight", stack)
+            continue
+        if arch == gguf.MODEL_ARCH.DEEPSEEK2 and name.endswith("kv_b_proj.weight"):
+            n, v, nope = (config["num_key_value_heads"], config["v_head_dim"],
+                          config["qk_nope_head_dim"])
+            kv_b = data.reshape(n, v + nope, data.shape[-1])
+            k_b, v_b = kv_b[:, :nope, :], kv_b[:, nope:, :]
+            emit(name.replace("kv_b_proj", "k_b_proj"), np.ascontiguousarray(k_b.transpose(0, 2, 1)))
+            emit(name.replace("kv_b_proj", "v_b_proj"), np.ascontiguousarray(v_b))
+            continue
+        emit(name, data)
+    if pending:
+        raise RuntimeError(f"{family}: unstacked experts in layers {sorted(pending)}")
+    return out
+
+
+def converter_bytes(name, data, outtype):
+    """prepare_tensors' type choice and gguf.quants.quantize."""
+    if data.ndim <= 1 or name.endswith("_norm.weight"):
+        qtype = Q.F32
+    elif name.endswith("ffn_gate_inp.weight") or not name.endswith(".weight"):
+        qtype = Q.F32
+    else:
+        qtype = outtype
+    try:
+        raw = quants.quantize(data, qtype)
+    except quants.QuantError:
+        qtype = Q.F16  # "falling back to F16"
+        raw = quants.quantize(data, qtype)
+    return qtype, raw.tobytes()
+
+
+def check_ferry_synth(root):
+    checked = 0
+    for family, outtype_name in SYNTH_CASES:
+        what = f"ferry synth {family} --gguf-type {outtype_name}"
+        st, gg = os.path.join(root, family + "-st"), os.path.join(root, family + "-gguf")
+        synth("--family", family, "--preset", "tiny", "--seed", "9", "--out", st)
+        synth("--family", family, "--preset", "tiny", "--seed", "9", "--out", gg,
+              "--format", "gguf", "--gguf-type", outtype_name)
+        if sorted(os.listdir(gg)) != ["model.gguf"]:
+            fail(f"{what}: the folder holds {sorted(os.listdir(gg))}")
+        config = json.load(open(os.path.join(st, "config.json")))
+        expected = converter_tensors(family, read_safetensors_folder(st), config)
+        outtype, file_type = OUTTYPES[outtype_name]
+        reader = gguf.GGUFReader(os.path.join(gg, "model.gguf"))
+        arch = gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, SYNTH_ARCH[family])]
+        keys = {"general.architecture": arch, "general.file_type": file_type,
+                "general.quantization_version": 2,
+                f"{arch}.block_count": config["num_hidden_layers"],
+                f"{arch}.embedding_length": config["hidden_size"],
+                f"{arch}.attention.head_count": config["num_attention_heads"],
+                f"{arch}.attention.head_count_kv":
+                    1 if arch == "deepseek2" else config["num_key_value_heads"]}
+        experts = (config.get("num_local_experts") or config.get("num_experts")
+                   or config.get("n_routed_experts"))
+        if experts:
+            keys[f"{arch}.expert_count"] = experts
+        for key, value in keys.items():
+            field = reader.get_field(key)
+            if field is None or field.contents() != value:
+                fail(f"{what}: {key} reads {None if field is None else field.contents()!r}, "
+                     f"not {value!r}")
+        names = {t.name for t in reader.tensors}
+        if names != set(expected):
+            fail(f"{what}: tensors only in the file {sorted(names - set(expected))[:4]}, "
+                 f"only in the converter's {sorted(set(expected) - names)[:4]}")
+        for t in reader.tensors:
+            if t.name not in expected:
+                continue
+            data = expected[t.name]
+            qtype, raw = converter_bytes(t.name, data, outtype)
+            shape = [int(x) for x in t.shape]
+            if t.tensor_type != qtype or shape != list(reversed(data.shape)):
+                fail(f"{what}: {t.name} is {t.tensor_type.name} {shape}, the converter's "
+                     f"{qtype.name} {list(reversed(data.shape))}")
+            elif t.data.tobytes() != raw:
+                fail(f"{what}: {t.name}: bytes differ from the converter's")
+            checked += 1
+    print(f"ferry synth --format gguf: {checked} tensors of {len(SYNTH_CASES)} files are the "
+          f"converter's (names, types, shapes, bytes)")
+
+
 def main():
     rng = np.random.default_rng(11)
     with tempfile.TemporaryDirectory() as d:
@@ -305,6 +489,11 @@ def main():
     check_q8_0(rng)
     check_ferry_writer(rng)
     check_permute()
+    if FERRY:
+        with tempfile.TemporaryDirectory() as d:
+            check_ferry_synth(d)
+    else:
+        print("ferry synth --format gguf: not checked (no FERRY argument)")
     if FAILURES:
         print(f"{len(FAILURES)} failure(s)")
         return 1
