@@ -136,7 +136,7 @@ TEST_F(CliTest, UsageErrorsExitTwoNamingTheFlag) {
       {{"plan", "--model", m, "--draft=maybe"}, "--draft: model.draft: expected true or false"},
       {{"plan", "--model", m, "--tp", "0"}, "--tp: parallel.tp"},
       {{"load", "--model", m, "--set", "io.chunk_byte=4096"}, "unknown key 'io.chunk_byte'"},
-      {{"inspect", m, "--load-format", "gguf"}, "--load-format: unknown load format 'gguf'"},
+      {{"inspect", m, "--load-format", "onnx"}, "--load-format: unknown load format 'onnx'"},
       {{"inspect"}, "PATH is required"},
       {{"inspect", m, m}, "not expected"},
       {{"synth", "--family", "llama", "--preset", "tiny", "--out"},
