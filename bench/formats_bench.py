@@ -15,6 +15,11 @@ them, and pytorch_model.bin.index.json). Every row is a whole process on host de
   no parameter memory committed), since on host devices both ferry's and the peer's
   wall time are mostly the kernel faulting in the parameters' 2.2 GB of RAM, which a
   GPU load does not do;
+- ferry gguf: `ferry load` of the medium Llama as one GGUF F16 file (`ferry synth
+  --format gguf --gguf-type f16`: llama.cpp's names, Q/K rows permuted), model.dtype
+  auto (the file's F16, no cast);
+- gguf-py: bench/peers/peer_gguf.py (tp rank processes; each gguf.GGUFReader's memmap
+  and a numpy copy of its rank's rows of every tensor), when this Python has gguf;
 - torch.load: bench/peers/peer_torch_load.py (tp rank processes at once, each
   torch.load(weights_only=True, mmap=True) of every shard and a copy of its rank's
   rows into parameters it allocated), when .venv-bench/bin/python exists
@@ -28,6 +33,7 @@ import glob
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -38,6 +44,12 @@ from bench_common import warm_cache as warm
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = os.path.join(HERE, "..", ".venv-bench", "bin", "python")
 PEER = os.path.join(HERE, "peers", "peer_torch_load.py")
+GGUF_PEER = os.path.join(HERE, "peers", "peer_gguf.py")
+
+
+def has_gguf_py():
+    return subprocess.run([sys.executable, "-c", "import gguf, numpy"],
+                          capture_output=True).returncode == 0
 
 
 def main():
@@ -52,8 +64,14 @@ def main():
     if not os.path.exists(os.path.join(binary, "pytorch_model.bin.index.json")):
         run_measured([ferry, "synth", "--out", binary, "--no-fsync", "--family", "llama",
                       "--preset", "medium", "--format", "bin"])
+    gguf = os.path.join(cache, "llama-medium-seed1-gguf-f16")
+    if not os.path.exists(os.path.join(gguf, "model.gguf")):
+        run_measured([ferry, "synth", "--out", gguf, "--no-fsync", "--family", "llama",
+                      "--preset", "medium", "--format", "gguf", "--gguf-type", "f16"])
+    gguf_file = os.path.join(gguf, "model.gguf")
     files = {"st": sorted(glob.glob(os.path.join(st, "*.safetensors"))),
-             "bin": sorted(glob.glob(os.path.join(binary, "*.bin")))}
+             "bin": sorted(glob.glob(os.path.join(binary, "*.bin"))),
+             "gguf": [gguf_file]}
     sizes = {k: sum(os.path.getsize(f) for f in v) for k, v in files.items()}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,15 +87,23 @@ def main():
             return seconds, r["phases"]["stream"], rss
 
         for tp in args.tp:
-            runs = {"st": [], "bin": [], "bin_null": []}
+            runs = {"st": [], "bin": [], "bin_null": [], "gguf": []}
             if os.path.exists(PYTHON):
                 runs["torch"] = []
+            if has_gguf_py():
+                runs["gguf_py"] = []
             for i in range(args.runs + 1):
                 order = list(runs)
                 order = order[i % len(order):] + order[:i % len(order)]
                 for what in order:
-                    warm(files["st"] if what == "st" else files["bin"])
-                    if what == "torch":
+                    warm(files["st"] if what == "st" else
+                         files["gguf"] if what.startswith("gguf") else files["bin"])
+                    if what == "gguf_py":
+                        s, rss, _ = run_measured([sys.executable, GGUF_PEER, gguf_file, str(tp)])
+                        res = (s, s, rss)
+                    elif what == "gguf":
+                        res = load(gguf_file, tp)
+                    elif what == "torch":
                         s, rss, _ = run_measured([PYTHON, PEER, binary, str(tp)])
                         res = (s, s, rss)
                     elif what == "bin_null":
@@ -94,6 +120,9 @@ def main():
                    "bin_wall": cell([r[0] for r in runs["bin"]]),
                    "bin_stream": cell([r[1] for r in runs["bin"]]),
                    "bin_null_wall": cell([r[0] for r in runs["bin_null"]]),
+                   "gguf_wall": cell([r[0] for r in runs["gguf"]]),
+                   "gguf_stream": cell([r[1] for r in runs["gguf"]]),
+                   "gguf_over_st_stream": med["gguf"][1] / med["st"][1],
                    "rss_st_mib": statistics.median(r[2] for r in runs["st"]) / 2**20,
                    "rss_bin_mib": statistics.median(r[2] for r in runs["bin"]) / 2**20,
                    "bin_over_st_stream": med["bin"][1] / med["st"][1]}
@@ -102,10 +131,21 @@ def main():
                 row["rss_torch_mib"] = statistics.median(r[2] for r in runs["torch"]) / 2**20
                 row["torch_over_bin_wall"] = med["torch"][0] / med["bin"][0]
                 row["torch_over_bin_null_wall"] = med["torch"][0] / med["bin_null"][0]
+            if "gguf_py" in runs:
+                row["gguf_py_wall"] = cell([r[0] for r in runs["gguf_py"]])
+                row["gguf_py_over_gguf_wall"] = med["gguf_py"][0] / med["gguf"][0]
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(f"safetensors {sizes['st'] / 1e9:.3f} GB in {len(files['st'])} files; "
-          f".bin {sizes['bin'] / 1e9:.3f} GB in {len(files['bin'])} files")
+          f".bin {sizes['bin'] / 1e9:.3f} GB in {len(files['bin'])} files; "
+          f"GGUF F16 {sizes['gguf'] / 1e9:.3f} GB")
+    print("| tp | ferry GGUF F16 wall (s) | stream (s) | GGUF / safetensors stream | "
+          "gguf-py peer wall (s) | gguf-py / ferry GGUF wall |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['tp']} | {r['gguf_wall']} | {r['gguf_stream']} | "
+              f"{r['gguf_over_st_stream']:.2f} | {r.get('gguf_py_wall', 'n/a')} | "
+              f"{r.get('gguf_py_over_gguf_wall', float('nan')):.2f} |")
     print("| tp | ferry safetensors wall (s) | stream (s) | ferry .bin wall (s) | stream (s) | "
           "ferry .bin null wall (s) | torch.load wall (s) | .bin / safetensors stream | "
           "torch.load / ferry .bin wall (host; null) | peak RSS st / bin / torch (MiB) |")
