@@ -7,6 +7,8 @@
 import os
 import sys
 
+from peer_ranks import run_ranks
+
 import numpy as np
 from gguf import GGUFReader, GGMLQuantizationType
 from gguf.quants import dequantize
@@ -29,18 +31,7 @@ def rank_main(path, tp, rank):
 
 def main():
     path, tp = sys.argv[1], int(sys.argv[2])
-    pids = []
-    for rank in range(tp):
-        pid = os.fork()
-        if pid == 0:
-            rank_main(path, tp, rank)
-            os._exit(0)
-        pids.append(pid)
-    status = 0
-    for pid in pids:
-        _, s = os.waitpid(pid, 0)
-        status |= s
-    sys.exit(1 if status else 0)
+    run_ranks(tp, lambda rank: rank_main(path, tp, rank))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@
 import os
 import sys
 
+from peer_ranks import run_ranks
+
 import torch
 
 
@@ -29,18 +31,7 @@ def rank_main(folder, tp, rank):
 
 def main():
     folder, tp = sys.argv[1], int(sys.argv[2])
-    pids = []
-    for rank in range(tp):
-        pid = os.fork()
-        if pid == 0:
-            rank_main(folder, tp, rank)
-            os._exit(0)
-        pids.append(pid)
-    status = 0
-    for pid in pids:
-        _, s = os.waitpid(pid, 0)
-        status |= s
-    sys.exit(1 if status else 0)
+    run_ranks(tp, lambda rank: rank_main(folder, tp, rank))
 
 
 if __name__ == "__main__":
