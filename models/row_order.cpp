@@ -69,12 +69,11 @@ std::vector<Piece> unpermute_rows(const std::vector<Piece>& pieces, const io::Te
     // Runs of consecutive rows of one half of one head, with one column window and
     // evenly spaced destinations: one piece each, reading every second source row.
     for (std::size_t a = 0; a < segs.size();) {
+      const std::uint64_t step = a + 1 < segs.size() ? segs[a + 1].dst - segs[a].dst : 0;
       std::size_t b = a + 1;
       while (b < segs.size() && segs[b].row == segs[b - 1].row + 1 &&
              segs[b].row / half == segs[a].row / half && segs[b].column == segs[a].column &&
-             segs[b].bytes == segs[a].bytes &&
-             segs[b].dst - segs[b - 1].dst ==
-                 (b - a == 1 ? segs[b].dst - segs[a].dst : segs[a + 1].dst - segs[a].dst)) {
+             segs[b].bytes == segs[a].bytes && segs[b].dst - segs[b - 1].dst == step) {
         ++b;
       }
       Piece q = p;
@@ -83,7 +82,7 @@ std::vector<Piece> unpermute_rows(const std::vector<Piece>& pieces, const io::Te
       q.src_offset = llama_rope_source_row(segs[a].row, rows, heads) * row_bytes + segs[a].column;
       q.src_pitch = 2 * row_bytes;
       q.dst_offset = segs[a].dst;
-      q.dst_pitch = q.rows > 1 ? segs[a + 1].dst - segs[a].dst : q.width_elems * des;
+      q.dst_pitch = q.rows > 1 ? step : q.width_elems * des;
       if (q.rows == 1) {
         q.src_pitch = segs[a].bytes;
       }
