@@ -192,7 +192,7 @@ SafetensorsHeader parse_torch_checkpoint(const ReadAt& read, std::uint64_t file_
 SafetensorsHeader read_torch_checkpoint(const File& file, std::uint64_t max_pickle_bytes) {
   const ReadAt read = [&file](std::uint64_t offset, std::span<std::byte> into) {
     read_exactly(file.fd(), into, offset, Stage::kHeader, file.display(), "",
-                 "the torch.save archive's directory");
+                 "the torch.save archive's records (directory, headers, data.pkl)");
   };
   SafetensorsHeader h = parse_torch_checkpoint(read, file.size(), file.display(), max_pickle_bytes);
   h.identity = file.identity();
