@@ -323,6 +323,15 @@ std::size_t TrackedStreamChecks::cast_2d(const std::byte* dst, std::size_t dst_p
   return check_spans("cast_2d", dst, src, spans);
 }
 
+std::size_t TrackedStreamChecks::dequantize_ggml_2d(const std::byte* dst, std::size_t dst_pitch,
+                                                    DType dst_dtype, const std::byte* src,
+                                                    std::size_t src_pitch, GgmlBlocks blocks,
+                                                    std::size_t width, std::size_t rows) const {
+  const Spans spans = check_dequantize_ggml_2d(device_, dst, dst_pitch, dst_dtype, src, src_pitch,
+                                               blocks, width, rows);
+  return check_spans("dequantize_ggml_2d", dst, src, spans);
+}
+
 std::size_t TrackedStreamChecks::copy_d2d_2d(const std::byte* dst, std::size_t dst_pitch,
                                              const std::byte* src, std::size_t src_pitch,
                                              std::size_t width_bytes, std::size_t rows) const {
@@ -428,6 +437,38 @@ Spans check_cast_2d(const std::string& device, const std::byte* dst, std::size_t
   const bool in_place = dst == src && dst_pitch == src_pitch && dst_row == src_row;
   if (!in_place && overlapping(dst, spans.dst, src, spans.src)) {
     fail_overlap(device, "cast_2d", dst, src, spans);
+  }
+  return spans;
+}
+
+Spans check_dequantize_ggml_2d(const std::string& device, const std::byte* dst,
+                               std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
+                               std::size_t src_pitch, GgmlBlocks blocks, std::size_t width,
+                               std::size_t rows) {
+  constexpr std::string_view kOp = "dequantize_ggml_2d";
+  const std::string what = std::string(kOp) + " " + std::string(ggml_blocks_name(blocks)) + " -> " +
+                           std::string(dtype_name(dst_dtype));
+  if (blocks == GgmlBlocks::kNone) {
+    fail(device, what + ": no block format (Q4_0 .. Q6_K expected)");
+  }
+  if (!castable_dtype(dst_dtype)) {
+    fail(device, what + ": only BF16, F16 and F32 destinations are supported");
+  }
+  const GgmlBlockShape shape = ggml_block_shape(blocks);
+  if (width % shape.elems != 0) {
+    fail(device, what + ": a row of " + std::to_string(width) +
+                     " elements is not a whole number of blocks (" + std::to_string(shape.elems) +
+                     " elements each)");
+  }
+  const std::size_t dst_row = checked_mul(device, kOp, width, dtype_size(dst_dtype));
+  const std::size_t src_row = checked_mul(device, kOp, width / shape.elems, shape.bytes);
+  Spans spans{pitched_span(device, kOp, "destination", dst_pitch, dst_row, rows),
+              pitched_span(device, kOp, "source", src_pitch, src_row, rows)};
+  if (spans.dst == 0) {
+    return {};
+  }
+  if (overlapping(dst, spans.dst, src, spans.src)) {
+    fail_overlap(device, kOp, dst, src, spans);
   }
   return spans;
 }

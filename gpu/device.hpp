@@ -1,7 +1,8 @@
 // The device interface every backend implements: device memory, pinned host memory,
 // a stream that copies host-to-device (1-D and pitched 2-D) and runs the few kernels
 // post-processing needs (fill, zero, dtype cast, FP8 dequantization and
-// quantization), and events that say when the work queued before them is done.
+// quantization, GGML block dequantization), and events that say when the work
+// queued before them is done.
 //
 // The host backend (gpu/host_device.hpp) is the reference: every operation has a
 // plain C++ definition there, and the CUDA backend must produce the same bytes.
@@ -24,6 +25,7 @@
 #include <string>
 
 #include "common/dtype.hpp"
+#include "common/ggml_blocks.hpp"
 #include "gpu/fp8.hpp"
 
 namespace ferry::gpu {
@@ -250,6 +252,16 @@ class Stream {
   virtual void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
                        std::size_t src_pitch, DType src_dtype, std::size_t width,
                        std::size_t rows) = 0;
+  // Dequantizes `rows` rows of `width` elements stored as GGML blocks of `blocks`
+  // (width a whole number of its blocks: a source row is ggml_row_bytes(blocks, width)
+  // bytes, row r at src + r*src_pitch) into dst_dtype (BF16, F16 or F32): each element
+  // is ggml_block_element()'s float32, rounded once to dst_dtype as cast() rounds
+  // F32. Source and destination must not overlap. No alignment needed. A NaN element
+  // (from a NaN or infinite block scale) becomes the target's canonical quiet NaN,
+  // positive: the sign of a NaN that arithmetic makes differs between CPUs and GPUs.
+  virtual void dequantize_ggml_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                                  const std::byte* src, std::size_t src_pitch, GgmlBlocks blocks,
+                                  std::size_t width, std::size_t rows) = 0;
   // Device to device, `width_bytes` a row: how narrow rows copied contiguously into
   // device scratch are gathered into their parameter (CUDA: a kernel).
   virtual void copy_d2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,

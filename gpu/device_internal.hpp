@@ -121,6 +121,12 @@ struct Spans {
 Spans check_cast_2d(const std::string& device, const std::byte* dst, std::size_t dst_pitch,
                     DType dst_dtype, const std::byte* src, std::size_t src_pitch, DType src_dtype,
                     std::size_t width, std::size_t rows);
+// Checks a dequantize_ggml_2d() call (a block format, a castable destination dtype,
+// whole blocks a row, pitches, no overlap); returns its spans.
+Spans check_dequantize_ggml_2d(const std::string& device, const std::byte* dst,
+                               std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
+                               std::size_t src_pitch, GgmlBlocks blocks, std::size_t width,
+                               std::size_t rows);
 // Checks a copy_d2d_2d() call (pitches, no overlap); returns its spans.
 Spans check_copy_d2d_2d(const std::string& device, const std::byte* dst, std::size_t dst_pitch,
                         const std::byte* src, std::size_t src_pitch, std::size_t width_bytes,
@@ -188,6 +194,9 @@ class TrackedStreamChecks {
   std::size_t cast_2d(const std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
                       const std::byte* src, std::size_t src_pitch, DType src_dtype,
                       std::size_t width, std::size_t rows) const;
+  std::size_t dequantize_ggml_2d(const std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                                 const std::byte* src, std::size_t src_pitch, GgmlBlocks blocks,
+                                 std::size_t width, std::size_t rows) const;
   std::size_t copy_d2d_2d(const std::byte* dst, std::size_t dst_pitch, const std::byte* src,
                           std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) const;
   std::size_t transpose(const std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,

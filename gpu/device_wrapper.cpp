@@ -49,6 +49,11 @@ void StreamWrapper::cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dty
                             std::size_t width, std::size_t rows) {
   inner_->cast_2d(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows);
 }
+void StreamWrapper::dequantize_ggml_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                                       const std::byte* src, std::size_t src_pitch,
+                                       GgmlBlocks blocks, std::size_t width, std::size_t rows) {
+  inner_->dequantize_ggml_2d(dst, dst_pitch, dst_dtype, src, src_pitch, blocks, width, rows);
+}
 void StreamWrapper::copy_d2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
                                 std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) {
   inner_->copy_d2d_2d(dst, dst_pitch, src, src_pitch, width_bytes, rows);

@@ -36,6 +36,9 @@ class StreamWrapper : public Stream {
   void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
                std::size_t src_pitch, DType src_dtype, std::size_t width,
                std::size_t rows) override;
+  void dequantize_ggml_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                          const std::byte* src, std::size_t src_pitch, GgmlBlocks blocks,
+                          std::size_t width, std::size_t rows) override;
   void copy_d2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
                    std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) override;
   void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,

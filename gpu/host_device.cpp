@@ -514,6 +514,17 @@ class HostStream final : public Stream {
     }
   }
 
+  void dequantize_ggml_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                          const std::byte* src, std::size_t src_pitch, GgmlBlocks blocks,
+                          std::size_t width, std::size_t rows) override {
+    if (checks().dequantize_ggml_2d(dst, dst_pitch, dst_dtype, src, src_pitch, blocks, width,
+                                    rows) != 0) {
+      run([=] {
+        host::dequantize_ggml_2d(dst, dst_pitch, dst_dtype, src, src_pitch, blocks, width, rows);
+      });
+    }
+  }
+
   void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
                  std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
                  std::size_t cols, std::size_t batches) override {

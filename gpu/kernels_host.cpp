@@ -284,6 +284,30 @@ void copy_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src, std::s
   }
 }
 
+void dequantize_ggml_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                        const std::byte* src, std::size_t src_pitch, GgmlBlocks blocks,
+                        std::size_t width, std::size_t rows) {
+  const GgmlBlockShape shape = ggml_block_shape(blocks);
+  if (shape.bytes == 0) {
+    return;  // kNone: the caller has refused it
+  }
+  const std::size_t per_row = width / shape.elems;
+  for (std::size_t r = 0; r < rows; ++r) {
+    const auto* in = reinterpret_cast<const unsigned char*>(src + r * src_pitch);
+    std::byte* out = dst + r * dst_pitch;
+    for (std::size_t b = 0; b < per_row; ++b) {
+      const unsigned char* block = in + b * shape.bytes;
+      for (unsigned e = 0; e < shape.elems; ++e) {
+        std::uint32_t f32 = std::bit_cast<std::uint32_t>(ggml_block_element(blocks, block, e));
+        if (f32_is_nan(f32)) {
+          f32 = kF32CanonicalNaN;  // the sign of a computed NaN is the CPU's: dropped
+        }
+        store_from_f32(out, b * shape.elems + e, dst_dtype, f32);
+      }
+    }
+  }
+}
+
 void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
                std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
                std::size_t cols, std::size_t batches) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "common/dtype.hpp"
+#include "common/ggml_blocks.hpp"
 #include "gpu/fp8.hpp"
 
 namespace ferry::gpu::host {
@@ -52,13 +53,19 @@ void cast(std::byte* dst, DType dst_dtype, const std::byte* src, DType src_dtype
           std::size_t count);
 
 // The pitched and batched operations of gpu::Stream (zero_2d, cast_2d, copy_d2d_2d,
-// transpose), as plain loops: what the CUDA kernels must match byte for byte.
-// Arguments are the caller's to check (gpu/device_internal.hpp).
+// dequantize_ggml_2d, transpose), as plain loops: what the CUDA kernels must match
+// byte for byte. Arguments are the caller's to check (gpu/device_internal.hpp).
 void zero_2d(std::byte* dst, std::size_t dst_pitch, std::size_t width_bytes, std::size_t rows);
 void cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
              std::size_t src_pitch, DType src_dtype, std::size_t width, std::size_t rows);
 void copy_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src, std::size_t src_pitch,
              std::size_t width_bytes, std::size_t rows);
+// Stream::dequantize_ggml_2d: element by element through ggml_block_element
+// (common/ggml_blocks.hpp, the CUDA kernel's own element code), a NaN made the
+// positive canonical NaN, then stored with this file's F32 conversions.
+void dequantize_ggml_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                        const std::byte* src, std::size_t src_pitch, GgmlBlocks blocks,
+                        std::size_t width, std::size_t rows);
 void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
                std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
                std::size_t cols, std::size_t batches);

@@ -71,6 +71,14 @@ class MeteredStream final : public StreamWrapper {
     StreamWrapper::cast_2d(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows);
     report("cast", width * rows * dtype_size(dst_dtype), t);
   }
+  void dequantize_ggml_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                          const std::byte* src, std::size_t src_pitch, GgmlBlocks blocks,
+                          std::size_t width, std::size_t rows) override {
+    const Clock::time_point t = Clock::now();
+    StreamWrapper::dequantize_ggml_2d(dst, dst_pitch, dst_dtype, src, src_pitch, blocks, width,
+                                      rows);
+    report("cast", width * rows * dtype_size(dst_dtype), t);
+  }
   void copy_d2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
                    std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) override {
     const Clock::time_point t = Clock::now();

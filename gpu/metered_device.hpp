@@ -1,9 +1,9 @@
 // A Device decorator that tells an observer (runtime metrics and trace) about every
-// stream operation that writes device memory: host-to-device copies, casts, fills
-// and zero fills, with bytes and when the call began and returned. On the host
-// backend the call is the work; on CUDA it is the enqueue (and, for pageable
-// memory, the staging the driver does before returning). Everything else forwards
-// to the inner device unchanged.
+// stream operation that writes device memory: host-to-device copies, casts (GGML
+// dequantization among them), fills and zero fills, with bytes and when the call
+// began and returned. On the host backend the call is the work; on CUDA it is the
+// enqueue (and, for pageable memory, the staging the driver does before returning).
+// Everything else forwards to the inner device unchanged.
 #pragma once
 
 #include <chrono>
@@ -19,9 +19,9 @@ namespace ferry::gpu {
 
 struct DeviceOp {
   const std::string* device = nullptr;  // the device's name
-  // "copy" (copy_h2d, copy_h2d_2d), "cast" (cast, cast_2d), "fill" (fill, fill_random),
-  // "zero" (zero, zero_2d), "gather" (copy_d2d_2d); transposes and reads back are not
-  // reported.
+  // "copy" (copy_h2d, copy_h2d_2d), "cast" (cast, cast_2d, dequantize_ggml_2d), "fill"
+  // (fill, fill_random), "zero" (zero, zero_2d), "gather" (copy_d2d_2d); transposes and
+  // reads back are not reported.
   std::string_view op;
   std::size_t bytes = 0;  // bytes written to the device
   std::chrono::steady_clock::time_point begin, end;

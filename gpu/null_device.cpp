@@ -121,6 +121,14 @@ class NullStream final : public Stream {
       state_->written(width_bytes * rows);
     }
   }
+  void dequantize_ggml_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                          const std::byte* src, std::size_t src_pitch, GgmlBlocks blocks,
+                          std::size_t width, std::size_t rows) override {
+    if (checks().dequantize_ggml_2d(dst, dst_pitch, dst_dtype, src, src_pitch, blocks, width,
+                                    rows) != 0) {
+      state_->written(width * dtype_size(dst_dtype) * rows);
+    }
+  }
   void transpose(std::byte* dst, std::size_t dst_batch_pitch, const std::byte* src,
                  std::size_t src_batch_pitch, std::size_t element_size, std::size_t rows,
                  std::size_t cols, std::size_t batches) override {

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/ggml_blocks.hpp"
 #include "gpu/kernels_host.hpp"
 
 namespace ferry::gpu {
@@ -564,6 +565,44 @@ void add_fp8_scenarios(std::vector<Scenario>& out) {
   }
 }
 
+// GGML block dequantization of the random background: every format into BF16, F16
+// and F32, at aligned and unaligned addresses and pitches. The background's F16
+// scales include NaN, infinities and subnormals. One call past 65535 rows (the
+// kernel's grid strides over rows).
+void add_ggml_scenarios(std::vector<Scenario>& out) {
+  const GgmlBlocks formats[] = {GgmlBlocks::kQ4_0, GgmlBlocks::kQ4_1, GgmlBlocks::kQ5_0,
+                                GgmlBlocks::kQ5_1, GgmlBlocks::kQ8_0, GgmlBlocks::kQ2_K,
+                                GgmlBlocks::kQ3_K, GgmlBlocks::kQ4_K, GgmlBlocks::kQ5_K,
+                                GgmlBlocks::kQ6_K};
+  for (GgmlBlocks blocks : formats) {
+    const std::size_t elems = ggml_block_shape(blocks).elems;
+    const std::size_t width = elems * (elems == 32 ? 9 : 3);
+    const std::size_t rows = 33;
+    for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+      for (std::size_t misalign : {std::size_t{0}, std::size_t{1}}) {
+        const std::size_t src_pitch = ggml_row_bytes(blocks, width) + 5 + misalign;
+        const std::size_t dst_pitch = width * dtype_size(dtype) + 64 + misalign;
+        const std::size_t dst_at = kGuard + rows * src_pitch + kGuard + misalign;
+        out.push_back({"dequantize_ggml_2d " + std::string(ggml_blocks_name(blocks)) + " -> " +
+                           dtype_str(dtype) + (misalign ? " unaligned" : ""),
+                       dst_at + rows * dst_pitch + kGuard,
+                       [=](Device&, Stream& s, std::byte* base) {
+                         s.dequantize_ggml_2d(base + dst_at, dst_pitch, dtype, base + kGuard,
+                                              src_pitch, blocks, width, rows);
+                       }});
+      }
+    }
+  }
+  const std::size_t rows = 66000;
+  const std::size_t src_pitch = ggml_row_bytes(GgmlBlocks::kQ4_0, 32);
+  const std::size_t dst_at = kGuard + rows * src_pitch + kGuard;
+  out.push_back({"dequantize_ggml_2d Q4_0 -> BF16, 66000 rows", dst_at + rows * 64 + kGuard,
+                 [=](Device&, Stream& s, std::byte* base) {
+                   s.dequantize_ggml_2d(base + dst_at, 64, DType::kBF16, base + kGuard, src_pitch,
+                                        GgmlBlocks::kQ4_0, 32, rows);
+                 }});
+}
+
 bool same_live(const AllocationStats& a, const AllocationStats& b) {
   return a.device.live_count == b.device.live_count && a.device.live_bytes == b.device.live_bytes &&
          a.pinned.live_count == b.pinned.live_count &&
@@ -627,6 +666,7 @@ SelftestResult run_selftest(Device& dut, Device& reference) {
   add_cast_scenarios(scenarios);
   add_device_side_scenarios(scenarios);
   add_fp8_scenarios(scenarios);
+  add_ggml_scenarios(scenarios);
   std::uint64_t seed = 100;
   for (const Scenario& scenario : scenarios) {
     result.checks.push_back(run_check(dut, reference, scenario, seed++));

@@ -356,6 +356,22 @@ class CudaStream final : public Stream {
             std::to_string(rows) + " rows of " + std::to_string(width) + " elements");
   }
 
+  void dequantize_ggml_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                          const std::byte* src, std::size_t src_pitch, GgmlBlocks blocks,
+                          std::size_t width, std::size_t rows) override {
+    if (detail::check_dequantize_ggml_2d(state_->name, dst, dst_pitch, dst_dtype, src, src_pitch,
+                                         blocks, width, rows)
+            .dst == 0) {
+      return;
+    }
+    DeviceScope scope(*state_);
+    check(launch_dequantize_ggml_2d(dst, dst_pitch, dst_dtype, src, src_pitch, blocks, width, rows,
+                                    stream_),
+          "dequantize_ggml_2d kernel launch", state_->name,
+          std::string(ggml_blocks_name(blocks)) + " -> " + std::string(dtype_name(dst_dtype)) +
+              ", " + std::to_string(rows) + " rows of " + std::to_string(width) + " elements");
+  }
+
   void copy_d2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
                    std::size_t src_pitch, std::size_t width_bytes, std::size_t rows) override {
     if (detail::check_copy_d2d_2d(state_->name, dst, dst_pitch, src, src_pitch, width_bytes, rows)

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/dtype.hpp"
+#include "common/ggml_blocks.hpp"
 #include "gpu/device.hpp"
 #include "gpu/fp8.hpp"
 
@@ -37,6 +38,15 @@ cudaError_t launch_cast(std::byte* dst, DType dst_dtype, const std::byte* src, D
 cudaError_t launch_cast_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
                            const std::byte* src, std::size_t src_pitch, DType src_dtype,
                            std::size_t width, std::size_t rows, cudaStream_t stream);
+
+// Stream::dequantize_ggml_2d (gpu/cuda/cuda_ggml_kernels.cu), its arguments checked
+// by the caller: a thread an output element, ggml_block_element's float32 narrowed
+// as the cast kernel narrows F32 (a NaN the positive canonical NaN). kNone gives
+// cudaErrorInvalidValue. Any alignment.
+cudaError_t launch_dequantize_ggml_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                                      const std::byte* src, std::size_t src_pitch,
+                                      GgmlBlocks blocks, std::size_t width, std::size_t rows,
+                                      cudaStream_t stream);
 
 // Device-to-device pitched copy (the gather of narrow rows): each thread moves the
 // widest word (up to 16 bytes) that divides both pointers, pitches and the width.

@@ -1,4 +1,4 @@
-// The CUDA kernels' per-element code (gpu/cuda/cuda_kernels.cu), compiled for the
+// The CUDA kernels' per-element code (gpu/cuda/*_kernels.cu), compiled for the
 // host and run in a plain loop. Only built with the CUDA backend. Tests compare it
 // with the host twins (gpu/kernels_host.hpp) on machines without a GPU; this checks
 // the kernels' own logic (NaN handling, alignment paths, dispatch) and the host
@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/dtype.hpp"
+#include "common/ggml_blocks.hpp"
 #include "gpu/device.hpp"
 #include "gpu/fp8.hpp"
 
@@ -26,6 +27,10 @@ void cast_emulated(std::byte* dst, DType dst_dtype, const std::byte* src, DType 
 
 void cast_2d_emulated(std::byte* dst, std::size_t dst_pitch, DType dst_dtype, const std::byte* src,
                       std::size_t src_pitch, DType src_dtype, std::size_t width, std::size_t rows);
+
+void dequantize_ggml_2d_emulated(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                                 const std::byte* src, std::size_t src_pitch, GgmlBlocks blocks,
+                                 std::size_t width, std::size_t rows);
 
 void copy_2d_emulated(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
                       std::size_t src_pitch, std::size_t width_bytes, std::size_t rows);

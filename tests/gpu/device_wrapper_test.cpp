@@ -62,6 +62,10 @@ class LoggingStream final : public Stream {
                std::size_t) override {
     log_->add("cast_2d", d);
   }
+  void dequantize_ggml_2d(std::byte* d, std::size_t, DType, const std::byte*, std::size_t,
+                          GgmlBlocks, std::size_t, std::size_t) override {
+    log_->add("dequantize_ggml_2d", d);
+  }
   void copy_d2d_2d(std::byte* d, std::size_t, const std::byte*, std::size_t, std::size_t,
                    std::size_t) override {
     log_->add("copy_d2d_2d", d);
@@ -186,6 +190,7 @@ TEST(DeviceWrapper, ForwardsEveryStreamCall) {
   s.set_bytes(d, std::byte{1}, 1);
   s.match_pattern(table, 1, flags);
   s.cast_2d(d, 1, DType::kF32, src, 1, DType::kBF16, 1, 1);
+  s.dequantize_ggml_2d(d, 1, DType::kF32, src, 1, GgmlBlocks::kQ8_0, 32, 1);
   s.copy_d2d_2d(d, 1, src, 1, 1, 1);
   s.transpose(d, 1, src, 1, 1, 1, 1, 1);
   s.dequantize_fp8(d, DType::kBF16, src, src, scales, 1, 1, 1);
@@ -199,10 +204,10 @@ TEST(DeviceWrapper, ForwardsEveryStreamCall) {
   EXPECT_THAT(log->calls,
               ElementsAre("copy_h2d", "copy_h2d_2d", "copy_d2h", "fill", "fill_random", "zero",
                           "cast", "zero_2d", "set_bytes", "match_pattern", "cast_2d",
-                          "copy_d2d_2d", "transpose", "dequantize_fp8", "quantize_fp8",
-                          "pack_ue8m0", "repack_marlin_fp4", "marlin_fp4_scales", "record",
-                          "synchronize", "abandon_emulated_waits"));
-  for (std::size_t i = 0; i < 18; ++i) {
+                          "dequantize_ggml_2d", "copy_d2d_2d", "transpose", "dequantize_fp8",
+                          "quantize_fp8", "pack_ue8m0", "repack_marlin_fp4", "marlin_fp4_scales",
+                          "record", "synchronize", "abandon_emulated_waits"));
+  for (std::size_t i = 0; i < 19; ++i) {
     EXPECT_EQ(log->firsts[i], static_cast<const void*>(d)) << log->calls[i];
   }
 }

@@ -77,6 +77,13 @@ class FaultyStream final : public gpu::StreamWrapper {
     check("cast_2d");
     StreamWrapper::cast_2d(dst, dst_pitch, dst_dtype, src, src_pitch, src_dtype, width, rows);
   }
+  void dequantize_ggml_2d(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
+                          const std::byte* src, std::size_t src_pitch, GgmlBlocks blocks,
+                          std::size_t width, std::size_t rows) override {
+    check("dequantize_ggml_2d");
+    StreamWrapper::dequantize_ggml_2d(dst, dst_pitch, dst_dtype, src, src_pitch, blocks, width,
+                                      rows);
+  }
   void copy_d2d_2d(std::byte* dst, std::size_t dst_pitch, const std::byte* src,
                    std::size_t src_pitch, std::size_t width, std::size_t rows) override {
     check("copy_d2d_2d");
