@@ -242,7 +242,8 @@ CheckpointIndex build_checkpoint_index(const ResolvedSource& source, const Index
     if (source.format == FileFormat::kPickle) {
       h = read_torch_checkpoint(*file, options.max_metadata_bytes);
     } else if (source.format == FileFormat::kGguf) {
-      GgufCheckpoint gguf = read_gguf_checkpoint(*file, options.max_metadata_bytes);
+      GgufCheckpoint gguf =
+          read_gguf_checkpoint(*file, options.max_metadata_bytes, options.gguf_dequantize);
       h = std::move(gguf.header);
       ci.embedded_config = std::make_shared<const nlohmann::json>(std::move(gguf.config));
       for (std::string& note : gguf.notes) {

@@ -11,7 +11,8 @@
 
 namespace ferry::io {
 
-GgufCheckpoint read_gguf_checkpoint(const File& file, std::uint64_t max_metadata_bytes) {
+GgufCheckpoint read_gguf_checkpoint(const File& file, std::uint64_t max_metadata_bytes,
+                                    bool dequantize) {
   GgufParseOptions options;
   options.max_metadata_bytes = max_metadata_bytes;
   const GgufHeader gguf = read_gguf_header(file, options);
@@ -27,12 +28,22 @@ GgufCheckpoint read_gguf_checkpoint(const File& file, std::uint64_t max_metadata
   h.header_bytes = gguf.header_bytes;
   h.identity = gguf.identity;
   for (const GgufHfTensor& t : map.tensors) {
-    const std::optional<DType> dtype = ggml_dtype(t.type);
+    std::optional<DType> dtype = ggml_dtype(t.type);
+    const std::optional<GgmlBlocks> blocks = ggml_blocks(t.type);
+    if (!dtype && blocks && dequantize) {
+      dtype = DType::kF32;  // what each element dequantizes to
+    }
     if (!dtype) {
+      const std::string type(ggml_type_name(t.type));
       throw Error(Stage::kHeader, gguf.file, t.gguf_name,
-                  "GGML type " + std::string(ggml_type_name(t.type)) +
-                      " is quantized: ferry loads GGUF tensors of types F32, F16 and BF16 "
-                      "(and the integer types); quantized GGML blocks are not loaded yet");
+                  !blocks ? "GGML type " + type +
+                                " is not supported: ferry loads GGUF tensors of types F32, F16, "
+                                "BF16 and the integers, and dequantizes Q4_0, Q4_1, Q5_0, Q5_1, "
+                                "Q8_0 and Q2_K to Q6_K"
+                          : "GGML type " + type +
+                                " is quantized and gguf.dequantize is off: keeping GGML blocks "
+                                "for GGUF kernels (SGLang's GGUFLinearMethod) is not built; "
+                                "gguf.dequantize=true dequantizes them on the device");
     }
     if (t.how == GgufToHf::kMlaKB || t.how == GgufToHf::kMlaVB) {
       throw Error(Stage::kHeader, gguf.file, t.gguf_name,
@@ -48,6 +59,7 @@ GgufCheckpoint read_gguf_checkpoint(const File& file, std::uint64_t max_metadata
       info.file = gguf.file;
       info.offset = p.offset;
       info.nbytes = p.nbytes;
+      info.blocks = blocks && dequantize ? *blocks : GgmlBlocks::kNone;
       if (t.how == GgufToHf::kUnpermuteRows) {
         info.interleaved_heads = static_cast<std::uint32_t>(t.heads);
       }

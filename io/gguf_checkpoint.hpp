@@ -25,11 +25,15 @@ struct GgufCheckpoint {
 };
 
 // Reads `file`'s GGUF header (metadata capped at `max_metadata_bytes`) and maps it.
-// Throws ferry::Error naming the file and tensor for everything io/gguf.hpp,
-// io/gguf_names.hpp and io/gguf_config.hpp refuse, and (Stage::kHeader) for a
-// quantized tensor (GGML blocks: F32, F16 and BF16 tensors load; the quantized types
-// are refused by name until gguf.dequantize exists) and for DeepSeek's split
-// attn_k_b / attn_v_b (kv_b_proj put back together element by element).
-GgufCheckpoint read_gguf_checkpoint(const File& file, std::uint64_t max_metadata_bytes);
+// A quantized tensor of a type the device dequantizes (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+// Q2_K to Q6_K) is indexed as F32 elements stored in GGML blocks
+// (TensorInfo::blocks) when `dequantize` (gguf.dequantize) is on. Throws
+// ferry::Error naming the file and tensor for everything io/gguf.hpp,
+// io/gguf_names.hpp and io/gguf_config.hpp refuse, and (Stage::kHeader) for any
+// other quantized type, for every quantized type with `dequantize` off (keeping GGML
+// blocks for GGUF kernels is not built), and for DeepSeek's split attn_k_b /
+// attn_v_b (kv_b_proj put back together element by element).
+GgufCheckpoint read_gguf_checkpoint(const File& file, std::uint64_t max_metadata_bytes,
+                                    bool dequantize = true);
 
 }  // namespace ferry::io

@@ -12,6 +12,7 @@
 
 #include "common/error.hpp"
 #include "common/float_bits.hpp"
+#include "common/ggml_blocks.hpp"
 
 namespace ferry::io {
 namespace {
@@ -62,173 +63,6 @@ std::uint8_t u8(const std::byte* p, std::size_t i) {
 
 std::uint16_t le16(const std::byte* p) {
   return static_cast<std::uint16_t>(u8(p, 0) | (u8(p, 1) << 8));
-}
-
-std::uint32_t le32(const std::byte* p) {
-  return static_cast<std::uint32_t>(u8(p, 0)) | (static_cast<std::uint32_t>(u8(p, 1)) << 8) |
-         (static_cast<std::uint32_t>(u8(p, 2)) << 16) |
-         (static_cast<std::uint32_t>(u8(p, 3)) << 24);
-}
-
-float half(const std::byte* p) {
-  return f16_to_float(le16(p));
-}
-
-// Each decoder writes one block: `b` points at type_size bytes, `y` at block_size floats.
-
-void block_q4_0(const std::byte* b, float* y) {  // d, qs[16]
-  const float d = half(b);
-  for (int j = 0; j < 16; ++j) {
-    const std::uint8_t q = u8(b, 2 + j);
-    y[j] = d * static_cast<float>((q & 0x0f) - 8);
-    y[j + 16] = d * static_cast<float>((q >> 4) - 8);
-  }
-}
-
-void block_q4_1(const std::byte* b, float* y) {  // d, m, qs[16]
-  const float d = half(b);
-  const float m = half(b + 2);
-  for (int j = 0; j < 16; ++j) {
-    const std::uint8_t q = u8(b, 4 + j);
-    y[j] = d * static_cast<float>(q & 0x0f) + m;
-    y[j + 16] = d * static_cast<float>(q >> 4) + m;
-  }
-}
-
-void block_q5_0(const std::byte* b, float* y) {  // d, qh[4], qs[16]
-  const float d = half(b);
-  const std::uint32_t qh = le32(b + 2);
-  for (int j = 0; j < 16; ++j) {
-    const std::uint8_t q = u8(b, 6 + j);
-    const int lo = (q & 0x0f) | static_cast<int>(((qh >> j) & 1u) << 4);
-    const int hi = (q >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
-    y[j] = d * static_cast<float>(lo - 16);
-    y[j + 16] = d * static_cast<float>(hi - 16);
-  }
-}
-
-void block_q5_1(const std::byte* b, float* y) {  // d, m, qh[4], qs[16]
-  const float d = half(b);
-  const float m = half(b + 2);
-  const std::uint32_t qh = le32(b + 4);
-  for (int j = 0; j < 16; ++j) {
-    const std::uint8_t q = u8(b, 8 + j);
-    const int lo = (q & 0x0f) | static_cast<int>(((qh >> j) & 1u) << 4);
-    const int hi = (q >> 4) | static_cast<int>(((qh >> (j + 16)) & 1u) << 4);
-    y[j] = d * static_cast<float>(lo) + m;
-    y[j + 16] = d * static_cast<float>(hi) + m;
-  }
-}
-
-void block_q8_0(const std::byte* b, float* y) {  // d, qs[32] (int8)
-  const float d = half(b);
-  for (int j = 0; j < 32; ++j) {
-    y[j] = static_cast<float>(static_cast<std::int8_t>(u8(b, 2 + j))) * d;
-  }
-}
-
-// Q2_K: scales[16] (low nibble scale, high nibble min), qs[64] (2 bits), d, dmin.
-// Element e = 128 g + 32 s + l takes bits 2s of qs[32 g + l]; its sub-block is e / 16.
-void block_q2_k(const std::byte* b, float* y) {
-  const std::byte* scales = b;
-  const std::byte* qs = b + 16;
-  const float d = half(b + 80);
-  const float dmin = half(b + 82);
-  for (std::uint32_t e = 0; e < kQK; ++e) {
-    const std::uint32_t g = e / 128, s = (e / 32) % 4, l = e % 32;
-    const std::uint8_t sc = u8(scales, e / 16);
-    const float dl = d * static_cast<float>(sc & 0x0f);
-    const float ml = dmin * static_cast<float>(sc >> 4);
-    const int q = (u8(qs, 32 * g + l) >> (2 * s)) & 3;
-    y[e] = dl * static_cast<float>(q) - ml;
-  }
-}
-
-// Q3_K: hmask[32], qs[64], scales[12] (16 six-bit scales, offset 32), d. The high bit
-// of element e = 128 g + 32 s + l is bit (4 g + s) of hmask[l]; set means no -4.
-void block_q3_k(const std::byte* b, float* y) {
-  const std::byte* hmask = b;
-  const std::byte* qs = b + 32;
-  const std::byte* sc = b + 96;
-  const float d = half(b + 108);
-  int scale[16];
-  for (int i = 0; i < 16; ++i) {
-    const int lo = i < 8 ? (u8(sc, i) & 0x0f) : (u8(sc, i - 8) >> 4);
-    const int hi = (u8(sc, 8 + i % 4) >> (2 * (i / 4))) & 3;
-    scale[i] = (lo | (hi << 4)) - 32;
-  }
-  for (std::uint32_t e = 0; e < kQK; ++e) {
-    const std::uint32_t g = e / 128, s = (e / 32) % 4, l = e % 32;
-    const int low = (u8(qs, 32 * g + l) >> (2 * s)) & 3;
-    const int high = (u8(hmask, l) >> (4 * g + s)) & 1;
-    const float dl = d * static_cast<float>(scale[e / 16]);
-    y[e] = dl * static_cast<float>(low - (high != 0 ? 0 : 4));
-  }
-}
-
-// The eight 6-bit scales and mins of Q4_K and Q5_K, packed in 12 bytes (ggml's
-// get_scale_min_k4).
-void scale_min_k4(const std::byte* s, int sc[8], int mn[8]) {
-  for (int j = 0; j < 4; ++j) {
-    sc[j] = u8(s, j) & 63;
-    mn[j] = u8(s, j + 4) & 63;
-    sc[j + 4] = (u8(s, j + 8) & 0x0f) | ((u8(s, j) >> 6) << 4);
-    mn[j + 4] = (u8(s, j + 8) >> 4) | ((u8(s, j + 4) >> 6) << 4);
-  }
-}
-
-// Q4_K: d, dmin, scales[12], qs[128]. Sub-block t (32 elements) of 8 takes nibble
-// t % 2 of qs[32 (t / 2) + l].
-void block_q4_k(const std::byte* b, float* y) {
-  const float d = half(b);
-  const float dmin = half(b + 2);
-  int sc[8], mn[8];
-  scale_min_k4(b + 4, sc, mn);
-  const std::byte* qs = b + 16;
-  for (std::uint32_t e = 0; e < kQK; ++e) {
-    const std::uint32_t t = e / 32, l = e % 32;
-    const int q = (u8(qs, 32 * (t / 2) + l) >> (4 * (t % 2))) & 0x0f;
-    const float d1 = d * static_cast<float>(sc[t]);
-    const float m1 = dmin * static_cast<float>(mn[t]);
-    y[e] = d1 * static_cast<float>(q) - m1;
-  }
-}
-
-// Q5_K: d, dmin, scales[12], qh[32], qs[128]; the fifth bit of sub-block t is bit t
-// of qh[l].
-void block_q5_k(const std::byte* b, float* y) {
-  const float d = half(b);
-  const float dmin = half(b + 2);
-  int sc[8], mn[8];
-  scale_min_k4(b + 4, sc, mn);
-  const std::byte* qh = b + 16;
-  const std::byte* qs = b + 48;
-  for (std::uint32_t e = 0; e < kQK; ++e) {
-    const std::uint32_t t = e / 32, l = e % 32;
-    const int lo = (u8(qs, 32 * (t / 2) + l) >> (4 * (t % 2))) & 0x0f;
-    const int hi = (u8(qh, l) >> t) & 1;
-    const float d1 = d * static_cast<float>(sc[t]);
-    const float m1 = dmin * static_cast<float>(mn[t]);
-    y[e] = d1 * static_cast<float>(lo | (hi << 4)) - m1;
-  }
-}
-
-// Q6_K: ql[128], qh[64], scales[16] (int8), d. Element e = 128 g + 64 h + k has its
-// low nibble in nibble h of ql[64 g + k] and its two high bits at bits 2 s of
-// qh[32 g + l] where e = 128 g + 32 s + l.
-void block_q6_k(const std::byte* b, float* y) {
-  const std::byte* ql = b;
-  const std::byte* qh = b + 128;
-  const std::byte* scales = b + 192;
-  const float d = half(b + 208);
-  for (std::uint32_t e = 0; e < kQK; ++e) {
-    const std::uint32_t g = e / 128, h = (e / 64) % 2, k = e % 64;
-    const std::uint32_t s = (e / 32) % 4, l = e % 32;
-    const int lo = (u8(ql, 64 * g + k) >> (4 * h)) & 0x0f;
-    const int hi = (u8(qh, 32 * g + l) >> (2 * s)) & 3;
-    const float ds = d * static_cast<float>(static_cast<std::int8_t>(u8(scales, e / 16)));
-    y[e] = ds * static_cast<float>((lo | (hi << 4)) - 32);
-  }
 }
 
 [[noreturn]] void fail(Stage stage, std::string_view tensor, const std::string& rule) {
@@ -308,6 +142,33 @@ std::optional<std::uint64_t> ggml_row_bytes(GgmlType type, std::uint64_t element
   return bytes;
 }
 
+std::optional<GgmlBlocks> ggml_blocks(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ4_0:
+      return GgmlBlocks::kQ4_0;
+    case GgmlType::kQ4_1:
+      return GgmlBlocks::kQ4_1;
+    case GgmlType::kQ5_0:
+      return GgmlBlocks::kQ5_0;
+    case GgmlType::kQ5_1:
+      return GgmlBlocks::kQ5_1;
+    case GgmlType::kQ8_0:
+      return GgmlBlocks::kQ8_0;
+    case GgmlType::kQ2_K:
+      return GgmlBlocks::kQ2_K;
+    case GgmlType::kQ3_K:
+      return GgmlBlocks::kQ3_K;
+    case GgmlType::kQ4_K:
+      return GgmlBlocks::kQ4_K;
+    case GgmlType::kQ5_K:
+      return GgmlBlocks::kQ5_K;
+    case GgmlType::kQ6_K:
+      return GgmlBlocks::kQ6_K;
+    default:
+      return std::nullopt;
+  }
+}
+
 bool can_dequantize(GgmlType type) {
   switch (type) {
     case GgmlType::kF32:
@@ -349,49 +210,25 @@ void dequantize(GgmlType type, std::span<const std::byte> src, std::span<float> 
   }
   const std::byte* b = src.data();
   float* y = out.data();
+  const std::optional<GgmlBlocks> kind = ggml_blocks(type);
   for (std::size_t i = 0; i < blocks; ++i, b += t.type_size, y += t.block_size) {
     switch (type) {
       case GgmlType::kF32:
         std::memcpy(y, b, 4);
         break;
       case GgmlType::kF16:
-        *y = half(b);
+        *y = f16_to_float(le16(b));
         break;
       case GgmlType::kBF16:
         *y = bf16_to_float(le16(b));
         break;
-      case GgmlType::kQ4_0:
-        block_q4_0(b, y);
+      default: {  // a quantized type: can_dequantize said it has a block format
+        const auto* block = reinterpret_cast<const unsigned char*>(b);
+        for (std::uint32_t e = 0; e < t.block_size; ++e) {
+          y[e] = ggml_block_element(*kind, block, e);
+        }
         break;
-      case GgmlType::kQ4_1:
-        block_q4_1(b, y);
-        break;
-      case GgmlType::kQ5_0:
-        block_q5_0(b, y);
-        break;
-      case GgmlType::kQ5_1:
-        block_q5_1(b, y);
-        break;
-      case GgmlType::kQ8_0:
-        block_q8_0(b, y);
-        break;
-      case GgmlType::kQ2_K:
-        block_q2_k(b, y);
-        break;
-      case GgmlType::kQ3_K:
-        block_q3_k(b, y);
-        break;
-      case GgmlType::kQ4_K:
-        block_q4_k(b, y);
-        break;
-      case GgmlType::kQ5_K:
-        block_q5_k(b, y);
-        break;
-      case GgmlType::kQ6_K:
-        block_q6_k(b, y);
-        break;
-      default:
-        break;  // refused above
+      }
     }
   }
 }
@@ -436,26 +273,9 @@ void quantize_q8_0(std::span<const float> in, std::span<std::byte> out, std::str
 }
 
 float f16_to_float(std::uint16_t bits) {
-  const std::uint32_t sign = static_cast<std::uint32_t>(bits & 0x8000u) << 16;
-  const std::uint32_t exp = (bits >> 10) & 0x1fu;
-  std::uint32_t mant = bits & 0x3ffu;
-  std::uint32_t out = 0;
-  if (exp == 0x1f) {
-    out = sign | 0x7f800000u | (mant << 13);  // infinity or NaN, payload kept
-  } else if (exp != 0) {
-    out = sign | ((exp + 112) << 23) | (mant << 13);
-  } else if (mant == 0) {
-    out = sign;
-  } else {
-    // Subnormal half: normalize into a float's exponent range.
-    std::uint32_t e = 113;
-    while ((mant & 0x400u) == 0) {
-      mant <<= 1;
-      --e;
-    }
-    out = sign | (e << 23) | ((mant & 0x3ffu) << 13);
-  }
-  return std::bit_cast<float>(out);
+  const unsigned char le[2] = {static_cast<unsigned char>(bits & 0xffu),
+                               static_cast<unsigned char>(bits >> 8)};
+  return ggml_detail::half_at(le);
 }
 
 float bf16_to_float(std::uint16_t bits) {

@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "common/dtype.hpp"
+#include "common/ggml_blocks.hpp"
 
 namespace ferry::io {
 
@@ -79,6 +80,10 @@ std::optional<DType> ggml_dtype(GgmlType type);
 // Bytes of a row of `elements` elements: nullopt when `elements` is not a whole
 // number of blocks or the product overflows 64 bits.
 std::optional<std::uint64_t> ggml_row_bytes(GgmlType type, std::uint64_t elements);
+
+// The block format the copy path dequantizes `type` from (common/ggml_blocks.hpp):
+// the quantized types dequantize() reads; nullopt for the others.
+std::optional<GgmlBlocks> ggml_blocks(GgmlType type);
 
 // Whether dequantize() reads `type`: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
 // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/dtype.hpp"
+#include "common/ggml_blocks.hpp"
 #include "common/small_file.hpp"
 #include "io/discover.hpp"
 #include "io/file.hpp"
@@ -36,6 +37,11 @@ struct TensorInfo {
   // holds row h*d + k*d/2 + j, d the rows per head); placement reads them back in
   // the Hugging Face order (models/row_order.hpp). GGUF's llama attn_q / attn_k.
   std::uint32_t interleaved_heads = 0;
+  // Not kNone: the data is GGML blocks of this format (a quantized GGUF tensor read
+  // with gguf.dequantize), `dtype` is F32, the type each element dequantizes to, and
+  // nbytes counts the blocks. Placement cuts only whole blocks (models/row_order.hpp)
+  // and the copy dequantizes on the device (gpu::Stream::dequantize_ggml_2d).
+  GgmlBlocks blocks = GgmlBlocks::kNone;
 
   std::uint64_t elements() const;
 };
@@ -130,6 +136,9 @@ struct IndexOptions {
   // (sharded_state: every rank stores its own model.norm.weight); find() then gives
   // the first. Off: such a pair is an error (one checkpoint's shards).
   bool names_per_file = false;
+  // gguf.dequantize: quantized GGML tensors are indexed as blocks to dequantize on the
+  // device (TensorInfo::blocks). Off: they are refused by name.
+  bool gguf_dequantize = true;
 };
 
 // Reads every chosen file's header and cross-checks them with the index. Errors
