@@ -31,16 +31,16 @@ Shape shape_of(const Fragment& f) {
           f.dst_pitch,
           f.src_row_bytes(),
           f.dst_row_bytes(),
-          f.src_dtype != f.dst_dtype};
+          f.src_dtype != f.dst_dtype || f.src_blocks != GgmlBlocks::kNone};
 }
 
 Shape shape_of(const models::Piece& p) {
   return {p.rows,
           p.src_pitch,
           p.dst_pitch,
-          p.width_elems * dtype_size(p.src_dtype),
+          p.src_row_bytes(),
           p.width_elems * dtype_size(p.dst_dtype),
-          p.src_dtype != p.dst_dtype};
+          p.src_dtype != p.dst_dtype || p.src_blocks != GgmlBlocks::kNone};
 }
 
 bool dense_source(const Shape& s) {
@@ -64,8 +64,8 @@ CopyStep copy_step(const Shape& s, std::size_t narrow_row_bytes) {
   // rows: a ratio per row, not per span, because a span's ratio depends on the row
   // count (two rows of pitch 3w span 4w = 2 x 2w) and so would gather a two-row
   // fragment of a piece whose whole span was judged too sparse.
-  const bool gatherable = s.rows > 1 && s.src_row < narrow_row_bytes &&
-                          s.src_pitch <= kGatherMaxSpanRatio * s.src_row;
+  const bool gatherable =
+      s.rows > 1 && s.src_row < narrow_row_bytes && s.src_pitch <= kGatherMaxSpanRatio * s.src_row;
   const std::uint64_t span = source_span(s.rows, s.src_pitch, s.src_row);
   if (s.cast) {
     const bool whole = dense_source(s) || gatherable;
@@ -83,8 +83,8 @@ CopyStep copy_step(const Shape& s, std::size_t narrow_row_bytes) {
 }  // namespace
 
 std::string_view to_string(CopyPath path) {
-  static constexpr std::array<std::string_view, 4> kNames{
-      "contiguous", "pitched", "gather", "cast"};
+  static constexpr std::array<std::string_view, 4> kNames{"contiguous", "pitched", "gather",
+                                                          "cast"};
   static_assert(kNames.size() == static_cast<std::size_t>(CopyPath::kCast) + 1);
   return enum_name(path, kNames, "cast");
 }
@@ -146,6 +146,11 @@ void copy_fragment(gpu::Stream& stream, const Fragment& f, std::byte* param,
     stream.copy_h2d_2d(scratch, s.src_row, src, f.src_pitch, s.src_row, f.rows);
   }
   const std::uint64_t dst_pitch = f.rows <= 1 ? s.dst_row : f.dst_pitch;
+  if (f.src_blocks != GgmlBlocks::kNone) {
+    stream.dequantize_ggml_2d(dst, dst_pitch, f.dst_dtype, scratch, scratch_pitch, f.src_blocks,
+                              f.width_elems, f.rows);
+    return;
+  }
   stream.cast_2d(dst, dst_pitch, f.dst_dtype, scratch, scratch_pitch, f.src_dtype, f.width_elems,
                  f.rows);
 }

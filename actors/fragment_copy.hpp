@@ -13,7 +13,8 @@
 //    scratch, then one device kernel gathers the rows into the parameter. Sparser
 //    rows (tp 3 and up: the span would carry 3x the bytes over the link) stay
 //    kPitched;
-//  - kCast: the source dtype differs: the rows go to device scratch (contiguously
+//  - kCast: the source dtype differs, or the source is GGML blocks (dequantized by
+//    gpu::Stream::dequantize_ggml_2d instead of cast): the rows go to device scratch (contiguously
 //    where they are dense or narrow enough to gather, else by one pitched copy),
 //    then one cast_2d launch writes the whole pitched fragment.
 #pragma once

@@ -51,9 +51,13 @@ void clip_piece(const models::Piece& piece, std::uint64_t tensor_offset,
       window_nbytes == 0) {
     return;
   }
-  const std::uint64_t ses = dtype_size(piece.src_dtype);
+  // A row is cut in whole source units: elements, or GGML blocks of `unit` elements.
+  const GgmlBlockShape blocks = ggml_block_shape(piece.src_blocks);
+  const bool in_blocks = piece.src_blocks != GgmlBlocks::kNone;
+  const std::uint64_t ses = in_blocks ? blocks.bytes : dtype_size(piece.src_dtype);
+  const std::uint64_t unit = in_blocks ? blocks.elems : 1;
   const std::uint64_t des = dtype_size(piece.dst_dtype);
-  const std::uint64_t rb = piece.width_elems * ses;
+  const std::uint64_t rb = piece.src_row_bytes();
   const std::uint64_t pitch = piece.rows > 1 ? piece.src_pitch : rb;
   if (piece.rows > 1 && pitch < rb) {
     internal("piece source pitch " + std::to_string(pitch) + " is below its row bytes " +
@@ -93,6 +97,7 @@ void clip_piece(const models::Piece& piece, std::uint64_t tensor_offset,
     f.dst_pitch = dst_pitch;
     f.src_dtype = piece.src_dtype;
     f.dst_dtype = piece.dst_dtype;
+    f.src_blocks = piece.src_blocks;
     out.push_back(f);
   };
   // The part of row r inside the window, as a one-row fragment.
@@ -103,9 +108,9 @@ void clip_piece(const models::Piece& piece, std::uint64_t tensor_offset,
     if ((lo - a) % ses != 0 || (hi - lo) % ses != 0) {
       internal("a window edge cuts an element of tensor #" + std::to_string(tensor));
     }
-    const std::uint64_t width = (hi - lo) / ses;
-    fragment(lo, piece.dst_offset + r * piece.dst_pitch + (lo - a) / ses * des, 1, width,
-             width * ses, width * des);
+    const std::uint64_t width = (hi - lo) / ses * unit;
+    fragment(lo, piece.dst_offset + r * piece.dst_pitch + (lo - a) / ses * unit * des, 1, width,
+             hi - lo, width * des);
   };
   // Whole rows [m0, m1) as one (possibly 2-D) fragment.
   auto block = [&](std::uint64_t m0, std::uint64_t m1) {
@@ -273,7 +278,9 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
           s.file = t.file_index;
           s.tensor = static_cast<std::uint32_t>(i);
           s.route = static_cast<std::uint32_t>(routes.size());
-          s.elem_bytes = static_cast<std::uint32_t>(dtype_size(t.dtype));
+          s.elem_bytes = static_cast<std::uint32_t>(t.blocks != GgmlBlocks::kNone
+                                                        ? ggml_block_shape(t.blocks).bytes
+                                                        : dtype_size(t.dtype));
           s.begin = t.offset + begin;
           s.end = t.offset + end;
           s.tensor_offset = t.offset;
@@ -387,7 +394,8 @@ std::optional<ParamRun> single_param_run(const Window& w) {
     const bool contiguous =
         f.rows == 1 || (f.src_pitch == f.src_row_bytes() && f.dst_pitch == f.dst_row_bytes());
     if (f.local_rank != first.local_rank || f.param != first.param || f.src_dtype != f.dst_dtype ||
-        !contiguous || f.src_offset != src || f.dst_offset != dst) {
+        f.src_blocks != GgmlBlocks::kNone || !contiguous || f.src_offset != src ||
+        f.dst_offset != dst) {
       return std::nullopt;
     }
     src += f.rows * f.src_row_bytes();

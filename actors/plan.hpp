@@ -61,8 +61,12 @@ struct Fragment {
   std::uint64_t width_elems = 0;
   DType src_dtype = DType::kBF16;
   DType dst_dtype = DType::kBF16;
+  GgmlBlocks src_blocks = GgmlBlocks::kNone;  // as models::Piece::src_blocks
 
-  std::uint64_t src_row_bytes() const { return width_elems * dtype_size(src_dtype); }
+  std::uint64_t src_row_bytes() const {
+    return src_blocks != GgmlBlocks::kNone ? ggml_row_bytes(src_blocks, width_elems)
+                                           : width_elems * dtype_size(src_dtype);
+  }
   std::uint64_t dst_row_bytes() const { return width_elems * dtype_size(dst_dtype); }
   std::uint64_t dst_bytes() const { return rows * dst_row_bytes(); }
   // One past the last source byte, relative to the window.
@@ -97,9 +101,11 @@ struct PlanOptions {
 // One contiguous read range of a placed tensor, absolute in its file.
 struct Span {
   std::uint32_t file = 0;
-  std::uint32_t tensor = 0;      // index into CheckpointIndex::tensors
-  std::uint32_t route = 0;       // index into Plan::routes
-  std::uint32_t elem_bytes = 1;  // source element size: windows split on its multiples
+  std::uint32_t tensor = 0;  // index into CheckpointIndex::tensors
+  std::uint32_t route = 0;   // index into Plan::routes
+  // Source element size (a GGML block's for a block tensor): windows split on its
+  // multiples.
+  std::uint32_t elem_bytes = 1;
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
   std::uint64_t tensor_offset = 0;  // file offset of the tensor's first data byte

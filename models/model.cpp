@@ -93,7 +93,12 @@ std::uint64_t Piece::src_end() const {
   if (kind == Kind::kZero || rows == 0) {
     return 0;
   }
-  return src_offset + (rows - 1) * src_pitch + width_elems * dtype_size(src_dtype);
+  return src_offset + (rows - 1) * src_pitch + src_row_bytes();
+}
+
+std::uint64_t Piece::src_row_bytes() const {
+  return src_blocks != GgmlBlocks::kNone ? ggml_row_bytes(src_blocks, width_elems)
+                                         : width_elems * dtype_size(src_dtype);
 }
 
 std::string_view to_string(RouteKind kind) {

@@ -129,8 +129,13 @@ struct Piece {
   std::uint64_t width_elems = 0;
   DType src_dtype = DType::kBF16;
   DType dst_dtype = DType::kBF16;
+  // Not kNone: the source rows are GGML blocks of this format holding src_dtype (F32)
+  // elements (io::TensorInfo::blocks): offsets, pitch and width are whole blocks, and
+  // the copy dequantizes (gpu::Stream::dequantize_ggml_2d).
+  GgmlBlocks src_blocks = GgmlBlocks::kNone;
 
-  std::uint64_t dst_bytes() const;  // rows * width_elems * size of dst_dtype
+  std::uint64_t dst_bytes() const;      // rows * width_elems * size of dst_dtype
+  std::uint64_t src_row_bytes() const;  // a source row: its elements or its blocks
   // One past the last source byte the piece reads (0 for a zero piece).
   std::uint64_t src_end() const;
 

@@ -32,11 +32,13 @@ std::uint64_t llama_rope_source_row(std::uint64_t row, std::uint64_t rows, std::
 std::vector<Piece> unpermute_rows(const std::vector<Piece>& pieces, const io::TensorInfo& tensor) {
   const std::uint64_t heads = tensor.interleaved_heads;
   const std::uint64_t rows = tensor.shape.empty() ? 0 : tensor.shape[0];
-  if (heads == 0 || rows == 0 || rows % (2 * heads) != 0 || tensor.nbytes % rows != 0) {
+  if (heads == 0 || rows == 0 || rows % (2 * heads) != 0 || tensor.elements() % rows != 0) {
     fail(tensor, std::to_string(rows) + " rows are not whole pairs of rows of " +
                      std::to_string(heads) + " heads (llama.cpp's rope order)");
   }
-  const std::uint64_t row_bytes = tensor.nbytes / rows;
+  // In elements of tensor.dtype, as placement laid the pieces out (a tensor of GGML
+  // blocks is moved onto its blocks after: to_block_pieces).
+  const std::uint64_t row_bytes = tensor.elements() / rows * dtype_size(tensor.dtype);
   const std::uint64_t half = rows / heads / 2;
   std::vector<Piece> out;
   for (const Piece& p : pieces) {
@@ -91,6 +93,40 @@ std::vector<Piece> unpermute_rows(const std::vector<Piece>& pieces, const io::Te
     }
   }
   return out;
+}
+
+std::vector<Piece> to_block_pieces(std::vector<Piece> pieces, const io::TensorInfo& tensor) {
+  const GgmlBlockShape block = ggml_block_shape(tensor.blocks);
+  const std::uint64_t es = dtype_size(tensor.dtype);
+  const std::string format(ggml_blocks_name(tensor.blocks));
+  // Source bytes as if elements of tensor.dtype, onto the blocks that hold them.
+  auto onto_blocks = [&](std::uint64_t bytes, const char* what) {
+    const std::uint64_t elems = bytes / es;
+    if (bytes % es != 0 || elems % block.elems != 0) {
+      fail(tensor, "a tp rank's slice " + std::string(what) + " " + std::to_string(elems) +
+                       ", not a multiple of the " + format + " block's " +
+                       std::to_string(block.elems) +
+                       " elements: a quantized GGUF tensor is cut only between its blocks "
+                       "(a tp size that gives each rank whole blocks, or tp 1)");
+    }
+    return elems / block.elems * block.bytes;
+  };
+  for (Piece& p : pieces) {
+    if (p.kind != Piece::Kind::kCopy) {
+      continue;
+    }
+    if (p.src_dtype != tensor.dtype) {
+      fail(tensor, "internal: a piece of a GGML block tensor reads " +
+                       std::string(dtype_name(p.src_dtype)));
+    }
+    p.src_offset = onto_blocks(p.src_offset, "starts at element");
+    onto_blocks(p.width_elems * es, "is rows of");
+    if (p.rows > 1) {
+      p.src_pitch = onto_blocks(p.src_pitch, "steps by");
+    }
+    p.src_blocks = tensor.blocks;
+  }
+  return pieces;
 }
 
 }  // namespace ferry::models

@@ -405,6 +405,10 @@ Route TableModel::route(const io::TensorInfo& tensor) const {
     // from where llama.cpp's rope order keeps each row.
     route.pieces = unpermute_rows(route.pieces, tensor);
   }
+  if (tensor.blocks != GgmlBlocks::kNone) {
+    // A quantized GGUF tensor: the pieces read its blocks and dequantize.
+    route.pieces = to_block_pieces(std::move(route.pieces), tensor);
+  }
   // Pieces were produced target by target; keep them grouped by local rank.
   std::stable_sort(route.pieces.begin(), route.pieces.end(),
                    [](const Piece& a, const Piece& b) { return a.local_rank < b.local_rank; });

@@ -55,11 +55,22 @@ void apply(const P& p, const std::byte* src, std::vector<std::byte>& dst,
            std::vector<int>& writes) {
   const std::size_t ses = dtype_size(p.src_dtype);
   const std::size_t des = dtype_size(p.dst_dtype);
+  const GgmlBlockShape block = ggml_block_shape(p.src_blocks);
   for (std::uint64_t r = 0; r < p.rows; ++r) {
     for (std::uint64_t e = 0; e < p.width_elems; ++e) {
       std::uint64_t d = p.dst_offset + r * p.dst_pitch + e * des;
       ASSERT_LE(d + des, dst.size());
-      put(dst.data() + d, p.dst_dtype, src + p.src_offset + r * p.src_pitch + e * ses, p.src_dtype);
+      const std::byte* row = src + p.src_offset + r * p.src_pitch;
+      if (p.src_blocks != GgmlBlocks::kNone) {  // GGML blocks, dequantized to F32
+        ASSERT_EQ(p.dst_dtype, DType::kF32);
+        const float v = ggml_block_element(
+            p.src_blocks,
+            reinterpret_cast<const unsigned char*>(row + e / block.elems * block.bytes),
+            static_cast<unsigned>(e % block.elems));
+        std::memcpy(dst.data() + d, &v, 4);
+      } else {
+        put(dst.data() + d, p.dst_dtype, row + e * ses, p.src_dtype);
+      }
       for (std::size_t b = 0; b < des; ++b) {
         ++writes[d + b];
       }
@@ -118,6 +129,25 @@ TEST(ClipPiece, EveryTwoWaySplitOfAColumnSlice) {
     SCOPED_TRACE(cut);
     check_cuts(p, 100, 120, {cut}, 48);
   }
+}
+
+// Columns [64, 128) of a [6, 128] Q8_0 tensor (4 blocks of 34 bytes a row) into a
+// [6, 64] F32 param: every window edge on a block boundary (where plan's windows
+// cut a block tensor) gives fragments of whole blocks that rebuild the piece.
+TEST(ClipPiece, EverySplitOfAGgmlBlockSliceOnBlockBoundaries) {
+  Piece p;
+  p.src_dtype = p.dst_dtype = DType::kF32;
+  p.src_blocks = GgmlBlocks::kQ8_0;
+  p.rows = 6;
+  p.width_elems = 64;
+  p.src_offset = 2 * 34;
+  p.src_pitch = 4 * 34;
+  p.dst_pitch = 64 * 4;
+  for (std::uint64_t cut = 100; cut <= 100 + 6 * 136; cut += 34) {
+    SCOPED_TRACE(cut);
+    check_cuts(p, 100, 6 * 136, {cut}, 6 * 64 * 4);
+  }
+  check_cuts(p, 100, 6 * 136, {100 + 34, 100 + 3 * 34, 100 + 7 * 34, 100 + 20 * 34}, 6 * 64 * 4);
 }
 
 TEST(ClipPiece, RandomMultiWaySplits) {
