@@ -49,16 +49,17 @@ struct CacheIdentity {
 
 // The identity of a load of `c` read from disk (c.model.load_format: the disk
 // format): the model folder's realpath, each weight file's and index's (name,
-// device, inode, size, mtime: every *.safetensors, *.bin, *.pt and *.index.json of
-// the folder, listed without parsing an index; the files a presharded or
-// sharded_state load reads), config.json's hash (hf_quant_config.json merged in), every key of
-// the model, parallel, quantization and postprocess sections except the ones
-// kFingerprintExcluded names (postprocess.target as resolved for `c`'s devices),
-// the EPLB map's hash and kCacheLayoutVersion. parallel.ranks is not in it: each
-// rank's table is checked on its own, and data-parallel replicas share a daemon.
+// device, inode, size, mtime: every *.safetensors, *.bin, *.pt, *.gguf and
+// *.index.json of the folder, listed without parsing an index; the files a
+// presharded, sharded_state or GGUF load reads, the last also when a folder has no
+// config.json, since a GGUF's config is its metadata), config.json's hash (hf_quant_config.json
+// merged in), every key of the model, parallel, gguf, quantization and postprocess sections except
+// the ones kFingerprintExcluded names (postprocess.target as resolved for `c`'s devices), the EPLB
+// map's hash and kCacheLayoutVersion. parallel.ranks is not in it: each rank's table is checked on
+// its own, and data-parallel replicas share a daemon.
 CacheIdentity cache_identity(const LoadConfig& c);
 // Keys of the fingerprinted sections that are not hashed as written, and why.
-inline constexpr const char* kFingerprintSections[] = {"model", "parallel", "quantization",
+inline constexpr const char* kFingerprintSections[] = {"model", "parallel", "gguf", "quantization",
                                                        "postprocess"};
 inline constexpr const char* kFingerprintExcluded[] = {
     "model.path",          // its realpath is

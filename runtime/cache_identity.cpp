@@ -75,8 +75,15 @@ CacheIdentity cache_identity(const LoadConfig& c) {
   nlohmann::json hf_config;
   const io::LoadFormat format = c.model.load_format;
   std::string pattern;
+  std::error_code ec;
+  const bool file_path = std::filesystem::is_regular_file(c.model.path, ec);
+  const std::filesystem::path dir = file_path ? std::filesystem::path(c.model.path).parent_path()
+                                              : std::filesystem::path(c.model.path);
+  // A GGUF's config is its metadata: read through its header (a metadata read).
+  const bool embedded_config =
+      format == io::LoadFormat::kGguf || !std::filesystem::exists(dir / "config.json", ec);
   if (format == io::LoadFormat::kDummy || format == io::LoadFormat::kPresharded ||
-      format == io::LoadFormat::kShardedState) {
+      format == io::LoadFormat::kShardedState || embedded_config) {
     ResolvedCheckpoint resolved = resolve_checkpoint(c);
     folder = resolved.source.folder;
     hf_config = std::move(resolved.hf_config);
@@ -87,19 +94,16 @@ CacheIdentity cache_identity(const LoadConfig& c) {
     // Every weight file and index of the folder, by name, without parsing an index
     // (a client attaches in the time this takes): a superset of what discovery
     // picks, so a change to any of them is a mismatch.
-    std::error_code ec;
-    folder = std::filesystem::is_regular_file(c.model.path, ec)
-                 ? std::filesystem::path(c.model.path).parent_path().string()
-                 : c.model.path;
+    folder = dir.string();
     if (!std::filesystem::is_directory(folder, ec)) {
       throw Error(Stage::kDiscovery, folder, "", "no such folder");
     }
-    pattern = "*.safetensors *.bin *.pt *.index.json";
+    pattern = "*.safetensors *.bin *.pt *.gguf *.index.json";
     hf_config = read_hf_config(folder, c.io.max_metadata_bytes);
     for (const auto& e : std::filesystem::directory_iterator(folder, ec)) {
       const std::string name = e.path().filename().string();
       if ((name.ends_with(".safetensors") || name.ends_with(".bin") || name.ends_with(".pt") ||
-           name.ends_with(".index.json")) &&
+           name.ends_with(".gguf") || name.ends_with(".index.json")) &&
           e.is_regular_file(ec)) {
         files.push_back(file_entry(name, stat_identity(e.path().string())));
       }
@@ -109,7 +113,7 @@ CacheIdentity cache_identity(const LoadConfig& c) {
     }
   }
   std::sort(files.begin(), files.end());
-  std::error_code ec;
+  ec.clear();
   const std::filesystem::path real = std::filesystem::canonical(folder, ec);
   out.model = ec ? folder : real.string();
 

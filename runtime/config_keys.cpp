@@ -563,6 +563,9 @@ const std::vector<ConfigKey>& table() {
           "model.dummy_seed", "load_format dummy: the seed of every parameter's values"),
       choice_key<&C::model, &ModelConfig::unaligned_tp, kUnaligned>(
           "model.unaligned_tp", "sizes tp does not divide: refuse (SGLang's GPU path) or pad"),
+      bool_key<&C::gguf, &GgufConfig::dequantize>(
+          "gguf.dequantize",
+          "dequantize quantized GGUF tensors (Q8_0, Q4_K, ...) on the device; off: refused"),
       choice_key<&C::quantization, &QuantizationConfig::requant, kRequants>(
           "quantization.requant", "convert an FP8 block-scaled checkpoint's scales after loading"),
       choice_key<&C::quantization, &QuantizationConfig::online, kOnline>(

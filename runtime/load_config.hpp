@@ -263,6 +263,16 @@ struct StartupConfig {
   bool operator==(const StartupConfig&) const = default;
 };
 
+// GGUF checkpoints (model.load_format gguf, io/gguf_checkpoint.hpp).
+struct GgufConfig {
+  // Quantized GGML tensors (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K) are
+  // dequantized to the parameter's dtype on the device as they are copied. Off: they
+  // would keep their GGML blocks for GGUF kernels (SGLang's GGUFLinearMethod); that
+  // layout is not built, so a quantized tensor is refused by name.
+  bool dequantize = true;
+  bool operator==(const GgufConfig&) const = default;
+};
+
 struct QuantizationConfig {
   // Convert an FP8 block-scaled checkpoint's scales after loading (models/requant.hpp):
   // none, ue8m0 (power-of-two scales and DeepGEMM's packed copy, as SGLang on
@@ -294,7 +304,6 @@ struct PostprocessConfig {
 // postprocess.target's spelling: models::to_string's, or "auto" for nullopt.
 std::string_view target_name(const std::optional<models::QuantScheme::Target>& target);
 
-
 struct LoadConfig {
   ModelConfig model;
   ParallelConfig parallel;
@@ -308,6 +317,7 @@ struct LoadConfig {
   MetricsConfig metrics;
   TraceConfig trace;
   StartupConfig startup;
+  GgufConfig gguf;
   QuantizationConfig quantization;
   PostprocessConfig postprocess;
   SaveConfig save;

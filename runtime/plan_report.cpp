@@ -196,6 +196,7 @@ io::IndexOptions index_options(const LoadConfig& c, bool names_per_file) {
   options.strict = c.load.strict;
   options.max_metadata_bytes = c.io.max_metadata_bytes;
   options.names_per_file = names_per_file;
+  options.gguf_dequantize = c.gguf.dequantize;
   return options;
 }
 

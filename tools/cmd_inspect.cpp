@@ -69,6 +69,10 @@ nlohmann::json inspection_json(const Inspection& in) {
                        {"file", t.file},
                        {"offset", t.offset},
                        {"nbytes", t.nbytes}});
+    if (t.blocks != GgmlBlocks::kNone) {
+      // A quantized GGUF tensor: F32 elements once dequantized, stored in these blocks.
+      tensors.back()["ggml_blocks"] = std::string(ggml_blocks_name(t.blocks));
+    }
   }
   return {{"files", files},
           {"skipped", skipped},
@@ -97,14 +101,19 @@ void print_inspection(const Inspection& in, std::FILE* out) {
   std::size_t nwarn = src.warnings.size() + in.index.warnings.size();
   if (nwarn > 0) {
     std::fprintf(out, "warnings (%zu):\n", nwarn);
-    for (const auto& w : src.warnings) std::fprintf(out, "  %s\n", w.c_str());
-    for (const auto& w : in.index.warnings) std::fprintf(out, "  %s\n", w.c_str());
+    for (const auto& w : src.warnings)
+      std::fprintf(out, "  %s\n", w.c_str());
+    for (const auto& w : in.index.warnings)
+      std::fprintf(out, "  %s\n", w.c_str());
   }
   std::fprintf(out, "tensors (%zu):\n", in.index.tensors.size());
   for (const auto& t : in.index.tensors) {
     std::fprintf(out, "  %-56s %-7s %-18s %s @%llu +%llu\n", t.name.c_str(),
-                 std::string(dtype_name(t.dtype)).c_str(), format_dims(t.shape).c_str(),
-                 t.file.c_str(), static_cast<unsigned long long>(t.offset),
+                 std::string(t.blocks != GgmlBlocks::kNone ? ggml_blocks_name(t.blocks)
+                                                           : dtype_name(t.dtype))
+                     .c_str(),
+                 format_dims(t.shape).c_str(), t.file.c_str(),
+                 static_cast<unsigned long long>(t.offset),
                  static_cast<unsigned long long>(t.nbytes));
   }
   std::fprintf(out, "total: %zu tensors, %s of tensor data (%llu bytes) in %zu files\n",

@@ -136,6 +136,48 @@ class FerryModule(TinyCheckpointCase):
                     checked += 1
                 self.assertGreater(checked, 20)
 
+    def test_bin_and_gguf_checkpoints_load_as_their_safetensors_twin(self):
+        # issue 37: the same weights as torch.save .bin shards and as GGUF (BF16, and
+        # Q8_0 dequantized on the device) through the module.
+        def synth(name, *args):
+            out = os.path.join(self.tmp, name)
+            if not os.path.exists(out):
+                subprocess.run([FERRY_CLI, "synth", "--family", "llama", "--preset", "tiny",
+                                "--out", out, *args], check=True, stdout=subprocess.DEVNULL)
+            return out
+
+        def params(path, **extra):
+            c = {"model.path": path, "parallel.tp": 2, "model.dtype": "f32"}
+            c.update({k.replace("__", "."): v for k, v in extra.items()})
+            model = ferry.Runtime(c).load()
+            return {(p.tp_rank, p.name): np.from_dlpack(p).copy() for p in model.params()}
+
+        want = params(self.ck)
+        for name, args in (("bin", ["--format", "bin"]),
+                           ("gguf-bf16", ["--format", "gguf", "--gguf-type", "bf16"])):
+            with self.subTest(format=name):
+                got = params(synth(name, *args))
+                self.assertEqual(got.keys(), want.keys())
+                for key, a in want.items():
+                    np.testing.assert_array_equal(got[key], a, err_msg=str(key))
+        q8 = synth("gguf-q8_0", "--format", "gguf", "--gguf-type", "q8_0")
+        got = params(os.path.join(q8, "model.gguf"))
+        self.assertEqual(got.keys(), want.keys())
+        differ = 0
+        for key, a in want.items():
+            # Q8_0 keeps 8 bits a value and one F16 scale per 32: within about half a step
+            # (the block's largest value / 127, bounded here by the row's).
+            bound = np.abs(a).max(axis=-1, keepdims=True) / 127 if a.ndim > 1 else 0
+            err = np.abs(got[key] - a)
+            self.assertTrue(np.all(err < bound * 0.6 + 1e-6),
+                            f"{key}: error up to {err.max()}")
+            differ += int(not np.array_equal(got[key], a))
+        self.assertGreater(differ, 3)  # the matrices really were Q8_0
+        with self.assertRaises(ferry.Error) as e:
+            params(q8, gguf__dequantize=False)
+        self.assertIn("gguf.dequantize is off", str(e.exception))
+        self.assertIn("model.gguf", str(e.exception))
+
     def test_bf16_by_bytes(self):
         model = ferry.Runtime(self.config()).load()
         dumped = self.dump(model, "dump-bf16")

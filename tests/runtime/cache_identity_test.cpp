@@ -6,9 +6,11 @@
 #include <filesystem>
 #include <set>
 
+#include "io/gguf_types.hpp"
 #include "runtime/cache.hpp"
 #include "runtime/config_keys.hpp"
 #include "runtime/runtime_test_util.hpp"
+#include "synth/synth.hpp"
 #include "testing/temp_dir.hpp"
 
 namespace ferry::runtime {
@@ -92,6 +94,33 @@ TEST(CacheFingerprint, WhatDecidesTheBytesAndWhatDoesNot) {
   config["rms_norm_eps"] = 1e-3;
   testing::write_file(ck + "/config.json", config.dump());
   EXPECT_NE(identity(ck, base).fingerprint, touched.fingerprint);
+}
+
+// A GGUF without config.json: the identity reads the config from the file's metadata
+// and stamps the .gguf; gguf.dequantize is in it.
+TEST(CacheFingerprint, AGgufFileIsStampedAndItsConfigIsItsMetadata) {
+  TempDir dir;
+  synth::SynthOptions o;
+  o.family = "llama";
+  o.preset = "tiny";
+  o.out = dir.file("gguf");
+  o.fsync = false;
+  o.format = synth::SynthFormat::kGguf;
+  o.gguf_type = io::GgmlType::kBF16;  // gguf.dequantize=false loads it too
+  synth::synthesize(o);
+  const std::string file = o.out + "/model.gguf";
+  ASSERT_FALSE(std::filesystem::exists(o.out + "/config.json"));
+  for (const std::string& path : {o.out, file}) {
+    const CacheIdentity a = identity(path, {"parallel.tp=2"});
+    EXPECT_EQ(a.hf_config["hidden_size"], 128) << a.hf_config;
+    EXPECT_NE(a.identity.dump().find("model.gguf"), std::string::npos) << a.identity;
+    EXPECT_NE(identity(path, {"parallel.tp=2", "gguf.dequantize=false"}).fingerprint,
+              a.fingerprint);
+  }
+  const CacheIdentity before = identity(o.out, {});
+  std::filesystem::last_write_time(
+      file, std::filesystem::last_write_time(file) + std::chrono::seconds(3));
+  EXPECT_NE(identity(o.out, {}).fingerprint, before.fingerprint);
 }
 
 }  // namespace

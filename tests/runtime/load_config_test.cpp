@@ -734,6 +734,7 @@ LoadConfig every_field_changed() {
   c.load.save_presharded = "/cache/presharded";
   c.load.save_sharded_state = "/cache/sharded_state";
   c.save.max_file_bytes = std::uint64_t{1} << 30;
+  c.gguf.dequantize = false;
   c.update.rollback_bytes = 0;
   c.update.rollback = UpdateConfig::Rollback::kSnapshot;
   c.update.tensor_dir = "/tmp/updates";

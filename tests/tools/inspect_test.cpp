@@ -67,6 +67,38 @@ TEST(InspectCliTest, HumanFormListsFilesTensorsAndTotals) {
   EXPECT_THAT(r.out, HasSubstr("order: sorted"));
 }
 
+TEST(InspectCliTest, QuantizedGgufTensorsShowTheirBlocks) {
+  TempDir dir;
+  const std::string out = dir.file("q8");
+  auto synth = run({FERRY_BINARY, "synth", "--family", "llama", "--preset", "tiny", "--out", out,
+                    "--no-fsync", "--format", "gguf", "--gguf-type", "q8_0"});
+  ASSERT_EQ(synth.status, 0) << synth.err;
+  auto r = run({FERRY_BINARY, "inspect", out + "/model.gguf", "--json"});
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto doc = nlohmann::json::parse(r.out);
+  std::size_t q8 = 0, plain = 0;
+  for (const auto& t : doc["tensors"]) {
+    EXPECT_TRUE(t["dtype"] == "F32") << t;  // what the blocks dequantize to, or the norms'
+    if (t.contains("ggml_blocks")) {
+      EXPECT_TRUE(t["ggml_blocks"] == "Q8_0") << t;
+      std::uint64_t elements = 1;
+      for (const auto& d : t["shape"]) {
+        elements *= d.get<std::uint64_t>();
+      }
+      EXPECT_EQ(t["nbytes"].get<std::uint64_t>(), elements / 32 * 34) << t;
+      ++q8;
+    } else {
+      EXPECT_EQ(t["shape"].size(), 1u) << t;  // norms stay F32
+      ++plain;
+    }
+  }
+  EXPECT_GT(q8, 5u);
+  EXPECT_GT(plain, 2u);
+  auto human = run({FERRY_BINARY, "inspect", out});
+  ASSERT_EQ(human.status, 0) << human.err;
+  EXPECT_THAT(human.out, HasSubstr("Q8_0"));
+}
+
 TEST(InspectCliTest, SingleFileIsInspectedOnItsOwn) {
   TempDir dir;
   std::string model = synth_tiny(dir);
