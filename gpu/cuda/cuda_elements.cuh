@@ -149,4 +149,18 @@ inline std::size_t kind_size(Kind kind) {
   return kind == Kind::kF32 ? 4 : 2;
 }
 
+// Calls op.template run<K, kAligned>() for a runtime kind and alignment.
+template <class Op>
+cudaError_t with_kind(Kind k, bool aligned, Op& op) {
+  switch (k) {
+    case Kind::kBF16:
+      return aligned ? op.template run<Kind::kBF16, true>() : op.template run<Kind::kBF16, false>();
+    case Kind::kF16:
+      return aligned ? op.template run<Kind::kF16, true>() : op.template run<Kind::kF16, false>();
+    case Kind::kF32:
+      break;
+  }
+  return aligned ? op.template run<Kind::kF32, true>() : op.template run<Kind::kF32, false>();
+}
+
 }  // namespace ferry::gpu::cuda

@@ -255,20 +255,6 @@ bool aligned_to(std::size_t unit, const void* p) {
   return reinterpret_cast<std::uintptr_t>(p) % unit == 0;
 }
 
-// Calls op.template run<K, kAligned>() for a runtime kind and alignment.
-template <class Op>
-cudaError_t with_kind(Kind k, bool aligned, Op& op) {
-  switch (k) {
-    case Kind::kBF16:
-      return aligned ? op.template run<Kind::kBF16, true>() : op.template run<Kind::kBF16, false>();
-    case Kind::kF16:
-      return aligned ? op.template run<Kind::kF16, true>() : op.template run<Kind::kF16, false>();
-    case Kind::kF32:
-      break;
-  }
-  return aligned ? op.template run<Kind::kF32, true>() : op.template run<Kind::kF32, false>();
-}
-
 struct DequantizeArgs {
   unsigned char* dst;
   const unsigned char* src;

@@ -97,20 +97,6 @@ bool dequantize_ggml_args(std::byte* dst, std::size_t dst_pitch, DType dst_dtype
   return true;
 }
 
-// Calls op.template run<D, kAligned>() for the runtime destination kind and alignment.
-template <class Op>
-cudaError_t with_destination(Kind d, bool aligned, Op& op) {
-  switch (d) {
-    case Kind::kBF16:
-      return aligned ? op.template run<Kind::kBF16, true>() : op.template run<Kind::kBF16, false>();
-    case Kind::kF16:
-      return aligned ? op.template run<Kind::kF16, true>() : op.template run<Kind::kF16, false>();
-    case Kind::kF32:
-      break;
-  }
-  return aligned ? op.template run<Kind::kF32, true>() : op.template run<Kind::kF32, false>();
-}
-
 struct LaunchDequantizeGgml {
   DequantizeGgmlArgs a;
   cudaStream_t stream;
@@ -150,7 +136,7 @@ cudaError_t launch_dequantize_ggml_2d(std::byte* dst, std::size_t dst_pitch, DTy
   }
   (void)cudaGetLastError();
   LaunchDequantizeGgml op{a, stream};
-  return with_destination(a.dst_kind, a.aligned, op);
+  return with_kind(a.dst_kind, a.aligned, op);
 }
 
 void dequantize_ggml_2d_emulated(std::byte* dst, std::size_t dst_pitch, DType dst_dtype,
@@ -159,7 +145,7 @@ void dequantize_ggml_2d_emulated(std::byte* dst, std::size_t dst_pitch, DType ds
   DequantizeGgmlArgs a{};
   if (dequantize_ggml_args(dst, dst_pitch, dst_dtype, src, src_pitch, blocks, width, rows, a)) {
     EmulateDequantizeGgml op{a};
-    with_destination(a.dst_kind, a.aligned, op);
+    with_kind(a.dst_kind, a.aligned, op);
   }
 }
 
