@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The other checkpoint formats (issue 37 section 3): the medium Llama as torch.save
-`.bin` shards against its safetensors twin, hot, tp 1 and 2, in the same rounds.
+`.bin` shards, GGUF F16 and GGUF Q8_0 against its safetensors twin, hot, tp 1 and 2,
+in the same rounds.
 
     python3 bench/formats_bench.py [--build build/release] [--runs 3] [--tp 1 2]
 
@@ -18,6 +19,8 @@ them, and pytorch_model.bin.index.json). Every row is a whole process on host de
 - ferry gguf: `ferry load` of the medium Llama as one GGUF F16 file (`ferry synth
   --format gguf --gguf-type f16`: llama.cpp's names, Q/K rows permuted), model.dtype
   auto (the file's F16, no cast);
+- ferry gguf q8_0: the same as one GGUF Q8_0 file (`--gguf-type q8_0`: every
+  matrix in Q8_0 blocks, dequantized to BF16 on the device as it is copied);
 - gguf-py: bench/peers/peer_gguf.py (tp rank processes; each gguf.GGUFReader's memmap
   and a numpy copy of its rank's rows of every tensor), when this Python has gguf;
 - torch.load: bench/peers/peer_torch_load.py (tp rank processes at once, each
@@ -69,9 +72,14 @@ def main():
         run_measured([ferry, "synth", "--out", gguf, "--no-fsync", "--family", "llama",
                       "--preset", "medium", "--format", "gguf", "--gguf-type", "f16"])
     gguf_file = os.path.join(gguf, "model.gguf")
+    q8 = os.path.join(cache, "llama-medium-seed1-gguf-q8_0")
+    if not os.path.exists(os.path.join(q8, "model.gguf")):
+        run_measured([ferry, "synth", "--out", q8, "--no-fsync", "--family", "llama",
+                      "--preset", "medium", "--format", "gguf", "--gguf-type", "q8_0"])
+    q8_file = os.path.join(q8, "model.gguf")
     files = {"st": sorted(glob.glob(os.path.join(st, "*.safetensors"))),
              "bin": sorted(glob.glob(os.path.join(binary, "*.bin"))),
-             "gguf": [gguf_file]}
+             "gguf": [gguf_file], "gguf_q8": [q8_file]}
     sizes = {k: sum(os.path.getsize(f) for f in v) for k, v in files.items()}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -87,22 +95,26 @@ def main():
             return seconds, r["phases"]["stream"], rss
 
         for tp in args.tp:
-            runs = {"st": [], "bin": [], "bin_null": [], "gguf": []}
+            runs = {"st": [], "bin": [], "bin_null": [], "gguf": [], "gguf_q8": []}
             if os.path.exists(PYTHON):
                 runs["torch"] = []
             if has_gguf_py():
                 runs["gguf_py"] = []
+                runs["gguf_py_q8"] = []
             for i in range(args.runs + 1):
                 order = list(runs)
                 order = order[i % len(order):] + order[:i % len(order)]
                 for what in order:
                     warm(files["st"] if what == "st" else
+                         files["gguf_q8"] if what.endswith("q8") else
                          files["gguf"] if what.startswith("gguf") else files["bin"])
-                    if what == "gguf_py":
-                        s, rss, _ = run_measured([sys.executable, GGUF_PEER, gguf_file, str(tp)])
+                    if what in ("gguf_py", "gguf_py_q8"):
+                        s, rss, _ = run_measured([sys.executable, GGUF_PEER,
+                                                  q8_file if what.endswith("q8") else gguf_file,
+                                                  str(tp)])
                         res = (s, s, rss)
-                    elif what == "gguf":
-                        res = load(gguf_file, tp)
+                    elif what in ("gguf", "gguf_q8"):
+                        res = load(q8_file if what == "gguf_q8" else gguf_file, tp)
                     elif what == "torch":
                         s, rss, _ = run_measured([PYTHON, PEER, binary, str(tp)])
                         res = (s, s, rss)
@@ -123,6 +135,9 @@ def main():
                    "gguf_wall": cell([r[0] for r in runs["gguf"]]),
                    "gguf_stream": cell([r[1] for r in runs["gguf"]]),
                    "gguf_over_st_stream": med["gguf"][1] / med["st"][1],
+                   "q8_wall": cell([r[0] for r in runs["gguf_q8"]]),
+                   "q8_stream": cell([r[1] for r in runs["gguf_q8"]]),
+                   "q8_over_st_stream": med["gguf_q8"][1] / med["st"][1],
                    "rss_st_mib": statistics.median(r[2] for r in runs["st"]) / 2**20,
                    "rss_bin_mib": statistics.median(r[2] for r in runs["bin"]) / 2**20,
                    "bin_over_st_stream": med["bin"][1] / med["st"][1]}
@@ -134,11 +149,13 @@ def main():
             if "gguf_py" in runs:
                 row["gguf_py_wall"] = cell([r[0] for r in runs["gguf_py"]])
                 row["gguf_py_over_gguf_wall"] = med["gguf_py"][0] / med["gguf"][0]
+                row["gguf_py_q8_wall"] = cell([r[0] for r in runs["gguf_py_q8"]])
+                row["gguf_py_q8_over_q8_wall"] = med["gguf_py_q8"][0] / med["gguf_q8"][0]
             rows.append(row)
             print(json.dumps(row), flush=True)
     print(f"safetensors {sizes['st'] / 1e9:.3f} GB in {len(files['st'])} files; "
           f".bin {sizes['bin'] / 1e9:.3f} GB in {len(files['bin'])} files; "
-          f"GGUF F16 {sizes['gguf'] / 1e9:.3f} GB")
+          f"GGUF F16 {sizes['gguf'] / 1e9:.3f} GB; GGUF Q8_0 {sizes['gguf_q8'] / 1e9:.3f} GB")
     print("| tp | ferry GGUF F16 wall (s) | stream (s) | GGUF / safetensors stream | "
           "gguf-py peer wall (s) | gguf-py / ferry GGUF wall |")
     print("|---|---|---|---|---|---|")
@@ -146,6 +163,13 @@ def main():
         print(f"| {r['tp']} | {r['gguf_wall']} | {r['gguf_stream']} | "
               f"{r['gguf_over_st_stream']:.2f} | {r.get('gguf_py_wall', 'n/a')} | "
               f"{r.get('gguf_py_over_gguf_wall', float('nan')):.2f} |")
+    print("| tp | ferry GGUF Q8_0 wall (s) | stream (s) | Q8_0 / safetensors stream | "
+          "gguf-py Q8_0 peer wall (s) | gguf-py / ferry Q8_0 wall |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['tp']} | {r['q8_wall']} | {r['q8_stream']} | {r['q8_over_st_stream']:.2f} | "
+              f"{r.get('gguf_py_q8_wall', 'n/a')} | "
+              f"{r.get('gguf_py_q8_over_q8_wall', float('nan')):.2f} |")
     print("| tp | ferry safetensors wall (s) | stream (s) | ferry .bin wall (s) | stream (s) | "
           "ferry .bin null wall (s) | torch.load wall (s) | .bin / safetensors stream | "
           "torch.load / ferry .bin wall (host; null) | peak RSS st / bin / torch (MiB) |")
