@@ -15,6 +15,18 @@ namespace {
 
 constexpr std::size_t kMaxNamesListed = 50;
 
+// The smallest whole unit of a source row: an element, or a GGML block.
+struct SourceUnit {
+  std::uint64_t bytes = 0;
+  std::uint64_t elems = 1;
+};
+
+SourceUnit source_unit(DType dtype, GgmlBlocks blocks) {
+  const GgmlBlockShape shape = ggml_block_shape(blocks);
+  return blocks != GgmlBlocks::kNone ? SourceUnit{shape.bytes, shape.elems}
+                                     : SourceUnit{dtype_size(dtype), 1};
+}
+
 [[noreturn]] void internal(const std::string& rule) {
   throw Error(Stage::kPlacement, "", "", "internal: plan: " + rule);
 }
@@ -52,10 +64,9 @@ void clip_piece(const models::Piece& piece, std::uint64_t tensor_offset,
     return;
   }
   // A row is cut in whole source units: elements, or GGML blocks of `unit` elements.
-  const GgmlBlockShape blocks = ggml_block_shape(piece.src_blocks);
-  const bool in_blocks = piece.src_blocks != GgmlBlocks::kNone;
-  const std::uint64_t ses = in_blocks ? blocks.bytes : dtype_size(piece.src_dtype);
-  const std::uint64_t unit = in_blocks ? blocks.elems : 1;
+  const SourceUnit source = source_unit(piece.src_dtype, piece.src_blocks);
+  const std::uint64_t ses = source.bytes;
+  const std::uint64_t unit = source.elems;
   const std::uint64_t des = dtype_size(piece.dst_dtype);
   const std::uint64_t rb = piece.src_row_bytes();
   const std::uint64_t pitch = piece.rows > 1 ? piece.src_pitch : rb;
@@ -278,9 +289,7 @@ Plan make_plan(const io::CheckpointIndex& index, const models::Model& model,
           s.file = t.file_index;
           s.tensor = static_cast<std::uint32_t>(i);
           s.route = static_cast<std::uint32_t>(routes.size());
-          s.elem_bytes = static_cast<std::uint32_t>(t.blocks != GgmlBlocks::kNone
-                                                        ? ggml_block_shape(t.blocks).bytes
-                                                        : dtype_size(t.dtype));
+          s.elem_bytes = static_cast<std::uint32_t>(source_unit(t.dtype, t.blocks).bytes);
           s.begin = t.offset + begin;
           s.end = t.offset + end;
           s.tensor_offset = t.offset;

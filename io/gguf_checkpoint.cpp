@@ -59,7 +59,7 @@ GgufCheckpoint read_gguf_checkpoint(const File& file, std::uint64_t max_metadata
       info.file = gguf.file;
       info.offset = p.offset;
       info.nbytes = p.nbytes;
-      info.blocks = blocks && dequantize ? *blocks : GgmlBlocks::kNone;
+      info.blocks = blocks.value_or(GgmlBlocks::kNone);  // a quantized type got here dequantized
       if (t.how == GgufToHf::kUnpermuteRows) {
         info.interleaved_heads = static_cast<std::uint32_t>(t.heads);
       }
