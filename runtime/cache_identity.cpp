@@ -47,6 +47,20 @@ bool fingerprinted(std::string_view key) {
   return false;
 }
 
+// `path` is a .gguf file, or `dir` holds one.
+bool has_gguf(const std::filesystem::path& dir, const std::string& path) {
+  if (path.ends_with(".gguf")) {
+    return true;
+  }
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".gguf") {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 std::string release() {
@@ -79,9 +93,14 @@ CacheIdentity cache_identity(const LoadConfig& c) {
   const bool file_path = std::filesystem::is_regular_file(c.model.path, ec);
   const std::filesystem::path dir = file_path ? std::filesystem::path(c.model.path).parent_path()
                                               : std::filesystem::path(c.model.path);
-  // A GGUF's config is its metadata: read through its header (a metadata read).
+  // A GGUF's config is its metadata, read through its header (a metadata read): the
+  // gguf format, or auto on a .gguf with no config.json beside it. Any other folder
+  // without config.json takes the quick path, whose read_hf_config says so before
+  // any weight file is opened.
   const bool embedded_config =
-      format == io::LoadFormat::kGguf || !std::filesystem::exists(dir / "config.json", ec);
+      format == io::LoadFormat::kGguf ||
+      (format == io::LoadFormat::kAuto && !std::filesystem::exists(dir / "config.json", ec) &&
+       has_gguf(dir, c.model.path));
   if (format == io::LoadFormat::kDummy || format == io::LoadFormat::kPresharded ||
       format == io::LoadFormat::kShardedState || embedded_config) {
     ResolvedCheckpoint resolved = resolve_checkpoint(c);
